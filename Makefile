@@ -1,0 +1,53 @@
+# gpushare: `make run` starts nodemgr, `make test` runs every check.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+SOURCES := setup.py pyproject.toml $(wildcard shim/*) \
+	$(wildcard nodemgr/*.py nodemgr/cli/*.py client_plugin/*.py)
+PYTEST_ARGS ?=
+
+.PHONY: all install run test lint format pytest debug clean
+
+all: install
+
+$(VENV)/.deps: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "setuptools>=70" "cffi>=1.17" wheel
+	touch $@
+
+# The package is built and installed like a user's `pip install .`; tests run
+# against the installed copy, shim and simulated driver included.
+$(VENV)/.installed: $(VENV)/.deps $(SOURCES)
+	$(BIN)/python -m pip install -q --no-build-isolation ".[test,dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	@if nvidia-smi -L >/dev/null 2>&1; then cfg=configs/nodemgr.toml; \
+	else cfg=configs/sim.toml; echo "no NVIDIA driver found: simulated GPUs ($$cfg)"; fi; \
+	exec $(BIN)/nodemgr serve --config $$cfg
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+# pytest exits 5 when it collects nothing; that is a failure here, said aloud.
+pytest: install
+	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests - failing" >&2; fi; exit $$rc
+
+test: lint pytest
+
+# ASan/UBSan builds of the shim and simulated driver, for the C tests.
+debug: install
+	$(BIN)/python shim/build.py --debug --out build/debug
+
+clean:
+	rm -rf build dist *.egg-info client_plugin/lib nodemgr/_ledger*.so nodemgr/_ledger.c

@@ -1,0 +1,1 @@
+"""gpushare's client side: ``gpushare-run`` and the library paths it injects."""

@@ -1,0 +1,3 @@
+from nodemgr.cli import main
+
+main()

@@ -1,0 +1,31 @@
+"""``nodemgr``: the daemon (``serve``) and the operator's commands, one module each."""
+
+from __future__ import annotations
+
+import click
+
+from nodemgr import __version__
+from nodemgr.cli.quota import quota
+from nodemgr.cli.serve import serve
+from nodemgr.cli.status import status
+from nodemgr.cli.tasks import tasks
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="nodemgr")
+def cli() -> None:
+    """gpushare node manager: grants GPUs to tasks within per-environment quotas.
+
+    Exit codes: 0 success; 1 nodemgr refused the request; 2 bad usage;
+    69 nodemgr unreachable; 78 bad configuration.
+    """
+
+
+cli.add_command(serve)
+cli.add_command(quota)
+cli.add_command(tasks)
+cli.add_command(status)
+
+
+def main() -> None:
+    cli()

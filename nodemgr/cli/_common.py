@@ -1,0 +1,74 @@
+"""What the admin commands share: finding the daemon, calling it, printing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from nodemgr import config as configmod
+from nodemgr.client import Connection, NodeError, Unreachable
+
+EXIT_REFUSED = 1
+EXIT_UNREACHABLE = 69
+EXIT_CONFIG = 78
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def config_option(f: F) -> F:
+    return click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False),
+        envvar=configmod.CONFIG_ENV,
+        help="nodemgr's TOML config (default: $GPUSHARE_CONFIG, then /etc/gpushare/nodemgr.toml).",
+    )(f)
+
+
+def json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
+
+
+def fail(message: str, code: int) -> None:
+    click.echo(f"nodemgr: {message}", err=True)
+    sys.exit(code)
+
+
+def load_config(path: str | None) -> configmod.Config:
+    try:
+        return configmod.load(path)
+    except configmod.ConfigError as e:
+        fail(str(e), EXIT_CONFIG)
+        raise AssertionError from e  # unreachable
+
+
+def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, Any]:
+    cfg = load_config(config_path)
+    try:
+        with Connection(cfg.admin_endpoint, timeout=5.0) as conn:
+            return conn.call(kind, **fields)
+    except Unreachable as e:
+        fail(
+            f"{e} (is nodemgr running with this config? start it with: nodemgr serve"
+            f"{' --config ' + str(cfg.path) if cfg.path else ''})",
+            EXIT_UNREACHABLE,
+        )
+    except NodeError as e:
+        fail(e.message, EXIT_REFUSED)
+    raise AssertionError("unreachable")
+
+
+def print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> None:
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
+    for line in [headers, *rows]:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())

@@ -1,0 +1,62 @@
+"""``nodemgr quota``: set and show environments' quotas."""
+
+from __future__ import annotations
+
+import click
+
+from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
+from nodemgr.sizes import format_size, parse_size
+
+
+class SizeType(click.ParamType):  # type: ignore[type-arg]
+    name = "SIZE"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
+        try:
+            return parse_size(value if isinstance(value, int) else str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+@click.group()
+def quota() -> None:
+    """Per-environment GPU-count and per-GPU memory quotas."""
+
+
+@quota.command("set")
+@click.argument("env")
+@click.option("--gpus", type=click.IntRange(0, 64), required=True, help="GPU-count quota.")
+@click.option(
+    "--memory",
+    type=SizeType(),
+    required=True,
+    help="Memory per GPU: bytes or 512MiB, 8GiB, 1.5G, ...",
+)
+@config_option
+@json_option
+def set_(env: str, gpus: int, memory: int, config_path: str | None, as_json: bool) -> None:
+    """Create environment ENV or change its quota."""
+    reply = admin_call(config_path, "quota_set", env=env, gpus=gpus, memory=memory)
+    view = {k: reply[k] for k in ("env", "gpus", "memory", "endpoint")}
+    if as_json:
+        print_json(view)
+    else:
+        click.echo(f"{env}: {gpus} GPUs x {format_size(memory)}; task endpoint {view['endpoint']}")
+
+
+@quota.command("show")
+@click.argument("env", required=False)
+@config_option
+@json_option
+def show(env: str | None, config_path: str | None, as_json: bool) -> None:
+    """Show ENV's quota, or every environment's."""
+    quotas = admin_call(config_path, "quota_show", env=env)["quotas"]
+    if as_json:
+        print_json(quotas[0] if env else quotas)
+        return
+    print_table(
+        ["ENV", "GPUS", "MEMORY/GPU", "ENDPOINT"],
+        [[q["env"], str(q["gpus"]), format_size(q["memory"]), q["endpoint"]] for q in quotas],
+    )

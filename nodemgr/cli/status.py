@@ -1,0 +1,42 @@
+"""``nodemgr status``: the node at a glance."""
+
+from __future__ import annotations
+
+import click
+
+from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
+from nodemgr.sizes import format_size
+
+
+@click.command()
+@config_option
+@json_option
+def status(config_path: str | None, as_json: bool) -> None:
+    """Show the node's GPUs, what is charged and used on each, and counts."""
+    st = admin_call(config_path, "status")
+    st.pop("v", None)
+    st.pop("type", None)
+    st.pop("id", None)
+    if as_json:
+        print_json(st)
+        return
+    kind = "simulated" if st["simulated"] else "NVML"
+    click.echo(
+        f"nodemgr {st['version']} (pid {st['pid']}), {len(st['gpus'])} {kind} GPUs, "
+        f"{st['envs']} environments, {st['tasks']} tasks"
+    )
+    print_table(
+        ["GPU", "NAME", "MEMORY", "CHARGED", "USED", "TASKS", "ENVS"],
+        [
+            [
+                str(g["index"]),
+                g["name"],
+                format_size(g["memory"]),
+                format_size(g["charged"]),
+                format_size(g["used"]),
+                str(g["tasks"]),
+                ",".join(g["envs"]) or "-",
+            ]
+            for g in st["gpus"]
+        ],
+    )

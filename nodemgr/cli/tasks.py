@@ -1,0 +1,36 @@
+"""``nodemgr tasks``: running tasks and what they use."""
+
+from __future__ import annotations
+
+import click
+
+from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
+from nodemgr.sizes import format_size
+
+
+@click.command()
+@click.option("--env", default=None, help="Only this environment's tasks.")
+@config_option
+@json_option
+def tasks(env: str | None, config_path: str | None, as_json: bool) -> None:
+    """List running tasks."""
+    items = admin_call(config_path, "tasks", env=env)["tasks"]
+    if as_json:
+        print_json(items)
+        return
+    print_table(
+        ["TASK", "ENV", "PID", "GPUS", "USED", "LIMIT/GPU", "LAUNCHES", "COMMAND"],
+        [
+            [
+                t["task_id"],
+                t["env"],
+                str(t["pid"] or "-"),
+                ",".join(map(str, t["gpus"])),
+                format_size(t["memory_used"]),
+                format_size(t["memory_limit"]),
+                str(t["launches"]),
+                (t["command"] or "")[:40],
+            ]
+            for t in items
+        ],
+    )

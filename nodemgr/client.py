@@ -1,0 +1,72 @@
+"""A request/reply connection to a nodemgr endpoint, for the CLI and gpushare-run."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any
+
+import zmq
+
+from nodemgr import protocol
+
+
+class NodeError(Exception):
+    """nodemgr answered with an error reply."""
+
+    def __init__(self, code: str, message: str, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+
+
+class Unreachable(Exception):
+    """No answer from nodemgr at the endpoint within the timeout."""
+
+
+class Connection:
+    """One DEALER socket; :meth:`call` sends a request and waits for its reply."""
+
+    def __init__(self, endpoint: str, timeout: float = 5.0) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._ids = itertools.count(1)
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        try:
+            self._sock.connect(endpoint)
+        except zmq.ZMQError as e:
+            self.close()
+            raise Unreachable(f"bad nodemgr endpoint {endpoint!r}: {e}") from None
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, kind: str, timeout: float | None = None, **fields: Any) -> dict[str, Any]:
+        if self.endpoint.startswith("ipc://") and not os.path.exists(self.endpoint[6:]):
+            raise Unreachable(f"no nodemgr socket at {self.endpoint[6:]}")
+        msg_id = next(self._ids)
+        self._sock.send(protocol.encode(protocol.request(kind, msg_id, **fields)))
+        deadline_ms = int((self.timeout if timeout is None else timeout) * 1000)
+        while self._sock.poll(deadline_ms, zmq.POLLIN):
+            try:
+                msg = protocol.decode(self._sock.recv())
+            except protocol.ProtocolError as e:
+                raise NodeError(e.code, f"unreadable reply from nodemgr: {e.message}") from None
+            if msg.get("id") != msg_id:
+                continue  # a late reply to an earlier request that timed out
+            if msg["type"] == "error":
+                raise NodeError(
+                    str(msg.get("error")), str(msg.get("message")), bool(msg.get("retryable"))
+                )
+            return msg
+        raise Unreachable(f"nodemgr did not answer at {self.endpoint} within {self.timeout:g}s")

@@ -1,0 +1,86 @@
+"""The node's GPUs: from NVML when a driver is present, or simulated from the config."""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from dataclasses import dataclass
+
+from nodemgr.config import Config
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str  # "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+    name: str
+    memory: int  # bytes
+
+    @property
+    def uuid_bytes(self) -> bytes:
+        return uuidlib.UUID(self.uuid.removeprefix("GPU-")).bytes
+
+
+class InventoryError(Exception):
+    pass
+
+
+def simulated_uuid(index: int) -> str:
+    """The UUID the simulated driver gives device ``index`` (shim/sim_cuda.c)."""
+    return f"GPU-5349d000-0000-4000-8000-{index:012x}"
+
+
+def simulated(config: Config) -> list[Gpu]:
+    return [
+        Gpu(i, simulated_uuid(i), config.sim_name, config.sim_memory)
+        for i in range(config.sim_count)
+    ]
+
+
+def sim_spec(gpus: list[Gpu]) -> str:
+    """GPUSHARE_SIM_GPUS for the simulated driver: ``NAME|UUID|BYTES`` joined by ``;``."""
+    return ";".join(f"{g.name}|{g.uuid}|{g.memory}" for g in gpus)
+
+
+def nvml() -> list[Gpu]:
+    """The GPUs NVML reports, in NVML index order; raise InventoryError without a driver."""
+    try:
+        import pynvml
+    except ImportError as e:  # pragma: no cover - a declared dependency
+        raise InventoryError(f"nvidia-ml-py is not installed: {e}") from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        raise InventoryError(f"NVML is not available: {e}") from None
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
+            out.append(
+                Gpu(
+                    i,
+                    uuid.decode() if isinstance(uuid, bytes) else uuid,
+                    name.decode() if isinstance(name, bytes) else name,
+                    int(mem),
+                )
+            )
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def discover(config: Config) -> tuple[list[Gpu], bool]:
+    """Return (gpus, simulated) according to ``gpus.source``."""
+    if config.gpu_source == "simulated":
+        return simulated(config), True
+    try:
+        found = nvml()
+    except InventoryError:
+        if config.gpu_source == "nvml":
+            raise
+        return simulated(config), True
+    if not found and config.gpu_source == "auto":
+        return simulated(config), True
+    return found, False

@@ -1,0 +1,89 @@
+"""nodemgr's side of an environment's shared-memory ledger (shim/ledger_layout.h).
+
+nodemgr creates the file, writes the per-GPU limits, reads usage and reaps
+the slots of dead processes. The C code doing so is the same ledger.c the
+shim is built from, reached through cffi.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+from nodemgr._ledger import ffi, lib
+
+MAX_GPUS: int = lib.GS_MAX_GPUS
+SIZE: int = ffi.sizeof("struct gs_ledger")
+
+
+class LedgerError(Exception):
+    pass
+
+
+class Ledger:
+    """One environment's ledger, owned by nodemgr."""
+
+    def __init__(self, path: Path, fd: int, mem: mmap.mmap) -> None:
+        self.path = path
+        self._fd = fd
+        self._mem = mem
+        self._buf = ffi.from_buffer(mem)
+        self._l = ffi.cast("struct gs_ledger *", self._buf)
+
+    @classmethod
+    def create(cls, path: Path, uuids: list[bytes], mode: int = 0o600) -> Ledger:
+        """Write a fresh ledger for GPUs with these 16-byte UUIDs and publish it at ``path``.
+
+        Built under a temporary name and renamed into place, so a process
+        never maps a half-written header.
+        """
+        if len(uuids) > MAX_GPUS:
+            raise LedgerError(f"a ledger holds at most {MAX_GPUS} GPUs, this node has {len(uuids)}")
+        tmp = path.with_name(path.name + ".new")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        try:
+            os.ftruncate(fd, SIZE)
+            mem = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            ledger = cls(path, fd, mem)
+            for i, uuid in enumerate(uuids):
+                ffi.memmove(ledger._l.gpu[i].uuid, uuid, 16)
+                ledger._l.gpu[i].node_index = i
+            rc = lib.gs_ledger_init(ledger._l, len(uuids))
+            if rc != 0:
+                raise LedgerError(f"cannot initialise ledger: {os.strerror(-rc)}")
+            os.replace(tmp, path)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        return ledger
+
+    def close(self) -> None:
+        self._l = ffi.NULL
+        ffi.release(self._buf)
+        self._mem.close()
+        os.close(self._fd)
+
+    def set_limit(self, gpu: int, nbytes: int) -> None:
+        lib.gs_ledger_set_limit(self._l, gpu, nbytes)
+
+    def limit(self, gpu: int) -> int:
+        return int(lib.gs_ledger_limit(self._l, gpu))
+
+    def used(self, gpu: int) -> int:
+        return int(lib.gs_ledger_used(self._l, gpu))
+
+    def task_usage(self, task_id: str) -> tuple[list[int], int]:
+        """Bytes per ledger GPU and kernel launches of the processes of ``task_id``."""
+        used = ffi.new("uint64_t[]", MAX_GPUS)
+        launches = ffi.new("uint64_t *")
+        lib.gs_ledger_task_usage(self._l, task_id.encode(), used, launches)
+        return [int(x) for x in used], int(launches[0])
+
+    def reap(self) -> int:
+        """Free the slots of processes that have died; return how many."""
+        rc = int(lib.gs_ledger_reap(self._l, self._fd))
+        if rc < 0:
+            raise LedgerError(f"reaping {self.path}: {os.strerror(-rc)}")
+        return rc

@@ -1,0 +1,180 @@
+"""Every byte on gpushare's wire goes through this module (docs/protocol.md).
+
+A message is one ZeroMQ frame holding a msgpack map: ``v`` (protocol
+version), ``type``, ``id`` (chosen by the sender, echoed in the reply) and
+the type's fields. Handlers see validated plain dicts; every reply is a
+payload or ``{"type": "error", "error": CODE, "message": TEXT}``. Unknown
+fields are tolerated, unknown types are answered with an error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 64 * 1024
+
+ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+TASK_ID = re.compile(r"^[A-Za-z0-9-]{1,23}$")
+MAX_GPUS_PER_REQUEST = 64
+MAX_BYTES = (1 << 63) - 1
+
+
+class Err:
+    """Error codes a reply can carry."""
+
+    BAD_REQUEST = "bad_request"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    UNKNOWN_TYPE = "unknown_type"
+    UNKNOWN_ENV = "unknown_env"
+    UNKNOWN_TASK = "unknown_task"
+    QUOTA_ZERO = "quota_zero"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    NO_RESOURCES = "no_resources"
+    INTERNAL = "internal"
+
+    RETRYABLE = frozenset({NO_RESOURCES})
+
+
+class ProtocolError(Exception):
+    """A message that cannot be served; becomes an error reply."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# --- field validators: value -> cleaned value, or raise ValueError ------------
+
+
+def _int(lo: int, hi: int) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"must be an integer {lo}..{hi}")
+        return v
+
+    return check
+
+
+def _str(pattern: re.Pattern[str] | None = None, max_len: int = 4096) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or len(v) > max_len:
+            raise ValueError(f"must be a string of at most {max_len} characters")
+        if pattern is not None and not pattern.match(v):
+            raise ValueError(f"must match {pattern.pattern}")
+        return v
+
+    return check
+
+
+def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def opt(v: Any) -> Any:
+        return None if v is None else check(v)
+
+    return opt
+
+
+_env = _str(ENV_NAME, 64)
+_task = _str(TASK_ID, 23)
+_bytes = _int(0, MAX_BYTES)
+
+# type -> {field: (required, validator)}
+Schema = dict[str, tuple[bool, Callable[[Any], Any]]]
+
+TASK_REQUESTS: dict[str, Schema] = {
+    "request": {
+        "gpus": (True, _int(1, MAX_GPUS_PER_REQUEST)),
+        "memory": (False, _optional(_bytes)),
+        "command": (False, _optional(_str(max_len=4096))),
+    },
+    "heartbeat": {"task_id": (True, _task)},
+    "done": {"task_id": (True, _task), "exit_code": (False, _optional(_int(-(1 << 31), 1 << 31)))},
+}
+
+ADMIN_REQUESTS: dict[str, Schema] = {
+    "quota_set": {
+        "env": (True, _env),
+        "gpus": (True, _int(0, MAX_GPUS_PER_REQUEST)),
+        "memory": (True, _bytes),
+    },
+    "quota_show": {"env": (False, _optional(_env))},
+    "tasks": {"env": (False, _optional(_env))},
+    "status": {},
+}
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    return msgpack.packb(msg, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode(frame: bytes) -> dict[str, Any]:
+    """Unpack one frame into a map with ``v``, ``type`` and ``id``; raise ProtocolError."""
+    if len(frame) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(Err.BAD_REQUEST, f"message larger than {MAX_MESSAGE_BYTES} bytes")
+    try:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        raise ProtocolError(Err.BAD_REQUEST, "not a msgpack message") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError(Err.BAD_REQUEST, "a message must be a map")
+    version = msg.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            Err.UNSUPPORTED_VERSION,
+            f"protocol version {version!r} is not supported; this nodemgr speaks "
+            f"{PROTOCOL_VERSION} (upgrade the client and nodemgr together)",
+        )
+    if not isinstance(msg.get("type"), str):
+        raise ProtocolError(Err.BAD_REQUEST, "field 'type' must be a string")
+    mid = msg.get("id", 0)
+    if isinstance(mid, bool) or not isinstance(mid, int) or not 0 <= mid < 1 << 63:
+        raise ProtocolError(Err.BAD_REQUEST, "field 'id' must be a non-negative integer")
+    msg["id"] = mid
+    return msg
+
+
+def validate(msg: dict[str, Any], schemas: dict[str, Schema]) -> dict[str, Any]:
+    """Return the fields of ``msg`` its type defines, checked; unknown fields are dropped."""
+    kind = msg["type"]
+    schema = schemas.get(kind)
+    if schema is None:
+        raise ProtocolError(
+            Err.UNKNOWN_TYPE,
+            f"unknown message type {kind!r}; this endpoint accepts: {', '.join(sorted(schemas))}",
+        )
+    body: dict[str, Any] = {}
+    for name, (required, check) in schema.items():
+        if name not in msg:
+            if required:
+                raise ProtocolError(Err.BAD_REQUEST, f"{kind}: field {name!r} is required")
+            body[name] = None
+            continue
+        try:
+            body[name] = check(msg[name])
+        except ValueError as e:
+            raise ProtocolError(Err.BAD_REQUEST, f"{kind}: field {name!r} {e}") from None
+    return body
+
+
+def request(kind: str, msg_id: int, **fields: Any) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "type": kind, "id": msg_id, **fields}
+
+
+def reply(kind: str, msg_id: int, **fields: Any) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "type": kind, "id": msg_id, **fields}
+
+
+def error(code: str, message: str, msg_id: int = 0) -> dict[str, Any]:
+    return {
+        "v": PROTOCOL_VERSION,
+        "type": "error",
+        "id": msg_id,
+        "error": code,
+        "message": message,
+        "retryable": code in Err.RETRYABLE,
+    }

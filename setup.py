@@ -1,0 +1,28 @@
+"""Package build: the cffi ledger bindings plus the shim and simulated driver.
+
+The preload library cannot be a Python extension (it must not need
+libpython), so build_ext compiles it beside the cffi module and ships it in
+client_plugin/lib, where gpushare-run finds it.
+"""
+
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "shim"))
+import build as shim_build
+
+
+class BuildExt(build_ext):
+    def run(self) -> None:
+        super().run()
+        root = Path(".") if self.inplace else Path(self.build_lib)
+        shim_build.build_native(root / "client_plugin" / "lib")
+
+
+setup(
+    cffi_modules=["shim/build.py:ffibuilder"],
+    cmdclass={"build_ext": BuildExt},
+)

@@ -1,0 +1,100 @@
+"""How the C parts are built; used by setup.py (package build) and the Makefile.
+
+- ``libgpushare.so``: the preload shim. Plain C with no libpython, since it is
+  loaded into every program a task runs.
+- ``sim/libcuda.so.1``: the simulated driver for machines without NVIDIA GPUs.
+- ``nodemgr._ledger``: cffi bindings to the ledger, declared from the same
+  headers the shim is compiled with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+
+WARN = ["-Wall", "-Wextra", "-Werror"]
+COMMON = ["-std=gnu11", "-fPIC", "-fvisibility=hidden", *WARN]
+RELEASE = ["-O2", "-g"]
+DEBUG = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"]
+
+
+def _cc() -> list[str]:
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    return shlex.split(cc)[:1]
+
+
+def _link(out: Path, sources: list[str], flags: list[str], ldflags: list[str], debug: bool) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        *_cc(),
+        *COMMON,
+        *(DEBUG if debug else RELEASE),
+        *flags,
+        "-shared",
+        "-o",
+        str(out),
+        *[str(HERE / s) for s in sources],
+        *ldflags,
+        *([] if debug else ["-Wl,-z,defs"]),
+    ]
+    print(" ".join(cmd), file=sys.stderr)
+    subprocess.run(cmd, check=True)
+
+
+def build_native(out_dir: Path, debug: bool = False) -> list[Path]:
+    """Compile the shim and the simulated driver into ``out_dir``; return the files."""
+    shim = out_dir / "libgpushare.so"
+    sim = out_dir / "sim" / "libcuda.so.1"
+    _link(
+        shim,
+        ["cuda_hook.c", "ledger.c", "dlsym_x86_64.S"],
+        [],
+        [f"-Wl,--version-script={HERE / 'shim.map'}", "-ldl", "-lpthread"],
+        debug,
+    )
+    _link(
+        sim,
+        ["sim_cuda.c"],
+        [],
+        [
+            "-Wl,-Bsymbolic",
+            f"-Wl,--version-script={HERE / 'sim_cuda.map'}",
+            "-Wl,-soname,libcuda.so.1",
+            "-lpthread",
+        ],
+        debug,
+    )
+    return [shim, sim]
+
+
+def _cdef() -> str:
+    return (HERE / "ledger_layout.h").read_text() + (HERE / "ledger_api.h").read_text()
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(_cdef())
+ffibuilder.set_source(
+    "nodemgr._ledger",
+    '#include "ledger.h"',
+    sources=[os.path.relpath(HERE / "ledger.c")],
+    include_dirs=[os.path.relpath(HERE)],
+    extra_compile_args=["-std=gnu11", *WARN, "-Wno-unused-parameter"],
+)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", type=Path, required=True, help="directory for the libraries")
+    ap.add_argument("--debug", action="store_true", help="ASan/UBSan build")
+    args = ap.parse_args()
+    for path in build_native(args.out, args.debug):
+        print(path)

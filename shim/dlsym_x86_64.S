@@ -1,0 +1,36 @@
+/*
+ * The shim's dlsym. glibc resolves RTLD_NEXT relative to the object that
+ * called dlsym, found from the return address. A C wrapper that calls the
+ * real dlsym would make the shim the caller and change what RTLD_NEXT
+ * means for every library in the process. So the decision is made in C
+ * (gs_dlsym_hook) and, when the shim has nothing to hand out, this code
+ * jumps to the real dlsym with the caller's own return address still on
+ * the stack: a tail call the compiler cannot be trusted to guarantee.
+ */
+	.text
+	.globl	dlsym
+	.type	dlsym, @function
+dlsym:
+	.cfi_startproc
+	pushq	%rdi
+	.cfi_adjust_cfa_offset 8
+	pushq	%rsi
+	.cfi_adjust_cfa_offset 8
+	subq	$8, %rsp
+	.cfi_adjust_cfa_offset 8
+	call	gs_dlsym_hook
+	addq	$8, %rsp
+	.cfi_adjust_cfa_offset -8
+	popq	%rsi
+	.cfi_adjust_cfa_offset -8
+	popq	%rdi
+	.cfi_adjust_cfa_offset -8
+	testq	%rax, %rax
+	jz	1f
+	ret
+1:
+	jmpq	*gs_real_dlsym(%rip)
+	.cfi_endproc
+	.size	dlsym, .-dlsym
+
+	.section .note.GNU-stack, "", @progbits

@@ -1,0 +1,204 @@
+/*
+ * Ledger operations shared by the shim (inside every framework process) and
+ * nodemgr (through cffi). Nothing here allocates, logs or blocks: slot locks
+ * are taken with F_OFD_SETLK, never F_OFD_SETLKW.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "ledger.h"
+
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+
+int gs_ledger_check(const struct gs_ledger *l, size_t len)
+{
+	if (l == NULL || len < sizeof(*l))
+		return -EINVAL;
+	if (l->magic != GS_LEDGER_MAGIC)
+		return -EINVAL;
+	if (l->version != GS_LEDGER_VERSION || l->size != sizeof(*l))
+		return -EPROTO;
+	if (l->ngpus > GS_MAX_GPUS || l->nslots != GS_MAX_SLOTS)
+		return -EPROTO;
+	return 0;
+}
+
+int gs_ledger_init(struct gs_ledger *l, uint32_t ngpus)
+{
+	if (ngpus > GS_MAX_GPUS)
+		return -E2BIG;
+	l->version = GS_LEDGER_VERSION;
+	l->size = sizeof(*l);
+	l->ngpus = ngpus;
+	l->nslots = GS_MAX_SLOTS;
+	l->slot_hwm = 0;
+	/* The magic goes last: a reader that sees it sees a whole header. */
+	STORE(&l->magic, (uint64_t)GS_LEDGER_MAGIC);
+	return 0;
+}
+
+void gs_ledger_set_limit(struct gs_ledger *l, uint32_t gpu, uint64_t bytes)
+{
+	if (gpu < GS_MAX_GPUS)
+		STORE(&l->gpu[gpu].limit, bytes);
+}
+
+uint64_t gs_ledger_limit(const struct gs_ledger *l, uint32_t gpu)
+{
+	return gpu < GS_MAX_GPUS ? LOAD(&l->gpu[gpu].limit) : 0;
+}
+
+uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu)
+{
+	uint32_t hwm = LOAD(&l->slot_hwm);
+	uint64_t total = 0;
+
+	if (gpu >= GS_MAX_GPUS)
+		return 0;
+	if (hwm > GS_MAX_SLOTS)
+		hwm = GS_MAX_SLOTS;
+	for (uint32_t i = 0; i < hwm; i++) {
+		uint64_t v = LOAD(&l->slot[i].used[gpu]);
+
+		/* A corrupt slot must read as "full", never wrap to "empty". */
+		if (total + v < total)
+			return UINT64_MAX;
+		total += v;
+	}
+	return total;
+}
+
+int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
+			 uint64_t *used, uint64_t *launches)
+{
+	uint32_t hwm = LOAD(&l->slot_hwm);
+	int n = 0;
+
+	memset(used, 0, sizeof(uint64_t) * GS_MAX_GPUS);
+	*launches = 0;
+	if (hwm > GS_MAX_SLOTS)
+		hwm = GS_MAX_SLOTS;
+	for (uint32_t i = 0; i < hwm; i++) {
+		const struct gs_slot *s = &l->slot[i];
+
+		if (LOAD(&s->state) != GS_SLOT_USED)
+			continue;
+		if (strncmp(s->task_id, task_id, GS_TASK_ID_LEN) != 0)
+			continue;
+		for (int g = 0; g < GS_MAX_GPUS; g++)
+			used[g] += LOAD(&s->used[g]);
+		*launches += LOAD(&s->launches);
+		n++;
+	}
+	return n;
+}
+
+static int slot_lock(int fd, uint32_t i, short type)
+{
+	struct flock fl = {
+		.l_type = type,
+		.l_whence = SEEK_SET,
+		.l_start = (off_t)offsetof(struct gs_ledger, slot) +
+			   (off_t)i * (off_t)sizeof(struct gs_slot),
+		.l_len = 1,
+	};
+
+	return fcntl(fd, F_OFD_SETLK, &fl) == 0 ? 0 : -errno;
+}
+
+static void slot_clear(struct gs_slot *s)
+{
+	for (int g = 0; g < GS_MAX_GPUS; g++)
+		STORE(&s->used[g], 0);
+	STORE(&s->launches, 0);
+	STORE(&s->last_launch_ns, 0);
+}
+
+int gs_ledger_reap(struct gs_ledger *l, int fd)
+{
+	uint32_t hwm = LOAD(&l->slot_hwm);
+	int n = 0;
+
+	if (hwm > GS_MAX_SLOTS)
+		hwm = GS_MAX_SLOTS;
+	for (uint32_t i = 0; i < hwm; i++) {
+		struct gs_slot *s = &l->slot[i];
+		int rc;
+
+		if (LOAD(&s->state) != GS_SLOT_USED)
+			continue;
+		rc = slot_lock(fd, i, F_WRLCK);
+		if (rc == -EAGAIN || rc == -EACCES)
+			continue; /* its owner is alive */
+		if (rc != 0)
+			return rc;
+		slot_clear(s);
+		STORE(&s->state, (uint32_t)GS_SLOT_FREE);
+		slot_lock(fd, i, F_UNLCK);
+		n++;
+	}
+	return n;
+}
+
+int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_id)
+{
+	for (uint32_t i = 0; i < GS_MAX_SLOTS; i++) {
+		struct gs_slot *s = &l->slot[i];
+		uint32_t hwm;
+		int rc = slot_lock(fd, i, F_WRLCK);
+
+		if (rc == -EAGAIN || rc == -EACCES)
+			continue;
+		if (rc != 0)
+			return rc;
+		/* Whoever held this slot before is gone: its charges go with it. */
+		slot_clear(s);
+		s->pid = pid;
+		memset(s->task_id, 0, sizeof(s->task_id));
+		if (task_id != NULL)
+			strncpy(s->task_id, task_id, sizeof(s->task_id) - 1);
+		STORE(&s->state, (uint32_t)GS_SLOT_USED);
+		hwm = LOAD(&l->slot_hwm);
+		while (hwm < i + 1 &&
+		       !__atomic_compare_exchange_n(&l->slot_hwm, &hwm, i + 1, 0,
+						   __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+			;
+		return (int)i;
+	}
+	return -ENOSPC;
+}
+
+int gs_ledger_charge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes)
+{
+	uint64_t limit;
+
+	if (gpu >= GS_MAX_GPUS || slot >= GS_MAX_SLOTS)
+		return -EINVAL;
+	limit = LOAD(&l->gpu[gpu].limit);
+	if (bytes > limit)
+		return -ENOSPC;
+	__atomic_fetch_add(&l->slot[slot].used[gpu], bytes, __ATOMIC_SEQ_CST);
+	if (gs_ledger_used(l, gpu) > limit) {
+		__atomic_fetch_sub(&l->slot[slot].used[gpu], bytes, __ATOMIC_SEQ_CST);
+		return -ENOSPC;
+	}
+	return 0;
+}
+
+void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes)
+{
+	uint64_t *p, cur;
+
+	if (gpu >= GS_MAX_GPUS || slot >= GS_MAX_SLOTS)
+		return;
+	p = &l->slot[slot].used[gpu];
+	cur = LOAD(p);
+	/* Saturate: an uncharge never turns a slot into a huge number. */
+	while (!__atomic_compare_exchange_n(p, &cur, cur > bytes ? cur - bytes : 0, 0,
+					    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+		;
+}

@@ -1,0 +1,16 @@
+/* The shared-memory ledger: layout and operations (see ledger_layout.h). */
+#ifndef GPUSHARE_LEDGER_H
+#define GPUSHARE_LEDGER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ledger_layout.h"
+#include "ledger_api.h"
+
+_Static_assert(sizeof(struct gs_gpu_entry) == 64, "gpu entry is one cache line");
+_Static_assert(sizeof(struct gs_slot) == 256, "slot layout changed: bump GS_LEDGER_VERSION");
+_Static_assert(sizeof(struct gs_ledger) == 64 + 64 * GS_MAX_GPUS + 256 * GS_MAX_SLOTS,
+	       "ledger layout changed: bump GS_LEDGER_VERSION");
+
+#endif

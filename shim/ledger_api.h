@@ -1,0 +1,50 @@
+/*
+ * Operations on a mapped ledger, shared by the shim and nodemgr's cffi
+ * bindings. Plain C for cffi's cdef parser, like ledger_layout.h.
+ *
+ * Return codes: 0 on success, a negative errno value on failure.
+ */
+
+/* Validate a mapping of `len` bytes as a ledger this code understands. */
+int gs_ledger_check(const struct gs_ledger *l, size_t len);
+
+/* nodemgr: fill a fresh (zeroed) mapping's header for `ngpus` GPUs. */
+int gs_ledger_init(struct gs_ledger *l, uint32_t ngpus);
+
+/* nodemgr: publish a new per-GPU limit (bytes); read at each allocation. */
+void gs_ledger_set_limit(struct gs_ledger *l, uint32_t gpu, uint64_t bytes);
+uint64_t gs_ledger_limit(const struct gs_ledger *l, uint32_t gpu);
+
+/* Bytes charged on `gpu` by all slots (saturating). */
+uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu);
+
+/*
+ * Sum of the slots that carry `task_id`: bytes per GPU into used[GS_MAX_GPUS]
+ * and kernel launches into *launches. Returns the number of such slots.
+ */
+int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
+			 uint64_t *used, uint64_t *launches);
+
+/*
+ * nodemgr: free every used slot whose owner has died (its lock is free),
+ * using `fd`, an open descriptor of the ledger file. Returns the number of
+ * slots reaped, or a negative errno value.
+ */
+int gs_ledger_reap(struct gs_ledger *l, int fd);
+
+/*
+ * A process: claim a free slot for itself through `fd` (an O_RDWR
+ * descriptor of its own, kept open for the life of the claim).
+ * Returns the slot index or a negative errno value.
+ */
+int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_id);
+
+/*
+ * A process: charge `bytes` on `gpu` to slot `slot` if the environment stays
+ * within the GPU's limit. Returns 0, or -ENOSPC when over the limit (then
+ * nothing stays charged). Never check-then-add: the slot is charged first
+ * and the total read after, so racing processes can both fail but never
+ * both pass beyond the limit.
+ */
+int gs_ledger_charge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes);
+void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes);

@@ -1,0 +1,55 @@
+/*
+ * Layout of an environment's shared-memory ledger, version 1.
+ *
+ * This file is read by the C compiler (through ledger.h) and by cffi's cdef
+ * parser (nodemgr's bindings), so it must stay plain C: no includes, no
+ * guards, no attributes, integer #defines only.
+ *
+ * nodemgr creates one ledger file per environment and alone writes the
+ * header and the per-GPU limits. Each process running under the shim claims
+ * one slot (by taking an open-file-description lock on the slot's first
+ * byte, which the kernel drops when the process dies) and charges its own
+ * bytes there. An environment's usage on a GPU is the sum over all slots, so
+ * a dead process's bytes vanish exactly when its slot is reaped, with no
+ * shared counter that a crash could leave wrong.
+ */
+
+#define GS_LEDGER_MAGIC 0x3152444c53555047
+#define GS_LEDGER_VERSION 1
+#define GS_MAX_GPUS 16
+#define GS_MAX_SLOTS 1024
+#define GS_TASK_ID_LEN 24
+
+#define GS_SLOT_FREE 0
+#define GS_SLOT_USED 1
+
+struct gs_gpu_entry {
+	uint64_t limit;
+	uint8_t uuid[16];
+	uint32_t node_index;
+	uint32_t reserved0;
+	uint64_t reserved[4];
+};
+
+struct gs_slot {
+	uint64_t used[GS_MAX_GPUS];
+	uint64_t launches;
+	uint64_t last_launch_ns;
+	int32_t pid;
+	uint32_t state;
+	char task_id[GS_TASK_ID_LEN];
+	uint64_t reserved[10];
+};
+
+struct gs_ledger {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t size;
+	uint32_t ngpus;
+	uint32_t nslots;
+	uint32_t slot_hwm;
+	uint32_t reserved0;
+	uint64_t reserved[4];
+	struct gs_gpu_entry gpu[GS_MAX_GPUS];
+	struct gs_slot slot[GS_MAX_SLOTS];
+};

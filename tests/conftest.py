@@ -1,0 +1,233 @@
+"""Fixtures that start the real daemon, real gpushare-run and real C clients."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client_plugin import libs
+from nodemgr.client import Connection, Unreachable
+
+ROOT = Path(__file__).resolve().parent.parent
+CSRC = Path(__file__).resolve().parent / "c"
+BIN = Path(sys.executable).parent
+
+
+def _have_nvidia() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        return True
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _have_nvidia():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU and driver")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def cc(out: Path, *args: str) -> Path:
+    subprocess.run(
+        [
+            "cc",
+            "-std=gnu11",
+            "-O1",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            f"-I{ROOT / 'shim'}",
+            "-o",
+            str(out),
+            *args,
+        ],
+        check=True,
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def cbin(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The C test programs, compiled once per session."""
+    d = tmp_path_factory.mktemp("cbin")
+    sim = libs.sim_driver_dir()
+    src = str(CSRC / "cuda_client.c")
+    out = {
+        "client": cc(d / "client_gpa", src, "-ldl"),
+        "client_linked": cc(
+            d / "client_linked", "-DLINKED", src, f"-L{sim}", "-l:libcuda.so.1", "-ldl"
+        ),
+    }
+    for name in ("first", "second"):
+        cc(
+            d / f"libprobe_{name}.so",
+            "-shared",
+            "-fPIC",
+            f'-DPROBE_NAME="{name}"',
+            f"-DPROBE_NEXT={name}_next",
+            f"-DPROBE_DEFAULT={name}_default",
+            str(CSRC / "probe_lib.c"),
+            "-ldl",
+        )
+    out["probe"] = cc(
+        d / "probe",
+        str(CSRC / "probe_main.c"),
+        f"-L{d}",
+        "-lprobe_first",
+        "-lprobe_second",
+        f"-Wl,-rpath,{d}",
+        "-ldl",
+    )
+    return out
+
+
+class Daemon:
+    """A nodemgr process serving from its own run directory."""
+
+    def __init__(self, root: Path, **node: Any) -> None:
+        self.root = root
+        self.run_dir = root / "run"
+        self.config = root / "nodemgr.toml"
+        settings = {"heartbeat_interval": 0.2, "heartbeat_timeout": 1.0, **node}
+        lines = ["[node]", f'run_dir = "{self.run_dir}"']
+        lines += [f"{k} = {v!r}" for k, v in settings.items()]
+        lines += [
+            "[gpus]",
+            'source = "simulated"',
+            "simulated_count = 4",
+            'simulated_memory = "16GiB"',
+        ]
+        self.config.write_text("\n".join(lines) + "\n")
+        self.log = open(root / "nodemgr.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [str(BIN / "nodemgr"), "serve", "--config", str(self.config)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                self.admin("status", timeout=0.5)
+                break
+            except Unreachable:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"nodemgr did not start: {self.logtext()}") from None
+                time.sleep(0.05)
+
+    def logtext(self) -> str:
+        self.log.flush()
+        return (self.root / "nodemgr.log").read_text()
+
+    def admin(self, kind: str, timeout: float = 5.0, **fields: Any) -> dict[str, Any]:
+        with Connection(f"ipc://{self.run_dir / 'admin.sock'}", timeout=timeout) as conn:
+            return conn.call(kind, **fields)
+
+    def env(self, name: str, gpus: int = 1, memory: int = 1 << 30) -> str:
+        """Create an environment; return its task endpoint."""
+        return str(self.admin("quota_set", env=name, gpus=gpus, memory=memory)["endpoint"])
+
+    def tasks(self) -> list[dict[str, Any]]:
+        return list(self.admin("tasks")["tasks"])
+
+    def gpu_used(self, index: int) -> int:
+        return int(self.admin("status")["gpus"][index]["used"])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def daemon_factory() -> Iterator[Any]:
+    made: list[Daemon] = []
+    # ipc paths must fit in sun_path (108 bytes): keep run directories short.
+    root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+
+    def make(**node: Any) -> Daemon:
+        d = Daemon(root / str(len(made)), **node) if made else Daemon(root, **node)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon(daemon_factory: Any) -> Daemon:
+    d: Daemon = daemon_factory()
+    return d
+
+
+def _gpushare_run(
+    endpoint: str, *cmd: str, gpus: int = 1, env: dict[str, str] | None = None, **popen: Any
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(BIN / "gpushare-run"), "--endpoint", endpoint, "--gpus", str(gpus), "--", *cmd],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # so teardown can end the whole tree
+        **popen,
+    )
+
+
+def _wait_for(predicate: Any, timeout: float, interval: float = 0.01) -> float:
+    """Poll until predicate() is true; return the seconds it took, fail after timeout."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def run_task() -> Iterator[Any]:
+    """Start ``gpushare-run --endpoint E --gpus N -- CMD...`` as a real child process.
+
+    Whatever a test leaves running is killed and its pipes closed afterwards.
+    """
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: Any, **kwargs: Any) -> subprocess.Popen[str]:
+        p = _gpushare_run(*args, **kwargs)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+
+
+@pytest.fixture
+def wait_for() -> Any:
+    return _wait_for

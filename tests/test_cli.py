@@ -1,0 +1,157 @@
+"""The admin CLI against a live nodemgr, through click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from nodemgr.cli import cli
+
+GiB = 1 << 30
+
+
+def invoke(daemon: Any, *args: str) -> Any:
+    return CliRunner().invoke(cli, [*args, "--config", str(daemon.config)])
+
+
+def test_quota_set_and_show(daemon: Any) -> None:
+    r = invoke(daemon, "quota", "set", "alice", "--gpus", "2", "--memory", "8GiB")
+    assert r.exit_code == 0, r.output
+    assert "alice: 2 GPUs x 8GiB" in r.output
+    r = invoke(daemon, "quota", "set", "bob", "--gpus", "1", "--memory", "1.5G")
+    assert r.exit_code == 0, r.output
+
+    r = invoke(daemon, "quota", "show", "alice", "--json")
+    assert r.exit_code == 0, r.output
+    shown = json.loads(r.output)
+    assert shown["env"] == "alice"
+    assert shown["gpus"] == 2
+    assert shown["memory"] == 8 * GiB
+    assert shown["endpoint"] == f"ipc://{daemon.run_dir}/envs/alice/task.sock"
+    assert Path(shown["endpoint"][6:]).exists()
+
+    r = invoke(daemon, "quota", "show", "--json")
+    assert [q["env"] for q in json.loads(r.output)] == ["alice", "bob"]
+    assert json.loads(r.output)[1]["memory"] == 1_500_000_000
+
+    r = invoke(daemon, "quota", "show")
+    assert r.exit_code == 0
+    assert r.output.splitlines()[0].split() == ["ENV", "GPUS", "MEMORY/GPU", "ENDPOINT"]
+    assert "8GiB" in r.output
+
+    # Changing a quota keeps the environment and its endpoint.
+    r = invoke(daemon, "quota", "set", "alice", "--gpus", "1", "--memory", "512MiB", "--json")
+    assert json.loads(r.output) == {**shown, "gpus": 1, "memory": 512 << 20}
+
+
+@pytest.mark.parametrize("size", ["12XB", "-1", "lots", "1.5.2G", ""])
+def test_bad_sizes_are_refused_with_the_accepted_forms(daemon: Any, size: str) -> None:
+    r = invoke(daemon, "quota", "set", "alice", "--gpus", "1", "--memory", size)
+    assert r.exit_code == 2
+    assert "not a size" in r.output or "out of range" in r.output
+    assert "8GiB" in r.output or "out of range" in r.output
+    assert daemon.admin("quota_show")["quotas"] == []
+
+
+def test_unknown_env_and_bad_env_name(daemon: Any) -> None:
+    r = invoke(daemon, "quota", "show", "nobody")
+    assert r.exit_code == 1
+    assert "no environment 'nobody'" in r.output
+    assert "nodemgr quota set nobody" in r.output
+    r = invoke(daemon, "tasks", "--env", "nobody")
+    assert r.exit_code == 1
+    r = invoke(daemon, "quota", "set", "../etc", "--gpus", "1", "--memory", "1GiB")
+    assert r.exit_code == 1
+    assert "env" in r.output
+
+
+def test_tasks_and_status(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    go = tmp_path / "go"
+    p = run_task(ep, str(cbin["client"]), "alloc", "100", "waitfile", str(go))
+    assert p.stdout.readline() == "alloc ok\n"
+    assert p.stdout.readline() == "waiting\n"
+
+    r = invoke(daemon, "tasks", "--json")
+    assert r.exit_code == 0, r.output
+    [task] = json.loads(r.output)
+    assert task["env"] == "alice"
+    assert task["pid"] == p.pid
+    assert task["gpus"] == [0]
+    assert task["memory_used"] == 100 << 20
+    assert str(cbin["client"]) in task["command"]
+    r = invoke(daemon, "tasks")
+    assert task["task_id"] in r.output and "100MiB" in r.output
+
+    r = invoke(daemon, "status", "--json")
+    st = json.loads(r.output)
+    assert st["simulated"] is True
+    assert st["tasks"] == 1 and st["envs"] == 1
+    assert [g["memory"] for g in st["gpus"]] == [16 * GiB] * 4
+    assert st["gpus"][0]["envs"] == ["alice"]
+    assert st["gpus"][0]["charged"] == GiB
+    assert st["gpus"][0]["used"] == 100 << 20
+    r = invoke(daemon, "status")
+    assert "4 simulated GPUs" in r.output
+
+    go.touch()
+    assert p.wait(30) == 0
+    assert json.loads(invoke(daemon, "tasks", "--json").output) == []
+
+
+def test_unreachable_daemon_exit_code(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[node]\nrun_dir = "{tmp_path}"\n')
+    r = CliRunner().invoke(cli, ["status", "--config", str(cfg)])
+    assert r.exit_code == 69
+    assert "is nodemgr running" in r.output
+
+
+def test_bad_config_exit_code(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[node]\nhartbeat_timeout = 3\n")
+    r = CliRunner().invoke(cli, ["status", "--config", str(cfg)])
+    assert r.exit_code == 78
+    assert "unknown key node.hartbeat_timeout" in r.output
+
+
+def test_daemon_answers_garbage_with_errors_and_keeps_serving(daemon: Any) -> None:
+    import zmq
+
+    ep = daemon.env("alice")
+    ctx = zmq.Context()
+    ctx.setsockopt(zmq.LINGER, 0)
+    try:
+        for endpoint in (ep, f"ipc://{daemon.run_dir}/admin.sock"):
+            s = ctx.socket(zmq.DEALER)
+            s.connect(endpoint)
+            # A message without an id is answered with id 0.
+            for junk in (
+                b"",
+                b"\xc1",
+                b"\x93\x01\x02\x03",
+                b"\x81\xa1v\x02",
+                b"\x83\xa1v\x01\xa4type\xa7request\xa4gpus\xa1x",
+            ):
+                s.send(junk)
+                assert s.poll(5000)
+                reply = protocol_decode(s.recv())
+                assert reply["type"] == "error"
+                assert reply["error"] in ("bad_request", "unsupported_version", "unknown_type")
+            s.close()
+    finally:
+        ctx.destroy()
+    assert daemon.admin("quota_show", env="alice")["quotas"][0]["gpus"] == 1
+
+
+def protocol_decode(data: bytes) -> dict[str, Any]:
+    import msgpack
+
+    msg: dict[str, Any] = msgpack.unpackb(data)
+    return msg

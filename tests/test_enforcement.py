@@ -1,0 +1,116 @@
+"""The shim enforces the grant inside real client processes started by gpushare-run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def lines(out: str) -> list[str]:
+    return [ln for ln in out.splitlines() if ln]
+
+
+@pytest.mark.parametrize("client", ["client", "client_linked"])
+def test_allocation_within_quota_and_oom_beyond(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], client: str
+) -> None:
+    """Both ways into the driver (cudart-style cuGetProcAddress, and -lcuda) are enforced."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    p = run_task(
+        ep,
+        str(cbin[client]),
+        "info",
+        "totalmem",
+        "alloc",
+        "512",
+        "alloc",
+        "256",
+        "alloc",
+        "512",
+        "free",
+        "alloc",
+        "512",
+        "info",
+    )
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert lines(out) == [
+        f"info free={GiB} total={GiB}",
+        f"totalmem {GiB}",
+        "alloc ok",
+        "alloc ok",
+        "alloc err 2",  # CUDA_ERROR_OUT_OF_MEMORY, nothing charged
+        "free ok",  # frees the first 512 MiB
+        "alloc ok",  # usable again
+        f"info free={256 * MiB} total={GiB}",
+    ]
+    assert daemon.tasks() == []
+
+
+def test_quota_larger_than_device_reports_device_memory(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    """cuMemGetInfo never reports more free memory than the device really has."""
+    ep = daemon.env("big", gpus=1, memory=15 * GiB)
+    p = run_task(ep, str(cbin["client"]), "alloc", "15360", "alloc", "1", "info")
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert lines(out) == ["alloc ok", "alloc err 2", f"info free=0 total={15 * GiB}"]
+
+
+def test_memory_used_visible_while_task_runs(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    go = tmp_path / "go"
+    p = run_task(ep, str(cbin["client"]), "alloc", "300", "launch", "7", "waitfile", str(go))
+    assert p.stdout.readline() == "alloc ok\n"
+    assert p.stdout.readline() == "launch ok\n"
+    assert p.stdout.readline() == "waiting\n"
+    [task] = daemon.tasks()
+    assert task["env"] == "alice"
+    assert task["pid"] == p.pid
+    assert task["memory_used"] == 300 * MiB
+    assert task["launches"] == 7
+    assert daemon.gpu_used(task["gpus"][0]) == 300 * MiB
+    go.touch()
+    assert p.wait(30) == 0
+    wait_for(lambda: daemon.tasks() == [], 5)
+
+
+def test_processes_of_one_environment_never_exceed_the_pool(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path
+) -> None:
+    """Two tasks x three processes race to fill one shared 1 GiB pool, five rounds."""
+    ep = daemon.env("team", gpus=1, memory=GiB)
+    client = str(cbin["client"])
+    for round_ in range(5):
+        go, stop = tmp_path / f"go{round_}", tmp_path / f"stop{round_}"
+        script = f"for i in 1 2 3; do {client} waitfile {go} fill 8 waitfile {stop} & done; wait"
+        tasks = [run_task(ep, "sh", "-c", script) for _ in range(2)]
+        for t in tasks:
+            for _ in range(3):
+                assert t.stdout.readline() == "waiting\n"
+        go.touch()
+        filled = 0
+        for t in tasks:
+            # Three processes share the task's stdout: their lines interleave.
+            got = sorted(t.stdout.readline().split() for _ in range(6))
+            assert [w[0] for w in got] == ["fill"] * 3 + ["waiting"] * 3
+            filled += sum(int(w[1]) for w in got[:3])
+        running = daemon.tasks()
+        assert len(running) == 2
+        assert {tuple(t["gpus"]) for t in running} == {(0,)}, "both tasks share the env's GPU"
+        used = sum(t["memory_used"] for t in running)
+        assert used == filled * 8 * MiB
+        assert used <= GiB
+        # Racing processes may each back off near the limit, never overshoot it.
+        assert used >= GiB - 6 * 8 * MiB
+        stop.touch()
+        for t in tasks:
+            assert t.wait(30) == 0

@@ -1,0 +1,139 @@
+"""gpushare-run's contract: environment of the child, exit codes, errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from client_plugin import libs
+
+GiB = 1 << 30
+PRINT_ENV = (
+    "import os; print(*[os.environ.get(k, '') for k in ("
+    "'CUDA_VISIBLE_DEVICES', 'LD_PRELOAD', 'GPUSHARE_TASK_ID', 'GPUSHARE_LEDGER')], sep='\\n')"
+)
+
+
+def test_child_gets_granted_gpus_and_the_shim(daemon: Any, run_task: Any) -> None:
+    ep = daemon.env("alice", gpus=2, memory=GiB)
+    p = run_task(ep, sys.executable, "-c", PRINT_ENV, gpus=2)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    visible, preload, task_id, ledger = out.splitlines()
+    assert (
+        visible
+        == "GPU-5349d000-0000-4000-8000-000000000000,GPU-5349d000-0000-4000-8000-000000000001"
+    )
+    assert preload.split()[0] == str(libs.shim_path())
+    assert len(task_id) == 16
+    assert ledger == str(daemon.run_dir / "envs" / "alice" / "ledger")
+
+
+def test_exit_code_is_the_commands(daemon: Any, run_task: Any) -> None:
+    ep = daemon.env("alice")
+    p = run_task(ep, "sh", "-c", "exit 7")
+    p.communicate(timeout=30)
+    assert p.returncode == 7
+    p = run_task(ep, "sh", "-c", "kill -TERM $$")
+    p.communicate(timeout=30)
+    assert p.returncode == 128 + 15
+    assert daemon.tasks() == []
+
+
+def test_command_not_found_and_not_executable(daemon: Any, run_task: Any, tmp_path: Path) -> None:
+    ep = daemon.env("alice")
+    p = run_task(ep, str(tmp_path / "missing"))
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 127
+    assert "command not found" in err
+    f = tmp_path / "plain"
+    f.write_text("x")
+    p = run_task(ep, str(f))
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 126
+    assert daemon.tasks() == []
+
+
+def test_refusals_have_distinct_exit_codes(daemon: Any, run_task: Any) -> None:
+    zero = daemon.env("zero", gpus=0)
+    p = run_task(zero, "true")
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 77
+    assert "quota_zero" in err and "quota is 0" in err
+
+    one = daemon.env("one", gpus=1)
+    p = run_task(one, "true", gpus=2)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 77
+    assert "quota is 1" in err
+
+
+def test_memory_hint_beyond_quota_is_refused(daemon: Any) -> None:
+    ep = daemon.env("alice", memory=GiB)
+    r = subprocess.run(
+        [
+            Path(sys.executable).parent / "gpushare-run",
+            "--endpoint",
+            ep,
+            "--memory",
+            "2GiB",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 77
+    assert "may use 1073741824 bytes per GPU" in r.stderr
+
+
+def test_no_free_gpu_is_a_retryable_refusal(daemon: Any, run_task: Any, tmp_path: Path) -> None:
+    """threshold 4 tasks per GPU, 4 GPUs: the 17th single-GPU task of 17 envs finds none."""
+    holders = []
+    go = tmp_path / "go"
+    for i in range(16):
+        ep = daemon.env(f"e{i}", gpus=1, memory=GiB)
+        holders.append(
+            run_task(ep, "sh", "-c", f"echo up; while [ ! -e {go} ]; do sleep 0.05; done")
+        )
+    for h in holders:
+        assert h.stdout.readline() == "up\n"
+    ep = daemon.env("late", gpus=1, memory=GiB)
+    p = run_task(ep, "true")
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 75
+    assert "no_resources" in err
+    go.touch()
+    for h in holders:
+        h.communicate(timeout=30)
+        assert h.returncode == 0
+
+
+def test_unreachable_daemon(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [
+            Path(sys.executable).parent / "gpushare-run",
+            "--endpoint",
+            f"ipc://{tmp_path}/nothing.sock",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 69
+    assert "cannot reach nodemgr" in r.stderr
+
+
+def test_no_endpoint_is_a_usage_error(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [Path(sys.executable).parent / "gpushare-run", "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert r.returncode == 2
+    assert "GPUSHARE_ENDPOINT" in r.stderr

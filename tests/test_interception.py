@@ -1,0 +1,99 @@
+"""The shim catches every way into the driver and leaves other lookups alone."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client_plugin import libs
+
+
+def test_rtld_next_and_default_unchanged_by_the_shim(cbin: dict[str, Path]) -> None:
+    plain = subprocess.run([cbin["probe"]], capture_output=True, text=True, check=True).stdout
+    hooked = subprocess.run(
+        [cbin["probe"]],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "LD_PRELOAD": str(libs.shim_path())},
+    ).stdout
+    assert hooked == plain
+    # And plain is what glibc promises, so the comparison means something.
+    assert "first_next=second\n" in plain
+    assert "first_default=first\n" in plain
+    assert "second_next=none\n" in plain
+    assert "main_next=first\n" in plain
+    assert "by_handle=second\n" in plain
+    assert "getpid_next=1\n" in plain
+
+
+def test_shim_exports_only_its_hooks_and_needs_no_libpython() -> None:
+    shim = str(libs.shim_path())
+    dyn = subprocess.run(
+        ["readelf", "-dW", shim], capture_output=True, text=True, check=True
+    ).stdout
+    needed = [ln.split("[")[1].rstrip("]") for ln in dyn.splitlines() if "(NEEDED)" in ln]
+    assert not [n for n in needed if "python" in n], needed
+    syms = subprocess.run(
+        ["nm", "-D", "--defined-only", shim], capture_output=True, text=True, check=True
+    ).stdout.split()
+    exported = {s for s in syms[2::3]}
+    assert exported == {
+        "dlsym",
+        "cuInit",
+        "cuDeviceGetCount",
+        "cuDeviceTotalMem_v2",
+        "cuMemAlloc_v2",
+        "cuMemFree_v2",
+        "cuMemGetInfo_v2",
+        "cuLaunchKernel",
+        "cuLaunchKernel_ptsz",
+        "cuGetProcAddress",
+        "cuGetProcAddress_v2",
+    }
+
+
+def _cudart() -> str:
+    import nvidia
+
+    found = []
+    for base in nvidia.__path__:
+        found += glob.glob(os.path.join(base, "cu1*", "lib", "libcudart.so.1*"))
+    if not found:
+        pytest.fail("the nvidia-cuda-runtime test dependency provides no libcudart")
+    return sorted(found)[-1]
+
+
+def test_real_libcudart_startup_goes_through_the_shim(
+    daemon: Any, run_task: Any, tmp_path: Path
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=1 << 30)
+    trace = tmp_path / "trace"
+    script = (
+        "import ctypes, sys\n"
+        "rt = ctypes.CDLL(sys.argv[1])\n"
+        "n = ctypes.c_int(-1)\n"
+        "print('rc', rt.cudaGetDeviceCount(ctypes.byref(n)))\n"
+    )
+    p = run_task(ep, sys.executable, "-c", script, _cudart(), env={"GPUSHARE_TRACE": str(trace)})
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    hooks = {}
+    for line in trace.read_text().splitlines():
+        fields = dict(f.split("=", 1) for f in line.split())
+        if "hook" in fields:
+            hooks[fields["hook"]] = fields
+    # libcudart found cuGetProcAddress_v2 by dlsym on libcuda's handle and got the wrapper ...
+    assert int(hooks["cuGetProcAddress_v2"]["dlsym"]) == 1
+    # ... fetched cuGetProcAddress itself through it and kept using the wrapper ...
+    assert int(hooks["cuGetProcAddress_v2"]["gpa"]) >= 1
+    assert int(hooks["cuGetProcAddress_v2"]["calls"]) > 100
+    # ... and its own start-up calls into the driver went through the shim.
+    for name in ("cuInit", "cuDeviceGetCount", "cuDeviceTotalMem_v2"):
+        assert int(hooks[name]["calls"]) >= 1, (name, out)

@@ -1,0 +1,112 @@
+"""nodemgr takes back what dead, finished or silent tasks hold."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+GiB = 1 << 30
+
+
+def start_holder(run_task: Any, ep: str, cbin: dict[str, Path], go: Path) -> Any:
+    """A task that fills its 1 GiB pool and then waits."""
+    p = run_task(ep, str(cbin["client"]), "fill", "64", "waitfile", str(go))
+    assert p.stdout.readline() == "fill 16\n"
+    assert p.stdout.readline() == "waiting\n"
+    return p
+
+
+def assert_pool_usable(run_task: Any, ep: str, cbin: dict[str, Path]) -> None:
+    p = run_task(ep, str(cbin["client"]), "alloc", "1024")
+    out, err = p.communicate(timeout=30)
+    assert (p.returncode, out) == (0, "alloc ok\n"), err
+
+
+def test_done_releases_at_once(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    go = tmp_path / "go"
+    p = start_holder(run_task, ep, cbin, go)
+    go.touch()
+    assert p.wait(30) == 0
+    assert daemon.tasks() == []
+    assert daemon.gpu_used(0) == 0
+    assert daemon.admin("status")["gpus"][0]["envs"] == []
+
+
+def test_kill9_of_gpushare_run_frees_bytes_and_gpu_within_1s(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    p = start_holder(run_task, ep, cbin, tmp_path / "never")
+    [task] = daemon.tasks()
+    assert task["memory_used"] == GiB
+    os.kill(p.pid, signal.SIGKILL)
+    took = wait_for(
+        lambda: (
+            daemon.tasks() == []
+            and daemon.gpu_used(0) == 0
+            and daemon.admin("status")["gpus"][0]["envs"] == []
+        ),
+        timeout=1.0,
+    )
+    assert took < 1.0
+    # The client process died with gpushare-run (no orphan keeps the memory).
+    assert p.wait(5) == -signal.SIGKILL
+    assert_pool_usable(run_task, ep, cbin)
+
+
+def test_kill9_of_the_cuda_process_frees_within_1s(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    pidfile = tmp_path / "pid"
+    p = run_task(
+        ep,
+        "sh",
+        "-c",
+        f"echo $$ > {pidfile}; exec {cbin['client']} fill 64 waitfile {tmp_path / 'never'}",
+    )
+    assert p.stdout.readline() == "fill 16\n"
+    assert p.stdout.readline() == "waiting\n"
+    os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    took = wait_for(lambda: daemon.tasks() == [] and daemon.gpu_used(0) == 0, timeout=1.0)
+    assert took < 1.0
+    assert p.wait(5) == 128 + signal.SIGKILL  # gpushare-run passes the status on
+    assert_pool_usable(run_task, ep, cbin)
+
+
+def test_task_whose_heartbeats_stop_is_reclaimed_after_the_timeout(
+    daemon_factory: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
+) -> None:
+    daemon = daemon_factory(heartbeat_interval=0.2, heartbeat_timeout=1.5)
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    p = start_holder(run_task, ep, cbin, tmp_path / "never")
+    os.kill(p.pid, signal.SIGSTOP)  # gpushare-run, the process that heartbeats
+    stopped = time.monotonic()
+    time.sleep(1.0)
+    assert len(daemon.tasks()) == 1, "reclaimed before the timeout"
+    wait_for(lambda: daemon.tasks() == [] and daemon.gpu_used(0) == 0, timeout=2.0)
+    elapsed = time.monotonic() - stopped
+    assert 1.5 <= elapsed <= 1.5 + 1.0
+    # nodemgr ended the hung client and, with it, the process holding GPU memory.
+    assert p.wait(5) == -signal.SIGKILL
+    assert_pool_usable(run_task, ep, cbin)
+
+
+def test_a_running_task_keeps_its_grant(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path
+) -> None:
+    """Heartbeats keep a task alive well past the timeout."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    go = tmp_path / "go"
+    p = start_holder(run_task, ep, cbin, go)
+    time.sleep(2.5)  # timeout is 1.0 s, heartbeats every 0.2 s
+    [task] = daemon.tasks()
+    assert task["memory_used"] == GiB
+    go.touch()
+    assert p.wait(30) == 0

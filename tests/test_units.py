@@ -1,0 +1,157 @@
+"""Pure modules, case by case: sizes, wire validation, GPU selection, config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from nodemgr import config, protocol, scheduler
+from nodemgr.protocol import Err, ProtocolError
+from nodemgr.scheduler import Choice, GpuView, Refusal
+from nodemgr.sizes import format_size, parse_size
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("8GiB", 8 << 30),
+        ("512MiB", 512 << 20),
+        ("1.5G", 1_500_000_000),
+        ("1048576", 1 << 20),
+        ("2 gib", 2 << 30),
+        ("1TB", 10**12),
+        ("0", 0),
+        (1234, 1234),
+    ],
+)
+def test_parse_size(text: str | int, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "G", "1.5.2G", "-1", "12XB", "1e9", "9" * 30])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_format_size() -> None:
+    assert format_size(8 << 30) == "8GiB"
+    assert format_size(1536 << 20) == "1.50GiB"
+    assert format_size(12) == "12B"
+
+
+def frame(**msg: object) -> bytes:
+    return msgpack.packb(msg)
+
+
+def test_decode_validates_envelope() -> None:
+    assert protocol.decode(frame(v=1, type="status", id=3))["id"] == 3
+    for bad, code in [
+        (b"\xc1", Err.BAD_REQUEST),
+        (msgpack.packb([1, 2]), Err.BAD_REQUEST),
+        (frame(v=2, type="status"), Err.UNSUPPORTED_VERSION),
+        (frame(type="status"), Err.UNSUPPORTED_VERSION),
+        (frame(v=1, type=5), Err.BAD_REQUEST),
+        (frame(v=1, type="x", id=-1), Err.BAD_REQUEST),
+        (b"\x00" * (protocol.MAX_MESSAGE_BYTES + 1), Err.BAD_REQUEST),
+    ]:
+        with pytest.raises(ProtocolError) as e:
+            protocol.decode(bad)
+        assert e.value.code == code
+
+
+def test_validate_types_ranges_and_unknowns() -> None:
+    ok = protocol.validate(
+        {"v": 1, "type": "request", "id": 1, "gpus": 2, "extra": "ignored"},
+        protocol.TASK_REQUESTS,
+    )
+    assert ok == {"gpus": 2, "memory": None, "command": None}
+    for msg, code in [
+        ({"type": "request"}, Err.BAD_REQUEST),
+        ({"type": "request", "gpus": 0}, Err.BAD_REQUEST),
+        ({"type": "request", "gpus": True}, Err.BAD_REQUEST),
+        ({"type": "request", "gpus": 1, "memory": -5}, Err.BAD_REQUEST),
+        ({"type": "heartbeat", "task_id": "../x"}, Err.BAD_REQUEST),
+        ({"type": "quota_set"}, Err.UNKNOWN_TYPE),  # admin message on a task endpoint
+        ({"type": "launch_missiles"}, Err.UNKNOWN_TYPE),
+    ]:
+        with pytest.raises(ProtocolError) as e:
+            protocol.validate(msg, protocol.TASK_REQUESTS)
+        assert e.value.code == code
+
+
+def test_error_reply_shape() -> None:
+    e = protocol.error(Err.NO_RESOURCES, "busy", 9)
+    assert e == {
+        "v": 1,
+        "type": "error",
+        "id": 9,
+        "error": "no_resources",
+        "message": "busy",
+        "retryable": True,
+    }
+    assert protocol.error(Err.QUOTA_ZERO, "zero")["retryable"] is False
+
+
+def gpus(*tasks: int, fits: bool = True) -> list[GpuView]:
+    return [GpuView(i, t, fits) for i, t in enumerate(tasks)]
+
+
+def test_select_zero_quota_and_beyond_quota() -> None:
+    assert scheduler.select(1, 0, frozenset(), gpus(0), 4) == Refusal(
+        "quota_zero", "this environment's GPU quota is 0; ask an admin for a quota"
+    )
+    r = scheduler.select(3, 2, frozenset(), gpus(0, 0, 0), 4)
+    assert isinstance(r, Refusal) and r.code == "quota_exceeded"
+
+
+def test_select_new_gpus_least_loaded_first() -> None:
+    assert scheduler.select(2, 4, frozenset(), gpus(2, 0, 1, 0), 4) == Choice((1, 3), (1, 3))
+
+
+def test_select_skips_gpus_at_threshold_or_without_memory() -> None:
+    views = [GpuView(0, 4, True), GpuView(1, 0, False), GpuView(2, 3, True)]
+    assert scheduler.select(1, 2, frozenset(), views, 4) == Choice((2,), (2,))
+
+
+def test_select_quota_used_up_reuses_least_loaded() -> None:
+    assert scheduler.select(1, 2, frozenset({0, 2}), gpus(3, 0, 1), 4) == Choice((2,), ())
+
+
+def test_select_mixed_new_and_reuse() -> None:
+    # quota 3, uses GPU 0; GPUs 1, 2 at threshold, GPU 3 free: one new + one reused.
+    assert scheduler.select(2, 3, frozenset({0}), gpus(1, 4, 4, 0), 4) == Choice((3, 0), (3,))
+
+
+def test_select_not_enough_now_is_retryable() -> None:
+    r = scheduler.select(1, 1, frozenset(), gpus(4, 4), 4)
+    assert isinstance(r, Refusal) and r.code == "no_resources"
+    r = scheduler.select(2, 3, frozenset({0}), gpus(1, 4), 4)
+    assert isinstance(r, Refusal) and r.code == "no_resources"
+
+
+def test_config_defaults_and_errors(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(
+        '[node]\nrun_dir = "run"\n[gpus]\nsource = "simulated"\nsimulated_memory = "2GiB"\n'
+    )
+    c = config.load(f)
+    assert c.run_dir == tmp_path / "run"
+    assert c.heartbeat_timeout == 5.0
+    assert c.sim_memory == 2 << 30
+    assert c.task_threshold == 4
+    for text, needle in [
+        ("[nodes]\n", "unknown section [nodes]"),
+        ("[gpus]\nsource = 'cloud'\n", "gpus.source"),
+        ("[node]\nheartbeat_timeout = 0.5\nheartbeat_interval = 1\n", "longer than"),
+        ("[gpus]\nsimulated_memory = 'big'\n", "gpus.simulated_memory"),
+        ("[scheduler]\ntask_threshold = 0\n", "task_threshold"),
+        ("not toml [", "not valid TOML"),
+    ]:
+        f.write_text(text)
+        with pytest.raises(config.ConfigError, match=needle.replace("[", r"\[")):
+            config.load(f)
+    with pytest.raises(config.ConfigError, match="does not exist"):
+        config.load(tmp_path / "missing.toml")
