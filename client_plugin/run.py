@@ -39,8 +39,10 @@ def _say(message: str) -> None:
     print(f"gpushare-run: {message}", file=sys.stderr, flush=True)
 
 
-def _die_with_parent(parent: int) -> None:
-    """In the child before exec: die if gpushare-run dies, so no orphan keeps GPU memory."""
+def _prepare_child(parent: int, sigint: signal.Handlers) -> None:
+    """In the child before exec: die if gpushare-run dies, so no orphan keeps GPU memory,
+    and take back the SIGINT disposition gpushare-run was started with."""
+    signal.signal(signal.SIGINT, sigint)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
@@ -108,41 +110,66 @@ class Heartbeat:
 
     def done(self, code: int) -> None:
         try:
-            self.conn.call("done", task_id=self.task_id, exit_code=code)
-        except (Unreachable, NodeError) as e:
-            _say(f"could not report the end of the task (nodemgr reclaims it anyway): {e}")
+            report_done(self.conn, self.task_id, code)
         finally:
             self.conn.close()
 
 
+def report_done(conn: Connection, task_id: str, code: int) -> None:
+    try:
+        conn.call("done", task_id=task_id, exit_code=code)
+    except (Unreachable, NodeError) as e:
+        _say(f"could not report the end of the task (nodemgr reclaims it anyway): {e}")
+
+
+def fail_before_start(endpoint: str, task_id: str, message: str, code: int) -> int:
+    _say(message)
+    with Connection(endpoint, timeout=5.0) as conn:
+        report_done(conn, task_id, code)
+    return code
+
+
 def run(endpoint: str, gpus: int, memory: int | None, cmd: list[str]) -> int:
     grant = request_grant(endpoint, gpus, memory, " ".join(cmd))
-    # The request's connection is closed before fork, so the child is started
-    # from a process without ZeroMQ's I/O threads.
-    hb = Heartbeat(endpoint, grant["task_id"], float(grant["heartbeat_interval"]))
+    task_id = grant["task_id"]
     try:
         env = child_environment(grant, dict(os.environ))
     except FileNotFoundError as e:
-        _say(str(e))
-        hb.done(EXIT_INTERNAL)
-        return EXIT_INTERNAL
-    parent = os.getpid()
-    try:
-        child = subprocess.Popen(cmd, env=env, preexec_fn=lambda: _die_with_parent(parent))
-    except FileNotFoundError:
-        _say(f"command not found: {cmd[0]}")
-        hb.done(EXIT_NOT_FOUND)
-        return EXIT_NOT_FOUND
-    except PermissionError:
-        _say(f"command not executable: {cmd[0]}")
-        hb.done(EXIT_NOT_EXECUTABLE)
-        return EXIT_NOT_EXECUTABLE
+        return fail_before_start(endpoint, task_id, str(e), EXIT_INTERNAL)
+    # Handlers go in before the command starts, so a signal that arrives
+    # while it starts is held and passed on rather than killing gpushare-run.
+    child: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []
 
     def forward(signum: int, _frame: types.FrameType | None) -> None:
-        child.send_signal(signum)
+        if child is None:
+            pending.append(signum)
+        else:
+            child.send_signal(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    # Ctrl-C reaches the command straight from the terminal (same process
+    # group); forwarding it too would interrupt the command's own clean-up.
+    sigint = signal.getsignal(signal.SIGINT)
+    child_sigint = signal.SIG_IGN if sigint == signal.SIG_IGN else signal.SIG_DFL
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
+    parent = os.getpid()
+    # No ZeroMQ context exists at this point (the request's was closed), so
+    # the command is forked from a process without ZeroMQ's I/O threads.
+    try:
+        child = subprocess.Popen(
+            cmd, env=env, preexec_fn=lambda: _prepare_child(parent, child_sigint)
+        )
+    except FileNotFoundError:
+        return fail_before_start(endpoint, task_id, f"command not found: {cmd[0]}", EXIT_NOT_FOUND)
+    except PermissionError:
+        return fail_before_start(
+            endpoint, task_id, f"command not executable: {cmd[0]}", EXIT_NOT_EXECUTABLE
+        )
+    hb = Heartbeat(endpoint, task_id, float(grant["heartbeat_interval"]))
+    for signum in pending:
+        child.send_signal(signum)
     while True:
         try:
             returncode = child.wait(timeout=hb.interval)

@@ -353,6 +353,20 @@ static int ledger_gpu(CUdevice dev)
 	return idx;
 }
 
+/* Ledger GPU of the calling thread's current context, or the driver's error. */
+static CUresult current_gpu(int *gpu)
+{
+	CUdevice dev;
+	CUresult rc;
+
+	if (real.cuCtxGetDevice == NULL)
+		return CUDA_ERROR_NOT_FOUND;
+	rc = real.cuCtxGetDevice(&dev);
+	if (rc == CUDA_SUCCESS)
+		*gpu = ledger_gpu(dev);
+	return rc;
+}
+
 /* --- allocation map --------------------------------------------------------- */
 
 /*
@@ -492,7 +506,6 @@ GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 
 GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-	CUdevice dev;
 	CUresult rc;
 	int gpu, slot;
 
@@ -505,12 +518,9 @@ GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 	/* Invalid arguments get the driver's own answer; nothing is charged. */
 	if (dptr == NULL || bytesize == 0)
 		return real.cuMemAlloc_v2(dptr, bytesize);
-	if (real.cuCtxGetDevice == NULL)
-		return CUDA_ERROR_NOT_FOUND;
-	rc = real.cuCtxGetDevice(&dev);
+	rc = current_gpu(&gpu);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	gpu = ledger_gpu(dev);
 	slot = my_slot();
 	if (gpu < 0 || slot < 0)
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -561,7 +571,6 @@ GS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
 	uint64_t limit, used, share;
-	CUdevice dev;
 	CUresult rc;
 	int gpu;
 
@@ -570,9 +579,8 @@ GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 	rc = real.cuMemGetInfo_v2(free_bytes, total_bytes);
 	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE)
 		return rc;
-	if (real.cuCtxGetDevice == NULL || real.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+	if (current_gpu(&gpu) != CUDA_SUCCESS)
 		return rc;
-	gpu = ledger_gpu(dev);
 	limit = gpu >= 0 ? gs_ledger_limit(g.ledger, (uint32_t)gpu) : 0;
 	used = gpu >= 0 ? gs_ledger_used(g.ledger, (uint32_t)gpu) : 0;
 	share = used < limit ? limit - used : 0;

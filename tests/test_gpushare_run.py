@@ -137,3 +137,30 @@ def test_no_endpoint_is_a_usage_error(tmp_path: Path) -> None:
     )
     assert r.returncode == 2
     assert "GPUSHARE_ENDPOINT" in r.stderr
+
+
+def test_sigterm_is_passed_to_the_command(daemon: Any, run_task: Any) -> None:
+    ep = daemon.env("alice")
+    p = run_task(
+        ep, "sh", "-c", "trap 'echo got-term; exit 3' TERM; echo up; while :; do sleep 0.05; done"
+    )
+    assert p.stdout.readline() == "up\n"
+    p.terminate()
+    out, _ = p.communicate(timeout=30)
+    assert out == "got-term\n"
+    assert p.returncode == 3
+    assert daemon.tasks() == []
+
+
+def test_command_can_still_be_interrupted(daemon: Any, run_task: Any) -> None:
+    """gpushare-run ignores SIGINT itself (the terminal delivers it to the command);
+    the command must not inherit that."""
+    ep = daemon.env("alice")
+    p = run_task(
+        ep,
+        sys.executable,
+        "-c",
+        "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)",
+    )
+    out, err = p.communicate(timeout=30)
+    assert (p.returncode, out) == (0, "True\n"), err
