@@ -23,6 +23,7 @@ from nodemgr.protocol import Err
 from nodemgr.sizes import parse_size
 
 ENDPOINT_ENV = "GPUSHARE_ENDPOINT"
+MAX_COMMAND = 4096  # what nodemgr keeps of a command line, for display
 
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 69
@@ -130,7 +131,7 @@ def fail_before_start(endpoint: str, task_id: str, message: str, code: int) -> i
 
 
 def run(endpoint: str, gpus: int, memory: int | None, cmd: list[str]) -> int:
-    grant = request_grant(endpoint, gpus, memory, " ".join(cmd))
+    grant = request_grant(endpoint, gpus, memory, " ".join(cmd)[:MAX_COMMAND])
     task_id = grant["task_id"]
     try:
         env = child_environment(grant, dict(os.environ))
@@ -163,9 +164,9 @@ def run(endpoint: str, gpus: int, memory: int | None, cmd: list[str]) -> int:
         )
     except FileNotFoundError:
         return fail_before_start(endpoint, task_id, f"command not found: {cmd[0]}", EXIT_NOT_FOUND)
-    except PermissionError:
+    except OSError as e:
         return fail_before_start(
-            endpoint, task_id, f"command not executable: {cmd[0]}", EXIT_NOT_EXECUTABLE
+            endpoint, task_id, f"cannot execute {cmd[0]}: {e.strerror}", EXIT_NOT_EXECUTABLE
         )
     hb = Heartbeat(endpoint, task_id, float(grant["heartbeat_interval"]))
     for signum in pending:

@@ -35,6 +35,7 @@ class Connection:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, 64)
         try:
             self._sock.connect(endpoint)
         except zmq.ZMQError as e:
@@ -55,7 +56,12 @@ class Connection:
         if self.endpoint.startswith("ipc://") and not os.path.exists(self.endpoint[6:]):
             raise Unreachable(f"no nodemgr socket at {self.endpoint[6:]}")
         msg_id = next(self._ids)
-        self._sock.send(protocol.encode(protocol.request(kind, msg_id, **fields)))
+        try:
+            # Never block: with nodemgr gone, queued messages would pile up to
+            # the high-water mark and then hang the caller for good.
+            self._sock.send(protocol.encode(protocol.request(kind, msg_id, **fields)), zmq.NOBLOCK)
+        except zmq.Again:
+            raise Unreachable(f"nodemgr is not accepting messages at {self.endpoint}") from None
         deadline_ms = int((self.timeout if timeout is None else timeout) * 1000)
         while self._sock.poll(deadline_ms, zmq.POLLIN):
             try:

@@ -105,6 +105,11 @@ class Server:
         sock: zmq.Socket[bytes] = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # libzmq drops oversized frames before they are buffered whole.
+        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
+        # A reply to a client that has gone raises instead of vanishing, so a
+        # grant nobody received can be taken back.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # The socket appears with the umask's mode; keep it private from the start.
         old = os.umask(0o177)
         try:
@@ -138,10 +143,15 @@ class Server:
         now = time.monotonic()
         timeout = max(0.0, min(self._next_sweep - now, self.config.sweep_interval))
         events = dict(self.poller.poll(int(timeout * 1000)))
-        for sock, _ in events.items():
+        # Process exits first: serving a message may close a pidfd and open a
+        # new one under the same number, which a stale event must not end.
+        for sock in events:
             if isinstance(sock, int):
                 self._process_exited(sock)
-            elif sock is self.admin and self.admin is not None:
+        for sock in events:
+            if isinstance(sock, int):
+                continue
+            if sock is self.admin and self.admin is not None:
                 self._serve(self.admin, None)
             else:
                 self._serve(sock, self.env_socks[sock])
@@ -153,6 +163,7 @@ class Server:
             for env in self.node.envs.values():
                 if env.ledger.reap():
                     log.debug("reaped dead processes' slots in %s", env.name)
+            self.node.settle_draining()
 
     def _serve(self, sock: zmq.Socket[bytes], env: str | None) -> None:
         while True:
@@ -167,7 +178,11 @@ class Server:
             try:
                 sock.send_multipart([*envelope, protocol.encode(out)], zmq.NOBLOCK)
             except zmq.ZMQError as e:
-                log.warning("dropping reply to a vanished client: %s", e)
+                log.warning("reply to a vanished client dropped: %s", e)
+                if out["type"] == "grant":
+                    # Its sender is gone, and the pid read for it may already
+                    # name another process: the grant must not stand.
+                    self._release(out["task_id"], "undelivered")
 
     def _dispatch(self, frame: zmq.Frame, env: str | None) -> dict[str, Any]:
         msg_id = 0

@@ -30,6 +30,11 @@ class Env:
     ledger: Ledger
     endpoint: str
     held: dict[int, set[str]] = field(default_factory=dict)  # GPU index -> task ids
+    # GPUs whose last task ended while processes of the environment still held
+    # memory there (e.g. a backgrounded child that outlived the command). No
+    # new allocation is allowed (limit 0), but the memory stays charged until
+    # the ledger shows it returned.
+    draining: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -84,8 +89,19 @@ class Node:
     # --- grants ------------------------------------------------------------
 
     def charged(self, index: int) -> int:
-        """Memory promised on a GPU: each holding environment's per-GPU quota."""
-        return sum(e.memory for e in self.envs.values() if index in e.held)
+        """Memory promised on a GPU: each holding environment's per-GPU quota, and what
+        draining environments still hold there."""
+        return sum(
+            e.memory if index in e.held else e.ledger.used(index)
+            for e in self.envs.values()
+            if index in e.held or index in e.draining
+        )
+
+    def settle_draining(self) -> None:
+        for env in self.envs.values():
+            for index in [i for i in env.draining if env.ledger.used(i) == 0]:
+                env.draining.discard(index)
+                log.info("env %s released the last of its memory on GPU %d", env.name, index)
 
     def tasks_on(self, index: int) -> int:
         return sum(len(e.held.get(index, ())) for e in self.envs.values())
@@ -99,6 +115,16 @@ class Node:
                 Err.QUOTA_EXCEEDED,
                 f"asked for {memory} bytes per GPU but environment {env.name!r} may use "
                 f"{env.memory} bytes per GPU",
+            )
+        if need > len(self.gpus):
+            raise ProtocolError(
+                Err.QUOTA_EXCEEDED, f"asked for {need} GPUs but this node has {len(self.gpus)}"
+            )
+        if not any(g.memory >= env.memory for g in self.gpus):
+            raise ProtocolError(
+                Err.QUOTA_EXCEEDED,
+                f"environment {env.name!r} has a per-GPU memory quota of {env.memory} bytes, "
+                "more than any GPU of this node has; ask an admin to lower it",
             )
         views = [
             scheduler.GpuView(
@@ -124,6 +150,7 @@ class Node:
         )
         for index in decision.gpus:
             env.held.setdefault(index, set()).add(task.task_id)
+            env.draining.discard(index)
         for index in decision.new:
             env.ledger.set_limit(index, env.memory)
         self.tasks[task.task_id] = task
@@ -153,6 +180,7 @@ class Node:
             if not holders:
                 del env.held[index]
                 env.ledger.set_limit(index, 0)
+                env.draining.add(index)
         log.info("release %s env=%s reason=%s", task_id, task.env, reason)
         return task
 
@@ -184,6 +212,7 @@ class Node:
         gpus = []
         for g in self.gpus:
             holders = {e.name: e for e in self.envs.values() if g.index in e.held}
+            used = sum(e.ledger.used(g.index) for e in self.envs.values())
             gpus.append(
                 {
                     "index": g.index,
@@ -191,7 +220,7 @@ class Node:
                     "name": g.name,
                     "memory": g.memory,
                     "charged": self.charged(g.index),
-                    "used": sum(e.ledger.used(g.index) for e in holders.values()),
+                    "used": used,
                     "tasks": self.tasks_on(g.index),
                     "envs": sorted(holders),
                 }

@@ -114,7 +114,6 @@ static struct {
 	char *ledger_path;
 	int fd;		  /* this process's descriptor; holds the slot lock */
 	int slot;	  /* claimed slot, -1 until first use */
-	pid_t slot_pid;	  /* the process that claimed it (fork check) */
 	char task_id[GS_TASK_ID_LEN];
 	char *trace_path;
 	int dev_map[GS_MAX_DEVS];
@@ -261,6 +260,26 @@ static void say(const char *fmt, const char *a, const char *b)
 	fputc('\n', stderr);
 }
 
+/*
+ * Map the ledger through `fd`, the descriptor the slot lock is later taken
+ * on: the mapping keeps that open file description, and so the lock, alive
+ * even if the program closes all its descriptors. MADV_DONTFORK keeps fork
+ * children from inheriting it, or a child would pin a dead parent's slot.
+ */
+static struct gs_ledger *map_ledger(int fd)
+{
+	void *map = mmap(NULL, sizeof(struct gs_ledger), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+
+	if (map == MAP_FAILED)
+		return NULL;
+	if (madvise(map, sizeof(struct gs_ledger), MADV_DONTFORK) != 0 ||
+	    gs_ledger_check(map, sizeof(struct gs_ledger)) != 0) {
+		munmap(map, sizeof(struct gs_ledger));
+		return NULL;
+	}
+	return map;
+}
+
 static void attach_ledger(const char *path)
 {
 	struct stat st;
@@ -280,16 +299,11 @@ static void attach_ledger(const char *path)
 		close(fd);
 		return;
 	}
-	map = mmap(NULL, sizeof(struct gs_ledger), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (map == MAP_FAILED) {
-		say("cannot map ledger %s: %s; GPU allocations will fail", path, strerror(errno));
-		close(fd);
-		return;
-	}
-	if (gs_ledger_check(map, sizeof(struct gs_ledger)) != 0) {
-		say("ledger %s is not a version-1 gpushare ledger%s; GPU allocations will fail "
-		    "(shim and nodemgr must come from the same release)", path, "");
-		munmap(map, sizeof(struct gs_ledger));
+	map = map_ledger(fd);
+	if (map == NULL) {
+		say("cannot use ledger %s%s: not a version-1 gpushare ledger, or not mappable; GPU "
+		    "allocations will fail (shim and nodemgr must come from the same release)",
+		    path, "");
 		close(fd);
 		return;
 	}
@@ -310,10 +324,7 @@ static int my_slot(void)
 	pthread_mutex_lock(&g.claim_mu);
 	s = g.slot;
 	if (s < 0) {
-		if (g.fd < 0)
-			g.fd = open(g.ledger_path, O_RDWR | O_CLOEXEC);
-		if (g.fd >= 0)
-			s = gs_ledger_claim(g.ledger, g.fd, (int32_t)getpid(), g.task_id);
+		s = gs_ledger_claim(g.ledger, g.fd, (int32_t)getpid(), g.task_id);
 		if (s >= 0)
 			__atomic_store_n(&g.slot, s, __ATOMIC_RELEASE);
 	}
@@ -396,21 +407,29 @@ static inline uint64_t mix(uint64_t x)
 	return x;
 }
 
-static void shard_put(struct gs_shard *s, struct gs_alloc a)
+/* Insert a; if a record for the same address existed, return it in *old. */
+static int shard_put(struct gs_shard *s, struct gs_alloc a, struct gs_alloc *old)
 {
 	uint32_t i = (uint32_t)(mix(a.ptr) >> 6) & (s->cap - 1);
+	int replaced = 0;
 
 	while (s->tab[i].ptr != 0 && s->tab[i].ptr != a.ptr)
 		i = (i + 1) & (s->cap - 1);
-	if (s->tab[i].ptr == 0)
+	if (s->tab[i].ptr == 0) {
 		s->n++;
+	} else {
+		*old = s->tab[i];
+		replaced = 1;
+	}
 	s->tab[i] = a;
+	return replaced;
 }
 
 static int alloc_track(CUdeviceptr ptr, uint64_t size, int gpu)
 {
 	struct gs_shard *s = &shards[mix(ptr) & (GS_SHARDS - 1)];
-	int rc = 0;
+	struct gs_alloc stale;
+	int rc = 0, replaced = 0;
 
 	pthread_mutex_lock(&s->mu);
 	if ((s->n + 1) * 4 > s->cap * 3) {
@@ -427,12 +446,20 @@ static int alloc_track(CUdeviceptr ptr, uint64_t size, int gpu)
 		s->n = 0;
 		for (uint32_t i = 0; i < ocap; i++)
 			if (old[i].ptr != 0)
-				shard_put(s, old[i]);
+				shard_put(s, old[i], &stale);
 		free(old);
 	}
-	shard_put(s, (struct gs_alloc){ ptr, size, gpu });
+	replaced = shard_put(s, (struct gs_alloc){ ptr, size, gpu }, &stale);
 out:
 	pthread_mutex_unlock(&s->mu);
+	/*
+	 * The driver handed out an address we still had on record: that memory
+	 * went back without cuMemFree (a context was destroyed or reset), so
+	 * its charge goes now.
+	 */
+	if (replaced)
+		gs_ledger_uncharge(g.ledger, (uint32_t)__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE),
+				   (uint32_t)stale.gpu, stale.size);
 	return rc;
 }
 
@@ -685,10 +712,17 @@ static void after_fork_child(void)
 	 */
 	if (g.mode != GS_ENFORCE)
 		return;
-	if (g.fd >= 0)
-		close(g.fd);
-	g.fd = -1;
+	/* The parent's mapping was not inherited (MADV_DONTFORK); drop its descriptor too. */
+	close(g.fd);
 	g.slot = -1;
+	g.fd = open(g.ledger_path, O_RDWR | O_CLOEXEC);
+	g.ledger = g.fd >= 0 ? map_ledger(g.fd) : NULL;
+	if (g.ledger == NULL) {
+		if (g.fd >= 0)
+			close(g.fd);
+		g.fd = -1;
+		g.mode = GS_BROKEN;
+	}
 	pthread_mutex_init(&g.claim_mu, NULL);
 	for (int i = 0; i < GS_SHARDS; i++) {
 		pthread_mutex_init(&shards[i].mu, NULL);

@@ -29,7 +29,13 @@ dlsym:
 	jz	1f
 	ret
 1:
-	jmpq	*gs_real_dlsym(%rip)
+	/* glibc's dlsym could not be found: answer "no symbol" rather than jump to 0. */
+	movq	gs_real_dlsym(%rip), %rax
+	testq	%rax, %rax
+	jz	2f
+	jmpq	*%rax
+2:
+	ret
 	.cfi_endproc
 	.size	dlsym, .-dlsym
 

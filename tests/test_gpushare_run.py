@@ -164,3 +164,33 @@ def test_command_can_still_be_interrupted(daemon: Any, run_task: Any) -> None:
     )
     out, err = p.communicate(timeout=30)
     assert (p.returncode, out) == (0, "True\n"), err
+
+
+def test_requests_no_node_can_satisfy_are_refused_not_retried(daemon: Any, run_task: Any) -> None:
+    many = daemon.env("many", gpus=8)
+    p = run_task(many, "true", gpus=5)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 77
+    assert "this node has 4" in err
+    huge = daemon.env("huge", gpus=1, memory=17 * GiB)
+    p = run_task(huge, "true")
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 77
+    assert "more than any GPU" in err
+
+
+def test_long_command_lines_and_unexecutable_files(
+    daemon: Any, run_task: Any, tmp_path: Path
+) -> None:
+    ep = daemon.env("alice")
+    p = run_task(ep, "sh", "-c", "exit 0", "x" * 5000)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    bad = tmp_path / "bad-elf"
+    bad.write_bytes(b"\x7fELF" + b"\x00" * 60)
+    bad.chmod(0o755)
+    p = run_task(ep, str(bad))
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 126
+    assert "cannot execute" in err
+    assert daemon.tasks() == []

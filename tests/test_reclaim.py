@@ -110,3 +110,45 @@ def test_a_running_task_keeps_its_grant(
     assert task["memory_used"] == GiB
     go.touch()
     assert p.wait(30) == 0
+
+
+def test_a_fork_child_does_not_pin_its_dead_parents_memory(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
+) -> None:
+    """A worker forked by a task outlives it; the task's bytes still come back."""
+    ep = daemon.env("alice", gpus=1, memory=4 * GiB)
+    release = tmp_path / "release"
+    p = run_task(ep, str(cbin["client"]), "alloc", "3072", "fork", str(release))
+    assert p.stdout.readline() == "alloc ok\n"
+    assert p.stdout.readline() == "forked\n"
+    assert p.wait(30) == 0
+    wait_for(lambda: daemon.gpu_used(0) == 0, timeout=1.0)
+    q = run_task(ep, str(cbin["client"]), "info", "alloc", "4096")
+    out, err = q.communicate(timeout=30)
+    assert out == f"info free={4 * GiB} total={4 * GiB}\nalloc ok\n", err
+    release.touch()
+
+
+def test_memory_held_by_a_leftover_process_stays_charged_until_returned(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
+) -> None:
+    """The command exits while a background child of it still holds GPU memory:
+    the GPU is no longer the environment's, but what it holds stays charged."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    ready, release = tmp_path / "ready", tmp_path / "release"
+    p = run_task(
+        ep,
+        "sh",
+        "-c",
+        f"{cbin['client']} alloc 512 waitfile {release} & "
+        f"while [ ! -e {ready} ]; do sleep 0.01; done",
+    )
+    assert p.stdout.readline() == "alloc ok\n"
+    assert p.stdout.readline() == "waiting\n"
+    ready.touch()
+    wait_for(lambda: daemon.tasks() == [], timeout=5)
+    gpu = daemon.admin("status")["gpus"][0]
+    assert (gpu["envs"], gpu["charged"], gpu["used"]) == ([], 512 << 20, 512 << 20)
+    release.touch()
+    wait_for(lambda: daemon.admin("status")["gpus"][0]["charged"] == 0, timeout=2)
+    assert daemon.gpu_used(0) == 0

@@ -12,6 +12,7 @@
  *   totalmem       "totalmem BYTES" (cuDeviceTotalMem of device 0)
  *   launch N       N kernel launches: "launch ok" | "launch err CODE"
  *   waitfile PATH  "waiting", then blocks until PATH exists
+ *   fork PATH      "forked"; the child lives on until PATH exists
  *   sleep SECONDS
  */
 #define _GNU_SOURCE
@@ -177,6 +178,17 @@ int main(int argc, char **argv)
 			printf("waiting\n");
 			while (access(arg, F_OK) != 0)
 				usleep(2000);
+		} else if (strcmp(op, "fork") == 0) {
+			pid_t pid;
+
+			i++;
+			pid = fork();
+			if (pid == 0) {
+				while (access(arg, F_OK) != 0)
+					usleep(2000);
+				_exit(0);
+			}
+			printf(pid > 0 ? "forked\n" : "fork failed\n");
 		} else if (strcmp(op, "sleep") == 0) {
 			i++;
 			usleep((useconds_t)(strtod(arg, NULL) * 1e6));
