@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -33,7 +33,7 @@ def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
 
 
-def fail(message: str, code: int) -> None:
+def fail(message: str, code: int) -> NoReturn:
     click.echo(f"nodemgr: {message}", err=True)
     sys.exit(code)
 
@@ -43,7 +43,6 @@ def load_config(path: str | None) -> configmod.Config:
         return configmod.load(path)
     except configmod.ConfigError as e:
         fail(str(e), EXIT_CONFIG)
-        raise AssertionError from e  # unreachable
 
 
 def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, Any]:
@@ -59,7 +58,6 @@ def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, A
         )
     except NodeError as e:
         fail(e.message, EXIT_REFUSED)
-    raise AssertionError("unreachable")
 
 
 def print_json(value: Any) -> None:
