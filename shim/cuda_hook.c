@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,7 +228,7 @@ static const struct gs_hook *hook_by_base(const char *base, int version, cuuint6
 GS_HIDDEN void *gs_dlsym_hook(void *handle, const char *name)
 {
 	const struct gs_hook *h;
-	void *p;
+	void *p, *h_cuda;
 
 	resolve_real_dlsym();
 	if (handle == RTLD_NEXT || handle == RTLD_DEFAULT || name == NULL)
@@ -241,8 +242,10 @@ GS_HIDDEN void *gs_dlsym_hook(void *handle, const char *name)
 	if (p == NULL)
 		return NULL;
 	/* Only loading libcuda resolves the table; never load it from here. */
-	if (dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) == NULL)
+	h_cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+	if (h_cuda == NULL)
 		return NULL;
+	dlclose(h_cuda); /* NOLOAD still took a reference */
 	need_real();
 	/* Wrap only what resolves to libcuda's own definition. */
 	if (p != __atomic_load_n(h->real, __ATOMIC_ACQUIRE))
@@ -253,11 +256,16 @@ GS_HIDDEN void *gs_dlsym_hook(void *handle, const char *name)
 
 /* --- ledger attachment ------------------------------------------------------ */
 
-static void say(const char *fmt, const char *a, const char *b)
+/* One line on stderr, at load only: never on a hot path. */
+__attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...)
 {
+	va_list ap;
+
+	va_start(ap, fmt);
 	fprintf(stderr, "gpushare: ");
-	fprintf(stderr, fmt, a, b);
+	vfprintf(stderr, fmt, ap);
 	fputc('\n', stderr);
+	va_end(ap);
 }
 
 /*
@@ -295,15 +303,15 @@ static void attach_ledger(const char *path)
 		return;
 	}
 	if (fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(struct gs_ledger)) {
-		say("ledger %s is too small%s; GPU allocations will fail", path, "");
+		say("ledger %s is too small; GPU allocations will fail", path);
 		close(fd);
 		return;
 	}
 	map = map_ledger(fd);
 	if (map == NULL) {
-		say("cannot use ledger %s%s: not a version-1 gpushare ledger, or not mappable; GPU "
+		say("cannot use ledger %s: not a version-1 gpushare ledger, or not mappable; GPU "
 		    "allocations will fail (shim and nodemgr must come from the same release)",
-		    path, "");
+		    path);
 		close(fd);
 		return;
 	}
