@@ -9,12 +9,22 @@ from __future__ import annotations
 
 import mmap
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from nodemgr._ledger import ffi, lib
 
 MAX_GPUS: int = lib.GS_MAX_GPUS
+MAX_SLOTS: int = lib.GS_MAX_SLOTS
 SIZE: int = ffi.sizeof("struct gs_ledger")
+
+
+@dataclass
+class SlotTotals:
+    processes: int = 0
+    used: int = 0  # bytes now, all GPUs
+    peak: int = 0  # sum of each process's most bytes at once
+    launches: int = 0
 
 
 class LedgerError(Exception):
@@ -30,6 +40,7 @@ class Ledger:
         self._mem = mem
         self._buf = ffi.from_buffer(mem)
         self._l = ffi.cast("struct gs_ledger *", self._buf)
+        self._info = ffi.new("struct gs_slot_info[]", MAX_SLOTS)
 
     @classmethod
     def create(cls, path: Path, uuids: list[bytes], mode: int = 0o600) -> Ledger:
@@ -59,6 +70,39 @@ class Ledger:
             raise
         return ledger
 
+    @classmethod
+    def reopen(cls, path: Path, uuids: list[bytes]) -> Ledger | None:
+        """Map the ledger an earlier nodemgr left at ``path``, if it is valid and for these
+        GPUs; None otherwise.
+
+        Running processes have it mapped and charge to it: after a restart
+        nodemgr must adopt that very file, not replace it.
+        """
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        try:
+            if os.fstat(fd).st_size != SIZE:
+                raise LedgerError("wrong size")
+            mem = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, LedgerError):
+            os.close(fd)
+            return None
+        ledger = cls(path, fd, mem)
+        ok = lib.gs_ledger_check(ledger._l, SIZE) == 0 and ledger._l.ngpus == len(uuids)
+        ok = ok and all(
+            bytes(ffi.buffer(ledger._l.gpu[i].uuid, 16)) == uuid for i, uuid in enumerate(uuids)
+        )
+        if not ok:
+            ledger.close()
+            return None
+        return ledger
+
+    def chown(self, uid: int, gid: int, mode: int) -> None:
+        os.fchown(self._fd, uid, gid)
+        os.fchmod(self._fd, mode)
+
     def close(self) -> None:
         self._l = ffi.NULL
         ffi.release(self._buf)
@@ -78,8 +122,25 @@ class Ledger:
         """Bytes per ledger GPU and kernel launches of the processes of ``task_id``."""
         used = ffi.new("uint64_t[]", MAX_GPUS)
         launches = ffi.new("uint64_t *")
-        lib.gs_ledger_task_usage(self._l, task_id.encode(), used, launches)
+        peak = ffi.new("uint64_t *")
+        lib.gs_ledger_task_usage(self._l, task_id.encode(), used, launches, peak)
         return [int(x) for x in used], int(launches[0])
+
+    def summary(self) -> dict[str, SlotTotals]:
+        """Per task id, the totals of its live processes' slots (one pass over the ledger)."""
+        n = int(lib.gs_ledger_summary(self._l, self._info, MAX_SLOTS))
+        out: dict[str, SlotTotals] = {}
+        for i in range(n):
+            info = self._info[i]
+            tid = ffi.string(info.task_id).decode(errors="replace")
+            t = out.get(tid)
+            if t is None:
+                t = out[tid] = SlotTotals()
+            t.processes += 1
+            t.used += int(info.used)
+            t.peak += int(info.peak)
+            t.launches += int(info.launches)
+        return out
 
     def reap(self) -> int:
         """Free the slots of processes that have died; return how many."""

@@ -73,13 +73,14 @@ uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu)
 }
 
 int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
-			 uint64_t *used, uint64_t *launches)
+			 uint64_t *used, uint64_t *launches, uint64_t *peak)
 {
 	uint32_t hwm = LOAD(&l->slot_hwm);
 	int n = 0;
 
 	memset(used, 0, sizeof(uint64_t) * GS_MAX_GPUS);
 	*launches = 0;
+	*peak = 0;
 	if (hwm > GS_MAX_SLOTS)
 		hwm = GS_MAX_SLOTS;
 	for (uint32_t i = 0; i < hwm; i++) {
@@ -92,9 +93,41 @@ int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
 		for (int g = 0; g < GS_MAX_GPUS; g++)
 			used[g] += LOAD(&s->used[g]);
 		*launches += LOAD(&s->launches);
+		*peak += LOAD(&s->peak);
 		n++;
 	}
 	return n;
+}
+
+int gs_ledger_summary(const struct gs_ledger *l, struct gs_slot_info *out, uint32_t max)
+{
+	uint32_t hwm = LOAD(&l->slot_hwm);
+	uint32_t n = 0;
+
+	if (hwm > GS_MAX_SLOTS)
+		hwm = GS_MAX_SLOTS;
+	for (uint32_t i = 0; i < hwm && n < max; i++) {
+		const struct gs_slot *s = &l->slot[i];
+		struct gs_slot_info *o = &out[n];
+		uint64_t total = 0;
+
+		if (LOAD(&s->state) != GS_SLOT_USED)
+			continue;
+		for (int g = 0; g < GS_MAX_GPUS; g++) {
+			uint64_t u = LOAD(&s->used[g]);
+
+			total = total + u < total ? UINT64_MAX : total + u;
+		}
+		memcpy(o->task_id, s->task_id, sizeof(o->task_id));
+		o->task_id[sizeof(o->task_id) - 1] = '\0';
+		o->pid = LOAD(&s->pid);
+		o->slot = i;
+		o->used = total;
+		o->peak = LOAD(&s->peak);
+		o->launches = LOAD(&s->launches);
+		n++;
+	}
+	return (int)n;
 }
 
 static int slot_lock(int fd, uint32_t i, short type)
@@ -116,6 +149,7 @@ static void slot_clear(struct gs_slot *s)
 		STORE(&s->used[g], 0);
 	STORE(&s->launches, 0);
 	STORE(&s->last_launch_ns, 0);
+	STORE(&s->peak, 0);
 }
 
 int gs_ledger_reap(struct gs_ledger *l, int fd)
@@ -172,6 +206,23 @@ int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_i
 	return -ENOSPC;
 }
 
+/* Only this slot's process charges it, so its total can only have grown. */
+static void note_peak(struct gs_slot *s)
+{
+	uint64_t total = 0, peak;
+
+	for (int g = 0; g < GS_MAX_GPUS; g++) {
+		uint64_t u = LOAD(&s->used[g]);
+
+		total = total + u < total ? UINT64_MAX : total + u;
+	}
+	peak = LOAD(&s->peak);
+	while (total > peak &&
+	       !__atomic_compare_exchange_n(&s->peak, &peak, total, 0, __ATOMIC_SEQ_CST,
+					   __ATOMIC_SEQ_CST))
+		;
+}
+
 int gs_ledger_charge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes)
 {
 	uint64_t limit;
@@ -186,6 +237,7 @@ int gs_ledger_charge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t 
 		__atomic_fetch_sub(&l->slot[slot].used[gpu], bytes, __ATOMIC_SEQ_CST);
 		return -ENOSPC;
 	}
+	note_peak(&l->slot[slot]);
 	return 0;
 }
 

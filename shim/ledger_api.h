@@ -19,11 +19,28 @@ uint64_t gs_ledger_limit(const struct gs_ledger *l, uint32_t gpu);
 uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu);
 
 /*
- * Sum of the slots that carry `task_id`: bytes per GPU into used[GS_MAX_GPUS]
- * and kernel launches into *launches. Returns the number of such slots.
+ * Sum of the slots that carry `task_id`: bytes per GPU into used[GS_MAX_GPUS],
+ * kernel launches into *launches, and the sum of each slot's peak (its most
+ * bytes at once) into *peak. Returns the number of such slots.
  */
 int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
-			 uint64_t *used, uint64_t *launches);
+			 uint64_t *used, uint64_t *launches, uint64_t *peak);
+
+/* One used slot, as gs_ledger_summary reports it. */
+struct gs_slot_info {
+	char task_id[24];
+	int32_t pid;
+	uint32_t slot;
+	uint64_t used;     /* bytes now, all GPUs */
+	uint64_t peak;     /* most bytes at once, all GPUs */
+	uint64_t launches;
+};
+
+/*
+ * nodemgr: describe up to `max` used slots into `out`, in slot order, in one
+ * pass. Returns how many were written.
+ */
+int gs_ledger_summary(const struct gs_ledger *l, struct gs_slot_info *out, uint32_t max);
 
 /*
  * nodemgr: free every used slot whose owner has died (its lock is free),

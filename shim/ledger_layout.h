@@ -38,7 +38,8 @@ struct gs_slot {
 	int32_t pid;
 	uint32_t state;
 	char task_id[GS_TASK_ID_LEN];
-	uint64_t reserved[10];
+	uint64_t peak; /* most bytes this slot held at once, over all GPUs */
+	uint64_t reserved[9];
 };
 
 struct gs_ledger {
