@@ -1,75 +1,138 @@
 """GPU selection, seed 001 figure 3: state in, decision out, no I/O.
 
-``select`` decides which GPUs a task of an environment gets. The caller
-(nodemgr.state) applies the decision: charges memory on GPUs new to the
-environment and records the task.
+``select`` decides which GPUs a task of an environment gets, or why it gets
+none. The caller (nodemgr.state) applies a Choice: charges the environment's
+memory quota on GPUs new to it and records the task. docs/scheduling.md
+describes the algorithm and the choices made where the seed is silent.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+# Refusal codes; the same strings as nodemgr.protocol.Err.
+QUOTA_ZERO = "quota_zero"  # the environment may not use GPUs at all
+QUOTA_EXCEEDED = "quota_exceeded"  # never satisfiable as things stand
+NO_RESOURCES = "no_resources"  # may succeed once other tasks end
 
 
 @dataclass(frozen=True)
 class Refusal:
-    code: str  # a nodemgr.protocol.Err code
+    code: str
     message: str
+
+    @property
+    def retryable(self) -> bool:
+        return self.code == NO_RESOURCES
 
 
 @dataclass(frozen=True)
 class Choice:
-    gpus: tuple[int, ...]  # chosen GPU indices
+    gpus: tuple[int, ...]  # chosen GPU indices, in the order the task sees them
     new: tuple[int, ...]  # those not yet used by the environment
 
 
 @dataclass(frozen=True)
 class GpuView:
+    """One GPU of the node as the scheduler sees it."""
+
     index: int
-    tasks: int  # tasks of all environments on this GPU
-    fits: bool  # the environment's memory quota fits in what is left of it
+    tasks: int  # tasks of all environments on it
+    capacity: int  # bytes environments may be charged in all: memory less the reserve
+    free: int  # capacity less what is charged now
+    usable: bool = True  # False once NVML reports the GPU lost
 
 
-def select(
-    need: int,
-    quota: int,
-    env_gpus: frozenset[int],
-    gpus: list[GpuView],
-    threshold: int,
-) -> Choice | Refusal:
-    """Choose ``need`` GPUs for an environment with GPU-count ``quota``.
+@dataclass(frozen=True)
+class Ask:
+    """A task's request, with its environment's quota and holdings."""
 
-    ``env_gpus`` are the GPUs its running tasks use. New GPUs must have
-    fewer than ``threshold`` tasks and room for the environment's memory
-    quota; GPUs the environment already uses are shared by its tasks and may
-    be reused, least-loaded first. Ties go to the lower index.
+    need: int  # GPUs the task asks for, >= 1
+    quota: int  # the environment's GPU-count quota
+    memory: int  # the environment's per-GPU memory quota, bytes
+    env_gpus: Mapping[int, int]  # GPUs the environment uses -> its tasks there
+    memory_hint: int | None = None  # per-GPU bytes the task says it needs
+
+
+def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusal:
+    """Choose ``ask.need`` GPUs, or refuse with a code that says whether waiting can help.
+
+    Seed 001, figure 3, with ``used`` the environment's GPUs and
+    ``new_allowed = quota - used``:
+
+    * ``new_allowed <= 0``: reuse the ``need`` least-loaded of the
+      environment's GPUs.
+    * ``new_allowed > 0``: candidates are GPUs the environment does not use,
+      with fewer than ``threshold`` tasks and room for its memory quota, at
+      most ``new_allowed`` of them, most free memory first. Enough of them:
+      take ``need``. Too few: take them all and reuse
+      ``need - len(candidates)`` of the environment's least-loaded GPUs; if
+      it uses fewer than that, refuse.
     """
-    if quota == 0:
-        return Refusal("quota_zero", "this environment's GPU quota is 0; ask an admin for a quota")
-    if need > quota:
+    if ask.quota == 0:
         return Refusal(
-            "quota_exceeded",
-            f"asked for {need} GPUs but this environment's quota is {quota}",
+            QUOTA_ZERO,
+            "this environment's GPU quota is 0: run on the CPU, or ask an admin for a quota",
+        )
+    if ask.memory_hint is not None and ask.memory_hint > ask.memory:
+        return Refusal(
+            QUOTA_EXCEEDED,
+            f"the task says it needs {ask.memory_hint} bytes per GPU but this environment's "
+            f"memory quota is {ask.memory} bytes per GPU; ask for less or ask an admin "
+            "to raise the quota",
+        )
+    # The seed's first failure (new_allowed == 0 and used < need) implies
+    # need > quota: it can never succeed, so it is refused as such here.
+    if ask.need > ask.quota:
+        return Refusal(
+            QUOTA_EXCEEDED,
+            f"asked for {ask.need} GPUs but this environment's quota is {ask.quota}",
+        )
+    usable = [g for g in gpus if g.usable]
+    could_hold = [g for g in usable if g.capacity >= ask.memory]
+    if not could_hold:
+        return Refusal(
+            QUOTA_EXCEEDED,
+            f"this environment's per-GPU memory quota of {ask.memory} bytes is more than any "
+            "GPU of this node can give; ask an admin to lower it",
+        )
+    if ask.need > len(could_hold):
+        return Refusal(
+            QUOTA_EXCEEDED,
+            f"asked for {ask.need} GPUs but only {len(could_hold)} GPUs of this node can hold "
+            f"this environment's memory quota of {ask.memory} bytes per GPU",
         )
     by_index = {g.index: g for g in gpus}
-    used = len(env_gpus)
-    new_allowed = quota - used
-    reusable = sorted(env_gpus, key=lambda i: (by_index[i].tasks if i in by_index else 0, i))
+    used = len(ask.env_gpus)
+    reusable = sorted(
+        (i for i in ask.env_gpus if i in by_index and by_index[i].usable),
+        key=lambda i: (by_index[i].tasks, i),
+    )
+    new_allowed = ask.quota - used
     if new_allowed <= 0:
-        if used < need:
-            return Refusal("no_resources", f"this environment already uses {used} GPUs")
-        return Choice(tuple(reusable[:need]), ())
+        if len(reusable) < ask.need:
+            return Refusal(
+                NO_RESOURCES, f"{ask.need} GPUs needed; this environment can use {len(reusable)}"
+            )
+        return Choice(tuple(reusable[: ask.need]), ())
     candidates = sorted(
-        (g for g in gpus if g.index not in env_gpus and g.tasks < threshold and g.fits),
-        key=lambda g: (g.tasks, g.index),
+        (
+            g
+            for g in usable
+            if g.index not in ask.env_gpus and g.tasks < threshold and g.free >= ask.memory
+        ),
+        key=lambda g: (-g.free, g.tasks, g.index),
     )[:new_allowed]
-    if len(candidates) >= need:
-        chosen = tuple(g.index for g in candidates[:need])
+    if len(candidates) >= ask.need:
+        chosen = tuple(g.index for g in candidates[: ask.need])
         return Choice(chosen, chosen)
-    reuse = need - len(candidates)
-    if used < reuse:
+    reuse = ask.need - len(candidates)
+    if len(reusable) < reuse:
         return Refusal(
-            "no_resources",
-            f"{len(candidates)} free GPUs and {used} in use by this environment; {need} needed",
+            NO_RESOURCES,
+            f"{ask.need} GPUs needed: {len(candidates)} free GPUs can take this environment "
+            f"and it holds {len(reusable)}; wait for other tasks to end",
         )
     new = tuple(g.index for g in candidates)
     return Choice(new + tuple(reusable[:reuse]), new)

@@ -7,9 +7,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from nodemgr import config, protocol, scheduler
+from nodemgr import config, protocol
 from nodemgr.protocol import Err, ProtocolError
-from nodemgr.scheduler import Choice, GpuView, Refusal
 from nodemgr.sizes import format_size, parse_size
 
 
@@ -67,7 +66,7 @@ def test_validate_types_ranges_and_unknowns() -> None:
         {"v": 1, "type": "request", "id": 1, "gpus": 2, "extra": "ignored"},
         protocol.TASK_REQUESTS,
     )
-    assert ok == {"gpus": 2, "memory": None, "command": None}
+    assert ok == {"gpus": 2, "memory": None, "command": None, "wait": None}
     for msg, code in [
         ({"type": "request"}, Err.BAD_REQUEST),
         ({"type": "request", "gpus": 0}, Err.BAD_REQUEST),
@@ -93,43 +92,6 @@ def test_error_reply_shape() -> None:
         "retryable": True,
     }
     assert protocol.error(Err.QUOTA_ZERO, "zero")["retryable"] is False
-
-
-def gpus(*tasks: int, fits: bool = True) -> list[GpuView]:
-    return [GpuView(i, t, fits) for i, t in enumerate(tasks)]
-
-
-def test_select_zero_quota_and_beyond_quota() -> None:
-    assert scheduler.select(1, 0, frozenset(), gpus(0), 4) == Refusal(
-        "quota_zero", "this environment's GPU quota is 0; ask an admin for a quota"
-    )
-    r = scheduler.select(3, 2, frozenset(), gpus(0, 0, 0), 4)
-    assert isinstance(r, Refusal) and r.code == "quota_exceeded"
-
-
-def test_select_new_gpus_least_loaded_first() -> None:
-    assert scheduler.select(2, 4, frozenset(), gpus(2, 0, 1, 0), 4) == Choice((1, 3), (1, 3))
-
-
-def test_select_skips_gpus_at_threshold_or_without_memory() -> None:
-    views = [GpuView(0, 4, True), GpuView(1, 0, False), GpuView(2, 3, True)]
-    assert scheduler.select(1, 2, frozenset(), views, 4) == Choice((2,), (2,))
-
-
-def test_select_quota_used_up_reuses_least_loaded() -> None:
-    assert scheduler.select(1, 2, frozenset({0, 2}), gpus(3, 0, 1), 4) == Choice((2,), ())
-
-
-def test_select_mixed_new_and_reuse() -> None:
-    # quota 3, uses GPU 0; GPUs 1, 2 at threshold, GPU 3 free: one new + one reused.
-    assert scheduler.select(2, 3, frozenset({0}), gpus(1, 4, 4, 0), 4) == Choice((3, 0), (3,))
-
-
-def test_select_not_enough_now_is_retryable() -> None:
-    r = scheduler.select(1, 1, frozenset(), gpus(4, 4), 4)
-    assert isinstance(r, Refusal) and r.code == "no_resources"
-    r = scheduler.select(2, 3, frozenset({0}), gpus(1, 4), 4)
-    assert isinstance(r, Refusal) and r.code == "no_resources"
 
 
 def test_config_defaults_and_errors(tmp_path: Path) -> None:
