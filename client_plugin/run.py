@@ -74,10 +74,24 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def request_grant(endpoint: str, gpus: int, memory: int | None, command: str) -> dict[str, Any]:
+def _queued(update: dict[str, Any]) -> None:
+    _say(f"waiting for GPUs: position {update.get('position')} of {update.get('waiting')}")
+
+
+def request_grant(
+    endpoint: str, gpus: int, memory: int | None, command: str, wait: float = 0.0
+) -> dict[str, Any]:
     try:
         with Connection(endpoint, timeout=10.0) as conn:
-            return conn.call("request", gpus=gpus, memory=memory, command=command)
+            return conn.call(
+                "request",
+                timeout=10.0 + wait,
+                on_queued=_queued,
+                gpus=gpus,
+                memory=memory,
+                command=command,
+                wait=wait or None,
+            )
     except Unreachable as e:
         _say(
             f"cannot reach nodemgr: {e} (is nodemgr running, and is this the "
@@ -109,16 +123,16 @@ class Heartbeat:
                 _say(f"heartbeat failed, the task keeps running: {e}")
                 self.warned = True
 
-    def done(self, code: int) -> None:
+    def done(self, code: int, signum: int | None = None) -> None:
         try:
-            report_done(self.conn, self.task_id, code)
+            report_done(self.conn, self.task_id, code, signum)
         finally:
             self.conn.close()
 
 
-def report_done(conn: Connection, task_id: str, code: int) -> None:
+def report_done(conn: Connection, task_id: str, code: int, signum: int | None = None) -> None:
     try:
-        conn.call("done", task_id=task_id, exit_code=code)
+        conn.call("done", task_id=task_id, exit_code=code, signal=signum)
     except (Unreachable, NodeError) as e:
         _say(f"could not report the end of the task (nodemgr reclaims it anyway): {e}")
 
@@ -130,8 +144,8 @@ def fail_before_start(endpoint: str, task_id: str, message: str, code: int) -> i
     return code
 
 
-def run(endpoint: str, gpus: int, memory: int | None, cmd: list[str]) -> int:
-    grant = request_grant(endpoint, gpus, memory, " ".join(cmd)[:MAX_COMMAND])
+def run(endpoint: str, gpus: int, memory: int | None, cmd: list[str], wait: float = 0.0) -> int:
+    grant = request_grant(endpoint, gpus, memory, " ".join(cmd)[:MAX_COMMAND], wait)
     task_id = grant["task_id"]
     try:
         env = child_environment(grant, dict(os.environ))
@@ -178,7 +192,7 @@ def run(endpoint: str, gpus: int, memory: int | None, cmd: list[str]) -> int:
         except subprocess.TimeoutExpired:
             hb.beat()
     code = exit_code(returncode)
-    hb.done(code)
+    hb.done(code, -returncode if returncode < 0 else None)
     return code
 
 
@@ -203,13 +217,24 @@ def run(endpoint: str, gpus: int, memory: int | None, cmd: list[str]) -> int:
     help="Memory per GPU the command expects (refused if above the quota).",
 )
 @click.option(
+    "--wait",
+    type=click.FloatRange(0, 7 * 86400),
+    default=0,
+    envvar="GPUSHARE_WAIT",
+    metavar="SECONDS",
+    help="When no GPUs are free, wait up to this long in nodemgr's queue (default: "
+    "$GPUSHARE_WAIT, else 0: fail at once with exit code 75).",
+)
+@click.option(
     "--endpoint",
     envvar=ENDPOINT_ENV,
     metavar="URL",
     help=f"The environment's nodemgr endpoint (default: ${ENDPOINT_ENV}).",
 )
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def main(gpus: int, memory: str | None, endpoint: str | None, cmd: tuple[str, ...]) -> None:
+def main(
+    gpus: int, memory: str | None, wait: float, endpoint: str | None, cmd: tuple[str, ...]
+) -> None:
     """Run CMD on GPUs granted by nodemgr, within the environment's quota.
 
     \b
@@ -219,7 +244,7 @@ def main(gpus: int, memory: str | None, endpoint: str | None, cmd: tuple[str, ..
 
     \b
     Exit codes: CMD's own (128+N if killed by signal N); 2 bad usage;
-    69 nodemgr unreachable; 75 no GPUs free now; 77 request refused (zero or
+    69 nodemgr unreachable; 75 no GPUs free now (or within --wait); 77 request refused (zero or
     exceeded quota, unknown environment); 125 gpushare-run failed;
     126 CMD not executable; 127 CMD not found.
     """
@@ -236,4 +261,4 @@ def main(gpus: int, memory: str | None, endpoint: str | None, cmd: tuple[str, ..
         except ValueError as e:
             _say(f"--memory: {e}")
             sys.exit(EXIT_USAGE)
-    sys.exit(run(endpoint, gpus, mem, list(cmd)))
+    sys.exit(run(endpoint, gpus, mem, list(cmd), wait))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -19,6 +20,30 @@ class NodeError(Exception):
         self.code = code
         self.message = message
         self.retryable = retryable
+
+
+class QuotaZero(NodeError):
+    """The environment's GPU quota is 0: the task may run on the CPU instead."""
+
+
+class QuotaExceeded(NodeError):
+    """The request can never be granted as things stand: fail at once."""
+
+
+class NoResources(NodeError):
+    """Not enough free GPUs now: the same request may succeed later (or wait)."""
+
+
+_ERRORS: dict[str, type[NodeError]] = {
+    protocol.Err.QUOTA_ZERO: QuotaZero,
+    protocol.Err.QUOTA_EXCEEDED: QuotaExceeded,
+    protocol.Err.NO_RESOURCES: NoResources,
+}
+
+
+def error_for(code: str, message: str, retryable: bool = False) -> NodeError:
+    """The NodeError subclass for an error reply's code."""
+    return _ERRORS.get(code, NodeError)(code, message, retryable)
 
 
 class Unreachable(Exception):
@@ -52,7 +77,15 @@ class Connection:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def call(self, kind: str, timeout: float | None = None, **fields: Any) -> dict[str, Any]:
+    def call(
+        self,
+        kind: str,
+        timeout: float | None = None,
+        on_queued: Callable[[dict[str, Any]], None] | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """Send a request and return its reply; raise NodeError (a subclass by code) or
+        Unreachable. ``queued`` updates to a waiting request go to ``on_queued``."""
         if self.endpoint.startswith("ipc://") and not os.path.exists(self.endpoint[6:]):
             raise Unreachable(f"no nodemgr socket at {self.endpoint[6:]}")
         msg_id = next(self._ids)
@@ -71,8 +104,12 @@ class Connection:
             if msg.get("id") != msg_id:
                 continue  # a late reply to an earlier request that timed out
             if msg["type"] == "error":
-                raise NodeError(
+                raise error_for(
                     str(msg.get("error")), str(msg.get("message")), bool(msg.get("retryable"))
                 )
+            if msg["type"] == "queued":
+                if on_queued is not None:
+                    on_queued(msg)
+                continue
             return msg
         raise Unreachable(f"nodemgr did not answer at {self.endpoint} within {self.timeout:g}s")

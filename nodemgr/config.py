@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +22,34 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True)
+class Access:
+    """Who may reach a socket (and, for an environment, its ledger)."""
+
+    uid: int
+    gid: int
+    mode: int
+
+    @property
+    def dir_mode(self) -> int:
+        """The mode of the directory holding an environment's socket and ledger: its owner
+        may list it; group and others may only pass through, when the mode lets them in."""
+        mode = 0o700
+        if self.mode & 0o060:
+            mode |= 0o010
+        if self.mode & 0o006:
+            mode |= 0o001
+        return mode
+
+
+def _own_access(mode: int = 0o600) -> Access:
+    return Access(os.geteuid(), os.getegid(), mode)
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path | None
     run_dir: Path
+    state_dir: Path = field(default_factory=lambda: default_state_dir())
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 5.0
     sweep_interval: float = 0.1
@@ -29,15 +57,30 @@ class Config:
     sim_count: int = 4
     sim_memory: int = 16 << 30
     sim_name: str = "gpushare Simulated GPU"
+    health_interval: float = 5.0
     task_threshold: int = 4
-    extra: dict[str, Any] = field(default_factory=dict)
+    memory_reserve: int = 0
+    queue_max_bypass: int = 8
+    max_wait: float = 86400.0
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = 0
+    admin_access: Access = field(default_factory=_own_access)
+    env_default_access: Access = field(default_factory=_own_access)
+    env_access: dict[str, Access] = field(default_factory=dict)
 
     @property
     def admin_endpoint(self) -> str:
         return f"ipc://{self.run_dir / 'admin.sock'}"
 
+    @property
+    def database(self) -> Path:
+        return self.state_dir / "nodemgr.db"
+
     def env_dir(self, env: str) -> Path:
         return self.run_dir / "envs" / env
+
+    def access_for(self, env: str) -> Access:
+        return self.env_access.get(env, self.env_default_access)
 
 
 def default_run_dir() -> Path:
@@ -54,11 +97,70 @@ def default_run_dir() -> Path:
     return Path(f"/tmp/gpushare-{os.geteuid()}")
 
 
+def default_state_dir() -> Path:
+    """Where the database of quotas and records lives when the config names no ``state_dir``."""
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpushare")
+    xdg = os.environ.get("XDG_STATE_HOME")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "gpushare"
+    return Path.home() / ".local" / "state" / "gpushare"
+
+
 _KEYS: dict[str, set[str]] = {
-    "node": {"run_dir", "heartbeat_interval", "heartbeat_timeout", "sweep_interval"},
-    "gpus": {"source", "simulated_count", "simulated_memory", "simulated_name"},
-    "scheduler": {"task_threshold"},
+    "node": {"run_dir", "state_dir", "heartbeat_interval", "heartbeat_timeout", "sweep_interval"},
+    "gpus": {
+        "source",
+        "simulated_count",
+        "simulated_memory",
+        "simulated_name",
+        "health_interval",
+    },
+    "scheduler": {"task_threshold", "memory_reserve", "queue_max_bypass", "max_wait"},
+    "metrics": {"address", "port"},
+    "admin": {"owner", "group", "mode"},
+    "env_defaults": {"owner", "group", "mode"},
 }
+_ACCESS_KEYS = {"owner", "group", "mode"}
+_MODE = re.compile(r"^0?[0-7]{3}$")
+
+
+def _path(table: dict[str, Any], key: str, file: Path | None) -> str | None:
+    value = table.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"node.{key} must be a path, not {value!r}")
+    if file is not None and not os.path.isabs(value):
+        value = str(file.parent / value)
+    return value
+
+
+def _access(table: dict[str, Any], where: str, base: Access) -> Access:
+    """owner/group/mode of a [where] table: names or ids, and an octal mode string."""
+    uid, gid, mode = base.uid, base.gid, base.mode
+    owner = table.get("owner")
+    if owner is not None:
+        try:
+            uid = owner if isinstance(owner, int) else pwd.getpwnam(str(owner)).pw_uid
+        except KeyError:
+            raise ConfigError(f"{where}.owner: no user named {owner!r} on this node") from None
+    group = table.get("group")
+    if group is not None:
+        try:
+            gid = group if isinstance(group, int) else grp.getgrnam(str(group)).gr_gid
+        except KeyError:
+            raise ConfigError(f"{where}.group: no group named {group!r} on this node") from None
+    raw = table.get("mode")
+    if raw is not None:
+        if not isinstance(raw, str) or not _MODE.match(raw):
+            raise ConfigError(f'{where}.mode must be an octal string like "0660", not {raw!r}')
+        mode = int(raw, 8)
+        if mode & 0o111:
+            raise ConfigError(f"{where}.mode {raw}: execute bits make no sense for a socket")
+        if not mode & 0o600 == 0o600:
+            raise ConfigError(f"{where}.mode {raw}: the owner needs read and write")
+    return Access(uid, gid, mode)
 
 
 def _number(table: dict[str, Any], section: str, key: str, default: float, lo: float) -> float:
@@ -90,6 +192,14 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {file} is not valid TOML: {e}") from None
     for section, table in data.items():
+        if section == "env" and isinstance(table, dict):
+            for name, sub in table.items():
+                if not isinstance(sub, dict):
+                    raise ConfigError(f"[env.{name}] must be a table of owner, group, mode")
+                for key in sub:
+                    if key not in _ACCESS_KEYS:
+                        raise ConfigError(f"unknown key env.{name}.{key} in {file}")
+            continue
         if section not in _KEYS or not isinstance(table, dict):
             raise ConfigError(f"unknown section [{section}] in {file}")
         for key in table:
@@ -98,12 +208,10 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     node = data.get("node", {})
     gpus = data.get("gpus", {})
     sched = data.get("scheduler", {})
+    metrics = data.get("metrics", {})
 
-    run_dir = node.get("run_dir")
-    if run_dir is not None and (not isinstance(run_dir, str) or not run_dir):
-        raise ConfigError(f"node.run_dir must be a path, not {run_dir!r}")
-    if run_dir and file is not None and not os.path.isabs(run_dir):
-        run_dir = str(file.parent / run_dir)
+    run_dir = _path(node, "run_dir", file)
+    state_dir = _path(node, "state_dir", file)
 
     source = gpus.get("source", "auto")
     if source not in ("auto", "nvml", "simulated"):
@@ -124,6 +232,24 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
         raise ConfigError(f"scheduler.task_threshold must be an integer >= 1, not {threshold!r}")
 
+    try:
+        reserve = parse_size(sched.get("memory_reserve", 0))
+    except ValueError as e:
+        raise ConfigError(f"scheduler.memory_reserve: {e}") from None
+    bypass = sched.get("queue_max_bypass", 8)
+    if isinstance(bypass, bool) or not isinstance(bypass, int) or bypass < 0:
+        raise ConfigError(f"scheduler.queue_max_bypass must be an integer >= 0, not {bypass!r}")
+    port = metrics.get("port", 0)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"metrics.port must be an integer 0..65535 (0: off), not {port!r}")
+    address = metrics.get("address", "127.0.0.1")
+    if not isinstance(address, str) or not address:
+        raise ConfigError(f"metrics.address must be an address to listen on, not {address!r}")
+    env_default = _access(data.get("env_defaults", {}), "env_defaults", _own_access())
+    env_access = {}
+    for name, sub in data.get("env", {}).items():
+        env_access[name] = _access(sub, f"env.{name}", env_default)
+
     interval = _number(node, "node", "heartbeat_interval", 1.0, 0.01)
     timeout = _number(node, "node", "heartbeat_timeout", 5.0, 0.05)
     if timeout <= interval:
@@ -134,6 +260,7 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     return Config(
         path=file,
         run_dir=Path(run_dir) if run_dir else default_run_dir(),
+        state_dir=Path(state_dir) if state_dir else default_state_dir(),
         heartbeat_interval=interval,
         heartbeat_timeout=timeout,
         sweep_interval=_number(node, "node", "sweep_interval", 0.1, 0.01),
@@ -141,5 +268,14 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
         sim_count=count,
         sim_memory=memory,
         sim_name=name,
+        health_interval=_number(gpus, "gpus", "health_interval", 5.0, 0.1),
         task_threshold=threshold,
+        memory_reserve=reserve,
+        queue_max_bypass=bypass,
+        max_wait=_number(sched, "scheduler", "max_wait", 86400.0, 0.0),
+        metrics_address=address,
+        metrics_port=port,
+        admin_access=_access(data.get("admin", {}), "admin", _own_access()),
+        env_default_access=env_default,
+        env_access=env_access,
     )

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import uuid as uuidlib
 from dataclasses import dataclass
 
 from nodemgr.config import Config
+
+log = logging.getLogger("nodemgr")
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,39 @@ def nvml() -> list[Gpu]:
         return out
     finally:
         pynvml.nvmlShutdown()
+
+
+def lost_gpus(gpus: list[Gpu]) -> set[int]:
+    """Indices of the GPUs NVML now reports lost or gone; empty when NVML cannot be asked.
+
+    A GPU that has fallen off the bus (NVML_ERROR_GPU_IS_LOST) or whose UUID
+    NVML no longer finds is lost. Other errors say nothing about the GPU and
+    are only logged.
+    """
+    try:
+        import pynvml
+    except ImportError:  # pragma: no cover - a declared dependency
+        return set()
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        log.warning("GPU health check: NVML is not available: %s", e)
+        return set()
+    gone = {pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_NOT_FOUND}
+    lost = set()
+    try:
+        for g in gpus:
+            try:
+                h = pynvml.nvmlDeviceGetHandleByUUID(g.uuid)
+                pynvml.nvmlDeviceGetMemoryInfo(h)
+            except pynvml.NVMLError as e:
+                if getattr(e, "value", None) in gone:
+                    lost.add(g.index)
+                else:
+                    log.warning("GPU health check of GPU %d: %s", g.index, e)
+    finally:
+        pynvml.nvmlShutdown()
+    return lost
 
 
 def discover(config: Config) -> tuple[list[Gpu], bool]:

@@ -22,6 +22,8 @@ ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TASK_ID = re.compile(r"^[A-Za-z0-9-]{1,23}$")
 MAX_GPUS_PER_REQUEST = 64
 MAX_BYTES = (1 << 63) - 1
+MAX_WAIT = 7 * 86400.0
+MAX_HISTORY = 10000
 
 
 class Err:
@@ -32,6 +34,7 @@ class Err:
     UNKNOWN_TYPE = "unknown_type"
     UNKNOWN_ENV = "unknown_env"
     UNKNOWN_TASK = "unknown_task"
+    BUSY = "busy"
     QUOTA_ZERO = "quota_zero"
     QUOTA_EXCEEDED = "quota_exceeded"
     NO_RESOURCES = "no_resources"
@@ -59,6 +62,21 @@ def _int(lo: int, hi: int) -> Callable[[Any], int]:
         return v
 
     return check
+
+
+def _number(lo: float, hi: float) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+            raise ValueError(f"must be a number {lo:g}..{hi:g}")
+        return float(v)
+
+    return check
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError("must be true or false")
+    return v
 
 
 def _str(pattern: re.Pattern[str] | None = None, max_len: int = 4096) -> Callable[[Any], str]:
@@ -91,9 +109,15 @@ TASK_REQUESTS: dict[str, Schema] = {
         "gpus": (True, _int(1, MAX_GPUS_PER_REQUEST)),
         "memory": (False, _optional(_bytes)),
         "command": (False, _optional(_str(max_len=4096))),
+        "wait": (False, _optional(_number(0.0, MAX_WAIT))),
     },
     "heartbeat": {"task_id": (True, _task)},
-    "done": {"task_id": (True, _task), "exit_code": (False, _optional(_int(-(1 << 31), 1 << 31)))},
+    "done": {
+        "task_id": (True, _task),
+        "exit_code": (False, _optional(_int(-(1 << 31), 1 << 31))),
+        "signal": (False, _optional(_int(1, 128))),
+    },
+    "quota": {},
 }
 
 ADMIN_REQUESTS: dict[str, Schema] = {
@@ -103,8 +127,16 @@ ADMIN_REQUESTS: dict[str, Schema] = {
         "memory": (True, _bytes),
     },
     "quota_show": {"env": (False, _optional(_env))},
+    "quota_delete": {"env": (True, _env), "force": (False, _optional(_bool))},
     "tasks": {"env": (False, _optional(_env))},
+    "queue": {},
     "status": {},
+    "reclaim": {"task_id": (True, _task)},
+    "history": {
+        "env": (False, _optional(_env)),
+        "since": (False, _optional(_number(0.0, 1e11))),
+        "limit": (False, _optional(_int(1, MAX_HISTORY))),
+    },
 }
 
 

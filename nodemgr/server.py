@@ -24,10 +24,11 @@ from typing import Any
 import zmq
 
 from nodemgr import __version__, protocol
-from nodemgr.config import Config
-from nodemgr.gpus import discover, sim_spec
+from nodemgr.config import Access, Config
+from nodemgr.gpus import discover, lost_gpus, sim_spec
 from nodemgr.protocol import Err, ProtocolError
-from nodemgr.state import Env, Node, Task
+from nodemgr.state import Env, Node, Task, process_start
+from nodemgr.store import Store, StoreError
 
 log = logging.getLogger("nodemgr")
 
@@ -55,20 +56,62 @@ def peer_pid(frame: zmq.Frame) -> int | None:
     return pid if pid > 0 else None
 
 
+# What a pidfd watches: a task's client, or the client of a waiting request.
+Watched = tuple[str, str | int]
+
+# How a reply reaches a requester later: its socket, routing envelope and message id.
+ReplyTo = tuple["zmq.Socket[bytes]", list[bytes], int]
+
+
+def _lock(path: Path, what: str) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EAGAIN, errno.EACCES):
+            raise StartupError(f"another nodemgr is already running with {what}") from None
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
 class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         gpus, simulated = discover(config)
-        self.node = Node(config, gpus, simulated)
+        self._lock_fds: list[int] = []
+        try:
+            config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as e:
+            raise StartupError(
+                f"cannot create state directory {config.state_dir}: {e.strerror}"
+            ) from None
+        self._lock_fds.append(
+            _lock(config.state_dir / "nodemgr.lock", f"state directory {config.state_dir}")
+        )
+        try:
+            store = Store(config.database)
+        except StoreError as e:
+            self._unlock()
+            raise StartupError(str(e)) from None
+        self.node = Node(config, gpus, simulated, store)
         self.ctx = zmq.Context()
         self.poller = zmq.Poller()
         self.admin: zmq.Socket[bytes] | None = None
         self.env_socks: dict[zmq.Socket[bytes], str] = {}
-        self.pidfds: dict[int, str] = {}  # pidfd -> task id
-        self.task_pidfd: dict[str, int] = {}
-        self._lock_fd = -1
+        self.pidfds: dict[int, Watched] = {}
+        self.watched: dict[Watched, int] = {}
         self._stop = False
         self._next_sweep = 0.0
+        self._next_health = 0.0
+        self.metrics: Any = None
+
+    def _unlock(self) -> None:
+        for fd in self._lock_fds:
+            os.close(fd)
+        self._lock_fds.clear()
 
     # --- set-up --------------------------------------------------------------
 
@@ -79,18 +122,17 @@ class Server:
             (run / "envs").mkdir(exist_ok=True, mode=0o711)
         except OSError as e:
             raise StartupError(f"cannot create run directory {run}: {e.strerror}") from None
-        self._lock_fd = os.open(run / "nodemgr.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EAGAIN, errno.EACCES):
-                raise StartupError(
-                    f"another nodemgr is already running with run directory {run}"
-                ) from None
-            raise
-        os.ftruncate(self._lock_fd, 0)
-        os.write(self._lock_fd, f"{os.getpid()}\n".encode())
-        self.admin = self._bind(run / "admin.sock")
+        self._lock_fds.append(_lock(run / "nodemgr.lock", f"run directory {run}"))
+        self.admin = self._bind(run / "admin.sock", self.config.admin_access)
+        for task in self.node.restore():
+            self._adopt(task)
+        for env in self.node.envs.values():
+            self._open_env(env)
+        if self.config.metrics_port:
+            from nodemgr.metrics import Metrics
+
+            self.metrics = Metrics(self)
+            self.metrics.start()
         kind = "simulated" if self.node.simulated else "NVML"
         log.info(
             "nodemgr %s serving %d %s GPUs; admin endpoint %s",
@@ -100,7 +142,7 @@ class Server:
             self.config.admin_endpoint,
         )
 
-    def _bind(self, path: Path) -> zmq.Socket[bytes]:
+    def _bind(self, path: Path, access: Access) -> zmq.Socket[bytes]:
         path.unlink(missing_ok=True)
         sock: zmq.Socket[bytes] = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -116,14 +158,47 @@ class Server:
             sock.bind(f"ipc://{path}")
         finally:
             os.umask(old)
+        try:
+            os.chown(path, access.uid, access.gid)
+            os.chmod(path, access.mode)
+        except OSError as e:
+            sock.close(linger=0)
+            raise StartupError(f"cannot set owner and mode of {path}: {e.strerror}") from None
         self.poller.register(sock, zmq.POLLIN)
         return sock
 
     def _open_env(self, env: Env) -> None:
         if env.name in self.env_socks.values():
             return
-        sock = self._bind(Path(env.endpoint.removeprefix("ipc://")))
+        path = Path(env.endpoint.removeprefix("ipc://"))
+        sock = self._bind(path, self.config.access_for(env.name))
         self.env_socks[sock] = env.name
+
+    def _close_env(self, name: str) -> None:
+        for sock, env in list(self.env_socks.items()):
+            if env == name:
+                self.poller.unregister(sock)
+                sock.close(linger=0)
+                del self.env_socks[sock]
+
+    def _adopt(self, task: Task) -> None:
+        """Watch a task restored from the database whose client may still run."""
+        if task.pid is None:
+            return  # its first heartbeat will name it, or the timeout ends it
+        try:
+            fd = os.pidfd_open(task.pid)
+        except OSError:
+            fd = -1
+        # Checked after opening, so the pidfd cannot name a process that took the pid later.
+        if fd < 0 or process_start(task.pid) != task.pid_start:
+            if fd >= 0:
+                os.close(fd)
+            log.info(
+                "task %s: its client (pid %d) ended while nodemgr was down", task.task_id, task.pid
+            )
+            self._release(task.task_id, "exited")
+            return
+        self._register(("task", task.task_id), fd)
 
     # --- loop ------------------------------------------------------------------
 
@@ -153,7 +228,7 @@ class Server:
                 continue
             if sock is self.admin and self.admin is not None:
                 self._serve(self.admin, None)
-            else:
+            elif sock in self.env_socks:
                 self._serve(sock, self.env_socks[sock])
         now = time.monotonic()
         for task in self.node.expired(now):
@@ -164,6 +239,75 @@ class Server:
                 if env.ledger.reap():
                     log.debug("reaped dead processes' slots in %s", env.name)
             self.node.settle_draining()
+            self.node.sample()
+            if not self.node.simulated and now >= self._next_health:
+                self._next_health = now + self.config.health_interval
+                self._check_health()
+            if self.metrics is not None:
+                self.metrics.snapshot()
+        if self.node.queue:
+            self._run_queue(now)
+
+    def _check_health(self) -> None:
+        lost = lost_gpus(self.node.gpus)
+        for index in sorted(lost - self.node.lost):
+            log.error(
+                "GPU %d (%s) is lost: it will not be granted again until nodemgr restarts",
+                index,
+                self.node.gpus[index].uuid,
+            )
+        self.node.lost |= lost
+
+    # --- wait queue ----------------------------------------------------------------
+
+    def _run_queue(self, now: float) -> None:
+        node = self.node
+        for w in node.expired_waiters(now):
+            self._unwatch(("wait", w.wid))
+            waited = now - w.enqueued
+            self._send_later(
+                w.reply_to,
+                protocol.error(
+                    Err.NO_RESOURCES,
+                    f"no GPUs came free within the {waited:.1f}s this request was willing to wait",
+                    w.reply_to[2],
+                ),
+            )
+            if self.metrics is not None:
+                self.metrics.waited(waited, "timeout")
+        if node.queue_dirty:
+            granted, failed = node.serve_queue()
+            for w, task in granted:
+                self._unwatch(("wait", w.wid))
+                if self.metrics is not None:
+                    self.metrics.waited(now - w.enqueued, "granted")
+                self._watch(task)
+                if task.task_id in node.tasks and not self._send_later(
+                    w.reply_to, protocol.reply("grant", w.reply_to[2], **self._grant_view(task))
+                ):
+                    self._release(task.task_id, "undelivered")
+            for w, e in failed:
+                self._unwatch(("wait", w.wid))
+                self._send_later(w.reply_to, protocol.error(e.code, e.message, w.reply_to[2]))
+        for pos, w in enumerate(list(node.queue), 1):
+            if w.told != pos:
+                w.told = pos
+                update = protocol.reply(
+                    "queued", w.reply_to[2], position=pos, waiting=len(node.queue)
+                )
+                if not self._send_later(w.reply_to, update):
+                    node.drop_waiter(w.wid)
+                    self._unwatch(("wait", w.wid))
+
+    def _send_later(self, to: ReplyTo, msg: dict[str, Any]) -> bool:
+        sock, envelope, _ = to
+        if sock.closed:
+            return False
+        try:
+            sock.send_multipart([*envelope, protocol.encode(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return False
+        return True
 
     def _serve(self, sock: zmq.Socket[bytes], env: str | None) -> None:
         while True:
@@ -174,7 +318,12 @@ class Server:
             if len(frames) < 2:
                 continue
             envelope = [f.bytes for f in frames[:-1]]
-            out = self._dispatch(frames[-1], env)
+            started = time.perf_counter()
+            out = self._dispatch(frames[-1], env, (sock, envelope))
+            if self.metrics is not None:
+                self.metrics.served(
+                    "admin" if env is None else "task", out, time.perf_counter() - started
+                )
             try:
                 sock.send_multipart([*envelope, protocol.encode(out)], zmq.NOBLOCK)
             except zmq.ZMQError as e:
@@ -184,7 +333,12 @@ class Server:
                     # name another process: the grant must not stand.
                     self._release(out["task_id"], "undelivered")
 
-    def _dispatch(self, frame: zmq.Frame, env: str | None) -> dict[str, Any]:
+    def _dispatch(
+        self,
+        frame: zmq.Frame,
+        env: str | None,
+        origin: tuple[zmq.Socket[bytes], list[bytes]] | None = None,
+    ) -> dict[str, Any]:
         msg_id = 0
         try:
             msg = protocol.decode(frame.bytes)
@@ -193,7 +347,7 @@ class Server:
                 body = protocol.validate(msg, protocol.ADMIN_REQUESTS)
                 return self._admin(msg["type"], msg_id, body)
             body = protocol.validate(msg, protocol.TASK_REQUESTS)
-            return self._task(env, msg["type"], msg_id, body, frame)
+            return self._task(env, msg["type"], msg_id, body, frame, origin)
         except ProtocolError as e:
             return protocol.error(e.code, e.message, msg_id)
         except Exception:
@@ -203,20 +357,90 @@ class Server:
     # --- task endpoint -----------------------------------------------------------
 
     def _task(
-        self, env: str, kind: str, msg_id: int, body: dict[str, Any], frame: zmq.Frame
+        self,
+        env: str,
+        kind: str,
+        msg_id: int,
+        body: dict[str, Any],
+        frame: zmq.Frame,
+        origin: tuple[zmq.Socket[bytes], list[bytes]] | None,
     ) -> dict[str, Any]:
         node = self.node
-        if kind == "request":
-            task = node.grant(env, body["gpus"], body["memory"], peer_pid(frame), body["command"])
-            self._watch(task)
-            return protocol.reply("grant", msg_id, **self._grant_view(task))
-        task = node.task(env, body["task_id"])
         if kind == "heartbeat":
+            task = node.task(env, body["task_id"])
             task.last_seen = time.monotonic()
+            if task.restored:
+                self._reattach(task, frame)
             return protocol.reply("ack", msg_id, task_id=task.task_id)
+        if kind == "request":
+            return self._request(env, msg_id, body, frame, origin)
+        if kind == "quota":
+            e = node.env(env)
+            return protocol.reply("quota", msg_id, env=e.name, gpus=e.gpus, memory=e.memory)
         # done
-        self._release(task.task_id, "done")
+        task = node.task(env, body["task_id"])
+        reason = "killed" if body["signal"] is not None else "done"
+        self._release(task.task_id, reason, body["exit_code"])
         return protocol.reply("ack", msg_id, task_id=task.task_id)
+
+    def _request(
+        self,
+        env: str,
+        msg_id: int,
+        body: dict[str, Any],
+        frame: zmq.Frame,
+        origin: tuple[zmq.Socket[bytes], list[bytes]] | None,
+    ) -> dict[str, Any]:
+        node = self.node
+        pid = peer_pid(frame)
+        pid_start = process_start(pid) if pid is not None else None
+        try:
+            task = node.grant(
+                env,
+                body["gpus"],
+                body["memory"],
+                pid,
+                body["command"],
+                pid_start,
+                ahead=bool(node.queue),
+            )
+        except ProtocolError as e:
+            wait = min(body["wait"] or 0.0, self.config.max_wait)
+            if e.code != Err.NO_RESOURCES or wait <= 0 or origin is None:
+                raise
+            fields = {
+                "env": env,
+                "need": body["gpus"],
+                "memory": body["memory"],
+                "pid": pid,
+                "pid_start": pid_start,
+                "command": body["command"],
+            }
+            w = node.enqueue(fields, wait, (origin[0], origin[1], msg_id))
+            w.told = len(node.queue)
+            if pid is not None:
+                try:
+                    self._register(("wait", w.wid), os.pidfd_open(pid))
+                except OSError:
+                    node.drop_waiter(w.wid)
+                    raise e from None
+            log.info("request from env %s waits (position %d): %s", env, w.told, e.message)
+            return protocol.reply(
+                "queued", msg_id, position=w.told, waiting=len(node.queue), reason=e.message
+            )
+        self._watch(task)
+        return protocol.reply("grant", msg_id, **self._grant_view(task))
+
+    def _reattach(self, task: Task, frame: zmq.Frame) -> None:
+        """A restored task's client is back: from now on it is watched like any other."""
+        task.restored = False
+        pid = peer_pid(frame)
+        if pid is not None and ("task", task.task_id) not in self.watched:
+            task.pid = pid
+            task.pid_start = process_start(pid)
+            self.node.store.task_attached(task.task_id, pid, task.pid_start)
+            self._watch(task)
+        log.info("task %s re-attached (pid %s)", task.task_id, task.pid)
 
     def _grant_view(self, task: Task) -> dict[str, Any]:
         node = self.node
@@ -237,6 +461,11 @@ class Server:
             "sim_gpus": sim_spec(node.gpus) if node.simulated else None,
         }
 
+    def _register(self, what: Watched, fd: int) -> None:
+        self.pidfds[fd] = what
+        self.watched[what] = fd
+        self.poller.register(fd, zmq.POLLIN)
+
     def _watch(self, task: Task) -> None:
         if task.pid is None:
             return
@@ -244,38 +473,50 @@ class Server:
             fd = os.pidfd_open(task.pid)
         except OSError as e:
             if e.errno == errno.ESRCH:
-                self._release(task.task_id, "died")
+                self._release(task.task_id, "exited")
             return
-        self.pidfds[fd] = task.task_id
-        self.task_pidfd[task.task_id] = fd
-        self.poller.register(fd, zmq.POLLIN)
+        self._register(("task", task.task_id), fd)
 
-    def _unwatch(self, task_id: str) -> None:
-        fd = self.task_pidfd.pop(task_id, None)
+    def _unwatch(self, what: Watched) -> None:
+        fd = self.watched.pop(what, None)
         if fd is not None:
             self.poller.unregister(fd)
             del self.pidfds[fd]
             os.close(fd)
 
-    def _release(self, task_id: str, reason: str) -> None:
-        self._unwatch(task_id)
-        if self.node.release(task_id, reason) is not None:
+    def _release(self, task_id: str, reason: str, exit_code: int | None = None) -> None:
+        self._unwatch(("task", task_id))
+        if self.node.release(task_id, reason, exit_code) is not None:
             self._next_sweep = 0.0  # reap the task's processes' slots now
+            if self.metrics is not None:
+                self.metrics.reclaimed(reason)
 
     def _process_exited(self, fd: int) -> None:
-        task_id = self.pidfds.get(fd)
-        if task_id is not None:
-            self._release(task_id, "died")
+        what = self.pidfds.get(fd)
+        if what is None:
+            return
+        kind, key = what
+        if kind == "task":
+            self._release(str(key), "exited")
+        else:
+            self._unwatch(what)
+            w = self.node.drop_waiter(int(key))
+            if w is not None:
+                log.info("a waiting request from env %s went away with its client", w.env)
+
+    def _kill_client(self, task: Task) -> None:
+        """End a task's client so nothing keeps using memory that is given back; its
+        command dies with it (gpushare-run sets PDEATHSIG)."""
+        fd = self.watched.get(("task", task.task_id))
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
 
     def _reclaim_hung(self, task: Task) -> None:
-        """No heartbeat within the timeout: end the task's client so nothing keeps using
-        memory that is given back (its child dies with it), then reclaim."""
         log.warning(
             "task %s sent no heartbeat for %.1fs", task.task_id, self.config.heartbeat_timeout
         )
-        if task.pid is not None and task.task_id in self.task_pidfd:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self.task_pidfd[task.task_id], signal.SIGKILL)
+        self._kill_client(task)
         self._release(task.task_id, "timeout")
 
     # --- admin endpoint ----------------------------------------------------------
@@ -286,31 +527,69 @@ class Server:
             env = node.set_quota(body["env"], body["gpus"], body["memory"])
             self._open_env(env)
             return protocol.reply("quota", msg_id, **node.quota_view(env))
+        if kind == "quota_delete":
+            return self._delete_env(body["env"], bool(body["force"]), msg_id)
+        if kind == "reclaim":
+            task = node.tasks.get(body["task_id"])
+            if task is None:
+                raise ProtocolError(Err.UNKNOWN_TASK, f"no running task {body['task_id']!r}")
+            self._kill_client(task)
+            self._release(task.task_id, "admin")
+            return protocol.reply("reclaimed", msg_id, task_id=task.task_id, env=task.env)
+        if kind == "history":
+            limit = body["limit"] or 1000
+            records = node.store.history(body["env"], body["since"], limit)
+            return protocol.reply("history", msg_id, records=[r.view() for r in records])
+        if kind == "queue":
+            return protocol.reply("queue", msg_id, waiting=node.queue_view())
         if kind == "quota_show":
             envs = [node.env(body["env"])] if body["env"] else list(node.envs.values())
             quotas = [node.quota_view(e) for e in sorted(envs, key=lambda e: e.name)]
             return protocol.reply("quotas", msg_id, quotas=quotas)
         if kind == "tasks":
             only = node.env(body["env"]).name if body["env"] else None
-            tasks = sorted(node.tasks.values(), key=lambda t: t.started)
-            views = [node.task_view(t) for t in tasks if only is None or t.env == only]
-            return protocol.reply("tasks", msg_id, tasks=views)
+            return protocol.reply("tasks", msg_id, tasks=node.tasks_view(only))
         return protocol.reply("status", msg_id, **node.status_view())
+
+    def _delete_env(self, name: str, force: bool, msg_id: int) -> dict[str, Any]:
+        node = self.node
+        env = node.env(name)
+        tasks = [t for t in node.tasks.values() if t.env == name]
+        held = sum(env.ledger.used(i) for i in range(len(node.gpus)))
+        if (tasks or held) and not force:
+            raise ProtocolError(
+                Err.BUSY,
+                f"environment {name!r} has {len(tasks)} running tasks and {held} bytes in use; "
+                "wait for them, or delete with --force to end them",
+            )
+        for task in tasks:
+            self._kill_client(task)
+            self._release(task.task_id, "admin")
+        for w in [w for w in node.queue if w.env == name]:
+            node.drop_waiter(w.wid)
+            self._unwatch(("wait", w.wid))
+            self._send_later(
+                w.reply_to,
+                protocol.error(Err.UNKNOWN_ENV, f"environment {name!r} was deleted", w.reply_to[2]),
+            )
+        self._close_env(name)
+        node.delete_quota(name)
+        return protocol.reply("deleted", msg_id, env=name, tasks_ended=len(tasks))
 
     # --- shutdown ----------------------------------------------------------------
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
         for fd in list(self.pidfds):
             os.close(fd)
         self.pidfds.clear()
-        self.task_pidfd.clear()
+        self.watched.clear()
         for sock in [*self.env_socks, *([self.admin] if self.admin else [])]:
             sock.close(linger=0)
         self.env_socks.clear()
         self.admin = None
         self.ctx.term()
         self.node.close()
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        self._unlock()
         log.info("nodemgr stopped")

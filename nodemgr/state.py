@@ -1,7 +1,8 @@
-"""What nodemgr knows: environments, their quotas and ledgers, and running tasks.
+"""What nodemgr knows: environments, their quotas and ledgers, running tasks, the wait queue.
 
-Decisions about GPUs come from nodemgr.scheduler; this module applies them
-and keeps each environment's ledger limits in step with what it holds.
+Decisions about GPUs come from nodemgr.scheduler; this module applies them,
+keeps each environment's ledger limits in step with what it holds, and
+writes quotas and records through nodemgr.store before a reply leaves.
 """
 
 from __future__ import annotations
@@ -12,14 +13,19 @@ import secrets
 import shutil
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from nodemgr import scheduler
 from nodemgr.config import Config
 from nodemgr.gpus import Gpu
-from nodemgr.ledger import Ledger
+from nodemgr.ledger import Ledger, SlotTotals
 from nodemgr.protocol import Err, ProtocolError
+from nodemgr.store import Record, Store
 
 log = logging.getLogger("nodemgr")
+
+# Why a task ended, as records and metrics name it (docs/operations.md).
+REASONS = ("done", "killed", "exited", "timeout", "admin", "undelivered")
 
 
 @dataclass
@@ -35,6 +41,8 @@ class Env:
     # new allocation is allowed (limit 0), but the memory stays charged until
     # the ledger shows it returned.
     draining: set[int] = field(default_factory=set)
+    usage: dict[str, SlotTotals] = field(default_factory=dict)  # last ledger summary
+    launches_done: int = 0  # kernel launches of its ended tasks, since nodemgr started
 
 
 @dataclass
@@ -42,38 +50,153 @@ class Task:
     task_id: str
     env: str
     gpus: tuple[int, ...]
+    memory: int  # per-GPU memory granted
     pid: int | None  # the client's pid as the kernel reports it, if known
+    pid_start: int | None  # its start time, so a reused pid is not mistaken for it
     command: str | None
     started: float  # wall clock
     last_seen: float  # monotonic
+    restored: bool = False  # loaded at start-up; its client has not been heard since
+    peak: int = 0
+    launches: int = 0  # the most kernel launches its live processes counted at once
+
+
+@dataclass
+class Waiter:
+    """A request waiting for GPUs (docs/scheduling.md, "Wait queue")."""
+
+    wid: int
+    env: str
+    need: int
+    memory: int | None
+    pid: int | None
+    pid_start: int | None
+    command: str | None
+    enqueued: float  # monotonic
+    deadline: float  # monotonic
+    reply_to: Any  # the server's handle for answering it
+    bypassed: int = 0  # grants given to later requests while this one waited
+    told: int = 0  # the position it was last told
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks after boot, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses; fields resume after the last ')'.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
 
 
 class Node:
-    def __init__(self, config: Config, gpus: list[Gpu], simulated: bool) -> None:
+    def __init__(self, config: Config, gpus: list[Gpu], simulated: bool, store: Store) -> None:
         self.config = config
         self.gpus = gpus
         self.simulated = simulated
+        self.store = store
         self.envs: dict[str, Env] = {}
         self.tasks: dict[str, Task] = {}
+        self.queue: list[Waiter] = []
+        self.lost: set[int] = set()  # GPUs NVML reported lost; never granted again
         self.started = time.time()
+        self._wids = 0
+        # Set when something that could serve a waiter has changed.
+        self.queue_dirty = False
 
-    # --- quotas ------------------------------------------------------------
+    # --- start-up ----------------------------------------------------------------
+
+    def restore(self) -> list[Task]:
+        """Load quotas and running tasks from the database, adopting the ledgers running
+        processes still map. Returns the tasks restored; their GPUs stay held, so nothing
+        is granted twice while their clients come back."""
+        for row in self.store.envs():
+            self._open_env(row.name, row.gpus, row.memory, adopt=True)
+        now = time.monotonic()
+        restored = []
+        for rec in self.store.running():
+            env = self.envs.get(rec.env)
+            if env is None or any(i >= len(self.gpus) for i in rec.gpus):
+                # Its environment or GPU is gone; nothing can be held for it.
+                self.store.task_ended(rec.task_id, time.time(), "admin", rec.peak, None)
+                continue
+            task = Task(
+                rec.task_id,
+                rec.env,
+                rec.gpus,
+                rec.memory,
+                rec.pid,
+                rec.pid_start,
+                rec.command,
+                rec.started,
+                last_seen=now,
+                restored=True,
+                peak=rec.peak,
+            )
+            self.tasks[task.task_id] = task
+            for index in task.gpus:
+                env.held.setdefault(index, set()).add(task.task_id)
+            restored.append(task)
+        for env in self.envs.values():
+            for index in range(len(self.gpus)):
+                if index in env.held:
+                    env.ledger.set_limit(index, env.memory)
+                else:
+                    env.ledger.set_limit(index, 0)
+                    if env.ledger.used(index):
+                        env.draining.add(index)
+        if restored:
+            log.info("restored %d running tasks; waiting for their clients", len(restored))
+        return restored
+
+    # --- quotas --------------------------------------------------------------------
+
+    def _open_env(self, name: str, gpus: int, memory: int, adopt: bool) -> Env:
+        env_dir = self.config.env_dir(name)
+        access = self.config.access_for(name)
+        uuids = [g.uuid_bytes for g in self.gpus]
+        ledger = Ledger.reopen(env_dir / "ledger", uuids) if adopt else None
+        if ledger is None:
+            if env_dir.exists():
+                shutil.rmtree(env_dir)  # left by an earlier run, not usable
+            env_dir.mkdir(parents=True, mode=0o700)
+            ledger = Ledger.create(env_dir / "ledger", uuids)
+        ledger.chown(access.uid, access.gid, access.mode)
+        os.chown(env_dir, access.uid, access.gid)
+        # The directory's owner is the environment's user; nodemgr, root or
+        # the same user, keeps its way in either way.
+        os.chmod(env_dir, access.dir_mode)
+        env = Env(name, gpus, memory, ledger, f"ipc://{env_dir / 'task.sock'}")
+        self.envs[name] = env
+        return env
 
     def set_quota(self, name: str, gpus: int, memory: int) -> Env:
+        self.store.put_env(name, gpus, memory, time.time())
         env = self.envs.get(name)
         if env is None:
-            env_dir = self.config.env_dir(name)
-            if env_dir.exists():
-                shutil.rmtree(env_dir)  # left by an earlier run
-            env_dir.mkdir(parents=True, mode=0o700)
-            ledger = Ledger.create(env_dir / "ledger", [g.uuid_bytes for g in self.gpus])
-            env = Env(name, gpus, memory, ledger, f"ipc://{env_dir / 'task.sock'}")
-            self.envs[name] = env
+            env = self._open_env(name, gpus, memory, adopt=False)
         env.gpus = gpus
         env.memory = memory
         for index in env.held:
             env.ledger.set_limit(index, memory)
+        self.queue_dirty = True
         log.info("quota %s: %d GPUs x %d bytes", name, gpus, memory)
+        return env
+
+    def delete_quota(self, name: str) -> Env:
+        """Forget an environment; the caller has ended its tasks and waiters."""
+        env = self.env(name)
+        self.store.delete_env(name)
+        del self.envs[name]
+        env.ledger.close()
+        shutil.rmtree(self.config.env_dir(name), ignore_errors=True)
+        self.queue_dirty = True
+        log.info("quota %s deleted", name)
         return env
 
     def env(self, name: str) -> Env:
@@ -86,7 +209,7 @@ class Node:
             )
         return env
 
-    # --- grants ------------------------------------------------------------
+    # --- grants ------------------------------------------------------------------------
 
     def charged(self, index: int) -> int:
         """Memory promised on a GPU: each holding environment's per-GPU quota, and what
@@ -101,52 +224,90 @@ class Node:
         for env in self.envs.values():
             for index in [i for i in env.draining if env.ledger.used(i) == 0]:
                 env.draining.discard(index)
+                self.queue_dirty = True
                 log.info("env %s released the last of its memory on GPU %d", env.name, index)
 
     def tasks_on(self, index: int) -> int:
         return sum(len(e.held.get(index, ())) for e in self.envs.values())
 
-    def grant(
-        self, env_name: str, need: int, memory: int | None, pid: int | None, command: str | None
-    ) -> Task:
-        env = self.env(env_name)
-        if memory is not None and memory > env.memory:
-            raise ProtocolError(
-                Err.QUOTA_EXCEEDED,
-                f"asked for {memory} bytes per GPU but environment {env.name!r} may use "
-                f"{env.memory} bytes per GPU",
+    def views(self) -> list[scheduler.GpuView]:
+        out = []
+        for g in self.gpus:
+            capacity = max(0, g.memory - self.config.memory_reserve)
+            out.append(
+                scheduler.GpuView(
+                    g.index,
+                    self.tasks_on(g.index),
+                    capacity,
+                    capacity - self.charged(g.index),
+                    g.index not in self.lost,
+                )
             )
-        if need > len(self.gpus):
-            raise ProtocolError(
-                Err.QUOTA_EXCEEDED, f"asked for {need} GPUs but this node has {len(self.gpus)}"
-            )
-        if not any(g.memory >= env.memory for g in self.gpus):
-            raise ProtocolError(
-                Err.QUOTA_EXCEEDED,
-                f"environment {env.name!r} has a per-GPU memory quota of {env.memory} bytes, "
-                "more than any GPU of this node has; ask an admin to lower it",
-            )
-        views = [
-            scheduler.GpuView(
-                g.index,
-                self.tasks_on(g.index),
-                self.charged(g.index) + env.memory <= g.memory,
-            )
-            for g in self.gpus
-        ]
-        decision = scheduler.select(
-            need, env.gpus, frozenset(env.held), views, self.config.task_threshold
+        return out
+
+    def decide(
+        self, env: Env, need: int, memory: int | None
+    ) -> scheduler.Choice | scheduler.Refusal:
+        ask = scheduler.Ask(
+            need,
+            env.gpus,
+            env.memory,
+            {i: len(t) for i, t in env.held.items()},
+            memory,
         )
+        return scheduler.select(ask, self.views(), self.config.task_threshold)
+
+    def grant(
+        self,
+        env_name: str,
+        need: int,
+        memory: int | None,
+        pid: int | None,
+        command: str | None,
+        pid_start: int | None = None,
+        ahead: bool = False,
+    ) -> Task:
+        """Grant a task, or raise ProtocolError (retryable when the code is no_resources).
+
+        ``ahead``: requests are waiting that this one would overtake; it may
+        not, if one of them has been overtaken too often already.
+        """
+        env = self.env(env_name)
+        decision = self.decide(env, need, memory)
+        if isinstance(decision, scheduler.Choice) and ahead and self.queue_frozen():
+            decision = scheduler.Refusal(
+                scheduler.NO_RESOURCES,
+                f"{len(self.queue)} earlier requests are waiting and the first of them "
+                "may not be overtaken again",
+            )
         if isinstance(decision, scheduler.Refusal):
             raise ProtocolError(decision.code, decision.message)
         task = Task(
             task_id=secrets.token_hex(8),
             env=env.name,
             gpus=decision.gpus,
+            memory=env.memory,
             pid=pid,
+            pid_start=pid_start,
             command=command,
             started=time.time(),
             last_seen=time.monotonic(),
+        )
+        self.store.task_started(
+            Record(
+                task.task_id,
+                env.name,
+                task.gpus,
+                task.memory,
+                pid,
+                pid_start,
+                command,
+                task.started,
+                None,
+                None,
+                0,
+                None,
+            )
         )
         for index in decision.gpus:
             env.held.setdefault(index, set()).add(task.task_id)
@@ -154,6 +315,8 @@ class Node:
         for index in decision.new:
             env.ledger.set_limit(index, env.memory)
         self.tasks[task.task_id] = task
+        for w in self.queue:
+            w.bypassed += 1
         log.info("grant %s env=%s gpus=%s pid=%s", task.task_id, env.name, task.gpus, pid)
         return task
 
@@ -166,12 +329,17 @@ class Node:
             )
         return task
 
-    def release(self, task_id: str, reason: str) -> Task | None:
-        """Give back what a task holds; None if it was already gone."""
+    def release(self, task_id: str, reason: str, exit_code: int | None = None) -> Task | None:
+        """Give back what a task holds and record why; None if it was already gone."""
         task = self.tasks.pop(task_id, None)
         if task is None:
             return None
         env = self.envs[task.env]
+        totals = env.ledger.summary().get(task_id)
+        if totals is not None:
+            task.peak = max(task.peak, totals.peak)
+            task.launches = max(task.launches, totals.launches)
+        env.launches_done += task.launches
         for index in task.gpus:
             holders = env.held.get(index)
             if holders is None:
@@ -181,6 +349,8 @@ class Node:
                 del env.held[index]
                 env.ledger.set_limit(index, 0)
                 env.draining.add(index)
+        self.store.task_ended(task_id, time.time(), reason, task.peak, exit_code)
+        self.queue_dirty = True
         log.info("release %s env=%s reason=%s", task_id, task.env, reason)
         return task
 
@@ -188,30 +358,132 @@ class Node:
         limit = self.config.heartbeat_timeout
         return [t for t in self.tasks.values() if now - t.last_seen > limit]
 
-    # --- views -------------------------------------------------------------
+    def sample(self) -> None:
+        """Read every ledger once: what tasks use now and the most they have used."""
+        for env in self.envs.values():
+            env.usage = env.ledger.summary()
+            for task_id, totals in env.usage.items():
+                task = self.tasks.get(task_id)
+                if task is not None:
+                    task.peak = max(task.peak, totals.peak)
+                    task.launches = max(task.launches, totals.launches)
+
+    # --- wait queue --------------------------------------------------------------------
+
+    def queue_frozen(self) -> bool:
+        """Whether a waiting request has been overtaken as often as it may be."""
+        limit = self.config.queue_max_bypass
+        return any(w.bypassed >= limit for w in self.queue)
+
+    def enqueue(self, waiter_fields: dict[str, Any], wait: float, reply_to: Any) -> Waiter:
+        self._wids += 1
+        now = time.monotonic()
+        w = Waiter(
+            self._wids,
+            enqueued=now,
+            deadline=now + wait,
+            reply_to=reply_to,
+            **waiter_fields,
+        )
+        self.queue.append(w)
+        return w
+
+    def serve_queue(self) -> tuple[list[tuple[Waiter, Task]], list[tuple[Waiter, ProtocolError]]]:
+        """Grant waiting requests in order as far as the policy allows.
+
+        A request that cannot be served yet is passed over, unless it has been
+        passed over ``queue_max_bypass`` times: then nothing behind it is
+        served until it is. Returns the grants made and the requests that can
+        never be served (their quota changed, say).
+        """
+        granted: list[tuple[Waiter, Task]] = []
+        failed: list[tuple[Waiter, ProtocolError]] = []
+        self.queue_dirty = False
+        i = 0
+        while i < len(self.queue):
+            w = self.queue[i]
+            try:
+                # Only the requests ahead of it count as overtaken.
+                behind = self.queue[i:]
+                self.queue = self.queue[:i]
+                try:
+                    task = self.grant(w.env, w.need, w.memory, w.pid, w.command, w.pid_start)
+                finally:
+                    self.queue = self.queue + behind
+            except ProtocolError as e:
+                if e.code != Err.NO_RESOURCES:
+                    self.queue.pop(i)
+                    failed.append((w, e))
+                    continue
+                if w.bypassed >= self.config.queue_max_bypass:
+                    break
+                i += 1
+                continue
+            self.queue.pop(i)
+            granted.append((w, task))
+        return granted, failed
+
+    def drop_waiter(self, wid: int) -> Waiter | None:
+        for i, w in enumerate(self.queue):
+            if w.wid == wid:
+                return self.queue.pop(i)
+        return None
+
+    def expired_waiters(self, now: float) -> list[Waiter]:
+        gone = [w for w in self.queue if now >= w.deadline]
+        if gone:
+            self.queue = [w for w in self.queue if now < w.deadline]
+        return gone
+
+    # --- views -----------------------------------------------------------------
 
     def quota_view(self, env: Env) -> dict[str, object]:
         return {"env": env.name, "gpus": env.gpus, "memory": env.memory, "endpoint": env.endpoint}
 
-    def task_view(self, task: Task) -> dict[str, object]:
-        env = self.envs[task.env]
-        used, launches = env.ledger.task_usage(task.task_id)
+    def task_view(self, task: Task, usage: dict[str, SlotTotals]) -> dict[str, object]:
+        totals = usage.get(task.task_id, SlotTotals())
         return {
             "task_id": task.task_id,
             "env": task.env,
             "pid": task.pid,
             "gpus": list(task.gpus),
-            "memory_limit": env.memory,
-            "memory_used": sum(used[i] for i in task.gpus),
-            "launches": launches,
+            "memory_limit": task.memory,
+            "memory_used": totals.used,
+            "peak": max(task.peak, totals.peak),
+            "launches": totals.launches,
+            "processes": totals.processes,
             "started": task.started,
             "command": task.command,
+            "attached": not task.restored,
         }
+
+    def tasks_view(self, env: str | None) -> list[dict[str, object]]:
+        usage = {
+            name: e.ledger.summary() for name, e in self.envs.items() if env is None or name == env
+        }
+        tasks = sorted(self.tasks.values(), key=lambda t: t.started)
+        return [self.task_view(t, usage[t.env]) for t in tasks if t.env in usage]
+
+    def queue_view(self) -> list[dict[str, object]]:
+        now = time.monotonic()
+        return [
+            {
+                "position": pos,
+                "env": w.env,
+                "gpus": w.need,
+                "pid": w.pid,
+                "waited": now - w.enqueued,
+                "timeout_in": max(0.0, w.deadline - now),
+                "bypassed": w.bypassed,
+                "command": w.command,
+            }
+            for pos, w in enumerate(self.queue, 1)
+        ]
 
     def status_view(self) -> dict[str, object]:
         gpus = []
-        for g in self.gpus:
-            holders = {e.name: e for e in self.envs.values() if g.index in e.held}
+        for g, view in zip(self.gpus, self.views(), strict=True):
+            holders = {e.name for e in self.envs.values() if g.index in e.held}
             used = sum(e.ledger.used(g.index) for e in self.envs.values())
             gpus.append(
                 {
@@ -219,10 +491,12 @@ class Node:
                     "uuid": g.uuid,
                     "name": g.name,
                     "memory": g.memory,
+                    "reserve": min(g.memory, self.config.memory_reserve),
                     "charged": self.charged(g.index),
                     "used": used,
-                    "tasks": self.tasks_on(g.index),
+                    "tasks": view.tasks,
                     "envs": sorted(holders),
+                    "lost": g.index in self.lost,
                 }
             )
         return {
@@ -232,12 +506,15 @@ class Node:
             "pid": os.getpid(),
             "envs": len(self.envs),
             "tasks": len(self.tasks),
+            "waiting": len(self.queue),
+            "task_threshold": self.config.task_threshold,
             "gpus": gpus,
         }
 
     def close(self) -> None:
         for env in self.envs.values():
             env.ledger.close()
+        self.store.close()
 
 
 def _version() -> str:

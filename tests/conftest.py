@@ -99,24 +99,45 @@ def cbin(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(v)
+
+
 class Daemon:
     """A nodemgr process serving from its own run directory."""
 
-    def __init__(self, root: Path, **node: Any) -> None:
+    def __init__(
+        self, root: Path, sections: dict[str, dict[str, Any]] | None = None, **node: Any
+    ) -> None:
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
         self.run_dir = root / "run"
+        self.state_dir = root / "state"
         self.config = root / "nodemgr.toml"
         settings = {"heartbeat_interval": 0.2, "heartbeat_timeout": 1.0, **node}
-        lines = ["[node]", f'run_dir = "{self.run_dir}"']
-        lines += [f"{k} = {v!r}" for k, v in settings.items()]
-        lines += [
-            "[gpus]",
-            'source = "simulated"',
-            "simulated_count = 4",
-            'simulated_memory = "16GiB"',
-        ]
+        tables: dict[str, dict[str, Any]] = {
+            "node": {"run_dir": str(self.run_dir), "state_dir": str(self.state_dir), **settings},
+            "gpus": {"source": "simulated", "simulated_count": 4, "simulated_memory": "16GiB"},
+        }
+        for name, table in (sections or {}).items():
+            tables[name] = {**tables.get(name, {}), **table}
+        lines = []
+        for name, table in tables.items():
+            lines.append(f"[{name}]")
+            lines += [f"{k} = {_toml(v)}" for k, v in table.items() if not isinstance(v, dict)]
+            for k, sub in table.items():
+                if isinstance(sub, dict):
+                    lines.append(f'[{name}."{k}"]')
+                    lines += [f"{kk} = {_toml(vv)}" for kk, vv in sub.items()]
         self.config.write_text("\n".join(lines) + "\n")
-        self.log = open(root / "nodemgr.log", "w")  # noqa: SIM115
+        self.log = open(root / "nodemgr.log", "a")  # noqa: SIM115
+        self.start()
+
+    def start(self) -> None:
         self.proc = subprocess.Popen(
             [str(BIN / "nodemgr"), "serve", "--config", str(self.config)],
             stdout=self.log,
@@ -150,6 +171,11 @@ class Daemon:
     def gpu_used(self, index: int) -> int:
         return int(self.admin("status")["gpus"][index]["used"])
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: no clean-up runs."""
+        self.proc.kill()
+        self.proc.wait()
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -158,7 +184,8 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.log.close()
+        if not self.log.closed:
+            self.log.close()
 
 
 @pytest.fixture
@@ -167,8 +194,8 @@ def daemon_factory() -> Iterator[Any]:
     # ipc paths must fit in sun_path (108 bytes): keep run directories short.
     root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
 
-    def make(**node: Any) -> Daemon:
-        d = Daemon(root / str(len(made)), **node) if made else Daemon(root, **node)
+    def make(sections: dict[str, dict[str, Any]] | None = None, **node: Any) -> Daemon:
+        d = Daemon(root / str(len(made)) if made else root, sections, **node)
         made.append(d)
         return d
 

@@ -155,3 +155,108 @@ def protocol_decode(data: bytes) -> dict[str, Any]:
 
     msg: dict[str, Any] = msgpack.unpackb(data)
     return msg
+
+
+def test_quota_delete_refuses_while_busy_and_forces_with_records_kept(
+    daemon: Any, run_task: Any, wait_for: Any
+) -> None:
+    ep = daemon.env("alice")
+    p = run_task(ep, "sleep", "60")
+    wait_for(lambda: len(daemon.tasks()) == 1, 10)
+    r = invoke(daemon, "quota", "delete", "alice")
+    assert r.exit_code == 1
+    assert "1 running tasks" in r.output and "--force" in r.output
+    r = invoke(daemon, "quota", "delete", "alice", "--force", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output) == {"env": "alice", "tasks_ended": 1}
+    p.wait(10)  # its client was killed, and the command with it
+    assert json.loads(invoke(daemon, "quota", "show", "--json").output) == []
+    assert not (daemon.run_dir / "envs" / "alice").exists()
+    r = invoke(daemon, "history", "alice", "--json")
+    assert [rec["reason"] for rec in json.loads(r.output)] == ["admin"]
+    r = invoke(daemon, "quota", "delete", "alice")
+    assert r.exit_code == 1 and "no environment 'alice'" in r.output
+
+
+def test_reclaim_ends_the_task_and_frees_its_gpu(daemon: Any, run_task: Any, wait_for: Any) -> None:
+    ep = daemon.env("alice")
+    p = run_task(ep, "sleep", "60")
+    wait_for(lambda: len(daemon.tasks()) == 1, 10)
+    [task] = daemon.tasks()
+    r = invoke(daemon, "reclaim", task["task_id"])
+    assert r.exit_code == 0, r.output
+    assert f"task {task['task_id']} of alice: reclaimed" in r.output
+    assert daemon.tasks() == []
+    assert p.wait(10) != 0
+    assert invoke(daemon, "reclaim", task["task_id"]).exit_code == 1
+
+
+def test_history_filters_by_env_and_time(daemon: Any, run_task: Any) -> None:
+    for env in ("alice", "bob"):
+        assert run_task(daemon.env(env), "sh", "-c", "exit 3").wait(30) == 3
+    r = invoke(daemon, "history", "--json")
+    assert r.exit_code == 0, r.output
+    records = json.loads(r.output)
+    assert [x["env"] for x in records] == ["bob", "alice"]  # newest first
+    assert all(x["reason"] == "done" and x["exit_code"] == 3 for x in records)
+    assert all(x["ended"] >= x["started"] for x in records)
+    assert [x["env"] for x in json.loads(invoke(daemon, "history", "alice", "--json").output)] == [
+        "alice"
+    ]
+    assert json.loads(invoke(daemon, "history", "--since", "2099-01-01", "--json").output) == []
+    assert len(json.loads(invoke(daemon, "history", "--since", "1h", "--json").output)) == 2
+    r = invoke(daemon, "history", "--since", "yesterday")
+    assert r.exit_code == 2 and "neither a duration" in r.output
+    r = invoke(daemon, "history")
+    assert "REASON" in r.output and "alice" in r.output
+
+
+def test_a_command_killed_by_a_signal_is_recorded_as_killed(daemon: Any, run_task: Any) -> None:
+    p = run_task(daemon.env("alice"), "sh", "-c", "kill -TERM $$")
+    assert p.wait(30) == 128 + 15
+    [rec] = json.loads(invoke(daemon, "history", "--json").output)
+    assert rec["reason"] == "killed" and rec["exit_code"] == 143
+
+
+def test_top_draws_gpus_envs_tasks_and_queue(daemon: Any, run_task: Any, wait_for: Any) -> None:
+    run_task(daemon.env("alice"), "sleep", "60")
+    wait_for(lambda: len(daemon.tasks()) == 1, 10)
+    r = invoke(daemon, "top", "--iterations", "2", "--interval", "0.1")
+    assert r.exit_code == 0, r.output
+    # Two frames; not a terminal, so no screen-clearing codes.
+    assert r.output.count("GPU  MEMORY") == 2
+    assert "\x1b[" not in r.output
+    assert "1 tasks" in r.output and "alice" in r.output and "sleep 60" in r.output
+    snap = json.loads(invoke(daemon, "top", "--json").output)
+    assert set(snap) == {"status", "quotas", "tasks", "queue"}
+    assert snap["tasks"][0]["env"] == "alice"
+
+
+def test_shell_completion_as_documented() -> None:
+    import os
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).parent / "nodemgr"
+    out = subprocess.run(
+        [str(exe)],
+        env={**os.environ, "_NODEMGR_COMPLETE": "bash_source"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0
+    assert "complete " in out.stdout and "_nodemgr_completion" in out.stdout
+    out = subprocess.run(
+        [str(exe)],
+        env={
+            **os.environ,
+            "_NODEMGR_COMPLETE": "bash_complete",
+            "COMP_WORDS": "nodemgr qu",
+            "COMP_CWORD": "1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert "quota" in out.stdout

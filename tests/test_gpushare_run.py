@@ -86,7 +86,7 @@ def test_memory_hint_beyond_quota_is_refused(daemon: Any) -> None:
         timeout=30,
     )
     assert r.returncode == 77
-    assert "may use 1073741824 bytes per GPU" in r.stderr
+    assert "memory quota is 1073741824 bytes per GPU" in r.stderr
 
 
 def test_no_free_gpu_is_a_retryable_refusal(daemon: Any, run_task: Any, tmp_path: Path) -> None:
@@ -171,7 +171,7 @@ def test_requests_no_node_can_satisfy_are_refused_not_retried(daemon: Any, run_t
     p = run_task(many, "true", gpus=5)
     _, err = p.communicate(timeout=30)
     assert p.returncode == 77
-    assert "this node has 4" in err
+    assert "only 4 GPUs of this node" in err
     huge = daemon.env("huge", gpus=1, memory=17 * GiB)
     p = run_task(huge, "true")
     _, err = p.communicate(timeout=30)

@@ -41,7 +41,10 @@ CLIENT = textwrap.dedent(
 @pytest.fixture
 def server() -> Iterator[Server]:
     root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
-    (root / "c.toml").write_text(f'[node]\nrun_dir = "{root}/run"\n[gpus]\nsource = "simulated"\n')
+    (root / "c.toml").write_text(
+        f'[node]\nrun_dir = "{root}/run"\nstate_dir = "{root}/state"\n'
+        '[gpus]\nsource = "simulated"\n'
+    )
     srv = Server(config.load(root / "c.toml"))
     srv.start()
     yield srv
@@ -80,7 +83,9 @@ def test_an_exit_event_never_ends_a_task_granted_in_the_same_step(server: Server
         time.sleep(0.5)  # B's second request is queued by now
         # Take every free descriptor below A's pidfd, so that the pidfd B's new task
         # gets is the very number A's had.
-        [a_fd] = [fd for fd, t in server.pidfds.items() if server.node.tasks[t].env == "A"]
+        [a_fd] = [
+            fd for fd, (_, t) in server.pidfds.items() if server.node.tasks[str(t)].env == "A"
+        ]
         fillers = []
         while (fd := os.open("/dev/null", os.O_RDONLY)) < a_fd:
             fillers.append(fd)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import click
 
 from nodemgr import __version__
+from nodemgr.cli.history import history
 from nodemgr.cli.quota import quota
+from nodemgr.cli.reclaim import reclaim
 from nodemgr.cli.serve import serve
 from nodemgr.cli.status import status
 from nodemgr.cli.tasks import tasks
+from nodemgr.cli.top import top
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -18,6 +21,9 @@ def cli() -> None:
 
     Exit codes: 0 success; 1 nodemgr refused the request; 2 bad usage;
     69 nodemgr unreachable; 78 bad configuration.
+
+    Shell completion (bash; zsh and fish alike):
+    eval "$(_NODEMGR_COMPLETE=bash_source nodemgr)"
     """
 
 
@@ -25,6 +31,9 @@ cli.add_command(serve)
 cli.add_command(quota)
 cli.add_command(tasks)
 cli.add_command(status)
+cli.add_command(history)
+cli.add_command(reclaim)
+cli.add_command(top)
 
 
 def main() -> None:

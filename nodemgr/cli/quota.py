@@ -60,3 +60,20 @@ def show(env: str | None, config_path: str | None, as_json: bool) -> None:
         ["ENV", "GPUS", "MEMORY/GPU", "ENDPOINT"],
         [[q["env"], str(q["gpus"]), format_size(q["memory"]), q["endpoint"]] for q in quotas],
     )
+
+
+@quota.command("delete")
+@click.argument("env")
+@click.option("--force", is_flag=True, help="End ENV's running tasks first (reason: admin).")
+@config_option
+@json_option
+def delete(env: str, force: bool, config_path: str | None, as_json: bool) -> None:
+    """Delete environment ENV: its quota, endpoint and ledger. Its records stay in history.
+
+    Refused while ENV has running tasks or memory in use, unless --force.
+    """
+    reply = admin_call(config_path, "quota_delete", env=env, force=force)
+    if as_json:
+        print_json({"env": reply["env"], "tasks_ended": reply["tasks_ended"]})
+    else:
+        click.echo(f"{env}: deleted; {reply['tasks_ended']} running tasks ended")

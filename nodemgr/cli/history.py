@@ -1,0 +1,84 @@
+"""``nodemgr history``: the allocation records of ended and running tasks."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime
+
+import click
+
+from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
+from nodemgr.sizes import format_size
+
+_AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class SinceType(click.ParamType):  # type: ignore[type-arg]
+    """A point in time: a duration ago (90s, 30m, 12h, 7d, 2w) or an ISO date/time."""
+
+    name = "WHEN"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, float):
+            return value
+        text = str(value).strip()
+        m = _AGO.match(text)
+        if m:
+            return time.time() - float(m.group(1)) * _UNIT[m.group(2)]
+        try:
+            return datetime.fromisoformat(text).timestamp()
+        except ValueError:
+            self.fail(
+                f"{text!r} is neither a duration (90s, 30m, 12h, 7d, 2w) nor an ISO date "
+                "(2026-11-22 or 2026-11-22T08:00)",
+                param,
+                ctx,
+            )
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@click.command()
+@click.argument("env", required=False)
+@click.option("--since", type=SinceType(), default=None, help="Only tasks started since WHEN.")
+@click.option(
+    "--limit", type=click.IntRange(1, 10000), default=100, show_default=True, help="At most N."
+)
+@config_option
+@json_option
+def history(
+    env: str | None, since: float | None, limit: int, config_path: str | None, as_json: bool
+) -> None:
+    """Allocation records, newest first: ENV's, or every environment's.
+
+    Each record: the task, its environment and GPUs, the per-GPU memory
+    granted, the peak its processes used, when it started and ended, and
+    why it ended (done, killed, exited, timeout, admin, undelivered).
+    """
+    records = admin_call(config_path, "history", env=env, since=since, limit=limit)["records"]
+    if as_json:
+        print_json(records)
+        return
+    print_table(
+        ["TASK", "ENV", "GPUS", "MEMORY/GPU", "PEAK", "STARTED", "ENDED", "REASON", "EXIT"],
+        [
+            [
+                r["task_id"],
+                r["env"],
+                ",".join(map(str, r["gpus"])),
+                format_size(r["memory"]),
+                format_size(r["peak"]),
+                _when(r["started"]),
+                _when(r["ended"]),
+                r["reason"] or "running",
+                "-" if r["exit_code"] is None else str(r["exit_code"]),
+            ]
+            for r in records
+        ],
+    )

@@ -1,0 +1,25 @@
+"""``nodemgr reclaim``: end a task and take back its GPUs."""
+
+from __future__ import annotations
+
+import click
+
+from nodemgr.cli._common import admin_call, config_option, json_option, print_json
+
+
+@click.command()
+@click.argument("task_id")
+@config_option
+@json_option
+def reclaim(task_id: str, config_path: str | None, as_json: bool) -> None:
+    """End task TASK_ID now and give its GPUs back.
+
+    nodemgr kills the task's client (gpushare-run), whose command dies with
+    it, so nothing keeps using memory that is granted again. The record's
+    end reason is "admin".
+    """
+    reply = admin_call(config_path, "reclaim", task_id=task_id)
+    if as_json:
+        print_json({"task_id": reply["task_id"], "env": reply["env"]})
+    else:
+        click.echo(f"task {reply['task_id']} of {reply['env']}: reclaimed")

@@ -1,0 +1,149 @@
+"""``nodemgr top``: a live view of GPUs, environments, tasks and the wait queue."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from typing import Any
+
+import click
+
+from nodemgr.cli._common import EXIT_UNREACHABLE, config_option, fail, load_config, print_json
+from nodemgr.client import Connection, NodeError, Unreachable
+from nodemgr.sizes import format_size
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+        for line in [headers, *rows]
+    ]
+
+
+def snapshot(conn: Connection) -> dict[str, Any]:
+    return {
+        "status": conn.call("status"),
+        "quotas": conn.call("quota_show")["quotas"],
+        "tasks": conn.call("tasks")["tasks"],
+        "queue": conn.call("queue")["waiting"],
+    }
+
+
+def render(snap: dict[str, Any], width: int = 120) -> str:
+    st, quotas, tasks, queue = snap["status"], snap["quotas"], snap["tasks"], snap["queue"]
+    kind = "simulated" if st["simulated"] else "NVML"
+    lines = [
+        f"nodemgr {st['version']}  {time.strftime('%H:%M:%S')}  {len(st['gpus'])} {kind} GPUs"
+        f"  {st['envs']} envs  {st['tasks']} tasks  {len(queue)} waiting",
+        "",
+    ]
+    lines += _table(
+        ["GPU", "MEMORY", "CHARGED", "USED", "TASKS", "ENVS"],
+        [
+            [
+                str(g["index"]) + (" LOST" if g.get("lost") else ""),
+                format_size(g["memory"]),
+                format_size(g["charged"]),
+                format_size(g["used"]),
+                f"{g['tasks']}/{st.get('task_threshold', '-')}",
+                ",".join(g["envs"]) or "-",
+            ]
+            for g in st["gpus"]
+        ],
+    )
+    per_env: dict[str, list[dict[str, Any]]] = {}
+    for t in tasks:
+        per_env.setdefault(t["env"], []).append(t)
+    lines.append("")
+    lines += _table(
+        ["ENV", "QUOTA", "MEMORY/GPU", "TASKS", "USED"],
+        [
+            [
+                q["env"],
+                str(q["gpus"]),
+                format_size(q["memory"]),
+                str(len(per_env.get(q["env"], []))),
+                format_size(sum(t["memory_used"] for t in per_env.get(q["env"], []))),
+            ]
+            for q in quotas
+        ],
+    )
+    lines.append("")
+    lines += _table(
+        ["TASK", "ENV", "PID", "GPUS", "USED", "PEAK", "LAUNCHES", "COMMAND"],
+        [
+            [
+                t["task_id"],
+                t["env"],
+                str(t["pid"] or "-"),
+                ",".join(map(str, t["gpus"])),
+                format_size(t["memory_used"]),
+                format_size(t["peak"]),
+                str(t["launches"]),
+                (t["command"] or "")[:40],
+            ]
+            for t in tasks
+        ],
+    )
+    if queue:
+        lines.append("")
+        lines += _table(
+            ["POS", "ENV", "GPUS", "PID", "WAITED", "COMMAND"],
+            [
+                [
+                    str(w["position"]),
+                    w["env"],
+                    str(w["gpus"]),
+                    str(w["pid"] or "-"),
+                    f"{w['waited']:.0f}s",
+                    (w["command"] or "")[:40],
+                ]
+                for w in queue
+            ],
+        )
+    return "\n".join(line[:width] for line in lines)
+
+
+@click.command()
+@click.option(
+    "-n",
+    "--interval",
+    type=click.FloatRange(0.1),
+    default=2.0,
+    show_default=True,
+    help="Seconds between refreshes.",
+)
+@click.option(
+    "--iterations",
+    type=click.IntRange(0),
+    default=0,
+    help="Stop after N refreshes (default: run until Ctrl-C).",
+)
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print one snapshot as JSON and exit.")
+def top(interval: float, iterations: int, config_path: str | None, as_json: bool) -> None:
+    """A live view of GPUs, environments, tasks and the wait queue."""
+    cfg = load_config(config_path)
+    count = 0
+    try:
+        with Connection(cfg.admin_endpoint, timeout=5.0) as conn:
+            while True:
+                try:
+                    snap = snapshot(conn)
+                except Unreachable as e:
+                    fail(f"{e} (is nodemgr running?)", EXIT_UNREACHABLE)
+                except NodeError as e:
+                    fail(e.message, 1)
+                if as_json:
+                    print_json(snap)
+                    return
+                width = shutil.get_terminal_size((120, 40)).columns
+                # Home and clear: redraw in place, as top does.
+                click.echo("\x1b[H\x1b[2J" + render(snap, width), nl=True)
+                count += 1
+                if iterations and count >= iterations:
+                    return
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        return

@@ -1,0 +1,186 @@
+"""Prometheus metrics (docs/operations.md lists them).
+
+The HTTP endpoint runs in prometheus-client's thread and never touches
+nodemgr's state: the event loop publishes an immutable snapshot at most once
+a second, and event counters are prometheus-client's own thread-safe types.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from nodemgr.server import Server
+
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 1.0)
+WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    gpus: list[dict[str, Any]]
+    envs: list[dict[str, Any]]
+    queue_length: int
+    tasks: int
+
+
+class _StateCollector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        snap = self.metrics.last
+        if snap is None:
+            return
+        g = ["gpu", "uuid"]
+        total = GaugeMetricFamily("gpushare_gpu_memory_bytes", "GPU memory", labels=g)
+        reserve = GaugeMetricFamily(
+            "gpushare_gpu_reserved_bytes", "GPU memory kept out of every grant", labels=g
+        )
+        charged = GaugeMetricFamily(
+            "gpushare_gpu_charged_bytes",
+            "Memory promised on a GPU: holding environments' per-GPU quotas",
+            labels=g,
+        )
+        used = GaugeMetricFamily(
+            "gpushare_gpu_used_bytes", "Memory allocated on a GPU through the shim", labels=g
+        )
+        tasks = GaugeMetricFamily("gpushare_gpu_tasks", "Tasks granted a GPU", labels=g)
+        lost = GaugeMetricFamily("gpushare_gpu_lost", "1 if NVML reported the GPU lost", labels=g)
+        for x in snap.gpus:
+            lv = [str(x["index"]), x["uuid"]]
+            total.add_metric(lv, x["memory"])
+            reserve.add_metric(lv, x["reserve"])
+            charged.add_metric(lv, x["charged"])
+            used.add_metric(lv, x["used"])
+            tasks.add_metric(lv, x["tasks"])
+            lost.add_metric(lv, 1 if x["lost"] else 0)
+        yield from (total, reserve, charged, used, tasks, lost)
+
+        e = ["env"]
+        q_gpus = GaugeMetricFamily("gpushare_env_quota_gpus", "GPU-count quota", labels=e)
+        q_mem = GaugeMetricFamily(
+            "gpushare_env_quota_memory_bytes", "Per-GPU memory quota", labels=e
+        )
+        held = GaugeMetricFamily("gpushare_env_gpus", "GPUs the environment holds", labels=e)
+        granted = GaugeMetricFamily(
+            "gpushare_env_granted_bytes", "Memory granted: quota times GPUs held", labels=e
+        )
+        e_used = GaugeMetricFamily(
+            "gpushare_env_used_bytes", "Memory the environment's processes hold", labels=e
+        )
+        e_tasks = GaugeMetricFamily("gpushare_env_tasks", "Running tasks", labels=e)
+        launches = CounterMetricFamily(
+            "gpushare_env_kernel_launches", "Kernel launches counted in the ledger", labels=e
+        )
+        for x in snap.envs:
+            lv = [x["env"]]
+            q_gpus.add_metric(lv, x["quota_gpus"])
+            q_mem.add_metric(lv, x["quota_memory"])
+            held.add_metric(lv, x["gpus"])
+            granted.add_metric(lv, x["granted"])
+            e_used.add_metric(lv, x["used"])
+            e_tasks.add_metric(lv, x["tasks"])
+            launches.add_metric(lv, x["launches"])
+        yield from (q_gpus, q_mem, held, granted, e_used, e_tasks, launches)
+        yield GaugeMetricFamily(
+            "gpushare_queue_length", "Requests waiting for GPUs", value=snap.queue_length
+        )
+        yield GaugeMetricFamily("gpushare_tasks", "Running tasks", value=snap.tasks)
+
+
+class Metrics:
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.registry = CollectorRegistry()
+        self.last: Snapshot | None = None
+        self._next = 0.0
+        self._http: Any = None
+        self.requests = Histogram(
+            "gpushare_request_seconds",
+            "Time nodemgr took to serve a request",
+            ["endpoint", "type"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "gpushare_request_errors",
+            "Requests answered with an error",
+            ["endpoint", "code"],
+            registry=self.registry,
+        )
+        self.reclaims = Counter(
+            "gpushare_reclaims", "Tasks ended, by reason", ["reason"], registry=self.registry
+        )
+        self.waits = Histogram(
+            "gpushare_queue_wait_seconds",
+            "Time requests spent waiting, by how the wait ended",
+            ["outcome"],
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_StateCollector(self))
+
+    def start(self) -> None:
+        cfg = self.server.config
+        self.snapshot(force=True)
+        self._http, _ = start_http_server(
+            cfg.metrics_port, addr=cfg.metrics_address, registry=self.registry
+        )
+
+    def stop(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+    # --- called by the event loop ---------------------------------------------
+
+    def served(self, endpoint: str, reply: dict[str, Any], seconds: float) -> None:
+        kind = str(reply.get("type"))
+        self.requests.labels(endpoint, kind).observe(seconds)
+        if kind == "error":
+            self.errors.labels(endpoint, str(reply.get("error"))).inc()
+
+    def reclaimed(self, reason: str) -> None:
+        self.reclaims.labels(reason).inc()
+
+    def waited(self, seconds: float, outcome: str) -> None:
+        self.waits.labels(outcome).observe(seconds)
+
+    def snapshot(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self._next:
+            return
+        self._next = now + 1.0
+        node = self.server.node
+        status = node.status_view()
+        envs = []
+        for env in node.envs.values():
+            live = env.usage
+            envs.append(
+                {
+                    "env": env.name,
+                    "quota_gpus": env.gpus,
+                    "quota_memory": env.memory,
+                    "gpus": len(env.held),
+                    "granted": env.memory * len(env.held),
+                    "used": sum(t.used for t in live.values()),
+                    "tasks": sum(1 for t in node.tasks.values() if t.env == env.name),
+                    "launches": env.launches_done
+                    + sum(t.launches for t in node.tasks.values() if t.env == env.name),
+                }
+            )
+        self.last = Snapshot(
+            gpus=list(status["gpus"]),  # type: ignore[call-overload]
+            envs=envs,
+            queue_length=len(node.queue),
+            tasks=len(node.tasks),
+        )

@@ -1,0 +1,230 @@
+"""nodemgr's durable state: quotas and allocation records, in one sqlite database.
+
+The database is written in WAL mode. Quota changes are committed with a full
+sync before nodemgr answers; task records with the WAL's normal sync, which
+survives any crash of nodemgr itself (a power loss may take the last few
+records, never a quota). Heartbeats never touch it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS envs (
+    name    TEXT PRIMARY KEY,
+    gpus    INTEGER NOT NULL,
+    memory  INTEGER NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id   TEXT PRIMARY KEY,
+    env       TEXT NOT NULL,
+    gpus      TEXT NOT NULL,          -- node GPU indices, comma-separated
+    memory    INTEGER NOT NULL,       -- per-GPU memory granted, bytes
+    pid       INTEGER,                -- the client process, as the kernel named it
+    pid_start INTEGER,                -- its start time (clock ticks after boot)
+    command   TEXT,
+    started   REAL NOT NULL,          -- Unix time
+    ended     REAL,                   -- NULL while the task runs
+    reason    TEXT,                   -- why it ended: see docs/operations.md
+    peak      INTEGER NOT NULL DEFAULT 0,
+    exit_code INTEGER
+);
+CREATE INDEX IF NOT EXISTS tasks_running ON tasks (task_id) WHERE ended IS NULL;
+CREATE INDEX IF NOT EXISTS tasks_started ON tasks (started);
+"""
+
+
+class StoreError(Exception):
+    """The database cannot be opened or is not one this nodemgr understands."""
+
+
+@dataclass(frozen=True)
+class EnvRow:
+    name: str
+    gpus: int
+    memory: int
+
+
+@dataclass(frozen=True)
+class Record:
+    task_id: str
+    env: str
+    gpus: tuple[int, ...]
+    memory: int
+    pid: int | None
+    pid_start: int | None
+    command: str | None
+    started: float
+    ended: float | None
+    reason: str | None
+    peak: int
+    exit_code: int | None
+
+    def view(self) -> dict[str, object]:
+        return {
+            "task_id": self.task_id,
+            "env": self.env,
+            "gpus": list(self.gpus),
+            "memory": self.memory,
+            "pid": self.pid,
+            "command": self.command,
+            "started": self.started,
+            "ended": self.ended,
+            "reason": self.reason,
+            "peak": self.peak,
+            "exit_code": self.exit_code,
+        }
+
+
+def _record(row: tuple[object, ...]) -> Record:
+    (task_id, env, gpus, memory, pid, pid_start, command, started, ended, reason, peak, code) = row
+    return Record(
+        str(task_id),
+        str(env),
+        tuple(int(x) for x in str(gpus).split(",") if x),
+        int(memory),  # type: ignore[call-overload]
+        None if pid is None else int(pid),  # type: ignore[call-overload]
+        None if pid_start is None else int(pid_start),  # type: ignore[call-overload]
+        None if command is None else str(command),
+        float(started),  # type: ignore[arg-type]
+        None if ended is None else float(ended),  # type: ignore[arg-type]
+        None if reason is None else str(reason),
+        int(peak),  # type: ignore[call-overload]
+        None if code is None else int(code),  # type: ignore[call-overload]
+    )
+
+
+_COLUMNS = (
+    "task_id, env, gpus, memory, pid, pid_start, command, started, ended, reason, peak, exit_code"
+)
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.db = sqlite3.connect(path, isolation_level=None)
+        except (OSError, sqlite3.Error) as e:
+            raise StoreError(f"cannot open the database {path}: {e}") from None
+        try:
+            os.chmod(path, 0o600)
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"the database {path} was written by a newer nodemgr (schema {version}); "
+                    "run that version, or move the file away to start afresh"
+                )
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(_SCHEMA)
+            self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as e:
+            self.db.close()
+            raise StoreError(f"the database {path} is unreadable: {e}") from None
+        except BaseException:
+            self.db.close()
+            raise
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def _durable(self) -> Iterator[sqlite3.Connection]:
+        """A transaction fsynced before it returns: quotas must survive a power loss."""
+        self.db.execute("PRAGMA synchronous=FULL")
+        try:
+            with self.db:
+                self.db.execute("BEGIN IMMEDIATE")
+                yield self.db
+        finally:
+            self.db.execute("PRAGMA synchronous=NORMAL")
+
+    # --- quotas --------------------------------------------------------------
+
+    def envs(self) -> list[EnvRow]:
+        rows = self.db.execute("SELECT name, gpus, memory FROM envs ORDER BY name").fetchall()
+        return [EnvRow(str(n), int(g), int(m)) for n, g, m in rows]
+
+    def put_env(self, name: str, gpus: int, memory: int, now: float) -> None:
+        with self._durable() as db:
+            db.execute(
+                "INSERT INTO envs (name, gpus, memory, created, updated) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET gpus = excluded.gpus, "
+                "memory = excluded.memory, updated = excluded.updated",
+                (name, gpus, memory, now, now),
+            )
+
+    def delete_env(self, name: str) -> None:
+        with self._durable() as db:
+            db.execute("DELETE FROM envs WHERE name = ?", (name,))
+
+    # --- records ---------------------------------------------------------------
+
+    def task_started(self, r: Record) -> None:
+        with self.db:
+            self.db.execute(
+                f"INSERT INTO tasks ({_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, 0, NULL)",
+                (
+                    r.task_id,
+                    r.env,
+                    ",".join(map(str, r.gpus)),
+                    r.memory,
+                    r.pid,
+                    r.pid_start,
+                    r.command,
+                    r.started,
+                ),
+            )
+
+    def task_ended(
+        self, task_id: str, ended: float, reason: str, peak: int, exit_code: int | None
+    ) -> None:
+        with self.db:
+            self.db.execute(
+                "UPDATE tasks SET ended = ?, reason = ?, peak = MAX(peak, ?), exit_code = ? "
+                "WHERE task_id = ? AND ended IS NULL",
+                (ended, reason, peak, exit_code, task_id),
+            )
+
+    def task_attached(self, task_id: str, pid: int | None, pid_start: int | None) -> None:
+        """A restored task's client came back, possibly seen under a new pid."""
+        with self.db:
+            self.db.execute(
+                "UPDATE tasks SET pid = ?, pid_start = ? WHERE task_id = ?",
+                (pid, pid_start, task_id),
+            )
+
+    def running(self) -> list[Record]:
+        rows = self.db.execute(
+            f"SELECT {_COLUMNS} FROM tasks WHERE ended IS NULL ORDER BY started"
+        ).fetchall()
+        return [_record(r) for r in rows]
+
+    def history(self, env: str | None, since: float | None, limit: int) -> list[Record]:
+        """Records, newest first: of ``env`` (or all), started at or after ``since``."""
+        where: list[str] = []
+        args: list[object] = []
+        if env is not None:
+            where.append("env = ?")
+            args.append(env)
+        if since is not None:
+            where.append("started >= ?")
+            args.append(since)
+        sql = f"SELECT {_COLUMNS} FROM tasks"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY started DESC, rowid DESC LIMIT ?"
+        rows = self.db.execute(sql, (*args, limit)).fetchall()
+        return [_record(r) for r in rows]

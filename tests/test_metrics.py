@@ -1,0 +1,96 @@
+"""Prometheus metrics from a live daemon, and GPUs NVML reports lost."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import types
+import urllib.request
+from typing import Any
+
+import pytest
+
+from nodemgr.client import Connection, QuotaExceeded
+from nodemgr.gpus import Gpu, lost_gpus
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_metrics_show_quota_grants_use_reclaims_and_latency(
+    daemon_factory: Any, run_task: Any, wait_for: Any, cbin: Any
+) -> None:
+    port = free_port()
+    d = daemon_factory({"metrics": {"port": port}})
+    ep = d.env("alice", gpus=2, memory=1 << 30)
+    p = run_task(ep, str(cbin["client"]), "alloc", "256", "launch", "5", "sleep", "30")
+    wait_for(lambda: d.tasks() and d.tasks()[0]["launches"] == 5, 10)
+
+    def settled() -> bool:
+        m = scrape(port)
+        return m.get('gpushare_env_kernel_launches_total{env="alice"}') == 5.0
+
+    wait_for(settled, 5, interval=0.2)
+    m = scrape(port)
+    assert m['gpushare_env_quota_gpus{env="alice"}'] == 2
+    assert m['gpushare_env_quota_memory_bytes{env="alice"}'] == 1 << 30
+    assert m['gpushare_env_granted_bytes{env="alice"}'] == 1 << 30
+    assert m['gpushare_env_used_bytes{env="alice"}'] == 256 << 20
+    assert m['gpushare_env_tasks{env="alice"}'] == 1
+    assert m[
+        'gpushare_gpu_used_bytes{gpu="0",uuid="GPU-5349d000-0000-4000-8000-000000000000"}'
+    ] == (256 << 20)
+    assert m['gpushare_request_seconds_count{endpoint="task",type="grant"}'] == 1
+    assert m["gpushare_queue_length"] == 0
+    p.kill()
+    wait_for(lambda: not d.tasks(), 5)
+    wait_for(lambda: scrape(port).get('gpushare_reclaims_total{reason="exited"}') == 1, 5)
+    with Connection(ep) as c:
+        c.call("request", gpus=1, wait=0.0, command="x", memory=None)
+        with pytest.raises(QuotaExceeded):
+            c.call("request", gpus=3)
+    m = scrape(port)
+    assert m['gpushare_request_errors_total{code="quota_exceeded",endpoint="task"}'] == 1
+
+
+def test_a_gpu_nvml_reports_lost_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NVMLError(Exception):
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+    calls: list[str] = []
+
+    def handle(uuid: str) -> str:
+        calls.append(uuid)
+        if uuid.endswith("1"):
+            raise NVMLError(15)  # NVML_ERROR_GPU_IS_LOST
+        if uuid.endswith("2"):
+            raise NVMLError(999)  # unknown: says nothing about the GPU
+        return uuid
+
+    fake = types.SimpleNamespace(
+        NVMLError=NVMLError,
+        NVML_ERROR_GPU_IS_LOST=15,
+        NVML_ERROR_NOT_FOUND=6,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetHandleByUUID=handle,
+        nvmlDeviceGetMemoryInfo=lambda h: None,
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    gpus = [Gpu(i, f"GPU-0000000{i}", "x", 1) for i in range(3)]
+    assert lost_gpus(gpus) == {1}
+    assert len(calls) == 3

@@ -1,0 +1,195 @@
+"""The wait queue: order, position updates, timeouts, and no starvation (a real daemon)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from nodemgr.client import Connection, NoResources, QuotaExceeded, QuotaZero
+
+GiB = 1 << 30
+
+
+class Waiting(threading.Thread):
+    """A request that may wait, made from a thread so the test can go on."""
+
+    def __init__(self, endpoint: str, gpus: int, wait: float) -> None:
+        super().__init__(daemon=True)
+        self.endpoint, self.gpus, self.wait = endpoint, gpus, wait
+        self.updates: list[int] = []
+        self.result: dict[str, Any] | None = None
+        self.error: Exception | None = None
+        self.conn = Connection(endpoint)
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.result = self.conn.call(
+                "request",
+                timeout=self.wait + 10,
+                on_queued=lambda m: self.updates.append(int(m["position"])),
+                gpus=self.gpus,
+                wait=self.wait,
+            )
+        except Exception as e:
+            self.error = e
+
+    def finish(self) -> dict[str, Any]:
+        self.join(15)
+        assert not self.is_alive()
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+def grant(endpoint: str, gpus: int = 1) -> tuple[Connection, str]:
+    conn = Connection(endpoint)
+    return conn, str(conn.call("request", gpus=gpus)["task_id"])
+
+
+def queue_len(daemon: Any) -> int:
+    return len(daemon.admin("queue")["waiting"])
+
+
+@pytest.fixture
+def node(daemon_factory: Any) -> Any:
+    # One task per GPU across environments: easy to fill the node.
+    return daemon_factory(
+        {"scheduler": {"task_threshold": 1}, "gpus": {"simulated_count": 2}},
+        heartbeat_timeout=600.0,
+    )
+
+
+def test_typed_errors_distinguish_zero_quota_beyond_quota_and_busy(node: Any) -> None:
+    zero = node.env("zero", gpus=0)
+    small = node.env("small", gpus=1)
+    with Connection(zero) as c, pytest.raises(QuotaZero):
+        c.call("request", gpus=1)
+    with Connection(small) as c, pytest.raises(QuotaExceeded) as e:
+        c.call("request", gpus=2)
+    assert not e.value.retryable
+    hold_a, _ = grant(node.env("a"))
+    hold_b, _ = grant(node.env("b"))
+    with Connection(small) as c, pytest.raises(NoResources) as busy:
+        c.call("request", gpus=1)
+    assert busy.value.retryable
+    # A non-retryable refusal never waits, whatever the client asks.
+    with Connection(small) as c, pytest.raises(QuotaExceeded):
+        c.call("request", gpus=2, wait=30)
+    assert queue_len(node) == 0
+    hold_a.close()
+    hold_b.close()
+
+
+def test_waiters_are_served_in_order_and_told_their_position(node: Any, wait_for: Any) -> None:
+    a_conn, a_task = grant(node.env("a"))
+    b_conn, b_task = grant(node.env("b"))
+    first = Waiting(node.env("c"), 1, 60)
+    wait_for(lambda: queue_len(node) == 1, 5)
+    second = Waiting(node.env("d"), 1, 60)
+    wait_for(lambda: queue_len(node) == 2, 5)
+    third = Waiting(node.env("e"), 1, 60)
+    wait_for(lambda: queue_len(node) == 3, 5)
+    assert [w["env"] for w in node.admin("queue")["waiting"]] == ["c", "d", "e"]
+
+    a_conn.call("done", task_id=a_task)
+    got = first.finish()
+    assert got["type"] == "grant" and got["env"] == "c"
+    # The others moved up one place and were told.
+    wait_for(lambda: second.updates[-1:] == [1] and third.updates[-1:] == [2], 5)
+    assert first.updates == [1]
+    assert second.updates == [2, 1]
+    assert third.updates == [3, 2]
+    assert second.is_alive() and third.is_alive()
+
+    b_conn.call("done", task_id=b_task)
+    assert second.finish()["env"] == "d"
+    assert third.is_alive()
+    wait_for(lambda: third.updates[-1:] == [1], 5)
+    for c in (a_conn, b_conn, first.conn, second.conn):
+        c.close()
+    third.conn.close()
+
+
+def test_a_wait_that_times_out_is_refused_as_retryable(node: Any) -> None:
+    hold_a, _ = grant(node.env("a"))
+    hold_b, _ = grant(node.env("b"))
+    start = time.monotonic()
+    w = Waiting(node.env("c"), 1, 0.5)
+    with pytest.raises(NoResources, match="willing to wait"):
+        w.finish()
+    assert 0.45 < time.monotonic() - start < 3
+    assert queue_len(node) == 0
+    for c in (hold_a, hold_b, w.conn):
+        c.close()
+
+
+def test_a_large_request_is_not_starved_by_a_stream_of_small_ones(
+    daemon_factory: Any, wait_for: Any
+) -> None:
+    """Policy: a waiting request may be overtaken queue_max_bypass times; after that
+    nothing overtakes it until it is served."""
+    node = daemon_factory(
+        {
+            "scheduler": {"task_threshold": 1, "queue_max_bypass": 2},
+            "gpus": {"simulated_count": 2},
+        },
+        heartbeat_timeout=600.0,
+    )
+    a_conn, a_task = grant(node.env("a"))
+    b_conn, b_task = grant(node.env("b"))
+    big = Waiting(node.env("big", gpus=2), 2, 60)
+    wait_for(lambda: queue_len(node) == 1, 5)
+
+    a_conn.call("done", task_id=a_task)  # one GPU free: not enough for big
+    small_ep = node.env("small")
+    for overtaken in (1, 2):
+        conn, task = grant(small_ep)  # overtakes big
+        assert node.admin("queue")["waiting"][0]["bypassed"] == overtaken
+        conn.call("done", task_id=task)
+        conn.close()
+    # Big has been overtaken as often as it may be: the free GPU waits for it.
+    with Connection(small_ep) as c, pytest.raises(NoResources, match="may not be overtaken"):
+        c.call("request", gpus=1)
+    assert big.is_alive()
+
+    b_conn.call("done", task_id=b_task)
+    got = big.finish()
+    assert sorted(g["index"] for g in got["gpus"]) == [0, 1]
+    for c in (a_conn, b_conn, big.conn):
+        c.close()
+
+
+def test_a_waiter_whose_client_dies_leaves_the_queue(
+    node: Any, run_task: Any, wait_for: Any
+) -> None:
+    hold_a, _ = grant(node.env("a"))
+    hold_b, _ = grant(node.env("b"))
+    p = run_task(node.env("c"), "true", env={"GPUSHARE_WAIT": "60"})
+    wait_for(lambda: queue_len(node) == 1, 10)
+    p.kill()
+    p.wait()
+    wait_for(lambda: queue_len(node) == 0, 2)
+    for c in (hold_a, hold_b):
+        c.close()
+
+
+def test_gpushare_run_waits_and_reports_its_position(
+    node: Any, run_task: Any, wait_for: Any
+) -> None:
+    a_conn, a_task = grant(node.env("a"))
+    hold_b, _ = grant(node.env("b"))
+    p = run_task(node.env("c"), "true", env={"GPUSHARE_WAIT": "60"})
+    wait_for(lambda: queue_len(node) == 1, 10)
+    a_conn.call("done", task_id=a_task)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert "waiting for GPUs: position 1 of 1" in err
+    records = node.admin("history", env="c")["records"]
+    assert [r["reason"] for r in records] == ["done"]
+    for c in (a_conn, hold_b):
+        c.close()
