@@ -66,7 +66,8 @@ def _str(pattern: re.Pattern[str] | None = None, max_len: int = 4096) -> Callabl
     def check(v: Any) -> str:
         if not isinstance(v, str) or len(v) > max_len:
             raise ValueError(f"must be a string of at most {max_len} characters")
-        if pattern is not None and not pattern.match(v):
+        # fullmatch: with match, the pattern's "$" also accepts a trailing newline.
+        if pattern is not None and not pattern.fullmatch(v):
             raise ValueError(f"must match {pattern.pattern}")
         return v
 

@@ -35,3 +35,17 @@ def test_huge_version_makes_a_short_message() -> None:
             protocol.decode(msgpack.packb({"v": v, "type": "status"}))
         assert e.value.code == Err.UNSUPPORTED_VERSION
         assert len(e.value.message) < 300
+
+
+@pytest.mark.parametrize("name", ["alice\n", "a\n", "0123456789abcdef\n"])
+def test_names_with_a_trailing_newline_are_refused(name: str) -> None:
+    # Regression: ENV_NAME/TASK_ID end in "$", which re.match lets match before a
+    # final "\n", so quota_set created an environment (and directory) "alice\n".
+    for fields, schemas in [
+        ({"type": "quota_set", "env": name, "gpus": 1, "memory": 1}, protocol.ADMIN_REQUESTS),
+        ({"type": "quota_show", "env": name}, protocol.ADMIN_REQUESTS),
+        ({"type": "heartbeat", "task_id": name}, protocol.TASK_REQUESTS),
+    ]:
+        with pytest.raises(ProtocolError) as e:
+            protocol.validate({"v": 1, "id": 0, **fields}, schemas)
+        assert e.value.code == Err.BAD_REQUEST
