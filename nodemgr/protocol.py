@@ -10,6 +10,7 @@ fields are tolerated, unknown types are answered with an error.
 from __future__ import annotations
 
 import re
+import reprlib
 from collections.abc import Callable
 from typing import Any
 
@@ -83,7 +84,8 @@ def _str(pattern: re.Pattern[str] | None = None, max_len: int = 4096) -> Callabl
     def check(v: Any) -> str:
         if not isinstance(v, str) or len(v) > max_len:
             raise ValueError(f"must be a string of at most {max_len} characters")
-        if pattern is not None and not pattern.match(v):
+        # fullmatch: with match, the pattern's "$" also accepts a trailing newline.
+        if pattern is not None and not pattern.fullmatch(v):
             raise ValueError(f"must match {pattern.pattern}")
         return v
 
@@ -156,9 +158,11 @@ def decode(frame: bytes) -> dict[str, Any]:
         raise ProtocolError(Err.BAD_REQUEST, "a message must be a map")
     version = msg.get("v")
     if version != PROTOCOL_VERSION:
+        # reprlib: a client's value, however deep or long, makes one short line
+        # (repr of a ~1000-deep list raises RecursionError).
         raise ProtocolError(
             Err.UNSUPPORTED_VERSION,
-            f"protocol version {version!r} is not supported; this nodemgr speaks "
+            f"protocol version {reprlib.repr(version)} is not supported; this nodemgr speaks "
             f"{PROTOCOL_VERSION} (upgrade the client and nodemgr together)",
         )
     if not isinstance(msg.get("type"), str):

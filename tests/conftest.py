@@ -20,6 +20,13 @@ from client_plugin import libs
 from nodemgr.client import Connection, Unreachable
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Hypothesis's caches go to a temporary directory, not the repository (its example
+# database is off: property tests set database=None).
+os.environ.setdefault(
+    "HYPOTHESIS_STORAGE_DIRECTORY",
+    str(Path(tempfile.gettempdir()) / f"gpushare-hypothesis-{os.getuid()}"),
+)
 CSRC = Path(__file__).resolve().parent / "c"
 BIN = Path(sys.executable).parent
 
