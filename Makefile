@@ -1,12 +1,13 @@
-# gpushare: `make run` starts nodemgr, `make test` runs every check.
+# gpushare: `make run` starts nodemgr, `make test` runs every check, `make bench` measures.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SOURCES := setup.py pyproject.toml $(wildcard shim/*) \
 	$(wildcard nodemgr/*.py nodemgr/cli/*.py client_plugin/*.py)
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: all install run test lint format pytest debug clean
+.PHONY: all install run test lint format pytest bench debug clean
 
 all: install
 
@@ -44,6 +45,12 @@ pytest: install
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests - failing" >&2; fi; exit $$rc
 
 test: lint pytest
+
+# Benchmarks of a real nodemgr on simulated GPUs: JSON on stdout and in
+# build/bench/nodemgr.json. A missed target is reported there, not failed on;
+# BENCH_ARGS=--check makes it a failure (--quick, --only NAME: see --help).
+bench: install
+	$(BIN)/python benchmarks/nodemgr_bench.py --out build/bench/nodemgr.json $(BENCH_ARGS)
 
 # ASan/UBSan builds of the shim and simulated driver, for the C tests.
 debug: install
