@@ -140,6 +140,7 @@ def write_config(
     sections: dict[str, dict[str, Any]] = {
         "node": {
             "run_dir": str(run_dir),
+            "state_dir": str(run_dir.parent / "state"),
             "heartbeat_interval": 60.0,
             "heartbeat_timeout": 600.0,
             **(node or {}),

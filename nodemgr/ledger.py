@@ -128,7 +128,9 @@ class Ledger:
 
     def summary(self) -> dict[str, SlotTotals]:
         """Per task id, the totals of its live processes' slots (one pass over the ledger)."""
-        n = int(lib.gs_ledger_summary(self._l, self._info, MAX_SLOTS))
+        return self._totals(int(lib.gs_ledger_summary(self._l, self._info, MAX_SLOTS)))
+
+    def _totals(self, n: int) -> dict[str, SlotTotals]:
         out: dict[str, SlotTotals] = {}
         for i in range(n):
             info = self._info[i]
@@ -144,7 +146,12 @@ class Ledger:
 
     def reap(self) -> int:
         """Free the slots of processes that have died; return how many."""
-        rc = int(lib.gs_ledger_reap(self._l, self._fd))
+        rc = int(lib.gs_ledger_reap(self._l, self._fd, self._info, MAX_SLOTS))
         if rc < 0:
             raise LedgerError(f"reaping {self.path}: {os.strerror(-rc)}")
         return rc
+
+    def reap_totals(self) -> dict[str, SlotTotals]:
+        """Free the slots of processes that have died; per task id, what they had used."""
+        rc = self.reap()
+        return self._totals(min(rc, MAX_SLOTS))

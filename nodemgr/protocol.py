@@ -116,7 +116,7 @@ TASK_REQUESTS: dict[str, Schema] = {
     "heartbeat": {"task_id": (True, _task)},
     "done": {
         "task_id": (True, _task),
-        "exit_code": (False, _optional(_int(-(1 << 31), 1 << 31))),
+        "exit_code": (False, _optional(_int(-(1 << 31), (1 << 31) - 1))),
         "signal": (False, _optional(_int(1, 128))),
     },
     "quota": {},
@@ -157,7 +157,7 @@ def decode(frame: bytes) -> dict[str, Any]:
     if not isinstance(msg, dict):
         raise ProtocolError(Err.BAD_REQUEST, "a message must be a map")
     version = msg.get("v")
-    if version != PROTOCOL_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version != PROTOCOL_VERSION:
         # reprlib: a client's value, however deep or long, makes one short line
         # (repr of a ~1000-deep list raises RecursionError).
         raise ProtocolError(
@@ -181,7 +181,8 @@ def validate(msg: dict[str, Any], schemas: dict[str, Schema]) -> dict[str, Any]:
     if schema is None:
         raise ProtocolError(
             Err.UNKNOWN_TYPE,
-            f"unknown message type {kind!r}; this endpoint accepts: {', '.join(sorted(schemas))}",
+            f"unknown message type {reprlib.repr(kind)}; this endpoint accepts: "
+            + ", ".join(sorted(schemas)),
         )
     body: dict[str, Any] = {}
     for name, (required, check) in schema.items():

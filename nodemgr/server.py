@@ -236,7 +236,9 @@ class Server:
         if now >= self._next_sweep:
             self._next_sweep = now + self.config.sweep_interval
             for env in self.node.envs.values():
-                if env.ledger.reap():
+                reaped = env.ledger.reap_totals()
+                if reaped:
+                    self.node.note_usage(reaped)
                     log.debug("reaped dead processes' slots in %s", env.name)
             self.node.settle_draining()
             self.node.sample()

@@ -362,11 +362,15 @@ class Node:
         """Read every ledger once: what tasks use now and the most they have used."""
         for env in self.envs.values():
             env.usage = env.ledger.summary()
-            for task_id, totals in env.usage.items():
-                task = self.tasks.get(task_id)
-                if task is not None:
-                    task.peak = max(task.peak, totals.peak)
-                    task.launches = max(task.launches, totals.launches)
+            self.note_usage(env.usage)
+
+    def note_usage(self, usage: dict[str, SlotTotals]) -> None:
+        """Fold slot totals (live, or of processes just reaped) into their tasks' peaks."""
+        for task_id, totals in usage.items():
+            task = self.tasks.get(task_id)
+            if task is not None:
+                task.peak = max(task.peak, totals.peak)
+                task.launches = max(task.launches, totals.launches)
 
     # --- wait queue --------------------------------------------------------------------
 

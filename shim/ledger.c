@@ -99,6 +99,24 @@ int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
 	return n;
 }
 
+static void slot_info(const struct gs_slot *s, uint32_t i, struct gs_slot_info *o)
+{
+	uint64_t total = 0;
+
+	for (int g = 0; g < GS_MAX_GPUS; g++) {
+		uint64_t u = LOAD(&s->used[g]);
+
+		total = total + u < total ? UINT64_MAX : total + u;
+	}
+	memcpy(o->task_id, s->task_id, sizeof(o->task_id));
+	o->task_id[sizeof(o->task_id) - 1] = '\0';
+	o->pid = LOAD(&s->pid);
+	o->slot = i;
+	o->used = total;
+	o->peak = LOAD(&s->peak);
+	o->launches = LOAD(&s->launches);
+}
+
 int gs_ledger_summary(const struct gs_ledger *l, struct gs_slot_info *out, uint32_t max)
 {
 	uint32_t hwm = LOAD(&l->slot_hwm);
@@ -107,25 +125,9 @@ int gs_ledger_summary(const struct gs_ledger *l, struct gs_slot_info *out, uint3
 	if (hwm > GS_MAX_SLOTS)
 		hwm = GS_MAX_SLOTS;
 	for (uint32_t i = 0; i < hwm && n < max; i++) {
-		const struct gs_slot *s = &l->slot[i];
-		struct gs_slot_info *o = &out[n];
-		uint64_t total = 0;
-
-		if (LOAD(&s->state) != GS_SLOT_USED)
+		if (LOAD(&l->slot[i].state) != GS_SLOT_USED)
 			continue;
-		for (int g = 0; g < GS_MAX_GPUS; g++) {
-			uint64_t u = LOAD(&s->used[g]);
-
-			total = total + u < total ? UINT64_MAX : total + u;
-		}
-		memcpy(o->task_id, s->task_id, sizeof(o->task_id));
-		o->task_id[sizeof(o->task_id) - 1] = '\0';
-		o->pid = LOAD(&s->pid);
-		o->slot = i;
-		o->used = total;
-		o->peak = LOAD(&s->peak);
-		o->launches = LOAD(&s->launches);
-		n++;
+		slot_info(&l->slot[i], i, &out[n++]);
 	}
 	return (int)n;
 }
@@ -152,7 +154,7 @@ static void slot_clear(struct gs_slot *s)
 	STORE(&s->peak, 0);
 }
 
-int gs_ledger_reap(struct gs_ledger *l, int fd)
+int gs_ledger_reap(struct gs_ledger *l, int fd, struct gs_slot_info *out, uint32_t max)
 {
 	uint32_t hwm = LOAD(&l->slot_hwm);
 	int n = 0;
@@ -170,6 +172,9 @@ int gs_ledger_reap(struct gs_ledger *l, int fd)
 			continue; /* its owner is alive */
 		if (rc != 0)
 			return rc;
+		/* What the dead process used is reported before it is forgotten. */
+		if (out != NULL && (uint32_t)n < max)
+			slot_info(s, i, &out[n]);
 		slot_clear(s);
 		STORE(&s->state, (uint32_t)GS_SLOT_FREE);
 		slot_lock(fd, i, F_UNLCK);

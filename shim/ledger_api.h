@@ -44,10 +44,11 @@ int gs_ledger_summary(const struct gs_ledger *l, struct gs_slot_info *out, uint3
 
 /*
  * nodemgr: free every used slot whose owner has died (its lock is free),
- * using `fd`, an open descriptor of the ledger file. Returns the number of
- * slots reaped, or a negative errno value.
+ * using `fd`, an open descriptor of the ledger file. The first `max` slots
+ * freed are described into `out` (may be NULL) as they were. Returns the
+ * number of slots reaped, or a negative errno value.
  */
-int gs_ledger_reap(struct gs_ledger *l, int fd);
+int gs_ledger_reap(struct gs_ledger *l, int fd, struct gs_slot_info *out, uint32_t max);
 
 /*
  * A process: claim a free slot for itself through `fd` (an O_RDWR
