@@ -136,21 +136,26 @@ def _path(table: dict[str, Any], key: str, file: Path | None) -> str | None:
     return value
 
 
+def _account(
+    table: dict[str, Any], where: str, key: str, lookup: Any, what: str, default: int
+) -> int:
+    """A user or group given by name or id; KeyError from ``lookup`` means no such name."""
+    value = table.get(key)
+    if value is None:
+        return default
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        return int(lookup(str(value)))
+    except KeyError:
+        raise ConfigError(f"{where}.{key}: no {what} named {value!r} on this node") from None
+
+
 def _access(table: dict[str, Any], where: str, base: Access) -> Access:
     """owner/group/mode of a [where] table: names or ids, and an octal mode string."""
     uid, gid, mode = base.uid, base.gid, base.mode
-    owner = table.get("owner")
-    if owner is not None:
-        try:
-            uid = owner if isinstance(owner, int) else pwd.getpwnam(str(owner)).pw_uid
-        except KeyError:
-            raise ConfigError(f"{where}.owner: no user named {owner!r} on this node") from None
-    group = table.get("group")
-    if group is not None:
-        try:
-            gid = group if isinstance(group, int) else grp.getgrnam(str(group)).gr_gid
-        except KeyError:
-            raise ConfigError(f"{where}.group: no group named {group!r} on this node") from None
+    uid = _account(table, where, "owner", lambda n: pwd.getpwnam(n).pw_uid, "user", uid)
+    gid = _account(table, where, "group", lambda n: grp.getgrnam(n).gr_gid, "group", gid)
     raw = table.get("mode")
     if raw is not None:
         if not isinstance(raw, str) or not _MODE.match(raw):

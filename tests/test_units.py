@@ -117,3 +117,22 @@ def test_config_defaults_and_errors(tmp_path: Path) -> None:
             config.load(f)
     with pytest.raises(config.ConfigError, match="does not exist"):
         config.load(tmp_path / "missing.toml")
+
+
+def test_access_config_names_ids_and_errors(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('[admin]\nowner = "root"\ngroup = 0\nmode = "0660"\n[env."a"]\nmode = "0666"\n')
+    c = config.load(f)
+    assert (c.admin_access.uid, c.admin_access.gid, c.admin_access.mode) == (0, 0, 0o660)
+    assert c.access_for("a").mode == 0o666 and c.access_for("b").mode == 0o600
+    assert c.access_for("a").dir_mode == 0o711
+    for text, needle in [
+        ('[admin]\nowner = "no-such-user-x"\n', "admin.owner: no user named"),
+        ('[env."a"]\ngroup = "no-such-group-x"\n', "env.a.group: no group named"),
+        ('[admin]\nmode = "0755"\n', "execute bits"),
+        ("[admin]\nmode = 660\n", "octal string"),
+        ('[env."a"]\ncolour = "red"\n', "unknown key env.a.colour"),
+    ]:
+        f.write_text(text)
+        with pytest.raises(config.ConfigError, match=needle):
+            config.load(f)
