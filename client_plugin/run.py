@@ -19,7 +19,7 @@ import click
 
 from client_plugin import libs
 from nodemgr.client import Connection, NodeError, Unreachable
-from nodemgr.protocol import Err
+from nodemgr.protocol import MAX_WAIT, Err
 from nodemgr.sizes import parse_size
 
 ENDPOINT_ENV = "GPUSHARE_ENDPOINT"
@@ -218,7 +218,7 @@ def run(endpoint: str, gpus: int, memory: int | None, cmd: list[str], wait: floa
 )
 @click.option(
     "--wait",
-    type=click.FloatRange(0, 7 * 86400),
+    type=click.FloatRange(0, MAX_WAIT),
     default=0,
     envvar="GPUSHARE_WAIT",
     metavar="SECONDS",

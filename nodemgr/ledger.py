@@ -118,13 +118,13 @@ class Ledger:
     def used(self, gpu: int) -> int:
         return int(lib.gs_ledger_used(self._l, gpu))
 
-    def task_usage(self, task_id: str) -> tuple[list[int], int]:
-        """Bytes per ledger GPU and kernel launches of the processes of ``task_id``."""
+    def task_usage(self, task_id: str) -> SlotTotals:
+        """The totals of the live processes of ``task_id``."""
         used = ffi.new("uint64_t[]", MAX_GPUS)
         launches = ffi.new("uint64_t *")
         peak = ffi.new("uint64_t *")
-        lib.gs_ledger_task_usage(self._l, task_id.encode(), used, launches, peak)
-        return [int(x) for x in used], int(launches[0])
+        n = lib.gs_ledger_task_usage(self._l, task_id.encode(), used, launches, peak)
+        return SlotTotals(int(n), sum(int(x) for x in used), int(peak[0]), int(launches[0]))
 
     def summary(self) -> dict[str, SlotTotals]:
         """Per task id, the totals of its live processes' slots (one pass over the ledger)."""

@@ -404,22 +404,22 @@ class Server:
                 pid,
                 body["command"],
                 pid_start,
-                ahead=bool(node.queue),
+                overtakes=node.queue,
             )
         except ProtocolError as e:
             wait = min(body["wait"] or 0.0, self.config.max_wait)
             if e.code != Err.NO_RESOURCES or wait <= 0 or origin is None:
                 raise
-            fields = {
-                "env": env,
-                "need": body["gpus"],
-                "memory": body["memory"],
-                "pid": pid,
-                "pid_start": pid_start,
-                "command": body["command"],
-            }
-            w = node.enqueue(fields, wait, (origin[0], origin[1], msg_id))
-            w.told = len(node.queue)
+            w = node.enqueue(
+                env,
+                body["gpus"],
+                body["memory"],
+                pid,
+                pid_start,
+                body["command"],
+                wait,
+                (origin[0], origin[1], msg_id),
+            )
             if pid is not None:
                 try:
                     self._register(("wait", w.wid), os.pidfd_open(pid))

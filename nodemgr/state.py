@@ -12,6 +12,7 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -265,19 +266,21 @@ class Node:
         pid: int | None,
         command: str | None,
         pid_start: int | None = None,
-        ahead: bool = False,
+        overtakes: Sequence[Waiter] = (),
     ) -> Task:
         """Grant a task, or raise ProtocolError (retryable when the code is no_resources).
 
-        ``ahead``: requests are waiting that this one would overtake; it may
-        not, if one of them has been overtaken too often already.
+        ``overtakes``: the waiting requests this grant would pass. It may not
+        if one of them has been passed too often already; if it is made, each
+        of them counts one more overtaking.
         """
         env = self.env(env_name)
         decision = self.decide(env, need, memory)
-        if isinstance(decision, scheduler.Choice) and ahead and self.queue_frozen():
+        limit = self.config.queue_max_bypass
+        if isinstance(decision, scheduler.Choice) and any(w.bypassed >= limit for w in overtakes):
             decision = scheduler.Refusal(
                 scheduler.NO_RESOURCES,
-                f"{len(self.queue)} earlier requests are waiting and the first of them "
+                f"{len(overtakes)} earlier requests are waiting and one of them "
                 "may not be overtaken again",
             )
         if isinstance(decision, scheduler.Refusal):
@@ -315,7 +318,7 @@ class Node:
         for index in decision.new:
             env.ledger.set_limit(index, env.memory)
         self.tasks[task.task_id] = task
-        for w in self.queue:
+        for w in overtakes:
             w.bypassed += 1
         log.info("grant %s env=%s gpus=%s pid=%s", task.task_id, env.name, task.gpus, pid)
         return task
@@ -335,10 +338,9 @@ class Node:
         if task is None:
             return None
         env = self.envs[task.env]
-        totals = env.ledger.summary().get(task_id)
-        if totals is not None:
-            task.peak = max(task.peak, totals.peak)
-            task.launches = max(task.launches, totals.launches)
+        totals = env.ledger.task_usage(task_id)
+        task.peak = max(task.peak, totals.peak)
+        task.launches = max(task.launches, totals.launches)
         env.launches_done += task.launches
         for index in task.gpus:
             holders = env.held.get(index)
@@ -374,20 +376,32 @@ class Node:
 
     # --- wait queue --------------------------------------------------------------------
 
-    def queue_frozen(self) -> bool:
-        """Whether a waiting request has been overtaken as often as it may be."""
-        limit = self.config.queue_max_bypass
-        return any(w.bypassed >= limit for w in self.queue)
-
-    def enqueue(self, waiter_fields: dict[str, Any], wait: float, reply_to: Any) -> Waiter:
+    def enqueue(
+        self,
+        env: str,
+        need: int,
+        memory: int | None,
+        pid: int | None,
+        pid_start: int | None,
+        command: str | None,
+        wait: float,
+        reply_to: Any,
+    ) -> Waiter:
+        """Put a request at the end of the queue; it is told its position at once."""
         self._wids += 1
         now = time.monotonic()
         w = Waiter(
             self._wids,
+            env,
+            need,
+            memory,
+            pid,
+            pid_start,
+            command,
             enqueued=now,
             deadline=now + wait,
             reply_to=reply_to,
-            **waiter_fields,
+            told=len(self.queue) + 1,
         )
         self.queue.append(w)
         return w
@@ -407,13 +421,10 @@ class Node:
         while i < len(self.queue):
             w = self.queue[i]
             try:
-                # Only the requests ahead of it count as overtaken.
-                behind = self.queue[i:]
-                self.queue = self.queue[:i]
-                try:
-                    task = self.grant(w.env, w.need, w.memory, w.pid, w.command, w.pid_start)
-                finally:
-                    self.queue = self.queue + behind
+                # Those ahead of it were passed over without reaching the limit.
+                task = self.grant(
+                    w.env, w.need, w.memory, w.pid, w.command, w.pid_start, self.queue[:i]
+                )
             except ProtocolError as e:
                 if e.code != Err.NO_RESOURCES:
                     self.queue.pop(i)

@@ -64,9 +64,17 @@ def print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=True))
 
 
-def print_table(headers: list[str], rows: list[list[str]]) -> None:
+def format_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """Left-aligned columns two spaces apart, one string per line."""
     widths = [
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
     ]
-    for line in [headers, *rows]:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+        for line in [headers, *rows]
+    ]
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> None:
+    for line in format_table(headers, rows):
+        click.echo(line)

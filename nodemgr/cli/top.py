@@ -8,17 +8,16 @@ from typing import Any
 
 import click
 
-from nodemgr.cli._common import EXIT_UNREACHABLE, config_option, fail, load_config, print_json
+from nodemgr.cli._common import (
+    EXIT_UNREACHABLE,
+    config_option,
+    fail,
+    format_table,
+    load_config,
+    print_json,
+)
 from nodemgr.client import Connection, NodeError, Unreachable
 from nodemgr.sizes import format_size
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
-    return [
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-        for line in [headers, *rows]
-    ]
 
 
 def snapshot(conn: Connection) -> dict[str, Any]:
@@ -38,7 +37,7 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
         f"  {st['envs']} envs  {st['tasks']} tasks  {len(queue)} waiting",
         "",
     ]
-    lines += _table(
+    lines += format_table(
         ["GPU", "MEMORY", "CHARGED", "USED", "TASKS", "ENVS"],
         [
             [
@@ -56,7 +55,7 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
     for t in tasks:
         per_env.setdefault(t["env"], []).append(t)
     lines.append("")
-    lines += _table(
+    lines += format_table(
         ["ENV", "QUOTA", "MEMORY/GPU", "TASKS", "USED"],
         [
             [
@@ -70,7 +69,7 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
         ],
     )
     lines.append("")
-    lines += _table(
+    lines += format_table(
         ["TASK", "ENV", "PID", "GPUS", "USED", "PEAK", "LAUNCHES", "COMMAND"],
         [
             [
@@ -88,7 +87,7 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
     )
     if queue:
         lines.append("")
-        lines += _table(
+        lines += format_table(
             ["POS", "ENV", "GPUS", "PID", "WAITED", "COMMAND"],
             [
                 [
