@@ -20,6 +20,116 @@ typedef struct CUuuid_st {
 } CUuuid;
 typedef uint64_t cuuint64_t;
 typedef int CUdriverProcAddressQueryResult;
+typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+/* cuArrayCreate_v2 */
+typedef struct {
+	size_t Width;
+	size_t Height;
+	int Format; /* CUarray_format */
+	unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+
+/* cuArray3DCreate_v2, cuMipmappedArrayCreate */
+typedef struct {
+	size_t Width;
+	size_t Height;
+	size_t Depth;
+	int Format; /* CUarray_format */
+	unsigned int NumChannels;
+	unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+
+/* CUarray_format values with a known element size. */
+enum {
+	CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
+	CU_AD_FORMAT_UNSIGNED_INT16 = 0x02,
+	CU_AD_FORMAT_UNSIGNED_INT32 = 0x03,
+	CU_AD_FORMAT_SIGNED_INT8 = 0x08,
+	CU_AD_FORMAT_SIGNED_INT16 = 0x09,
+	CU_AD_FORMAT_SIGNED_INT32 = 0x0a,
+	CU_AD_FORMAT_HALF = 0x10,
+	CU_AD_FORMAT_FLOAT = 0x20,
+};
+
+/* cuMemCreate */
+typedef struct {
+	int type; /* CUmemLocationType */
+	int id;
+} CUmemLocation;
+
+typedef struct {
+	int type;		  /* CUmemAllocationType */
+	int requestedHandleTypes; /* CUmemAllocationHandleType */
+	CUmemLocation location;
+	void *win32HandleMetaData;
+	struct {
+		unsigned char compressionType;
+		unsigned char gpuDirectRDMACapable;
+		unsigned short usage;
+		unsigned char reserved[4];
+	} allocFlags;
+} CUmemAllocationProp;
+
+enum {
+	CU_MEM_LOCATION_TYPE_INVALID = 0,
+	CU_MEM_LOCATION_TYPE_DEVICE = 1,
+	CU_MEM_LOCATION_TYPE_HOST = 2,
+	CU_MEM_LOCATION_TYPE_HOST_NUMA = 3,
+	CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 4,
+};
+enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1 };
+enum {
+	CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
+	CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1,
+};
+
+/* cuMemAllocManaged flags */
+enum { CU_MEM_ATTACH_GLOBAL = 1, CU_MEM_ATTACH_HOST = 2 };
+
+/* cuLaunchKernelEx: the shim only passes the config through. */
+typedef struct CUlaunchAttribute_st CUlaunchAttribute;
+typedef struct {
+	unsigned int gridDimX, gridDimY, gridDimZ;
+	unsigned int blockDimX, blockDimY, blockDimZ;
+	unsigned int sharedMemBytes;
+	CUstream hStream;
+	CUlaunchAttribute *attrs;
+	unsigned int numAttrs;
+} CUlaunchConfig;
+
+/* NVML, the slice the shim and the simulated NVML use. */
+typedef int nvmlReturn_t;
+typedef struct nvmlDevice_st *nvmlDevice_t;
+typedef struct {
+	unsigned long long total;
+	unsigned long long free;
+	unsigned long long used;
+} nvmlMemory_t;
+typedef struct {
+	unsigned int version;
+	unsigned long long total;
+	unsigned long long reserved;
+	unsigned long long free;
+	unsigned long long used;
+} nvmlMemory_v2_t;
+/* NVML_STRUCT_VERSION(Memory, 2) */
+#define GS_NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
+enum {
+	NVML_SUCCESS = 0,
+	NVML_ERROR_UNINITIALIZED = 1,
+	NVML_ERROR_INVALID_ARGUMENT = 2,
+	NVML_ERROR_NOT_SUPPORTED = 3,
+	NVML_ERROR_INSUFFICIENT_SIZE = 7,
+	NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+	NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+	NVML_ERROR_UNKNOWN = 999,
+};
+#define GS_NVML_UUID_LEN 96 /* NVML_DEVICE_UUID_V2_BUFFER_SIZE */
 
 enum {
 	CUDA_SUCCESS = 0,
@@ -31,6 +141,7 @@ enum {
 	CUDA_ERROR_INVALID_DEVICE = 101,
 	CUDA_ERROR_INVALID_CONTEXT = 201,
 	CUDA_ERROR_INVALID_HANDLE = 400,
+	CUDA_ERROR_INVALID_IMAGE = 200,
 	CUDA_ERROR_NOT_FOUND = 500,
 	CUDA_ERROR_NOT_PERMITTED = 800,
 	CUDA_ERROR_NOT_SUPPORTED = 801,

@@ -6,8 +6,12 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <stddef.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "ledger.h"
 
@@ -50,6 +54,102 @@ void gs_ledger_set_limit(struct gs_ledger *l, uint32_t gpu, uint64_t bytes)
 uint64_t gs_ledger_limit(const struct gs_ledger *l, uint32_t gpu)
 {
 	return gpu < GS_MAX_GPUS ? LOAD(&l->gpu[gpu].limit) : 0;
+}
+
+void gs_ledger_set_ctx_charge(struct gs_ledger *l, uint32_t gpu, uint64_t bytes)
+{
+	if (gpu < GS_MAX_GPUS)
+		STORE(&l->gpu[gpu].ctx_charge, bytes);
+}
+
+int gs_ledger_task_find(const struct gs_ledger *l, const char *task_id)
+{
+	for (int i = 0; i < GS_MAX_TASKS; i++) {
+		const struct gs_task *t = &l->task[i];
+
+		if (LOAD(&t->state) == GS_SLOT_USED &&
+		    strncmp(t->task_id, task_id, GS_TASK_ID_LEN) == 0)
+			return i;
+	}
+	return -ENOENT;
+}
+
+/* Only nodemgr writes task entries, from one thread: no entry is raced for. */
+int gs_ledger_task_add(struct gs_ledger *l, const char *task_id)
+{
+	int i = gs_ledger_task_find(l, task_id);
+
+	if (i >= 0)
+		return i;
+	for (i = 0; i < GS_MAX_TASKS; i++) {
+		struct gs_task *t = &l->task[i];
+
+		if (LOAD(&t->state) != GS_SLOT_FREE)
+			continue;
+		memset(t->task_id, 0, sizeof(t->task_id));
+		strncpy(t->task_id, task_id, sizeof(t->task_id) - 1);
+		STORE(&t->paused, 0);
+		STORE(&t->last_launch_ns, 0);
+		/* State last: a process that finds the entry finds it whole. */
+		STORE(&t->state, (uint32_t)GS_SLOT_USED);
+		return i;
+	}
+	return -ENOSPC;
+}
+
+static void wake_all(uint32_t *word)
+{
+	/* Not FUTEX_PRIVATE: the waiters are other processes sharing the file. */
+	syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+int gs_ledger_task_pause(struct gs_ledger *l, const char *task_id, uint32_t paused)
+{
+	int i = gs_ledger_task_find(l, task_id);
+
+	if (i < 0)
+		return i;
+	STORE(&l->task[i].paused, paused ? 1u : 0u);
+	if (!paused)
+		wake_all(&l->task[i].paused);
+	return 0;
+}
+
+int gs_ledger_task_remove(struct gs_ledger *l, const char *task_id)
+{
+	int i = gs_ledger_task_find(l, task_id);
+
+	if (i < 0)
+		return i;
+	/* A process still holding a launch must not wait for a task that is gone. */
+	STORE(&l->task[i].paused, 0);
+	wake_all(&l->task[i].paused);
+	STORE(&l->task[i].state, (uint32_t)GS_SLOT_FREE);
+	return 0;
+}
+
+void gs_ledger_stamp_launches(struct gs_ledger *l, uint64_t now_ns)
+{
+	uint32_t hwm = LOAD(&l->slot_hwm);
+
+	if (hwm > GS_MAX_SLOTS)
+		hwm = GS_MAX_SLOTS;
+	for (uint32_t i = 0; i < hwm; i++) {
+		struct gs_slot *s = &l->slot[i];
+		uint64_t n;
+		int t;
+
+		if (LOAD(&s->state) != GS_SLOT_USED)
+			continue;
+		n = LOAD(&s->launches);
+		if (n == LOAD(&s->launches_seen))
+			continue;
+		STORE(&s->launches_seen, n);
+		STORE(&s->last_launch_ns, now_ns);
+		t = gs_ledger_task_find(l, s->task_id);
+		if (t >= 0)
+			STORE(&l->task[t].last_launch_ns, now_ns);
+	}
 }
 
 uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu)
@@ -150,6 +250,7 @@ static void slot_clear(struct gs_slot *s)
 	for (int g = 0; g < GS_MAX_GPUS; g++)
 		STORE(&s->used[g], 0);
 	STORE(&s->launches, 0);
+	STORE(&s->launches_seen, 0);
 	STORE(&s->last_launch_ns, 0);
 	STORE(&s->peak, 0);
 }

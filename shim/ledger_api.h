@@ -15,6 +15,34 @@ int gs_ledger_init(struct gs_ledger *l, uint32_t ngpus);
 void gs_ledger_set_limit(struct gs_ledger *l, uint32_t gpu, uint64_t bytes);
 uint64_t gs_ledger_limit(const struct gs_ledger *l, uint32_t gpu);
 
+/* nodemgr: what a process is charged for its context on `gpu` (bytes). */
+void gs_ledger_set_ctx_charge(struct gs_ledger *l, uint32_t gpu, uint64_t bytes);
+
+/*
+ * nodemgr: give `task_id` a task entry (before its grant is sent); returns
+ * the entry index, or -ENOSPC when all GS_MAX_TASKS are in use. Adding a
+ * task that has an entry returns that entry.
+ */
+int gs_ledger_task_add(struct gs_ledger *l, const char *task_id);
+
+/* nodemgr: free the task's entry (waking any launch it held). -ENOENT if none. */
+int gs_ledger_task_remove(struct gs_ledger *l, const char *task_id);
+
+/*
+ * nodemgr: pause (nonzero) or resume (0) the task's kernel launches; on
+ * resume every process waiting in a launch is woken. -ENOENT if no entry.
+ */
+int gs_ledger_task_pause(struct gs_ledger *l, const char *task_id, uint32_t paused);
+
+/* The task's entry index, or -ENOENT. */
+int gs_ledger_task_find(const struct gs_ledger *l, const char *task_id);
+
+/*
+ * nodemgr, once per sweep: for each slot whose launch count moved since the
+ * last call, record `now_ns` as the last launch time of the slot's task.
+ */
+void gs_ledger_stamp_launches(struct gs_ledger *l, uint64_t now_ns);
+
 /* Bytes charged on `gpu` by all slots (saturating). */
 uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu);
 

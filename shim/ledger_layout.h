@@ -1,5 +1,5 @@
 /*
- * Layout of an environment's shared-memory ledger, version 1.
+ * Layout of an environment's shared-memory ledger, version 2.
  *
  * This file is read by the C compiler (through ledger.h) and by cffi's cdef
  * parser (nodemgr's bindings), so it must stay plain C: no includes, no
@@ -15,9 +15,10 @@
  */
 
 #define GS_LEDGER_MAGIC 0x3152444c53555047
-#define GS_LEDGER_VERSION 1
+#define GS_LEDGER_VERSION 2
 #define GS_MAX_GPUS 16
 #define GS_MAX_SLOTS 1024
+#define GS_MAX_TASKS 256
 #define GS_TASK_ID_LEN 24
 
 #define GS_SLOT_FREE 0
@@ -28,7 +29,21 @@ struct gs_gpu_entry {
 	uint8_t uuid[16];
 	uint32_t node_index;
 	uint32_t reserved0;
-	uint64_t reserved[4];
+	uint64_t ctx_charge; /* bytes a process is charged for its context on this GPU */
+	uint64_t reserved[3];
+};
+
+/*
+ * One running task of the environment. nodemgr fills an entry before the
+ * grant leaves and frees it when the task ends; a process finds its task's
+ * entry once, when it claims its slot.
+ */
+struct gs_task {
+	char task_id[GS_TASK_ID_LEN];
+	uint32_t state;          /* GS_SLOT_FREE or GS_SLOT_USED */
+	uint32_t paused;         /* nonzero: the task's launches wait; a futex word */
+	uint64_t last_launch_ns; /* CLOCK_REALTIME of the last sweep that saw launches move */
+	uint64_t reserved[3];
 };
 
 struct gs_slot {
@@ -39,7 +54,8 @@ struct gs_slot {
 	uint32_t state;
 	char task_id[GS_TASK_ID_LEN];
 	uint64_t peak; /* most bytes this slot held at once, over all GPUs */
-	uint64_t reserved[9];
+	uint64_t launches_seen; /* nodemgr: launches at its last sweep */
+	uint64_t reserved[8];
 };
 
 struct gs_ledger {
@@ -52,5 +68,6 @@ struct gs_ledger {
 	uint32_t reserved0;
 	uint64_t reserved[4];
 	struct gs_gpu_entry gpu[GS_MAX_GPUS];
+	struct gs_task task[GS_MAX_TASKS];
 	struct gs_slot slot[GS_MAX_SLOTS];
 };
