@@ -7,7 +7,7 @@ SOURCES := setup.py pyproject.toml $(wildcard shim/*) \
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all install run test lint format pytest bench debug clean
+.PHONY: all install run test lint format pytest bench debug debug-test clean
 
 all: install
 
@@ -54,7 +54,22 @@ bench: install
 
 # ASan/UBSan builds of the shim and simulated driver, for the C tests.
 debug: install
-	$(BIN)/python shim/build.py --debug --out build/debug
+	$(BIN)/python shim/build.py --debug address --out build/debug
+
+# The tests that drive the shim, run against its sanitizer builds: ASan+UBSan for
+# all of them, TSan for the threaded one (its client is built with TSan too). Any
+# report fails the test, since the process then exits non-zero.
+SHIM_TESTS := tests/test_shim.py tests/test_enforcement.py tests/test_interception.py \
+	tests/test_reclaim.py
+debug-test: debug
+	$(BIN)/python shim/build.py --debug thread --out build/tsan
+	GPUSHARE_SHIM=$(CURDIR)/build/debug/libgpushare.so GPUSHARE_TEST_SANITIZE=address \
+	ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	$(BIN)/pytest -p no:cacheprovider $(SHIM_TESTS) $(PYTEST_ARGS)
+	GPUSHARE_SHIM=$(CURDIR)/build/tsan/libgpushare.so GPUSHARE_TEST_SANITIZE=thread \
+	TSAN_OPTIONS=halt_on_error=1 \
+	$(BIN)/pytest -p no:cacheprovider tests/test_shim.py -k threads $(PYTEST_ARGS)
 
 clean:
 	rm -rf build dist *.egg-info client_plugin/lib nodemgr/_ledger*.so nodemgr/_ledger.c

@@ -24,7 +24,11 @@ HERE = Path(__file__).resolve().parent
 WARN = ["-Wall", "-Wextra", "-Werror"]
 COMMON = ["-std=gnu11", "-fPIC", "-fvisibility=hidden", *WARN]
 RELEASE = ["-O2", "-g"]
-DEBUG = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"]
+SANITIZERS = {"address": "address,undefined", "thread": "thread"}
+
+
+def _debug_flags(sanitizer: str) -> list[str]:
+    return ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={SANITIZERS[sanitizer]}"]
 
 
 def _cc() -> list[str]:
@@ -32,12 +36,14 @@ def _cc() -> list[str]:
     return shlex.split(cc)[:1]
 
 
-def _link(out: Path, sources: list[str], flags: list[str], ldflags: list[str], debug: bool) -> None:
+def _link(
+    out: Path, sources: list[str], flags: list[str], ldflags: list[str], debug: str | None
+) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         *_cc(),
         *COMMON,
-        *(DEBUG if debug else RELEASE),
+        *(_debug_flags(debug) if debug else RELEASE),
         *flags,
         "-shared",
         "-o",
@@ -50,8 +56,11 @@ def _link(out: Path, sources: list[str], flags: list[str], ldflags: list[str], d
     subprocess.run(cmd, check=True)
 
 
-def build_native(out_dir: Path, debug: bool = False) -> list[Path]:
-    """Compile the shim and the simulated driver into ``out_dir``; return the files."""
+def build_native(out_dir: Path, debug: str | None = None) -> list[Path]:
+    """Compile the shim and the simulated driver into ``out_dir``; return the files.
+
+    ``debug`` names a sanitizer build ("address": ASan+UBSan, "thread": TSan).
+    """
     shim = out_dir / "libgpushare.so"
     sim = out_dir / "sim" / "libcuda.so.1"
     _link(
@@ -94,7 +103,13 @@ ffibuilder.set_source(
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, required=True, help="directory for the libraries")
-    ap.add_argument("--debug", action="store_true", help="ASan/UBSan build")
+    ap.add_argument(
+        "--debug",
+        nargs="?",
+        const="address",
+        choices=sorted(SANITIZERS),
+        help="sanitizer build: address (ASan+UBSan, the default) or thread (TSan)",
+    )
     args = ap.parse_args()
     for path in build_native(args.out, args.debug):
         print(path)

@@ -37,6 +37,12 @@
 
 #define GS_EXPORT __attribute__((visibility("default")))
 #define GS_HIDDEN __attribute__((visibility("hidden")))
+/*
+ * A sanitizer's runtime looks up its own interceptors with dlsym before it
+ * is initialised, so the path dlsym takes through the shim must not be
+ * instrumented.
+ */
+#define GS_UNINSTRUMENTED __attribute__((no_sanitize("thread", "address", "undefined")))
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
@@ -192,7 +198,7 @@ GS_HIDDEN void *(*gs_real_dlsym)(void *, const char *);
 
 /* --- resolving the real libraries ------------------------------------------ */
 
-static void resolve_real_dlsym(void)
+GS_UNINSTRUMENTED static void resolve_real_dlsym(void)
 {
 	void *p;
 
@@ -318,18 +324,24 @@ static const struct gs_hook *variant_for(const char *base, int version, cuuint64
 	}
 }
 
-/* Called by the dlsym trampoline: a wrapper to hand out, or NULL. */
-GS_HIDDEN void *gs_dlsym_hook(void *handle, const char *name)
+/* The part of the dlsym hook that sees every lookup in the process: uninstrumented. */
+GS_UNINSTRUMENTED static int maybe_hooked(void *handle, const char *name)
+{
+	resolve_real_dlsym();
+	if (handle == RTLD_NEXT || handle == RTLD_DEFAULT || name == NULL)
+		return 0;
+	if (name[0] == 'c' && name[1] == 'u')
+		return 1;
+	return name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l';
+}
+
+/* A lookup of a cu* or nvml* name on a library handle. */
+static void *gs_dlsym_wrapper(void *handle, const char *name)
 {
 	const struct gs_hook *h;
 	const char *soname;
 	void *p, *lib;
 
-	resolve_real_dlsym();
-	if (handle == RTLD_NEXT || handle == RTLD_DEFAULT || name == NULL)
-		return NULL;
-	if (!(name[0] == 'c' && name[1] == 'u') && strncmp(name, "nvml", 4) != 0)
-		return NULL;
 	h = hook_by_abi(name);
 	if (h == NULL || gs_real_dlsym == NULL)
 		return NULL;
@@ -351,6 +363,12 @@ GS_HIDDEN void *gs_dlsym_hook(void *handle, const char *name)
 		return NULL;
 	TRACE(h - hooks, via_dlsym);
 	return h->wrapper;
+}
+
+/* Called by the dlsym trampoline: a wrapper to hand out, or NULL. */
+GS_HIDDEN GS_UNINSTRUMENTED void *gs_dlsym_hook(void *handle, const char *name)
+{
+	return maybe_hooked(handle, name) ? gs_dlsym_wrapper(handle, name) : NULL;
 }
 
 /* --- ledger attachment ------------------------------------------------------ */

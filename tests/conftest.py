@@ -32,6 +32,31 @@ os.environ.setdefault(
 CSRC = Path(__file__).resolve().parent / "c"
 BIN = Path(sys.executable).parent
 
+# `make debug-test` runs the C paths under sanitizers: GPUSHARE_SHIM names the sanitizer
+# build of the shim and this names its runtime ("address" or "thread").
+SANITIZER = os.environ.get("GPUSHARE_TEST_SANITIZE", "")
+
+
+def _sanitizer_runtime() -> list[str]:
+    """What a process preloading the shim must preload after it: ASan's runtime must be
+    loaded before libc, or it cannot see the heap; TSan's comes with the instrumented
+    test programs themselves."""
+    if SANITIZER != "address":
+        return []
+    path = subprocess.run(
+        ["cc", "-print-file-name=libasan.so"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return [path]
+
+
+SANITIZER_PRELOAD = _sanitizer_runtime()
+
+
+def shim_preload() -> str:
+    """LD_PRELOAD for a test process that runs with the shim (and, in a sanitizer run,
+    that sanitizer's runtime)."""
+    return " ".join([str(libs.shim_path()), *SANITIZER_PRELOAD])
+
 
 HOOKS_DEF = ROOT / "shim" / "hooks.def"
 
@@ -94,6 +119,7 @@ def cc(out: Path, *args: str) -> Path:
             "-Wextra",
             "-Werror",
             "-pthread",
+            *(["-fsanitize=thread"] if SANITIZER == "thread" else []),
             f"-I{ROOT / 'shim'}",
             "-o",
             str(out),
@@ -254,9 +280,13 @@ def daemon(daemon_factory: Any) -> Daemon:
 def _gpushare_run(
     endpoint: str, *cmd: str, gpus: int = 1, env: dict[str, str] | None = None, **popen: Any
 ) -> subprocess.Popen[str]:
+    extra = dict(env or {})
+    if SANITIZER_PRELOAD:
+        # gpushare-run puts the shim first and keeps what LD_PRELOAD already held.
+        extra["LD_PRELOAD"] = " ".join([*SANITIZER_PRELOAD, extra.get("LD_PRELOAD", "")])
     return subprocess.Popen(
         [str(BIN / "gpushare-run"), "--endpoint", endpoint, "--gpus", str(gpus), "--", *cmd],
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **extra},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

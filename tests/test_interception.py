@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from client_plugin import libs
-from tests.conftest import hook_table
+from tests.conftest import hook_table, shim_preload
 
 
 def test_rtld_next_and_default_unchanged_by_the_shim(cbin: dict[str, Path]) -> None:
@@ -22,7 +22,7 @@ def test_rtld_next_and_default_unchanged_by_the_shim(cbin: dict[str, Path]) -> N
         capture_output=True,
         text=True,
         check=True,
-        env={**os.environ, "LD_PRELOAD": str(libs.shim_path())},
+        env={**os.environ, "LD_PRELOAD": shim_preload()},
     ).stdout
     assert hooked == plain
     # And plain is what glibc promises, so the comparison means something.

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from client_plugin import libs
-from tests.conftest import hook_table
+from tests.conftest import hook_table, shim_preload
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -56,7 +56,7 @@ def test_get_proc_address_wraps_exactly_the_variants_it_hooks(cbin: dict[str, Pa
         [cbin["client"], *args],
         capture_output=True,
         text=True,
-        env={**env, "LD_PRELOAD": str(libs.shim_path())},
+        env={**env, "LD_PRELOAD": shim_preload()},
         check=True,
     ).stdout
     wrapped = {e.abi for e in hook_table() if e.kind == "GS_HOOK"}
@@ -84,7 +84,7 @@ def test_old_abi_variants_are_the_drivers_own(cbin: dict[str, Path]) -> None:
     env = {
         **os.environ,
         "LD_LIBRARY_PATH": str(libs.sim_driver_dir()),
-        "LD_PRELOAD": str(libs.shim_path()),
+        "LD_PRELOAD": shim_preload(),
     }
     out = subprocess.run(
         [cbin["client"], "gpa", "cuMemAlloc", "2000", "0", "gpa", "cuMemAlloc", "3020", "0"],
@@ -236,7 +236,9 @@ def test_reordered_visible_devices_charge_the_right_gpu(
     steps = []
     for k in range(len(order)):
         steps += ["dev", str(k), "alloc", str(100 * (k + 1))]
-    script = f'CUDA_VISIBLE_DEVICES={visible} exec "{cbin["client"]}" {" ".join(steps)} waitfile {go}'
+    script = (
+        f'CUDA_VISIBLE_DEVICES={visible} exec "{cbin["client"]}" {" ".join(steps)} waitfile {go}'
+    )
     p = run_task(ep, "sh", "-c", script, gpus=2)
     got = [p.stdout.readline().strip() for _ in range(2 * len(order) + 1)]
     [task] = daemon.tasks()
