@@ -5,9 +5,12 @@
  *
  *   shim_bench launch N REPS   REPS lines "ns_per_call" for N cuLaunchKernel calls each
  *   shim_bench alloc N REPS    the same for N cuMemAlloc_v2(2 MiB) + cuMemFree_v2 pairs
- *   shim_bench init READY GO   set up, write one byte to fd READY, wait until fd GO is
- *                              readable, then time cuInit(0); one line
- *                              "init_ns end_ns" (end: CLOCK_MONOTONIC, absolute)
+ *   shim_bench init READY GO HOLD
+ *                              set up, write one byte to fd READY, wait until fd GO
+ *                              is readable, then time cuInit(0); print one line
+ *                              "init_ns end_ns" (end: CLOCK_MONOTONIC, absolute),
+ *                              write another byte to READY and stay alive (holding
+ *                              whatever cuInit took) until fd HOLD reads end-of-file
  *
  * Each timed loop is preceded by one untimed warm-up round of the same
  * length. Errors go to stderr with exit status 1. Environment:
@@ -165,7 +168,7 @@ static int timed(void (*loop)(long), long n, long reps)
 	return fflush(stdout) == 0 ? 0 : 1;
 }
 
-static int init_once(int ready, int go)
+static int init_once(int ready, int go, int hold)
 {
 	struct pollfd pfd = { .fd = go, .events = POLLIN };
 	char byte = 1;
@@ -175,7 +178,6 @@ static int init_once(int ready, int go)
 
 	if (write(ready, &byte, 1) != 1)
 		die("write(ready)", errno);
-	close(ready);
 	do
 		n = poll(&pfd, 1, -1);
 	while (n < 0 && errno == EINTR);
@@ -187,7 +189,17 @@ static int init_once(int ready, int go)
 	check("cuInit", rc);
 	/* One write, so lines from many processes sharing a file never interleave. */
 	dprintf(STDOUT_FILENO, "%lld %lld\n", t1 - t0, t1);
-	return 0;
+	if (write(ready, &byte, 1) != 1)
+		die("write(ready)", errno);
+	/* Like the processes of a real burst, keep running while the others start. */
+	for (;;) {
+		ssize_t r = read(hold, &byte, 1);
+
+		if (r == 0)
+			return 0;
+		if (r < 0 && errno != EINTR)
+			die("read(hold)", errno);
+	}
 }
 
 /* Set up by the benchmark's environment: never outlive it; optionally stay on one CPU. */
@@ -215,16 +227,17 @@ int main(int argc, char **argv)
 {
 	long a, b;
 
-	if (argc != 4) {
-		fprintf(stderr, "usage: %s launch|alloc N REPS | init READY_FD GO_FD\n", argv[0]);
+	if (argc < 4 || argc != (strcmp(argv[1], "init") == 0 ? 5 : 4)) {
+		fprintf(stderr, "usage: %s launch|alloc N REPS | init READY_FD GO_FD HOLD_FD\n",
+			argv[0]);
 		return 2;
 	}
 	a = strtol(argv[2], NULL, 10);
 	b = strtol(argv[3], NULL, 10);
 	settle();
 	resolve();
-	if (strcmp(argv[1], "init") == 0)
-		return init_once((int)a, (int)b);
+	if (argc == 5)
+		return init_once((int)a, (int)b, (int)strtol(argv[4], NULL, 10));
 	if (a <= 0 || b <= 0)
 		return 2;
 	open_context();

@@ -318,54 +318,67 @@ def bench_alloc(s: Setting, quick: bool) -> dict[str, Any]:
 def init_burst(s: Setting, env: dict[str, str], procs: int, root: Path) -> dict[str, Any]:
     """``procs`` clients set up, wait on one pipe, and are released together.
 
-    Each times its own cuInit(0) and prints the ns and its finishing time
-    (CLOCK_MONOTONIC, the clock of time.monotonic_ns here).
+    Each times its own cuInit(0), prints the ns and its finishing time
+    (CLOCK_MONOTONIC, the clock of time.monotonic_ns here), says so on the ready
+    pipe, and stays alive until all have: a real burst's processes keep running.
     """
     out_path = root / "init.out"
     err_path = root / "init.err"
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
+    hold_r, hold_w = os.pipe()
     started: list[subprocess.Popen[Any]] = []
+    fds = [ready_r, ready_w, go_r, go_w, hold_r, hold_w]
+
+    def close(fd: int) -> None:
+        os.close(fd)
+        fds.remove(fd)
+
+    def collect(stage: str) -> None:
+        """Wait for one byte on the ready pipe from each client."""
+        got = 0
+        deadline = time.monotonic() + 60
+        while got < procs:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([ready_r], [], [], left)[0]:
+                raise BenchError(f"{stage}: only {got} of {procs} clients within 60 s")
+            chunk = os.read(ready_r, procs)
+            if not chunk:
+                raise BenchError(f"{stage}: clients died: {tail(err_path)}")
+            got += len(chunk)
+
     try:
         t_spawn = time.monotonic()
         with open(out_path, "ab") as out, open(err_path, "ab") as err:
             for _ in range(procs):
                 started.append(
                     spawn(
-                        [str(s.client), "init", str(ready_w), str(go_r)],
+                        [str(s.client), "init", str(ready_w), str(go_r), str(hold_r)],
                         env,
                         stdin=subprocess.DEVNULL,
                         stdout=out,
                         stderr=err,
-                        pass_fds=(ready_w, go_r),
+                        pass_fds=(ready_w, go_r, hold_r),
                     )
                 )
-        os.close(ready_w)
-        ready_w = -1
-        ready = 0
-        deadline = time.monotonic() + 60
-        while ready < procs:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([ready_r], [], [], left)[0]:
-                raise BenchError(f"only {ready} of {procs} clients got ready within 60 s")
-            got = os.read(ready_r, procs)
-            if not got:
-                raise BenchError(f"clients died before the release: {tail(err_path)}")
-            ready += len(got)
+        for fd in (ready_w, go_r, hold_r):
+            close(fd)  # so that the clients' deaths read as end-of-file here
+        collect("ready")
         spawn_s = time.monotonic() - t_spawn
         t_release = time.monotonic_ns()
         os.write(go_w, b"g")
+        collect("cuInit")
+        close(hold_w)  # all have finished: let them go
         for proc in started:
             try:
                 rc = proc.wait(60)
             except subprocess.TimeoutExpired:
-                raise BenchError("a client did not finish within 60 s of the release") from None
+                raise BenchError("a client did not exit within 60 s") from None
             if rc != 0:
                 raise BenchError(f"a client exited {rc}: {tail(err_path)}")
     finally:
-        for fd in (ready_r, ready_w, go_r, go_w):
-            if fd >= 0:
-                os.close(fd)
+        for fd in list(fds):
+            close(fd)
         for proc in started:
             finish(proc)
     lines = out_path.read_text().split("\n")
@@ -397,8 +410,10 @@ def bench_init(s: Setting, quick: bool) -> dict[str, Any]:
         for i in range(rounds):
             order = ("direct", "shim") if i % 2 == 0 else ("shim", "direct")
             for side in order:
-                got[side].append(init_burst(s, s.env(side), procs, Path(tmp)))
-                s.ledger.reap()  # the 256 slots of a shim round, if cuInit claimed any
+                burst = init_burst(s, s.env(side), procs, Path(tmp))
+                # Frees the slots the round's cuInit calls claimed (if they claim one).
+                burst["slots"] = s.ledger.reap()
+                got[side].append(burst)
     sides: dict[str, Any] = {}
     for side, rounds_got in got.items():
         ms = [x / 1e6 for r in rounds_got for x in r["init_ns"]]
@@ -412,6 +427,7 @@ def bench_init(s: Setting, quick: bool) -> dict[str, Any]:
             "wall_ms": r3(max(walls)),
             "wall_ms_per_round": [r3(x) for x in walls],
             "spawn_s_per_round": [round(r["spawn_s"], 2) for r in rounds_got],
+            "ledger_slots_per_round": [r["slots"] for r in rounds_got],
         }
     result = {
         "processes": procs,
@@ -424,7 +440,8 @@ def bench_init(s: Setting, quick: bool) -> dict[str, Any]:
         "shim": sides["shim"],
         "setup": f"{procs} client processes (all of one task, sharing one ledger when under "
         "the shim) resolve the driver as libcudart does, then block in poll() on one pipe; "
-        "one byte releases them all; each times its own cuInit(0) with CLOCK_MONOTONIC. "
+        "one byte releases them all; each times its own cuInit(0) with CLOCK_MONOTONIC "
+        "and stays alive until all have finished. "
         "wall_ms: from the release to the last cuInit returning (worst round). "
         f"{rounds} round(s) per side, direct and shim alternating; percentiles over all "
         "rounds; p50_ms/p99_ms/wall_ms at top level are the shim's",
