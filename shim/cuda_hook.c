@@ -1367,27 +1367,37 @@ GS_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
 /* --- wrappers: lookup ------------------------------------------------------------------- */
 
 /*
- * After the real lookup succeeds, hand out the wrapper if the request
- * resolved to an ABI variant the shim wraps; the caller keeps the driver's
- * pointer for every other variant. Beyond the CUDA version hooks.def
- * describes, a newer variant may exist that the table does not know, so
- * there the wrapper is handed out only when the driver returned the very
- * function the wrapper forwards to.
+ * After the real lookup succeeds, decide whether the caller gets a wrapper
+ * instead of the driver's pointer:
+ *  - the driver returned the very function one of the base name's hooked
+ *    variants forwards to: that variant's wrapper, exact by construction;
+ *  - otherwise, up to the CUDA version hooks.def describes, the variant the
+ *    table resolves the request to, if the shim wraps it (a driver whose
+ *    lookup hands out other addresses than its exports is still caught);
+ *  - anything else keeps the driver's pointer: an unwrapped variant, a name
+ *    the shim does not hook, or, past the table's version, a variant the
+ *    table may not know.
  */
 static void gpa_substitute(const char *symbol, void **pfn, int version, cuuint64_t flags)
 {
 	const struct gs_hook *h;
-	void *r;
 
 	if (symbol == NULL || pfn == NULL || *pfn == NULL)
 		return;
+	for (int i = 0; i < GS_NENTRIES; i++) {
+		h = &hooks[i];
+		if (h->lib != GS_LIB_CUDA || h->wrapper == NULL || strcmp(h->base, symbol) != 0)
+			continue;
+		if (*pfn == __atomic_load_n(h->real, __ATOMIC_ACQUIRE)) {
+			TRACE(i, via_gpa);
+			*pfn = h->wrapper;
+			return;
+		}
+	}
+	if (version > GS_TABLE_CUDA_VERSION)
+		return;
 	h = variant_for(symbol, version, flags);
-	if (h == NULL || h->wrapper == NULL)
-		return;
-	r = __atomic_load_n(h->real, __ATOMIC_ACQUIRE);
-	if (r == NULL)
-		return;
-	if (*pfn != r && version > GS_TABLE_CUDA_VERSION)
+	if (h == NULL || h->wrapper == NULL || __atomic_load_n(h->real, __ATOMIC_ACQUIRE) == NULL)
 		return;
 	TRACE(h - hooks, via_gpa);
 	*pfn = h->wrapper;

@@ -93,6 +93,7 @@ def cc(out: Path, *args: str) -> Path:
             "-Wall",
             "-Wextra",
             "-Werror",
+            "-pthread",
             f"-I{ROOT / 'shim'}",
             "-o",
             str(out),
