@@ -3,6 +3,8 @@
 - ``libgpushare.so``: the preload shim. Plain C with no libpython, since it is
   loaded into every program a task runs.
 - ``sim/libcuda.so.1``: the simulated driver for machines without NVIDIA GPUs.
+- ``sim/libnvidia-ml.so.1``: the simulated NVML beside it, describing the same
+  devices (both read them through ``sim_spec.c``).
 - ``nodemgr._ledger``: cffi bindings to the ledger, declared from the same
   headers the shim is compiled with.
 """
@@ -51,9 +53,10 @@ def _link(out: Path, sources: list[str], flags: list[str], ldflags: list[str], d
 
 
 def build_native(out_dir: Path, debug: bool = False) -> list[Path]:
-    """Compile the shim and the simulated driver into ``out_dir``; return the files."""
+    """Compile the shim, the simulated driver and NVML into ``out_dir``; return the files."""
     shim = out_dir / "libgpushare.so"
     sim = out_dir / "sim" / "libcuda.so.1"
+    nvml = out_dir / "sim" / "libnvidia-ml.so.1"
     _link(
         shim,
         ["cuda_hook.c", "ledger.c", "dlsym_x86_64.S"],
@@ -61,19 +64,23 @@ def build_native(out_dir: Path, debug: bool = False) -> list[Path]:
         [f"-Wl,--version-script={HERE / 'shim.map'}", "-ldl", "-lpthread"],
         debug,
     )
-    _link(
-        sim,
-        ["sim_cuda.c"],
-        [],
-        [
-            "-Wl,-Bsymbolic",
-            f"-Wl,--version-script={HERE / 'sim_cuda.map'}",
-            "-Wl,-soname,libcuda.so.1",
-            "-lpthread",
-        ],
-        debug,
-    )
-    return [shim, sim]
+    for lib, source, script in (
+        (sim, "sim_cuda.c", "sim_cuda.map"),
+        (nvml, "sim_nvml.c", "sim_nvml.map"),
+    ):
+        _link(
+            lib,
+            [source, "sim_spec.c"],
+            [],
+            [
+                "-Wl,-Bsymbolic",
+                f"-Wl,--version-script={HERE / script}",
+                f"-Wl,-soname,{lib.name}",
+                "-lpthread",
+            ],
+            debug,
+        )
+    return [shim, sim, nvml]
 
 
 def _cdef() -> str:
