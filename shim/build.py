@@ -3,6 +3,8 @@
 - ``libgpushare.so``: the preload shim. Plain C with no libpython, since it is
   loaded into every program a task runs.
 - ``sim/libcuda.so.1``: the simulated driver for machines without NVIDIA GPUs.
+- ``sim/libnvidia-ml.so.1``: the simulated NVML beside it, describing the same
+  devices (both read them through ``sim_spec.c``).
 - ``nodemgr._ledger``: cffi bindings to the ledger, declared from the same
   headers the shim is compiled with.
 """
@@ -57,12 +59,13 @@ def _link(
 
 
 def build_native(out_dir: Path, debug: str | None = None) -> list[Path]:
-    """Compile the shim and the simulated driver into ``out_dir``; return the files.
+    """Compile the shim, the simulated driver and NVML into ``out_dir``; return the files.
 
     ``debug`` names a sanitizer build ("address": ASan+UBSan, "thread": TSan).
     """
     shim = out_dir / "libgpushare.so"
     sim = out_dir / "sim" / "libcuda.so.1"
+    nvml = out_dir / "sim" / "libnvidia-ml.so.1"
     _link(
         shim,
         ["cuda_hook.c", "ledger.c", "dlsym_x86_64.S"],
@@ -70,19 +73,23 @@ def build_native(out_dir: Path, debug: str | None = None) -> list[Path]:
         [f"-Wl,--version-script={HERE / 'shim.map'}", "-ldl", "-lpthread"],
         debug,
     )
-    _link(
-        sim,
-        ["sim_cuda.c"],
-        [],
-        [
-            "-Wl,-Bsymbolic",
-            f"-Wl,--version-script={HERE / 'sim_cuda.map'}",
-            "-Wl,-soname,libcuda.so.1",
-            "-lpthread",
-        ],
-        debug,
-    )
-    return [shim, sim]
+    for lib, source, script in (
+        (sim, "sim_cuda.c", "sim_cuda.map"),
+        (nvml, "sim_nvml.c", "sim_nvml.map"),
+    ):
+        _link(
+            lib,
+            [source, "sim_spec.c"],
+            [],
+            [
+                "-Wl,-Bsymbolic",
+                f"-Wl,--version-script={HERE / script}",
+                f"-Wl,-soname,{lib.name}",
+                "-lpthread",
+            ],
+            debug,
+        )
+    return [shim, sim, nvml]
 
 
 def _cdef() -> str:

@@ -75,6 +75,17 @@ typedef struct {
 	} allocFlags;
 } CUmemAllocationProp;
 
+/* cuMemPoolCreate: maxSize and usage took bytes of reserved[64] in CUDA 12. */
+typedef struct {
+	int allocType;	 /* CUmemAllocationType */
+	int handleTypes; /* CUmemAllocationHandleType */
+	CUmemLocation location;
+	void *win32SecurityAttributes;
+	size_t maxSize;
+	unsigned short usage;
+	unsigned char reserved[54];
+} CUmemPoolProps;
+
 enum {
 	CU_MEM_LOCATION_TYPE_INVALID = 0,
 	CU_MEM_LOCATION_TYPE_DEVICE = 1,
@@ -124,12 +135,19 @@ enum {
 	NVML_ERROR_UNINITIALIZED = 1,
 	NVML_ERROR_INVALID_ARGUMENT = 2,
 	NVML_ERROR_NOT_SUPPORTED = 3,
+	NVML_ERROR_NO_PERMISSION = 4,
+	NVML_ERROR_ALREADY_INITIALIZED = 5,
+	NVML_ERROR_NOT_FOUND = 6,
 	NVML_ERROR_INSUFFICIENT_SIZE = 7,
+	NVML_ERROR_DRIVER_NOT_LOADED = 9,
+	NVML_ERROR_LIBRARY_NOT_FOUND = 12,
 	NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+	NVML_ERROR_GPU_IS_LOST = 15,
 	NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
 	NVML_ERROR_UNKNOWN = 999,
 };
 #define GS_NVML_UUID_LEN 96 /* NVML_DEVICE_UUID_V2_BUFFER_SIZE */
+#define GS_NVML_NAME_LEN 96 /* NVML_DEVICE_NAME_V2_BUFFER_SIZE */
 
 enum {
 	CUDA_SUCCESS = 0,

@@ -23,32 +23,28 @@
 #include <sys/mman.h>
 
 #include "cuda_abi.h"
+#include "sim_spec.h"
 
 #define SIM_EXPORT __attribute__((visibility("default")))
 
-#define SIM_MAX_GPUS	64
-#define SIM_NAME_MAX	256	/* the driver's device name buffer */
-#define SIM_UUID_LEN	40	/* "GPU-" + 8-4-4-4-12 hex digits */
 #define SIM_ALIGN	512	/* allocation granule and alignment */
 #define SIM_CTX_DEPTH	64	/* per-thread context stack */
-#define SIM_SPEC_ENV	"GPUSHARE_SIM_GPUS"
-
-/* The daemon generates the same default node: keep the two in step. */
-#define SIM_DEFAULT_GPUS	4
-#define SIM_DEFAULT_NAME	"gpushare Simulated GPU"
-#define SIM_DEFAULT_BYTES	17179869184ULL
-#define SIM_DEFAULT_UUID	"GPU-5349d000-0000-4000-8000-%012x"
-
-struct sim_spec {
-	char name[SIM_NAME_MAX];
-	char uuid[SIM_UUID_LEN + 1];	/* lowercased */
-	unsigned char uuid_bytes[16];
-	size_t bytes;
-};
 
 struct sim_extent {
 	size_t off;
 	size_t len;
+	unsigned int kind;	/* live extents: enum sim_mem_kind; free ones: 0 */
+};
+
+/*
+ * What made a live allocation. Each way back frees only its own kind, as the
+ * driver does: cuMemFree of a cuMemCreate handle's memory or of an array's
+ * storage is an error, never a silent release.
+ */
+enum sim_mem_kind {
+	SIM_MEM_PTR = 1,	/* cuMemAlloc & co.: back with cuMemFree(Async) */
+	SIM_MEM_HANDLE,		/* cuMemCreate: back with cuMemRelease */
+	SIM_MEM_ARRAY,		/* arrays and mipmapped arrays: back with their destroy */
 };
 
 /*
@@ -72,12 +68,39 @@ struct CUctx_st {
 	int dev;
 };
 
+/*
+ * Arrays, mipmapped arrays and memory pools are host objects on one list,
+ * so that a handle is looked up before it is used: a made-up or destroyed
+ * handle gets an error, never a crash.
+ */
+enum sim_obj_kind { SIM_OBJ_ARRAY = 1, SIM_OBJ_MIPMAP, SIM_OBJ_POOL };
+
+struct sim_obj {
+	struct sim_obj *next;	/* sim_obj_list; unused by default pools */
+	enum sim_obj_kind kind;
+	int dev;
+	CUdeviceptr addr;	/* arrays: their storage in the device heap */
+};
+
+struct CUarray_st {
+	struct sim_obj obj;
+};
+
+struct CUmipmappedArray_st {
+	struct sim_obj obj;
+};
+
+struct CUmemPoolHandle_st {
+	struct sim_obj obj;
+};
+
 struct sim_device {
 	const struct sim_spec *spec;
 	int spec_index;
 	struct sim_heap heap;
 	struct CUctx_st primary;
 	unsigned int primary_refs;	/* under sim_ctx_lock */
+	struct CUmemPoolHandle_st default_pool;
 };
 
 /*
@@ -102,6 +125,9 @@ static int sim_state;		/* SIM_READY is stored with release */
 
 static pthread_mutex_t sim_ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct CUctx_st *sim_ctx_list;
+
+static pthread_mutex_t sim_obj_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sim_obj *sim_obj_list;
 
 static __thread struct sim_ctx_slot sim_stack[SIM_CTX_DEPTH];
 static __thread unsigned int sim_depth;
@@ -147,121 +173,7 @@ static CUresult sim_check_dev(CUdevice dev)
 	return sim_check(&dev, dev);
 }
 
-/* Device list: GPUSHARE_SIM_GPUS, then CUDA_VISIBLE_DEVICES. */
-
-static int sim_hexval(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	c = (char)tolower((unsigned char)c);
-	return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
-static bool sim_parse_uuid(struct sim_spec *s, const char *str, size_t len)
-{
-	size_t i, n = 0;
-
-	if (len != SIM_UUID_LEN || strncmp(str, "GPU-", 4) != 0)
-		return false;
-	memcpy(s->uuid, "GPU-", 4);
-	for (i = 4; i < len; i++) {
-		bool dash = i == 12 || i == 17 || i == 22 || i == 27;
-		int v = sim_hexval(str[i]);
-
-		if (dash ? str[i] != '-' : v < 0)
-			return false;
-		s->uuid[i] = (char)tolower((unsigned char)str[i]);
-		if (dash)
-			continue;
-		if (n % 2 == 0)
-			s->uuid_bytes[n / 2] = (unsigned char)(v << 4);
-		else
-			s->uuid_bytes[n / 2] |= (unsigned char)v;
-		n++;
-	}
-	s->uuid[len] = '\0';
-	return true;
-}
-
-static bool sim_parse_bytes(size_t *out, const char *str, size_t len)
-{
-	uint64_t v = 0;
-	size_t i;
-
-	for (i = 0; i < len; i++) {
-		unsigned int digit = (unsigned char)str[i] - '0';
-
-		if (digit > 9 || v > (UINT64_MAX - digit) / 10)
-			return false;
-		v = v * 10 + digit;
-	}
-	if (len == 0 || v > SIZE_MAX)
-		return false;
-	*out = (size_t)v;
-	return true;
-}
-
-/* NULL when the entry is good, else why it is not. */
-static const char *sim_parse_entry(struct sim_spec *s, const char *e, size_t len)
-{
-	const char *end = e + len;
-	const char *bar1 = memchr(e, '|', len);
-	const char *bar2 = bar1 ? memchr(bar1 + 1, '|', (size_t)(end - bar1 - 1)) : NULL;
-	int i;
-
-	if (!bar2 || memchr(bar2 + 1, '|', (size_t)(end - bar2 - 1)))
-		return "expected NAME|UUID|BYTES";
-	if (bar1 == e || bar1 - e >= SIM_NAME_MAX)
-		return "name empty or too long";
-	memcpy(s->name, e, (size_t)(bar1 - e));
-	s->name[bar1 - e] = '\0';
-	if (!sim_parse_uuid(s, bar1 + 1, (size_t)(bar2 - bar1 - 1)))
-		return "bad UUID";
-	if (!sim_parse_bytes(&s->bytes, bar2 + 1, (size_t)(end - bar2 - 1)))
-		return "bad byte count";
-	/* CUDA_VISIBLE_DEVICES picks devices by UUID prefix: keep UUIDs unique. */
-	for (i = 0; i < sim_nspecs; i++)
-		if (strcmp(sim_specs[i].uuid, s->uuid) == 0)
-			return "duplicate UUID";
-	return NULL;
-}
-
-static CUresult sim_load_specs(void)
-{
-	const char *env = getenv(SIM_SPEC_ENV);
-	const char *p, *semi;
-	char uuid[SIM_UUID_LEN + 1];
-
-	if (!env || !*env) {
-		for (; sim_nspecs < SIM_DEFAULT_GPUS; sim_nspecs++) {
-			struct sim_spec *s = &sim_specs[sim_nspecs];
-
-			snprintf(s->name, sizeof(s->name), "%s", SIM_DEFAULT_NAME);
-			snprintf(uuid, sizeof(uuid), SIM_DEFAULT_UUID, (unsigned int)sim_nspecs);
-			sim_parse_uuid(s, uuid, strlen(uuid));
-			s->bytes = (size_t)SIM_DEFAULT_BYTES;
-		}
-		return CUDA_SUCCESS;
-	}
-	for (p = env;; p = semi + 1) {
-		size_t len;
-		const char *why;
-
-		semi = strchr(p, ';');
-		len = semi ? (size_t)(semi - p) : strlen(p);
-		why = sim_nspecs == SIM_MAX_GPUS ? "more than 64 entries" :
-		      sim_parse_entry(&sim_specs[sim_nspecs], p, len);
-		if (why) {
-			fprintf(stderr, "gpushare sim: %s: bad entry \"%.*s\": %s\n",
-				SIM_SPEC_ENV, (int)len, p, why);
-			sim_nspecs = 0;
-			return CUDA_ERROR_INVALID_VALUE;
-		}
-		sim_nspecs++;
-		if (!semi)
-			return CUDA_SUCCESS;
-	}
-}
+/* Device list: GPUSHARE_SIM_GPUS (sim_spec.c), then CUDA_VISIBLE_DEVICES. */
 
 /* A CUDA_VISIBLE_DEVICES entry as a spec index, or -1 if it is unusable. */
 static int sim_visible_entry(const char *e, size_t len)
@@ -302,6 +214,8 @@ static void sim_add_device(int spec_index)
 	d->spec_index = spec_index;
 	d->heap.arena = d->spec->bytes & ~(size_t)(SIM_ALIGN - 1);
 	pthread_mutex_init(&d->heap.lock, NULL);
+	d->default_pool.obj.kind = SIM_OBJ_POOL;
+	d->default_pool.obj.dev = sim_ndevs;
 	d->primary.dev = sim_ndevs++;
 }
 
@@ -338,9 +252,12 @@ static void sim_apply_visible(void)
 
 static void sim_init_once(void)
 {
-	sim_init_result = sim_load_specs();
-	if (sim_init_result != CUDA_SUCCESS)
+	sim_nspecs = sim_specs_load(sim_specs);
+	if (sim_nspecs < 0) {
+		sim_nspecs = 0;
+		sim_init_result = CUDA_ERROR_INVALID_VALUE;
 		return;
+	}
 	sim_apply_visible();
 	if (sim_ndevs == 0)
 		sim_init_result = CUDA_ERROR_NO_DEVICE;
@@ -366,11 +283,13 @@ static size_t sim_ext_search(const struct sim_extent *v, size_t n, size_t off)
 	return lo;
 }
 
-static void sim_ext_insert(struct sim_extent *v, size_t *n, size_t at, size_t off, size_t len)
+static void sim_ext_insert(struct sim_extent *v, size_t *n, size_t at, size_t off, size_t len,
+			   unsigned int kind)
 {
 	memmove(&v[at + 1], &v[at], (*n - at) * sizeof(*v));
 	v[at].off = off;
 	v[at].len = len;
+	v[at].kind = kind;
 	(*n)++;
 }
 
@@ -415,12 +334,14 @@ static bool sim_heap_reserve(struct sim_heap *h, size_t total)
 		return false;
 	h->free_ext[0].off = 0;
 	h->free_ext[0].len = h->arena;
+	h->free_ext[0].kind = 0;
 	h->nfree = 1;
 	__atomic_store_n(&h->base, (uintptr_t)p, __ATOMIC_RELEASE);
 	return true;
 }
 
-static CUresult sim_heap_alloc(struct sim_device *d, size_t bytes, CUdeviceptr *out)
+static CUresult sim_heap_alloc(struct sim_device *d, size_t bytes, enum sim_mem_kind kind,
+			       CUdeviceptr *out)
 {
 	struct sim_heap *h = &d->heap;
 	CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -439,7 +360,8 @@ static CUresult sim_heap_alloc(struct sim_device *d, size_t bytes, CUdeviceptr *
 	if (i == h->nfree || !sim_heap_grow(h))
 		goto out;
 	off = h->free_ext[i].off;
-	sim_ext_insert(h->live, &h->nlive, sim_ext_search(h->live, h->nlive, off), off, size);
+	sim_ext_insert(h->live, &h->nlive, sim_ext_search(h->live, h->nlive, off), off, size,
+		       kind);
 	if (h->free_ext[i].len == size) {
 		sim_ext_remove(h->free_ext, &h->nfree, i);
 	} else {
@@ -454,7 +376,7 @@ out:
 	return rc;
 }
 
-static CUresult sim_heap_free(struct sim_heap *h, size_t off)
+static CUresult sim_heap_free(struct sim_heap *h, size_t off, enum sim_mem_kind kind)
 {
 	struct sim_extent *f;
 	size_t at, len;
@@ -462,7 +384,7 @@ static CUresult sim_heap_free(struct sim_heap *h, size_t off)
 
 	pthread_mutex_lock(&h->lock);
 	at = sim_ext_search(h->live, h->nlive, off);
-	if (at == h->nlive || h->live[at].off != off) {
+	if (at == h->nlive || h->live[at].off != off || h->live[at].kind != kind) {
 		pthread_mutex_unlock(&h->lock);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
@@ -483,7 +405,7 @@ static CUresult sim_heap_free(struct sim_heap *h, size_t off)
 		f[at].off = off;
 		f[at].len += len;
 	} else {
-		sim_ext_insert(f, &h->nfree, at, off, len);
+		sim_ext_insert(f, &h->nfree, at, off, len, 0);
 	}
 	pthread_mutex_unlock(&h->lock);
 	return CUDA_SUCCESS;
@@ -498,6 +420,7 @@ static CUresult sim_heap_free(struct sim_heap *h, size_t off)
 __attribute__((destructor)) static void sim_fini(void)
 {
 	struct CUctx_st *c;
+	struct sim_obj *o;
 	int i;
 
 	if (sim_live() != CUDA_SUCCESS)
@@ -521,6 +444,47 @@ __attribute__((destructor)) static void sim_fini(void)
 		free(c);
 	}
 	pthread_mutex_unlock(&sim_ctx_lock);
+	pthread_mutex_lock(&sim_obj_lock);
+	while ((o = sim_obj_list)) {
+		sim_obj_list = o->next;
+		free(o);
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+}
+
+/* Host objects behind array and pool handles. */
+
+static void sim_obj_add(struct sim_obj *o)
+{
+	pthread_mutex_lock(&sim_obj_lock);
+	o->next = sim_obj_list;
+	sim_obj_list = o;
+	pthread_mutex_unlock(&sim_obj_lock);
+}
+
+/*
+ * The live object of this kind behind handle, compared by address so that a
+ * made-up handle is never dereferenced. With take it is unlinked and the
+ * caller owns it; without, only *dev may be used, since another thread may
+ * destroy the object as soon as the lock is dropped.
+ */
+static struct sim_obj *sim_obj_lookup(const void *handle, enum sim_obj_kind kind, bool take,
+				      int *dev)
+{
+	struct sim_obj **pp, *o;
+
+	pthread_mutex_lock(&sim_obj_lock);
+	for (pp = &sim_obj_list; *pp && (*pp != handle || (*pp)->kind != kind);
+	     pp = &(*pp)->next)
+		;
+	o = handle ? *pp : NULL;
+	if (o) {
+		*dev = o->dev;
+		if (take)
+			*pp = o->next;
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	return o;
 }
 
 /* Contexts. */
@@ -583,6 +547,16 @@ static CUresult sim_ctx_create(CUcontext *pctx, CUdevice dev)
 
 SIM_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
+	(void)flags;
+	return sim_ctx_create(pctx, dev);
+}
+
+/* Execution affinity (SM counts of a green context) means nothing here. */
+SIM_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *affinity, int naffinity,
+				   unsigned int flags, CUdevice dev)
+{
+	(void)affinity;
+	(void)naffinity;
 	(void)flags;
 	return sim_ctx_create(pctx, dev);
 }
@@ -861,31 +835,6 @@ SIM_EXPORT CUresult cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev)
 	return rc;
 }
 
-SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
-{
-	SIM_REQUIRE_INIT();
-	if (!dptr || bytesize == 0)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!sim_depth)
-		return CUDA_ERROR_INVALID_CONTEXT;
-	return sim_heap_alloc(&sim_devs[sim_current_dev()], bytesize, dptr);
-}
-
-SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
-{
-	int i;
-
-	SIM_REQUIRE_INIT();
-	for (i = 0; dptr && i < sim_ndevs; i++) {
-		struct sim_heap *h = &sim_devs[i].heap;
-		uintptr_t base = __atomic_load_n(&h->base, __ATOMIC_ACQUIRE);
-
-		if (base && dptr >= base && dptr - base < h->arena)
-			return sim_heap_free(h, (size_t)(dptr - base));
-	}
-	return CUDA_ERROR_INVALID_VALUE;
-}
-
 SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
 	struct sim_device *d;
@@ -903,6 +852,422 @@ SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 	*total_bytes = d->spec->bytes;
 	*free_bytes = d->spec->bytes - used;
 	return CUDA_SUCCESS;
+}
+
+/* Memory: every path takes from, and gives back to, the device heaps. */
+
+static CUresult sim_alloc_current(CUdeviceptr *dptr, size_t bytes, enum sim_mem_kind kind)
+{
+	SIM_REQUIRE_INIT();
+	if (!dptr || bytes == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!sim_depth)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	return sim_heap_alloc(&sim_devs[sim_current_dev()], bytes, kind, dptr);
+}
+
+/* Frees addr if a heap holds a live allocation of this kind starting there. */
+static CUresult sim_mem_free(CUdeviceptr addr, enum sim_mem_kind kind)
+{
+	int i;
+
+	for (i = 0; addr && i < sim_ndevs; i++) {
+		struct sim_heap *h = &sim_devs[i].heap;
+		uintptr_t base = __atomic_load_n(&h->base, __ATOMIC_ACQUIRE);
+
+		if (base && addr >= base && addr - base < h->arena)
+			return sim_heap_free(h, (size_t)(addr - base), kind);
+	}
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+	return sim_alloc_current(dptr, bytesize, SIM_MEM_PTR);
+}
+
+SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+	SIM_REQUIRE_INIT();
+	return sim_mem_free(dptr, SIM_MEM_PTR);
+}
+
+/* The row alignment cuMemAllocPitch reports; what current GPUs use. */
+#define SIM_PITCH 512
+
+SIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+				       size_t height, unsigned int elem)
+{
+	size_t row;
+	CUresult rc;
+
+	SIM_REQUIRE_INIT();
+	if (!dptr || !pitch || width == 0 || height == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	/* The documented element sizes: what one thread reads or writes at once. */
+	if (elem != 4 && elem != 8 && elem != 16)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (width > SIZE_MAX - (SIM_PITCH - 1))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	row = (width + SIM_PITCH - 1) & ~(size_t)(SIM_PITCH - 1);
+	if (height > SIZE_MAX / row)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	rc = sim_alloc_current(dptr, row * height, SIM_MEM_PTR);
+	if (rc == CUDA_SUCCESS)
+		*pitch = row;
+	return rc;
+}
+
+/* Managed memory lives on the device that allocated it: nothing migrates here. */
+SIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+	SIM_REQUIRE_INIT();
+	if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
+		return CUDA_ERROR_INVALID_VALUE;
+	return sim_alloc_current(dptr, bytesize, SIM_MEM_PTR);
+}
+
+/*
+ * Stream-ordered allocation. Nothing runs asynchronously in the simulation,
+ * so the stream (never looked at: tests pass made-up handles) has always
+ * reached the allocation or free by the time the call returns.
+ */
+
+static bool sim_valid_pool_props(const CUmemPoolProps *props)
+{
+	return props->allocType == CU_MEM_ALLOCATION_TYPE_PINNED &&
+	       props->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+	       sim_valid_dev(props->location.id);
+}
+
+/* The device of a live pool handle, or -1. */
+static int sim_pool_device(CUmemoryPool pool)
+{
+	int i, dev = -1;
+
+	for (i = 0; pool && i < sim_ndevs; i++)
+		if (pool == &sim_devs[i].default_pool)
+			return i;
+	sim_obj_lookup(pool, SIM_OBJ_POOL, false, &dev);
+	return dev;
+}
+
+SIM_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+	CUresult rc = sim_check(pool, dev);
+
+	if (rc == CUDA_SUCCESS)
+		*pool = &sim_devs[dev].default_pool;
+	return rc;
+}
+
+/*
+ * Pools are handles tied to a device; their attributes (release threshold,
+ * reuse policy, maxSize) change nothing, since every allocation goes to the
+ * device heap at once and every free comes back at once. The simulation has
+ * device memory only, so host locations are refused as invalid.
+ */
+SIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+	struct CUmemPoolHandle_st *p;
+
+	SIM_REQUIRE_INIT();
+	if (!pool || !props || !sim_valid_pool_props(props))
+		return CUDA_ERROR_INVALID_VALUE;
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	p->obj.kind = SIM_OBJ_POOL;
+	p->obj.dev = props->location.id;
+	sim_obj_add(&p->obj);
+	*pool = p;
+	return CUDA_SUCCESS;
+}
+
+/*
+ * As documented, memory still allocated from a destroyed pool stays valid
+ * until it is freed. A device's default pool is not the caller's to destroy.
+ */
+SIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+	struct sim_obj *o;
+	int dev;
+
+	SIM_REQUIRE_INIT();
+	o = sim_obj_lookup(pool, SIM_OBJ_POOL, true, &dev);
+	if (!o)
+		return CUDA_ERROR_INVALID_VALUE;
+	free(o);
+	return CUDA_SUCCESS;
+}
+
+/* From the current pool of the current context's device: its heap. */
+SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+{
+	(void)stream;
+	return sim_alloc_current(dptr, bytesize, SIM_MEM_PTR);
+}
+
+SIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+{
+	(void)stream;
+	return sim_alloc_current(dptr, bytesize, SIM_MEM_PTR);
+}
+
+/* From the pool's device, whatever context is current. */
+static CUresult sim_alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool)
+{
+	int dev;
+
+	SIM_REQUIRE_INIT();
+	if (!dptr || bytesize == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	dev = sim_pool_device(pool);
+	if (dev < 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	return sim_heap_alloc(&sim_devs[dev], bytesize, SIM_MEM_PTR, dptr);
+}
+
+SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
+					    CUmemoryPool pool, CUstream stream)
+{
+	(void)stream;
+	return sim_alloc_from_pool(dptr, bytesize, pool);
+}
+
+SIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+						 CUmemoryPool pool, CUstream stream)
+{
+	(void)stream;
+	return sim_alloc_from_pool(dptr, bytesize, pool);
+}
+
+SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
+{
+	(void)stream;
+	SIM_REQUIRE_INIT();
+	return sim_mem_free(dptr, SIM_MEM_PTR);
+}
+
+SIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
+{
+	(void)stream;
+	SIM_REQUIRE_INIT();
+	return sim_mem_free(dptr, SIM_MEM_PTR);
+}
+
+/*
+ * Virtual memory management: physical allocations only (nothing here maps
+ * them). A handle is the allocation's address in the device heap: opaque to
+ * callers, nonzero, and found again by cuMemRelease without a table.
+ */
+#define SIM_GRANULARITY ((size_t)2 << 20)
+
+/* As for pools, only device locations exist in the simulation. */
+static bool sim_valid_alloc_prop(const CUmemAllocationProp *prop)
+{
+	return prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+	       prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+	       sim_valid_dev(prop->location.id);
+}
+
+SIM_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity,
+						  const CUmemAllocationProp *prop, int option)
+{
+	SIM_REQUIRE_INIT();
+	if (!granularity || !prop || !sim_valid_alloc_prop(prop))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+	    option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+		return CUDA_ERROR_INVALID_VALUE;
+	*granularity = SIM_GRANULARITY;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+				const CUmemAllocationProp *prop, unsigned long long flags)
+{
+	CUdeviceptr addr;
+	CUresult rc;
+
+	SIM_REQUIRE_INIT();
+	/* flags is reserved and must be 0. */
+	if (!handle || !prop || flags != 0 || !sim_valid_alloc_prop(prop))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (size == 0 || size % SIM_GRANULARITY != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = sim_heap_alloc(&sim_devs[prop->location.id], size, SIM_MEM_HANDLE, &addr);
+	if (rc == CUDA_SUCCESS)
+		*handle = addr;
+	return rc;
+}
+
+SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+	SIM_REQUIRE_INIT();
+	return sim_mem_free(handle, SIM_MEM_HANDLE);
+}
+
+/*
+ * Arrays: opaque layouts on a real GPU; here their storage is the plain
+ * product of the extents and the element size, taken from the current
+ * context's device. Descriptors follow the documented rules: (W,0,0) is 1D,
+ * (W,H,0) 2D, (W,H,D) 3D, and (W,0,D) only as a layered 1D array.
+ */
+#define SIM_ARRAY3D_LAYERED 0x01
+
+static size_t sim_format_bytes(int format)
+{
+	switch (format) {
+	case CU_AD_FORMAT_UNSIGNED_INT8:
+	case CU_AD_FORMAT_SIGNED_INT8:
+		return 1;
+	case CU_AD_FORMAT_UNSIGNED_INT16:
+	case CU_AD_FORMAT_SIGNED_INT16:
+	case CU_AD_FORMAT_HALF:
+		return 2;
+	case CU_AD_FORMAT_UNSIGNED_INT32:
+	case CU_AD_FORMAT_SIGNED_INT32:
+	case CU_AD_FORMAT_FLOAT:
+		return 4;
+	default:
+		return 0;
+	}
+}
+
+/*
+ * Bytes of an array with levels mip levels (1 for a plain array), each
+ * extent halving per level down to 1; the layer count of a layered array
+ * does not halve. CUDA_ERROR_INVALID_VALUE for a bad descriptor, and
+ * CUDA_ERROR_OUT_OF_MEMORY when the size overflows.
+ */
+static CUresult sim_array_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels,
+				size_t *out)
+{
+	bool layered = d->Flags & SIM_ARRAY3D_LAYERED;
+	size_t elem = sim_format_bytes(d->Format) * d->NumChannels;
+	size_t w = d->Width, h = d->Height ? d->Height : 1, depth = d->Depth ? d->Depth : 1;
+	size_t largest = w > h ? w : h, total = 0;
+	unsigned int l;
+
+	if (d->Width == 0 || elem == 0 || (d->NumChannels != 1 && d->NumChannels != 2 &&
+					   d->NumChannels != 4))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (d->Height == 0 && d->Depth != 0 && !layered)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!layered && depth > largest)
+		largest = depth;
+	/* A level below 1x1x1 does not exist: at most 1 + floor(log2(largest)). */
+	if (levels == 0 || levels > (unsigned int)(64 - __builtin_clzll(largest)))
+		return CUDA_ERROR_INVALID_VALUE;
+	for (l = 0; l < levels; l++) {
+		size_t lw = w >> l ? w >> l : 1;
+		size_t lh = h >> l ? h >> l : 1;
+		size_t ld = layered ? depth : (depth >> l ? depth >> l : 1);
+		size_t bytes;
+
+		if (__builtin_mul_overflow(lw, lh, &bytes) ||
+		    __builtin_mul_overflow(bytes, ld, &bytes) ||
+		    __builtin_mul_overflow(bytes, elem, &bytes) ||
+		    __builtin_add_overflow(total, bytes, &total))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*out = total;
+	return CUDA_SUCCESS;
+}
+
+static CUresult sim_array_new(void **handle, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+			      unsigned int levels, enum sim_obj_kind kind)
+{
+	struct sim_obj *o;
+	size_t bytes;
+	CUresult rc;
+
+	SIM_REQUIRE_INIT();
+	if (!handle || !desc)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = sim_array_bytes(desc, levels, &bytes);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (!sim_depth)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	o = calloc(1, sizeof(*o));
+	if (!o)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	o->kind = kind;
+	o->dev = sim_current_dev();
+	rc = sim_heap_alloc(&sim_devs[o->dev], bytes, SIM_MEM_ARRAY, &o->addr);
+	if (rc != CUDA_SUCCESS) {
+		free(o);
+		return rc;
+	}
+	sim_obj_add(o);
+	*handle = o;
+	return CUDA_SUCCESS;
+}
+
+static CUresult sim_array_destroy(const void *handle, enum sim_obj_kind kind)
+{
+	struct sim_obj *o;
+	int dev;
+
+	SIM_REQUIRE_INIT();
+	o = sim_obj_lookup(handle, kind, true, &dev);
+	if (!o)
+		return CUDA_ERROR_INVALID_HANDLE;
+	sim_mem_free(o->addr, SIM_MEM_ARRAY);
+	free(o);
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+	CUDA_ARRAY3D_DESCRIPTOR d3 = { 0 };
+	void *handle = NULL;
+	CUresult rc;
+
+	if (desc) {
+		d3.Width = desc->Width;
+		d3.Height = desc->Height;
+		d3.Format = desc->Format;
+		d3.NumChannels = desc->NumChannels;
+	}
+	rc = sim_array_new(array ? &handle : NULL, desc ? &d3 : NULL, 1, SIM_OBJ_ARRAY);
+	if (rc == CUDA_SUCCESS)
+		*array = handle;
+	return rc;
+}
+
+SIM_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+	void *handle = NULL;
+	CUresult rc = sim_array_new(array ? &handle : NULL, desc, 1, SIM_OBJ_ARRAY);
+
+	if (rc == CUDA_SUCCESS)
+		*array = handle;
+	return rc;
+}
+
+SIM_EXPORT CUresult cuArrayDestroy(CUarray array)
+{
+	return sim_array_destroy(array, SIM_OBJ_ARRAY);
+}
+
+SIM_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
+					   const CUDA_ARRAY3D_DESCRIPTOR *desc,
+					   unsigned int levels)
+{
+	void *handle = NULL;
+	CUresult rc = sim_array_new(array ? &handle : NULL, desc, levels, SIM_OBJ_MIPMAP);
+
+	if (rc == CUDA_SUCCESS)
+		*array = handle;
+	return rc;
+}
+
+SIM_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array)
+{
+	return sim_array_destroy(array, SIM_OBJ_MIPMAP);
 }
 
 static CUresult sim_launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
@@ -935,6 +1300,142 @@ SIM_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned 
 {
 	(void)shmem, (void)stream, (void)params, (void)extra;
 	return sim_launch(f, gx, gy, gz, bx, by, bz);
+}
+
+static CUresult sim_launch_ex(const CUlaunchConfig *config, CUfunction f)
+{
+	SIM_REQUIRE_INIT();
+	if (!config || (config->numAttrs && !config->attrs))
+		return CUDA_ERROR_INVALID_VALUE;
+	return sim_launch(f, config->gridDimX, config->gridDimY, config->gridDimZ,
+			  config->blockDimX, config->blockDimY, config->blockDimZ);
+}
+
+SIM_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
+				     void **extra)
+{
+	(void)params, (void)extra;
+	return sim_launch_ex(config, f);
+}
+
+SIM_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+					  void **params, void **extra)
+{
+	(void)params, (void)extra;
+	return sim_launch_ex(config, f);
+}
+
+SIM_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+					      unsigned int gz, unsigned int bx, unsigned int by,
+					      unsigned int bz, unsigned int shmem, CUstream stream,
+					      void **params)
+{
+	(void)shmem, (void)stream, (void)params;
+	return sim_launch(f, gx, gy, gz, bx, by, bz);
+}
+
+SIM_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx,
+						   unsigned int gy, unsigned int gz,
+						   unsigned int bx, unsigned int by,
+						   unsigned int bz, unsigned int shmem,
+						   CUstream stream, void **params)
+{
+	(void)shmem, (void)stream, (void)params;
+	return sim_launch(f, gx, gy, gz, bx, by, bz);
+}
+
+/*
+ * cuGraphLaunch documents no CUDA_ERROR_INVALID_HANDLE: a missing
+ * executable graph is CUDA_ERROR_INVALID_VALUE. As with functions, a
+ * non-NULL handle is taken on trust and never looked through.
+ */
+static CUresult sim_graph_launch(CUgraphExec exec)
+{
+	SIM_REQUIRE_INIT();
+	if (!sim_depth)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	return exec ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+SIM_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
+{
+	(void)stream;
+	return sim_graph_launch(exec);
+}
+
+SIM_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
+{
+	(void)stream;
+	return sim_graph_launch(exec);
+}
+
+/*
+ * The CUDA 2.0-era ABI variants, with 32-bit sizes and device pointers.
+ * cuda.h has mapped these names to their _v2 successors since CUDA 3.2, so
+ * only a binary built against an older header, or a cuGetProcAddress caller
+ * asking for a version before 3020, reaches them. 32-bit sizes cannot
+ * describe the simulated devices, so the simulation refuses every one with
+ * CUDA_ERROR_NOT_SUPPORTED; they exist so that, as in the real driver, each
+ * ABI variant is its own exported function and never an alias of its _v2.
+ */
+typedef unsigned int sim_devptr_v1;
+
+SIM_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+	(void)bytes, (void)dev;
+	SIM_REQUIRE_INIT();
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes)
+{
+	(void)free_bytes, (void)total_bytes;
+	SIM_REQUIRE_INIT();
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult cuMemAlloc(sim_devptr_v1 *dptr, unsigned int bytesize)
+{
+	(void)dptr, (void)bytesize;
+	SIM_REQUIRE_INIT();
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult cuMemAllocPitch(sim_devptr_v1 *dptr, unsigned int *pitch,
+				    unsigned int width, unsigned int height, unsigned int elem)
+{
+	(void)dptr, (void)pitch, (void)width, (void)height, (void)elem;
+	SIM_REQUIRE_INIT();
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult cuMemFree(sim_devptr_v1 dptr)
+{
+	(void)dptr;
+	SIM_REQUIRE_INIT();
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* The v1 descriptors differ only in 32-bit extents; never read here. */
+SIM_EXPORT CUresult cuArrayCreate(CUarray *array, const void *desc)
+{
+	(void)array, (void)desc;
+	SIM_REQUIRE_INIT();
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult cuArray3DCreate(CUarray *array, const void *desc)
+{
+	(void)array, (void)desc;
+	SIM_REQUIRE_INIT();
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+	(void)pctx, (void)flags, (void)dev;
+	SIM_REQUIRE_INIT();
+	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 /* Errors, export tables, cuGetProcAddress. */
@@ -1060,6 +1561,12 @@ struct sim_proc {
 };
 
 #define SIM_PROC(base, abi, ver, pt) { #base, #abi, ver, pt, (void *)abi }
+/*
+ * One row per ABI variant, with the CUDA version that introduced it (those of
+ * cuda.h's _vN / _ptsz mappings; hooks.def lists the same for the hooked
+ * names). Every fn is the exported function named abi, so dladdr() on a
+ * pointer handed out here names the variant it resolved to.
+ */
 static const struct sim_proc sim_procs[] = {
 	SIM_PROC(cuGetProcAddress, cuGetProcAddress, 11030, false),
 	SIM_PROC(cuGetProcAddress, cuGetProcAddress_v2, 12000, false),
@@ -1070,13 +1577,41 @@ static const struct sim_proc sim_procs[] = {
 	SIM_PROC(cuDeviceGetName, cuDeviceGetName, 2000, false),
 	SIM_PROC(cuDeviceGetUuid, cuDeviceGetUuid, 9020, false),
 	SIM_PROC(cuDeviceGetUuid, cuDeviceGetUuid_v2, 11040, false),
+	SIM_PROC(cuDeviceTotalMem, cuDeviceTotalMem, 2000, false),
 	SIM_PROC(cuDeviceTotalMem, cuDeviceTotalMem_v2, 3020, false),
 	SIM_PROC(cuDeviceGetAttribute, cuDeviceGetAttribute, 2000, false),
 	SIM_PROC(cuDeviceGetPCIBusId, cuDeviceGetPCIBusId, 2000, false),
-	SIM_PROC(cuMemAlloc, cuMemAlloc_v2, 3020, false),
-	SIM_PROC(cuMemFree, cuMemFree_v2, 3020, false),
+	SIM_PROC(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool, 11020, false),
+	SIM_PROC(cuMemGetInfo, cuMemGetInfo, 2000, false),
 	SIM_PROC(cuMemGetInfo, cuMemGetInfo_v2, 3020, false),
+	SIM_PROC(cuMemAlloc, cuMemAlloc, 2000, false),
+	SIM_PROC(cuMemAlloc, cuMemAlloc_v2, 3020, false),
+	SIM_PROC(cuMemAllocPitch, cuMemAllocPitch, 2000, false),
+	SIM_PROC(cuMemAllocPitch, cuMemAllocPitch_v2, 3020, false),
+	SIM_PROC(cuMemAllocManaged, cuMemAllocManaged, 6000, false),
+	SIM_PROC(cuMemFree, cuMemFree, 2000, false),
+	SIM_PROC(cuMemFree, cuMemFree_v2, 3020, false),
+	SIM_PROC(cuMemAllocAsync, cuMemAllocAsync, 11020, false),
+	SIM_PROC(cuMemAllocAsync, cuMemAllocAsync_ptsz, 11020, true),
+	SIM_PROC(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync, 11020, false),
+	SIM_PROC(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz, 11020, true),
+	SIM_PROC(cuMemFreeAsync, cuMemFreeAsync, 11020, false),
+	SIM_PROC(cuMemFreeAsync, cuMemFreeAsync_ptsz, 11020, true),
+	SIM_PROC(cuMemPoolCreate, cuMemPoolCreate, 11020, false),
+	SIM_PROC(cuMemPoolDestroy, cuMemPoolDestroy, 11020, false),
+	SIM_PROC(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, 10020, false),
+	SIM_PROC(cuMemCreate, cuMemCreate, 10020, false),
+	SIM_PROC(cuMemRelease, cuMemRelease, 10020, false),
+	SIM_PROC(cuArrayCreate, cuArrayCreate, 2000, false),
+	SIM_PROC(cuArrayCreate, cuArrayCreate_v2, 3020, false),
+	SIM_PROC(cuArray3DCreate, cuArray3DCreate, 2000, false),
+	SIM_PROC(cuArray3DCreate, cuArray3DCreate_v2, 3020, false),
+	SIM_PROC(cuArrayDestroy, cuArrayDestroy, 2000, false),
+	SIM_PROC(cuMipmappedArrayCreate, cuMipmappedArrayCreate, 5000, false),
+	SIM_PROC(cuMipmappedArrayDestroy, cuMipmappedArrayDestroy, 5000, false),
+	SIM_PROC(cuCtxCreate, cuCtxCreate, 2000, false),
 	SIM_PROC(cuCtxCreate, cuCtxCreate_v2, 3020, false),
+	SIM_PROC(cuCtxCreate, cuCtxCreate_v3, 11040, false),
 	SIM_PROC(cuCtxCreate, cuCtxCreate_v4, 12050, false),
 	SIM_PROC(cuCtxDestroy, cuCtxDestroy_v2, 4000, false),
 	SIM_PROC(cuCtxPushCurrent, cuCtxPushCurrent_v2, 4000, false),
@@ -1085,13 +1620,19 @@ static const struct sim_proc sim_procs[] = {
 	SIM_PROC(cuCtxGetCurrent, cuCtxGetCurrent, 2000, false),
 	SIM_PROC(cuCtxGetDevice, cuCtxGetDevice, 2000, false),
 	SIM_PROC(cuCtxSynchronize, cuCtxSynchronize, 2000, false),
-	SIM_PROC(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 2000, false),
+	SIM_PROC(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000, false),
 	SIM_PROC(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, 11000, false),
 	SIM_PROC(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState, 2000, false),
 	SIM_PROC(cuDevicePrimaryCtxSetFlags, cuDevicePrimaryCtxSetFlags_v2, 11000, false),
 	SIM_PROC(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, 11000, false),
 	SIM_PROC(cuLaunchKernel, cuLaunchKernel, 4000, false),
 	SIM_PROC(cuLaunchKernel, cuLaunchKernel_ptsz, 7000, true),
+	SIM_PROC(cuLaunchKernelEx, cuLaunchKernelEx, 11060, false),
+	SIM_PROC(cuLaunchKernelEx, cuLaunchKernelEx_ptsz, 11060, true),
+	SIM_PROC(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel, 9000, false),
+	SIM_PROC(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, 9000, true),
+	SIM_PROC(cuGraphLaunch, cuGraphLaunch, 10000, false),
+	SIM_PROC(cuGraphLaunch, cuGraphLaunch_ptsz, 10000, true),
 	SIM_PROC(cuGetErrorString, cuGetErrorString, 2000, false),
 	SIM_PROC(cuGetErrorName, cuGetErrorName, 2000, false),
 	SIM_PROC(cuGetExportTable, cuGetExportTable, 2000, false),

@@ -131,6 +131,20 @@ def cc(out: Path, *args: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def sim_probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/c/sim_probe.c, linked straight against the simulated driver (no shim)."""
+    sim = libs.sim_driver_dir()
+    return cc(
+        tmp_path_factory.mktemp("sim") / "sim_probe",
+        str(CSRC / "sim_probe.c"),
+        f"-L{sim}",
+        "-l:libcuda.so.1",
+        f"-Wl,-rpath,{sim}",
+        "-ldl",
+    )
+
+
+@pytest.fixture(scope="session")
 def cbin(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The C test programs, compiled once per session."""
     d = tmp_path_factory.mktemp("cbin")
