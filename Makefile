@@ -7,7 +7,7 @@ SOURCES := setup.py pyproject.toml $(wildcard shim/*) \
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all install run test lint format pytest bench debug clean
+.PHONY: all install run test lint format pytest bench bench-gpu debug clean
 
 all: install
 
@@ -51,6 +51,12 @@ test: lint pytest
 # BENCH_ARGS=--check makes it a failure (--quick, --only NAME: see --help).
 bench: install
 	$(BIN)/python benchmarks/nodemgr_bench.py --out build/bench/nodemgr.json $(BENCH_ARGS)
+
+# The shim's cost to a PyTorch program on a real NVIDIA GPU (exits 2 without one, or
+# without PyTorch): JSON on stdout and in build/bench/gpu.json. Not part of `bench`,
+# which stays GPU-free. BENCH_ARGS as for bench (--quick, --only NAME, --check, --python PY).
+bench-gpu: install
+	$(BIN)/python benchmarks/gpu_bench.py --out build/bench/gpu.json $(BENCH_ARGS)
 
 # ASan/UBSan builds of the shim and simulated driver, for the C tests.
 debug: install
