@@ -7,8 +7,8 @@ SOURCES := setup.py pyproject.toml $(wildcard shim/*) \
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all install run test lint format pytest bench bench-nodemgr bench-shim debug debug-test \
-	clean
+.PHONY: all install run test lint format pytest bench bench-nodemgr bench-shim bench-gpu debug \
+	debug-test clean
 
 all: install
 
@@ -64,6 +64,12 @@ bench: install
 
 $(addprefix bench-,$(BENCHES)): bench-%: install
 	$(BIN)/python benchmarks/$*_bench.py --out build/bench/$*.json $(BENCH_ARGS)
+
+# The shim's cost to a PyTorch program on a real NVIDIA GPU (exits 2 without one, or
+# without PyTorch): JSON on stdout and in build/bench/gpu.json. Not part of `bench`,
+# which stays GPU-free. BENCH_ARGS as for bench (--quick, --only NAME, --check, --python PY).
+bench-gpu: install
+	$(BIN)/python benchmarks/gpu_bench.py --out build/bench/gpu.json $(BENCH_ARGS)
 
 # ASan/UBSan builds of the shim and simulated driver, for the C tests.
 debug: install

@@ -1,0 +1,408 @@
+"""GPU truth: the shim against the real driver, PyTorch's allocators, NVML and nvidia-smi.
+
+Every test here is marked ``gpu``: conftest skips them where NVML finds no NVIDIA
+driver. nodemgr runs on the node's real GPUs (``gpus.source = "nvml"``) and the task
+scripts run under gpushare-run with the shim preloaded. The scripts need PyTorch with
+CUDA, in this Python or in ``$GPUSHARE_TORCH_PYTHON`` or ``python3`` on PATH (a
+``make test`` venv usually lacks it); without one the torch tests are skipped.
+
+A script reports its state by writing small files into a directory it is given and
+waits for files the test writes there, so the test never blocks on a pipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+MiB = 1 << 20
+GiB = 1 << 30
+QUOTA = 8 * GiB  # the environment's per-GPU memory quota in every test
+STEP = 120.0  # seconds a script may take for one step (importing torch, starting CUDA)
+
+# Run first in every script: argv is [-c, ALLOC_CONF, STATE_DIR, ...]. The allocator
+# settings are fixed before torch is imported; PYTORCH_ALLOC_CONF, the newer name that
+# takes precedence where it exists, is removed so that PYTORCH_CUDA_ALLOC_CONF decides.
+PRELUDE = textwrap.dedent(
+    """\
+    import os, sys, time
+    conf, state = sys.argv[1], sys.argv[2]
+    os.environ.pop("PYTORCH_ALLOC_CONF", None)
+    if conf:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    else:
+        os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    import torch
+    GiB = 1 << 30
+    MiB = 1 << 20
+
+    def say(name, text):
+        tmp = os.path.join(state, name + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(str(text))
+        os.replace(tmp, os.path.join(state, name))
+
+    def wait(name):
+        while not os.path.exists(os.path.join(state, name)):
+            time.sleep(0.02)
+
+    def alloc(nbytes):
+        return torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    """
+)
+
+OOM_SCRIPT = PRELUDE + textwrap.dedent(
+    """\
+    quota = int(sys.argv[3])
+    x = alloc(quota // 2)
+    print("under ok", flush=True)
+    try:
+        y = alloc(quota // 2 + GiB)
+        print("over allocated", flush=True)
+        del y
+    except torch.cuda.OutOfMemoryError:
+        print("over oom", flush=True)
+    del x
+    torch.cuda.empty_cache()
+    y = alloc(quota // 2 + GiB)
+    print("again ok", flush=True)
+    """
+)
+
+MEMINFO_SCRIPT = PRELUDE + textwrap.dedent(
+    """\
+    x = alloc(GiB)
+    free0, total0 = torch.cuda.mem_get_info()
+    held0 = torch.cuda.memory_reserved()
+    y = alloc(GiB)
+    free1, total1 = torch.cuda.mem_get_info()
+    held1 = torch.cuda.memory_reserved()
+    print(free0, total0, held0, free1, total1, held1, flush=True)
+    """
+)
+
+# Holds 2 GiB in 256 MiB tensors until told to go on, then asks for a whole quota more.
+BACKEND_SCRIPT = PRELUDE + textwrap.dedent(
+    """\
+    quota = int(sys.argv[3])
+    held = [alloc(256 * MiB) for _ in range(8)]
+    torch.cuda.synchronize()
+    say("held", torch.cuda.get_allocator_backend())
+    wait("go")
+    try:
+        extra = alloc(quota)
+        torch.cuda.synchronize()
+        print("allocated", flush=True)
+    except torch.cuda.OutOfMemoryError:
+        print("oom", flush=True)
+    """
+)
+
+# Starts CUDA and reports; then (told "go") holds 4 x 1 GiB and reports again.
+PROCESS_SCRIPT = PRELUDE + textwrap.dedent(
+    """\
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    say("ready", f"{os.getpid()} {torch.cuda.memory_reserved()}")
+    wait("go")
+    held = [alloc(GiB) for _ in range(4)]
+    torch.cuda.synchronize()
+    say("held", torch.cuda.memory_reserved())
+    wait("stop")
+    """
+)
+
+
+# --- fixtures and helpers -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def torch_python() -> str:
+    """A Python that imports torch with CUDA: this one, $GPUSHARE_TORCH_PYTHON or python3."""
+    check = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)"
+    tried = []
+    candidates = [os.environ.get("GPUSHARE_TORCH_PYTHON"), sys.executable, shutil.which("python3")]
+    for py in dict.fromkeys(c for c in candidates if c):
+        try:
+            r = subprocess.run([py, "-c", check], capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            tried.append(f"{py}: {e}")
+            continue
+        if r.returncode == 0:
+            return py
+        last = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        tried.append(f"{py}: {'CUDA not available' if r.returncode == 3 else last}")
+    pytest.skip(f"no Python with torch and CUDA (set GPUSHARE_TORCH_PYTHON); tried {tried}")
+
+
+@pytest.fixture
+def nvml() -> Iterator[Any]:
+    import pynvml
+
+    pynvml.nvmlInit()
+    yield pynvml
+    pynvml.nvmlShutdown()
+
+
+@pytest.fixture
+def endpoint(daemon_factory: Any) -> tuple[Any, str]:
+    """nodemgr on the node's real GPUs and an environment with a QUOTA per GPU."""
+    daemon = daemon_factory(sections={"gpus": {"source": "nvml"}})
+    return daemon, daemon.env("gputest", gpus=1, memory=QUOTA)
+
+
+def _failed(p: subprocess.Popen[str], why: str) -> NoReturn:
+    """Fail the test with ``why`` and whatever the task printed (killing it first)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)  # gpushare-run and its command: a session of theirs
+    out, err = p.communicate()
+    pytest.fail(f"{why} (exit {p.returncode})\nstdout:\n{out}\nstderr:\n{err}")
+
+
+def await_state(p: subprocess.Popen[str], state: Path, name: str) -> str:
+    """The text the task's script wrote as ``name``; fails if it dies or takes too long."""
+    deadline = time.monotonic() + STEP
+    path = state / name
+    while not path.exists():
+        if p.poll() is not None:
+            _failed(p, f"the task ended before reporting {name!r}")
+        if time.monotonic() > deadline:
+            _failed(p, f"no {name!r} from the task within {STEP:.0f}s")
+        time.sleep(0.05)
+    return path.read_text()
+
+
+def finish(p: subprocess.Popen[str]) -> list[str]:
+    """Wait for the task to end successfully; return its stdout lines."""
+    try:
+        out, err = p.communicate(timeout=STEP)
+    except subprocess.TimeoutExpired:
+        _failed(p, f"the task did not end within {STEP:.0f}s")
+    if p.returncode != 0:
+        pytest.fail(f"the task failed (exit {p.returncode})\nstdout:\n{out}\nstderr:\n{err}")
+    return [ln for ln in out.splitlines() if ln]
+
+
+def start_script(
+    run_task: Any,
+    ep: str,
+    py: str,
+    script: str,
+    state: Path,
+    *args: str,
+    conf: str = "",
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[str]:
+    state.mkdir(exist_ok=True)
+    p: subprocess.Popen[str] = run_task(ep, py, "-c", script, conf, str(state), *args, env=env)
+    return p
+
+
+def process_used(pynvml: Any, index: int, pid: int) -> int:
+    """NVML's figure of the device memory process ``pid`` uses on GPU ``index``.
+
+    NVML names processes by their pid in the host's pid namespace; when the tests run
+    in a container of their own that pid is not ``pid``, and the GPU's only compute
+    process is taken instead (the task's, as nothing else here starts CUDA).
+    """
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    mine = [p for p in procs if p.pid == pid]
+    if not mine and len(procs) == 1:
+        print(f"NVML lists pid {procs[0].pid}, not {pid}: another pid namespace; taking it")
+        mine = procs
+    if not mine:
+        listed = [(p.pid, p.usedGpuMemory) for p in procs]
+        pytest.fail(f"pid {pid} is not among NVML's compute processes on GPU {index}: {listed}")
+    used = mine[0].usedGpuMemory
+    if used is None:
+        pytest.skip("NVML does not report per-process memory on this node")
+    return int(used)
+
+
+def trace_calls(trace: Path) -> dict[str, int]:
+    """Calls per hook from a GPUSHARE_TRACE file (``pid=P hook=NAME calls=N ...`` lines)."""
+    calls: dict[str, int] = {}
+    text = trace.read_text() if trace.exists() else ""
+    for line in text.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "hook" in fields:
+            calls[fields["hook"]] = calls.get(fields["hook"], 0) + int(fields.get("calls", 0))
+    return calls
+
+
+# --- tests ---------------------------------------------------------------------------------
+
+
+def test_allocation_beyond_the_quota_raises_torch_oom(
+    endpoint: tuple[Any, str], run_task: Any, torch_python: str, tmp_path: Path
+) -> None:
+    """Half the quota fits; another half and a GiB does not (OutOfMemoryError); once the
+    first half is freed and the cache emptied, the same request fits."""
+    _, ep = endpoint
+    p = start_script(run_task, ep, torch_python, OOM_SCRIPT, tmp_path / "s", str(QUOTA))
+    assert finish(p) == ["under ok", "over oom", "again ok"]
+
+
+def test_mem_get_info_reports_the_share(
+    endpoint: tuple[Any, str], run_task: Any, torch_python: str, tmp_path: Path
+) -> None:
+    """torch.cuda.mem_get_info(): total is the quota; free leaves out what the process holds
+    and drops by exactly what it allocates."""
+    _, ep = endpoint
+    p = start_script(run_task, ep, torch_python, MEMINFO_SCRIPT, tmp_path / "s")
+    [line] = finish(p)
+    free0, total0, held0, free1, total1, held1 = map(int, line.split())
+    print(
+        f"mem_get_info: total {total0} free {free0} (holding {held0}) -> free {free1} "
+        f"(holding {held1}); quota {QUOTA}"
+    )
+    assert total0 == total1 == QUOTA
+    assert held0 >= GiB and held1 >= 2 * GiB
+    assert 0 < free0 <= QUOTA - held0
+    assert 0 < free1 <= QUOTA - held1
+    assert abs((free0 - free1) - GiB) <= 16 * MiB
+
+
+# The driver entry points each allocator backend must reach (GPUSHARE_TRACE hook names).
+BACKENDS = {
+    "caching": ("", "native", {"cuMemAlloc_v2"}),
+    "expandable": ("expandable_segments:True", "native", {"cuMemCreate"}),
+    "async": (
+        "backend:cudaMallocAsync",
+        "cudaMallocAsync",
+        {
+            "cuMemAllocAsync",
+            "cuMemAllocAsync_ptsz",
+            "cuMemAllocFromPoolAsync",
+            "cuMemAllocFromPoolAsync_ptsz",
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_every_allocator_backend_is_charged_and_limited(
+    endpoint: tuple[Any, str], run_task: Any, torch_python: str, tmp_path: Path, backend: str
+) -> None:
+    """2 GiB of tensors show in nodemgr's tasks while held, through the backend's own driver
+    calls, and asking for a whole quota more raises OutOfMemoryError."""
+    daemon, ep = endpoint
+    conf, expect_backend, hooks = BACKENDS[backend]
+    state, trace = tmp_path / "s", tmp_path / "trace"
+    p = start_script(
+        run_task,
+        ep,
+        torch_python,
+        BACKEND_SCRIPT,
+        state,
+        str(QUOTA),
+        conf=conf,
+        env={"GPUSHARE_TRACE": str(trace)},
+    )
+    assert await_state(p, state, "held") == expect_backend
+    [task] = daemon.tasks()
+    print(f"{backend}: nodemgr charges {task['memory_used']} bytes for 2 GiB of tensors")
+    assert 2 * GiB <= task["memory_used"] <= QUOTA
+    (state / "go").touch()
+    assert finish(p) == ["oom"]
+    calls = trace_calls(trace)
+    assert sum(calls.get(h, 0) for h in hooks) > 0, f"none of {sorted(hooks)} in trace {calls}"
+
+
+def test_shim_total_agrees_with_nvml(
+    endpoint: tuple[Any, str], run_task: Any, torch_python: str, tmp_path: Path, nvml: Any
+) -> None:
+    """The task's memory_used (allocations and context charge) is within 2% of NVML's
+    per-process figure with 4 GiB held, and the 4 GiB themselves are charged as NVML sees
+    them."""
+    daemon, ep = endpoint
+    state = tmp_path / "s"
+    p = start_script(run_task, ep, torch_python, PROCESS_SCRIPT, state)
+    pid, reserved0 = map(int, await_state(p, state, "ready").split())
+    [task] = daemon.tasks()
+    gpu = task["gpus"][0]
+    shim0, nvml0 = task["memory_used"], process_used(nvml, gpu, pid)
+    (state / "go").touch()
+    reserved1 = int(await_state(p, state, "held"))
+    [task] = daemon.tasks()
+    shim1, nvml1 = task["memory_used"], process_used(nvml, gpu, pid)
+    (state / "stop").touch()
+    finish(p)
+    print(
+        f"after CUDA init: shim {shim0 / MiB:.1f} MiB, NVML {nvml0 / MiB:.1f} MiB "
+        f"(torch reserved {reserved0 / MiB:.1f} MiB)\n"
+        f"holding 4 GiB:   shim {shim1 / MiB:.1f} MiB, NVML {nvml1 / MiB:.1f} MiB "
+        f"(torch reserved {reserved1 / MiB:.1f} MiB)"
+    )
+    grown_shim, grown_nvml = shim1 - shim0, nvml1 - nvml0
+    assert grown_nvml > 3 * GiB, "NVML does not see the 4 GiB: is this the task's process?"
+    assert abs(grown_shim - grown_nvml) <= 0.02 * grown_nvml, "the allocations' charge"
+    assert abs(shim1 - nvml1) <= 0.02 * nvml1, (
+        f"the shim's total is off NVML's by {(shim1 - nvml1) / MiB:.1f} MiB; NVML puts this "
+        f"process's context near {(nvml0 - reserved0) / MiB:.1f} MiB (gpus.context_memory)"
+    )
+
+
+def test_nvidia_smi_in_a_task_shows_the_share(
+    endpoint: tuple[Any, str], run_task: Any, nvml: Any
+) -> None:
+    """nvidia-smi run under the shim reports the quota as the granted GPU's total memory."""
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("nvidia-smi is not on PATH")
+    _, ep = endpoint
+    query = "nvidia-smi --query-gpu=uuid,memory.total,memory.used --format=csv,noheader,nounits"
+    p = run_task(ep, "sh", "-c", f'echo "$CUDA_VISIBLE_DEVICES"; exec {query}')
+    granted, *rows = finish(p)
+    table = {}
+    for row in rows:
+        fields = [f.strip() for f in row.split(",")]
+        if len(fields) == 3 and fields[0].startswith("GPU-"):
+            table[fields[0]] = (fields[1], fields[2])
+    assert granted in table, f"granted GPU {granted} not in nvidia-smi's output {rows}"
+    total, used = (int(v) if v.isdigit() else -1 for v in table[granted])
+    real = nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByUUID(granted)).total
+    print(
+        f"nvidia-smi in the task: total {total} MiB, used {used} MiB; the GPU has "
+        f"{real // MiB} MiB; the quota is {QUOTA // MiB} MiB"
+    )
+    assert abs(total - QUOTA // MiB) <= 1
+    assert used <= total  # -1 where nvidia-smi has no figure
+
+
+def test_context_memory_measured(
+    endpoint: tuple[Any, str], run_task: Any, torch_python: str, tmp_path: Path, nvml: Any
+) -> None:
+    """What one process's CUDA context costs on this GPU, by NVML: the figure for
+    gpus.context_memory. Printed for a person to read; it must at least be positive."""
+    daemon, ep = endpoint
+    state = tmp_path / "s"
+    p = start_script(run_task, ep, torch_python, PROCESS_SCRIPT, state)
+    pid, reserved = map(int, await_state(p, state, "ready").split())
+    [task] = daemon.tasks()
+    used = process_used(nvml, task["gpus"][0], pid)
+    charged = task["memory_used"]
+    (state / "go").touch()
+    (state / "stop").touch()
+    finish(p)
+    print(
+        f"after torch.cuda.init() and one tensor: NVML per-process {used} bytes "
+        f"({used / MiB:.1f} MiB), torch reserved {reserved / MiB:.1f} MiB, so the context "
+        f"is about {(used - reserved) / MiB:.1f} MiB; the shim charged {charged / MiB:.1f} MiB"
+    )
+    assert used > 0
+    assert used > reserved
