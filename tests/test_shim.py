@@ -332,3 +332,54 @@ def test_nvml_in_a_task_reports_the_environments_share(
         else:
             # A GPU the environment does not hold has no share to show.
             assert (total, used, free) == (0, 0, 0), uuid
+
+
+# --- what the known peer gets wrong, each made impossible here --------------------------
+
+
+def test_a_burst_of_processes_all_get_through_cuinit(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    """128 processes of one task start at once: every one claims its own slot and runs (no
+    global lock, no hang); the slots go back when they end."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    script = f'for i in $(seq 128); do "{cbin["client"]}" launch 1 & done; wait'
+    p = run_task(ep, "sh", "-c", script)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert lines(out) == ["launch ok"] * 128
+
+
+def test_an_uncharge_beyond_the_charge_never_wraps(tmp_path: Path) -> None:
+    """An unguarded subtraction would turn a slot's usage into ~2**64."""
+    from nodemgr._ledger import ffi, lib
+    from nodemgr.ledger import Ledger
+
+    ledger = Ledger.create(tmp_path / "ledger", [bytes(16)])
+    try:
+        ledger.set_limit(0, GiB)
+        raw = ffi.cast("struct gs_ledger *", ffi.from_buffer(ledger._mem))
+        fd = os.open(tmp_path / "ledger", os.O_RDWR)
+        slot = lib.gs_ledger_claim(raw, fd, os.getpid(), b"t")
+        assert slot >= 0
+        assert lib.gs_ledger_charge(raw, slot, 0, 10 * MiB) == 0
+        lib.gs_ledger_uncharge(raw, slot, 0, 20 * MiB)
+        assert ledger.used(0) == 0
+        assert lib.gs_ledger_charge(raw, slot, 0, GiB) == 0, "the whole pool is usable again"
+        os.close(fd)
+    finally:
+        ledger.close()
+
+
+def test_the_shim_says_nothing_while_it_works(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    """No per-call logging: thousands of calls, refusals included, and not one line."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    p = run_task(
+        ep, str(cbin["client"]), "fill", "2", "alloc", "2", "launch", "1000", "edge", "info"
+    )
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "fill 512" in out
+    assert err == ""
