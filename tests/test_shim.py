@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nodemgr._ledger import ffi, lib
 
 from client_plugin import libs
+from nodemgr.ledger import Ledger
 from tests.conftest import hook_table, shim_preload
 
 KiB = 1 << 10
@@ -352,9 +354,6 @@ def test_a_burst_of_processes_all_get_through_cuinit(
 
 def test_an_uncharge_beyond_the_charge_never_wraps(tmp_path: Path) -> None:
     """An unguarded subtraction would turn a slot's usage into ~2**64."""
-    from nodemgr._ledger import ffi, lib
-    from nodemgr.ledger import Ledger
-
     ledger = Ledger.create(tmp_path / "ledger", [bytes(16)])
     try:
         ledger.set_limit(0, GiB)
