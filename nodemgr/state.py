@@ -105,6 +105,7 @@ class Node:
         self.tasks: dict[str, Task] = {}
         self.queue: list[Waiter] = []
         self.lost: set[int] = set()  # GPUs NVML reported lost; never granted again
+        self.context_memory = config.context_memory_for(simulated)
         self.started = time.time()
         self._wids = 0
         # Set when something that could serve a waiter has changed.
@@ -168,6 +169,8 @@ class Node:
             env_dir.mkdir(parents=True, mode=0o700)
             ledger = Ledger.create(env_dir / "ledger", uuids)
         ledger.chown(access.uid, access.gid, access.mode)
+        for index in range(len(self.gpus)):
+            ledger.set_ctx_charge(index, self.context_memory)
         os.chown(env_dir, access.uid, access.gid)
         # The directory's owner is the environment's user; nodemgr, root or
         # the same user, keeps its way in either way.
