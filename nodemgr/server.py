@@ -235,7 +235,11 @@ class Server:
             self._reclaim_hung(task)
         if now >= self._next_sweep:
             self._next_sweep = now + self.config.sweep_interval
+            wall_ns = time.time_ns()
             for env in self.node.envs.values():
+                # Before reaping, so a process that launched and died since the
+                # last sweep still dates its task's last launch.
+                env.ledger.stamp_launches(wall_ns)
                 reaped = env.ledger.reap_totals()
                 if reaped:
                     self.node.note_usage(reaped)
