@@ -542,6 +542,12 @@ class Server:
             self._kill_client(task)
             self._release(task.task_id, "admin")
             return protocol.reply("reclaimed", msg_id, task_id=task.task_id, env=task.env)
+        if kind in ("pause", "resume"):
+            paused = kind == "pause"
+            task = node.pause(body["task_id"], paused)
+            return protocol.reply(
+                "paused", msg_id, task_id=task.task_id, env=task.env, paused=paused
+            )
         if kind == "history":
             limit = body["limit"] or 1000
             records = node.store.history(body["env"], body["since"], limit)

@@ -20,7 +20,7 @@ from typing import Any
 from nodemgr import scheduler
 from nodemgr.config import Config
 from nodemgr.gpus import Gpu
-from nodemgr.ledger import Ledger, LedgerError, SlotTotals
+from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, SlotTotals
 from nodemgr.protocol import Err, ProtocolError
 from nodemgr.store import Record, Store
 
@@ -392,6 +392,26 @@ class Node:
         log.info("release %s env=%s reason=%s", task_id, task.env, reason)
         return task
 
+    def pause(self, task_id: str, paused: bool) -> Task:
+        """Hold (or let go) a running task's kernel launches through its ledger entry.
+
+        The pause word lives only in the ledger, which survives a nodemgr
+        restart: views read it from there, so they never disagree with it.
+        """
+        task = self.tasks.get(task_id)
+        if task is None:
+            raise ProtocolError(Err.UNKNOWN_TASK, f"no running task {task_id!r}")
+        try:
+            self.envs[task.env].ledger.task_pause(task_id, paused)
+        except LedgerError:
+            raise ProtocolError(
+                Err.NOT_PAUSABLE,
+                f"task {task_id} has no entry in its environment's ledger (all "
+                f"{MAX_TASKS} were in use when it started), so its launches cannot be held",
+            ) from None
+        log.info("%s %s env=%s", "pause" if paused else "resume", task_id, task.env)
+        return task
+
     def expired(self, now: float) -> list[Task]:
         limit = self.config.heartbeat_timeout
         return [t for t in self.tasks.values() if now - t.last_seen > limit]
@@ -493,6 +513,8 @@ class Node:
 
     def task_view(self, task: Task, usage: dict[str, SlotTotals]) -> dict[str, object]:
         totals = usage.get(task.task_id, SlotTotals())
+        entry = self.envs[task.env].ledger.task_entry(task.task_id)
+        stamped = entry.last_launch_ns if entry is not None else 0
         return {
             "task_id": task.task_id,
             "env": task.env,
@@ -506,6 +528,8 @@ class Node:
             "started": task.started,
             "command": task.command,
             "attached": not task.restored,
+            "paused": entry is not None and entry.paused,
+            "last_launch": stamped / 1e9 if stamped else None,
         }
 
     def tasks_view(self, env: str | None) -> list[dict[str, object]]:
