@@ -9,14 +9,18 @@
  *    included, so a runtime that re-fetches cuGetProcAddress stays caught;
  *  - dlsym on libcuda's handle (libcudart's way in) goes through the dlsym
  *    trampoline in dlsym_x86_64.S, which leaves RTLD_NEXT/RTLD_DEFAULT alone.
+ * NVML's memory queries are answered the same two ways (export and dlsym),
+ * so nvidia-smi inside a task shows the environment's share.
  *
  * Settings are read once, at load. The allocation path takes no lock across
- * a driver call, does no I/O and never logs.
+ * a driver call, does no I/O and never logs; the launch path touches shared
+ * memory with one relaxed load (the task's pause word) and one relaxed add.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,6 +28,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda_abi.h"
@@ -31,71 +37,102 @@
 
 #define GS_EXPORT __attribute__((visibility("default")))
 #define GS_HIDDEN __attribute__((visibility("hidden")))
+#define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
 /* The newest CUDA version whose ABI variants hooks.def fully describes. */
 #define GS_TABLE_CUDA_VERSION 13000
 
+/*
+ * Charging granularity (docs/architecture.md, "What is charged"): the
+ * driver backs allocations of 2 MiB and more with 2 MiB pages, and packs
+ * smaller ones at 512-byte alignment inside such pages.
+ */
+#define GS_PAGE (2ULL << 20)
+#define GS_SMALL_ALIGN 512ULL
+
 /* --- tables generated from hooks.def ----------------------------------- */
 
 #define GS_HOOK(abi, base, ver, ptsz, params) typedef CUresult(*gs_fn_##abi) params;
 #define GS_REAL(abi, params) typedef CUresult(*gs_fn_##abi) params;
+#define GS_NVML_HOOK(abi, params) typedef nvmlReturn_t(*gs_fn_##abi) params;
+#define GS_NVML_REAL(abi, params) typedef nvmlReturn_t(*gs_fn_##abi) params;
 #include "hooks.def"
-#undef GS_HOOK
-#undef GS_REAL
 
 #define GS_HOOK(abi, base, ver, ptsz, params) GS_EXPORT CUresult abi params;
 #define GS_REAL(abi, params)
+#define GS_NVML_HOOK(abi, params) GS_EXPORT nvmlReturn_t abi params;
 #include "hooks.def"
-#undef GS_HOOK
-#undef GS_REAL
 
-/* Real driver entry points; NULL when the driver lacks one. */
+/* Real driver and NVML entry points; NULL where the library lacks one. */
 static struct {
 #define GS_HOOK(abi, base, ver, ptsz, params) gs_fn_##abi abi;
 #define GS_REAL(abi, params) gs_fn_##abi abi;
 #include "hooks.def"
-#undef GS_HOOK
-#undef GS_REAL
 } real;
 
-enum {
-#define GS_HOOK(abi, base, ver, ptsz, params) GS_ID_##abi,
+static struct {
+#define GS_HOOK(abi, base, ver, ptsz, params)
 #define GS_REAL(abi, params)
+#define GS_NVML_HOOK(abi, params) gs_fn_##abi abi;
+#define GS_NVML_REAL(abi, params) gs_fn_##abi abi;
 #include "hooks.def"
-#undef GS_HOOK
-#undef GS_REAL
-	GS_NHOOKS
-};
-
-struct gs_hook {
-	const char *abi;
-	const char *base;
-	int version;
-	int per_thread;
-	void *wrapper;
-	void **real;
-};
-
-static const struct gs_hook hooks[GS_NHOOKS] = {
-#define GS_HOOK(abi, base, ver, ptsz, params) \
-	[GS_ID_##abi] = { #abi, #base, ver, ptsz, (void *)abi, (void **)&real.abi },
-#define GS_REAL(abi, params)
-#include "hooks.def"
-#undef GS_HOOK
-#undef GS_REAL
-};
+} nvml;
 
 static const char *const real_names[] = {
 #define GS_HOOK(abi, base, ver, ptsz, params) #abi,
 #define GS_REAL(abi, params) #abi,
 #include "hooks.def"
-#undef GS_HOOK
-#undef GS_REAL
+};
+
+static const char *const nvml_names[] = {
+#define GS_HOOK(abi, base, ver, ptsz, params)
+#define GS_REAL(abi, params)
+#define GS_NVML_HOOK(abi, params) #abi,
+#define GS_NVML_REAL(abi, params) #abi,
+#include "hooks.def"
 };
 
 _Static_assert(sizeof(real) / sizeof(void *) == sizeof(real_names) / sizeof(real_names[0]),
 	       "real-pointer table and name list disagree");
+_Static_assert(sizeof(nvml) / sizeof(void *) == sizeof(nvml_names) / sizeof(nvml_names[0]),
+	       "NVML pointer table and name list disagree");
+
+/* Every entry of the lookup table: hooks, known unhooked variants, NVML hooks. */
+enum {
+#define GS_HOOK(abi, base, ver, ptsz, params) GS_ID_##abi,
+#define GS_REAL(abi, params)
+#define GS_VARIANT(abi, base, ver, ptsz) GS_ID_##abi,
+#define GS_NVML_HOOK(abi, params) GS_ID_##abi,
+#include "hooks.def"
+	GS_NENTRIES
+};
+
+enum gs_lib { GS_LIB_CUDA, GS_LIB_NVML };
+
+struct gs_hook {
+	const char *abi;
+	const char *base; /* NULL for NVML */
+	int version;
+	int per_thread;
+	enum gs_lib lib;
+	void *wrapper; /* NULL: a variant the shim does not wrap */
+	void **real;
+};
+
+static const struct gs_hook hooks[GS_NENTRIES] = {
+#define GS_HOOK(abi, base, ver, ptsz, params) \
+	[GS_ID_##abi] = { #abi, #base, ver, ptsz, GS_LIB_CUDA, (void *)abi, (void **)&real.abi },
+#define GS_REAL(abi, params)
+#define GS_VARIANT(abi, base, ver, ptsz) \
+	[GS_ID_##abi] = { #abi, #base, ver, ptsz, GS_LIB_CUDA, NULL, NULL },
+#define GS_NVML_HOOK(abi, params) \
+	[GS_ID_##abi] = { #abi, NULL, 0, 0, GS_LIB_NVML, (void *)abi, (void **)&nvml.abi },
+#include "hooks.def"
+};
+
+/* An acquire load of a real entry point: resolution publishes them with release. */
+#define R(table, abi) __atomic_load_n(&(table).abi, __ATOMIC_ACQUIRE)
 
 /* --- process state -------------------------------------------------------- */
 
@@ -118,6 +155,7 @@ static struct {
 	char task_id[GS_TASK_ID_LEN];
 	char *trace_path;
 	int dev_map[GS_MAX_DEVS];
+	uint8_t ctx_charged[GS_MAX_GPUS]; /* this process paid its context on that GPU */
 	pthread_mutex_t claim_mu;
 } g = {
 	.mode = GS_INERT,
@@ -126,10 +164,22 @@ static struct {
 	.claim_mu = PTHREAD_MUTEX_INITIALIZER,
 };
 
+/*
+ * What the launch path touches. Until the process has a slot both point at
+ * private words, so the path needs no mode test: claiming a slot repoints
+ * them into the ledger (the task's pause word, the slot's launch counter).
+ */
+static uint32_t never_paused;
+static uint64_t unattached_launches;
 static struct {
-	unsigned long calls[GS_NHOOKS];
-	unsigned long via_dlsym[GS_NHOOKS];
-	unsigned long via_gpa[GS_NHOOKS];
+	uint32_t *pause;
+	uint64_t *launches;
+} hot = { &never_paused, &unattached_launches };
+
+static struct {
+	unsigned long calls[GS_NENTRIES];
+	unsigned long via_dlsym[GS_NENTRIES];
+	unsigned long via_gpa[GS_NENTRIES];
 } trace;
 
 #define TRACE(id, field)                                                     \
@@ -140,7 +190,7 @@ static struct {
 
 GS_HIDDEN void *(*gs_real_dlsym)(void *, const char *);
 
-/* --- resolving the real driver -------------------------------------------- */
+/* --- resolving the real libraries ------------------------------------------ */
 
 static void resolve_real_dlsym(void)
 {
@@ -154,11 +204,16 @@ static void resolve_real_dlsym(void)
 	__atomic_store_n(&gs_real_dlsym, (void *(*)(void *, const char *))p, __ATOMIC_RELEASE);
 }
 
+static void fill_table(void *h, void **slots, const char *const *names, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		__atomic_store_n(&slots[i], gs_real_dlsym(h, names[i]), __ATOMIC_RELEASE);
+}
+
 static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 
 static void resolve_real_driver(void)
 {
-	void **slots = (void **)&real;
 	void *h;
 
 	resolve_real_dlsym();
@@ -169,9 +224,8 @@ static void resolve_real_driver(void)
 		h = dlopen("libcuda.so.1", RTLD_NOW);
 	if (h == NULL)
 		return;
-	/* The handle stays open: the pointers below must outlive any dlclose. */
-	for (size_t i = 0; i < sizeof(real_names) / sizeof(real_names[0]); i++)
-		__atomic_store_n(&slots[i], gs_real_dlsym(h, real_names[i]), __ATOMIC_RELEASE);
+	/* The handle stays open: the pointers must outlive any dlclose. */
+	fill_table(h, (void **)&real, real_names, sizeof(real_names) / sizeof(real_names[0]));
 }
 
 static inline void need_real(void)
@@ -179,41 +233,81 @@ static inline void need_real(void)
 	pthread_once(&real_once, resolve_real_driver);
 }
 
-/* A missing real entry point is reported, never called. */
-#define REAL_OR_FAIL(abi)                               \
-	do {                                            \
-		need_real();                            \
-		if (unlikely(real.abi == NULL))         \
-			return CUDA_ERROR_NOT_FOUND;    \
-	} while (0)
+/*
+ * NVML is never loaded by the shim: its wrappers are only reached by a
+ * program that loaded it, so the table is filled from the library already
+ * there, retried until it is.
+ */
+static pthread_mutex_t nvml_mu = PTHREAD_MUTEX_INITIALIZER;
+static int nvml_resolved;
+
+static void need_nvml(void)
+{
+	void *h;
+
+	if (__atomic_load_n(&nvml_resolved, __ATOMIC_ACQUIRE))
+		return;
+	resolve_real_dlsym();
+	pthread_mutex_lock(&nvml_mu);
+	if (!nvml_resolved && gs_real_dlsym != NULL) {
+		h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
+		if (h != NULL) {
+			fill_table(h, (void **)&nvml, nvml_names,
+				   sizeof(nvml_names) / sizeof(nvml_names[0]));
+			__atomic_store_n(&nvml_resolved, 1, __ATOMIC_RELEASE);
+		}
+	}
+	pthread_mutex_unlock(&nvml_mu);
+}
+
+/*
+ * The real entry point into `fn`, resolving the table on first use. A
+ * missing one is reported, never called.
+ */
+#define GET_REAL(abi, fn)                                          \
+	gs_fn_##abi fn = R(real, abi);                             \
+	if (unlikely(fn == NULL)) {                                \
+		need_real();                                       \
+		fn = R(real, abi);                                 \
+		if (fn == NULL)                                    \
+			return CUDA_ERROR_NOT_FOUND;               \
+	}
+
+#define GET_NVML(abi, fn)                                          \
+	gs_fn_##abi fn;                                            \
+	need_nvml();                                               \
+	fn = R(nvml, abi);                                         \
+	if (fn == NULL)                                            \
+		return NVML_ERROR_FUNCTION_NOT_FOUND;
 
 static const struct gs_hook *hook_by_abi(const char *name)
 {
-	for (int i = 0; i < GS_NHOOKS; i++)
-		if (strcmp(hooks[i].abi, name) == 0)
+	for (int i = 0; i < GS_NENTRIES; i++)
+		if (hooks[i].wrapper != NULL && strcmp(hooks[i].abi, name) == 0)
 			return &hooks[i];
 	return NULL;
 }
 
 /*
- * The hook for a cuGetProcAddress request: among the variants of `base`
- * with the requested stream flavour, the newest one the caller's version
- * admits; per-thread requests fall back to the legacy variant as the
- * driver does when no per-thread variant exists.
+ * The ABI variant a cuGetProcAddress request resolves to, as the driver
+ * resolves it: among the variants of `base` of the requested stream
+ * flavour, the newest the caller's version admits; a per-thread request
+ * falls back to the legacy flavour when the name has no per-thread variant.
+ * NULL when the table knows no variant the version admits.
  */
-static const struct gs_hook *hook_by_base(const char *base, int version, cuuint64_t flags)
+static const struct gs_hook *variant_for(const char *base, int version, cuuint64_t flags)
 {
 	int per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
 
 	for (;;) {
 		const struct gs_hook *best = NULL;
 
-		for (int i = 0; i < GS_NHOOKS; i++) {
+		for (int i = 0; i < GS_NENTRIES; i++) {
 			const struct gs_hook *h = &hooks[i];
 
-			if (h->per_thread != per_thread || h->version > version)
+			if (h->lib != GS_LIB_CUDA || strcmp(h->base, base) != 0)
 				continue;
-			if (strcmp(h->base, base) != 0)
+			if (h->per_thread != per_thread || h->version > version)
 				continue;
 			if (best == NULL || h->version > best->version)
 				best = h;
@@ -228,12 +322,13 @@ static const struct gs_hook *hook_by_base(const char *base, int version, cuuint6
 GS_HIDDEN void *gs_dlsym_hook(void *handle, const char *name)
 {
 	const struct gs_hook *h;
-	void *p, *h_cuda;
+	const char *soname;
+	void *p, *lib;
 
 	resolve_real_dlsym();
 	if (handle == RTLD_NEXT || handle == RTLD_DEFAULT || name == NULL)
 		return NULL;
-	if (name[0] != 'c' || name[1] != 'u')
+	if (!(name[0] == 'c' && name[1] == 'u') && strncmp(name, "nvml", 4) != 0)
 		return NULL;
 	h = hook_by_abi(name);
 	if (h == NULL || gs_real_dlsym == NULL)
@@ -241,13 +336,17 @@ GS_HIDDEN void *gs_dlsym_hook(void *handle, const char *name)
 	p = gs_real_dlsym(handle, name);
 	if (p == NULL)
 		return NULL;
-	/* Only loading libcuda resolves the table; never load it from here. */
-	h_cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-	if (h_cuda == NULL)
+	/* Only the program loads these libraries; never load one from here. */
+	soname = h->lib == GS_LIB_CUDA ? "libcuda.so.1" : "libnvidia-ml.so.1";
+	lib = dlopen(soname, RTLD_NOW | RTLD_NOLOAD);
+	if (lib == NULL)
 		return NULL;
-	dlclose(h_cuda); /* NOLOAD still took a reference */
-	need_real();
-	/* Wrap only what resolves to libcuda's own definition. */
+	dlclose(lib); /* NOLOAD still took a reference */
+	if (h->lib == GS_LIB_CUDA)
+		need_real();
+	else
+		need_nvml();
+	/* Wrap only what resolves to the library's own definition. */
 	if (p != __atomic_load_n(h->real, __ATOMIC_ACQUIRE))
 		return NULL;
 	TRACE(h - hooks, via_dlsym);
@@ -309,9 +408,9 @@ static void attach_ledger(const char *path)
 	}
 	map = map_ledger(fd);
 	if (map == NULL) {
-		say("cannot use ledger %s: not a version-1 gpushare ledger, or not mappable; GPU "
+		say("cannot use ledger %s: not a version-%d gpushare ledger, or not mappable; GPU "
 		    "allocations will fail (shim and nodemgr must come from the same release)",
-		    path);
+		    path, GS_LEDGER_VERSION);
 		close(fd);
 		return;
 	}
@@ -327,14 +426,22 @@ static int my_slot(void)
 {
 	int s = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
 
-	if (s >= 0)
+	if (likely(s >= 0))
 		return s;
 	pthread_mutex_lock(&g.claim_mu);
 	s = g.slot;
 	if (s < 0) {
 		s = gs_ledger_claim(g.ledger, g.fd, (int32_t)getpid(), g.task_id);
-		if (s >= 0)
+		if (s >= 0) {
+			int t = gs_ledger_task_find(g.ledger, g.task_id);
+
+			if (t >= 0)
+				__atomic_store_n(&hot.pause, &g.ledger->task[t].paused,
+						 __ATOMIC_RELEASE);
+			__atomic_store_n(&hot.launches, &g.ledger->slot[s].launches,
+					 __ATOMIC_RELEASE);
 			__atomic_store_n(&g.slot, s, __ATOMIC_RELEASE);
+		}
 	}
 	pthread_mutex_unlock(&g.claim_mu);
 	return s < 0 ? -1 : s;
@@ -343,6 +450,8 @@ static int my_slot(void)
 /* Ledger GPU index of a device ordinal, or GS_DEV_FOREIGN. */
 static int ledger_gpu(CUdevice dev)
 {
+	gs_fn_cuDeviceGetUuid_v2 uuid_v2 = R(real, cuDeviceGetUuid_v2);
+	gs_fn_cuDeviceGetUuid uuid_v1 = R(real, cuDeviceGetUuid);
 	CUuuid uuid;
 	int idx = GS_DEV_FOREIGN;
 	CUresult rc;
@@ -352,10 +461,10 @@ static int ledger_gpu(CUdevice dev)
 		if (idx != GS_DEV_UNKNOWN)
 			return idx;
 	}
-	if (real.cuDeviceGetUuid_v2 != NULL)
-		rc = real.cuDeviceGetUuid_v2(&uuid, dev);
-	else if (real.cuDeviceGetUuid != NULL)
-		rc = real.cuDeviceGetUuid(&uuid, dev);
+	if (uuid_v2 != NULL)
+		rc = uuid_v2(&uuid, dev);
+	else if (uuid_v1 != NULL)
+		rc = uuid_v1(&uuid, dev);
 	else
 		rc = CUDA_ERROR_NOT_FOUND;
 	idx = GS_DEV_FOREIGN;
@@ -375,30 +484,137 @@ static int ledger_gpu(CUdevice dev)
 /* Ledger GPU of the calling thread's current context, or the driver's error. */
 static CUresult current_gpu(int *gpu)
 {
+	gs_fn_cuCtxGetDevice get = R(real, cuCtxGetDevice);
 	CUdevice dev;
 	CUresult rc;
 
-	if (real.cuCtxGetDevice == NULL)
+	if (get == NULL)
 		return CUDA_ERROR_NOT_FOUND;
-	rc = real.cuCtxGetDevice(&dev);
+	rc = get(&dev);
 	if (rc == CUDA_SUCCESS)
 		*gpu = ledger_gpu(dev);
 	return rc;
 }
 
+/* --- charging --------------------------------------------------------------- */
+
+/* What the driver really takes for `bytes`; UINT64_MAX when that overflows. */
+static inline uint64_t footprint(uint64_t bytes)
+{
+	uint64_t align = bytes >= GS_PAGE ? GS_PAGE : GS_SMALL_ALIGN;
+
+	if (bytes > UINT64_MAX - (align - 1))
+		return UINT64_MAX;
+	return (bytes + align - 1) & ~(align - 1);
+}
+
+static inline uint64_t mul_sat(uint64_t a, uint64_t b)
+{
+	uint64_t r;
+
+	return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+/* One charge: where it went, so it can be taken back exactly. */
+struct gs_charge {
+	int32_t slot;
+	int32_t gpu;
+	uint64_t bytes;
+};
+
+/*
+ * Charge `bytes` on ledger GPU `gpu` to this process's slot. A GPU that is
+ * not the node's, no free slot, or the limit: CUDA_ERROR_OUT_OF_MEMORY.
+ */
+static CUresult charge_gpu(int gpu, uint64_t bytes, struct gs_charge *c)
+{
+	c->gpu = gpu;
+	c->bytes = bytes;
+	c->slot = my_slot();
+	if (gpu < 0 || c->slot < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	if (gs_ledger_charge(g.ledger, (uint32_t)c->slot, (uint32_t)gpu, bytes) != 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	return CUDA_SUCCESS;
+}
+
+/* The same on the device of the calling thread's current context. */
+static CUresult charge_current(uint64_t bytes, struct gs_charge *c)
+{
+	int gpu;
+	CUresult rc = current_gpu(&gpu);
+
+	return rc != CUDA_SUCCESS ? rc : charge_gpu(gpu, bytes, c);
+}
+
+static void uncharge(const struct gs_charge *c)
+{
+	gs_ledger_uncharge(g.ledger, (uint32_t)c->slot, (uint32_t)c->gpu, c->bytes);
+}
+
+/*
+ * A process pays for its context on a GPU once, when it first creates or
+ * retains one there (the figure nodemgr publishes per GPU). Charged before
+ * the driver call, so a context that would not fit is refused like an
+ * allocation; the charge stays until the process ends.
+ */
+static CUresult charge_context(CUdevice dev, int *charged)
+{
+	struct gs_charge c;
+	uint64_t bytes;
+	int gpu;
+
+	*charged = -1;
+	if (g.mode != GS_ENFORCE)
+		return CUDA_SUCCESS;
+	gpu = ledger_gpu(dev);
+	if (gpu < 0 || __atomic_load_n(&g.ctx_charged[gpu], __ATOMIC_ACQUIRE))
+		return CUDA_SUCCESS;
+	bytes = __atomic_load_n(&g.ledger->gpu[gpu].ctx_charge, __ATOMIC_RELAXED);
+	if (bytes == 0)
+		return CUDA_SUCCESS;
+	if (__atomic_exchange_n(&g.ctx_charged[gpu], 1, __ATOMIC_ACQ_REL))
+		return CUDA_SUCCESS; /* another thread is paying it */
+	if (charge_gpu(gpu, bytes, &c) != CUDA_SUCCESS) {
+		__atomic_store_n(&g.ctx_charged[gpu], 0, __ATOMIC_RELEASE);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*charged = gpu;
+	return CUDA_SUCCESS;
+}
+
+/* The context the charge was for could not be made: take the charge back. */
+static void context_failed(int gpu)
+{
+	struct gs_charge c;
+
+	if (gpu < 0)
+		return;
+	c.slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	c.gpu = gpu;
+	c.bytes = __atomic_load_n(&g.ledger->gpu[gpu].ctx_charge, __ATOMIC_RELAXED);
+	uncharge(&c);
+	__atomic_store_n(&g.ctx_charged[gpu], 0, __ATOMIC_RELEASE);
+}
+
 /* --- allocation map --------------------------------------------------------- */
 
 /*
- * Pointer -> (size, GPU) for live allocations, so a free uncharges exactly
- * what its allocation charged. Sharded so that threads rarely meet; a shard
- * lock is held only around the table operation.
+ * (handle, kind) -> charge for live allocations, so a free uncharges exactly
+ * what its allocation charged. Device pointers, cuMemCreate handles and
+ * array handles live in different namespaces, hence the kind. Sharded so
+ * that threads rarely meet; a shard lock is held only around the table
+ * operation, never across a driver call.
  */
+enum gs_kind { GS_K_PTR = 1, GS_K_HANDLE, GS_K_ARRAY, GS_K_MIPMAP };
+
 #define GS_SHARDS 64
 
 struct gs_alloc {
-	CUdeviceptr ptr; /* 0 = empty; the driver never hands out 0 */
-	uint64_t size;
+	uint64_t key; /* 0 = empty; the driver never hands out 0 */
+	uint32_t kind;
 	int32_t gpu;
+	uint64_t size;
 };
 
 static struct gs_shard {
@@ -415,15 +631,25 @@ static inline uint64_t mix(uint64_t x)
 	return x;
 }
 
-/* Insert a; if a record for the same address existed, return it in *old. */
+static inline uint64_t hkey(uint64_t key, uint32_t kind)
+{
+	return mix(key ^ ((uint64_t)kind << 60));
+}
+
+static inline int same(const struct gs_alloc *a, uint64_t key, uint32_t kind)
+{
+	return a->key == key && a->kind == kind;
+}
+
+/* Insert a; if a record for the same handle existed, return it in *old. */
 static int shard_put(struct gs_shard *s, struct gs_alloc a, struct gs_alloc *old)
 {
-	uint32_t i = (uint32_t)(mix(a.ptr) >> 6) & (s->cap - 1);
+	uint32_t i = (uint32_t)(hkey(a.key, a.kind) >> 6) & (s->cap - 1);
 	int replaced = 0;
 
-	while (s->tab[i].ptr != 0 && s->tab[i].ptr != a.ptr)
+	while (s->tab[i].key != 0 && !same(&s->tab[i], a.key, a.kind))
 		i = (i + 1) & (s->cap - 1);
-	if (s->tab[i].ptr == 0) {
+	if (s->tab[i].key == 0) {
 		s->n++;
 	} else {
 		*old = s->tab[i];
@@ -433,9 +659,9 @@ static int shard_put(struct gs_shard *s, struct gs_alloc a, struct gs_alloc *old
 	return replaced;
 }
 
-static int alloc_track(CUdeviceptr ptr, uint64_t size, int gpu)
+static int alloc_track(uint64_t key, uint32_t kind, const struct gs_charge *c)
 {
-	struct gs_shard *s = &shards[mix(ptr) & (GS_SHARDS - 1)];
+	struct gs_shard *s = &shards[hkey(key, kind) & (GS_SHARDS - 1)];
 	struct gs_alloc stale;
 	int rc = 0, replaced = 0;
 
@@ -453,48 +679,48 @@ static int alloc_track(CUdeviceptr ptr, uint64_t size, int gpu)
 		s->cap = ncap;
 		s->n = 0;
 		for (uint32_t i = 0; i < ocap; i++)
-			if (old[i].ptr != 0)
+			if (old[i].key != 0)
 				shard_put(s, old[i], &stale);
 		free(old);
 	}
-	replaced = shard_put(s, (struct gs_alloc){ ptr, size, gpu }, &stale);
+	replaced = shard_put(s, (struct gs_alloc){ key, kind, c->gpu, c->bytes }, &stale);
 out:
 	pthread_mutex_unlock(&s->mu);
 	/*
-	 * The driver handed out an address we still had on record: that memory
-	 * went back without cuMemFree (a context was destroyed or reset), so
-	 * its charge goes now.
+	 * The driver handed out a handle we still had on record: that memory
+	 * went back without a free through us (a context was destroyed or
+	 * reset), so its charge goes now.
 	 */
 	if (replaced)
-		gs_ledger_uncharge(g.ledger, (uint32_t)__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE),
-				   (uint32_t)stale.gpu, stale.size);
+		gs_ledger_uncharge(g.ledger, (uint32_t)c->slot, (uint32_t)stale.gpu, stale.size);
 	return rc;
 }
 
-/* Remove ptr's record into *out; 0 if found, -ENOENT if not ours. */
-static int alloc_untrack(CUdeviceptr ptr, struct gs_alloc *out)
+/* Remove the record of (key, kind) into *out; 0 if found, -ENOENT if not ours. */
+static int alloc_untrack(uint64_t key, uint32_t kind, struct gs_alloc *out)
 {
-	struct gs_shard *s = &shards[mix(ptr) & (GS_SHARDS - 1)];
+	struct gs_shard *s = &shards[hkey(key, kind) & (GS_SHARDS - 1)];
 	int rc = -ENOENT;
 
 	pthread_mutex_lock(&s->mu);
 	if (s->cap != 0) {
-		uint32_t m = s->cap - 1, i = (uint32_t)(mix(ptr) >> 6) & m;
+		uint32_t m = s->cap - 1, i = (uint32_t)(hkey(key, kind) >> 6) & m;
 
-		while (s->tab[i].ptr != 0 && s->tab[i].ptr != ptr)
+		while (s->tab[i].key != 0 && !same(&s->tab[i], key, kind))
 			i = (i + 1) & m;
-		if (s->tab[i].ptr == ptr) {
+		if (s->tab[i].key != 0) {
 			*out = s->tab[i];
 			/* Backward-shift deletion keeps probe chains whole without tombstones. */
-			for (uint32_t j = (i + 1) & m; s->tab[j].ptr != 0; j = (j + 1) & m) {
-				uint32_t home = (uint32_t)(mix(s->tab[j].ptr) >> 6) & m;
+			for (uint32_t j = (i + 1) & m; s->tab[j].key != 0; j = (j + 1) & m) {
+				const struct gs_alloc *e = &s->tab[j];
+				uint32_t home = (uint32_t)(hkey(e->key, e->kind) >> 6) & m;
 
 				if (((j - home) & m) >= ((j - i) & m)) {
 					s->tab[i] = s->tab[j];
 					i = j;
 				}
 			}
-			s->tab[i].ptr = 0;
+			s->tab[i].key = 0;
 			s->n--;
 			rc = 0;
 		}
@@ -503,137 +729,562 @@ static int alloc_untrack(CUdeviceptr ptr, struct gs_alloc *out)
 	return rc;
 }
 
-/* --- wrappers ---------------------------------------------------------------- */
+/*
+ * After a successful allocation: remember it, or, when that is impossible,
+ * give the memory back (`undo`), since it could never be uncharged later.
+ */
+static CUresult remember(uint64_t key, uint32_t kind, const struct gs_charge *c,
+			 void (*undo)(uint64_t))
+{
+	if (alloc_track(key, kind, c) == 0)
+		return CUDA_SUCCESS;
+	undo(key);
+	uncharge(c);
+	return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/*
+ * Take a record out before the driver frees, so that a thread handed the
+ * same handle after the free never finds a stale one. Returns 1 if it was
+ * ours.
+ */
+static int forget(uint64_t key, uint32_t kind, struct gs_alloc *a)
+{
+	if (g.mode != GS_ENFORCE || key == 0)
+		return 0;
+	return alloc_untrack(key, kind, a) == 0;
+}
+
+/* After the driver's answer to a free of a record forget() took out. */
+static CUresult freed(CUresult rc, const struct gs_alloc *a)
+{
+	struct gs_charge c = { __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), a->gpu, a->size };
+
+	/* Still allocated, so still charged; if it cannot be re-recorded it stays so. */
+	if (rc != CUDA_SUCCESS)
+		alloc_track(a->key, a->kind, &c);
+	else
+		uncharge(&c);
+	return rc;
+}
+
+static void undo_ptr(uint64_t key)
+{
+	gs_fn_cuMemFree_v2 fn = R(real, cuMemFree_v2);
+
+	if (fn != NULL)
+		fn((CUdeviceptr)key);
+}
+
+static void undo_handle(uint64_t key)
+{
+	gs_fn_cuMemRelease fn = R(real, cuMemRelease);
+
+	if (fn != NULL)
+		fn((CUmemGenericAllocationHandle)key);
+}
+
+static void undo_array(uint64_t key)
+{
+	gs_fn_cuArrayDestroy fn = R(real, cuArrayDestroy);
+
+	if (fn != NULL)
+		fn((CUarray)(uintptr_t)key);
+}
+
+static void undo_mipmap(uint64_t key)
+{
+	gs_fn_cuMipmappedArrayDestroy fn = R(real, cuMipmappedArrayDestroy);
+
+	if (fn != NULL)
+		fn((CUmipmappedArray)(uintptr_t)key);
+}
+
+/*
+ * The common shape of an allocation that yields a device pointer: the mode
+ * decides, invalid arguments get the driver's own answer uncharged, the
+ * footprint is charged before the driver call and taken back if it fails.
+ */
+#define ALLOC_PTR(call, dptr, bytes, charge_expr)                                \
+	do {                                                                     \
+		struct gs_charge c_;                                             \
+		CUresult rc_;                                                    \
+		if (g.mode == GS_INERT)                                          \
+			return call;                                             \
+		if (g.mode == GS_BROKEN)                                         \
+			return CUDA_ERROR_NOT_PERMITTED;                         \
+		if ((dptr) == NULL || (bytes) == 0)                              \
+			return call;                                             \
+		rc_ = (charge_expr);                                             \
+		if (rc_ != CUDA_SUCCESS)                                         \
+			return rc_;                                              \
+		rc_ = call;                                                      \
+		if (rc_ != CUDA_SUCCESS) {                                       \
+			uncharge(&c_);                                           \
+			return rc_;                                              \
+		}                                                                \
+		return remember(*(dptr), GS_K_PTR, &c_, undo_ptr);               \
+	} while (0)
+
+/* --- wrappers: start-up and memory reports ------------------------------------ */
 
 GS_EXPORT CUresult cuInit(unsigned int flags)
 {
+	CUresult rc;
+
 	TRACE(GS_ID_cuInit, calls);
-	REAL_OR_FAIL(cuInit);
-	return real.cuInit(flags);
+	GET_REAL(cuInit, fn);
+	rc = fn(flags);
+	/* Claim the slot now, so launches are counted and pausable from the first. */
+	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
+		my_slot();
+	return rc;
 }
 
 GS_EXPORT CUresult cuDeviceGetCount(int *count)
 {
 	TRACE(GS_ID_cuDeviceGetCount, calls);
-	REAL_OR_FAIL(cuDeviceGetCount);
-	return real.cuDeviceGetCount(count);
+	GET_REAL(cuDeviceGetCount, fn);
+	return fn(count);
+}
+
+/*
+ * The environment's share of ledger GPU `gpu` as a device report: total is
+ * the limit, free what is left of the environment's pool; neither beyond
+ * what the device itself reports.
+ */
+static void share(int gpu, uint64_t *total, uint64_t *free_bytes, uint64_t *used)
+{
+	uint64_t limit = gpu >= 0 ? gs_ledger_limit(g.ledger, (uint32_t)gpu) : 0;
+	uint64_t u = gpu >= 0 ? gs_ledger_used(g.ledger, (uint32_t)gpu) : 0;
+	uint64_t left = u < limit ? limit - u : 0;
+
+	if (limit < *total)
+		*total = limit;
+	if (left < *free_bytes)
+		*free_bytes = left;
+	if (used != NULL)
+		*used = u;
 }
 
 GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
+	uint64_t total, ignored = UINT64_MAX;
 	CUresult rc;
 	int gpu;
 
 	TRACE(GS_ID_cuDeviceTotalMem_v2, calls);
-	REAL_OR_FAIL(cuDeviceTotalMem_v2);
-	rc = real.cuDeviceTotalMem_v2(bytes, dev);
+	GET_REAL(cuDeviceTotalMem_v2, fn);
+	rc = fn(bytes, dev);
 	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE)
 		return rc;
 	gpu = ledger_gpu(dev);
 	if (gpu >= 0) {
-		uint64_t limit = gs_ledger_limit(g.ledger, (uint32_t)gpu);
-
-		if (limit < *bytes)
-			*bytes = (size_t)limit;
+		total = *bytes;
+		share(gpu, &total, &ignored, NULL);
+		*bytes = (size_t)total;
 	}
 	return rc;
-}
-
-GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
-{
-	CUresult rc;
-	int gpu, slot;
-
-	TRACE(GS_ID_cuMemAlloc_v2, calls);
-	REAL_OR_FAIL(cuMemAlloc_v2);
-	if (g.mode == GS_INERT)
-		return real.cuMemAlloc_v2(dptr, bytesize);
-	if (g.mode == GS_BROKEN)
-		return CUDA_ERROR_NOT_PERMITTED;
-	/* Invalid arguments get the driver's own answer; nothing is charged. */
-	if (dptr == NULL || bytesize == 0)
-		return real.cuMemAlloc_v2(dptr, bytesize);
-	rc = current_gpu(&gpu);
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	slot = my_slot();
-	if (gpu < 0 || slot < 0)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	if (gs_ledger_charge(g.ledger, (uint32_t)slot, (uint32_t)gpu, bytesize) != 0)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	rc = real.cuMemAlloc_v2(dptr, bytesize);
-	if (rc != CUDA_SUCCESS) {
-		gs_ledger_uncharge(g.ledger, (uint32_t)slot, (uint32_t)gpu, bytesize);
-		return rc;
-	}
-	if (alloc_track(*dptr, bytesize, gpu) != 0) {
-		/* Cannot remember it, so cannot uncharge it later: give it back. */
-		if (real.cuMemFree_v2 != NULL)
-			real.cuMemFree_v2(*dptr);
-		gs_ledger_uncharge(g.ledger, (uint32_t)slot, (uint32_t)gpu, bytesize);
-		*dptr = 0;
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	}
-	return CUDA_SUCCESS;
-}
-
-GS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
-{
-	struct gs_alloc a;
-	CUresult rc;
-
-	TRACE(GS_ID_cuMemFree_v2, calls);
-	REAL_OR_FAIL(cuMemFree_v2);
-	if (g.mode != GS_ENFORCE || dptr == 0)
-		return real.cuMemFree_v2(dptr);
-	/*
-	 * Forget the record before the driver frees: once freed, another thread
-	 * may be handed the same address and must not find a stale record.
-	 */
-	if (alloc_untrack(dptr, &a) != 0)
-		return real.cuMemFree_v2(dptr);
-	rc = real.cuMemFree_v2(dptr);
-	if (rc != CUDA_SUCCESS) {
-		/* Still allocated, so still charged; if it cannot be re-recorded it stays so. */
-		alloc_track(a.ptr, a.size, a.gpu);
-		return rc;
-	}
-	gs_ledger_uncharge(g.ledger, (uint32_t)__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE),
-			   (uint32_t)a.gpu, a.size);
-	return CUDA_SUCCESS;
 }
 
 GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
-	uint64_t limit, used, share;
+	uint64_t total, left;
 	CUresult rc;
 	int gpu;
 
 	TRACE(GS_ID_cuMemGetInfo_v2, calls);
-	REAL_OR_FAIL(cuMemGetInfo_v2);
-	rc = real.cuMemGetInfo_v2(free_bytes, total_bytes);
+	GET_REAL(cuMemGetInfo_v2, fn);
+	rc = fn(free_bytes, total_bytes);
 	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE)
 		return rc;
 	if (current_gpu(&gpu) != CUDA_SUCCESS)
 		return rc;
-	limit = gpu >= 0 ? gs_ledger_limit(g.ledger, (uint32_t)gpu) : 0;
-	used = gpu >= 0 ? gs_ledger_used(g.ledger, (uint32_t)gpu) : 0;
-	share = used < limit ? limit - used : 0;
-	*total_bytes = (size_t)limit;
-	if (share < *free_bytes)
-		*free_bytes = (size_t)share;
+	/* A device that is not the node's has no share: nothing of it is usable. */
+	total = gpu >= 0 ? *total_bytes : 0;
+	left = *free_bytes;
+	share(gpu, &total, &left, NULL);
+	*total_bytes = (size_t)total;
+	*free_bytes = (size_t)left;
 	return rc;
 }
 
-static inline void count_launch(void)
-{
-	int s;
+/* --- wrappers: contexts --------------------------------------------------------- */
 
-	if (g.mode != GS_ENFORCE)
-		return;
-	s = my_slot();
-	if (s >= 0)
-		__atomic_fetch_add(&g.ledger->slot[s].launches, 1, __ATOMIC_RELAXED);
+#define CONTEXT_CALL(dev, call)                                  \
+	do {                                                     \
+		CUresult rc_;                                    \
+		int charged_;                                    \
+		rc_ = charge_context((dev), &charged_);          \
+		if (rc_ != CUDA_SUCCESS)                         \
+			return rc_;                              \
+		rc_ = call;                                      \
+		if (rc_ != CUDA_SUCCESS)                         \
+			context_failed(charged_);                \
+		return rc_;                                      \
+	} while (0)
+
+GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
+{
+	TRACE(GS_ID_cuDevicePrimaryCtxRetain, calls);
+	GET_REAL(cuDevicePrimaryCtxRetain, fn);
+	if (ctx == NULL)
+		return fn(ctx, dev);
+	CONTEXT_CALL(dev, fn(ctx, dev));
+}
+
+GS_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev)
+{
+	TRACE(GS_ID_cuCtxCreate_v2, calls);
+	GET_REAL(cuCtxCreate_v2, fn);
+	if (ctx == NULL)
+		return fn(ctx, flags, dev);
+	CONTEXT_CALL(dev, fn(ctx, flags, dev));
+}
+
+GS_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, void *affinity, int naffinity,
+				  unsigned int flags, CUdevice dev)
+{
+	TRACE(GS_ID_cuCtxCreate_v3, calls);
+	GET_REAL(cuCtxCreate_v3, fn);
+	if (ctx == NULL)
+		return fn(ctx, affinity, naffinity, flags, dev);
+	CONTEXT_CALL(dev, fn(ctx, affinity, naffinity, flags, dev));
+}
+
+GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, void *params, unsigned int flags,
+				  CUdevice dev)
+{
+	TRACE(GS_ID_cuCtxCreate_v4, calls);
+	GET_REAL(cuCtxCreate_v4, fn);
+	if (ctx == NULL)
+		return fn(ctx, params, flags, dev);
+	CONTEXT_CALL(dev, fn(ctx, params, flags, dev));
+}
+
+/* --- wrappers: allocations -------------------------------------------------------- */
+
+GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+	TRACE(GS_ID_cuMemAlloc_v2, calls);
+	GET_REAL(cuMemAlloc_v2, fn);
+	ALLOC_PTR(fn(dptr, bytesize), dptr, bytesize, charge_current(footprint(bytesize), &c_));
+}
+
+GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+	TRACE(GS_ID_cuMemAllocManaged, calls);
+	GET_REAL(cuMemAllocManaged, fn);
+	ALLOC_PTR(fn(dptr, bytesize, flags), dptr, bytesize,
+		  charge_current(footprint(bytesize), &c_));
+}
+
+GS_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+{
+	TRACE(GS_ID_cuMemAllocAsync, calls);
+	GET_REAL(cuMemAllocAsync, fn);
+	ALLOC_PTR(fn(dptr, bytesize, stream), dptr, bytesize,
+		  charge_current(footprint(bytesize), &c_));
+}
+
+GS_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+{
+	TRACE(GS_ID_cuMemAllocAsync_ptsz, calls);
+	GET_REAL(cuMemAllocAsync_ptsz, fn);
+	ALLOC_PTR(fn(dptr, bytesize, stream), dptr, bytesize,
+		  charge_current(footprint(bytesize), &c_));
+}
+
+GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+					   CUstream stream)
+{
+	TRACE(GS_ID_cuMemAllocFromPoolAsync, calls);
+	GET_REAL(cuMemAllocFromPoolAsync, fn);
+	ALLOC_PTR(fn(dptr, bytesize, pool, stream), dptr, bytesize,
+		  charge_current(footprint(bytesize), &c_));
+}
+
+GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+						CUmemoryPool pool, CUstream stream)
+{
+	TRACE(GS_ID_cuMemAllocFromPoolAsync_ptsz, calls);
+	GET_REAL(cuMemAllocFromPoolAsync_ptsz, fn);
+	ALLOC_PTR(fn(dptr, bytesize, pool, stream), dptr, bytesize,
+		  charge_current(footprint(bytesize), &c_));
+}
+
+/*
+ * The pitch the driver picks is known only afterwards: charge for the width
+ * rounded to the smallest alignment first, then settle on pitch x height.
+ */
+static CUresult settle_pitch(CUdeviceptr *dptr, size_t *pitch, size_t height, struct gs_charge *c)
+{
+	uint64_t actual = footprint(mul_sat(*pitch, height));
+	struct gs_charge extra;
+
+	if (actual > c->bytes) {
+		if (charge_gpu(c->gpu, actual - c->bytes, &extra) != CUDA_SUCCESS) {
+			undo_ptr(*dptr);
+			uncharge(c);
+			*dptr = 0;
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		}
+	} else if (actual < c->bytes) {
+		extra = *c;
+		extra.bytes = c->bytes - actual;
+		uncharge(&extra);
+	}
+	c->bytes = actual;
+	return remember(*dptr, GS_K_PTR, c, undo_ptr);
+}
+
+GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+				      size_t height, unsigned int elem)
+{
+	struct gs_charge c;
+	uint64_t row, guess;
+	CUresult rc;
+
+	TRACE(GS_ID_cuMemAllocPitch_v2, calls);
+	GET_REAL(cuMemAllocPitch_v2, fn);
+	if (g.mode == GS_INERT)
+		return fn(dptr, pitch, width, height, elem);
+	if (g.mode == GS_BROKEN)
+		return CUDA_ERROR_NOT_PERMITTED;
+	if (dptr == NULL || pitch == NULL || width == 0 || height == 0)
+		return fn(dptr, pitch, width, height, elem);
+	row = width > UINT64_MAX - (GS_SMALL_ALIGN - 1) ?
+		      UINT64_MAX :
+		      (width + GS_SMALL_ALIGN - 1) & ~(GS_SMALL_ALIGN - 1);
+	guess = footprint(mul_sat(row, height));
+	rc = charge_current(guess, &c);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = fn(dptr, pitch, width, height, elem);
+	if (rc != CUDA_SUCCESS) {
+		uncharge(&c);
+		return rc;
+	}
+	return settle_pitch(dptr, pitch, height, &c);
+}
+
+/* Frees of device pointers: cuMemFree and the stream-ordered cuMemFreeAsync. */
+GS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+	struct gs_alloc a;
+
+	TRACE(GS_ID_cuMemFree_v2, calls);
+	GET_REAL(cuMemFree_v2, fn);
+	if (!forget(dptr, GS_K_PTR, &a))
+		return fn(dptr);
+	return freed(fn(dptr), &a);
+}
+
+/* Uncharged when the free is issued: the memory goes back as the stream reaches it. */
+GS_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
+{
+	struct gs_alloc a;
+
+	TRACE(GS_ID_cuMemFreeAsync, calls);
+	GET_REAL(cuMemFreeAsync, fn);
+	if (!forget(dptr, GS_K_PTR, &a))
+		return fn(dptr, stream);
+	return freed(fn(dptr, stream), &a);
+}
+
+GS_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
+{
+	struct gs_alloc a;
+
+	TRACE(GS_ID_cuMemFreeAsync_ptsz, calls);
+	GET_REAL(cuMemFreeAsync_ptsz, fn);
+	if (!forget(dptr, GS_K_PTR, &a))
+		return fn(dptr, stream);
+	return freed(fn(dptr, stream), &a);
+}
+
+/*
+ * Virtual memory management (PyTorch's expandable segments, NCCL): the
+ * physical memory is cuMemCreate's, charged on the device it names until
+ * cuMemRelease. Host locations take no device memory and are not charged.
+ */
+GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+			       const CUmemAllocationProp *prop, unsigned long long flags)
+{
+	struct gs_charge c;
+	CUresult rc;
+
+	TRACE(GS_ID_cuMemCreate, calls);
+	GET_REAL(cuMemCreate, fn);
+	if (g.mode == GS_INERT)
+		return fn(handle, size, prop, flags);
+	if (handle == NULL || prop == NULL || size == 0 ||
+	    prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+		return fn(handle, size, prop, flags);
+	if (g.mode == GS_BROKEN)
+		return CUDA_ERROR_NOT_PERMITTED;
+	rc = charge_gpu(ledger_gpu(prop->location.id), footprint(size), &c);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = fn(handle, size, prop, flags);
+	if (rc != CUDA_SUCCESS) {
+		uncharge(&c);
+		return rc;
+	}
+	return remember(*handle, GS_K_HANDLE, &c, undo_handle);
+}
+
+GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+	struct gs_alloc a;
+
+	TRACE(GS_ID_cuMemRelease, calls);
+	GET_REAL(cuMemRelease, fn);
+	if (!forget(handle, GS_K_HANDLE, &a))
+		return fn(handle);
+	return freed(fn(handle), &a);
+}
+
+/* --- wrappers: CUDA arrays ---------------------------------------------------------- */
+
+/* Bytes per channel of an array format; the widest for formats not listed. */
+static uint64_t format_bytes(int format)
+{
+	switch (format) {
+	case CU_AD_FORMAT_UNSIGNED_INT8:
+	case CU_AD_FORMAT_SIGNED_INT8:
+		return 1;
+	case CU_AD_FORMAT_UNSIGNED_INT16:
+	case CU_AD_FORMAT_SIGNED_INT16:
+	case CU_AD_FORMAT_HALF:
+		return 2;
+	case CU_AD_FORMAT_UNSIGNED_INT32:
+	case CU_AD_FORMAT_SIGNED_INT32:
+	case CU_AD_FORMAT_FLOAT:
+		return 4;
+	default:
+		return 16;
+	}
+}
+
+/* Layered and cubemap arrays keep their depth (layers, faces) at every mip level. */
+#define GS_ARRAY3D_LAYERED 0x01
+#define GS_ARRAY3D_CUBEMAP 0x04
+
+static uint64_t array_bytes(size_t w, size_t h, size_t d, int format, unsigned int channels,
+			    unsigned int flags, unsigned int levels)
+{
+	uint64_t elem = mul_sat(format_bytes(format), channels), total = 0;
+	int keep_depth = (flags & (GS_ARRAY3D_LAYERED | GS_ARRAY3D_CUBEMAP)) != 0;
+
+	h = h ? h : 1;
+	d = d ? d : 1;
+	for (unsigned int i = 0; i < (levels ? levels : 1); i++) {
+		uint64_t level = mul_sat(mul_sat(mul_sat(w, h), d), elem);
+
+		total = total + level < total ? UINT64_MAX : total + level;
+		w = w > 1 ? w / 2 : 1;
+		h = h > 1 ? h / 2 : 1;
+		if (!keep_depth)
+			d = d > 1 ? d / 2 : 1;
+	}
+	return footprint(total);
+}
+
+#define ALLOC_ARRAY(call, out, desc, bytes_expr, kind, undo)                         \
+	do {                                                                         \
+		struct gs_charge c_;                                                 \
+		CUresult rc_;                                                        \
+		if (g.mode == GS_INERT || (out) == NULL || (desc) == NULL)           \
+			return call;                                                 \
+		if (g.mode == GS_BROKEN)                                             \
+			return CUDA_ERROR_NOT_PERMITTED;                             \
+		rc_ = charge_current((bytes_expr), &c_);                             \
+		if (rc_ != CUDA_SUCCESS)                                             \
+			return rc_;                                                  \
+		rc_ = call;                                                          \
+		if (rc_ != CUDA_SUCCESS) {                                           \
+			uncharge(&c_);                                               \
+			return rc_;                                                  \
+		}                                                                    \
+		return remember((uint64_t)(uintptr_t) * (out), (kind), &c_, (undo)); \
+	} while (0)
+
+GS_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+	TRACE(GS_ID_cuArrayCreate_v2, calls);
+	GET_REAL(cuArrayCreate_v2, fn);
+	ALLOC_ARRAY(fn(array, desc), array, desc,
+		    array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels, 0,
+				1),
+		    GS_K_ARRAY, undo_array);
+}
+
+GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+	TRACE(GS_ID_cuArray3DCreate_v2, calls);
+	GET_REAL(cuArray3DCreate_v2, fn);
+	ALLOC_ARRAY(fn(array, desc), array, desc,
+		    array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
+				desc->NumChannels, desc->Flags, 1),
+		    GS_K_ARRAY, undo_array);
+}
+
+GS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
+					  const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)
+{
+	TRACE(GS_ID_cuMipmappedArrayCreate, calls);
+	GET_REAL(cuMipmappedArrayCreate, fn);
+	ALLOC_ARRAY(fn(array, desc, levels), array, desc,
+		    array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
+				desc->NumChannels, desc->Flags, levels),
+		    GS_K_MIPMAP, undo_mipmap);
+}
+
+GS_EXPORT CUresult cuArrayDestroy(CUarray array)
+{
+	struct gs_alloc a;
+
+	TRACE(GS_ID_cuArrayDestroy, calls);
+	GET_REAL(cuArrayDestroy, fn);
+	if (!forget((uint64_t)(uintptr_t)array, GS_K_ARRAY, &a))
+		return fn(array);
+	return freed(fn(array), &a);
+}
+
+GS_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array)
+{
+	struct gs_alloc a;
+
+	TRACE(GS_ID_cuMipmappedArrayDestroy, calls);
+	GET_REAL(cuMipmappedArrayDestroy, fn);
+	if (!forget((uint64_t)(uintptr_t)array, GS_K_MIPMAP, &a))
+		return fn(array);
+	return freed(fn(array), &a);
+}
+
+/* --- wrappers: launches --------------------------------------------------------------- */
+
+/*
+ * Out of line: a paused task's launches wait here until nodemgr clears the
+ * word and wakes them. The timeout re-reads the word now and then, so a
+ * wake-up lost to a daemon restart costs a fraction of a second, not a hang.
+ */
+static __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
+{
+	struct timespec ts = { 0, 250 * 1000 * 1000 };
+
+	while (__atomic_load_n(word, __ATOMIC_ACQUIRE) != 0)
+		syscall(SYS_futex, word, FUTEX_WAIT, 1, &ts, NULL, 0);
+}
+
+static inline __attribute__((always_inline)) void launch_gate(void)
+{
+	uint32_t *pause = __atomic_load_n(&hot.pause, __ATOMIC_ACQUIRE);
+
+	if (unlikely(__atomic_load_n(pause, __ATOMIC_RELAXED) != 0))
+		wait_while_paused(pause);
+	__atomic_fetch_add(__atomic_load_n(&hot.launches, __ATOMIC_ACQUIRE), 1, __ATOMIC_RELAXED);
 }
 
 GS_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
@@ -641,9 +1292,9 @@ GS_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy
 				  unsigned int shmem, CUstream stream, void **params, void **extra)
 {
 	TRACE(GS_ID_cuLaunchKernel, calls);
-	REAL_OR_FAIL(cuLaunchKernel);
-	count_launch();
-	return real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+	GET_REAL(cuLaunchKernel, fn);
+	launch_gate();
+	return fn(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
 }
 
 GS_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
@@ -652,32 +1303,101 @@ GS_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned i
 				       void **params, void **extra)
 {
 	TRACE(GS_ID_cuLaunchKernel_ptsz, calls);
-	REAL_OR_FAIL(cuLaunchKernel_ptsz);
-	count_launch();
-	return real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+	GET_REAL(cuLaunchKernel_ptsz, fn);
+	launch_gate();
+	return fn(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
 }
 
+GS_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
+				    void **extra)
+{
+	TRACE(GS_ID_cuLaunchKernelEx, calls);
+	GET_REAL(cuLaunchKernelEx, fn);
+	launch_gate();
+	return fn(config, f, params, extra);
+}
+
+GS_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+					 void **params, void **extra)
+{
+	TRACE(GS_ID_cuLaunchKernelEx_ptsz, calls);
+	GET_REAL(cuLaunchKernelEx_ptsz, fn);
+	launch_gate();
+	return fn(config, f, params, extra);
+}
+
+GS_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+					     unsigned int gz, unsigned int bx, unsigned int by,
+					     unsigned int bz, unsigned int shmem, CUstream stream,
+					     void **params)
+{
+	TRACE(GS_ID_cuLaunchCooperativeKernel, calls);
+	GET_REAL(cuLaunchCooperativeKernel, fn);
+	launch_gate();
+	return fn(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
+}
+
+GS_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+						  unsigned int gz, unsigned int bx, unsigned int by,
+						  unsigned int bz, unsigned int shmem,
+						  CUstream stream, void **params)
+{
+	TRACE(GS_ID_cuLaunchCooperativeKernel_ptsz, calls);
+	GET_REAL(cuLaunchCooperativeKernel_ptsz, fn);
+	launch_gate();
+	return fn(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
+}
+
+GS_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
+{
+	TRACE(GS_ID_cuGraphLaunch, calls);
+	GET_REAL(cuGraphLaunch, fn);
+	launch_gate();
+	return fn(exec, stream);
+}
+
+GS_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
+{
+	TRACE(GS_ID_cuGraphLaunch_ptsz, calls);
+	GET_REAL(cuGraphLaunch_ptsz, fn);
+	launch_gate();
+	return fn(exec, stream);
+}
+
+/* --- wrappers: lookup ------------------------------------------------------------------- */
+
 /*
- * After the real lookup succeeds, hand out the wrapper for the ABI variant
- * the request resolved to. Beyond the CUDA version hooks.def describes, a
- * newer variant may exist that the table does not know, so there the
- * wrapper is handed out only when the driver returned the very function the
- * wrapper forwards to.
+ * After the real lookup succeeds, decide whether the caller gets a wrapper
+ * instead of the driver's pointer:
+ *  - the driver returned the very function one of the base name's hooked
+ *    variants forwards to: that variant's wrapper, exact by construction;
+ *  - otherwise, up to the CUDA version hooks.def describes, the variant the
+ *    table resolves the request to, if the shim wraps it (a driver whose
+ *    lookup hands out other addresses than its exports is still caught);
+ *  - anything else keeps the driver's pointer: an unwrapped variant, a name
+ *    the shim does not hook, or, past the table's version, a variant the
+ *    table may not know.
  */
 static void gpa_substitute(const char *symbol, void **pfn, int version, cuuint64_t flags)
 {
 	const struct gs_hook *h;
-	void *r;
 
 	if (symbol == NULL || pfn == NULL || *pfn == NULL)
 		return;
-	h = hook_by_base(symbol, version, flags);
-	if (h == NULL)
+	for (int i = 0; i < GS_NENTRIES; i++) {
+		h = &hooks[i];
+		if (h->lib != GS_LIB_CUDA || h->wrapper == NULL || strcmp(h->base, symbol) != 0)
+			continue;
+		if (*pfn == __atomic_load_n(h->real, __ATOMIC_ACQUIRE)) {
+			TRACE(i, via_gpa);
+			*pfn = h->wrapper;
+			return;
+		}
+	}
+	if (version > GS_TABLE_CUDA_VERSION)
 		return;
-	r = __atomic_load_n(h->real, __ATOMIC_ACQUIRE);
-	if (r == NULL)
-		return;
-	if (*pfn != r && version > GS_TABLE_CUDA_VERSION)
+	h = variant_for(symbol, version, flags);
+	if (h == NULL || h->wrapper == NULL || __atomic_load_n(h->real, __ATOMIC_ACQUIRE) == NULL)
 		return;
 	TRACE(h - hooks, via_gpa);
 	*pfn = h->wrapper;
@@ -689,8 +1409,8 @@ GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_ver
 	CUresult rc;
 
 	TRACE(GS_ID_cuGetProcAddress, calls);
-	REAL_OR_FAIL(cuGetProcAddress);
-	rc = real.cuGetProcAddress(symbol, pfn, cuda_version, flags);
+	GET_REAL(cuGetProcAddress, fn);
+	rc = fn(symbol, pfn, cuda_version, flags);
 	if (rc == CUDA_SUCCESS)
 		gpa_substitute(symbol, pfn, cuda_version, flags);
 	return rc;
@@ -702,10 +1422,97 @@ GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_
 	CUresult rc;
 
 	TRACE(GS_ID_cuGetProcAddress_v2, calls);
-	REAL_OR_FAIL(cuGetProcAddress_v2);
-	rc = real.cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, status);
+	GET_REAL(cuGetProcAddress_v2, fn);
+	rc = fn(symbol, pfn, cuda_version, flags, status);
 	if (rc == CUDA_SUCCESS)
 		gpa_substitute(symbol, pfn, cuda_version, flags);
+	return rc;
+}
+
+/* --- wrappers: NVML -------------------------------------------------------------------- */
+
+static int hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* Ledger GPU of an NVML device (by its "GPU-…" UUID), or GS_DEV_FOREIGN. */
+static int nvml_gpu(nvmlDevice_t dev)
+{
+	gs_fn_nvmlDeviceGetUUID get = R(nvml, nvmlDeviceGetUUID);
+	char text[GS_NVML_UUID_LEN];
+	uint8_t bytes[16];
+	int n = 0;
+
+	if (get == NULL || get(dev, text, sizeof(text)) != NVML_SUCCESS)
+		return GS_DEV_FOREIGN;
+	text[sizeof(text) - 1] = '\0';
+	if (strncmp(text, "GPU-", 4) != 0)
+		return GS_DEV_FOREIGN; /* a MIG instance: not a GPU the node grants */
+	for (const char *p = text + 4; *p != '\0' && n < 32; p++) {
+		int v = hexval(*p);
+
+		if (*p == '-')
+			continue;
+		if (v < 0)
+			return GS_DEV_FOREIGN;
+		bytes[n / 2] = (uint8_t)(n % 2 ? (bytes[n / 2] | v) : (v << 4));
+		n++;
+	}
+	if (n != 32)
+		return GS_DEV_FOREIGN;
+	for (uint32_t i = 0; i < g.ledger->ngpus && i < GS_MAX_GPUS; i++)
+		if (memcmp(g.ledger->gpu[i].uuid, bytes, 16) == 0)
+			return (int)i;
+	return GS_DEV_FOREIGN;
+}
+
+/* Rewrite an NVML memory report as the environment's share; untouched for other GPUs. */
+static void nvml_share(nvmlDevice_t dev, unsigned long long *total, unsigned long long *free_b,
+		       unsigned long long *used)
+{
+	uint64_t t = *total, f = *free_b, u = 0;
+	int gpu = nvml_gpu(dev);
+
+	if (gpu < 0)
+		return;
+	share(gpu, &t, &f, &u);
+	*total = t;
+	*free_b = f;
+	*used = u < t ? u : t;
+}
+
+GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem)
+{
+	nvmlReturn_t rc;
+
+	TRACE(GS_ID_nvmlDeviceGetMemoryInfo, calls);
+	GET_NVML(nvmlDeviceGetMemoryInfo, fn);
+	rc = fn(dev, mem);
+	if (rc == NVML_SUCCESS && g.mode == GS_ENFORCE)
+		nvml_share(dev, &mem->total, &mem->free, &mem->used);
+	return rc;
+}
+
+GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem)
+{
+	nvmlReturn_t rc;
+
+	TRACE(GS_ID_nvmlDeviceGetMemoryInfo_v2, calls);
+	GET_NVML(nvmlDeviceGetMemoryInfo_v2, fn);
+	rc = fn(dev, mem);
+	if (rc == NVML_SUCCESS && g.mode == GS_ENFORCE && nvml_gpu(dev) >= 0) {
+		/* The driver's reservation is not the environment's to see. */
+		mem->total -= mem->reserved < mem->total ? mem->reserved : mem->total;
+		mem->reserved = 0;
+		nvml_share(dev, &mem->total, &mem->free, &mem->used);
+	}
 	return rc;
 }
 
@@ -715,11 +1522,15 @@ static void after_fork_child(void)
 {
 	/*
 	 * The inherited descriptor shares the parent's lock, and the parent's
-	 * allocations are not the child's: start over with no slot and an empty
-	 * map. Locks are re-made because another thread may have held them.
+	 * allocations and context charges are not the child's: start over with
+	 * no slot and an empty map. Locks are re-made because another thread
+	 * may have held them.
 	 */
 	if (g.mode != GS_ENFORCE)
 		return;
+	hot.pause = &never_paused;
+	hot.launches = &unattached_launches;
+	memset(g.ctx_charged, 0, sizeof(g.ctx_charged));
 	/* The parent's mapping was not inherited (MADV_DONTFORK); drop its descriptor too. */
 	close(g.fd);
 	g.slot = -1;
@@ -761,7 +1572,7 @@ __attribute__((constructor)) static void gs_load(void)
 __attribute__((destructor)) static void gs_unload(void)
 {
 	static const char *const modes[] = { "inert", "enforce", "broken" };
-	char buf[4096];
+	char buf[8192];
 	size_t n = 0;
 	int fd;
 
@@ -770,7 +1581,7 @@ __attribute__((destructor)) static void gs_unload(void)
 	/* One write per process, so lines from many processes never interleave. */
 	n += (size_t)snprintf(buf + n, sizeof(buf) - n, "pid=%d mode=%s\n", (int)getpid(),
 			      modes[g.mode]);
-	for (int i = 0; i < GS_NHOOKS && n < sizeof(buf); i++) {
+	for (int i = 0; i < GS_NENTRIES && n < sizeof(buf); i++) {
 		if (!trace.calls[i] && !trace.via_dlsym[i] && !trace.via_gpa[i])
 			continue;
 		n += (size_t)snprintf(buf + n, sizeof(buf) - n,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,36 @@ os.environ.setdefault(
 )
 CSRC = Path(__file__).resolve().parent / "c"
 BIN = Path(sys.executable).parent
+
+
+HOOKS_DEF = ROOT / "shim" / "hooks.def"
+
+
+@dataclass(frozen=True)
+class HookEntry:
+    """One line of shim/hooks.def."""
+
+    kind: str  # GS_HOOK, GS_VARIANT, GS_REAL, GS_NVML_HOOK or GS_NVML_REAL
+    abi: str
+    base: str | None = None  # CUDA hooks and variants: the name cuGetProcAddress is asked for
+    version: int = 0  # the CUDA version that introduced this ABI variant
+    per_thread: bool = False
+
+
+def hook_table() -> list[HookEntry]:
+    """The shim's hook table, read from the file the C code is generated from."""
+    entries = []
+    text = re.sub(r"/\*.*?\*/", "", HOOKS_DEF.read_text(), flags=re.S)
+    for m in re.finditer(r"^(GS_[A-Z_]+)\(\s*(\w+)\s*,([^\n]*)", text, flags=re.M):
+        kind, abi, rest = m.group(1), m.group(2), m.group(3)
+        if kind in ("GS_HOOK", "GS_VARIANT"):
+            base, ver, ptsz = (f.strip() for f in rest.split(",")[:3])
+            entries.append(HookEntry(kind, abi, base, int(ver), ptsz.rstrip(")") == "1"))
+        elif kind in ("GS_REAL", "GS_NVML_HOOK", "GS_NVML_REAL"):
+            entries.append(HookEntry(kind, abi))
+    if not entries:
+        pytest.fail(f"no entries parsed from {HOOKS_DEF}")
+    return entries
 
 
 def _have_nvidia() -> bool:
@@ -61,6 +93,7 @@ def cc(out: Path, *args: str) -> Path:
             "-Wall",
             "-Wextra",
             "-Werror",
+            "-pthread",
             f"-I{ROOT / 'shim'}",
             "-o",
             str(out),

@@ -5,18 +5,40 @@
  * with -DLINKED, through symbols linked with -lcuda.
  *
  * Arguments are a script of steps; each prints one line:
- *   alloc MIB      "alloc ok" | "alloc err CODE"
- *   free           frees the oldest live allocation: "free ok" | "free err CODE"
+ *   alloc MIB      cuMemAlloc: "alloc ok" | "alloc err CODE"
+ *   allocb BYTES   the same, by the byte
+ *   pitch W H      cuMemAllocPitch (4-byte elements): "pitch ok PITCH" | "pitch err CODE"
+ *   managed MIB    cuMemAllocManaged
+ *   async MIB      cuMemAllocAsync on the legacy stream (asyncpt: per-thread flavour)
+ *   pool MIB       cuMemAllocFromPoolAsync from the device's default pool
+ *   create MIB     cuMemCreate on the current device
+ *   array W H      cuArrayCreate (float, one channel)
+ *   array3d W H D  cuArray3DCreate (float, one channel)
+ *   mipmap W H L   cuMipmappedArrayCreate (float, one channel, L levels)
+ *                  each: "NAME ok" | "NAME err CODE"
+ *   free           frees the oldest live allocation with the call that matches how it
+ *                  was made: "free ok" | "free err CODE"
  *   fill MIB       allocate MIB chunks until one fails: "fill N"
  *   info           "info free=BYTES total=BYTES"
- *   totalmem       "totalmem BYTES" (cuDeviceTotalMem of device 0)
- *   launch N       N kernel launches: "launch ok" | "launch err CODE"
+ *   totalmem       "totalmem BYTES" (cuDeviceTotalMem of the current device)
+ *   dev N          make device N's primary context current: "dev ok" | "dev err CODE"
+ *   launch N       N launches of each kind named: launch (cuLaunchKernel), launchpt (its
+ *   launchex N     per-thread flavour), launchex (cuLaunchKernelEx), coop
+ *   coop N         (cuLaunchCooperativeKernel), graph (cuGraphLaunch):
+ *   graph N        "KIND ok" | "KIND err CODE"
+ *   launchpt N
+ *   edge           driver answers to bad arguments, one "edge NAME CODE" line each
+ *   gpa NAME VER FLAGS   cuGetProcAddress: "gpa NAME VER FLAGS rc=RC status=S LIB:SYMBOL"
+ *   threads T N MIB      T threads each make N random allocations/frees of up to MIB:
+ *                  "threads ok=N failed=N maxheld=BYTES"
  *   waitfile PATH  "waiting", then blocks until PATH exists
  *   fork PATH      "forked"; the child lives on until PATH exists
  *   sleep SECONDS
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +48,10 @@
 
 typedef CUresult (*gpa_v2_t)(const char *, void **, int, cuuint64_t,
 			     CUdriverProcAddressQueryResult *);
+typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+			     unsigned, unsigned, CUstream, void **, void **);
+typedef CUresult (*coop_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+			   unsigned, unsigned, CUstream, void **);
 
 static struct {
 	CUresult (*init)(unsigned int);
@@ -36,9 +62,65 @@ static struct {
 	CUresult (*free)(CUdeviceptr);
 	CUresult (*info)(size_t *, size_t *);
 	CUresult (*totalmem)(size_t *, CUdevice);
-	CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-			   unsigned, unsigned, CUstream, void **, void **);
+	CUresult (*pitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+	CUresult (*managed)(CUdeviceptr *, size_t, unsigned int);
+	CUresult (*async)(CUdeviceptr *, size_t, CUstream);
+	CUresult (*async_pt)(CUdeviceptr *, size_t, CUstream);
+	CUresult (*free_async)(CUdeviceptr, CUstream);
+	CUresult (*default_pool)(CUmemoryPool *, CUdevice);
+	CUresult (*pool_alloc)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+	CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+			   unsigned long long);
+	CUresult (*release)(CUmemGenericAllocationHandle);
+	CUresult (*array)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+	CUresult (*array3d)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+	CUresult (*array_destroy)(CUarray);
+	CUresult (*mipmap)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
+	CUresult (*mipmap_destroy)(CUmipmappedArray);
+	launch_t launch, launch_pt;
+	CUresult (*launch_ex)(const CUlaunchConfig *, CUfunction, void **, void **);
+	coop_t coop;
+	CUresult (*graph)(CUgraphExec, CUstream);
 } cu;
+
+static gpa_v2_t gpa;
+
+/* Entry points newer than the basics may be missing from a driver: NULL then. */
+static void *fetch_flags(const char *name, int version, cuuint64_t flags, int required)
+{
+	CUdriverProcAddressQueryResult st = -1;
+	void *p = NULL;
+
+	if (gpa(name, &p, version, flags, &st) != CUDA_SUCCESS || st != 0 || p == NULL) {
+		if (!required)
+			return NULL;
+		fprintf(stderr, "cuGetProcAddress(%s, %d) failed\n", name, version);
+		exit(3);
+	}
+	return p;
+}
+
+static void bind_optional(void)
+{
+	cu.pitch = fetch_flags("cuMemAllocPitch", 3020, 0, 0);
+	cu.managed = fetch_flags("cuMemAllocManaged", 6000, 0, 0);
+	cu.async = fetch_flags("cuMemAllocAsync", 11020, 0, 0);
+	cu.async_pt = fetch_flags("cuMemAllocAsync", 11020, 2, 0);
+	cu.free_async = fetch_flags("cuMemFreeAsync", 11020, 0, 0);
+	cu.default_pool = fetch_flags("cuDeviceGetDefaultMemPool", 11020, 0, 0);
+	cu.pool_alloc = fetch_flags("cuMemAllocFromPoolAsync", 11020, 0, 0);
+	cu.create = fetch_flags("cuMemCreate", 10020, 0, 0);
+	cu.release = fetch_flags("cuMemRelease", 10020, 0, 0);
+	cu.array = fetch_flags("cuArrayCreate", 3020, 0, 0);
+	cu.array3d = fetch_flags("cuArray3DCreate", 3020, 0, 0);
+	cu.array_destroy = fetch_flags("cuArrayDestroy", 2000, 0, 0);
+	cu.mipmap = fetch_flags("cuMipmappedArrayCreate", 5000, 0, 0);
+	cu.mipmap_destroy = fetch_flags("cuMipmappedArrayDestroy", 5000, 0, 0);
+	cu.launch_pt = fetch_flags("cuLaunchKernel", 7000, 2, 0);
+	cu.launch_ex = fetch_flags("cuLaunchKernelEx", 11060, 0, 0);
+	cu.coop = fetch_flags("cuLaunchCooperativeKernel", 9000, 0, 0);
+	cu.graph = fetch_flags("cuGraphLaunch", 10000, 0, 0);
+}
 
 #ifdef LINKED
 CUresult cuInit(unsigned int);
@@ -51,6 +133,8 @@ CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
 			unsigned, CUstream, void **, void **);
+CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t,
+			     CUdriverProcAddressQueryResult *);
 
 static void bind_driver(void)
 {
@@ -63,20 +147,13 @@ static void bind_driver(void)
 	cu.info = cuMemGetInfo_v2;
 	cu.totalmem = cuDeviceTotalMem_v2;
 	cu.launch = cuLaunchKernel;
+	gpa = cuGetProcAddress_v2;
+	bind_optional();
 }
 #else
-static gpa_v2_t gpa;
-
 static void *fetch(const char *name, int version)
 {
-	CUdriverProcAddressQueryResult st = -1;
-	void *p = NULL;
-
-	if (gpa(name, &p, version, 0, &st) != CUDA_SUCCESS || st != 0 || p == NULL) {
-		fprintf(stderr, "cuGetProcAddress(%s, %d) failed\n", name, version);
-		exit(3);
-	}
-	return p;
+	return fetch_flags(name, version, 0, 1);
 }
 
 static void bind_driver(void)
@@ -105,52 +182,391 @@ static void bind_driver(void)
 	cu.info = fetch("cuMemGetInfo", 3020);
 	cu.totalmem = fetch("cuDeviceTotalMem", 3020);
 	cu.launch = fetch("cuLaunchKernel", 4000);
+	bind_optional();
 }
 #endif
 
+/* --- live allocations, freed oldest first ------------------------------------- */
+
+enum kind { K_PTR, K_ASYNC, K_HANDLE, K_ARRAY, K_MIPMAP };
+
+struct live {
+	enum kind kind;
+	uint64_t handle;
+};
+
 #define MAX_LIVE 4096
+static struct live live[MAX_LIVE];
+static int head, tail;
+
+static CUresult keep(CUresult rc, enum kind kind, uint64_t handle)
+{
+	if (rc == CUDA_SUCCESS) {
+		if (tail - head == MAX_LIVE)
+			return CUDA_ERROR_UNKNOWN;
+		live[tail++ % MAX_LIVE] = (struct live){ kind, handle };
+	}
+	return rc;
+}
+
+#define NEED(fn) \
+	if ((fn) == NULL) \
+		return CUDA_ERROR_NOT_FOUND
+
+static CUresult free_one(struct live l)
+{
+	switch (l.kind) {
+	case K_ASYNC:
+		NEED(cu.free_async);
+		return cu.free_async((CUdeviceptr)l.handle, NULL);
+	case K_HANDLE:
+		NEED(cu.release);
+		return cu.release((CUmemGenericAllocationHandle)l.handle);
+	case K_ARRAY:
+		NEED(cu.array_destroy);
+		return cu.array_destroy((CUarray)(uintptr_t)l.handle);
+	case K_MIPMAP:
+		NEED(cu.mipmap_destroy);
+		return cu.mipmap_destroy((CUmipmappedArray)(uintptr_t)l.handle);
+	default:
+		return cu.free((CUdeviceptr)l.handle);
+	}
+}
+
+static CUdevice cur_dev;
+
+/* How many arguments each allocation step takes; 0: not an allocation step. */
+static int make_args(const char *op)
+{
+	static const struct {
+		const char *op;
+		int args;
+	} steps[] = { { "alloc", 1 },	 { "allocb", 1 }, { "pitch", 2 },   { "managed", 1 },
+		      { "async", 1 },	 { "asyncpt", 1 }, { "pool", 1 },    { "create", 1 },
+		      { "array", 2 },	 { "array3d", 3 }, { "mipmap", 3 } };
+
+	for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++)
+		if (strcmp(op, steps[k].op) == 0)
+			return steps[k].args;
+	return 0;
+}
+
+static CUresult make(const char *op, char **argv, int *i, size_t *extra)
+{
+	size_t mib = strtoull(argv[*i + 1], NULL, 10) << 20;
+	CUdeviceptr p = 0;
+	CUresult rc;
+
+	if (strcmp(op, "alloc") == 0 || strcmp(op, "allocb") == 0) {
+		size_t bytes = op[5] == 'b' ? strtoull(argv[*i + 1], NULL, 10) : mib;
+
+		(*i)++;
+		rc = cu.alloc(&p, bytes);
+		return keep(rc, K_PTR, p);
+	}
+	if (strcmp(op, "pitch") == 0) {
+		size_t w = strtoull(argv[*i + 1], NULL, 10), h = strtoull(argv[*i + 2], NULL, 10);
+
+		*i += 2;
+		NEED(cu.pitch);
+		rc = cu.pitch(&p, extra, w, h, 4);
+		return keep(rc, K_PTR, p);
+	}
+	if (strcmp(op, "managed") == 0) {
+		(*i)++;
+		NEED(cu.managed);
+		rc = cu.managed(&p, mib, CU_MEM_ATTACH_GLOBAL);
+		return keep(rc, K_PTR, p);
+	}
+	if (strcmp(op, "async") == 0 || strcmp(op, "asyncpt") == 0) {
+		CUresult (*fn)(CUdeviceptr *, size_t, CUstream) = op[5] ? cu.async_pt : cu.async;
+
+		(*i)++;
+		NEED(fn);
+		rc = fn(&p, mib, NULL);
+		return keep(rc, K_ASYNC, p);
+	}
+	if (strcmp(op, "pool") == 0) {
+		CUmemoryPool pool;
+
+		(*i)++;
+		NEED(cu.default_pool);
+		NEED(cu.pool_alloc);
+		rc = cu.default_pool(&pool, cur_dev);
+		if (rc != CUDA_SUCCESS)
+			return rc;
+		rc = cu.pool_alloc(&p, mib, pool, NULL);
+		return keep(rc, K_ASYNC, p);
+	}
+	if (strcmp(op, "create") == 0) {
+		CUmemAllocationProp prop;
+		CUmemGenericAllocationHandle hd = 0;
+
+		(*i)++;
+		NEED(cu.create);
+		memset(&prop, 0, sizeof(prop));
+		prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+		prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		prop.location.id = cur_dev;
+		rc = cu.create(&hd, mib, &prop, 0);
+		return keep(rc, K_HANDLE, hd);
+	}
+	if (strcmp(op, "array") == 0) {
+		CUDA_ARRAY_DESCRIPTOR d = { strtoull(argv[*i + 1], NULL, 10),
+					    strtoull(argv[*i + 2], NULL, 10), CU_AD_FORMAT_FLOAT,
+					    1 };
+		CUarray a = NULL;
+
+		*i += 2;
+		NEED(cu.array);
+		rc = cu.array(&a, &d);
+		return keep(rc, K_ARRAY, (uint64_t)(uintptr_t)a);
+	}
+	if (strcmp(op, "array3d") == 0 || strcmp(op, "mipmap") == 0) {
+		int mip = op[0] == 'm';
+		CUDA_ARRAY3D_DESCRIPTOR d = { strtoull(argv[*i + 1], NULL, 10),
+					      strtoull(argv[*i + 2], NULL, 10),
+					      mip ? 0 : strtoull(argv[*i + 3], NULL, 10),
+					      CU_AD_FORMAT_FLOAT,
+					      1,
+					      0 };
+		unsigned int levels = (unsigned int)strtoul(argv[*i + 3], NULL, 10);
+
+		*i += 3;
+		if (mip) {
+			CUmipmappedArray m = NULL;
+
+			NEED(cu.mipmap);
+			rc = cu.mipmap(&m, &d, levels);
+			return keep(rc, K_MIPMAP, (uint64_t)(uintptr_t)m);
+		} else {
+			CUarray a = NULL;
+
+			NEED(cu.array3d);
+			rc = cu.array3d(&a, &d);
+			return keep(rc, K_ARRAY, (uint64_t)(uintptr_t)a);
+		}
+	}
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* --- launches ------------------------------------------------------------------ */
+
+static int is_launch(const char *op)
+{
+	return strcmp(op, "launch") == 0 || strcmp(op, "launchpt") == 0 ||
+	       strcmp(op, "launchex") == 0 || strcmp(op, "coop") == 0 || strcmp(op, "graph") == 0;
+}
+
+static CUresult launch_one(const char *kind)
+{
+	CUfunction f = (CUfunction)0x1;
+
+	if (strcmp(kind, "launch") == 0)
+		return cu.launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+	if (strcmp(kind, "launchpt") == 0) {
+		NEED(cu.launch_pt);
+		return cu.launch_pt(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+	}
+	if (strcmp(kind, "launchex") == 0) {
+		CUlaunchConfig c = { 1, 1, 1, 1, 1, 1, 0, NULL, NULL, 0 };
+
+		NEED(cu.launch_ex);
+		return cu.launch_ex(&c, f, NULL, NULL);
+	}
+	if (strcmp(kind, "coop") == 0) {
+		NEED(cu.coop);
+		return cu.coop(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL);
+	}
+	if (strcmp(kind, "graph") == 0) {
+		NEED(cu.graph);
+		return cu.graph((CUgraphExec)0x1, NULL);
+	}
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* --- bad arguments: whatever the driver answers, the shim must answer too ----- */
+
+static void edge(void)
+{
+	CUdeviceptr p = 0, q = 0;
+	size_t fr = 0;
+	CUresult rc;
+
+	printf("edge alloc_null %d\n", cu.alloc(NULL, 1 << 20));
+	printf("edge alloc_zero %d\n", cu.alloc(&p, 0));
+	printf("edge alloc_huge %d\n", cu.alloc(&p, SIZE_MAX));
+	printf("edge alloc_near_huge %d\n", cu.alloc(&p, SIZE_MAX - (1 << 20)));
+	printf("edge info_null %d\n", cu.info(NULL, NULL));
+	printf("edge info_null_total %d\n", cu.info(&fr, NULL));
+	printf("edge totalmem_null %d\n", cu.totalmem(NULL, cur_dev));
+	printf("edge free_zero %d\n", cu.free(0));
+	printf("edge free_unknown %d\n", cu.free((CUdeviceptr)0xdead0000));
+	rc = cu.alloc(&q, 1 << 20);
+	printf("edge alloc_ok %d\n", rc);
+	printf("edge free_first %d\n", rc == CUDA_SUCCESS ? cu.free(q) : -1);
+	printf("edge free_double %d\n", rc == CUDA_SUCCESS ? cu.free(q) : -1);
+	if (cu.pitch != NULL) {
+		size_t pitch = 0;
+
+		printf("edge pitch_null %d\n", cu.pitch(&p, NULL, 64, 64, 4));
+		printf("edge pitch_elem %d\n", cu.pitch(&p, &pitch, 64, 64, 3));
+		printf("edge pitch_huge %d\n", cu.pitch(&p, &pitch, SIZE_MAX / 2, 4, 4));
+	}
+	if (cu.create != NULL) {
+		CUmemGenericAllocationHandle h = 0;
+
+		printf("edge create_null_prop %d\n", cu.create(&h, 2 << 20, NULL, 0));
+		printf("edge release_unknown %d\n", cu.release(0xdeadULL));
+	}
+	if (cu.array != NULL) {
+		CUDA_ARRAY_DESCRIPTOR d = { 0, 0, CU_AD_FORMAT_FLOAT, 1 };
+		CUarray a = NULL;
+
+		printf("edge array_null_desc %d\n", cu.array(&a, NULL));
+		printf("edge array_zero %d\n", cu.array(&a, &d));
+	}
+	if (cu.async != NULL) {
+		printf("edge async_null %d\n", cu.async(NULL, 1 << 20, NULL));
+		printf("edge async_zero %d\n", cu.async(&p, 0, NULL));
+		printf("edge free_async_unknown %d\n", cu.free_async((CUdeviceptr)0xdead0000, NULL));
+	}
+}
+
+/* --- many threads ---------------------------------------------------------------- */
+
+struct churn {
+	int n;
+	size_t max_bytes;
+	unsigned int seed;
+	int ok, failed;
+};
+
+static uint64_t held, max_held;
+
+static void *churn(void *arg)
+{
+	struct churn *c = arg;
+	CUdeviceptr mine[16] = { 0 };
+	size_t size[16] = { 0 };
+
+	/* Threads share the process's context; each makes it current for itself. */
+	CUcontext ctx;
+	if (cu.retain(&ctx, cur_dev) != CUDA_SUCCESS || cu.set_current(ctx) != CUDA_SUCCESS)
+		return NULL;
+	for (int k = 0; k < c->n; k++) {
+		int j = (int)(rand_r(&c->seed) % 16);
+
+		if (mine[j] != 0) {
+			__atomic_fetch_sub(&held, size[j], __ATOMIC_SEQ_CST);
+			if (cu.free(mine[j]) != CUDA_SUCCESS)
+				c->failed++;
+			mine[j] = 0;
+			continue;
+		}
+		size[j] = ((size_t)rand_r(&c->seed) % c->max_bytes + 1) & ~(size_t)((2 << 20) - 1);
+		size[j] = size[j] ? size[j] : (2 << 20);
+		if (cu.alloc(&mine[j], size[j]) == CUDA_SUCCESS) {
+			uint64_t now = __atomic_add_fetch(&held, size[j], __ATOMIC_SEQ_CST);
+			uint64_t m = __atomic_load_n(&max_held, __ATOMIC_SEQ_CST);
+
+			while (now > m && !__atomic_compare_exchange_n(&max_held, &m, now, 0,
+								       __ATOMIC_SEQ_CST,
+								       __ATOMIC_SEQ_CST))
+				;
+			c->ok++;
+		} else {
+			mine[j] = 0;
+		}
+	}
+	for (int j = 0; j < 16; j++) {
+		if (mine[j] != 0) {
+			__atomic_fetch_sub(&held, size[j], __ATOMIC_SEQ_CST);
+			if (cu.free(mine[j]) != CUDA_SUCCESS)
+				c->failed++;
+		}
+	}
+	return NULL;
+}
+
+static void threads(int nthreads, int n, size_t max_bytes)
+{
+	pthread_t tid[256];
+	struct churn c[256];
+	int ok = 0, failed = 0;
+
+	if (nthreads > 256)
+		nthreads = 256;
+	for (int t = 0; t < nthreads; t++) {
+		c[t] = (struct churn){ n, max_bytes, (unsigned int)t * 7919u + 1, 0, 0 };
+		pthread_create(&tid[t], NULL, churn, &c[t]);
+	}
+	for (int t = 0; t < nthreads; t++) {
+		pthread_join(tid[t], NULL);
+		ok += c[t].ok;
+		failed += c[t].failed;
+	}
+	printf("threads ok=%d failed=%d maxheld=%llu\n", ok, failed,
+	       (unsigned long long)max_held);
+}
+
+static void gpa_step(const char *name, int version, cuuint64_t flags)
+{
+	CUdriverProcAddressQueryResult st = -1;
+	void *p = NULL;
+	Dl_info info;
+	CUresult rc = gpa(name, &p, version, flags, &st);
+	const char *lib = "-", *sym = "-";
+
+	if (p != NULL && dladdr(p, &info) != 0) {
+		lib = info.dli_fname ? strrchr(info.dli_fname, '/') : NULL;
+		lib = lib ? lib + 1 : (info.dli_fname ? info.dli_fname : "?");
+		sym = info.dli_sname ? info.dli_sname : "?";
+	}
+	printf("gpa %s %d %llu rc=%d status=%d %s:%s\n", name, version, (unsigned long long)flags,
+	       rc, st, lib, sym);
+}
 
 int main(int argc, char **argv)
 {
-	static CUdeviceptr live[MAX_LIVE];
-	int head = 0, tail = 0;
 	CUcontext ctx;
-	CUdevice dev;
 	CUresult rc;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	bind_driver();
-	if ((rc = cu.init(0)) != CUDA_SUCCESS || (rc = cu.device_get(&dev, 0)) != CUDA_SUCCESS ||
-	    (rc = cu.retain(&ctx, dev)) != CUDA_SUCCESS || (rc = cu.set_current(ctx)) != CUDA_SUCCESS) {
+	if ((rc = cu.init(0)) != CUDA_SUCCESS || (rc = cu.device_get(&cur_dev, 0)) != CUDA_SUCCESS ||
+	    (rc = cu.retain(&ctx, cur_dev)) != CUDA_SUCCESS ||
+	    (rc = cu.set_current(ctx)) != CUDA_SUCCESS) {
 		printf("init err %d\n", rc);
 		return 4;
 	}
 	for (int i = 1; i < argc; i++) {
 		const char *op = argv[i];
 		const char *arg = i + 1 < argc ? argv[i + 1] : "0";
+		size_t extra = 0;
 
-		if (strcmp(op, "alloc") == 0 || strcmp(op, "fill") == 0) {
+		if (make_args(op) > 0 && i + make_args(op) < argc) {
+			rc = make(op, argv, &i, &extra);
+			const char *name = strcmp(op, "allocb") == 0 ? "alloc" : op;
+
+			if (rc != CUDA_SUCCESS)
+				printf("%s err %d\n", name, rc);
+			else if (strcmp(op, "pitch") == 0)
+				printf("pitch ok %zu\n", extra);
+			else
+				printf("%s ok\n", name);
+		} else if (strcmp(op, "fill") == 0) {
 			size_t bytes = strtoull(arg, NULL, 10) << 20;
+			CUdeviceptr p;
 			int n = 0;
 
 			i++;
-			do {
-				CUdeviceptr p = 0;
-
-				rc = tail - head < MAX_LIVE ? cu.alloc(&p, bytes) : CUDA_ERROR_UNKNOWN;
-				if (rc == CUDA_SUCCESS) {
-					live[tail++ % MAX_LIVE] = p;
-					n++;
-				}
-			} while (op[0] == 'f' && rc == CUDA_SUCCESS);
-			if (op[0] == 'f')
-				printf("fill %d\n", n);
-			else if (rc == CUDA_SUCCESS)
-				printf("alloc ok\n");
-			else
-				printf("alloc err %d\n", rc);
+			while ((rc = cu.alloc(&p, bytes)) == CUDA_SUCCESS &&
+			       keep(rc, K_PTR, p) == CUDA_SUCCESS)
+				n++;
+			printf("fill %d\n", n);
 		} else if (strcmp(op, "free") == 0) {
-			rc = head < tail ? cu.free(live[head++ % MAX_LIVE]) : CUDA_ERROR_INVALID_VALUE;
+			rc = head < tail ? free_one(live[head++ % MAX_LIVE]) : CUDA_ERROR_INVALID_VALUE;
 			printf(rc == CUDA_SUCCESS ? "free ok\n" : "free err %d\n", rc);
 		} else if (strcmp(op, "info") == 0) {
 			size_t fr = 0, tot = 0;
@@ -163,16 +579,31 @@ int main(int argc, char **argv)
 		} else if (strcmp(op, "totalmem") == 0) {
 			size_t tot = 0;
 
-			rc = cu.totalmem(&tot, dev);
+			rc = cu.totalmem(&tot, cur_dev);
 			printf("totalmem %zu\n", rc == CUDA_SUCCESS ? tot : 0);
-		} else if (strcmp(op, "launch") == 0) {
+		} else if (strcmp(op, "dev") == 0) {
+			i++;
+			if ((rc = cu.device_get(&cur_dev, atoi(arg))) == CUDA_SUCCESS &&
+			    (rc = cu.retain(&ctx, cur_dev)) == CUDA_SUCCESS)
+				rc = cu.set_current(ctx);
+			printf(rc == CUDA_SUCCESS ? "dev ok\n" : "dev err %d\n", rc);
+		} else if (is_launch(op)) {
 			long n = strtol(arg, NULL, 10);
 
 			i++;
 			rc = CUDA_SUCCESS;
 			for (long k = 0; k < n && rc == CUDA_SUCCESS; k++)
-				rc = cu.launch((CUfunction)0x1, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
-			printf(rc == CUDA_SUCCESS ? "launch ok\n" : "launch err %d\n", rc);
+				rc = launch_one(op);
+			printf(rc == CUDA_SUCCESS ? "%s ok\n" : "%s err %d\n", op, rc);
+		} else if (strcmp(op, "edge") == 0) {
+			edge();
+		} else if (strcmp(op, "gpa") == 0 && i + 3 < argc) {
+			gpa_step(argv[i + 1], atoi(argv[i + 2]), strtoull(argv[i + 3], NULL, 10));
+			i += 3;
+		} else if (strcmp(op, "threads") == 0 && i + 3 < argc) {
+			threads(atoi(argv[i + 1]), atoi(argv[i + 2]),
+				strtoull(argv[i + 3], NULL, 10) << 20);
+			i += 3;
 		} else if (strcmp(op, "waitfile") == 0) {
 			i++;
 			printf("waiting\n");

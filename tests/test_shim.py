@@ -1,0 +1,331 @@
+"""The full shim in real child processes: every allocation path, exact lookups, the edges."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client_plugin import libs
+from tests.conftest import hook_table
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def lines(out: str) -> list[str]:
+    return [ln for ln in out.splitlines() if ln]
+
+
+def run(run_task: Any, ep: str, *cmd: str, gpus: int = 1, timeout: float = 60) -> list[str]:
+    p = run_task(ep, *cmd, gpus=gpus)
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err
+    return lines(out)
+
+
+# --- cuGetProcAddress: the wrapper for exactly the requests that resolve to a hooked ABI ----
+
+
+def _gpa_requests() -> list[tuple[str, int, int]]:
+    table = [e for e in hook_table() if e.kind in ("GS_HOOK", "GS_VARIANT")]
+    requests = []
+    for base in sorted({e.base for e in table if e.base}):
+        versions = {13000, 13010, 99999}
+        for e in table:
+            if e.base == base:
+                versions |= {e.version - 1, e.version, e.version + 10}
+        requests += [(base, v, f) for v in sorted(versions) for f in (0, 1, 2)]
+    # Names the shim does not wrap, and one no driver has, keep the driver's answer too.
+    requests += [(n, 12000, 0) for n in ("cuCtxGetDevice", "cuDeviceGet", "cuNotAThing")]
+    return requests
+
+
+def test_get_proc_address_wraps_exactly_the_variants_it_hooks(cbin: dict[str, Path]) -> None:
+    args = [str(a) for req in _gpa_requests() for a in ("gpa", *req)]
+    env = {**os.environ, "LD_LIBRARY_PATH": str(libs.sim_driver_dir())}
+    plain = subprocess.run(
+        [cbin["client"], *args], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    hooked = subprocess.run(
+        [cbin["client"], *args],
+        capture_output=True,
+        text=True,
+        env={**env, "LD_PRELOAD": str(libs.shim_path())},
+        check=True,
+    ).stdout
+    wrapped = {e.abi for e in hook_table() if e.kind == "GS_HOOK"}
+    plain_rows, hooked_rows = lines(plain), lines(hooked)
+    assert len(plain_rows) == len(hooked_rows) == len(_gpa_requests())
+    seen_wrapped: set[str] = set()
+    for want, got in zip(plain_rows, hooked_rows, strict=True):
+        *request, where = want.split()
+        *got_request, got_where = got.split()
+        # Return code and symbolStatus are always the driver's own.
+        assert got_request == request, (want, got)
+        lib, _, symbol = where.partition(":")
+        if lib == "libcuda.so.1" and symbol in wrapped:
+            # The wrapper of that very ABI variant, never of another.
+            assert got_where == f"libgpushare.so:{symbol}", (want, got)
+            seen_wrapped.add(symbol)
+        else:
+            assert got_where == where, (want, got)
+    # Every hook is reachable by its base name, the per-thread ones included.
+    assert seen_wrapped == wrapped
+
+
+def test_old_abi_variants_are_the_drivers_own(cbin: dict[str, Path]) -> None:
+    """cuMemAlloc asked for at 2000 is the 32-bit v1 entry: no wrapper of _v2 may stand in."""
+    env = {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(libs.sim_driver_dir()),
+        "LD_PRELOAD": str(libs.shim_path()),
+    }
+    out = subprocess.run(
+        [cbin["client"], "gpa", "cuMemAlloc", "2000", "0", "gpa", "cuMemAlloc", "3020", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
+    assert lines(out) == [
+        "gpa cuMemAlloc 2000 0 rc=0 status=0 libcuda.so.1:cuMemAlloc",
+        "gpa cuMemAlloc 3020 0 rc=0 status=0 libgpushare.so:cuMemAlloc_v2",
+    ]
+
+
+# --- memory: every path is charged what the driver takes, and given back ------------------
+
+
+def _mip_bytes(w: int, h: int, levels: int) -> int:
+    total = 0
+    for _ in range(levels):
+        total += w * h * 4
+        w, h = max(w // 2, 1), max(h // 2, 1)
+    return total
+
+
+def _footprint(n: int) -> int:
+    align = 2 * MiB if n >= 2 * MiB else 512
+    return -(-n // align) * align
+
+
+PATHS = [
+    ("alloc", ["64"], 64 * MiB),
+    ("allocb", ["1000"], 1024),  # small: 512-byte granules
+    ("allocb", [str(3 * MiB + 1)], 4 * MiB),  # large: 2 MiB pages
+    ("pitch", ["1000", "100"], 1024 * 100),  # pitch x height, the driver's pitch
+    ("managed", ["64"], 64 * MiB),
+    ("async", ["64"], 64 * MiB),
+    ("asyncpt", ["64"], 64 * MiB),
+    ("pool", ["64"], 64 * MiB),
+    ("create", ["64"], 64 * MiB),
+    ("array", ["1024", "1024"], 4 * MiB),
+    ("array3d", ["256", "256", "16"], 4 * MiB),
+    ("mipmap", ["1024", "1024", "3"], _footprint(_mip_bytes(1024, 1024, 3))),
+]
+
+
+@pytest.mark.parametrize(("step", "args", "charged"), PATHS, ids=[f"{p[0]}-{p[1]}" for p in PATHS])
+def test_every_allocation_path_is_charged_and_given_back(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], step: str, args: list[str], charged: int
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    name = "alloc" if step == "allocb" else step
+    out = run(run_task, ep, str(cbin["client"]), "info", step, *args, "info", "free", "info")
+    assert out[0] == f"info free={GiB} total={GiB}"
+    assert out[1].startswith(f"{name} ok")
+    assert out[2] == f"info free={GiB - charged} total={GiB}"
+    assert out[3:] == ["free ok", f"info free={GiB} total={GiB}"]
+
+
+BEYOND = [
+    ("alloc", ["1025"]),
+    ("pitch", [str(64 * KiB), "16400"]),
+    ("managed", ["1025"]),
+    ("async", ["1025"]),
+    ("asyncpt", ["1025"]),
+    ("pool", ["1025"]),
+    ("create", ["1026"]),
+    ("array", ["16384", "16400"]),
+    ("array3d", ["1024", "1024", "257"]),
+    ("mipmap", ["16384", "16384", "2"]),
+]
+
+
+@pytest.mark.parametrize(("step", "args"), BEYOND, ids=[b[0] for b in BEYOND])
+def test_every_allocation_path_is_refused_beyond_the_quota(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], step: str, args: list[str]
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    out = run(run_task, ep, str(cbin["client"]), step, *args, "info")
+    assert out == [f"{step} err 2", f"info free={GiB} total={GiB}"]
+    assert daemon.tasks() == []
+
+
+def test_bad_arguments_get_the_drivers_answer_and_charge_nothing(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    client = str(cbin["client"])
+    shimmed = run(run_task, ep, client, "edge", "info")
+    # The same task's environment without the shim: the simulated driver alone.
+    plain = run(run_task, ep, "sh", "-c", f'unset LD_PRELOAD; exec "{client}" edge info')
+    edges = [ln for ln in shimmed if ln.startswith("edge ")]
+    assert len(edges) >= 20
+    assert edges == [ln for ln in plain if ln.startswith("edge ")]
+    # Double frees and unknown pointers were the driver's business; nothing stayed charged.
+    assert shimmed[-1] == f"info free={GiB} total={GiB}"
+
+
+def test_64_threads_never_exceed_the_limit_and_end_at_zero(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    out = run(run_task, ep, str(cbin["client"]), "threads", "64", "300", "96", "info")
+    fields = dict(f.split("=") for f in out[0].split()[1:])
+    assert int(fields["failed"]) == 0, "every free of a live allocation succeeds"
+    assert int(fields["ok"]) > 1000
+    held = int(fields["maxheld"])
+    assert held <= GiB
+    assert held > GiB // 2, "the threads did press against the limit"
+    assert out[1] == f"info free={GiB} total={GiB}"
+
+
+def test_a_changed_limit_applies_to_a_running_process(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    a, b = tmp_path / "a", tmp_path / "b"
+    p = run_task(
+        ep,
+        str(cbin["client"]),
+        *("alloc", "512", "waitfile", str(a), "alloc", "256", "info"),
+        *("waitfile", str(b), "alloc", "1024", "info"),
+    )
+    assert p.stdout.readline() == "alloc ok\n"
+    assert p.stdout.readline() == "waiting\n"
+    daemon.admin("quota_set", env="alice", gpus=1, memory=600 * MiB)
+    a.touch()
+    assert p.stdout.readline() == "alloc err 2\n"
+    assert p.stdout.readline() == f"info free={88 * MiB} total={600 * MiB}\n"
+    assert p.stdout.readline() == "waiting\n"
+    daemon.admin("quota_set", env="alice", gpus=1, memory=2 * GiB)
+    b.touch()
+    assert p.stdout.readline() == "alloc ok\n"
+    assert p.stdout.readline() == f"info free={512 * MiB} total={2 * GiB}\n"
+    assert p.wait(30) == 0
+
+
+@pytest.mark.parametrize("form", ["uuids", "indices"])
+def test_reordered_visible_devices_charge_the_right_gpu(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, form: str, wait_for: Any
+) -> None:
+    """Inside a task the user reorders CUDA_VISIBLE_DEVICES over all the node's GPUs: each
+    charge lands on the GPU really used, and GPUs outside the grant stay closed."""
+    ep = daemon.env("alice", gpus=2, memory=GiB)
+    node = daemon.admin("status")["gpus"]
+    order = list(reversed(range(len(node))))
+    visible = ",".join(node[i]["uuid"] if form == "uuids" else str(i) for i in order)
+    go = tmp_path / "go"
+    steps = []
+    for k in range(len(order)):
+        steps += ["dev", str(k), "alloc", str(100 * (k + 1))]
+    script = f'CUDA_VISIBLE_DEVICES={visible} exec "{cbin["client"]}" {" ".join(steps)} waitfile {go}'
+    p = run_task(ep, "sh", "-c", script, gpus=2)
+    got = [p.stdout.readline().strip() for _ in range(2 * len(order) + 1)]
+    [task] = daemon.tasks()
+    granted = set(task["gpus"])
+    for k, index in enumerate(order):
+        assert got[2 * k] == "dev ok"
+        want = "alloc ok" if index in granted else "alloc err 2"
+        assert got[2 * k + 1] == want, (k, index, granted)
+    status = daemon.admin("status")["gpus"]
+    for k, index in enumerate(order):
+        expect = 100 * (k + 1) * MiB if index in granted else 0
+        assert status[index]["used"] == expect, (index, status[index])
+    go.touch()
+    assert p.wait(30) == 0
+    wait_for(lambda: daemon.tasks() == [], 5)
+
+
+# --- launches -------------------------------------------------------------------------
+
+
+def test_every_launch_path_is_counted(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    go = tmp_path / "go"
+    kinds = {"launch": 2, "launchpt": 3, "launchex": 4, "coop": 5, "graph": 6}
+    steps = [str(a) for k, n in kinds.items() for a in (k, n)]
+    p = run_task(ep, str(cbin["client"]), *steps, "waitfile", str(go))
+    assert [p.stdout.readline() for _ in kinds] == [f"{k} ok\n" for k in kinds]
+    assert p.stdout.readline() == "waiting\n"
+    [task] = daemon.tasks()
+    assert task["launches"] == sum(kinds.values())
+    go.touch()
+    assert p.wait(30) == 0
+
+
+def test_linked_client_reaches_every_path_through_the_exports(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    """A -lcuda program's cuGetProcAddress is the shim's export: what it fetches is charged."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    out = run(run_task, ep, str(cbin["client_linked"]), "create", "64", "async", "32", "info")
+    assert out == ["create ok", "async ok", f"info free={GiB - 96 * MiB} total={GiB}"]
+
+
+# --- NVML inside a task --------------------------------------------------------------
+
+
+NVML_SCRIPT = """
+import sys, time, pynvml
+pynvml.nvmlInit()
+want = int(sys.argv[1])
+for _ in range(500):
+    rows = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        m1 = pynvml.nvmlDeviceGetMemoryInfo(h)
+        m2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+        rows.append((pynvml.nvmlDeviceGetUUID(h), m1.total, m1.used, m1.free,
+                     m2.total, m2.used, m2.free))
+    if any(r[2] == want for r in rows):
+        break
+    time.sleep(0.01)
+for r in rows:
+    print(*r)
+"""
+
+
+def test_nvml_in_a_task_reports_the_environments_share(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    go = tmp_path / "go"
+    script = (
+        f'"{cbin["client"]}" alloc 100 waitfile {go} & '
+        f'"{sys.executable}" -c "$NVML" {100 * MiB}; touch {go}; wait'
+    )
+    p = run_task(ep, "sh", "-c", script, env={"NVML": NVML_SCRIPT})
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    [task] = [t for t in daemon.admin("history")["records"]]
+    granted = daemon.admin("status")["gpus"][task["gpus"][0]]["uuid"]
+    rows = [ln.split() for ln in lines(out)]
+    assert len(rows) == len(daemon.admin("status")["gpus"])
+    for uuid, *nums in rows:
+        total, used, free, total2, used2, free2 = map(int, nums)
+        if uuid == granted:
+            assert (total, used, free) == (GiB, 100 * MiB, GiB - 100 * MiB)
+            assert (total2, used2, free2) == (GiB, 100 * MiB, GiB - 100 * MiB)
+        else:
+            # A GPU the environment does not hold has no share to show.
+            assert (total, used, free) == (0, 0, 0), uuid
