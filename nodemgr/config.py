@@ -15,6 +15,9 @@ from nodemgr.sizes import parse_size
 
 DEFAULT_CONFIG = Path("/etc/gpushare/nodemgr.toml")
 CONFIG_ENV = "GPUSHARE_CONFIG"
+# gpus.context_memory on NVML GPUs when the config names none: an estimate of
+# what one process's CUDA context takes on a GPU, not yet measured.
+NVML_CONTEXT_MEMORY = 512 << 20
 
 
 class ConfigError(Exception):
@@ -58,6 +61,9 @@ class Config:
     sim_memory: int = 16 << 30
     sim_name: str = "gpushare Simulated GPU"
     health_interval: float = 5.0
+    # Bytes charged per process per GPU for its CUDA context; None: the
+    # default for the GPUs found (context_memory_for).
+    context_memory: int | None = None
     task_threshold: int = 4
     memory_reserve: int = 0
     queue_max_bypass: int = 8
@@ -81,6 +87,13 @@ class Config:
 
     def access_for(self, env: str) -> Access:
         return self.env_access.get(env, self.env_default_access)
+
+    def context_memory_for(self, simulated: bool) -> int:
+        """gpus.context_memory, or its default: 0 on simulated GPUs (the simulated driver's
+        contexts take no memory), NVML_CONTEXT_MEMORY on real ones."""
+        if self.context_memory is not None:
+            return self.context_memory
+        return 0 if simulated else NVML_CONTEXT_MEMORY
 
 
 def default_run_dir() -> Path:
@@ -115,6 +128,7 @@ _KEYS: dict[str, set[str]] = {
         "simulated_memory",
         "simulated_name",
         "health_interval",
+        "context_memory",
     },
     "scheduler": {"task_threshold", "memory_reserve", "queue_max_bypass", "max_wait"},
     "metrics": {"address", "port"},
@@ -233,6 +247,12 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     name = gpus.get("simulated_name", "gpushare Simulated GPU")
     if not isinstance(name, str) or not name or any(c in name for c in "|;\n"):
         raise ConfigError("gpus.simulated_name must be a non-empty string without | ; or newlines")
+    context_memory = None
+    if "context_memory" in gpus:
+        try:
+            context_memory = parse_size(gpus["context_memory"])
+        except ValueError as e:
+            raise ConfigError(f"gpus.context_memory: {e}") from None
     threshold = sched.get("task_threshold", 4)
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
         raise ConfigError(f"scheduler.task_threshold must be an integer >= 1, not {threshold!r}")
@@ -274,6 +294,7 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
         sim_memory=memory,
         sim_name=name,
         health_interval=_number(gpus, "gpus", "health_interval", 5.0, 0.1),
+        context_memory=context_memory,
         task_threshold=threshold,
         memory_reserve=reserve,
         queue_max_bypass=bypass,

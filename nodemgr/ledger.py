@@ -1,12 +1,15 @@
 """nodemgr's side of an environment's shared-memory ledger (shim/ledger_layout.h).
 
-nodemgr creates the file, writes the per-GPU limits, reads usage and reaps
-the slots of dead processes. The C code doing so is the same ledger.c the
-shim is built from, reached through cffi.
+nodemgr creates the file, writes the per-GPU limits and context charges,
+keeps one task entry per running task (whose pause word holds the task's
+kernel launches), reads usage and reaps the slots of dead processes. The C
+code doing so is the same ledger.c the shim is built from, reached through
+cffi.
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from dataclasses import dataclass
@@ -16,6 +19,7 @@ from nodemgr._ledger import ffi, lib
 
 MAX_GPUS: int = lib.GS_MAX_GPUS
 MAX_SLOTS: int = lib.GS_MAX_SLOTS
+MAX_TASKS: int = lib.GS_MAX_TASKS
 SIZE: int = ffi.sizeof("struct gs_ledger")
 
 
@@ -25,6 +29,15 @@ class SlotTotals:
     used: int = 0  # bytes now, all GPUs
     peak: int = 0  # sum of each process's most bytes at once
     launches: int = 0
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """A task's entry in the ledger, as read now."""
+
+    index: int
+    paused: bool
+    last_launch_ns: int  # wall clock of the last sweep that saw its launches move; 0: none
 
 
 class LedgerError(Exception):
@@ -115,6 +128,73 @@ class Ledger:
     def limit(self, gpu: int) -> int:
         return int(lib.gs_ledger_limit(self._l, gpu))
 
+    def set_ctx_charge(self, gpu: int, nbytes: int) -> None:
+        """What the shim charges a process for its CUDA context on ``gpu``, from its next
+        context there."""
+        if not 0 <= gpu < MAX_GPUS:
+            raise LedgerError(f"no GPU {gpu} in a ledger (at most {MAX_GPUS})")
+        lib.gs_ledger_set_ctx_charge(self._l, gpu, nbytes)
+
+    def ctx_charge(self, gpu: int) -> int:
+        if not 0 <= gpu < MAX_GPUS:
+            raise LedgerError(f"no GPU {gpu} in a ledger (at most {MAX_GPUS})")
+        return int(self._l.gpu[gpu].ctx_charge)
+
+    # --- task entries: nodemgr alone writes them, from one thread -------------------
+
+    def task_add(self, task_id: str) -> int:
+        """Give ``task_id`` an entry (or find the one it has, pause word untouched); return
+        its index. Raises LedgerError when all MAX_TASKS entries are in use."""
+        rc = int(lib.gs_ledger_task_add(self._l, _task_key(task_id)))
+        if rc == -errno.ENOSPC:
+            raise LedgerError(
+                f"{self.path}: all {MAX_TASKS} task entries are in use; "
+                f"task {task_id} gets none and cannot be paused"
+            )
+        if rc < 0:
+            raise LedgerError(f"{self.path}: adding task {task_id}: {os.strerror(-rc)}")
+        return rc
+
+    def task_remove(self, task_id: str) -> bool:
+        """Free the task's entry, waking any launch it held; False if it had none."""
+        rc = int(lib.gs_ledger_task_remove(self._l, _task_key(task_id)))
+        if rc == -errno.ENOENT:
+            return False
+        if rc < 0:
+            raise LedgerError(f"{self.path}: removing task {task_id}: {os.strerror(-rc)}")
+        return True
+
+    def task_pause(self, task_id: str, paused: bool) -> None:
+        """Hold (``paused``) or let go the task's kernel launches; resuming wakes every
+        process waiting in a launch. Raises LedgerError if the task has no entry."""
+        rc = int(lib.gs_ledger_task_pause(self._l, _task_key(task_id), 1 if paused else 0))
+        if rc == -errno.ENOENT:
+            raise LedgerError(f"{self.path}: task {task_id} has no entry")
+        if rc < 0:
+            raise LedgerError(f"{self.path}: pausing task {task_id}: {os.strerror(-rc)}")
+
+    def task_entry(self, task_id: str) -> TaskEntry | None:
+        """The task's entry, or None if it has none."""
+        i = int(lib.gs_ledger_task_find(self._l, _task_key(task_id)))
+        if i < 0:
+            return None
+        t = self._l.task[i]
+        return TaskEntry(i, bool(t.paused), int(t.last_launch_ns))
+
+    def task_ids(self) -> list[str]:
+        """The ids of every task with an entry, in entry order."""
+        out = []
+        for i in range(MAX_TASKS):
+            t = self._l.task[i]
+            if t.state == lib.GS_SLOT_USED:
+                out.append(ffi.string(t.task_id, lib.GS_TASK_ID_LEN).decode(errors="replace"))
+        return out
+
+    def stamp_launches(self, now_ns: int) -> None:
+        """Record ``now_ns`` as the last launch time of every task whose processes launched
+        kernels since the previous call (the shim only counts launches)."""
+        lib.gs_ledger_stamp_launches(self._l, now_ns)
+
     def used(self, gpu: int) -> int:
         return int(lib.gs_ledger_used(self._l, gpu))
 
@@ -155,3 +235,11 @@ class Ledger:
         """Free the slots of processes that have died; per task id, what they had used."""
         rc = self.reap()
         return self._totals(min(rc, MAX_SLOTS))
+
+
+def _task_key(task_id: str) -> bytes:
+    """``task_id`` as the C side compares it; an id that cannot fit would alias another."""
+    key = task_id.encode()
+    if not key or len(key) >= lib.GS_TASK_ID_LEN or b"\0" in key:
+        raise LedgerError(f"task id {task_id!r} cannot name a ledger task entry")
+    return key

@@ -36,6 +36,7 @@ class Err:
     UNKNOWN_ENV = "unknown_env"
     UNKNOWN_TASK = "unknown_task"
     BUSY = "busy"
+    NOT_PAUSABLE = "not_pausable"
     QUOTA_ZERO = "quota_zero"
     QUOTA_EXCEEDED = "quota_exceeded"
     NO_RESOURCES = "no_resources"
@@ -134,6 +135,8 @@ ADMIN_REQUESTS: dict[str, Schema] = {
     "queue": {},
     "status": {},
     "reclaim": {"task_id": (True, _task)},
+    "pause": {"task_id": (True, _task)},
+    "resume": {"task_id": (True, _task)},
     "history": {
         "env": (False, _optional(_env)),
         "since": (False, _optional(_number(0.0, 1e11))),

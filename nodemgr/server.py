@@ -235,7 +235,11 @@ class Server:
             self._reclaim_hung(task)
         if now >= self._next_sweep:
             self._next_sweep = now + self.config.sweep_interval
+            wall_ns = time.time_ns()
             for env in self.node.envs.values():
+                # Before reaping, so a process that launched and died since the
+                # last sweep still dates its task's last launch.
+                env.ledger.stamp_launches(wall_ns)
                 reaped = env.ledger.reap_totals()
                 if reaped:
                     self.node.note_usage(reaped)
@@ -538,6 +542,12 @@ class Server:
             self._kill_client(task)
             self._release(task.task_id, "admin")
             return protocol.reply("reclaimed", msg_id, task_id=task.task_id, env=task.env)
+        if kind in ("pause", "resume"):
+            paused = kind == "pause"
+            task = node.pause(body["task_id"], paused)
+            return protocol.reply(
+                "paused", msg_id, task_id=task.task_id, env=task.env, paused=paused
+            )
         if kind == "history":
             limit = body["limit"] or 1000
             records = node.store.history(body["env"], body["since"], limit)

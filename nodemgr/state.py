@@ -1,8 +1,9 @@
 """What nodemgr knows: environments, their quotas and ledgers, running tasks, the wait queue.
 
 Decisions about GPUs come from nodemgr.scheduler; this module applies them,
-keeps each environment's ledger limits in step with what it holds, and
-writes quotas and records through nodemgr.store before a reply leaves.
+keeps each environment's ledger limits and task entries in step with what it
+holds, and writes quotas and records through nodemgr.store before a reply
+leaves.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from nodemgr import scheduler
 from nodemgr.config import Config
 from nodemgr.gpus import Gpu
-from nodemgr.ledger import Ledger, SlotTotals
+from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, SlotTotals
 from nodemgr.protocol import Err, ProtocolError
 from nodemgr.store import Record, Store
 
@@ -44,6 +45,8 @@ class Env:
     draining: set[int] = field(default_factory=set)
     usage: dict[str, SlotTotals] = field(default_factory=dict)  # last ledger summary
     launches_done: int = 0  # kernel launches of its ended tasks, since nodemgr started
+    # Its ledger's task table was full at the last grant: said once, not per grant.
+    tasks_full: bool = False
 
 
 @dataclass
@@ -105,6 +108,7 @@ class Node:
         self.tasks: dict[str, Task] = {}
         self.queue: list[Waiter] = []
         self.lost: set[int] = set()  # GPUs NVML reported lost; never granted again
+        self.context_memory = config.context_memory_for(simulated)
         self.started = time.time()
         self._wids = 0
         # Set when something that could serve a waiter has changed.
@@ -144,6 +148,7 @@ class Node:
                 env.held.setdefault(index, set()).add(task.task_id)
             restored.append(task)
         for env in self.envs.values():
+            self._restore_entries(env)
             for index in range(len(self.gpus)):
                 if index in env.held:
                     env.ledger.set_limit(index, env.memory)
@@ -154,6 +159,29 @@ class Node:
         if restored:
             log.info("restored %d running tasks; waiting for their clients", len(restored))
         return restored
+
+    def _restore_entries(self, env: Env) -> None:
+        """Free the task entries of tasks that did not survive the restart; give restored
+        tasks theirs. An adopted entry is kept as it is, pause word included: the task's
+        processes may be waiting on it."""
+        for task_id in env.ledger.task_ids():
+            task = self.tasks.get(task_id)
+            if task is None or task.env != env.name:
+                env.ledger.task_remove(task_id)
+        for task in self.tasks.values():
+            if task.env == env.name:
+                self._add_entry(env, task.task_id)
+
+    def _add_entry(self, env: Env, task_id: str) -> None:
+        try:
+            env.ledger.task_add(task_id)
+        except LedgerError as e:
+            # The task runs all the same; only pausing it is impossible.
+            if env.tasks_full:
+                log.debug("env %s: %s", env.name, e)
+            else:
+                log.warning("env %s: %s (said once until an entry is free)", env.name, e)
+            env.tasks_full = True
 
     # --- quotas --------------------------------------------------------------------
 
@@ -168,6 +196,8 @@ class Node:
             env_dir.mkdir(parents=True, mode=0o700)
             ledger = Ledger.create(env_dir / "ledger", uuids)
         ledger.chown(access.uid, access.gid, access.mode)
+        for index in range(len(self.gpus)):
+            ledger.set_ctx_charge(index, self.context_memory)
         os.chown(env_dir, access.uid, access.gid)
         # The directory's owner is the environment's user; nodemgr, root or
         # the same user, keeps its way in either way.
@@ -312,6 +342,9 @@ class Node:
                 None,
             )
         )
+        # Before the grant leaves: the command's processes look their task up
+        # when they claim their ledger slots.
+        self._add_entry(env, task.task_id)
         for index in decision.gpus:
             env.held.setdefault(index, set()).add(task.task_id)
             env.draining.discard(index)
@@ -338,6 +371,9 @@ class Node:
         if task is None:
             return None
         env = self.envs[task.env]
+        # Freeing the entry also lets go of any launch a pause still holds.
+        if env.ledger.task_remove(task_id):
+            env.tasks_full = False
         totals = env.ledger.task_usage(task_id)
         task.peak = max(task.peak, totals.peak)
         task.launches = max(task.launches, totals.launches)
@@ -354,6 +390,26 @@ class Node:
         self.store.task_ended(task_id, time.time(), reason, task.peak, exit_code)
         self.queue_dirty = True
         log.info("release %s env=%s reason=%s", task_id, task.env, reason)
+        return task
+
+    def pause(self, task_id: str, paused: bool) -> Task:
+        """Hold (or let go) a running task's kernel launches through its ledger entry.
+
+        The pause word lives only in the ledger, which survives a nodemgr
+        restart: views read it from there, so they never disagree with it.
+        """
+        task = self.tasks.get(task_id)
+        if task is None:
+            raise ProtocolError(Err.UNKNOWN_TASK, f"no running task {task_id!r}")
+        try:
+            self.envs[task.env].ledger.task_pause(task_id, paused)
+        except LedgerError:
+            raise ProtocolError(
+                Err.NOT_PAUSABLE,
+                f"task {task_id} has no entry in its environment's ledger (all "
+                f"{MAX_TASKS} were in use when it started), so its launches cannot be held",
+            ) from None
+        log.info("%s %s env=%s", "pause" if paused else "resume", task_id, task.env)
         return task
 
     def expired(self, now: float) -> list[Task]:
@@ -457,6 +513,8 @@ class Node:
 
     def task_view(self, task: Task, usage: dict[str, SlotTotals]) -> dict[str, object]:
         totals = usage.get(task.task_id, SlotTotals())
+        entry = self.envs[task.env].ledger.task_entry(task.task_id)
+        stamped = entry.last_launch_ns if entry is not None else 0
         return {
             "task_id": task.task_id,
             "env": task.env,
@@ -470,6 +528,8 @@ class Node:
             "started": task.started,
             "command": task.command,
             "attached": not task.restored,
+            "paused": entry is not None and entry.paused,
+            "last_launch": stamped / 1e9 if stamped else None,
         }
 
     def tasks_view(self, env: str | None) -> list[dict[str, object]]:

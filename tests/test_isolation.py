@@ -44,13 +44,15 @@ def test_an_environment_cannot_reach_another_environments_tasks_or_quota(daemon:
         assert error_code(a, "heartbeat", task_id=b_task) == "unknown_task"
         assert error_code(a, "done", task_id=b_task) == "unknown_task"
         # Admin requests do not exist on a task endpoint: no quota changes, no
-        # listing, no reclaim, no history.
+        # listing, no reclaim or pause, no history.
         for kind, fields in [
             ("quota_set", {"env": "A", "gpus": 4, "memory": GiB}),
             ("quota_delete", {"env": "B", "force": True}),
             ("quota_show", {"env": "B"}),
             ("tasks", {}),
             ("reclaim", {"task_id": b_task}),
+            ("pause", {"task_id": b_task}),
+            ("resume", {"task_id": b_task}),
             ("history", {}),
             ("status", {}),
         ]:

@@ -104,12 +104,21 @@ def test_config_defaults_and_errors(tmp_path: Path) -> None:
     assert c.heartbeat_timeout == 5.0
     assert c.sim_memory == 2 << 30
     assert c.task_threshold == 4
+    # Contexts cost nothing on simulated GPUs; on real ones an estimate until measured.
+    assert c.context_memory is None
+    assert c.context_memory_for(simulated=True) == 0
+    assert c.context_memory_for(simulated=False) == config.NVML_CONTEXT_MEMORY == 512 << 20
+    f.write_text('[gpus]\ncontext_memory = "1GiB"\n')
+    assert config.load(f).context_memory_for(simulated=True) == 1 << 30
+    f.write_text("[gpus]\ncontext_memory = 0\n")
+    assert config.load(f).context_memory_for(simulated=False) == 0
     for text, needle in [
         ("[nodes]\n", "unknown section [nodes]"),
         ("[gpus]\nsource = 'cloud'\n", "gpus.source"),
         ("[node]\nheartbeat_timeout = 0.5\nheartbeat_interval = 1\n", "longer than"),
         ("[gpus]\nsimulated_memory = 'big'\n", "gpus.simulated_memory"),
         ("[scheduler]\ntask_threshold = 0\n", "task_threshold"),
+        ("[gpus]\ncontext_memory = '-1'\n", "gpus.context_memory"),
         ("not toml [", "not valid TOML"),
     ]:
         f.write_text(text)

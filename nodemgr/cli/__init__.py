@@ -6,8 +6,10 @@ import click
 
 from nodemgr import __version__
 from nodemgr.cli.history import history
+from nodemgr.cli.pause import pause
 from nodemgr.cli.quota import quota
 from nodemgr.cli.reclaim import reclaim
+from nodemgr.cli.resume import resume
 from nodemgr.cli.serve import serve
 from nodemgr.cli.status import status
 from nodemgr.cli.tasks import tasks
@@ -33,6 +35,8 @@ cli.add_command(tasks)
 cli.add_command(status)
 cli.add_command(history)
 cli.add_command(reclaim)
+cli.add_command(pause)
+cli.add_command(resume)
 cli.add_command(top)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -78,3 +79,21 @@ def format_table(headers: list[str], rows: list[list[str]]) -> list[str]:
 def print_table(headers: list[str], rows: list[list[str]]) -> None:
     for line in format_table(headers, rows):
         click.echo(line)
+
+
+def task_state(task: dict[str, Any]) -> str:
+    """A task's STATE column: paused (its launches held) or running."""
+    return "paused" if task.get("paused") else "running"
+
+
+def launched(task: dict[str, Any], now: float | None = None) -> str:
+    """How long ago a task's processes last launched a kernel, as nodemgr's sweeps saw it."""
+    last = task.get("last_launch")
+    if last is None:
+        return "never"
+    ago = max(0.0, (time.time() if now is None else now) - float(last))
+    if ago < 60:
+        return f"{ago:.0f}s ago"
+    if ago < 3600:
+        return f"{ago / 60:.0f}m ago"
+    return f"{ago / 3600:.0f}h ago"

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import click
 
-from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
+from nodemgr.cli._common import (
+    admin_call,
+    config_option,
+    json_option,
+    launched,
+    print_json,
+    print_table,
+    task_state,
+)
 from nodemgr.sizes import format_size
 
 
@@ -13,13 +21,24 @@ from nodemgr.sizes import format_size
 @config_option
 @json_option
 def tasks(env: str | None, config_path: str | None, as_json: bool) -> None:
-    """List running tasks."""
+    """List running tasks: their GPUs, memory, kernel launches and whether they are paused."""
     items = admin_call(config_path, "tasks", env=env)["tasks"]
     if as_json:
         print_json(items)
         return
     print_table(
-        ["TASK", "ENV", "PID", "GPUS", "USED", "LIMIT/GPU", "LAUNCHES", "COMMAND"],
+        [
+            "TASK",
+            "ENV",
+            "PID",
+            "GPUS",
+            "USED",
+            "LIMIT/GPU",
+            "LAUNCHES",
+            "LAUNCHED",
+            "STATE",
+            "COMMAND",
+        ],
         [
             [
                 t["task_id"],
@@ -29,6 +48,8 @@ def tasks(env: str | None, config_path: str | None, as_json: bool) -> None:
                 format_size(t["memory_used"]),
                 format_size(t["memory_limit"]),
                 str(t["launches"]),
+                launched(t),
+                task_state(t),
                 (t["command"] or "")[:40],
             ]
             for t in items

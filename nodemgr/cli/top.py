@@ -13,8 +13,10 @@ from nodemgr.cli._common import (
     config_option,
     fail,
     format_table,
+    launched,
     load_config,
     print_json,
+    task_state,
 )
 from nodemgr.client import Connection, NodeError, Unreachable
 from nodemgr.sizes import format_size
@@ -70,7 +72,7 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
     )
     lines.append("")
     lines += format_table(
-        ["TASK", "ENV", "PID", "GPUS", "USED", "PEAK", "LAUNCHES", "COMMAND"],
+        ["TASK", "ENV", "PID", "GPUS", "USED", "PEAK", "LAUNCHES", "LAUNCHED", "STATE", "COMMAND"],
         [
             [
                 t["task_id"],
@@ -80,6 +82,8 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
                 format_size(t["memory_used"]),
                 format_size(t["peak"]),
                 str(t["launches"]),
+                launched(t),
+                task_state(t),
                 (t["command"] or "")[:40],
             ]
             for t in tasks

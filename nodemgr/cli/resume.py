@@ -1,0 +1,23 @@
+"""``nodemgr resume``: let a paused task's kernel launches go on."""
+
+from __future__ import annotations
+
+import click
+
+from nodemgr.cli._common import admin_call, config_option, json_option, print_json
+
+
+@click.command()
+@click.argument("task_id")
+@config_option
+@json_option
+def resume(task_id: str, config_path: str | None, as_json: bool) -> None:
+    """Resume task TASK_ID: processes waiting in a kernel launch go on at once.
+
+    Resuming a task that is not paused changes nothing.
+    """
+    reply = admin_call(config_path, "resume", task_id=task_id)
+    if as_json:
+        print_json({"task_id": reply["task_id"], "env": reply["env"], "paused": reply["paused"]})
+    else:
+        click.echo(f"task {reply['task_id']} of {reply['env']}: resumed")
