@@ -149,6 +149,9 @@ def setting() -> Iterator[Setting]:
         try:
             for gpu in range(len(SIM_UUIDS)):
                 ledger.set_limit(gpu, SIM_BYTES)
+            # As nodemgr does for a granted task: launches then read the task's pause word
+            # in the ledger, the path a real task takes.
+            ledger.task_add(TASK_ID)
             direct = base_env()
             enforcing = {
                 **direct,

@@ -382,3 +382,32 @@ def test_the_shim_says_nothing_while_it_works(
     assert p.returncode == 0, err
     assert "fill 512" in out
     assert err == ""
+
+
+def test_each_process_pays_for_its_context_once(
+    daemon_factory: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path
+) -> None:
+    d = daemon_factory(sections={"gpus": {"context_memory": "96MiB"}})
+    ep = d.env("alice", gpus=1, memory=GiB)
+    client = str(cbin["client"])
+    go, first = tmp_path / "go", tmp_path / "first"
+    # A first process holds its context; a second retains its own twice (one charge) and
+    # allocates: two contexts and one allocation are charged.
+    script = (
+        f'"{client}" waitfile {go} > {first} & '
+        f"until grep -q waiting {first}; do sleep 0.01; done; "
+        f'"{client}" dev 0 alloc 64 info; touch {go}; wait'
+    )
+    out = run(run_task, ep, "sh", "-c", script)
+    assert out == ["dev ok", "alloc ok", f"info free={GiB - 2 * 96 * MiB - 64 * MiB} total={GiB}"]
+
+
+def test_a_context_that_does_not_fit_is_refused(
+    daemon_factory: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    d = daemon_factory(sections={"gpus": {"context_memory": "96MiB"}})
+    ep = d.env("small", gpus=1, memory=64 * MiB)
+    p = run_task(ep, str(cbin["client"]), "info")
+    out, _ = p.communicate(timeout=60)
+    assert lines(out) == ["init err 2"]  # CUDA_ERROR_OUT_OF_MEMORY from the retain
+    assert p.returncode == 4
