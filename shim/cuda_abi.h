@@ -56,6 +56,26 @@ enum {
 	CU_AD_FORMAT_FLOAT = 0x20,
 };
 
+/* Bytes per channel of an array format; 0 for a format not listed above. */
+static inline size_t gs_array_format_bytes(int format)
+{
+	switch (format) {
+	case CU_AD_FORMAT_UNSIGNED_INT8:
+	case CU_AD_FORMAT_SIGNED_INT8:
+		return 1;
+	case CU_AD_FORMAT_UNSIGNED_INT16:
+	case CU_AD_FORMAT_SIGNED_INT16:
+	case CU_AD_FORMAT_HALF:
+		return 2;
+	case CU_AD_FORMAT_UNSIGNED_INT32:
+	case CU_AD_FORMAT_SIGNED_INT32:
+	case CU_AD_FORMAT_FLOAT:
+		return 4;
+	default:
+		return 0;
+	}
+}
+
 /* cuMemCreate */
 typedef struct {
 	int type; /* CUmemLocationType */

@@ -1086,40 +1086,27 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 	return settle_pitch(dptr, pitch, height, &c);
 }
 
-/* Frees of device pointers: cuMemFree and the stream-ordered cuMemFreeAsync. */
-GS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
-{
-	struct gs_alloc a;
+/*
+ * Every free has the same shape: the record out before the driver frees
+ * (forget), the driver's answer, then the charge settled (freed). A handle
+ * the shim has no record of is the driver's business alone.
+ */
+#define FREE_WRAPPER(abi, params, key, kind, args)                        \
+	GS_EXPORT CUresult abi params                                       \
+	{                                                                   \
+		struct gs_alloc a;                                          \
+		TRACE(GS_ID_##abi, calls);                                  \
+		GET_REAL(abi, fn);                                          \
+		if (!forget((uint64_t)(uintptr_t)(key), (kind), &a))        \
+			return fn args;                                     \
+		return freed(fn args, &a);                                  \
+	}
 
-	TRACE(GS_ID_cuMemFree_v2, calls);
-	GET_REAL(cuMemFree_v2, fn);
-	if (!forget(dptr, GS_K_PTR, &a))
-		return fn(dptr);
-	return freed(fn(dptr), &a);
-}
-
+FREE_WRAPPER(cuMemFree_v2, (CUdeviceptr dptr), dptr, GS_K_PTR, (dptr))
 /* Uncharged when the free is issued: the memory goes back as the stream reaches it. */
-GS_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
-{
-	struct gs_alloc a;
-
-	TRACE(GS_ID_cuMemFreeAsync, calls);
-	GET_REAL(cuMemFreeAsync, fn);
-	if (!forget(dptr, GS_K_PTR, &a))
-		return fn(dptr, stream);
-	return freed(fn(dptr, stream), &a);
-}
-
-GS_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
-{
-	struct gs_alloc a;
-
-	TRACE(GS_ID_cuMemFreeAsync_ptsz, calls);
-	GET_REAL(cuMemFreeAsync_ptsz, fn);
-	if (!forget(dptr, GS_K_PTR, &a))
-		return fn(dptr, stream);
-	return freed(fn(dptr, stream), &a);
-}
+FREE_WRAPPER(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), dptr, GS_K_PTR, (dptr, stream))
+FREE_WRAPPER(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), dptr, GS_K_PTR,
+	     (dptr, stream))
 
 /*
  * Virtual memory management (PyTorch's expandable segments, NCCL): the
@@ -1152,37 +1139,16 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 	return remember(*handle, GS_K_HANDLE, &c, undo_handle);
 }
 
-GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-	struct gs_alloc a;
-
-	TRACE(GS_ID_cuMemRelease, calls);
-	GET_REAL(cuMemRelease, fn);
-	if (!forget(handle, GS_K_HANDLE, &a))
-		return fn(handle);
-	return freed(fn(handle), &a);
-}
+FREE_WRAPPER(cuMemRelease, (CUmemGenericAllocationHandle handle), handle, GS_K_HANDLE, (handle))
 
 /* --- wrappers: CUDA arrays ---------------------------------------------------------- */
 
-/* Bytes per channel of an array format; the widest for formats not listed. */
+/* Bytes per channel of an array format; the widest any format has for those not listed. */
 static uint64_t format_bytes(int format)
 {
-	switch (format) {
-	case CU_AD_FORMAT_UNSIGNED_INT8:
-	case CU_AD_FORMAT_SIGNED_INT8:
-		return 1;
-	case CU_AD_FORMAT_UNSIGNED_INT16:
-	case CU_AD_FORMAT_SIGNED_INT16:
-	case CU_AD_FORMAT_HALF:
-		return 2;
-	case CU_AD_FORMAT_UNSIGNED_INT32:
-	case CU_AD_FORMAT_SIGNED_INT32:
-	case CU_AD_FORMAT_FLOAT:
-		return 4;
-	default:
-		return 16;
-	}
+	size_t n = gs_array_format_bytes(format);
+
+	return n ? n : 16;
 }
 
 /* Layered and cubemap arrays keep their depth (layers, faces) at every mip level. */
@@ -1259,27 +1225,8 @@ GS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
 		    GS_K_MIPMAP, undo_mipmap);
 }
 
-GS_EXPORT CUresult cuArrayDestroy(CUarray array)
-{
-	struct gs_alloc a;
-
-	TRACE(GS_ID_cuArrayDestroy, calls);
-	GET_REAL(cuArrayDestroy, fn);
-	if (!forget((uint64_t)(uintptr_t)array, GS_K_ARRAY, &a))
-		return fn(array);
-	return freed(fn(array), &a);
-}
-
-GS_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array)
-{
-	struct gs_alloc a;
-
-	TRACE(GS_ID_cuMipmappedArrayDestroy, calls);
-	GET_REAL(cuMipmappedArrayDestroy, fn);
-	if (!forget((uint64_t)(uintptr_t)array, GS_K_MIPMAP, &a))
-		return fn(array);
-	return freed(fn(array), &a);
-}
+FREE_WRAPPER(cuArrayDestroy, (CUarray array), array, GS_K_ARRAY, (array))
+FREE_WRAPPER(cuMipmappedArrayDestroy, (CUmipmappedArray array), array, GS_K_MIPMAP, (array))
 
 /* --- wrappers: launches --------------------------------------------------------------- */
 
@@ -1305,82 +1252,28 @@ static inline __attribute__((always_inline)) void launch_gate(void)
 	__atomic_fetch_add(__atomic_load_n(&hot.launches, __ATOMIC_ACQUIRE), 1, __ATOMIC_RELAXED);
 }
 
-GS_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-				  unsigned int bx, unsigned int by, unsigned int bz,
-				  unsigned int shmem, CUstream stream, void **params, void **extra)
-{
-	TRACE(GS_ID_cuLaunchKernel, calls);
-	GET_REAL(cuLaunchKernel, fn);
-	launch_gate();
-	return fn(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
-}
+/* Every launch entry: the gate, then the driver. */
+#define LAUNCH_WRAPPER(abi, params, args)       \
+	GS_EXPORT CUresult abi params           \
+	{                                       \
+		TRACE(GS_ID_##abi, calls);      \
+		GET_REAL(abi, fn);              \
+		launch_gate();                  \
+		return fn args;                 \
+	}
 
-GS_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
-				       unsigned int gz, unsigned int bx, unsigned int by,
-				       unsigned int bz, unsigned int shmem, CUstream stream,
-				       void **params, void **extra)
-{
-	TRACE(GS_ID_cuLaunchKernel_ptsz, calls);
-	GET_REAL(cuLaunchKernel_ptsz, fn);
-	launch_gate();
-	return fn(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
-}
-
-GS_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
-				    void **extra)
-{
-	TRACE(GS_ID_cuLaunchKernelEx, calls);
-	GET_REAL(cuLaunchKernelEx, fn);
-	launch_gate();
-	return fn(config, f, params, extra);
-}
-
-GS_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
-					 void **params, void **extra)
-{
-	TRACE(GS_ID_cuLaunchKernelEx_ptsz, calls);
-	GET_REAL(cuLaunchKernelEx_ptsz, fn);
-	launch_gate();
-	return fn(config, f, params, extra);
-}
-
-GS_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
-					     unsigned int gz, unsigned int bx, unsigned int by,
-					     unsigned int bz, unsigned int shmem, CUstream stream,
-					     void **params)
-{
-	TRACE(GS_ID_cuLaunchCooperativeKernel, calls);
-	GET_REAL(cuLaunchCooperativeKernel, fn);
-	launch_gate();
-	return fn(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
-}
-
-GS_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
-						  unsigned int gz, unsigned int bx, unsigned int by,
-						  unsigned int bz, unsigned int shmem,
-						  CUstream stream, void **params)
-{
-	TRACE(GS_ID_cuLaunchCooperativeKernel_ptsz, calls);
-	GET_REAL(cuLaunchCooperativeKernel_ptsz, fn);
-	launch_gate();
-	return fn(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
-}
-
-GS_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
-{
-	TRACE(GS_ID_cuGraphLaunch, calls);
-	GET_REAL(cuGraphLaunch, fn);
-	launch_gate();
-	return fn(exec, stream);
-}
-
-GS_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
-{
-	TRACE(GS_ID_cuGraphLaunch_ptsz, calls);
-	GET_REAL(cuGraphLaunch_ptsz, fn);
-	launch_gate();
-	return fn(exec, stream);
-}
+LAUNCH_WRAPPER(cuLaunchKernel, GS_LAUNCH_PARAMS,
+	       (f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra))
+LAUNCH_WRAPPER(cuLaunchKernel_ptsz, GS_LAUNCH_PARAMS,
+	       (f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra))
+LAUNCH_WRAPPER(cuLaunchKernelEx, GS_EX_PARAMS, (config, f, params, extra))
+LAUNCH_WRAPPER(cuLaunchKernelEx_ptsz, GS_EX_PARAMS, (config, f, params, extra))
+LAUNCH_WRAPPER(cuLaunchCooperativeKernel, GS_COOP_PARAMS,
+	       (f, gx, gy, gz, bx, by, bz, shmem, stream, params))
+LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, GS_COOP_PARAMS,
+	       (f, gx, gy, gz, bx, by, bz, shmem, stream, params))
+LAUNCH_WRAPPER(cuGraphLaunch, (CUgraphExec exec, CUstream stream), (exec, stream))
+LAUNCH_WRAPPER(cuGraphLaunch_ptsz, (CUgraphExec exec, CUstream stream), (exec, stream))
 
 /* --- wrappers: lookup ------------------------------------------------------------------- */
 

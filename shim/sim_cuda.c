@@ -1116,25 +1116,6 @@ SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
  */
 #define SIM_ARRAY3D_LAYERED 0x01
 
-static size_t sim_format_bytes(int format)
-{
-	switch (format) {
-	case CU_AD_FORMAT_UNSIGNED_INT8:
-	case CU_AD_FORMAT_SIGNED_INT8:
-		return 1;
-	case CU_AD_FORMAT_UNSIGNED_INT16:
-	case CU_AD_FORMAT_SIGNED_INT16:
-	case CU_AD_FORMAT_HALF:
-		return 2;
-	case CU_AD_FORMAT_UNSIGNED_INT32:
-	case CU_AD_FORMAT_SIGNED_INT32:
-	case CU_AD_FORMAT_FLOAT:
-		return 4;
-	default:
-		return 0;
-	}
-}
-
 /*
  * Bytes of an array with levels mip levels (1 for a plain array), each
  * extent halving per level down to 1; the layer count of a layered array
@@ -1145,7 +1126,7 @@ static CUresult sim_array_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int l
 				size_t *out)
 {
 	bool layered = d->Flags & SIM_ARRAY3D_LAYERED;
-	size_t elem = sim_format_bytes(d->Format) * d->NumChannels;
+	size_t elem = gs_array_format_bytes(d->Format) * d->NumChannels;
 	size_t w = d->Width, h = d->Height ? d->Height : 1, depth = d->Depth ? d->Depth : 1;
 	size_t largest = w > h ? w : h, total = 0;
 	unsigned int l;
