@@ -451,9 +451,9 @@ static int my_slot(void)
 	if (s < 0) {
 		s = gs_ledger_claim(g.ledger, g.fd, (int32_t)getpid(), g.task_id);
 		if (s >= 0) {
-			int t = gs_ledger_task_find(g.ledger, g.task_id);
+			int t = __atomic_load_n(&g.ledger->slot[s].task_index, __ATOMIC_ACQUIRE);
 
-			if (t >= 0)
+			if (t >= 0 && t < GS_MAX_TASKS)
 				__atomic_store_n(&hot.pause, &g.ledger->task[t].paused,
 						 __ATOMIC_RELEASE);
 			__atomic_store_n(&hot.launches, &g.ledger->slot[s].launches,

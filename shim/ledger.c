@@ -146,8 +146,10 @@ void gs_ledger_stamp_launches(struct gs_ledger *l, uint64_t now_ns)
 			continue;
 		STORE(&s->launches_seen, n);
 		STORE(&s->last_launch_ns, now_ns);
-		t = gs_ledger_task_find(l, s->task_id);
-		if (t >= 0)
+		/* The entry the process found at claim, if it still names the process's task. */
+		t = LOAD(&s->task_index);
+		if (t >= 0 && t < GS_MAX_TASKS && LOAD(&l->task[t].state) == GS_SLOT_USED &&
+		    strncmp(l->task[t].task_id, s->task_id, GS_TASK_ID_LEN) == 0)
 			STORE(&l->task[t].last_launch_ns, now_ns);
 	}
 }
@@ -251,6 +253,7 @@ static void slot_clear(struct gs_slot *s)
 		STORE(&s->used[g], 0);
 	STORE(&s->launches, 0);
 	STORE(&s->launches_seen, 0);
+	STORE(&s->task_index, -1);
 	STORE(&s->last_launch_ns, 0);
 	STORE(&s->peak, 0);
 }
@@ -299,8 +302,10 @@ int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_i
 		slot_clear(s);
 		s->pid = pid;
 		memset(s->task_id, 0, sizeof(s->task_id));
-		if (task_id != NULL)
+		if (task_id != NULL) {
 			strncpy(s->task_id, task_id, sizeof(s->task_id) - 1);
+			STORE(&s->task_index, gs_ledger_task_find(l, task_id));
+		}
 		STORE(&s->state, (uint32_t)GS_SLOT_USED);
 		hwm = LOAD(&l->slot_hwm);
 		while (hwm < i + 1 &&

@@ -80,8 +80,9 @@ int gs_ledger_reap(struct gs_ledger *l, int fd, struct gs_slot_info *out, uint32
 
 /*
  * A process: claim a free slot for itself through `fd` (an O_RDWR
- * descriptor of its own, kept open for the life of the claim).
- * Returns the slot index or a negative errno value.
+ * descriptor of its own, kept open for the life of the claim), recording
+ * its task's entry in the slot. Returns the slot index or a negative errno
+ * value.
  */
 int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_id);
 

@@ -18,7 +18,7 @@
 #define GS_LEDGER_VERSION 2
 #define GS_MAX_GPUS 16
 #define GS_MAX_SLOTS 1024
-#define GS_MAX_TASKS 256
+#define GS_MAX_TASKS 1024
 #define GS_TASK_ID_LEN 24
 
 #define GS_SLOT_FREE 0
@@ -55,7 +55,9 @@ struct gs_slot {
 	char task_id[GS_TASK_ID_LEN];
 	uint64_t peak; /* most bytes this slot held at once, over all GPUs */
 	uint64_t launches_seen; /* nodemgr: launches at its last sweep */
-	uint64_t reserved[8];
+	int32_t task_index;     /* the process's task entry, -1 if none (set at claim) */
+	uint32_t reserved0;
+	uint64_t reserved[7];
 };
 
 struct gs_ledger {
