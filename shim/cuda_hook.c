@@ -1237,10 +1237,21 @@ FREE_WRAPPER(cuMipmappedArrayDestroy, (CUmipmappedArray array), array, GS_K_MIPM
  */
 static __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 {
+	const struct gs_task *entry = (const struct gs_task *)((const char *)word -
+								offsetof(struct gs_task, paused));
 	struct timespec ts = { 0, 250 * 1000 * 1000 };
 
-	while (__atomic_load_n(word, __ATOMIC_ACQUIRE) != 0)
+	while (__atomic_load_n(word, __ATOMIC_ACQUIRE) != 0) {
+		/*
+		 * A process that outlived its task may find the entry handed to a
+		 * newer task: that task's pause is not this process's to obey.
+		 */
+		if (strncmp(entry->task_id, g.task_id, GS_TASK_ID_LEN) != 0) {
+			__atomic_store_n(&hot.pause, &never_paused, __ATOMIC_RELEASE);
+			return;
+		}
 		syscall(SYS_futex, word, FUTEX_WAIT, 1, &ts, NULL, 0);
+	}
 }
 
 static inline __attribute__((always_inline)) void launch_gate(void)
