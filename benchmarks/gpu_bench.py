@@ -20,13 +20,10 @@ It imports nothing of gpushare, so that Python need not have gpushare installed.
 
 from __future__ import annotations
 
-import argparse
-import atexit
 import importlib
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -36,6 +33,10 @@ from typing import Any
 
 SELF = Path(__file__).resolve()
 ROOT = SELF.parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))  # last: see benchmarks/harness.py
+from benchmarks import harness  # noqa: E402
+
 BIN = Path(sys.executable).parent
 GiB = 1 << 30
 QUOTA = 8 * GiB  # the benchmark environment's per-GPU memory quota
@@ -43,11 +44,12 @@ RUN_TIMEOUT = 600.0  # seconds one measuring run may take
 
 
 def say(message: str) -> None:
-    print(f"bench-gpu: {message}", file=sys.stderr, flush=True)
+    harness.say(message, "bench-gpu")
 
 
-class BenchError(Exception):
-    """The benchmark could not run (as opposed to a target being missed)."""
+class BenchError(harness.BenchError):
+    """The benchmark could not run, for a reason found here (one from the nodemgr_bench
+    helpers it uses is reported with its type's name, as an OSError is)."""
 
 
 # --- the measuring program (runs in the torch Python; stdlib and torch only) ----------------
@@ -240,12 +242,10 @@ def run_benchmarks(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Interleaved runs with and without the shim: the results per benchmark, and the
     machine's description."""
-    if str(ROOT) not in sys.path:
-        sys.path.append(str(ROOT))  # after site-packages: the installed nodemgr wins
+    # Here, not at the top: the measuring program's Python need not have pyzmq or nodemgr.
     import benchmarks.nodemgr_bench as nb
     from nodemgr.client import Unreachable
 
-    atexit.register(nb.kill_all)
     pairs = 2 if quick else 8
     spec = {
         "only": only,
@@ -281,7 +281,9 @@ def run_benchmarks(
                     doc = run(shim, visible)
                     visible = doc["visible"]
                     runs[shim].append(doc)
-    except (nb.BenchError, OSError, Unreachable) as e:
+    except BenchError:
+        raise
+    except (harness.BenchError, OSError, Unreachable) as e:
         raise BenchError(f"{type(e).__name__}: {e}") from None
     results: dict[str, Any] = {}
     if "launch_rate" in only:
@@ -323,31 +325,17 @@ def run_benchmarks(
 BENCHMARKS = ("launch_rate", "train_step")
 
 
-def _terminate(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through every finally: the daemon is stopped
-
-
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     if args_in[:1] == ["--worker"]:
         return _worker(args_in[1], args_in[2])
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer runs (a smoke run)")
-    parser.add_argument(
-        "--only",
-        action="append",
-        choices=BENCHMARKS,
-        metavar="NAME",
-        help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}",
-    )
-    parser.add_argument("--out", type=Path, help="also write the JSON document to this file")
-    parser.add_argument("--check", action="store_true", help="exit 1 if any target is missed")
+    parser = harness.parser(__doc__, BENCHMARKS, quick="fewer runs (a smoke run)")
     parser.add_argument("--python", help="the Python (with PyTorch) that runs the measurements")
     args = parser.parse_args(args_in)
 
-    signal.signal(signal.SIGTERM, _terminate)
+    harness.stop_children_on_exit()
     only = [b for b in BENCHMARKS if b in (args.only or BENCHMARKS)]
-    load_before = round(os.getloadavg()[0], 2)
+    load_before = harness.loadavg()
     try:
         python, probe = find_python(args.python)
         say(f"measuring with {python}: torch {probe['torch']}, GPU {probe['gpu']}")
@@ -360,25 +348,12 @@ def main(argv: list[str] | None = None) -> int:
         say("interrupted")
         return 130
     for name, r in results.items():
-        t = r["target"]
-        verdict = "met" if r["met"] else "MISSED"
-        say(f"{name}: {verdict} (ratio = {r['ratio']}, target {t['op']} {t['value']})")
+        say(f"{name}: {harness.verdict(r)}")
     say(f"done in {time.monotonic() - start:.0f}s")
     gpu = {k: probe[k] for k in ("gpu", "torch", "torch_cuda")}
-    load = {"loadavg_1m_before": load_before, "loadavg_1m_after": round(os.getloadavg()[0], 2)}
-    doc = {
-        "machine": {**machine, **gpu, "measuring_python": python, **load},
-        "quick": args.quick,
-        "benchmarks": results,
-    }
-    text = json.dumps(doc, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
-    if args.check and not all(r["met"] for r in results.values()):
-        return 1
-    return 0
+    return harness.report(
+        args, lambda: {**machine, **gpu, "measuring_python": python}, load_before, results
+    )
 
 
 if __name__ == "__main__":

@@ -15,14 +15,12 @@ launcher) are this same file run with ``--worker``.
 
 from __future__ import annotations
 
-import argparse
-import atexit
 import contextlib
 import ctypes
+import functools
 import gc
 import json
 import os
-import platform
 import random
 import select
 import shutil
@@ -38,28 +36,22 @@ from typing import Any
 
 import zmq
 
-from nodemgr import __version__ as NODEMGR_VERSION
 from nodemgr import protocol
 from nodemgr.client import Connection, Unreachable
 
 SELF = Path(__file__).resolve()
+if str(SELF.parent.parent) not in sys.path:
+    sys.path.append(str(SELF.parent.parent))  # last: see benchmarks/harness.py
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import BenchError, finish, judge, percentile  # noqa: E402
+
 NODEMGR = Path(sys.executable).parent / "nodemgr"
 MiB = 1 << 20
 GiB = 1 << 30
 _PR_SET_PDEATHSIG = 1
 
 
-def say(message: str) -> None:
-    print(f"bench: {message}", file=sys.stderr, flush=True)
-
-
-class BenchError(Exception):
-    """A benchmark could not run (as opposed to a target being missed)."""
-
-
 # --- child processes ---------------------------------------------------------------------
-
-_children: list[subprocess.Popen[Any]] = []
 
 
 def spawn(*args: str, **popen: Any) -> subprocess.Popen[Any]:
@@ -70,30 +62,7 @@ def spawn(*args: str, **popen: Any) -> subprocess.Popen[Any]:
     benchmark (PR_SET_PDEATHSIG), so even a ``kill -9`` of it leaves nothing running.
     """
     argv = [sys.executable, str(SELF), "--worker", str(os.getpid()), *args]
-    proc: subprocess.Popen[Any] = subprocess.Popen(argv, start_new_session=True, **popen)
-    _children.append(proc)
-    return proc
-
-
-def finish(proc: subprocess.Popen[Any]) -> None:
-    """SIGKILL ``proc`` if it still runs (stopped or not), reap it and close its pipes."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(5)
-    for stream in (proc.stdin, proc.stdout):
-        if stream is not None:
-            with contextlib.suppress(OSError):
-                stream.close()
-    with contextlib.suppress(ValueError):
-        _children.remove(proc)
-
-
-def kill_all() -> None:
-    """:func:`finish` every child still known."""
-    while _children:
-        finish(_children[-1])
+    return harness.start_child(argv, **popen)
 
 
 def readline(proc: subprocess.Popen[str], timeout: float, what: str) -> str:
@@ -294,13 +263,6 @@ def open_tasks(sock: zmq.Socket[bytes], count: int, window: int = 64) -> list[st
 # --- statistics ----------------------------------------------------------------------------
 
 
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile: the smallest sample with at least q% at or below it."""
-    ordered = sorted(samples)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
-
-
 def summary(samples: list[float], unit: str, scale: float, digits: int = 3) -> dict[str, Any]:
     def r(x: float) -> float:
         return round(x * scale, digits)
@@ -313,14 +275,6 @@ def summary(samples: list[float], unit: str, scale: float, digits: int = 3) -> d
         f"max_{unit}": r(max(samples)),
         f"min_{unit}": r(min(samples)),
     }
-
-
-def judge(result: dict[str, Any], metric: str, op: str, value: float) -> dict[str, Any]:
-    got = result[metric]
-    met = got <= value if op == "<=" else got >= value
-    result["target"] = {"metric": metric, "op": op, "value": value}
-    result["met"] = bool(met)
-    return result
 
 
 # --- 1. grant latency with 1,000 live tasks ----------------------------------------------
@@ -613,6 +567,8 @@ BENCHMARKS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "reclaim_kill": bench_reclaim_kill,
     "reclaim_hang": bench_reclaim_hang,
 }
+# What makes a benchmark's entry an error (it could not run) rather than ending the run.
+ERRORS = (BenchError, OSError, zmq.ZMQError, Unreachable)
 
 
 # --- workers (this file run with --worker PARENT_PID KIND ...) -------------------------------
@@ -732,85 +688,23 @@ def _hold_worker(endpoint: str, interval: float) -> int:
 
 
 def machine() -> dict[str, Any]:
-    model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "cpu_model": model,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "pyzmq": zmq.pyzmq_version(),
-        "libzmq": zmq.zmq_version(),
-        "nodemgr": NODEMGR_VERSION,
-    }
-
-
-def _terminate(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through every finally: children are stopped
+    return harness.machine({"pyzmq": zmq.pyzmq_version(), "libzmq": zmq.zmq_version()})
 
 
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     if args_in[:1] == ["--worker"]:
         return _worker(args_in[1:])
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
-    parser.add_argument(
-        "--only",
-        action="append",
-        choices=list(BENCHMARKS),
-        metavar="NAME",
-        help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}",
-    )
-    parser.add_argument("--out", type=Path, help="also write the JSON document to this file")
-    parser.add_argument("--check", action="store_true", help="exit 1 if any target is missed")
-    args = parser.parse_args(args_in)
+    args = harness.parser(__doc__, BENCHMARKS).parse_args(args_in)
 
-    signal.signal(signal.SIGTERM, _terminate)
-    atexit.register(kill_all)
-    load_before = round(os.getloadavg()[0], 2)
-    results: dict[str, Any] = {}
-    broken = False
-    try:
+    def run_all(results: dict[str, Any]) -> bool:
+        broken = False
         for name in args.only or BENCHMARKS:
-            say(f"{name} ...")
-            start = time.monotonic()
-            try:
-                results[name] = BENCHMARKS[name](args.quick)
-            except (BenchError, OSError, zmq.ZMQError, Unreachable) as e:
-                broken = True
-                results[name] = {"error": f"{type(e).__name__}: {e}", "met": False}
-            finally:
-                kill_all()
-            r = results[name]
-            verdict = "ERROR " + r["error"] if "error" in r else ("met" if r["met"] else "MISSED")
-            if "target" in r:
-                t = r["target"]
-                verdict += f" ({t['metric']} = {r[t['metric']]}, target {t['op']} {t['value']})"
-            say(f"{name}: {verdict} [{time.monotonic() - start:.1f}s]")
-    except KeyboardInterrupt:
-        say("interrupted")
-        return 130
-    finally:
-        kill_all()
-    # Other work on the machine shows in the figures; the load average says how much.
-    load = {"loadavg_1m_before": load_before, "loadavg_1m_after": round(os.getloadavg()[0], 2)}
-    doc = {"machine": {**machine(), **load}, "quick": args.quick, "benchmarks": results}
-    text = json.dumps(doc, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
-    if broken:
-        return 2
-    if args.check and not all(r["met"] for r in results.values()):
-        return 1
-    return 0
+            bench = functools.partial(BENCHMARKS[name], args.quick)
+            broken |= harness.run_one(name, bench, ERRORS, results)
+        return broken
+
+    return harness.run_and_report(args, run_all, machine)
 
 
 if __name__ == "__main__":

@@ -15,16 +15,12 @@ target was missed (1).
 
 from __future__ import annotations
 
-import argparse
-import atexit
 import contextlib
+import functools
 import hashlib
-import json
 import os
-import platform
 import select
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,10 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from client_plugin import libs
-from nodemgr import __version__ as NODEMGR_VERSION
 from nodemgr.ledger import Ledger, SlotTotals
 
 SELF = Path(__file__).resolve()
+if str(SELF.parent.parent) not in sys.path:
+    sys.path.append(str(SELF.parent.parent))  # last: see benchmarks/harness.py
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import BenchError, finish, judge, percentile, say  # noqa: E402
+
 SOURCE = SELF.with_name("shim_bench.c")
 SHIM_INCLUDE = SELF.parent.parent / "shim"  # cuda_abi.h
 MiB = 1 << 20
@@ -51,17 +51,7 @@ SIM_UUIDS = [f"GPU-5349d000-0000-4000-8000-{0xBE0 + i:012x}" for i in range(2)]
 SIM_BYTES = 16 * GiB
 
 
-def say(message: str) -> None:
-    print(f"bench: {message}", file=sys.stderr, flush=True)
-
-
-class BenchError(Exception):
-    """A benchmark could not run (as opposed to a target being missed)."""
-
-
 # --- child processes ---------------------------------------------------------------------
-
-_children: list[subprocess.Popen[Any]] = []
 
 
 def spawn(argv: list[str], env: dict[str, str], **popen: Any) -> subprocess.Popen[Any]:
@@ -72,25 +62,7 @@ def spawn(argv: list[str], env: dict[str, str], **popen: Any) -> subprocess.Pope
     (SHIM_BENCH_PARENT: the C client sets PR_SET_PDEATHSIG itself).
     """
     env = {**env, "SHIM_BENCH_PARENT": str(os.getpid())}
-    proc: subprocess.Popen[Any] = subprocess.Popen(argv, env=env, start_new_session=True, **popen)
-    _children.append(proc)
-    return proc
-
-
-def finish(proc: subprocess.Popen[Any]) -> None:
-    """SIGKILL ``proc`` if it still runs and reap it."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(5)
-    with contextlib.suppress(ValueError):
-        _children.remove(proc)
-
-
-def kill_all() -> None:
-    while _children:
-        finish(_children[-1])
+    return harness.start_child(argv, env=env, **popen)
 
 
 # --- the setting: client, libraries, ledger -------------------------------------------------
@@ -200,21 +172,6 @@ def run_client(s: Setting, env: dict[str, str], args: list[str], what: str) -> l
 
 
 # --- statistics ----------------------------------------------------------------------------
-
-
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile: the smallest sample with at least q% at or below it."""
-    ordered = sorted(samples)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
-
-
-def judge(result: dict[str, Any], metric: str, op: str, value: float) -> dict[str, Any]:
-    got = result[metric]
-    met = got <= value if op == "<=" else got >= value
-    result["target"] = {"metric": metric, "op": op, "value": value}
-    result["met"] = bool(met)
-    return result
 
 
 def r3(x: float) -> float:
@@ -463,12 +420,6 @@ BENCHMARKS: dict[str, Callable[[Setting, bool], dict[str, Any]]] = {
 
 
 def machine() -> dict[str, Any]:
-    model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
     cc = ""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         cc = subprocess.run(
@@ -477,16 +428,7 @@ def machine() -> dict[str, Any]:
     shim = ""
     with contextlib.suppress(OSError):
         shim = hashlib.sha256(libs.shim_path().read_bytes()).hexdigest()[:16]
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "cpu_model": model,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cc": cc,
-        "nodemgr": NODEMGR_VERSION,
-        "shim_sha256_16": shim,
-    }
+    return harness.machine({"cc": cc}, {"shim_sha256_16": shim})
 
 
 def run_all(names: list[str], quick: bool, results: dict[str, Any]) -> bool:
@@ -498,69 +440,18 @@ def run_all(names: list[str], quick: bool, results: dict[str, Any]) -> bool:
         except (BenchError, OSError) as e:
             say(f"cannot set up: {e}")
             for name in names:
-                results[name] = {"error": f"{type(e).__name__}: {e}", "met": False}
+                results[name] = harness.error_result(e)
             return True
         for name in names:
-            say(f"{name} ...")
-            start = time.monotonic()
-            try:
-                results[name] = BENCHMARKS[name](s, quick)
-            except (BenchError, OSError) as e:
-                broken = True
-                results[name] = {"error": f"{type(e).__name__}: {e}", "met": False}
-            finally:
-                kill_all()
-            r = results[name]
-            verdict = "ERROR " + r["error"] if "error" in r else ("met" if r["met"] else "MISSED")
-            if "target" in r:
-                t = r["target"]
-                verdict += f" ({t['metric']} = {r[t['metric']]}, target {t['op']} {t['value']})"
-            say(f"{name}: {verdict} [{time.monotonic() - start:.1f}s]")
+            bench = functools.partial(BENCHMARKS[name], s, quick)
+            broken |= harness.run_one(name, bench, (BenchError, OSError), results)
     return broken
 
 
-def _terminate(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through every finally: children are stopped
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
-    parser.add_argument(
-        "--only",
-        action="append",
-        choices=list(BENCHMARKS),
-        metavar="NAME",
-        help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}",
-    )
-    parser.add_argument("--out", type=Path, help="also write the JSON document to this file")
-    parser.add_argument("--check", action="store_true", help="exit 1 if any target is missed")
-    args = parser.parse_args(argv)
-
-    signal.signal(signal.SIGTERM, _terminate)
-    atexit.register(kill_all)
-    load_before = round(os.getloadavg()[0], 2)
+    args = harness.parser(__doc__, BENCHMARKS).parse_args(argv)
     names: list[str] = args.only or list(BENCHMARKS)
-    results: dict[str, Any] = {}
-    try:
-        broken = run_all(names, args.quick, results)
-    except KeyboardInterrupt:
-        say("interrupted")
-        return 130
-    finally:
-        kill_all()
-    load = {"loadavg_1m_before": load_before, "loadavg_1m_after": round(os.getloadavg()[0], 2)}
-    doc = {"machine": {**machine(), **load}, "quick": args.quick, "benchmarks": results}
-    text = json.dumps(doc, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
-    if broken:
-        return 2
-    if args.check and not all(r["met"] for r in results.values()):
-        return 1
-    return 0
+    return harness.run_and_report(args, functools.partial(run_all, names, args.quick), machine)
 
 
 if __name__ == "__main__":

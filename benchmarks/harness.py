@@ -1,0 +1,244 @@
+"""What the benchmark scripts share: progress lines, helper processes, the JSON document.
+
+The scripts are run directly (``python benchmarks/NAME_bench.py``), so ``sys.path[0]``
+is this folder; each appends the repository root to the end of ``sys.path`` and imports
+this module as ``benchmarks.harness``. Appended, not put first: the installed nodemgr,
+with its compiled parts, must win over the source tree beside this folder.
+
+Only the standard library is imported at the top: gpu_bench.py runs its measuring
+program in a Python that need not have gpushare (or pyzmq) installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+
+def say(message: str, prefix: str = "bench") -> None:
+    """A progress line on stderr."""
+    print(f"{prefix}: {message}", file=sys.stderr, flush=True)
+
+
+class BenchError(Exception):
+    """A benchmark could not run (as opposed to a target being missed)."""
+
+
+# --- helper processes ------------------------------------------------------------------------
+
+_children: list[subprocess.Popen[Any]] = []
+
+
+def start_child(argv: list[str], **popen: Any) -> subprocess.Popen[Any]:
+    """Start ``argv`` in a session of its own; every such process is killed by :func:`kill_all`.
+
+    Its own session: a Ctrl-C at the terminal reaches only the benchmark, which then
+    stops its children in order.
+    """
+    proc: subprocess.Popen[Any] = subprocess.Popen(argv, start_new_session=True, **popen)
+    _children.append(proc)
+    return proc
+
+
+def finish(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL ``proc`` if it still runs (stopped or not), reap it and close its pipes."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    with contextlib.suppress(ValueError):
+        _children.remove(proc)
+
+
+def kill_all() -> None:
+    """:func:`finish` every child still known."""
+    while _children:
+        finish(_children[-1])
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through every finally: children are stopped
+
+
+def stop_children_on_exit() -> None:
+    """Stop every helper process however the run ends: SIGTERM exits through every
+    ``finally`` (status 128 + 15), and :func:`kill_all` runs at exit."""
+    signal.signal(signal.SIGTERM, _terminate)
+    atexit.register(kill_all)
+
+
+# --- statistics and verdicts -----------------------------------------------------------------
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile: the smallest sample with at least q% at or below it."""
+    ordered = sorted(samples)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
+
+
+def judge(result: dict[str, Any], metric: str, op: str, value: float) -> dict[str, Any]:
+    """Add the target (``metric`` ``op`` ``value``) and whether it was met to ``result``."""
+    got = result[metric]
+    met = got <= value if op == "<=" else got >= value
+    result["target"] = {"metric": metric, "op": op, "value": value}
+    result["met"] = bool(met)
+    return result
+
+
+def error_result(e: BaseException) -> dict[str, Any]:
+    """The entry of a benchmark that could not run."""
+    return {"error": f"{type(e).__name__}: {e}", "met": False}
+
+
+def verdict(result: dict[str, Any]) -> str:
+    """How a benchmark's result reads in a progress line: met, MISSED or ERROR, and the
+    figure its target is about."""
+    r = result
+    text = "ERROR " + r["error"] if "error" in r else ("met" if r["met"] else "MISSED")
+    if "target" in r:
+        t = r["target"]
+        text += f" ({t['metric']} = {r[t['metric']]}, target {t['op']} {t['value']})"
+    return text
+
+
+def run_one(
+    name: str,
+    bench: Callable[[], dict[str, Any]],
+    errors: tuple[type[BaseException], ...],
+    results: dict[str, Any],
+) -> bool:
+    """Run benchmark ``name`` into ``results``, saying so; True if it could not run.
+
+    One of ``errors`` makes its entry an error instead; the helper processes it
+    started are stopped however it ends.
+    """
+    say(f"{name} ...")
+    start = time.monotonic()
+    broken = False
+    try:
+        results[name] = bench()
+    except errors as e:
+        broken = True
+        results[name] = error_result(e)
+    finally:
+        kill_all()
+    say(f"{name}: {verdict(results[name])} [{time.monotonic() - start:.1f}s]")
+    return broken
+
+
+# --- the command line and the JSON document ---------------------------------------------------
+
+
+def parser(
+    doc: str | None, names: Iterable[str], quick: str = "fewer iterations (a smoke run)"
+) -> argparse.ArgumentParser:
+    """The options every script takes: --quick, --only NAME, --out FILE, --check."""
+    names = list(names)
+    p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help=quick)
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=names,
+        metavar="NAME",
+        help=f"run only this benchmark (repeatable): {', '.join(names)}",
+    )
+    p.add_argument("--out", type=Path, help="also write the JSON document to this file")
+    p.add_argument("--check", action="store_true", help="exit 1 if any target is missed")
+    return p
+
+
+def loadavg() -> float:
+    """The 1-minute load average, as the document gives it."""
+    return round(os.getloadavg()[0], 2)
+
+
+def machine(versions: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The machine's description: CPUs, Python and platform, then ``versions`` (of what
+    the script itself uses), nodemgr's version, then ``extra``."""
+    from nodemgr import __version__ as nodemgr_version  # not at the top: see the module doc
+
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        **versions,
+        "nodemgr": nodemgr_version,
+        **(extra or {}),
+    }
+
+
+def run_and_report(
+    args: argparse.Namespace,
+    run_all: Callable[[dict[str, Any]], bool],
+    describe: Callable[[], dict[str, Any]],
+) -> int:
+    """Run the benchmarks and report them; the exit status (130 on Ctrl-C).
+
+    ``run_all`` fills the results it is given and says whether one could not run;
+    helper processes are stopped however the run ends. The rest as :func:`report`.
+    """
+    stop_children_on_exit()
+    load_before = loadavg()
+    results: dict[str, Any] = {}
+    try:
+        broken = run_all(results)
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130
+    finally:
+        kill_all()
+    return report(args, describe, load_before, results, broken)
+
+
+def report(
+    args: argparse.Namespace,
+    describe: Callable[[], dict[str, Any]],
+    load_before: float,
+    results: dict[str, Any],
+    broken: bool = False,
+) -> int:
+    """Print the JSON document (and write it to ``--out``); return the exit status.
+
+    The document: ``machine`` (what ``describe`` returns, then the load averages),
+    ``quick`` and ``benchmarks`` (``results``). The status: 2 if a benchmark could not
+    run (``broken``), 1 if ``--check`` is given and a target was missed, else 0.
+    """
+    # Other work on the machine shows in the figures; the load average says how much.
+    load = {"loadavg_1m_before": load_before, "loadavg_1m_after": loadavg()}
+    doc = {"machine": {**describe(), **load}, "quick": args.quick, "benchmarks": results}
+    text = json.dumps(doc, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+    if broken:
+        return 2
+    if args.check and not all(r["met"] for r in results.values()):
+        return 1
+    return 0
