@@ -19,6 +19,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -161,7 +162,11 @@ static struct {
 	char task_id[GS_TASK_ID_LEN];
 	char *trace_path;
 	int dev_map[GS_MAX_DEVS];
-	uint8_t ctx_charged[GS_MAX_GPUS]; /* this process paid its context on that GPU */
+	uint8_t ctx_state[GS_MAX_GPUS];  /* the context charge on that GPU: enum gs_ctx_state */
+	uint64_t ctx_bytes[GS_MAX_GPUS]; /* what was charged for it */
+	CUcontext primary[GS_MAX_DEVS];  /* each device's primary context, once retained */
+	int primary_refs[GS_MAX_DEVS];   /* this process's retains of it */
+	unsigned int ctx_gen;		 /* bumped when a context goes away */
 	pthread_mutex_t claim_mu;
 } g = {
 	.mode = GS_INERT,
@@ -499,16 +504,88 @@ static int ledger_gpu(CUdevice dev)
 	return idx;
 }
 
-/* Ledger GPU of the calling thread's current context, or the driver's error. */
-static CUresult current_gpu(int *gpu)
+/*
+ * Each thread remembers the ledger GPU of the context it last saw current,
+ * so an allocation costs one driver call (cuCtxGetCurrent). A context that
+ * goes away bumps g.ctx_gen, since a new one may take its address.
+ */
+static __thread __attribute__((tls_model("initial-exec"))) struct {
+	CUcontext ctx;
+	int gpu;
+	unsigned int gen;
+} tc;
+
+/* The calling thread's current context and its ledger GPU, or the driver's error. */
+static CUresult current_ctx(CUcontext *ctx, int *gpu)
 {
-	gs_fn_cuCtxGetDevice get = R(real, cuCtxGetDevice);
+	gs_fn_cuCtxGetCurrent get_ctx = R(real, cuCtxGetCurrent);
+	gs_fn_cuCtxGetDevice get_dev = R(real, cuCtxGetDevice);
+	unsigned int gen = __atomic_load_n(&g.ctx_gen, __ATOMIC_ACQUIRE);
 	CUdevice dev;
 	CUresult rc;
 
-	if (get == NULL)
+	if (get_ctx == NULL || get_dev == NULL)
 		return CUDA_ERROR_NOT_FOUND;
-	rc = get(&dev);
+	rc = get_ctx(ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (*ctx == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT; /* what the allocators answer without one */
+	if (likely(tc.ctx == *ctx && tc.gen == gen)) {
+		*gpu = tc.gpu;
+		return CUDA_SUCCESS;
+	}
+	rc = get_dev(&dev);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	*gpu = ledger_gpu(dev);
+	tc.ctx = *ctx;
+	tc.gpu = *gpu;
+	tc.gen = gen;
+	return CUDA_SUCCESS;
+}
+
+static CUresult current_gpu(int *gpu)
+{
+	CUcontext ctx;
+
+	return current_ctx(&ctx, gpu);
+}
+
+/* CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: the current context's default streams. */
+#define GS_STREAM_LEGACY ((CUstream)0x1)
+#define GS_STREAM_PER_THREAD ((CUstream)0x2)
+
+/*
+ * The context and ledger GPU of a stream: a stream-ordered allocation takes
+ * its memory from the stream's device, which need not be the current one.
+ */
+static CUresult stream_ctx(CUstream stream, CUcontext *ctx, int *gpu)
+{
+	gs_fn_cuStreamGetCtx get = R(real, cuStreamGetCtx);
+	gs_fn_cuCtxPushCurrent_v2 push = R(real, cuCtxPushCurrent_v2);
+	gs_fn_cuCtxPopCurrent_v2 pop = R(real, cuCtxPopCurrent_v2);
+	gs_fn_cuCtxGetDevice get_dev = R(real, cuCtxGetDevice);
+	CUcontext cur, ignored;
+	CUdevice dev;
+	CUresult rc;
+
+	if (stream == NULL || stream == GS_STREAM_LEGACY || stream == GS_STREAM_PER_THREAD ||
+	    get == NULL)
+		return current_ctx(ctx, gpu);
+	rc = get(stream, ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (current_ctx(&cur, gpu) == CUDA_SUCCESS && cur == *ctx)
+		return CUDA_SUCCESS;
+	/* Another context's stream: ask the driver which device that context is on. */
+	if (push == NULL || pop == NULL || get_dev == NULL)
+		return CUDA_ERROR_NOT_FOUND;
+	rc = push(*ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = get_dev(&dev);
+	pop(&ignored);
 	if (rc == CUDA_SUCCESS)
 		*gpu = ledger_gpu(dev);
 	return rc;
@@ -538,6 +615,7 @@ struct gs_charge {
 	int32_t slot;
 	int32_t gpu;
 	uint64_t bytes;
+	CUcontext ctx; /* the context the memory belongs to; NULL if none */
 };
 
 /*
@@ -548,6 +626,7 @@ static CUresult charge_gpu(int gpu, uint64_t bytes, struct gs_charge *c)
 {
 	c->gpu = gpu;
 	c->bytes = bytes;
+	c->ctx = NULL;
 	c->slot = my_slot();
 	if (gpu < 0 || c->slot < 0)
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -556,13 +635,30 @@ static CUresult charge_gpu(int gpu, uint64_t bytes, struct gs_charge *c)
 	return CUDA_SUCCESS;
 }
 
-/* The same on the device of the calling thread's current context. */
+/* The same on the device of the calling thread's current context, which owns the memory. */
 static CUresult charge_current(uint64_t bytes, struct gs_charge *c)
 {
+	CUcontext ctx = NULL;
 	int gpu;
-	CUresult rc = current_gpu(&gpu);
+	CUresult rc = current_ctx(&ctx, &gpu);
 
-	return rc != CUDA_SUCCESS ? rc : charge_gpu(gpu, bytes, c);
+	if (rc == CUDA_SUCCESS)
+		rc = charge_gpu(gpu, bytes, c);
+	c->ctx = ctx;
+	return rc;
+}
+
+/* The same on a stream's device; the stream's context owns the memory. */
+static CUresult charge_stream(CUstream stream, uint64_t bytes, struct gs_charge *c)
+{
+	CUcontext ctx = NULL;
+	int gpu;
+	CUresult rc = stream_ctx(stream, &ctx, &gpu);
+
+	if (rc == CUDA_SUCCESS)
+		rc = charge_gpu(gpu, bytes, c);
+	c->ctx = ctx;
+	return rc;
 }
 
 static void uncharge(const struct gs_charge *c)
@@ -574,57 +670,87 @@ static void uncharge(const struct gs_charge *c)
  * A process pays for its context on a GPU once, when it first creates or
  * retains one there (the figure nodemgr publishes per GPU). Charged before
  * the driver call, so a context that would not fit is refused like an
- * allocation; the charge stays until the process ends.
+ * allocation; the charge stays until the process ends. While one thread
+ * pays, the others wait for the outcome: none may make a context that
+ * nobody paid for.
  */
+enum gs_ctx_state { GS_CTX_UNPAID, GS_CTX_PAYING, GS_CTX_PAID };
+
 static CUresult charge_context(CUdevice dev, int *charged)
 {
 	struct gs_charge c;
 	uint64_t bytes;
+	uint8_t st;
 	int gpu;
 
 	*charged = -1;
 	if (g.mode != GS_ENFORCE)
 		return CUDA_SUCCESS;
 	gpu = ledger_gpu(dev);
-	if (gpu < 0 || __atomic_load_n(&g.ctx_charged[gpu], __ATOMIC_ACQUIRE))
+	if (gpu < 0)
 		return CUDA_SUCCESS;
+	for (;;) {
+		st = __atomic_load_n(&g.ctx_state[gpu], __ATOMIC_ACQUIRE);
+		if (st == GS_CTX_PAID)
+			return CUDA_SUCCESS;
+		if (st == GS_CTX_UNPAID &&
+		    __atomic_compare_exchange_n(&g.ctx_state[gpu], &st, GS_CTX_PAYING, 0,
+						__ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			break;
+		sched_yield(); /* another thread is paying: its outcome decides */
+	}
 	bytes = __atomic_load_n(&g.ledger->gpu[gpu].ctx_charge, __ATOMIC_RELAXED);
-	if (bytes == 0)
-		return CUDA_SUCCESS;
-	if (__atomic_exchange_n(&g.ctx_charged[gpu], 1, __ATOMIC_ACQ_REL))
-		return CUDA_SUCCESS; /* another thread is paying it */
-	if (charge_gpu(gpu, bytes, &c) != CUDA_SUCCESS) {
-		__atomic_store_n(&g.ctx_charged[gpu], 0, __ATOMIC_RELEASE);
+	if (bytes != 0 && charge_gpu(gpu, bytes, &c) != CUDA_SUCCESS) {
+		__atomic_store_n(&g.ctx_state[gpu], GS_CTX_UNPAID, __ATOMIC_RELEASE);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
+	g.ctx_bytes[gpu] = bytes;
 	*charged = gpu;
 	return CUDA_SUCCESS;
 }
 
-/* The context the charge was for could not be made: take the charge back. */
-static void context_failed(int gpu)
+/*
+ * After the driver call a charge_context() that paid was for: settle it.
+ * A context that could not be made gives its charge back.
+ */
+static void context_settle(int gpu, CUresult rc)
 {
 	struct gs_charge c;
 
 	if (gpu < 0)
 		return;
+	if (rc == CUDA_SUCCESS) {
+		__atomic_store_n(&g.ctx_state[gpu], GS_CTX_PAID, __ATOMIC_RELEASE);
+		return;
+	}
 	c.slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
 	c.gpu = gpu;
-	c.bytes = __atomic_load_n(&g.ledger->gpu[gpu].ctx_charge, __ATOMIC_RELAXED);
-	uncharge(&c);
-	__atomic_store_n(&g.ctx_charged[gpu], 0, __ATOMIC_RELEASE);
+	c.bytes = g.ctx_bytes[gpu];
+	if (c.bytes != 0)
+		uncharge(&c);
+	__atomic_store_n(&g.ctx_state[gpu], GS_CTX_UNPAID, __ATOMIC_RELEASE);
 }
 
 /* --- allocation map --------------------------------------------------------- */
 
 /*
  * (handle, kind) -> charge for live allocations, so a free uncharges exactly
- * what its allocation charged. Device pointers, cuMemCreate handles and
- * array handles live in different namespaces, hence the kind. Sharded so
- * that threads rarely meet; a shard lock is held only around the table
- * operation, never across a driver call.
+ * what its allocation charged. Device pointers, cuMemCreate handles, their
+ * mappings, array handles and pools live in different namespaces, hence the
+ * kind. Sharded so that threads rarely meet; a shard lock is held only
+ * around the table operation, never across a driver call.
  */
-enum gs_kind { GS_K_PTR = 1, GS_K_HANDLE, GS_K_ARRAY, GS_K_MIPMAP };
+enum gs_kind {
+	GS_K_PTR = 1, /* device memory owned by a context */
+	GS_K_HANDLE,  /* cuMemCreate: lives while referenced or mapped */
+	GS_K_MAP,     /* a cuMemMap of a handle: no charge of its own */
+	GS_K_ARRAY,
+	GS_K_MIPMAP,
+	GS_K_POOL, /* where a pool's memory lives: no charge of its own */
+};
+
+/* A pool in host memory: allocations from it take no device memory. */
+#define GS_POOL_HOST (-3)
 
 #define GS_SHARDS 64
 
@@ -633,6 +759,9 @@ struct gs_alloc {
 	uint32_t kind;
 	int32_t gpu;
 	uint64_t size;
+	uint64_t owner; /* PTR, ARRAY, MIPMAP: the owning context; MAP: the handle mapped */
+	uint32_t refs;	/* HANDLE: references (cuMemCreate's, each retain's) */
+	uint32_t maps;	/* HANDLE: mappings */
 };
 
 static struct gs_shard {
@@ -654,18 +783,54 @@ static inline uint64_t hkey(uint64_t key, uint32_t kind)
 	return mix(key ^ ((uint64_t)kind << 60));
 }
 
-static inline int same(const struct gs_alloc *a, uint64_t key, uint32_t kind)
+static inline struct gs_shard *shard_of(uint64_t key, uint32_t kind)
 {
-	return a->key == key && a->kind == kind;
+	return &shards[hkey(key, kind) & (GS_SHARDS - 1)];
+}
+
+static inline uint32_t home_of(const struct gs_shard *s, uint64_t key, uint32_t kind)
+{
+	return (uint32_t)(hkey(key, kind) >> 6) & (s->cap - 1);
+}
+
+/* Index of (key, kind) in the shard, or -1. Under the shard lock. */
+static int64_t shard_find(const struct gs_shard *s, uint64_t key, uint32_t kind)
+{
+	uint32_t m, i;
+
+	if (s->cap == 0)
+		return -1;
+	m = s->cap - 1;
+	for (i = home_of(s, key, kind); s->tab[i].key != 0; i = (i + 1) & m)
+		if (s->tab[i].key == key && s->tab[i].kind == kind)
+			return i;
+	return -1;
+}
+
+/* Backward-shift deletion keeps probe chains whole without tombstones. */
+static void shard_del_at(struct gs_shard *s, uint32_t i)
+{
+	uint32_t m = s->cap - 1;
+
+	for (uint32_t j = (i + 1) & m; s->tab[j].key != 0; j = (j + 1) & m) {
+		uint32_t home = home_of(s, s->tab[j].key, s->tab[j].kind);
+
+		if (((j - home) & m) >= ((j - i) & m)) {
+			s->tab[i] = s->tab[j];
+			i = j;
+		}
+	}
+	s->tab[i].key = 0;
+	s->n--;
 }
 
 /* Insert a; if a record for the same handle existed, return it in *old. */
 static int shard_put(struct gs_shard *s, struct gs_alloc a, struct gs_alloc *old)
 {
-	uint32_t i = (uint32_t)(hkey(a.key, a.kind) >> 6) & (s->cap - 1);
+	uint32_t i = home_of(s, a.key, a.kind);
 	int replaced = 0;
 
-	while (s->tab[i].key != 0 && !same(&s->tab[i], a.key, a.kind))
+	while (s->tab[i].key != 0 && !(s->tab[i].key == a.key && s->tab[i].kind == a.kind))
 		i = (i + 1) & (s->cap - 1);
 	if (s->tab[i].key == 0) {
 		s->n++;
@@ -677,9 +842,14 @@ static int shard_put(struct gs_shard *s, struct gs_alloc a, struct gs_alloc *old
 	return replaced;
 }
 
-static int alloc_track(uint64_t key, uint32_t kind, const struct gs_charge *c)
+static int carries_charge(uint32_t kind)
 {
-	struct gs_shard *s = &shards[hkey(key, kind) & (GS_SHARDS - 1)];
+	return kind != GS_K_MAP && kind != GS_K_POOL;
+}
+
+static int alloc_put(struct gs_alloc a)
+{
+	struct gs_shard *s = shard_of(a.key, a.kind);
 	struct gs_alloc stale;
 	int rc = 0, replaced = 0;
 
@@ -701,50 +871,119 @@ static int alloc_track(uint64_t key, uint32_t kind, const struct gs_charge *c)
 				shard_put(s, old[i], &stale);
 		free(old);
 	}
-	replaced = shard_put(s, (struct gs_alloc){ key, kind, c->gpu, c->bytes }, &stale);
+	replaced = shard_put(s, a, &stale);
 out:
 	pthread_mutex_unlock(&s->mu);
 	/*
 	 * The driver handed out a handle we still had on record: that memory
-	 * went back without a free through us (a context was destroyed or
-	 * reset), so its charge goes now.
+	 * went back without passing through us, so its charge goes now.
 	 */
-	if (replaced)
-		gs_ledger_uncharge(g.ledger, (uint32_t)c->slot, (uint32_t)stale.gpu, stale.size);
+	if (replaced && carries_charge(stale.kind))
+		gs_ledger_uncharge(g.ledger, (uint32_t)__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE),
+				   (uint32_t)stale.gpu, stale.size);
 	return rc;
+}
+
+static int alloc_track(uint64_t key, uint32_t kind, const struct gs_charge *c)
+{
+	return alloc_put((struct gs_alloc){ key, kind, c->gpu, c->bytes,
+					    (uint64_t)(uintptr_t)c->ctx, 1, 0 });
 }
 
 /* Remove the record of (key, kind) into *out; 0 if found, -ENOENT if not ours. */
 static int alloc_untrack(uint64_t key, uint32_t kind, struct gs_alloc *out)
 {
-	struct gs_shard *s = &shards[hkey(key, kind) & (GS_SHARDS - 1)];
+	struct gs_shard *s = shard_of(key, kind);
+	int64_t i;
+
+	pthread_mutex_lock(&s->mu);
+	i = shard_find(s, key, kind);
+	if (i >= 0) {
+		*out = s->tab[i];
+		shard_del_at(s, (uint32_t)i);
+	}
+	pthread_mutex_unlock(&s->mu);
+	return i >= 0 ? 0 : -ENOENT;
+}
+
+/* A copy of the record of (key, kind); 0 if found, -ENOENT if not. */
+static int alloc_peek(uint64_t key, uint32_t kind, struct gs_alloc *out)
+{
+	struct gs_shard *s = shard_of(key, kind);
+	int64_t i;
+
+	pthread_mutex_lock(&s->mu);
+	i = shard_find(s, key, kind);
+	if (i >= 0)
+		*out = s->tab[i];
+	pthread_mutex_unlock(&s->mu);
+	return i >= 0 ? 0 : -ENOENT;
+}
+
+/*
+ * Change a cuMemCreate handle's reference and mapping counts. When both
+ * reach zero the driver frees the memory: the record is taken out into
+ * *gone and 1 returned, for the caller to uncharge. 0 if it lives on,
+ * -ENOENT if the handle is not ours.
+ */
+static int handle_adjust(uint64_t handle, int drefs, int dmaps, struct gs_alloc *gone)
+{
+	struct gs_shard *s = shard_of(handle, GS_K_HANDLE);
+	int64_t i;
 	int rc = -ENOENT;
 
 	pthread_mutex_lock(&s->mu);
-	if (s->cap != 0) {
-		uint32_t m = s->cap - 1, i = (uint32_t)(hkey(key, kind) >> 6) & m;
+	i = shard_find(s, handle, GS_K_HANDLE);
+	if (i >= 0) {
+		struct gs_alloc *a = &s->tab[i];
 
-		while (s->tab[i].key != 0 && !same(&s->tab[i], key, kind))
-			i = (i + 1) & m;
-		if (s->tab[i].key != 0) {
-			*out = s->tab[i];
-			/* Backward-shift deletion keeps probe chains whole without tombstones. */
-			for (uint32_t j = (i + 1) & m; s->tab[j].key != 0; j = (j + 1) & m) {
-				const struct gs_alloc *e = &s->tab[j];
-				uint32_t home = (uint32_t)(hkey(e->key, e->kind) >> 6) & m;
-
-				if (((j - home) & m) >= ((j - i) & m)) {
-					s->tab[i] = s->tab[j];
-					i = j;
-				}
-			}
-			s->tab[i].key = 0;
-			s->n--;
-			rc = 0;
+		a->refs = (uint32_t)((int64_t)a->refs + drefs > 0 ? (int64_t)a->refs + drefs : 0);
+		a->maps = (uint32_t)((int64_t)a->maps + dmaps > 0 ? (int64_t)a->maps + dmaps : 0);
+		rc = 0;
+		if (a->refs == 0 && a->maps == 0) {
+			*gone = *a;
+			shard_del_at(s, (uint32_t)i);
+			rc = 1;
 		}
 	}
 	pthread_mutex_unlock(&s->mu);
 	return rc;
+}
+
+/*
+ * A context went away and took its memory with it: every record it owned
+ * goes, and its charge. Rare (context teardown), so a walk of the table.
+ */
+static void drop_context(CUcontext ctx)
+{
+	uint64_t owner = (uint64_t)(uintptr_t)ctx;
+	uint64_t gone[GS_MAX_GPUS] = { 0 };
+	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+
+	if (ctx == NULL || g.mode != GS_ENFORCE)
+		return;
+	__atomic_add_fetch(&g.ctx_gen, 1, __ATOMIC_ACQ_REL);
+	for (int k = 0; k < GS_SHARDS; k++) {
+		struct gs_shard *s = &shards[k];
+
+		pthread_mutex_lock(&s->mu);
+		for (uint32_t i = 0; i < s->cap;) {
+			struct gs_alloc *a = &s->tab[i];
+
+			if (a->key != 0 && a->owner == owner &&
+			    (a->kind == GS_K_PTR || a->kind == GS_K_ARRAY || a->kind == GS_K_MIPMAP)) {
+				if (a->gpu >= 0 && a->gpu < GS_MAX_GPUS)
+					gone[a->gpu] += a->size;
+				shard_del_at(s, i); /* a later record may move here: look again */
+				continue;
+			}
+			i++;
+		}
+		pthread_mutex_unlock(&s->mu);
+	}
+	for (int i = 0; i < GS_MAX_GPUS; i++)
+		if (gone[i] != 0 && slot >= 0)
+			gs_ledger_uncharge(g.ledger, (uint32_t)slot, (uint32_t)i, gone[i]);
 }
 
 /*
@@ -776,11 +1015,11 @@ static int forget(uint64_t key, uint32_t kind, struct gs_alloc *a)
 /* After the driver's answer to a free of a record forget() took out. */
 static CUresult freed(CUresult rc, const struct gs_alloc *a)
 {
-	struct gs_charge c = { __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), a->gpu, a->size };
+	struct gs_charge c = { __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), a->gpu, a->size, NULL };
 
 	/* Still allocated, so still charged; if it cannot be re-recorded it stays so. */
 	if (rc != CUDA_SUCCESS)
-		alloc_track(a->key, a->kind, &c);
+		alloc_put(*a);
 	else
 		uncharge(&c);
 	return rc;
@@ -937,18 +1176,30 @@ GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 		if (rc_ != CUDA_SUCCESS)                         \
 			return rc_;                              \
 		rc_ = call;                                      \
-		if (rc_ != CUDA_SUCCESS)                         \
-			context_failed(charged_);                \
+		context_settle(charged_, rc_);                   \
 		return rc_;                                      \
 	} while (0)
 
+/* The primary context is remembered, and its retains counted, for its teardown. */
 GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
+	CUresult rc;
+	int charged;
+
 	TRACE(GS_ID_cuDevicePrimaryCtxRetain, calls);
 	GET_REAL(cuDevicePrimaryCtxRetain, fn);
 	if (ctx == NULL)
 		return fn(ctx, dev);
-	CONTEXT_CALL(dev, fn(ctx, dev));
+	rc = charge_context(dev, &charged);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = fn(ctx, dev);
+	context_settle(charged, rc);
+	if (rc == CUDA_SUCCESS && dev >= 0 && dev < GS_MAX_DEVS) {
+		__atomic_store_n(&g.primary[dev], *ctx, __ATOMIC_RELEASE);
+		__atomic_add_fetch(&g.primary_refs[dev], 1, __ATOMIC_ACQ_REL);
+	}
+	return rc;
 }
 
 GS_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev)
@@ -980,6 +1231,52 @@ GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, void *params, unsigned int fla
 	CONTEXT_CALL(dev, fn(ctx, params, flags, dev));
 }
 
+/*
+ * Teardown: destroying a context, resetting a primary context, or releasing
+ * its last retain frees the memory allocated in it, so its records and
+ * charges go (what a context itself was charged stays until the process
+ * ends).
+ */
+static CUresult context_gone(CUresult rc, CUcontext ctx)
+{
+	if (rc == CUDA_SUCCESS)
+		drop_context(ctx);
+	return rc;
+}
+
+static CUresult primary_released(CUresult rc, CUdevice dev)
+{
+	if (rc != CUDA_SUCCESS || dev < 0 || dev >= GS_MAX_DEVS)
+		return rc;
+	if (__atomic_sub_fetch(&g.primary_refs[dev], 1, __ATOMIC_ACQ_REL) <= 0) {
+		__atomic_store_n(&g.primary_refs[dev], 0, __ATOMIC_RELEASE);
+		drop_context(__atomic_load_n(&g.primary[dev], __ATOMIC_ACQUIRE));
+	}
+	return rc;
+}
+
+static CUresult primary_reset(CUresult rc, CUdevice dev)
+{
+	if (rc == CUDA_SUCCESS && dev >= 0 && dev < GS_MAX_DEVS)
+		drop_context(__atomic_load_n(&g.primary[dev], __ATOMIC_ACQUIRE));
+	return rc;
+}
+
+#define TEARDOWN_WRAPPER(abi, type, arg, after)        \
+	GS_EXPORT CUresult abi(type arg)                 \
+	{                                                \
+		TRACE(GS_ID_##abi, calls);               \
+		GET_REAL(abi, fn);                       \
+		return after(fn(arg), arg);              \
+	}
+
+TEARDOWN_WRAPPER(cuCtxDestroy, CUcontext, ctx, context_gone)
+TEARDOWN_WRAPPER(cuCtxDestroy_v2, CUcontext, ctx, context_gone)
+TEARDOWN_WRAPPER(cuDevicePrimaryCtxRelease, CUdevice, dev, primary_released)
+TEARDOWN_WRAPPER(cuDevicePrimaryCtxRelease_v2, CUdevice, dev, primary_released)
+TEARDOWN_WRAPPER(cuDevicePrimaryCtxReset, CUdevice, dev, primary_reset)
+TEARDOWN_WRAPPER(cuDevicePrimaryCtxReset_v2, CUdevice, dev, primary_reset)
+
 /* --- wrappers: allocations -------------------------------------------------------- */
 
 GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -1002,7 +1299,7 @@ GS_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream 
 	TRACE(GS_ID_cuMemAllocAsync, calls);
 	GET_REAL(cuMemAllocAsync, fn);
 	ALLOC_PTR(fn(dptr, bytesize, stream), dptr, bytesize,
-		  charge_current(footprint(bytesize), &c_));
+		  charge_stream(stream, footprint(bytesize), &c_));
 }
 
 GS_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
@@ -1010,7 +1307,49 @@ GS_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUst
 	TRACE(GS_ID_cuMemAllocAsync_ptsz, calls);
 	GET_REAL(cuMemAllocAsync_ptsz, fn);
 	ALLOC_PTR(fn(dptr, bytesize, stream), dptr, bytesize,
-		  charge_current(footprint(bytesize), &c_));
+		  charge_stream(stream, footprint(bytesize), &c_));
+}
+
+/*
+ * A pool's memory is where the pool lives, which need not be the stream's
+ * device: pools are recorded when made or fetched, and one in host memory
+ * takes no device memory. A pool the shim never saw is taken to be on the
+ * stream's device.
+ */
+static CUresult alloc_from_pool(gs_fn_cuMemAllocFromPoolAsync fn, CUdeviceptr *dptr,
+				size_t bytesize, CUmemoryPool pool, CUstream stream)
+{
+	struct gs_alloc p;
+	struct gs_charge c;
+	CUcontext ctx = NULL;
+	CUresult rc;
+	int ignored;
+
+	if (g.mode == GS_INERT)
+		return fn(dptr, bytesize, pool, stream);
+	if (g.mode == GS_BROKEN)
+		return CUDA_ERROR_NOT_PERMITTED;
+	if (dptr == NULL || bytesize == 0)
+		return fn(dptr, bytesize, pool, stream);
+	if (alloc_peek((uint64_t)(uintptr_t)pool, GS_K_POOL, &p) != 0) {
+		rc = charge_stream(stream, footprint(bytesize), &c);
+	} else if (p.gpu == GS_POOL_HOST) {
+		return fn(dptr, bytesize, pool, stream);
+	} else {
+		/* The stream's context owns the memory for teardown; the pool says where. */
+		if (stream_ctx(stream, &ctx, &ignored) != CUDA_SUCCESS)
+			ctx = NULL;
+		rc = charge_gpu(p.gpu, footprint(bytesize), &c);
+		c.ctx = ctx;
+	}
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = fn(dptr, bytesize, pool, stream);
+	if (rc != CUDA_SUCCESS) {
+		uncharge(&c);
+		return rc;
+	}
+	return remember(*dptr, GS_K_PTR, &c, undo_ptr);
 }
 
 GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -1018,8 +1357,7 @@ GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, C
 {
 	TRACE(GS_ID_cuMemAllocFromPoolAsync, calls);
 	GET_REAL(cuMemAllocFromPoolAsync, fn);
-	ALLOC_PTR(fn(dptr, bytesize, pool, stream), dptr, bytesize,
-		  charge_current(footprint(bytesize), &c_));
+	return alloc_from_pool(fn, dptr, bytesize, pool, stream);
 }
 
 GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
@@ -1027,8 +1365,54 @@ GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesi
 {
 	TRACE(GS_ID_cuMemAllocFromPoolAsync_ptsz, calls);
 	GET_REAL(cuMemAllocFromPoolAsync_ptsz, fn);
-	ALLOC_PTR(fn(dptr, bytesize, pool, stream), dptr, bytesize,
-		  charge_current(footprint(bytesize), &c_));
+	return alloc_from_pool(fn, dptr, bytesize, pool, stream);
+}
+
+/* Where a pool lives: a ledger GPU, GS_DEV_FOREIGN, or GS_POOL_HOST. */
+static void note_pool(CUmemoryPool pool, int gpu)
+{
+	struct gs_alloc a = { (uint64_t)(uintptr_t)pool, GS_K_POOL, gpu, 0, 0, 1, 0 };
+
+	if (g.mode == GS_ENFORCE && pool != NULL)
+		alloc_put(a);
+}
+
+GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+	CUresult rc;
+
+	TRACE(GS_ID_cuMemPoolCreate, calls);
+	GET_REAL(cuMemPoolCreate, fn);
+	rc = fn(pool, props);
+	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
+		note_pool(*pool, props->location.type == CU_MEM_LOCATION_TYPE_DEVICE ?
+					 ledger_gpu(props->location.id) :
+					 GS_POOL_HOST);
+	return rc;
+}
+
+GS_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+	CUresult rc;
+
+	TRACE(GS_ID_cuDeviceGetDefaultMemPool, calls);
+	GET_REAL(cuDeviceGetDefaultMemPool, fn);
+	rc = fn(pool, dev);
+	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
+		note_pool(*pool, ledger_gpu(dev));
+	return rc;
+}
+
+GS_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+	CUresult rc;
+
+	TRACE(GS_ID_cuDeviceGetMemPool, calls);
+	GET_REAL(cuDeviceGetMemPool, fn);
+	rc = fn(pool, dev);
+	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
+		note_pool(*pool, ledger_gpu(dev));
+	return rc;
 }
 
 /*
@@ -1139,7 +1523,128 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 	return remember(*handle, GS_K_HANDLE, &c, undo_handle);
 }
 
-FREE_WRAPPER(cuMemRelease, (CUmemGenericAllocationHandle handle), handle, GS_K_HANDLE, (handle))
+FREE_WRAPPER(cuMemPoolDestroy, (CUmemoryPool pool), pool, GS_K_POOL, (pool))
+
+/*
+ * The driver frees cuMemCreate memory when the last reference (cuMemCreate's
+ * and each cuMemRetainAllocationHandle's) is released AND the last mapping
+ * unmapped, in either order: releasing right after mapping is common. The
+ * charge follows the memory, not the handle.
+ */
+static void handle_freed(const struct gs_alloc *gone)
+{
+	struct gs_charge c = { __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), gone->gpu, gone->size,
+			       NULL };
+
+	uncharge(&c);
+}
+
+GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+	struct gs_alloc gone;
+	CUresult rc;
+	int r;
+
+	TRACE(GS_ID_cuMemRelease, calls);
+	GET_REAL(cuMemRelease, fn);
+	if (g.mode != GS_ENFORCE)
+		return fn(handle);
+	/* Before the driver call: once freed, the handle value may be handed out again. */
+	r = handle_adjust(handle, -1, 0, &gone);
+	if (r < 0)
+		return fn(handle);
+	rc = fn(handle);
+	if (rc != CUDA_SUCCESS) {
+		if (r == 1) {
+			gone.refs = 1;
+			alloc_put(gone);
+		} else {
+			handle_adjust(handle, 1, 0, &gone);
+		}
+		return rc;
+	}
+	if (r == 1)
+		handle_freed(&gone);
+	return rc;
+}
+
+GS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+	struct gs_alloc ignored;
+	CUresult rc;
+
+	TRACE(GS_ID_cuMemRetainAllocationHandle, calls);
+	GET_REAL(cuMemRetainAllocationHandle, fn);
+	rc = fn(handle, addr);
+	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
+		handle_adjust(*handle, 1, 0, &ignored);
+	return rc;
+}
+
+GS_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+			    CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+	struct gs_alloc ignored;
+	CUresult rc;
+
+	TRACE(GS_ID_cuMemMap, calls);
+	GET_REAL(cuMemMap, fn);
+	rc = fn(ptr, size, offset, handle, flags);
+	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE)
+		return rc;
+	/* A mapping that cannot be recorded keeps its memory charged: never too little. */
+	if (handle_adjust(handle, 0, 1, &ignored) == 0)
+		alloc_put((struct gs_alloc){ ptr, GS_K_MAP, GS_DEV_FOREIGN, size, handle, 0, 0 });
+	return rc;
+}
+
+#define GS_UNMAP_BATCH 64
+
+/* The mappings [ptr, ptr + size) covers, in order, taken out of the table into m[]. */
+static size_t take_mappings(CUdeviceptr ptr, size_t size, struct gs_alloc *m, size_t max)
+{
+	size_t n = 0;
+
+	for (CUdeviceptr cur = ptr; cur - ptr < size && n < max; cur += m[n++].size)
+		if (alloc_untrack(cur, GS_K_MAP, &m[n]) != 0 || m[n].size == 0)
+			break;
+	return n;
+}
+
+GS_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+	struct gs_alloc m[GS_UNMAP_BATCH], gone;
+	CUresult rc;
+	size_t n, covered = 0;
+
+	TRACE(GS_ID_cuMemUnmap, calls);
+	GET_REAL(cuMemUnmap, fn);
+	if (g.mode != GS_ENFORCE)
+		return fn(ptr, size);
+	/* Out before the driver call: once unmapped, the range may be mapped again. */
+	n = take_mappings(ptr, size, m, GS_UNMAP_BATCH);
+	rc = fn(ptr, size);
+	if (rc != CUDA_SUCCESS) {
+		for (size_t i = 0; i < n; i++)
+			alloc_put(m[i]);
+		return rc;
+	}
+	for (size_t i = 0; i < n; i++) {
+		covered += m[i].size;
+		if (handle_adjust(m[i].owner, 0, -1, &gone) == 1)
+			handle_freed(&gone);
+	}
+	/* More mappings than one batch: the rest are gone already, settle them now. */
+	while (n == GS_UNMAP_BATCH && covered < size) {
+		n = take_mappings(ptr + covered, size - covered, m, GS_UNMAP_BATCH);
+		for (size_t i = 0; i < n; i++) {
+			covered += m[i].size;
+			if (handle_adjust(m[i].owner, 0, -1, &gone) == 1)
+				handle_freed(&gone);
+		}
+	}
+	return rc;
+}
 
 /* --- wrappers: CUDA arrays ---------------------------------------------------------- */
 
@@ -1452,7 +1957,11 @@ static void after_fork_child(void)
 		return;
 	hot.pause = &never_paused;
 	hot.launches = &unattached_launches;
-	memset(g.ctx_charged, 0, sizeof(g.ctx_charged));
+	memset(g.ctx_state, 0, sizeof(g.ctx_state));
+	memset(g.primary, 0, sizeof(g.primary));
+	memset(g.primary_refs, 0, sizeof(g.primary_refs));
+	g.ctx_gen++;
+	pthread_mutex_init(&nvml_mu, NULL);
 	/* The parent's mapping was not inherited (MADV_DONTFORK); drop its descriptor too. */
 	close(g.fd);
 	g.slot = -1;
