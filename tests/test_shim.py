@@ -411,3 +411,93 @@ def test_a_context_that_does_not_fit_is_refused(
     out, _ = p.communicate(timeout=60)
     assert lines(out) == ["init err 2"]  # CUDA_ERROR_OUT_OF_MEMORY from the retain
     assert p.returncode == 4
+
+
+# --- memory whose lifetime is not one call pair ---------------------------------------
+
+
+def test_cumemcreate_memory_stays_charged_while_mapped(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    """Releasing right after mapping is legal: the memory lives until the unmap."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    out = run(
+        run_task, ep, str(cbin["client"]), "vmm", "64", "vmmrelease", "info", "vmmunmap", "info"
+    )
+    assert out == [
+        "vmm ok",
+        "vmmrelease ok",
+        f"info free={GiB - 64 * MiB} total={GiB}",
+        "vmmunmap ok",
+        f"info free={GiB} total={GiB}",
+    ]
+
+
+def test_a_retained_handle_keeps_its_memory_charged(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    """NCCL retains and releases handles of memory PyTorch still holds."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    steps = ["vmm", "64", "vmmretain", "vmmunmap", "vmmrelease", "info", "vmmrelease", "info"]
+    out = run(run_task, ep, str(cbin["client"]), *steps)
+    assert out == [
+        "vmm ok",
+        "vmmretain ok same",
+        "vmmunmap ok",
+        "vmmrelease ok",
+        f"info free={GiB - 64 * MiB} total={GiB}",  # the retain's reference is still held
+        "vmmrelease ok",
+        f"info free={GiB} total={GiB}",
+    ]
+
+
+def test_create_map_release_cannot_run_past_the_quota(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    out = run(run_task, ep, str(cbin["client"]), "vmm", "600", "vmmrelease", "vmm", "600")
+    assert out == ["vmm ok", "vmmrelease ok", "vmm err 2"]
+
+
+@pytest.mark.parametrize(
+    "teardown",
+    [["ctx", "0", "alloc", "300", "ctxdestroy"], ["alloc", "300", "primreset"]],
+    ids=["destroy", "primary-reset"],
+)
+def test_memory_a_context_takes_with_it_is_uncharged(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], teardown: list[str]
+) -> None:
+    """cudaDeviceReset or a destroyed context frees everything allocated in it: four rounds of
+    300 MiB in a 1 GiB pool only fit if each round's charge went with its context."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    out = run(run_task, ep, str(cbin["client"]), *(teardown * 4), "info")
+    steps = [s for s in teardown if not s.isdigit()]
+    assert out == [f"{s} ok" for s in steps] * 4 + [f"info free={GiB} total={GiB}"]
+
+
+def test_releasing_the_last_primary_retain_uncharges_its_memory(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    out = run(run_task, ep, str(cbin["client"]), "alloc", "300", "primrelease", "dev", "0", "info")
+    assert out == ["alloc ok", "primrelease ok", "dev ok", f"info free={GiB} total={GiB}"]
+
+
+@pytest.mark.parametrize("step", [["stream", "1", "asyncs", "100"], ["poolon", "1", "100"]])
+def test_stream_ordered_memory_is_charged_where_it_lives(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, step: list[str]
+) -> None:
+    """The current device is 0; the stream (or the pool) is on device 1."""
+    ep = daemon.env("alice", gpus=2, memory=GiB)
+    go = tmp_path / "go"
+    p = run_task(ep, str(cbin["client"]), *step, "waitfile", str(go), gpus=2)
+    got = [p.stdout.readline().strip() for _ in range(len([s for s in step if s.isalpha()]))]
+    assert got[-1].endswith("ok"), got
+    assert p.stdout.readline() == "waiting\n"
+    [task] = daemon.tasks()
+    status = daemon.admin("status")["gpus"]
+    used = {g: status[g]["used"] for g in task["gpus"]}
+    # Inside the task device k is the k-th granted GPU.
+    assert used == {task["gpus"][0]: 0, task["gpus"][1]: 100 * MiB}
+    go.touch()
+    assert p.wait(30) == 0

@@ -31,6 +31,19 @@
  *   gpa NAME VER FLAGS   cuGetProcAddress: "gpa NAME VER FLAGS rc=RC status=S LIB:SYMBOL"
  *   threads T N MIB      T threads each make N random allocations/frees of up to MIB:
  *                  "threads ok=N failed=N maxheld=BYTES"
+ *   vmm MIB        cuMemCreate, then reserve an address range, map and enable it
+ *   vmmrelease     cuMemRelease of the vmm handle (mapped or not)
+ *   vmmretain      cuMemRetainAllocationHandle at the vmm address: "vmmretain ok same"
+ *   vmmunmap       cuMemUnmap of the vmm mapping and cuMemAddressFree
+ *   ctx N          cuCtxCreate on device N, made current
+ *   ctxdestroy     cuCtxDestroy of the last ctx made; the primary context is current after
+ *   primreset      cuDevicePrimaryCtxReset of the current device
+ *   primrelease    cuDevicePrimaryCtxRelease of the current device
+ *   stream N       a stream in device N's primary context
+ *   asyncs MIB     cuMemAllocAsync on that stream (freed by free)
+ *   poolon N MIB   cuMemPoolCreate on device N and cuMemAllocFromPoolAsync from it on
+ *                  the legacy stream (freed by free)
+ *                  each: "NAME ok" | "NAME err CODE"
  *   waitfile PATH  "waiting", then blocks until PATH exists
  *   fork PATH      "forked"; the child lives on until PATH exists
  *   sleep SECONDS
@@ -81,6 +94,21 @@ static struct {
 	CUresult (*launch_ex)(const CUlaunchConfig *, CUfunction, void **, void **);
 	coop_t coop;
 	CUresult (*graph)(CUgraphExec, CUstream);
+	CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+	CUresult (*addr_free)(CUdeviceptr, size_t);
+	CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+			unsigned long long);
+	CUresult (*unmap)(CUdeviceptr, size_t);
+	CUresult (*set_access)(CUdeviceptr, size_t, const void *, size_t);
+	CUresult (*retain_handle)(CUmemGenericAllocationHandle *, void *);
+	CUresult (*ctx_create)(CUcontext *, unsigned int, CUdevice);
+	CUresult (*ctx_destroy)(CUcontext);
+	CUresult (*prim_reset)(CUdevice);
+	CUresult (*prim_release)(CUdevice);
+	CUresult (*stream_create)(CUstream *, unsigned int);
+	CUresult (*push)(CUcontext);
+	CUresult (*pop)(CUcontext *);
+	CUresult (*pool_create)(CUmemoryPool *, const CUmemPoolProps *);
 } cu;
 
 static gpa_v2_t gpa;
@@ -120,6 +148,20 @@ static void bind_optional(void)
 	cu.launch_ex = fetch_flags("cuLaunchKernelEx", 11060, 0, 0);
 	cu.coop = fetch_flags("cuLaunchCooperativeKernel", 9000, 0, 0);
 	cu.graph = fetch_flags("cuGraphLaunch", 10000, 0, 0);
+	cu.reserve = fetch_flags("cuMemAddressReserve", 10020, 0, 0);
+	cu.addr_free = fetch_flags("cuMemAddressFree", 10020, 0, 0);
+	cu.map = fetch_flags("cuMemMap", 10020, 0, 0);
+	cu.unmap = fetch_flags("cuMemUnmap", 10020, 0, 0);
+	cu.set_access = fetch_flags("cuMemSetAccess", 10020, 0, 0);
+	cu.retain_handle = fetch_flags("cuMemRetainAllocationHandle", 11000, 0, 0);
+	cu.ctx_create = fetch_flags("cuCtxCreate", 3020, 0, 0);
+	cu.ctx_destroy = fetch_flags("cuCtxDestroy", 4000, 0, 0);
+	cu.prim_reset = fetch_flags("cuDevicePrimaryCtxReset", 11000, 0, 0);
+	cu.prim_release = fetch_flags("cuDevicePrimaryCtxRelease", 11000, 0, 0);
+	cu.stream_create = fetch_flags("cuStreamCreate", 2000, 0, 0);
+	cu.push = fetch_flags("cuCtxPushCurrent", 4000, 0, 0);
+	cu.pop = fetch_flags("cuCtxPopCurrent", 4000, 0, 0);
+	cu.pool_create = fetch_flags("cuMemPoolCreate", 11020, 0, 0);
 }
 
 #ifdef LINKED
@@ -234,6 +276,7 @@ static CUresult free_one(struct live l)
 }
 
 static CUdevice cur_dev;
+static CUstream strm; /* made by the "stream" step */
 
 /* How many arguments each allocation step takes; 0: not an allocation step. */
 static int make_args(const char *op)
@@ -243,7 +286,8 @@ static int make_args(const char *op)
 		int args;
 	} steps[] = { { "alloc", 1 },	 { "allocb", 1 }, { "pitch", 2 },   { "managed", 1 },
 		      { "async", 1 },	 { "asyncpt", 1 }, { "pool", 1 },    { "create", 1 },
-		      { "array", 2 },	 { "array3d", 3 }, { "mipmap", 3 } };
+		      { "array", 2 },	 { "array3d", 3 }, { "mipmap", 3 }, { "asyncs", 1 },
+		      { "poolon", 2 } };
 
 	for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++)
 		if (strcmp(op, steps[k].op) == 0)
@@ -284,6 +328,29 @@ static CUresult make(const char *op, char **argv, int *i, size_t *extra)
 		(*i)++;
 		NEED(fn);
 		rc = fn(&p, mib, NULL);
+		return keep(rc, K_ASYNC, p);
+	}
+	if (strcmp(op, "asyncs") == 0) {
+		(*i)++;
+		NEED(cu.async);
+		rc = cu.async(&p, mib, strm);
+		return keep(rc, K_ASYNC, p);
+	}
+	if (strcmp(op, "poolon") == 0) {
+		CUmemPoolProps props;
+		CUmemoryPool pool;
+
+		*i += 2;
+		NEED(cu.pool_create);
+		NEED(cu.pool_alloc);
+		memset(&props, 0, sizeof(props));
+		props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+		props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		props.location.id = atoi(argv[*i - 1]);
+		rc = cu.pool_create(&pool, &props);
+		if (rc != CUDA_SUCCESS)
+			return rc;
+		rc = cu.pool_alloc(&p, strtoull(argv[*i], NULL, 10) << 20, pool, (CUstream)0x1);
 		return keep(rc, K_ASYNC, p);
 	}
 	if (strcmp(op, "pool") == 0) {
@@ -510,6 +577,126 @@ static void threads(int nthreads, int n, size_t max_bytes)
 	       (unsigned long long)max_held);
 }
 
+/* --- virtual memory, contexts, streams, pools --------------------------------------- */
+
+static struct {
+	CUmemGenericAllocationHandle handle;
+	CUdeviceptr va;
+	size_t size;
+} vmm;
+static CUcontext made_ctx;
+
+static CUresult vmm_step(const char *op, const char *arg)
+{
+	if (strcmp(op, "vmm") == 0) {
+		CUmemAllocationProp prop;
+		struct {
+			CUmemLocation location;
+			int flags;
+		} access = { { CU_MEM_LOCATION_TYPE_DEVICE, cur_dev }, 3 };
+		CUresult rc;
+
+		NEED(cu.create);
+		NEED(cu.reserve);
+		NEED(cu.map);
+		NEED(cu.set_access);
+		memset(&prop, 0, sizeof(prop));
+		prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+		prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		prop.location.id = cur_dev;
+		vmm.size = strtoull(arg, NULL, 10) << 20;
+		if ((rc = cu.create(&vmm.handle, vmm.size, &prop, 0)) != CUDA_SUCCESS)
+			return rc;
+		if ((rc = cu.reserve(&vmm.va, vmm.size, 0, 0, 0)) != CUDA_SUCCESS)
+			return rc;
+		if ((rc = cu.map(vmm.va, vmm.size, 0, vmm.handle, 0)) != CUDA_SUCCESS)
+			return rc;
+		return cu.set_access(vmm.va, vmm.size, &access, 1);
+	}
+	if (strcmp(op, "vmmrelease") == 0) {
+		NEED(cu.release);
+		return cu.release(vmm.handle);
+	}
+	if (strcmp(op, "vmmretain") == 0) {
+		CUmemGenericAllocationHandle h = 0;
+		CUresult rc;
+
+		NEED(cu.retain_handle);
+		rc = cu.retain_handle(&h, (void *)(uintptr_t)vmm.va);
+		if (rc == CUDA_SUCCESS && h != vmm.handle)
+			return CUDA_ERROR_UNKNOWN;
+		return rc;
+	}
+	if (strcmp(op, "vmmunmap") == 0) {
+		CUresult rc;
+
+		NEED(cu.unmap);
+		NEED(cu.addr_free);
+		if ((rc = cu.unmap(vmm.va, vmm.size)) != CUDA_SUCCESS)
+			return rc;
+		return cu.addr_free(vmm.va, vmm.size);
+	}
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult ctx_step(const char *op, const char *arg)
+{
+	CUcontext ctx;
+	CUdevice dev;
+	CUresult rc;
+
+	if (strcmp(op, "ctx") == 0) {
+		NEED(cu.ctx_create);
+		if ((rc = cu.device_get(&dev, atoi(arg))) != CUDA_SUCCESS)
+			return rc;
+		rc = cu.ctx_create(&made_ctx, 0, dev);
+		if (rc == CUDA_SUCCESS)
+			cur_dev = dev;
+		return rc;
+	}
+	if (strcmp(op, "ctxdestroy") == 0) {
+		NEED(cu.ctx_destroy);
+		if ((rc = cu.ctx_destroy(made_ctx)) != CUDA_SUCCESS)
+			return rc;
+		if ((rc = cu.retain(&ctx, cur_dev)) != CUDA_SUCCESS)
+			return rc;
+		return cu.set_current(ctx);
+	}
+	if (strcmp(op, "primreset") == 0) {
+		NEED(cu.prim_reset);
+		return cu.prim_reset(cur_dev);
+	}
+	if (strcmp(op, "primrelease") == 0) {
+		NEED(cu.prim_release);
+		return cu.prim_release(cur_dev);
+	}
+	if (strcmp(op, "stream") == 0) {
+		NEED(cu.stream_create);
+		NEED(cu.push);
+		NEED(cu.pop);
+		if ((rc = cu.device_get(&dev, atoi(arg))) != CUDA_SUCCESS ||
+		    (rc = cu.retain(&ctx, dev)) != CUDA_SUCCESS || (rc = cu.push(ctx)) != CUDA_SUCCESS)
+			return rc;
+		rc = cu.stream_create(&strm, 0);
+		cu.pop(&ctx);
+		return rc;
+	}
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+static int is_vmm(const char *op)
+{
+	return strcmp(op, "vmm") == 0 || strcmp(op, "vmmrelease") == 0 ||
+	       strcmp(op, "vmmretain") == 0 || strcmp(op, "vmmunmap") == 0;
+}
+
+static int is_ctx(const char *op)
+{
+	return strcmp(op, "ctx") == 0 || strcmp(op, "ctxdestroy") == 0 ||
+	       strcmp(op, "primreset") == 0 || strcmp(op, "primrelease") == 0 ||
+	       strcmp(op, "stream") == 0;
+}
+
 static void gpa_step(const char *name, int version, cuuint64_t flags)
 {
 	CUdriverProcAddressQueryResult st = -1;
@@ -595,6 +782,16 @@ int main(int argc, char **argv)
 			for (long k = 0; k < n && rc == CUDA_SUCCESS; k++)
 				rc = launch_one(op);
 			printf(rc == CUDA_SUCCESS ? "%s ok\n" : "%s err %d\n", op, rc);
+		} else if (is_vmm(op) || is_ctx(op)) {
+			int takes_arg = strcmp(op, "vmm") == 0 || strcmp(op, "ctx") == 0 ||
+					strcmp(op, "stream") == 0;
+
+			rc = is_vmm(op) ? vmm_step(op, arg) : ctx_step(op, arg);
+			i += takes_arg;
+			if (rc != CUDA_SUCCESS)
+				printf("%s err %d\n", op, rc);
+			else
+				printf(strcmp(op, "vmmretain") == 0 ? "%s ok same\n" : "%s ok\n", op);
 		} else if (strcmp(op, "edge") == 0) {
 			edge();
 		} else if (strcmp(op, "gpa") == 0 && i + 3 < argc) {
