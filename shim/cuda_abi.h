@@ -15,6 +15,7 @@ typedef unsigned long long CUdeviceptr;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
+typedef struct CUgreenCtx_st *CUgreenCtx;
 typedef struct CUuuid_st {
 	char bytes[16];
 } CUuuid;
@@ -114,10 +115,27 @@ enum {
 	CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 4,
 };
 enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1 };
+
+/* cuMemSetAccess */
+typedef struct {
+	CUmemLocation location;
+	int flags; /* CUmemAccess_flags */
+} CUmemAccessDesc;
+
+enum {
+	CU_MEM_ACCESS_FLAGS_PROT_NONE = 0,
+	CU_MEM_ACCESS_FLAGS_PROT_READ = 1,
+	CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
+};
 enum {
 	CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
 	CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1,
 };
+
+/* cuStreamCreate flags, and the stream handles that name a default stream. */
+enum { CU_STREAM_DEFAULT = 0, CU_STREAM_NON_BLOCKING = 1 };
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 /* cuMemAllocManaged flags */
 enum { CU_MEM_ATTACH_GLOBAL = 1, CU_MEM_ATTACH_HOST = 2 };

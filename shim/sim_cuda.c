@@ -21,6 +21,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "cuda_abi.h"
 #include "sim_spec.h"
@@ -29,17 +30,24 @@
 
 #define SIM_ALIGN	512	/* allocation granule and alignment */
 #define SIM_CTX_DEPTH	64	/* per-thread context stack */
+#define SIM_GRANULARITY	((size_t)2 << 20)	/* cuMemCreate / cuMemMap granule */
 
 struct sim_extent {
 	size_t off;
 	size_t len;
 	unsigned int kind;	/* live extents: enum sim_mem_kind; free ones: 0 */
+	uint64_t owner;		/* live: the id of the context it belongs to, or 0 */
+	size_t refs;		/* SIM_MEM_HANDLE: unreleased handle references */
+	size_t maps;		/* SIM_MEM_HANDLE: mappings of it (cuMemMap) */
 };
 
 /*
  * What made a live allocation. Each way back frees only its own kind, as the
  * driver does: cuMemFree of a cuMemCreate handle's memory or of an array's
- * storage is an error, never a silent release.
+ * storage is an error, never a silent release. Pointers and arrays belong to
+ * the context that was current when they were made and go with it; a
+ * cuMemCreate allocation belongs to no context and lives until its last
+ * reference and its last mapping are gone.
  */
 enum sim_mem_kind {
 	SIM_MEM_PTR = 1,	/* cuMemAlloc & co.: back with cuMemFree(Async) */
@@ -63,23 +71,34 @@ struct sim_heap {
 	size_t nlive, live_cap;
 };
 
+/*
+ * A context's id is what its allocations and objects record as their owner.
+ * Ids are never reused, so that an allocation made through a stale handle
+ * can never be taken for a later context's. A primary context keeps one id
+ * (its device's ordinal + 1) through every reset: it is the same handle.
+ */
 struct CUctx_st {
 	struct CUctx_st *next;	/* sim_ctx_list; unused by primaries */
 	int dev;
+	uint64_t id;
 };
 
+#define SIM_PRIMARY_ID(dev) ((uint64_t)(dev) + 1)
+
 /*
- * Arrays, mipmapped arrays and memory pools are host objects on one list,
- * so that a handle is looked up before it is used: a made-up or destroyed
- * handle gets an error, never a crash.
+ * Arrays, mipmapped arrays, memory pools and streams are host objects on one
+ * list, so that a handle is looked up before it is used: a made-up or
+ * destroyed handle gets an error, never a crash.
  */
-enum sim_obj_kind { SIM_OBJ_ARRAY = 1, SIM_OBJ_MIPMAP, SIM_OBJ_POOL };
+enum sim_obj_kind { SIM_OBJ_ARRAY = 1, SIM_OBJ_MIPMAP, SIM_OBJ_POOL, SIM_OBJ_STREAM };
 
 struct sim_obj {
 	struct sim_obj *next;	/* sim_obj_list; unused by default pools */
 	enum sim_obj_kind kind;
 	int dev;
 	CUdeviceptr addr;	/* arrays: their storage in the device heap */
+	uint64_t owner;		/* arrays, streams: their context's id; pools: 0 */
+	CUcontext ctx;		/* streams: their context */
 };
 
 struct CUarray_st {
@@ -94,6 +113,10 @@ struct CUmemPoolHandle_st {
 	struct sim_obj obj;
 };
 
+struct CUstream_st {
+	struct sim_obj obj;
+};
+
 struct sim_device {
 	const struct sim_spec *spec;
 	int spec_index;
@@ -101,15 +124,17 @@ struct sim_device {
 	struct CUctx_st primary;
 	unsigned int primary_refs;	/* under sim_ctx_lock */
 	struct CUmemPoolHandle_st default_pool;
+	CUmemoryPool mempool;		/* the current pool; under sim_obj_lock */
 };
 
 /*
- * A stack slot records the device with the handle so that the hot paths
- * never read a context object another thread may have destroyed.
+ * A stack slot records the device and id with the handle so that the hot
+ * paths never read a context object another thread may have destroyed.
  */
 struct sim_ctx_slot {
 	CUcontext ctx;
 	int dev;
+	uint64_t id;
 };
 
 enum { SIM_UNINIT, SIM_READY, SIM_GONE };
@@ -123,11 +148,35 @@ static pthread_once_t sim_once = PTHREAD_ONCE_INIT;
 static CUresult sim_init_result;
 static int sim_state;		/* SIM_READY is stored with release */
 
+/*
+ * Lock order: sim_ctx_lock before sim_obj_lock before a heap lock, and
+ * sim_va_lock before a heap lock; never two heap locks at once.
+ */
 static pthread_mutex_t sim_ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct CUctx_st *sim_ctx_list;
+static uint64_t sim_ctx_serial = SIM_MAX_GPUS;	/* the last id handed out; atomic */
 
 static pthread_mutex_t sim_obj_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct sim_obj *sim_obj_list;
+
+/* cuMemMap: the bytes [off, off + len) of a reservation are handle's. */
+struct sim_map {
+	size_t off;
+	size_t len;
+	CUmemGenericAllocationHandle handle;
+};
+
+/* cuMemAddressReserve: a range of address space and its mappings. */
+struct sim_va {
+	struct sim_va *next;	/* sim_va_list */
+	uintptr_t base;
+	size_t size;
+	struct sim_map *maps;	/* sorted by off, never overlapping */
+	size_t nmaps, cap;
+};
+
+static pthread_mutex_t sim_va_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sim_va *sim_va_list;
 
 static __thread struct sim_ctx_slot sim_stack[SIM_CTX_DEPTH];
 static __thread unsigned int sim_depth;
@@ -216,6 +265,8 @@ static void sim_add_device(int spec_index)
 	pthread_mutex_init(&d->heap.lock, NULL);
 	d->default_pool.obj.kind = SIM_OBJ_POOL;
 	d->default_pool.obj.dev = sim_ndevs;
+	d->mempool = &d->default_pool;
+	d->primary.id = SIM_PRIMARY_ID(sim_ndevs);
 	d->primary.dev = sim_ndevs++;
 }
 
@@ -287,6 +338,7 @@ static void sim_ext_insert(struct sim_extent *v, size_t *n, size_t at, size_t of
 			   unsigned int kind)
 {
 	memmove(&v[at + 1], &v[at], (*n - at) * sizeof(*v));
+	memset(&v[at], 0, sizeof(*v));
 	v[at].off = off;
 	v[at].len = len;
 	v[at].kind = kind;
@@ -340,12 +392,13 @@ static bool sim_heap_reserve(struct sim_heap *h, size_t total)
 	return true;
 }
 
+/* owner: the id of the context the allocation belongs to; 0 for none. */
 static CUresult sim_heap_alloc(struct sim_device *d, size_t bytes, enum sim_mem_kind kind,
-			       CUdeviceptr *out)
+			       uint64_t owner, CUdeviceptr *out)
 {
 	struct sim_heap *h = &d->heap;
 	CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
-	size_t size, i, off;
+	size_t size, i, off, at;
 
 	if (bytes > SIZE_MAX - (SIM_ALIGN - 1))
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -360,8 +413,11 @@ static CUresult sim_heap_alloc(struct sim_device *d, size_t bytes, enum sim_mem_
 	if (i == h->nfree || !sim_heap_grow(h))
 		goto out;
 	off = h->free_ext[i].off;
-	sim_ext_insert(h->live, &h->nlive, sim_ext_search(h->live, h->nlive, off), off, size,
-		       kind);
+	at = sim_ext_search(h->live, h->nlive, off);
+	sim_ext_insert(h->live, &h->nlive, at, off, size, kind);
+	h->live[at].owner = owner;
+	/* cuMemCreate hands its caller the first reference. */
+	h->live[at].refs = kind == SIM_MEM_HANDLE;
 	if (h->free_ext[i].len == size) {
 		sim_ext_remove(h->free_ext, &h->nfree, i);
 	} else {
@@ -376,20 +432,24 @@ out:
 	return rc;
 }
 
-static CUresult sim_heap_free(struct sim_heap *h, size_t off, enum sim_mem_kind kind)
+/* With h locked: the live extent of this kind that starts at off, or NULL. */
+static struct sim_extent *sim_heap_find(struct sim_heap *h, size_t off, enum sim_mem_kind kind)
+{
+	size_t at = sim_ext_search(h->live, h->nlive, off);
+
+	if (at == h->nlive || h->live[at].off != off || h->live[at].kind != kind)
+		return NULL;
+	return &h->live[at];
+}
+
+/* With h locked: gives live extent e back to the free extents. */
+static void sim_heap_drop(struct sim_heap *h, struct sim_extent *e)
 {
 	struct sim_extent *f;
-	size_t at, len;
+	size_t at, off = e->off, len = e->len;
 	bool join_prev, join_next;
 
-	pthread_mutex_lock(&h->lock);
-	at = sim_ext_search(h->live, h->nlive, off);
-	if (at == h->nlive || h->live[at].off != off || h->live[at].kind != kind) {
-		pthread_mutex_unlock(&h->lock);
-		return CUDA_ERROR_INVALID_VALUE;
-	}
-	len = h->live[at].len;
-	sim_ext_remove(h->live, &h->nlive, at);
+	sim_ext_remove(h->live, &h->nlive, (size_t)(e - h->live));
 	h->used -= len;
 
 	f = h->free_ext;
@@ -407,8 +467,67 @@ static CUresult sim_heap_free(struct sim_heap *h, size_t off, enum sim_mem_kind 
 	} else {
 		sim_ext_insert(f, &h->nfree, at, off, len, 0);
 	}
+}
+
+static CUresult sim_heap_free(struct sim_heap *h, size_t off, enum sim_mem_kind kind)
+{
+	struct sim_extent *e;
+
+	pthread_mutex_lock(&h->lock);
+	e = sim_heap_find(h, off, kind);
+	if (e)
+		sim_heap_drop(h, e);
 	pthread_mutex_unlock(&h->lock);
-	return CUDA_SUCCESS;
+	return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/*
+ * Frees every allocation that belongs to context id, in one pass however
+ * many there are: the survivors are compacted, and since live and free
+ * extents tile the arena, the free extents are the gaps between survivors.
+ */
+static void sim_heap_sweep(struct sim_heap *h, uint64_t id)
+{
+	size_t i, kept = 0, pos = 0, freed = 0;
+
+	pthread_mutex_lock(&h->lock);
+	for (i = 0; i < h->nlive; i++) {
+		if (h->live[i].owner == id)
+			freed += h->live[i].len;
+		else
+			h->live[kept++] = h->live[i];
+	}
+	if (kept < h->nlive) {
+		h->nlive = kept;
+		h->used -= freed;
+		h->nfree = 0;
+		for (i = 0; i <= kept; i++) {
+			size_t end = i < kept ? h->live[i].off : h->arena;
+
+			if (end > pos)
+				sim_ext_insert(h->free_ext, &h->nfree, h->nfree, pos, end - pos, 0);
+			if (i < kept)
+				pos = h->live[i].off + h->live[i].len;
+		}
+	}
+	pthread_mutex_unlock(&h->lock);
+}
+
+/* The heap whose arena holds addr, with addr's offset in it; NULL if none. */
+static struct sim_heap *sim_heap_of(CUdeviceptr addr, size_t *off)
+{
+	int i;
+
+	for (i = 0; addr && i < sim_ndevs; i++) {
+		struct sim_heap *h = &sim_devs[i].heap;
+		uintptr_t base = __atomic_load_n(&h->base, __ATOMIC_ACQUIRE);
+
+		if (base && addr >= base && addr - base < h->arena) {
+			*off = (size_t)(addr - base);
+			return h;
+		}
+	}
+	return NULL;
 }
 
 /*
@@ -421,6 +540,7 @@ __attribute__((destructor)) static void sim_fini(void)
 {
 	struct CUctx_st *c;
 	struct sim_obj *o;
+	struct sim_va *v;
 	int i;
 
 	if (sim_live() != CUDA_SUCCESS)
@@ -450,9 +570,17 @@ __attribute__((destructor)) static void sim_fini(void)
 		free(o);
 	}
 	pthread_mutex_unlock(&sim_obj_lock);
+	pthread_mutex_lock(&sim_va_lock);
+	while ((v = sim_va_list)) {
+		sim_va_list = v->next;
+		munmap((void *)v->base, v->size);
+		free(v->maps);
+		free(v);
+	}
+	pthread_mutex_unlock(&sim_va_lock);
 }
 
-/* Host objects behind array and pool handles. */
+/* Host objects behind array, pool and stream handles. */
 
 static void sim_obj_add(struct sim_obj *o)
 {
@@ -463,23 +591,37 @@ static void sim_obj_add(struct sim_obj *o)
 }
 
 /*
- * The live object of this kind behind handle, compared by address so that a
- * made-up handle is never dereferenced. With take it is unlinked and the
- * caller owns it; without, only *dev may be used, since another thread may
- * destroy the object as soon as the lock is dropped.
+ * With sim_obj_lock held: the link to the live object of this kind behind
+ * handle, or NULL. Compared by address, so a made-up handle is never
+ * dereferenced.
+ */
+static struct sim_obj **sim_obj_find(const void *handle, enum sim_obj_kind kind)
+{
+	struct sim_obj **pp;
+
+	if (!handle)
+		return NULL;
+	for (pp = &sim_obj_list; *pp && (*pp != handle || (*pp)->kind != kind); pp = &(*pp)->next)
+		;
+	return *pp ? pp : NULL;
+}
+
+/*
+ * The live object of this kind behind handle, or NULL. With take it is
+ * unlinked and the caller owns it; without, only the copy in *seen may be
+ * read, since another thread may destroy the object as soon as the lock is
+ * dropped.
  */
 static struct sim_obj *sim_obj_lookup(const void *handle, enum sim_obj_kind kind, bool take,
-				      int *dev)
+				      struct sim_obj *seen)
 {
-	struct sim_obj **pp, *o;
+	struct sim_obj **pp, *o = NULL;
 
 	pthread_mutex_lock(&sim_obj_lock);
-	for (pp = &sim_obj_list; *pp && (*pp != handle || (*pp)->kind != kind);
-	     pp = &(*pp)->next)
-		;
-	o = handle ? *pp : NULL;
-	if (o) {
-		*dev = o->dev;
+	pp = sim_obj_find(handle, kind);
+	if (pp) {
+		o = *pp;
+		*seen = *o;
 		if (take)
 			*pp = o->next;
 	}
@@ -489,41 +631,87 @@ static struct sim_obj *sim_obj_lookup(const void *handle, enum sim_obj_kind kind
 
 /* Contexts. */
 
+/* The calling thread's current context, or NULL. */
+static const struct sim_ctx_slot *sim_current(void)
+{
+	return sim_depth ? &sim_stack[sim_depth - 1] : NULL;
+}
+
 static int sim_current_dev(void)
 {
 	return sim_depth ? sim_stack[sim_depth - 1].dev : -1;
 }
 
-/* The device of a live context handle, or -1. */
-static int sim_ctx_device(CUcontext ctx)
+/* A live context handle as a stack slot; false if there is none such. */
+static bool sim_ctx_slot_of(CUcontext ctx, struct sim_ctx_slot *slot)
 {
 	struct CUctx_st *c;
-	int i, dev = -1;
+	int i;
 
-	for (i = 0; ctx && i < sim_ndevs; i++)
-		if (ctx == &sim_devs[i].primary)
-			return i;
+	slot->ctx = ctx;
+	for (i = 0; ctx && i < sim_ndevs; i++) {
+		if (ctx == &sim_devs[i].primary) {
+			slot->dev = i;
+			slot->id = SIM_PRIMARY_ID(i);
+			return true;
+		}
+	}
 	pthread_mutex_lock(&sim_ctx_lock);
-	for (c = sim_ctx_list; ctx && c; c = c->next)
-		if (c == ctx)
-			dev = c->dev;
+	for (c = sim_ctx_list; ctx && c && c != ctx; c = c->next)
+		;
+	if (ctx && c) {
+		slot->dev = c->dev;
+		slot->id = c->id;
+	}
 	pthread_mutex_unlock(&sim_ctx_lock);
-	return dev;
+	return ctx && c;
 }
 
-static CUresult sim_push(CUcontext ctx, int dev)
+static CUresult sim_push(const struct sim_ctx_slot *slot)
 {
 	if (sim_depth == SIM_CTX_DEPTH)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	sim_stack[sim_depth].ctx = ctx;
-	sim_stack[sim_depth].dev = dev;
-	sim_depth++;
+	sim_stack[sim_depth++] = *slot;
 	return CUDA_SUCCESS;
+}
+
+/*
+ * What a real GPU does when a context goes: everything allocated in it is
+ * freed (on whichever device: a pool on another device may have served it)
+ * and its arrays and streams are destroyed, so their handles are unknown
+ * from then on. cuMemCreate allocations and pools belong to no context.
+ * Arrays are made and destroyed under sim_obj_lock, so none is half made or
+ * half destroyed here. A thread still using a destroyed context (undefined
+ * in the driver) allocates under a dead id, and that memory stays taken.
+ */
+static void sim_ctx_teardown(uint64_t id)
+{
+	struct sim_obj **pp, *o, *dead = NULL;
+	int i;
+
+	pthread_mutex_lock(&sim_obj_lock);
+	for (pp = &sim_obj_list; (o = *pp);) {
+		if (o->owner == id) {
+			*pp = o->next;
+			o->next = dead;
+			dead = o;
+		} else {
+			pp = &o->next;
+		}
+	}
+	for (i = 0; i < sim_ndevs; i++)
+		sim_heap_sweep(&sim_devs[i].heap, id);
+	pthread_mutex_unlock(&sim_obj_lock);
+	while ((o = dead)) {
+		dead = o->next;
+		free(o);
+	}
 }
 
 static CUresult sim_ctx_create(CUcontext *pctx, CUdevice dev)
 {
 	CUresult rc = sim_check(pctx, dev);
+	struct sim_ctx_slot slot;
 	struct CUctx_st *c;
 
 	if (rc != CUDA_SUCCESS)
@@ -532,7 +720,11 @@ static CUresult sim_ctx_create(CUcontext *pctx, CUdevice dev)
 	if (!c)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	c->dev = dev;
-	rc = sim_push(c, dev);
+	c->id = __atomic_add_fetch(&sim_ctx_serial, 1, __ATOMIC_RELAXED);
+	slot.ctx = c;
+	slot.dev = dev;
+	slot.id = c->id;
+	rc = sim_push(&slot);
 	if (rc != CUDA_SUCCESS) {
 		free(c);
 		return rc;
@@ -592,13 +784,14 @@ SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 		if (sim_stack[i].ctx != ctx)
 			sim_stack[kept++] = sim_stack[i];
 	sim_depth = kept;
+	sim_ctx_teardown(c->id);
 	free(c);
 	return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {
-	int dev;
+	struct sim_ctx_slot slot;
 
 	SIM_REQUIRE_INIT();
 	if (!ctx) {
@@ -607,13 +800,11 @@ SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 			sim_depth--;
 		return CUDA_SUCCESS;
 	}
-	dev = sim_ctx_device(ctx);
-	if (dev < 0)
+	if (!sim_ctx_slot_of(ctx, &slot))
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (!sim_depth)
-		return sim_push(ctx, dev);
-	sim_stack[sim_depth - 1].ctx = ctx;
-	sim_stack[sim_depth - 1].dev = dev;
+		return sim_push(&slot);
+	sim_stack[sim_depth - 1] = slot;
 	return CUDA_SUCCESS;
 }
 
@@ -639,11 +830,10 @@ SIM_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
 
 SIM_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
-	int dev;
+	struct sim_ctx_slot slot;
 
 	SIM_REQUIRE_INIT();
-	dev = sim_ctx_device(ctx);
-	return dev < 0 ? CUDA_ERROR_INVALID_CONTEXT : sim_push(ctx, dev);
+	return sim_ctx_slot_of(ctx, &slot) ? sim_push(&slot) : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 SIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
@@ -677,6 +867,11 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 	return CUDA_SUCCESS;
 }
 
+/*
+ * The last release destroys the primary context, and with it what was
+ * allocated in it. sim_ctx_lock is held throughout, so a retain on another
+ * thread finds either the old context or a fresh one, never a half-torn one.
+ */
 SIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
 	CUresult rc = sim_check_dev(dev);
@@ -684,10 +879,10 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	pthread_mutex_lock(&sim_ctx_lock);
-	if (sim_devs[dev].primary_refs)
-		sim_devs[dev].primary_refs--;
-	else
+	if (!sim_devs[dev].primary_refs)
 		rc = CUDA_ERROR_INVALID_CONTEXT;
+	else if (--sim_devs[dev].primary_refs == 0)
+		sim_ctx_teardown(SIM_PRIMARY_ID(dev));
 	pthread_mutex_unlock(&sim_ctx_lock);
 	return rc;
 }
@@ -713,9 +908,20 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int fla
 	return sim_check_dev(dev);
 }
 
+/*
+ * Documented as destroying all allocations and state of the primary
+ * context; it does not release it, so the reference count stays as it is.
+ */
 SIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-	return sim_check_dev(dev);
+	CUresult rc = sim_check_dev(dev);
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&sim_ctx_lock);
+	sim_ctx_teardown(SIM_PRIMARY_ID(dev));
+	pthread_mutex_unlock(&sim_ctx_lock);
+	return CUDA_SUCCESS;
 }
 
 /* Initialization, device queries, memory, launch. */
@@ -856,29 +1062,27 @@ SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 
 /* Memory: every path takes from, and gives back to, the device heaps. */
 
+/* Allocations made here belong to the current context. */
 static CUresult sim_alloc_current(CUdeviceptr *dptr, size_t bytes, enum sim_mem_kind kind)
 {
+	const struct sim_ctx_slot *cur;
+
 	SIM_REQUIRE_INIT();
 	if (!dptr || bytes == 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (!sim_depth)
+	cur = sim_current();
+	if (!cur)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	return sim_heap_alloc(&sim_devs[sim_current_dev()], bytes, kind, dptr);
+	return sim_heap_alloc(&sim_devs[cur->dev], bytes, kind, cur->id, dptr);
 }
 
 /* Frees addr if a heap holds a live allocation of this kind starting there. */
 static CUresult sim_mem_free(CUdeviceptr addr, enum sim_mem_kind kind)
 {
-	int i;
+	size_t off;
+	struct sim_heap *h = sim_heap_of(addr, &off);
 
-	for (i = 0; addr && i < sim_ndevs; i++) {
-		struct sim_heap *h = &sim_devs[i].heap;
-		uintptr_t base = __atomic_load_n(&h->base, __ATOMIC_ACQUIRE);
-
-		if (base && addr >= base && addr - base < h->arena)
-			return sim_heap_free(h, (size_t)(addr - base), kind);
-	}
-	return CUDA_ERROR_INVALID_VALUE;
+	return h ? sim_heap_free(h, off, kind) : CUDA_ERROR_INVALID_VALUE;
 }
 
 SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -928,9 +1132,154 @@ SIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsign
 }
 
 /*
- * Stream-ordered allocation. Nothing runs asynchronously in the simulation,
- * so the stream (never looked at: tests pass made-up handles) has always
- * reached the allocation or free by the time the call returns.
+ * Streams. Nothing runs asynchronously in the simulation, so a stream is a
+ * handle bound to the context that was current when it was made: what it
+ * decides is the device (and the owning context) of what is allocated on
+ * it. NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name a default stream
+ * of the calling thread's current context.
+ */
+
+static bool sim_default_stream(CUstream stream)
+{
+	return !stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+}
+
+/* The context behind a stream, as a stack slot. */
+static CUresult sim_stream_slot(CUstream stream, struct sim_ctx_slot *slot)
+{
+	const struct sim_ctx_slot *cur;
+	struct sim_obj seen;
+
+	if (sim_default_stream(stream)) {
+		cur = sim_current();
+		if (!cur)
+			return CUDA_ERROR_INVALID_CONTEXT;
+		*slot = *cur;
+		return CUDA_SUCCESS;
+	}
+	if (!sim_obj_lookup(stream, SIM_OBJ_STREAM, false, &seen))
+		return CUDA_ERROR_INVALID_HANDLE;
+	slot->ctx = seen.ctx;
+	slot->dev = seen.dev;
+	slot->id = seen.owner;
+	return CUDA_SUCCESS;
+}
+
+/*
+ * Priorities, capture and callbacks are not simulated; the flags are the
+ * documented ones. A stream made while its context is being destroyed on
+ * another thread (undefined in the driver) outlives it as an orphan handle.
+ */
+SIM_EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
+{
+	const struct sim_ctx_slot *cur;
+	struct CUstream_st *s;
+
+	SIM_REQUIRE_INIT();
+	if (!stream || (flags & ~(unsigned int)CU_STREAM_NON_BLOCKING))
+		return CUDA_ERROR_INVALID_VALUE;
+	cur = sim_current();
+	if (!cur)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	s->obj.kind = SIM_OBJ_STREAM;
+	s->obj.dev = cur->dev;
+	s->obj.owner = cur->id;
+	s->obj.ctx = cur->ctx;
+	sim_obj_add(&s->obj);
+	*stream = s;
+	return CUDA_SUCCESS;
+}
+
+/* A default stream is not the caller's to destroy. */
+SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
+{
+	struct sim_obj seen, *o;
+
+	SIM_REQUIRE_INIT();
+	o = sim_default_stream(stream) ? NULL
+				       : sim_obj_lookup(stream, SIM_OBJ_STREAM, true, &seen);
+	if (!o)
+		return CUDA_ERROR_INVALID_HANDLE;
+	free(o);
+	return CUDA_SUCCESS;
+}
+
+static CUresult sim_stream_ctx(CUstream stream, CUcontext *pctx)
+{
+	struct sim_ctx_slot slot;
+	CUresult rc;
+
+	SIM_REQUIRE_INIT();
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = sim_stream_slot(stream, &slot);
+	if (rc == CUDA_SUCCESS)
+		*pctx = slot.ctx;
+	return rc;
+}
+
+SIM_EXPORT CUresult cuStreamGetCtx(CUstream stream, CUcontext *pctx)
+{
+	return sim_stream_ctx(stream, pctx);
+}
+
+/* The per-thread default stream is the current context's too. */
+SIM_EXPORT CUresult cuStreamGetCtx_ptsz(CUstream stream, CUcontext *pctx)
+{
+	return sim_stream_ctx(stream, pctx);
+}
+
+/* CUDA 12.5: a stream of a green context would report it; there are none here. */
+static CUresult sim_stream_ctx_v2(CUstream stream, CUcontext *pctx, CUgreenCtx *pgreen)
+{
+	CUresult rc;
+
+	SIM_REQUIRE_INIT();
+	if (!pgreen)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = sim_stream_ctx(stream, pctx);
+	if (rc == CUDA_SUCCESS)
+		*pgreen = NULL;
+	return rc;
+}
+
+SIM_EXPORT CUresult cuStreamGetCtx_v2(CUstream stream, CUcontext *pctx, CUgreenCtx *pgreen)
+{
+	return sim_stream_ctx_v2(stream, pctx, pgreen);
+}
+
+SIM_EXPORT CUresult cuStreamGetCtx_v2_ptsz(CUstream stream, CUcontext *pctx,
+					   CUgreenCtx *pgreen)
+{
+	return sim_stream_ctx_v2(stream, pctx, pgreen);
+}
+
+/* Nothing ever runs, so there is nothing to wait for; the handle is checked. */
+static CUresult sim_stream_sync(CUstream stream)
+{
+	struct sim_ctx_slot slot;
+
+	SIM_REQUIRE_INIT();
+	return sim_stream_slot(stream, &slot);
+}
+
+SIM_EXPORT CUresult cuStreamSynchronize(CUstream stream)
+{
+	return sim_stream_sync(stream);
+}
+
+SIM_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream)
+{
+	return sim_stream_sync(stream);
+}
+
+/*
+ * Stream-ordered allocation, done at once: the stream has always reached
+ * the allocation or free by the time the call returns. What is allocated
+ * belongs to the stream's context.
  */
 
 static bool sim_valid_pool_props(const CUmemPoolProps *props)
@@ -940,15 +1289,26 @@ static bool sim_valid_pool_props(const CUmemPoolProps *props)
 	       sim_valid_dev(props->location.id);
 }
 
-/* The device of a live pool handle, or -1. */
-static int sim_pool_device(CUmemoryPool pool)
+/* With sim_obj_lock held: the device of a live pool handle, or -1. */
+static int sim_pool_device_locked(CUmemoryPool pool)
 {
-	int i, dev = -1;
+	struct sim_obj **pp;
+	int i;
 
 	for (i = 0; pool && i < sim_ndevs; i++)
 		if (pool == &sim_devs[i].default_pool)
 			return i;
-	sim_obj_lookup(pool, SIM_OBJ_POOL, false, &dev);
+	pp = sim_obj_find(pool, SIM_OBJ_POOL);
+	return pp ? (*pp)->dev : -1;
+}
+
+static int sim_pool_device(CUmemoryPool pool)
+{
+	int dev;
+
+	pthread_mutex_lock(&sim_obj_lock);
+	dev = sim_pool_device_locked(pool);
+	pthread_mutex_unlock(&sim_obj_lock);
 	return dev;
 }
 
@@ -958,6 +1318,35 @@ SIM_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 
 	if (rc == CUDA_SUCCESS)
 		*pool = &sim_devs[dev].default_pool;
+	return rc;
+}
+
+/* The pool cuMemAllocAsync takes from on dev: its default pool until set. */
+SIM_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+	CUresult rc = sim_check(pool, dev);
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&sim_obj_lock);
+	*pool = sim_devs[dev].mempool;
+	pthread_mutex_unlock(&sim_obj_lock);
+	return CUDA_SUCCESS;
+}
+
+/* Documented: the pool must be local to the device. */
+SIM_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+	CUresult rc = sim_check_dev(dev);
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&sim_obj_lock);
+	if (sim_pool_device_locked(pool) == dev)
+		sim_devs[dev].mempool = pool;
+	else
+		rc = CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_unlock(&sim_obj_lock);
 	return rc;
 }
 
@@ -986,37 +1375,65 @@ SIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pr
 
 /*
  * As documented, memory still allocated from a destroyed pool stays valid
- * until it is freed. A device's default pool is not the caller's to destroy.
+ * until it is freed, and a device whose current pool it was goes back to its
+ * default pool. A device's default pool is not the caller's to destroy.
  */
 SIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
-	struct sim_obj *o;
-	int dev;
+	struct sim_obj **pp, *o = NULL;
+	int i;
 
 	SIM_REQUIRE_INIT();
-	o = sim_obj_lookup(pool, SIM_OBJ_POOL, true, &dev);
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(pool, SIM_OBJ_POOL);
+	if (pp) {
+		o = *pp;
+		*pp = o->next;
+		for (i = 0; i < sim_ndevs; i++)
+			if (sim_devs[i].mempool == pool)
+				sim_devs[i].mempool = &sim_devs[i].default_pool;
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
 	if (!o)
 		return CUDA_ERROR_INVALID_VALUE;
 	free(o);
 	return CUDA_SUCCESS;
 }
 
-/* From the current pool of the current context's device: its heap. */
+/*
+ * From the current pool of the stream's device (a pool is always local to
+ * its device, so that is the device's heap).
+ */
+static CUresult sim_alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+{
+	struct sim_ctx_slot slot;
+	CUresult rc;
+
+	SIM_REQUIRE_INIT();
+	if (!dptr || bytesize == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = sim_stream_slot(stream, &slot);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	return sim_heap_alloc(&sim_devs[slot.dev], bytesize, SIM_MEM_PTR, slot.id, dptr);
+}
+
 SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
-	(void)stream;
-	return sim_alloc_current(dptr, bytesize, SIM_MEM_PTR);
+	return sim_alloc_async(dptr, bytesize, stream);
 }
 
 SIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
-	(void)stream;
-	return sim_alloc_current(dptr, bytesize, SIM_MEM_PTR);
+	return sim_alloc_async(dptr, bytesize, stream);
 }
 
-/* From the pool's device, whatever context is current. */
-static CUresult sim_alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool)
+/* From the pool's device, whatever the stream's device is. */
+static CUresult sim_alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+				    CUstream stream)
 {
+	struct sim_ctx_slot slot;
+	CUresult rc;
 	int dev;
 
 	SIM_REQUIRE_INIT();
@@ -1025,43 +1442,51 @@ static CUresult sim_alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemory
 	dev = sim_pool_device(pool);
 	if (dev < 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	return sim_heap_alloc(&sim_devs[dev], bytesize, SIM_MEM_PTR, dptr);
+	rc = sim_stream_slot(stream, &slot);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	return sim_heap_alloc(&sim_devs[dev], bytesize, SIM_MEM_PTR, slot.id, dptr);
 }
 
 SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
 					    CUmemoryPool pool, CUstream stream)
 {
-	(void)stream;
-	return sim_alloc_from_pool(dptr, bytesize, pool);
+	return sim_alloc_from_pool(dptr, bytesize, pool, stream);
 }
 
 SIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
 						 CUmemoryPool pool, CUstream stream)
 {
-	(void)stream;
-	return sim_alloc_from_pool(dptr, bytesize, pool);
+	return sim_alloc_from_pool(dptr, bytesize, pool, stream);
+}
+
+static CUresult sim_free_async(CUdeviceptr dptr, CUstream stream)
+{
+	struct sim_ctx_slot slot;
+	CUresult rc;
+
+	SIM_REQUIRE_INIT();
+	rc = sim_stream_slot(stream, &slot);
+	return rc == CUDA_SUCCESS ? sim_mem_free(dptr, SIM_MEM_PTR) : rc;
 }
 
 SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
-	(void)stream;
-	SIM_REQUIRE_INIT();
-	return sim_mem_free(dptr, SIM_MEM_PTR);
+	return sim_free_async(dptr, stream);
 }
 
 SIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 {
-	(void)stream;
-	SIM_REQUIRE_INIT();
-	return sim_mem_free(dptr, SIM_MEM_PTR);
+	return sim_free_async(dptr, stream);
 }
 
 /*
- * Virtual memory management: physical allocations only (nothing here maps
- * them). A handle is the allocation's address in the device heap: opaque to
- * callers, nonzero, and found again by cuMemRelease without a table.
+ * Virtual memory management. A handle is its allocation's address in the
+ * device heap: opaque to callers, nonzero, and found again without a table.
+ * Reserved ranges are PROT_NONE address space of their own, apart from the
+ * heaps, so a reserved address is never a heap address (cuMemFree refuses
+ * it); a mapping only records which handle's bytes back a reserved range.
  */
-#define SIM_GRANULARITY ((size_t)2 << 20)
 
 /* As for pools, only device locations exist in the simulation. */
 static bool sim_valid_alloc_prop(const CUmemAllocationProp *prop)
@@ -1084,6 +1509,7 @@ SIM_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity,
 	return CUDA_SUCCESS;
 }
 
+/* cuMemCreate memory belongs to no context: no context's teardown frees it. */
 SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 				const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -1096,16 +1522,352 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
 		return CUDA_ERROR_INVALID_VALUE;
 	if (size == 0 || size % SIM_GRANULARITY != 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	rc = sim_heap_alloc(&sim_devs[prop->location.id], size, SIM_MEM_HANDLE, &addr);
+	rc = sim_heap_alloc(&sim_devs[prop->location.id], size, SIM_MEM_HANDLE, 0, &addr);
 	if (rc == CUDA_SUCCESS)
 		*handle = addr;
+	return rc;
+}
+
+enum sim_handle_op { SIM_HANDLE_RELEASE, SIM_HANDLE_RETAIN, SIM_HANDLE_MAP, SIM_HANDLE_UNMAP };
+
+/*
+ * The memory behind a handle goes back to its device only when every
+ * reference (cuMemCreate's and each cuMemRetainAllocationHandle's) is
+ * released and every mapping of it unmapped, in whatever order. A handle
+ * with no reference left is no longer the caller's to release or map, though
+ * its mappings keep the memory. Retain and unmap come only from a mapping,
+ * which holds the allocation, so they always find it. MAP checks that
+ * [offset, offset + size) lies inside the allocation.
+ */
+static CUresult sim_handle_op(CUmemGenericAllocationHandle handle, enum sim_handle_op op,
+			      size_t offset, size_t size)
+{
+	CUresult rc = CUDA_ERROR_INVALID_VALUE;
+	struct sim_extent *e;
+	struct sim_heap *h;
+	size_t off;
+
+	h = sim_heap_of(handle, &off);
+	if (!h)
+		return rc;
+	pthread_mutex_lock(&h->lock);
+	e = sim_heap_find(h, off, SIM_MEM_HANDLE);
+	if (!e || ((op == SIM_HANDLE_RELEASE || op == SIM_HANDLE_MAP) && !e->refs))
+		goto out;
+	switch (op) {
+	case SIM_HANDLE_RELEASE:
+		e->refs--;
+		break;
+	case SIM_HANDLE_RETAIN:
+		e->refs++;
+		break;
+	case SIM_HANDLE_MAP:
+		if (offset > e->len || size > e->len - offset)
+			goto out;
+		e->maps++;
+		break;
+	case SIM_HANDLE_UNMAP:
+		e->maps--;
+		break;
+	}
+	rc = CUDA_SUCCESS;
+	if (!e->refs && !e->maps)
+		sim_heap_drop(h, e);
+out:
+	pthread_mutex_unlock(&h->lock);
 	return rc;
 }
 
 SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
 	SIM_REQUIRE_INIT();
-	return sim_mem_free(handle, SIM_MEM_HANDLE);
+	return sim_handle_op(handle, SIM_HANDLE_RELEASE, 0, 0);
+}
+
+/* Address space of size bytes at a multiple of align: at hint if that is free. */
+static uintptr_t sim_va_map(size_t size, size_t align, uintptr_t hint)
+{
+	const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+	uintptr_t p, start, end;
+	size_t span;
+	void *m;
+
+	if (hint && hint % align == 0) {
+		/* Without MAP_FIXED the kernel takes hint only if nothing is there. */
+		m = mmap((void *)hint, size, PROT_NONE, flags, -1, 0);
+		if (m == (void *)hint)
+			return hint;
+		if (m != MAP_FAILED)
+			munmap(m, size);
+	}
+	if (size > SIZE_MAX - align)
+		return 0;
+	span = size + align;
+	m = mmap(NULL, span, PROT_NONE, flags, -1, 0);
+	if (m == MAP_FAILED)
+		return 0;
+	p = (uintptr_t)m;
+	start = (p + align - 1) & ~(uintptr_t)(align - 1);
+	end = start + size;
+	if (start > p)
+		munmap(m, start - p);
+	if (p + span > end)
+		munmap((void *)end, p + span - end);
+	return start;
+}
+
+/*
+ * Documented: size and addr multiples of the host page size, alignment a
+ * power of two or 0 for the default, addr only a hint, flags unused and 0.
+ * A reservation always starts on a granule, so that its start can be
+ * mapped; only whole granules of it can be.
+ */
+SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+					CUdeviceptr addr, unsigned long long flags)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	struct sim_va *v;
+
+	SIM_REQUIRE_INIT();
+	if (!ptr || flags != 0 || size == 0 || size % page != 0 || addr % page != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (alignment & (alignment - 1))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (alignment < SIM_GRANULARITY)
+		alignment = SIM_GRANULARITY;
+	v = calloc(1, sizeof(*v));
+	if (!v)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	v->base = sim_va_map(size, alignment, (uintptr_t)addr);
+	if (!v->base) {
+		free(v);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	v->size = size;
+	pthread_mutex_lock(&sim_va_lock);
+	v->next = sim_va_list;
+	sim_va_list = v;
+	pthread_mutex_unlock(&sim_va_lock);
+	*ptr = v->base;
+	return CUDA_SUCCESS;
+}
+
+/*
+ * Documented: ptr and size exactly as reserved. Freeing a range that still
+ * has mappings is not described; it is refused here, since their memory
+ * could then never be unmapped.
+ */
+SIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+	struct sim_va **pp, *v = NULL;
+
+	SIM_REQUIRE_INIT();
+	pthread_mutex_lock(&sim_va_lock);
+	for (pp = &sim_va_list; *pp && (*pp)->base != ptr; pp = &(*pp)->next)
+		;
+	if (*pp && (*pp)->size == size && (*pp)->nmaps == 0) {
+		v = *pp;
+		*pp = v->next;
+	}
+	pthread_mutex_unlock(&sim_va_lock);
+	if (!v)
+		return CUDA_ERROR_INVALID_VALUE;
+	munmap((void *)v->base, v->size);
+	free(v->maps);
+	free(v);
+	return CUDA_SUCCESS;
+}
+
+/* With sim_va_lock held: the reservation holding [ptr, ptr + size), or NULL. */
+static struct sim_va *sim_va_find(CUdeviceptr ptr, size_t size)
+{
+	struct sim_va *v;
+
+	for (v = sim_va_list; v; v = v->next)
+		if (ptr >= v->base && ptr - v->base < v->size &&
+		    size <= v->size - (ptr - v->base))
+			return v;
+	return NULL;
+}
+
+/* The first mapping of v at or after off. */
+static size_t sim_map_search(const struct sim_va *v, size_t off)
+{
+	size_t lo = 0, hi = v->nmaps;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (v->maps[mid].off < off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/*
+ * With sim_va_lock held: the mappings [*first, *last) of one reservation
+ * that, each one whole and with no gap, cover exactly [ptr, ptr + size).
+ */
+static bool sim_va_whole(CUdeviceptr ptr, size_t size, struct sim_va **pv, size_t *first,
+			 size_t *last)
+{
+	struct sim_va *v = size ? sim_va_find(ptr, size) : NULL;
+	size_t off, end, at, i;
+
+	if (!v)
+		return false;
+	off = (size_t)(ptr - v->base);
+	end = off + size;
+	at = sim_map_search(v, off);
+	for (i = at; i < v->nmaps && off < end && v->maps[i].off == off; i++)
+		off += v->maps[i].len;
+	if (i == at || off != end)
+		return false;
+	*pv = v;
+	*first = at;
+	*last = i;
+	return true;
+}
+
+/*
+ * Documented: ptr, size and offset multiples of the granularity, the range
+ * inside one reservation and not mapped already, offset + size within the
+ * allocation, flags 0. The mapping holds the allocation until it is
+ * unmapped, whatever becomes of the handle.
+ */
+SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+			     CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+	CUresult rc = CUDA_ERROR_INVALID_VALUE;
+	struct sim_map *m;
+	struct sim_va *v;
+	size_t off, at;
+
+	SIM_REQUIRE_INIT();
+	if (flags != 0 || size == 0 || ptr % SIM_GRANULARITY != 0 ||
+	    size % SIM_GRANULARITY != 0 || offset % SIM_GRANULARITY != 0)
+		return rc;
+	pthread_mutex_lock(&sim_va_lock);
+	v = sim_va_find(ptr, size);
+	if (!v)
+		goto out;
+	off = (size_t)(ptr - v->base);
+	at = sim_map_search(v, off);
+	if ((at > 0 && v->maps[at - 1].off + v->maps[at - 1].len > off) ||
+	    (at < v->nmaps && v->maps[at].off < off + size))
+		goto out;
+	if (v->nmaps == v->cap) {
+		size_t cap = v->cap ? v->cap * 2 : 8;
+
+		m = realloc(v->maps, cap * sizeof(*m));
+		if (!m) {
+			rc = CUDA_ERROR_OUT_OF_MEMORY;
+			goto out;
+		}
+		v->maps = m;
+		v->cap = cap;
+	}
+	rc = sim_handle_op(handle, SIM_HANDLE_MAP, offset, size);
+	if (rc != CUDA_SUCCESS)
+		goto out;
+	m = &v->maps[at];
+	memmove(m + 1, m, (v->nmaps - at) * sizeof(*m));
+	m->off = off;
+	m->len = size;
+	m->handle = handle;
+	v->nmaps++;
+out:
+	pthread_mutex_unlock(&sim_va_lock);
+	return rc;
+}
+
+/*
+ * Documented: the range must be whole mappings, never part of one; it may
+ * span several adjacent ones. Each unmapped may be the last hold on its
+ * allocation's memory. Afterwards the range is a plain reservation again.
+ */
+SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+	size_t first, last, i;
+	struct sim_va *v;
+
+	SIM_REQUIRE_INIT();
+	pthread_mutex_lock(&sim_va_lock);
+	if (!sim_va_whole(ptr, size, &v, &first, &last)) {
+		pthread_mutex_unlock(&sim_va_lock);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	for (i = first; i < last; i++)
+		sim_handle_op(v->maps[i].handle, SIM_HANDLE_UNMAP, 0, 0);
+	memmove(&v->maps[first], &v->maps[last], (v->nmaps - last) * sizeof(*v->maps));
+	v->nmaps -= last - first;
+	pthread_mutex_unlock(&sim_va_lock);
+	return CUDA_SUCCESS;
+}
+
+/*
+ * Nothing dereferences device memory, so access is checked and never
+ * enforced. Documented: the range is fully mapped and holds whole
+ * allocations' mappings. Only device locations exist in the simulation.
+ */
+SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+				   size_t count)
+{
+	size_t i, first, last;
+	struct sim_va *v;
+	bool whole;
+
+	SIM_REQUIRE_INIT();
+	if (!desc || count == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (i = 0; i < count; i++) {
+		if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (!sim_valid_dev(desc[i].location.id))
+			return CUDA_ERROR_INVALID_DEVICE;
+		if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+		    desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+		    desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+			return CUDA_ERROR_INVALID_VALUE;
+	}
+	pthread_mutex_lock(&sim_va_lock);
+	whole = sim_va_whole(ptr, size, &v, &first, &last);
+	pthread_mutex_unlock(&sim_va_lock);
+	return whole ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/*
+ * Documented: addr may be any address inside a mapping; the handle is the
+ * very value that was mapped there, and each retain takes a reference that
+ * needs its own cuMemRelease.
+ */
+SIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
+						void *addr)
+{
+	CUresult rc = CUDA_ERROR_INVALID_VALUE;
+	const struct sim_map *m;
+	struct sim_va *v;
+	size_t off, at;
+
+	SIM_REQUIRE_INIT();
+	if (!handle)
+		return rc;
+	pthread_mutex_lock(&sim_va_lock);
+	v = sim_va_find((uintptr_t)addr, 1);
+	if (v) {
+		off = (size_t)((uintptr_t)addr - v->base);
+		at = sim_map_search(v, off + 1);
+		m = at ? &v->maps[at - 1] : NULL;
+		if (m && off - m->off < m->len) {
+			rc = sim_handle_op(m->handle, SIM_HANDLE_RETAIN, 0, 0);
+			if (rc == CUDA_SUCCESS)
+				*handle = m->handle;
+		}
+	}
+	pthread_mutex_unlock(&sim_va_lock);
+	return rc;
 }
 
 /*
@@ -1157,9 +1919,14 @@ static CUresult sim_array_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int l
 	return CUDA_SUCCESS;
 }
 
+/*
+ * An array's storage and its handle are made, and destroyed, together under
+ * sim_obj_lock, so a context's teardown never finds one without the other.
+ */
 static CUresult sim_array_new(void **handle, const CUDA_ARRAY3D_DESCRIPTOR *desc,
 			      unsigned int levels, enum sim_obj_kind kind)
 {
+	const struct sim_ctx_slot *cur;
 	struct sim_obj *o;
 	size_t bytes;
 	CUresult rc;
@@ -1170,33 +1937,45 @@ static CUresult sim_array_new(void **handle, const CUDA_ARRAY3D_DESCRIPTOR *desc
 	rc = sim_array_bytes(desc, levels, &bytes);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	if (!sim_depth)
+	cur = sim_current();
+	if (!cur)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	o = calloc(1, sizeof(*o));
 	if (!o)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	o->kind = kind;
-	o->dev = sim_current_dev();
-	rc = sim_heap_alloc(&sim_devs[o->dev], bytes, SIM_MEM_ARRAY, &o->addr);
+	o->dev = cur->dev;
+	o->owner = cur->id;
+	pthread_mutex_lock(&sim_obj_lock);
+	rc = sim_heap_alloc(&sim_devs[o->dev], bytes, SIM_MEM_ARRAY, o->owner, &o->addr);
+	if (rc == CUDA_SUCCESS) {
+		o->next = sim_obj_list;
+		sim_obj_list = o;
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
 	if (rc != CUDA_SUCCESS) {
 		free(o);
 		return rc;
 	}
-	sim_obj_add(o);
 	*handle = o;
 	return CUDA_SUCCESS;
 }
 
 static CUresult sim_array_destroy(const void *handle, enum sim_obj_kind kind)
 {
-	struct sim_obj *o;
-	int dev;
+	struct sim_obj **pp, *o = NULL;
 
 	SIM_REQUIRE_INIT();
-	o = sim_obj_lookup(handle, kind, true, &dev);
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(handle, kind);
+	if (pp) {
+		o = *pp;
+		*pp = o->next;
+		sim_mem_free(o->addr, SIM_MEM_ARRAY);
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
 	if (!o)
 		return CUDA_ERROR_INVALID_HANDLE;
-	sim_mem_free(o->addr, SIM_MEM_ARRAY);
 	free(o);
 	return CUDA_SUCCESS;
 }
@@ -1563,6 +2342,8 @@ static const struct sim_proc sim_procs[] = {
 	SIM_PROC(cuDeviceGetAttribute, cuDeviceGetAttribute, 2000, false),
 	SIM_PROC(cuDeviceGetPCIBusId, cuDeviceGetPCIBusId, 2000, false),
 	SIM_PROC(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool, 11020, false),
+	SIM_PROC(cuDeviceGetMemPool, cuDeviceGetMemPool, 11020, false),
+	SIM_PROC(cuDeviceSetMemPool, cuDeviceSetMemPool, 11020, false),
 	SIM_PROC(cuMemGetInfo, cuMemGetInfo, 2000, false),
 	SIM_PROC(cuMemGetInfo, cuMemGetInfo_v2, 3020, false),
 	SIM_PROC(cuMemAlloc, cuMemAlloc, 2000, false),
@@ -1583,6 +2364,20 @@ static const struct sim_proc sim_procs[] = {
 	SIM_PROC(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, 10020, false),
 	SIM_PROC(cuMemCreate, cuMemCreate, 10020, false),
 	SIM_PROC(cuMemRelease, cuMemRelease, 10020, false),
+	SIM_PROC(cuMemAddressReserve, cuMemAddressReserve, 10020, false),
+	SIM_PROC(cuMemAddressFree, cuMemAddressFree, 10020, false),
+	SIM_PROC(cuMemMap, cuMemMap, 10020, false),
+	SIM_PROC(cuMemUnmap, cuMemUnmap, 10020, false),
+	SIM_PROC(cuMemSetAccess, cuMemSetAccess, 10020, false),
+	SIM_PROC(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, 11000, false),
+	SIM_PROC(cuStreamCreate, cuStreamCreate, 2000, false),
+	SIM_PROC(cuStreamDestroy, cuStreamDestroy_v2, 4000, false),
+	SIM_PROC(cuStreamGetCtx, cuStreamGetCtx, 9020, false),
+	SIM_PROC(cuStreamGetCtx, cuStreamGetCtx_ptsz, 9020, true),
+	SIM_PROC(cuStreamGetCtx, cuStreamGetCtx_v2, 12050, false),
+	SIM_PROC(cuStreamGetCtx, cuStreamGetCtx_v2_ptsz, 12050, true),
+	SIM_PROC(cuStreamSynchronize, cuStreamSynchronize, 2000, false),
+	SIM_PROC(cuStreamSynchronize, cuStreamSynchronize_ptsz, 7000, true),
 	SIM_PROC(cuArrayCreate, cuArrayCreate, 2000, false),
 	SIM_PROC(cuArrayCreate, cuArrayCreate_v2, 3020, false),
 	SIM_PROC(cuArray3DCreate, cuArray3DCreate, 2000, false),
