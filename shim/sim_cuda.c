@@ -924,6 +924,25 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 	return CUDA_SUCCESS;
 }
 
+/*
+ * The pre-_v2 entry points of context teardown. Their prototypes are the
+ * _v2 ones; the driver keeps them for runtimes built against older headers.
+ */
+SIM_EXPORT CUresult cuCtxDestroy(CUcontext ctx)
+{
+	return cuCtxDestroy_v2(ctx);
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+	return cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+	return cuDevicePrimaryCtxReset_v2(dev);
+}
+
 /* Initialization, device queries, memory, launch. */
 
 SIM_EXPORT CUresult cuInit(unsigned int flags)
@@ -2389,6 +2408,7 @@ static const struct sim_proc sim_procs[] = {
 	SIM_PROC(cuCtxCreate, cuCtxCreate_v2, 3020, false),
 	SIM_PROC(cuCtxCreate, cuCtxCreate_v3, 11040, false),
 	SIM_PROC(cuCtxCreate, cuCtxCreate_v4, 12050, false),
+	SIM_PROC(cuCtxDestroy, cuCtxDestroy, 2000, false),
 	SIM_PROC(cuCtxDestroy, cuCtxDestroy_v2, 4000, false),
 	SIM_PROC(cuCtxPushCurrent, cuCtxPushCurrent_v2, 4000, false),
 	SIM_PROC(cuCtxPopCurrent, cuCtxPopCurrent_v2, 4000, false),
@@ -2397,9 +2417,11 @@ static const struct sim_proc sim_procs[] = {
 	SIM_PROC(cuCtxGetDevice, cuCtxGetDevice, 2000, false),
 	SIM_PROC(cuCtxSynchronize, cuCtxSynchronize, 2000, false),
 	SIM_PROC(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000, false),
+	SIM_PROC(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease, 7000, false),
 	SIM_PROC(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, 11000, false),
 	SIM_PROC(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState, 2000, false),
 	SIM_PROC(cuDevicePrimaryCtxSetFlags, cuDevicePrimaryCtxSetFlags_v2, 11000, false),
+	SIM_PROC(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset, 7000, false),
 	SIM_PROC(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, 11000, false),
 	SIM_PROC(cuLaunchKernel, cuLaunchKernel, 4000, false),
 	SIM_PROC(cuLaunchKernel, cuLaunchKernel_ptsz, 7000, true),
