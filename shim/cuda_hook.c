@@ -1391,29 +1391,21 @@ GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
 	return rc;
 }
 
-GS_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
-{
-	CUresult rc;
+/* A device's default or current pool lives on that device. */
+#define DEVICE_POOL_WRAPPER(abi)                                         \
+	GS_EXPORT CUresult abi(CUmemoryPool *pool, CUdevice dev)         \
+	{                                                                \
+		CUresult rc;                                             \
+		TRACE(GS_ID_##abi, calls);                               \
+		GET_REAL(abi, fn);                                       \
+		rc = fn(pool, dev);                                      \
+		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)          \
+			note_pool(*pool, ledger_gpu(dev));               \
+		return rc;                                               \
+	}
 
-	TRACE(GS_ID_cuDeviceGetDefaultMemPool, calls);
-	GET_REAL(cuDeviceGetDefaultMemPool, fn);
-	rc = fn(pool, dev);
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
-		note_pool(*pool, ledger_gpu(dev));
-	return rc;
-}
-
-GS_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
-{
-	CUresult rc;
-
-	TRACE(GS_ID_cuDeviceGetMemPool, calls);
-	GET_REAL(cuDeviceGetMemPool, fn);
-	rc = fn(pool, dev);
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
-		note_pool(*pool, ledger_gpu(dev));
-	return rc;
-}
+DEVICE_POOL_WRAPPER(cuDeviceGetDefaultMemPool)
+DEVICE_POOL_WRAPPER(cuDeviceGetMemPool)
 
 /*
  * The pitch the driver picks is known only afterwards: charge for the width
