@@ -648,7 +648,10 @@ static CUresult charge_current(uint64_t bytes, struct gs_charge *c)
 	return rc;
 }
 
-/* The same on a stream's device; the stream's context owns the memory. */
+/*
+ * The same on a stream's device. Stream-ordered memory belongs to its pool,
+ * not to a context (cuCtxDestroy does not free it): it is recorded with none.
+ */
 static CUresult charge_stream(CUstream stream, uint64_t bytes, struct gs_charge *c)
 {
 	CUcontext ctx = NULL;
@@ -657,7 +660,6 @@ static CUresult charge_stream(CUstream stream, uint64_t bytes, struct gs_charge 
 
 	if (rc == CUDA_SUCCESS)
 		rc = charge_gpu(gpu, bytes, c);
-	c->ctx = ctx;
 	return rc;
 }
 
@@ -676,6 +678,9 @@ static void uncharge(const struct gs_charge *c)
  */
 enum gs_ctx_state { GS_CTX_UNPAID, GS_CTX_PAYING, GS_CTX_PAID };
 
+/* The GPUs whose context charge this thread is paying: it never waits for itself. */
+static __thread __attribute__((tls_model("initial-exec"))) uint32_t paying;
+
 static CUresult charge_context(CUdevice dev, int *charged)
 {
 	struct gs_charge c;
@@ -691,7 +696,8 @@ static CUresult charge_context(CUdevice dev, int *charged)
 		return CUDA_SUCCESS;
 	for (;;) {
 		st = __atomic_load_n(&g.ctx_state[gpu], __ATOMIC_ACQUIRE);
-		if (st == GS_CTX_PAID)
+		/* Paid, or this thread's own outer call is paying it (a callback re-entered). */
+		if (st == GS_CTX_PAID || (paying & (1u << gpu)))
 			return CUDA_SUCCESS;
 		if (st == GS_CTX_UNPAID &&
 		    __atomic_compare_exchange_n(&g.ctx_state[gpu], &st, GS_CTX_PAYING, 0,
@@ -699,8 +705,10 @@ static CUresult charge_context(CUdevice dev, int *charged)
 			break;
 		sched_yield(); /* another thread is paying: its outcome decides */
 	}
+	paying |= 1u << gpu;
 	bytes = __atomic_load_n(&g.ledger->gpu[gpu].ctx_charge, __ATOMIC_RELAXED);
 	if (bytes != 0 && charge_gpu(gpu, bytes, &c) != CUDA_SUCCESS) {
+		paying &= ~(1u << gpu);
 		__atomic_store_n(&g.ctx_state[gpu], GS_CTX_UNPAID, __ATOMIC_RELEASE);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
@@ -719,6 +727,7 @@ static void context_settle(int gpu, CUresult rc)
 
 	if (gpu < 0)
 		return;
+	paying &= ~(1u << gpu);
 	if (rc == CUDA_SUCCESS) {
 		__atomic_store_n(&g.ctx_state[gpu], GS_CTX_PAID, __ATOMIC_RELEASE);
 		return;
@@ -924,7 +933,8 @@ static int alloc_peek(uint64_t key, uint32_t kind, struct gs_alloc *out)
  * Change a cuMemCreate handle's reference and mapping counts. When both
  * reach zero the driver frees the memory: the record is taken out into
  * *gone and 1 returned, for the caller to uncharge. 0 if it lives on,
- * -ENOENT if the handle is not ours.
+ * 2 if there was no reference or mapping to drop (a double release: the
+ * driver's to refuse, nothing changes), -ENOENT if the handle is not ours.
  */
 static int handle_adjust(uint64_t handle, int drefs, int dmaps, struct gs_alloc *gone)
 {
@@ -936,9 +946,14 @@ static int handle_adjust(uint64_t handle, int drefs, int dmaps, struct gs_alloc 
 	i = shard_find(s, handle, GS_K_HANDLE);
 	if (i >= 0) {
 		struct gs_alloc *a = &s->tab[i];
+		int64_t refs = (int64_t)a->refs + drefs, maps = (int64_t)a->maps + dmaps;
 
-		a->refs = (uint32_t)((int64_t)a->refs + drefs > 0 ? (int64_t)a->refs + drefs : 0);
-		a->maps = (uint32_t)((int64_t)a->maps + dmaps > 0 ? (int64_t)a->maps + dmaps : 0);
+		if (refs < 0 || maps < 0) {
+			pthread_mutex_unlock(&s->mu);
+			return 2;
+		}
+		a->refs = (uint32_t)refs;
+		a->maps = (uint32_t)maps;
 		rc = 0;
 		if (a->refs == 0 && a->maps == 0) {
 			*gone = *a;
@@ -951,33 +966,90 @@ static int handle_adjust(uint64_t handle, int drefs, int dmaps, struct gs_alloc 
 }
 
 /*
- * A context went away and took its memory with it: every record it owned
- * goes, and its charge. Rare (context teardown), so a walk of the table.
+ * Context teardown takes a context's records out BEFORE the driver call:
+ * once the driver has freed the memory, another thread may be handed the
+ * same addresses, or a new context at the same address, and allocate. The
+ * records go back if the driver refuses. Rare, so a walk of the table.
  */
-static void drop_context(CUcontext ctx)
+struct gs_taken {
+	struct gs_alloc *v;
+	size_t n, cap;
+	int incomplete; /* out of memory: some records stayed in the table */
+};
+
+static int owned_by(const struct gs_alloc *a, uint64_t owner)
+{
+	return a->key != 0 && a->owner == owner &&
+	       (a->kind == GS_K_PTR || a->kind == GS_K_ARRAY || a->kind == GS_K_MIPMAP);
+}
+
+static void take_context(CUcontext ctx, struct gs_taken *t)
 {
 	uint64_t owner = (uint64_t)(uintptr_t)ctx;
-	uint64_t gone[GS_MAX_GPUS] = { 0 };
-	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
 
-	if (ctx == NULL || g.mode != GS_ENFORCE)
-		return;
+	memset(t, 0, sizeof(*t));
+	/* Every thread's cached context -> GPU answer is stale from here on. */
 	__atomic_add_fetch(&g.ctx_gen, 1, __ATOMIC_ACQ_REL);
+	if (ctx == NULL)
+		return;
 	for (int k = 0; k < GS_SHARDS; k++) {
 		struct gs_shard *s = &shards[k];
 
 		pthread_mutex_lock(&s->mu);
 		for (uint32_t i = 0; i < s->cap;) {
-			struct gs_alloc *a = &s->tab[i];
-
-			if (a->key != 0 && a->owner == owner &&
-			    (a->kind == GS_K_PTR || a->kind == GS_K_ARRAY || a->kind == GS_K_MIPMAP)) {
-				if (a->gpu >= 0 && a->gpu < GS_MAX_GPUS)
-					gone[a->gpu] += a->size;
-				shard_del_at(s, i); /* a later record may move here: look again */
+			if (!owned_by(&s->tab[i], owner)) {
+				i++;
 				continue;
 			}
-			i++;
+			if (t->n == t->cap) {
+				size_t cap = t->cap ? t->cap * 2 : 64;
+				struct gs_alloc *v = realloc(t->v, cap * sizeof(*v));
+
+				if (v == NULL) {
+					t->incomplete = 1;
+					i++;
+					continue;
+				}
+				t->v = v;
+				t->cap = cap;
+			}
+			t->v[t->n++] = s->tab[i];
+			shard_del_at(s, i); /* a later record may move here: look again */
+		}
+		pthread_mutex_unlock(&s->mu);
+	}
+}
+
+/* After the driver's answer to the teardown take_context() prepared. */
+static void settle_context(struct gs_taken *t, CUcontext ctx, CUresult rc)
+{
+	uint64_t gone[GS_MAX_GPUS] = { 0 };
+	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	struct gs_alloc a;
+
+	if (rc != CUDA_SUCCESS) {
+		for (size_t i = 0; i < t->n; i++)
+			alloc_put(t->v[i]);
+		free(t->v);
+		return;
+	}
+	for (size_t i = 0; i < t->n; i++)
+		if (t->v[i].gpu >= 0 && t->v[i].gpu < GS_MAX_GPUS)
+			gone[t->v[i].gpu] += t->v[i].size;
+	free(t->v);
+	for (int k = 0; t->incomplete && k < GS_SHARDS; k++) {
+		struct gs_shard *s = &shards[k];
+
+		pthread_mutex_lock(&s->mu);
+		for (uint32_t i = 0; i < s->cap;) {
+			if (!owned_by(&s->tab[i], (uint64_t)(uintptr_t)ctx)) {
+				i++;
+				continue;
+			}
+			a = s->tab[i];
+			if (a.gpu >= 0 && a.gpu < GS_MAX_GPUS)
+				gone[a.gpu] += a.size;
+			shard_del_at(s, i);
 		}
 		pthread_mutex_unlock(&s->mu);
 	}
@@ -1168,6 +1240,9 @@ GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 
 /* --- wrappers: contexts --------------------------------------------------------- */
 
+/* Serialises context teardown with the bookkeeping of primary retains. */
+static pthread_mutex_t teardown_mu = PTHREAD_MUTEX_INITIALIZER;
+
 #define CONTEXT_CALL(dev, call)                                  \
 	do {                                                     \
 		CUresult rc_;                                    \
@@ -1195,9 +1270,11 @@ GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 		return rc;
 	rc = fn(ctx, dev);
 	context_settle(charged, rc);
-	if (rc == CUDA_SUCCESS && dev >= 0 && dev < GS_MAX_DEVS) {
-		__atomic_store_n(&g.primary[dev], *ctx, __ATOMIC_RELEASE);
-		__atomic_add_fetch(&g.primary_refs[dev], 1, __ATOMIC_ACQ_REL);
+	if (rc == CUDA_SUCCESS && dev >= 0 && dev < GS_MAX_DEVS && g.mode == GS_ENFORCE) {
+		pthread_mutex_lock(&teardown_mu);
+		g.primary[dev] = *ctx;
+		g.primary_refs[dev]++;
+		pthread_mutex_unlock(&teardown_mu);
 	}
 	return rc;
 }
@@ -1235,47 +1312,51 @@ GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, void *params, unsigned int fla
  * Teardown: destroying a context, resetting a primary context, or releasing
  * its last retain frees the memory allocated in it, so its records and
  * charges go (what a context itself was charged stays until the process
- * ends).
+ * ends). One teardown at a time, and retains' bookkeeping waits for it, so
+ * the process's count of primary retains is never raced.
  */
-static CUresult context_gone(CUresult rc, CUcontext ctx)
+static CUresult teardown(gs_fn_cuCtxDestroy_v2 destroy, CUcontext ctx,
+			 gs_fn_cuDevicePrimaryCtxReset_v2 on_dev, CUdevice dev, int release)
 {
-	if (rc == CUDA_SUCCESS)
-		drop_context(ctx);
-	return rc;
-}
+	struct gs_taken t;
+	CUresult rc;
+	int last = 1;
 
-static CUresult primary_released(CUresult rc, CUdevice dev)
-{
-	if (rc != CUDA_SUCCESS || dev < 0 || dev >= GS_MAX_DEVS)
-		return rc;
-	if (__atomic_sub_fetch(&g.primary_refs[dev], 1, __ATOMIC_ACQ_REL) <= 0) {
-		__atomic_store_n(&g.primary_refs[dev], 0, __ATOMIC_RELEASE);
-		drop_context(__atomic_load_n(&g.primary[dev], __ATOMIC_ACQUIRE));
+	if (g.mode != GS_ENFORCE)
+		return destroy != NULL ? destroy(ctx) : on_dev(dev);
+	if (destroy == NULL && (dev < 0 || dev >= GS_MAX_DEVS))
+		return on_dev(dev); /* the driver's answer to a bad ordinal */
+	pthread_mutex_lock(&teardown_mu);
+	if (destroy == NULL) {
+		ctx = g.primary[dev];
+		last = !release || g.primary_refs[dev] <= 1;
 	}
+	memset(&t, 0, sizeof(t));
+	if (last)
+		take_context(ctx, &t);
+	rc = destroy != NULL ? destroy(ctx) : on_dev(dev);
+	if (last)
+		settle_context(&t, ctx, rc);
+	if (rc == CUDA_SUCCESS && release && g.primary_refs[dev] > 0)
+		g.primary_refs[dev]--;
+	pthread_mutex_unlock(&teardown_mu);
 	return rc;
 }
 
-static CUresult primary_reset(CUresult rc, CUdevice dev)
-{
-	if (rc == CUDA_SUCCESS && dev >= 0 && dev < GS_MAX_DEVS)
-		drop_context(__atomic_load_n(&g.primary[dev], __ATOMIC_ACQUIRE));
-	return rc;
-}
-
-#define TEARDOWN_WRAPPER(abi, type, arg, after)        \
-	GS_EXPORT CUresult abi(type arg)                 \
-	{                                                \
-		TRACE(GS_ID_##abi, calls);               \
-		GET_REAL(abi, fn);                       \
-		return after(fn(arg), arg);              \
+#define TEARDOWN_WRAPPER(abi, type, arg, how)         \
+	GS_EXPORT CUresult abi(type arg)                \
+	{                                               \
+		TRACE(GS_ID_##abi, calls);              \
+		GET_REAL(abi, fn);                      \
+		return how;                             \
 	}
 
-TEARDOWN_WRAPPER(cuCtxDestroy, CUcontext, ctx, context_gone)
-TEARDOWN_WRAPPER(cuCtxDestroy_v2, CUcontext, ctx, context_gone)
-TEARDOWN_WRAPPER(cuDevicePrimaryCtxRelease, CUdevice, dev, primary_released)
-TEARDOWN_WRAPPER(cuDevicePrimaryCtxRelease_v2, CUdevice, dev, primary_released)
-TEARDOWN_WRAPPER(cuDevicePrimaryCtxReset, CUdevice, dev, primary_reset)
-TEARDOWN_WRAPPER(cuDevicePrimaryCtxReset_v2, CUdevice, dev, primary_reset)
+TEARDOWN_WRAPPER(cuCtxDestroy, CUcontext, ctx, teardown(fn, ctx, NULL, 0, 0))
+TEARDOWN_WRAPPER(cuCtxDestroy_v2, CUcontext, ctx, teardown(fn, ctx, NULL, 0, 0))
+TEARDOWN_WRAPPER(cuDevicePrimaryCtxRelease, CUdevice, dev, teardown(NULL, NULL, fn, dev, 1))
+TEARDOWN_WRAPPER(cuDevicePrimaryCtxRelease_v2, CUdevice, dev, teardown(NULL, NULL, fn, dev, 1))
+TEARDOWN_WRAPPER(cuDevicePrimaryCtxReset, CUdevice, dev, teardown(NULL, NULL, fn, dev, 0))
+TEARDOWN_WRAPPER(cuDevicePrimaryCtxReset_v2, CUdevice, dev, teardown(NULL, NULL, fn, dev, 0))
 
 /* --- wrappers: allocations -------------------------------------------------------- */
 
@@ -1321,9 +1402,7 @@ static CUresult alloc_from_pool(gs_fn_cuMemAllocFromPoolAsync fn, CUdeviceptr *d
 {
 	struct gs_alloc p;
 	struct gs_charge c;
-	CUcontext ctx = NULL;
 	CUresult rc;
-	int ignored;
 
 	if (g.mode == GS_INERT)
 		return fn(dptr, bytesize, pool, stream);
@@ -1336,11 +1415,7 @@ static CUresult alloc_from_pool(gs_fn_cuMemAllocFromPoolAsync fn, CUdeviceptr *d
 	} else if (p.gpu == GS_POOL_HOST) {
 		return fn(dptr, bytesize, pool, stream);
 	} else {
-		/* The stream's context owns the memory for teardown; the pool says where. */
-		if (stream_ctx(stream, &ctx, &ignored) != CUDA_SUCCESS)
-			ctx = NULL;
 		rc = charge_gpu(p.gpu, footprint(bytesize), &c);
-		c.ctx = ctx;
 	}
 	if (rc != CUDA_SUCCESS)
 		return rc;
@@ -1543,7 +1618,7 @@ GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 		return fn(handle);
 	/* Before the driver call: once freed, the handle value may be handed out again. */
 	r = handle_adjust(handle, -1, 0, &gone);
-	if (r < 0)
+	if (r < 0 || r == 2)
 		return fn(handle);
 	rc = fn(handle);
 	if (rc != CUDA_SUCCESS) {
@@ -1560,81 +1635,152 @@ GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 	return rc;
 }
 
+/* A mapping's handle: its charge is gone with the handle's last reference and mapping. */
+static void drop_mapping(uint64_t handle)
+{
+	struct gs_alloc gone;
+
+	if (handle_adjust(handle, 0, -1, &gone) == 1)
+		handle_freed(&gone);
+}
+
 GS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
-	struct gs_alloc ignored;
+	struct gs_alloc map, gone;
+	int early = 0;
 	CUresult rc;
 
 	TRACE(GS_ID_cuMemRetainAllocationHandle, calls);
 	GET_REAL(cuMemRetainAllocationHandle, fn);
+	if (g.mode != GS_ENFORCE || handle == NULL)
+		return fn(handle, addr);
+	/*
+	 * At a mapping's start the handle is known beforehand: the reference is
+	 * counted before the driver call, so a release racing with it can never
+	 * free the record of memory this retain keeps alive.
+	 */
+	if (alloc_peek((uint64_t)(uintptr_t)addr, GS_K_MAP, &map) == 0)
+		early = handle_adjust(map.owner, 1, 0, &gone) == 0;
 	rc = fn(handle, addr);
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
-		handle_adjust(*handle, 1, 0, &ignored);
+	if (early && (rc != CUDA_SUCCESS || *handle != map.owner)) {
+		if (handle_adjust(map.owner, -1, 0, &gone) == 1)
+			handle_freed(&gone);
+		early = 0;
+	}
+	if (rc == CUDA_SUCCESS && !early)
+		handle_adjust(*handle, 1, 0, &gone);
 	return rc;
 }
 
 GS_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 			    CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
-	struct gs_alloc ignored;
+	struct gs_alloc stale, gone;
 	CUresult rc;
+	int ours;
 
 	TRACE(GS_ID_cuMemMap, calls);
 	GET_REAL(cuMemMap, fn);
+	if (g.mode != GS_ENFORCE)
+		return fn(ptr, size, offset, handle, flags);
+	/* Counted before the call, so a racing last release cannot free the record. */
+	ours = handle_adjust(handle, 0, 1, &gone) == 0;
 	rc = fn(ptr, size, offset, handle, flags);
-	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE)
+	if (rc != CUDA_SUCCESS) {
+		if (ours)
+			drop_mapping(handle);
 		return rc;
-	/* A mapping that cannot be recorded keeps its memory charged: never too little. */
-	if (handle_adjust(handle, 0, 1, &ignored) == 0)
-		alloc_put((struct gs_alloc){ ptr, GS_K_MAP, GS_DEV_FOREIGN, size, handle, 0, 0 });
+	}
+	/* A record still at this address is a mapping that went without us: settle it. */
+	if (alloc_untrack(ptr, GS_K_MAP, &stale) == 0)
+		drop_mapping(stale.owner);
+	/*
+	 * Every mapping is recorded, of handles not ours too, so an unmap can walk
+	 * its range. One that cannot be recorded keeps its memory charged: never
+	 * too little.
+	 */
+	alloc_put((struct gs_alloc){ ptr, GS_K_MAP, GS_DEV_FOREIGN, size, handle, 0, 0 });
 	return rc;
 }
 
-#define GS_UNMAP_BATCH 64
-
-/* The mappings [ptr, ptr + size) covers, in order, taken out of the table into m[]. */
-static size_t take_mappings(CUdeviceptr ptr, size_t size, struct gs_alloc *m, size_t max)
+/*
+ * The mappings [ptr, ptr + size) covers, in order, taken out of the table
+ * into a buffer; the walk stops at an address with no record (a mapping
+ * made before the shim was there).
+ */
+static struct gs_alloc *take_mappings(CUdeviceptr ptr, size_t size, size_t *n)
 {
-	size_t n = 0;
+	struct gs_alloc *m = NULL, *grown;
+	size_t cap = 0;
 
-	for (CUdeviceptr cur = ptr; cur - ptr < size && n < max; cur += m[n++].size)
-		if (alloc_untrack(cur, GS_K_MAP, &m[n]) != 0 || m[n].size == 0)
+	*n = 0;
+	for (CUdeviceptr cur = ptr; cur - ptr < size;) {
+		if (*n == cap) {
+			cap = cap ? cap * 2 : 4;
+			grown = realloc(m, cap * sizeof(*m));
+			if (grown == NULL)
+				break; /* the rest stay recorded and charged: never too little */
+			m = grown;
+		}
+		if (alloc_untrack(cur, GS_K_MAP, &m[*n]) != 0 || m[*n].size == 0)
 			break;
-	return n;
+		cur += m[(*n)++].size;
+	}
+	return m;
 }
+
+/* What an unmap did to one mapping's handle, to be undone or settled after the driver call. */
+struct gs_unmapped {
+	struct gs_alloc gone; /* the handle's record, if this was its last hold */
+	int state;	      /* 0: not ours; 1: mapping count dropped; 2: record taken out */
+};
 
 GS_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-	struct gs_alloc m[GS_UNMAP_BATCH], gone;
+	struct gs_unmapped *u;
+	struct gs_alloc *m, ignored;
 	CUresult rc;
-	size_t n, covered = 0;
+	size_t n;
 
 	TRACE(GS_ID_cuMemUnmap, calls);
 	GET_REAL(cuMemUnmap, fn);
 	if (g.mode != GS_ENFORCE)
 		return fn(ptr, size);
-	/* Out before the driver call: once unmapped, the range may be mapped again. */
-	n = take_mappings(ptr, size, m, GS_UNMAP_BATCH);
-	rc = fn(ptr, size);
-	if (rc != CUDA_SUCCESS) {
+	/*
+	 * Out before the driver call: once unmapped, the range may be mapped
+	 * again, and a freed handle handed out again, by other threads.
+	 */
+	m = take_mappings(ptr, size, &n);
+	u = n ? calloc(n, sizeof(*u)) : NULL;
+	if (n != 0 && u == NULL) {
+		/* Nothing to keep the undo in: the mappings stay charged, never too little. */
 		for (size_t i = 0; i < n; i++)
 			alloc_put(m[i]);
-		return rc;
+		free(m);
+		return fn(ptr, size);
 	}
 	for (size_t i = 0; i < n; i++) {
-		covered += m[i].size;
-		if (handle_adjust(m[i].owner, 0, -1, &gone) == 1)
-			handle_freed(&gone);
+		int r = handle_adjust(m[i].owner, 0, -1, &u[i].gone);
+
+		u[i].state = r == 1 ? 2 : r == 0 ? 1 : 0;
 	}
-	/* More mappings than one batch: the rest are gone already, settle them now. */
-	while (n == GS_UNMAP_BATCH && covered < size) {
-		n = take_mappings(ptr + covered, size - covered, m, GS_UNMAP_BATCH);
-		for (size_t i = 0; i < n; i++) {
-			covered += m[i].size;
-			if (handle_adjust(m[i].owner, 0, -1, &gone) == 1)
-				handle_freed(&gone);
+	rc = fn(ptr, size);
+	for (size_t i = 0; i < n; i++) {
+		if (rc == CUDA_SUCCESS) {
+			if (u[i].state == 2)
+				handle_freed(&u[i].gone);
+			continue;
+		}
+		alloc_put(m[i]);
+		if (u[i].state == 2) {
+			u[i].gone.maps = 1;
+			alloc_put(u[i].gone);
+		} else if (u[i].state == 1) {
+			handle_adjust(m[i].owner, 0, 1, &ignored);
 		}
 	}
+	free(u);
+	free(m);
 	return rc;
 }
 
@@ -1953,7 +2099,9 @@ static void after_fork_child(void)
 	memset(g.primary, 0, sizeof(g.primary));
 	memset(g.primary_refs, 0, sizeof(g.primary_refs));
 	g.ctx_gen++;
+	paying = 0;
 	pthread_mutex_init(&nvml_mu, NULL);
+	pthread_mutex_init(&teardown_mu, NULL);
 	/* The parent's mapping was not inherited (MADV_DONTFORK); drop its descriptor too. */
 	close(g.fd);
 	g.slot = -1;

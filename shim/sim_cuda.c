@@ -679,7 +679,8 @@ static CUresult sim_push(const struct sim_ctx_slot *slot)
  * What a real GPU does when a context goes: everything allocated in it is
  * freed (on whichever device: a pool on another device may have served it)
  * and its arrays and streams are destroyed, so their handles are unknown
- * from then on. cuMemCreate allocations and pools belong to no context.
+ * from then on. cuMemCreate allocations, pools and the stream-ordered
+ * memory taken from pools belong to no context.
  * Arrays are made and destroyed under sim_obj_lock, so none is half made or
  * half destroyed here. A thread still using a destroyed context (undefined
  * in the driver) allocates under a dead id, and that memory stays taken.
@@ -1421,7 +1422,9 @@ SIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 
 /*
  * From the current pool of the stream's device (a pool is always local to
- * its device, so that is the device's heap).
+ * its device, so that is the device's heap). Stream-ordered memory belongs
+ * to its pool, not to a context: cuCtxDestroy documents that it does not
+ * free it, so it is recorded with no owning context.
  */
 static CUresult sim_alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
@@ -1434,7 +1437,7 @@ static CUresult sim_alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream str
 	rc = sim_stream_slot(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	return sim_heap_alloc(&sim_devs[slot.dev], bytesize, SIM_MEM_PTR, slot.id, dptr);
+	return sim_heap_alloc(&sim_devs[slot.dev], bytesize, SIM_MEM_PTR, 0, dptr);
 }
 
 SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
@@ -1464,7 +1467,7 @@ static CUresult sim_alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemory
 	rc = sim_stream_slot(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	return sim_heap_alloc(&sim_devs[dev], bytesize, SIM_MEM_PTR, slot.id, dptr);
+	return sim_heap_alloc(&sim_devs[dev], bytesize, SIM_MEM_PTR, 0, dptr);
 }
 
 SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,

@@ -451,6 +451,22 @@ def test_a_retained_handle_keeps_its_memory_charged(
     ]
 
 
+def test_a_double_release_changes_nothing(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    """The driver refuses the second release; the memory still goes with the unmap."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    steps = ["vmm", "64", "vmmrelease", "vmmrelease", "info", "vmmunmap", "info"]
+    out = run(run_task, ep, str(cbin["client"]), *steps)
+    assert out[:2] == ["vmm ok", "vmmrelease ok"]
+    assert out[2].startswith("vmmrelease err ")
+    assert out[3:] == [
+        f"info free={GiB - 64 * MiB} total={GiB}",
+        "vmmunmap ok",
+        f"info free={GiB} total={GiB}",
+    ]
+
+
 def test_create_map_release_cannot_run_past_the_quota(
     daemon: Any, run_task: Any, cbin: dict[str, Path]
 ) -> None:
@@ -473,6 +489,23 @@ def test_memory_a_context_takes_with_it_is_uncharged(
     out = run(run_task, ep, str(cbin["client"]), *(teardown * 4), "info")
     steps = [s for s in teardown if not s.isdigit()]
     assert out == [f"{s} ok" for s in steps] * 4 + [f"info free={GiB} total={GiB}"]
+
+
+def test_stream_ordered_memory_outlives_its_context(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    """cuCtxDestroy does not free pool memory: it stays charged until it is freed."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    steps = ["ctx", "0", "async", "300", "ctxdestroy", "info", "free", "info"]
+    out = run(run_task, ep, str(cbin["client"]), *steps)
+    assert out == [
+        "ctx ok",
+        "async ok",
+        "ctxdestroy ok",
+        f"info free={GiB - 300 * MiB} total={GiB}",
+        "free ok",
+        f"info free={GiB} total={GiB}",
+    ]
 
 
 def test_releasing_the_last_primary_retain_uncharges_its_memory(

@@ -624,7 +624,7 @@ static void probe_teardown(void)
 	out("teardown.async", cuMemAllocAsync(&async, 2 * MIB, s));
 	out("teardown.array", cuArrayCreate_v2(&arr, &d2));
 	out("teardown.mipmap", cuMipmappedArrayCreate(&m, &mip, 3));
-	/* Device 3's pool serves it, but it is this context's allocation. */
+	/* Device 3's pool serves it; like all pool memory it outlives the context. */
 	out("teardown.frompool3", cuMemAllocFromPoolAsync(&q, 3 * MIB, pool3, NULL));
 	out("teardown.memcreate", cuMemCreate(&h, 2 * MIB, &prop, 0));
 	/* A second context on the same device, whose memory must survive a's end. */
@@ -636,13 +636,15 @@ static void probe_teardown(void)
 
 	out("teardown.destroy", cuCtxDestroy_v2(a));
 	out("teardown.current_after", cuCtxGetCurrent(&c) == CUDA_SUCCESS && c == NULL);
-	/* Left: b's 5 MiB and the cuMemCreate allocation. */
+	/* Left: b's 5 MiB, the cuMemCreate allocation and the pools' memory. */
 	taken("teardown.destroyed", 2, f2);
-	back("teardown.dev3", 3, f3);
+	taken("teardown.dev3_kept", 3, f3);
 	out("teardown.free_freed", cuMemFree_v2(p));
 	out("teardown.free_freed_pitch", cuMemFree_v2(pitched));
 	out("teardown.free_freed_managed", cuMemFree_v2(managed));
-	out("teardown.free_freed_pool3", cuMemFree_v2(q));
+	out("teardown.free_pool3", cuMemFree_v2(q));
+	out("teardown.free_async", cuMemFree_v2(async));
+	back("teardown.dev3", 3, f3);
 	out("teardown.array_destroy", cuArrayDestroy(arr));
 	out("teardown.mipmap_destroy", cuMipmappedArrayDestroy(m));
 	out("teardown.stream_getctx", cuStreamGetCtx(s, &c));
