@@ -1033,6 +1033,8 @@ static void settle_context(struct gs_taken *t, CUcontext ctx, CUresult rc)
 		free(t->v);
 		return;
 	}
+	/* A thread may have cached the context during the call; a new one may take its address. */
+	__atomic_add_fetch(&g.ctx_gen, 1, __ATOMIC_ACQ_REL);
 	for (size_t i = 0; i < t->n; i++)
 		if (t->v[i].gpu >= 0 && t->v[i].gpu < GS_MAX_GPUS)
 			gone[t->v[i].gpu] += t->v[i].size;
@@ -1268,14 +1270,26 @@ GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 	rc = charge_context(dev, &charged);
 	if (rc != CUDA_SUCCESS)
 		return rc;
+	if (dev < 0 || dev >= GS_MAX_DEVS || g.mode != GS_ENFORCE) {
+		rc = fn(ctx, dev);
+		context_settle(charged, rc);
+		return rc;
+	}
+	/*
+	 * Counted before the driver call (and uncounted if it fails): a release
+	 * racing with this retain must not take the context for its last one.
+	 */
+	pthread_mutex_lock(&teardown_mu);
+	g.primary_refs[dev]++;
+	pthread_mutex_unlock(&teardown_mu);
 	rc = fn(ctx, dev);
 	context_settle(charged, rc);
-	if (rc == CUDA_SUCCESS && dev >= 0 && dev < GS_MAX_DEVS && g.mode == GS_ENFORCE) {
-		pthread_mutex_lock(&teardown_mu);
+	pthread_mutex_lock(&teardown_mu);
+	if (rc == CUDA_SUCCESS)
 		g.primary[dev] = *ctx;
-		g.primary_refs[dev]++;
-		pthread_mutex_unlock(&teardown_mu);
-	}
+	else
+		g.primary_refs[dev]--;
+	pthread_mutex_unlock(&teardown_mu);
 	return rc;
 }
 
@@ -1765,7 +1779,10 @@ GS_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 		u[i].state = r == 1 ? 2 : r == 0 ? 1 : 0;
 	}
 	rc = fn(ptr, size);
-	for (size_t i = 0; i < n; i++) {
+	/* Undone last first: a handle mapped twice in the range had its record put back last. */
+	for (size_t k = n; k-- > 0;) {
+		size_t i = k;
+
 		if (rc == CUDA_SUCCESS) {
 			if (u[i].state == 2)
 				handle_freed(&u[i].gone);

@@ -467,6 +467,20 @@ def test_a_double_release_changes_nothing(
     ]
 
 
+def test_a_refused_unmap_leaves_every_mapping_charged(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    """One handle mapped twice; an unmap of more than is mapped is refused and undone whole."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    steps = ["vmmtwice", "64", "vmmrelease", "unmapat", "0", "192", "info"]
+    steps += ["unmapat", "0", "64", "info", "unmapat", "64", "64", "info"]
+    out = run(run_task, ep, str(cbin["client"]), *steps)
+    held = f"info free={GiB - 64 * MiB} total={GiB}"
+    assert out[:2] == ["vmmtwice ok", "vmmrelease ok"]
+    assert out[2].startswith("unmapat err ")
+    assert out[3:] == [held, "unmapat ok", held, "unmapat ok", f"info free={GiB} total={GiB}"]
+
+
 def test_create_map_release_cannot_run_past_the_quota(
     daemon: Any, run_task: Any, cbin: dict[str, Path]
 ) -> None:

@@ -35,6 +35,8 @@
  *   vmmrelease     cuMemRelease of the vmm handle (mapped or not)
  *   vmmretain      cuMemRetainAllocationHandle at the vmm address: "vmmretain ok same"
  *   vmmunmap       cuMemUnmap of the vmm mapping and cuMemAddressFree
+ *   vmmtwice MIB   as vmm, but the handle mapped twice, back to back, in a range of 3 x MIB
+ *   unmapat OFF LEN  cuMemUnmap of LEN MiB at OFF MiB into the vmm range
  *   ctx N          cuCtxCreate on device N, made current
  *   ctxdestroy     cuCtxDestroy of the last ctx made; the primary context is current after
  *   primreset      cuDevicePrimaryCtxReset of the current device
@@ -588,7 +590,8 @@ static CUcontext made_ctx;
 
 static CUresult vmm_step(const char *op, const char *arg)
 {
-	if (strcmp(op, "vmm") == 0) {
+	if (strcmp(op, "vmm") == 0 || strcmp(op, "vmmtwice") == 0) {
+		int twice = op[3] == 't';
 		CUmemAllocationProp prop;
 		struct {
 			CUmemLocation location;
@@ -607,11 +610,14 @@ static CUresult vmm_step(const char *op, const char *arg)
 		vmm.size = strtoull(arg, NULL, 10) << 20;
 		if ((rc = cu.create(&vmm.handle, vmm.size, &prop, 0)) != CUDA_SUCCESS)
 			return rc;
-		if ((rc = cu.reserve(&vmm.va, vmm.size, 0, 0, 0)) != CUDA_SUCCESS)
+		if ((rc = cu.reserve(&vmm.va, vmm.size * (twice ? 3 : 1), 0, 0, 0)) != CUDA_SUCCESS)
 			return rc;
 		if ((rc = cu.map(vmm.va, vmm.size, 0, vmm.handle, 0)) != CUDA_SUCCESS)
 			return rc;
-		return cu.set_access(vmm.va, vmm.size, &access, 1);
+		if (twice &&
+		    (rc = cu.map(vmm.va + vmm.size, vmm.size, 0, vmm.handle, 0)) != CUDA_SUCCESS)
+			return rc;
+		return cu.set_access(vmm.va, vmm.size * (twice ? 2 : 1), &access, 1);
 	}
 	if (strcmp(op, "vmmrelease") == 0) {
 		NEED(cu.release);
@@ -687,7 +693,8 @@ static CUresult ctx_step(const char *op, const char *arg)
 static int is_vmm(const char *op)
 {
 	return strcmp(op, "vmm") == 0 || strcmp(op, "vmmrelease") == 0 ||
-	       strcmp(op, "vmmretain") == 0 || strcmp(op, "vmmunmap") == 0;
+	       strcmp(op, "vmmretain") == 0 || strcmp(op, "vmmunmap") == 0 ||
+	       strcmp(op, "vmmtwice") == 0;
 }
 
 static int is_ctx(const char *op)
@@ -784,7 +791,7 @@ int main(int argc, char **argv)
 			printf(rc == CUDA_SUCCESS ? "%s ok\n" : "%s err %d\n", op, rc);
 		} else if (is_vmm(op) || is_ctx(op)) {
 			int takes_arg = strcmp(op, "vmm") == 0 || strcmp(op, "ctx") == 0 ||
-					strcmp(op, "stream") == 0;
+					strcmp(op, "stream") == 0 || strcmp(op, "vmmtwice") == 0;
 
 			rc = is_vmm(op) ? vmm_step(op, arg) : ctx_step(op, arg);
 			i += takes_arg;
@@ -792,6 +799,13 @@ int main(int argc, char **argv)
 				printf("%s err %d\n", op, rc);
 			else
 				printf(strcmp(op, "vmmretain") == 0 ? "%s ok same\n" : "%s ok\n", op);
+		} else if (strcmp(op, "unmapat") == 0 && i + 2 < argc) {
+			size_t off = strtoull(argv[i + 1], NULL, 10) << 20;
+			size_t len = strtoull(argv[i + 2], NULL, 10) << 20;
+
+			i += 2;
+			rc = cu.unmap != NULL ? cu.unmap(vmm.va + off, len) : CUDA_ERROR_NOT_FOUND;
+			printf(rc == CUDA_SUCCESS ? "unmapat ok\n" : "unmapat err %d\n", rc);
 		} else if (strcmp(op, "edge") == 0) {
 			edge();
 		} else if (strcmp(op, "gpa") == 0 && i + 3 < argc) {
