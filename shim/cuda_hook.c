@@ -1075,6 +1075,21 @@ static CUresult remember(uint64_t key, uint32_t kind, const struct gs_charge *c,
 }
 
 /*
+ * After the driver's answer to an allocation charged as *c: on failure the
+ * charge goes back, on success the allocation is remembered. `key` is read
+ * from the caller's out-parameter, which means nothing after a failure.
+ */
+static CUresult settle(CUresult rc, uint64_t key, uint32_t kind, const struct gs_charge *c,
+		       void (*undo)(uint64_t))
+{
+	if (rc != CUDA_SUCCESS) {
+		uncharge(c);
+		return rc;
+	}
+	return remember(key, kind, c, undo);
+}
+
+/*
  * Take a record out before the driver frees, so that a thread handed the
  * same handle after the free never finds a stale one. Returns 1 if it was
  * ours.
@@ -1150,11 +1165,7 @@ static void undo_mipmap(uint64_t key)
 		if (rc_ != CUDA_SUCCESS)                                         \
 			return rc_;                                              \
 		rc_ = call;                                                      \
-		if (rc_ != CUDA_SUCCESS) {                                       \
-			uncharge(&c_);                                           \
-			return rc_;                                              \
-		}                                                                \
-		return remember(*(dptr), GS_K_PTR, &c_, undo_ptr);               \
+		return settle(rc_, *(dptr), GS_K_PTR, &c_, undo_ptr);            \
 	} while (0)
 
 /* --- wrappers: start-up and memory reports ------------------------------------ */
@@ -1434,11 +1445,7 @@ static CUresult alloc_from_pool(gs_fn_cuMemAllocFromPoolAsync fn, CUdeviceptr *d
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = fn(dptr, bytesize, pool, stream);
-	if (rc != CUDA_SUCCESS) {
-		uncharge(&c);
-		return rc;
-	}
-	return remember(*dptr, GS_K_PTR, &c, undo_ptr);
+	return settle(rc, *dptr, GS_K_PTR, &c, undo_ptr);
 }
 
 GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -1597,11 +1604,7 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = fn(handle, size, prop, flags);
-	if (rc != CUDA_SUCCESS) {
-		uncharge(&c);
-		return rc;
-	}
-	return remember(*handle, GS_K_HANDLE, &c, undo_handle);
+	return settle(rc, *handle, GS_K_HANDLE, &c, undo_handle);
 }
 
 FREE_WRAPPER(cuMemPoolDestroy, (CUmemoryPool pool), pool, GS_K_POOL, (pool))
@@ -1847,11 +1850,7 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, int format, unsigned i
 		if (rc_ != CUDA_SUCCESS)                                             \
 			return rc_;                                                  \
 		rc_ = call;                                                          \
-		if (rc_ != CUDA_SUCCESS) {                                           \
-			uncharge(&c_);                                               \
-			return rc_;                                                  \
-		}                                                                    \
-		return remember((uint64_t)(uintptr_t) * (out), (kind), &c_, (undo)); \
+		return settle(rc_, (uint64_t)(uintptr_t) * (out), (kind), &c_, (undo)); \
 	} while (0)
 
 GS_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc)
