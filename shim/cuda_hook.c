@@ -1102,15 +1102,21 @@ static int forget(uint64_t key, uint32_t kind, struct gs_alloc *a)
 }
 
 /* After the driver's answer to a free of a record forget() took out. */
-static CUresult freed(CUresult rc, const struct gs_alloc *a)
+/* A record's memory went back to the driver: so does its charge. */
+static void uncharge_record(const struct gs_alloc *a)
 {
 	struct gs_charge c = { __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), a->gpu, a->size, NULL };
 
+	uncharge(&c);
+}
+
+static CUresult freed(CUresult rc, const struct gs_alloc *a)
+{
 	/* Still allocated, so still charged; if it cannot be re-recorded it stays so. */
 	if (rc != CUDA_SUCCESS)
 		alloc_put(*a);
 	else
-		uncharge(&c);
+		uncharge_record(a);
 	return rc;
 }
 
@@ -1615,14 +1621,6 @@ FREE_WRAPPER(cuMemPoolDestroy, (CUmemoryPool pool), pool, GS_K_POOL, (pool))
  * unmapped, in either order: releasing right after mapping is common. The
  * charge follows the memory, not the handle.
  */
-static void handle_freed(const struct gs_alloc *gone)
-{
-	struct gs_charge c = { __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), gone->gpu, gone->size,
-			       NULL };
-
-	uncharge(&c);
-}
-
 GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
 	struct gs_alloc gone;
@@ -1648,7 +1646,7 @@ GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 		return rc;
 	}
 	if (r == 1)
-		handle_freed(&gone);
+		uncharge_record(&gone);
 	return rc;
 }
 
@@ -1658,7 +1656,7 @@ static void drop_mapping(uint64_t handle)
 	struct gs_alloc gone;
 
 	if (handle_adjust(handle, 0, -1, &gone) == 1)
-		handle_freed(&gone);
+		uncharge_record(&gone);
 }
 
 GS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
@@ -1681,7 +1679,7 @@ GS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *han
 	rc = fn(handle, addr);
 	if (early && (rc != CUDA_SUCCESS || *handle != map.owner)) {
 		if (handle_adjust(map.owner, -1, 0, &gone) == 1)
-			handle_freed(&gone);
+			uncharge_record(&gone);
 		early = 0;
 	}
 	if (rc == CUDA_SUCCESS && !early)
@@ -1788,7 +1786,7 @@ GS_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 
 		if (rc == CUDA_SUCCESS) {
 			if (u[i].state == 2)
-				handle_freed(&u[i].gone);
+				uncharge_record(&u[i].gone);
 			continue;
 		}
 		alloc_put(m[i]);
