@@ -1,29 +1,38 @@
 """``gpushare-run``: run one command under a GPU grant from nodemgr.
 
-Requests the grant, starts the command with the shim preloaded and
-CUDA_VISIBLE_DEVICES set to the granted GPUs, heartbeats while it runs,
-reports its exit status and exits with the command's exit code.
+Requests the grant (waiting in nodemgr's queue if need be), starts the command
+in a process group of its own with the shim preloaded and CUDA_VISIBLE_DEVICES
+set to the granted GPUs, heartbeats while it runs, passes signals on, reports
+its end and exits with the command's exit code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
-import types
-from typing import Any
+import time
+from collections.abc import Iterable, Mapping
 
 import click
 
-from client_plugin import libs
-from nodemgr.client import Connection, NodeError, Unreachable
-from nodemgr.protocol import MAX_WAIT, Err
+from client_plugin import settings as cfg
+from client_plugin.grant import (
+    Grant,
+    Heartbeat,
+    Progress,
+    acquire,
+    cpu_environment,
+    inherited_owner,
+    report_done,
+    task_environment,
+)
+from nodemgr.client import Connection, NodeError, NoResources, QuotaZero, Unreachable
+from nodemgr.protocol import MAX_WAIT
 from nodemgr.sizes import parse_size
-
-ENDPOINT_ENV = "GPUSHARE_ENDPOINT"
-MAX_COMMAND = 4096  # what nodemgr keeps of a command line, for display
 
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 69
@@ -32,41 +41,18 @@ EXIT_REFUSED = 77
 EXIT_INTERNAL = 125
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
+EXIT_CANCELLED = 128 + signal.SIGINT
 
 _PR_SET_PDEATHSIG = 1
+# Passed on to the command. Held blocked while the command runs and taken with
+# sigtimedwait, so one thread sees them in order and no handler races the loop.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+LOOP_SIGNALS = {*FORWARDED, signal.SIGCHLD, signal.SIGTTOU}
 
 
 def _say(message: str) -> None:
-    print(f"gpushare-run: {message}", file=sys.stderr, flush=True)
-
-
-def _prepare_child(parent: int, sigint: signal.Handlers) -> None:
-    """In the child before exec: die if gpushare-run dies, so no orphan keeps GPU memory,
-    and take back the SIGINT disposition gpushare-run was started with."""
-    signal.signal(signal.SIGINT, sigint)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(EXIT_INTERNAL)
-
-
-def child_environment(grant: dict[str, Any], base: dict[str, str]) -> dict[str, str]:
-    """The command's environment: the grant's GPUs, the shim, and the driver to use."""
-    env = dict(base)
-    preload = [str(libs.shim_path())]
-    if env.get("LD_PRELOAD"):
-        preload.append(env["LD_PRELOAD"])
-    env["LD_PRELOAD"] = " ".join(preload)
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(g["uuid"] for g in grant["gpus"])
-    env["GPUSHARE_LEDGER"] = grant["ledger"]
-    env["GPUSHARE_TASK_ID"] = grant["task_id"]
-    if grant.get("simulated"):
-        paths = [str(libs.sim_driver_dir())]
-        if env.get("LD_LIBRARY_PATH"):
-            paths.append(env["LD_LIBRARY_PATH"])
-        env["LD_LIBRARY_PATH"] = ":".join(paths)
-        env["GPUSHARE_SIM_GPUS"] = grant["sim_gpus"]
-    return env
+    with contextlib.suppress(OSError, ValueError):
+        print(f"gpushare-run: {message}", file=sys.stderr, flush=True)
 
 
 def exit_code(returncode: int) -> int:
@@ -74,126 +60,287 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _queued(update: dict[str, Any]) -> None:
-    _say(f"waiting for GPUs: position {update.get('position')} of {update.get('waiting')}")
+class Terminal:
+    """The controlling terminal, when gpushare-run runs in its foreground.
+
+    The command runs in a process group of its own (so that its whole tree can
+    be killed), which the terminal must then treat as the foreground job:
+    Ctrl-C and Ctrl-Z reach the command, and it may read the terminal."""
+
+    def __init__(self) -> None:
+        self.fd = -1
+        try:
+            self.fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError:
+            return  # no controlling terminal
+
+    def foreground(self) -> bool:
+        """Is gpushare-run's process group the terminal's foreground job?"""
+        if self.fd < 0:
+            return False
+        try:
+            return os.tcgetpgrp(self.fd) == os.getpgrp()
+        except OSError:
+            return False
+
+    def give(self, pgid: int) -> None:
+        # SIGTTOU is blocked, so a background caller may hand the terminal over.
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.tcsetpgrp(self.fd, pgid)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
-def request_grant(
-    endpoint: str, gpus: int, memory: int | None, command: str, wait: float = 0.0
-) -> dict[str, Any]:
+def _prepare_child(parent: int, mask: Iterable[int], tty_fd: int) -> None:
+    """In the child before exec: a process group of its own (the terminal's foreground
+    when gpushare-run had it), death with gpushare-run, and the parent's signal mask."""
+    os.setpgid(0, 0)
+    if tty_fd >= 0:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(tty_fd, os.getpid())
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(EXIT_INTERNAL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _spawn(cmd: list[str], env: Mapping[str, str], term: Terminal) -> subprocess.Popen[bytes]:
+    parent = os.getpid()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, LOOP_SIGNALS)
+    tty_fd = term.fd if term.foreground() else -1
     try:
-        with Connection(endpoint, timeout=10.0) as conn:
-            return conn.call(
-                "request",
-                timeout=10.0 + wait,
-                on_queued=_queued,
-                gpus=gpus,
-                memory=memory,
-                command=command,
-                wait=wait or None,
-            )
+        # Default dispositions for the command: gpushare-run's are its own.
+        child = subprocess.Popen(
+            cmd,
+            env=dict(env),
+            preexec_fn=lambda: _prepare_child(parent, mask, tty_fd),
+        )
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
+    # Both sides set the group, so neither the loop nor a signal sees it unset.
+    with contextlib.suppress(OSError):
+        os.setpgid(child.pid, child.pid)
+    if tty_fd >= 0:
+        term.give(child.pid)
+    return child
+
+
+class Supervisor:
+    """Runs the command to its end: signals passed on, grace, heartbeats, job control."""
+
+    def __init__(
+        self, child: subprocess.Popen[bytes], term: Terminal, grace: float, hb: Heartbeat | None
+    ) -> None:
+        self.child = child
+        self.pgid = child.pid
+        self.term = term
+        self.grace = grace
+        self.hb = hb
+        self.kill_at: float | None = None
+        self.next_beat = time.monotonic() + (hb.interval if hb else 0.0)
+        self.had_terminal = self._child_has_terminal()
+
+    def _child_has_terminal(self) -> bool:
+        if self.term.fd < 0:
+            return False
+        try:
+            return os.tcgetpgrp(self.term.fd) == self.pgid
+        except OSError:
+            return False
+
+    def _killpg(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, signum)
+
+    def _timeout(self) -> float:
+        now = time.monotonic()
+        ends = [self.next_beat] if self.hb else []
+        if self.kill_at is not None:
+            ends.append(self.kill_at)
+        return max(0.0, min(ends) - now) if ends else 3600.0
+
+    def _stopped(self) -> None:
+        """The command stopped (Ctrl-Z, SIGTTIN): stop too, so the shell sees the job
+        stopped, and carry the command on when the shell continues gpushare-run."""
+        if self._child_has_terminal():
+            self.term.give(os.getpgrp())
+        os.kill(os.getpid(), signal.SIGSTOP)
+        # Continued: by `fg` (the terminal is ours again: pass it on) or by `bg`.
+        if self.term.foreground():
+            self.term.give(self.pgid)
+        self._killpg(signal.SIGCONT)
+
+    def _reap(self) -> int | None:
+        """The command's returncode once it has ended, else None."""
+        while True:
+            try:
+                pid, status = os.waitpid(self.child.pid, os.WNOHANG | os.WUNTRACED)
+            except ChildProcessError:
+                return self.child.returncode if self.child.returncode is not None else -9
+            if pid == 0:
+                return None
+            if os.WIFSTOPPED(status):
+                self._stopped()
+                continue
+            self.child.returncode = os.waitstatus_to_exitcode(status)
+            return self.child.returncode
+
+    def run(self) -> int:
+        while True:
+            info = signal.sigtimedwait(LOOP_SIGNALS, self._timeout())
+            if info is not None and info.si_signo in FORWARDED:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.child.pid, info.si_signo)
+                if self.kill_at is None:
+                    self.kill_at = time.monotonic() + self.grace
+            returncode = self._reap()
+            if returncode is not None:
+                break
+            now = time.monotonic()
+            if self.kill_at is not None and now >= self.kill_at:
+                _say(f"the command outlived the {self.grace:g}s grace period: killing it")
+                self._killpg(signal.SIGKILL)
+                self.kill_at = now + 3600.0
+            if self.hb is not None and now >= self.next_beat:
+                self.hb.beat()
+                self.next_beat = time.monotonic() + self.hb.interval
+        # The grant ends with the command: what it left running in its group goes too.
+        self._killpg(signal.SIGKILL)
+        if self.had_terminal and self._child_has_terminal():
+            self.term.give(os.getpgrp())
+        return returncode
+
+
+def fail_before_start(endpoint: str, grant: Grant | None, message: str, code: int) -> int:
+    _say(message)
+    if grant is not None:
+        with Connection(endpoint, timeout=5.0) as conn:
+            report_done(conn, grant.task_id, code, None, _say)
+    return code
+
+
+def _start(
+    cmd: list[str], env: Mapping[str, str], endpoint: str, grant: Grant | None, term: Terminal
+) -> subprocess.Popen[bytes] | int:
+    try:
+        return _spawn(cmd, env, term)
+    except FileNotFoundError:
+        return fail_before_start(endpoint, grant, f"command not found: {cmd[0]}", EXIT_NOT_FOUND)
+    except PermissionError as e:
+        return fail_before_start(
+            endpoint, grant, f"cannot execute {cmd[0]}: {e.strerror}", EXIT_NOT_EXECUTABLE
+        )
+    except OSError as e:
+        return fail_before_start(
+            endpoint, grant, f"cannot execute {cmd[0]}: {e.strerror}", EXIT_NOT_EXECUTABLE
+        )
+
+
+def _refused(e: NodeError, s: cfg.Settings) -> int:
+    if isinstance(e, QuotaZero):
+        fix = "--cpu-fallback runs it without a GPU"
+        return _refusal(e, EXIT_REFUSED, fix if not s.cpu_fallback else "")
+    if isinstance(e, NoResources):
+        fix = (
+            "--wait lets it wait in the queue; --cpu-fallback runs it without a GPU"
+            if not s.wait
+            else "a longer --wait-timeout, or --cpu-fallback to run it without a GPU"
+        )
+        return _refusal(e, EXIT_NO_RESOURCES, fix)
+    return _refusal(e, EXIT_REFUSED, "")
+
+
+def _refusal(e: NodeError, code: int, fix: str) -> int:
+    _say(f"request refused ({e.code}): {e.message}" + (f" ({fix})" if fix else ""))
+    return code
+
+
+def run(s: cfg.Settings, cmd: list[str]) -> int:
+    """Everything after option parsing; returns gpushare-run's exit code."""
+    assert s.endpoint is not None
+    owner = inherited_owner()
+    if owner is not None and owner != os.getpid():
+        # Inside a task already (or a CPU-only run): share it, never ask for another.
+        try:
+            os.execvp(cmd[0], cmd)
+        except FileNotFoundError:
+            _say(f"command not found: {cmd[0]}")
+            return EXIT_NOT_FOUND
+        except OSError as e:
+            _say(f"cannot execute {cmd[0]}: {e.strerror}")
+            return EXIT_NOT_EXECUTABLE
+    progress = Progress("gpushare-run", s.gpus)
+    grant: Grant | None = None
+    try:
+        grant = acquire(s, " ".join(cmd), progress)
+    except KeyboardInterrupt:
+        _say("cancelled while waiting for GPUs")
+        return EXIT_CANCELLED
     except Unreachable as e:
         _say(
             f"cannot reach nodemgr: {e} (is nodemgr running, and is this the "
             f"environment's endpoint? nodemgr quota show ENV prints it)"
         )
-        sys.exit(EXIT_UNREACHABLE)
+        return EXIT_UNREACHABLE
+    except (QuotaZero, NoResources) as e:
+        if not s.cpu_fallback:
+            return _refused(e, s)
+        _say(f"running without a GPU ({e.code}): {e.message}")
     except NodeError as e:
-        _say(f"request refused ({e.code}): {e.message}")
-        sys.exit(EXIT_NO_RESOURCES if e.code == Err.NO_RESOURCES else EXIT_REFUSED)
-
-
-class Heartbeat:
-    """Keeps nodemgr told that the task lives; warns once when it stops answering."""
-
-    def __init__(self, endpoint: str, task_id: str, interval: float) -> None:
-        self.task_id = task_id
-        self.interval = interval
-        self.conn = Connection(endpoint, timeout=max(interval, 0.5))
-        self.warned = False
-
-    def beat(self) -> None:
-        try:
-            self.conn.call("heartbeat", task_id=self.task_id)
-            if self.warned:
-                _say("nodemgr answers again")
-                self.warned = False
-        except (Unreachable, NodeError) as e:
-            if not self.warned:
-                _say(f"heartbeat failed, the task keeps running: {e}")
-                self.warned = True
-
-    def done(self, code: int, signum: int | None = None) -> None:
-        try:
-            report_done(self.conn, self.task_id, code, signum)
-        finally:
-            self.conn.close()
-
-
-def report_done(conn: Connection, task_id: str, code: int, signum: int | None = None) -> None:
+        return _refused(e, s)
+    me = os.getpid()
+    term = Terminal()
     try:
-        conn.call("done", task_id=task_id, exit_code=code, signal=signum)
-    except (Unreachable, NodeError) as e:
-        _say(f"could not report the end of the task (nodemgr reclaims it anyway): {e}")
-
-
-def fail_before_start(endpoint: str, task_id: str, message: str, code: int) -> int:
-    _say(message)
-    with Connection(endpoint, timeout=5.0) as conn:
-        report_done(conn, task_id, code)
-    return code
-
-
-def run(endpoint: str, gpus: int, memory: int | None, cmd: list[str], wait: float = 0.0) -> int:
-    grant = request_grant(endpoint, gpus, memory, " ".join(cmd)[:MAX_COMMAND], wait)
-    task_id = grant["task_id"]
-    try:
-        env = child_environment(grant, dict(os.environ))
-    except FileNotFoundError as e:
-        return fail_before_start(endpoint, task_id, str(e), EXIT_INTERNAL)
-    # Handlers go in before the command starts, so a signal that arrives
-    # while it starts is held and passed on rather than killing gpushare-run.
-    child: subprocess.Popen[bytes] | None = None
-    pending: list[int] = []
-
-    def forward(signum: int, _frame: types.FrameType | None) -> None:
-        if child is None:
-            pending.append(signum)
+        if grant is None:
+            env = cpu_environment(os.environ, me)
         else:
-            child.send_signal(signum)
+            try:
+                env = task_environment(grant, os.environ, me)
+            except FileNotFoundError as e:
+                return fail_before_start(s.endpoint, grant, str(e), EXIT_INTERNAL)
+        # No ZeroMQ context exists at this point (the request's was closed), so
+        # the command is forked from a process without ZeroMQ's I/O threads.
+        child = _start(cmd, env, s.endpoint, grant, term)
+        if isinstance(child, int):
+            return child
+        hb = None
+        if grant is not None:
+            hb = Heartbeat(s.endpoint, grant.task_id, grant.heartbeat_interval, _say)
+        returncode = Supervisor(child, term, s.grace, hb).run()
+        code = exit_code(returncode)
+        if hb is not None:
+            hb.done(code, -returncode if returncode < 0 else None)
+        return code
+    finally:
+        term.close()
 
-    # Ctrl-C reaches the command straight from the terminal (same process
-    # group); forwarding it too would interrupt the command's own clean-up.
-    sigint = signal.getsignal(signal.SIGINT)
-    child_sigint = signal.SIG_IGN if sigint == signal.SIG_IGN else signal.SIG_DFL
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, forward)
-    parent = os.getpid()
-    # No ZeroMQ context exists at this point (the request's was closed), so
-    # the command is forked from a process without ZeroMQ's I/O threads.
-    try:
-        child = subprocess.Popen(
-            cmd, env=env, preexec_fn=lambda: _prepare_child(parent, child_sigint)
-        )
-    except FileNotFoundError:
-        return fail_before_start(endpoint, task_id, f"command not found: {cmd[0]}", EXIT_NOT_FOUND)
-    except OSError as e:
-        return fail_before_start(
-            endpoint, task_id, f"cannot execute {cmd[0]}: {e.strerror}", EXIT_NOT_EXECUTABLE
-        )
-    hb = Heartbeat(endpoint, task_id, float(grant["heartbeat_interval"]))
-    for signum in pending:
-        child.send_signal(signum)
-    while True:
-        try:
-            returncode = child.wait(timeout=hb.interval)
-            break
-        except subprocess.TimeoutExpired:
-            hb.beat()
-    code = exit_code(returncode)
-    hb.done(code, -returncode if returncode < 0 else None)
-    return code
+
+EPILOG = """\b
+Examples:
+  gpushare-run python train.py
+  gpushare-run --gpus 2 -- torchrun --nproc-per-node 2 train.py
+  gpushare-run --no-wait --cpu-fallback -- python evaluate.py
+  GPUSHARE_WAIT_TIMEOUT=600 gpushare-run python train.py
+
+\b
+Every option has an environment variable, used when the option is not given:
+GPUSHARE_ENDPOINT, GPUSHARE_GPUS, GPUSHARE_MEMORY, GPUSHARE_WAIT (1/0),
+GPUSHARE_WAIT_TIMEOUT, GPUSHARE_CPU_FALLBACK (1/0), GPUSHARE_GRACE.
+A CUDA_VISIBLE_DEVICES already set restricts the GPUs nodemgr may grant.
+
+\b
+Exit codes: CMD's own (128+N if killed by signal N); 2 bad usage;
+69 nodemgr unreachable; 75 no GPUs free (now, or within the wait);
+77 request refused (zero or exceeded quota, CUDA_VISIBLE_DEVICES no GPU
+can satisfy, unknown environment); 125 gpushare-run failed; 126 CMD not
+executable; 127 CMD not found; 130 interrupted while waiting for GPUs.
+"""
 
 
 @click.command(
@@ -201,58 +348,69 @@ def run(endpoint: str, gpus: int, memory: int | None, cmd: list[str], wait: floa
         "help_option_names": ["-h", "--help"],
         "ignore_unknown_options": True,
         "allow_interspersed_args": False,
-    }
+    },
+    epilog=EPILOG,
 )
 @click.option(
     "--gpus",
-    type=click.IntRange(1, 64),
-    default=1,
-    show_default=True,
-    help="How many GPUs the command needs.",
+    type=click.IntRange(1, cfg.MAX_GPUS),
+    default=None,
+    help="How many GPUs the command needs [default: 1].",
 )
 @click.option(
     "--memory",
     default=None,
     metavar="SIZE",
-    help="Memory per GPU the command expects (refused if above the quota).",
+    help="Memory per GPU the command expects, e.g. 8GiB (refused if above the quota).",
 )
 @click.option(
-    "--wait",
+    "--wait/--no-wait",
+    default=None,
+    help="When no GPUs are free, wait in nodemgr's queue (the default), or fail at once.",
+)
+@click.option(
+    "--wait-timeout",
     type=click.FloatRange(0, MAX_WAIT),
-    default=0,
-    envvar="GPUSHARE_WAIT",
+    default=None,
     metavar="SECONDS",
-    help="When no GPUs are free, wait up to this long in nodemgr's queue (default: "
-    "$GPUSHARE_WAIT, else 0: fail at once with exit code 75).",
+    help="Give up waiting after this long (exit 75) [default: no limit].",
+)
+@click.option(
+    "--cpu-fallback",
+    is_flag=True,
+    default=None,
+    help="Run CMD with no GPU instead of failing when the quota is zero or nothing is free.",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(0, 3600),
+    default=None,
+    metavar="SECONDS",
+    help="After passing on SIGINT/SIGTERM/SIGHUP, kill CMD's process group this much "
+    f"later if it still runs [default: {cfg.DEFAULT_GRACE:g}].",
 )
 @click.option(
     "--endpoint",
-    envvar=ENDPOINT_ENV,
     metavar="URL",
-    help=f"The environment's nodemgr endpoint (default: ${ENDPOINT_ENV}).",
+    default=None,
+    help="The environment's nodemgr endpoint [default: $GPUSHARE_ENDPOINT].",
 )
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def main(
-    gpus: int, memory: str | None, wait: float, endpoint: str | None, cmd: tuple[str, ...]
+    gpus: int | None,
+    memory: str | None,
+    wait: bool | None,
+    wait_timeout: float | None,
+    cpu_fallback: bool | None,
+    grace: float | None,
+    endpoint: str | None,
+    cmd: tuple[str, ...],
 ) -> None:
-    """Run CMD on GPUs granted by nodemgr, within the environment's quota.
-
-    \b
-    Examples:
-      gpushare-run python train.py
-      gpushare-run --gpus 2 -- torchrun --nproc-per-node 2 train.py
-
-    \b
-    Exit codes: CMD's own (128+N if killed by signal N); 2 bad usage;
-    69 nodemgr unreachable; 75 no GPUs free now (or within --wait); 77 request refused (zero or
-    exceeded quota, unknown environment); 125 gpushare-run failed;
-    126 CMD not executable; 127 CMD not found.
-    """
-    if not endpoint:
-        _say(
-            f"no nodemgr endpoint: pass --endpoint or set {ENDPOINT_ENV} "
-            "(nodemgr quota show ENV prints it)"
-        )
+    """Run CMD on GPUs granted by nodemgr, within the environment's quota."""
+    try:
+        s = cfg.from_environment()
+    except cfg.SettingsError as e:
+        _say(str(e))
         sys.exit(EXIT_USAGE)
     mem: int | None = None
     if memory is not None:
@@ -261,4 +419,24 @@ def main(
         except ValueError as e:
             _say(f"--memory: {e}")
             sys.exit(EXIT_USAGE)
-    sys.exit(run(endpoint, gpus, mem, list(cmd), wait))
+    s = s.but(
+        endpoint=endpoint,
+        gpus=gpus,
+        memory=mem,
+        wait=wait,
+        wait_timeout=wait_timeout,
+        cpu_fallback=cpu_fallback,
+        grace=grace,
+    )
+    if not s.endpoint:
+        _say(
+            f"no nodemgr endpoint: pass --endpoint or set {cfg.ENDPOINT} "
+            "(nodemgr quota show ENV prints it)"
+        )
+        sys.exit(EXIT_USAGE)
+    try:
+        code = run(s, list(cmd))
+    except Exception as e:  # a bug: say it in one line, exit with the documented code
+        _say(f"internal error: {type(e).__name__}: {e}")
+        code = EXIT_INTERNAL
+    sys.exit(code)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -82,10 +83,13 @@ class Connection:
         kind: str,
         timeout: float | None = None,
         on_queued: Callable[[dict[str, Any]], None] | None = None,
+        on_tick: Callable[[], None] | None = None,
+        tick: float = 1.0,
         **fields: Any,
     ) -> dict[str, Any]:
         """Send a request and return its reply; raise NodeError (a subclass by code) or
-        Unreachable. ``queued`` updates to a waiting request go to ``on_queued``."""
+        Unreachable. ``queued`` updates to a waiting request go to ``on_queued``;
+        ``on_tick`` is called every ``tick`` seconds without a message (a progress display)."""
         if self.endpoint.startswith("ipc://") and not os.path.exists(self.endpoint[6:]):
             raise Unreachable(f"no nodemgr socket at {self.endpoint[6:]}")
         msg_id = next(self._ids)
@@ -95,8 +99,17 @@ class Connection:
             self._sock.send(protocol.encode(protocol.request(kind, msg_id, **fields)), zmq.NOBLOCK)
         except zmq.Again:
             raise Unreachable(f"nodemgr is not accepting messages at {self.endpoint}") from None
-        deadline_ms = int((self.timeout if timeout is None else timeout) * 1000)
-        while self._sock.poll(deadline_ms, zmq.POLLIN):
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            step = min(left, tick) if on_tick is not None else left
+            if not self._sock.poll(max(1, int(step * 1000)), zmq.POLLIN):
+                if on_tick is not None and left > step:
+                    on_tick()
+                continue
             try:
                 msg = protocol.decode(self._sock.recv())
             except protocol.ProtocolError as e:
@@ -112,4 +125,4 @@ class Connection:
                     on_queued(msg)
                 continue
             return msg
-        raise Unreachable(f"nodemgr did not answer at {self.endpoint} within {self.timeout:g}s")
+        raise Unreachable(f"nodemgr did not answer at {self.endpoint} within {limit:g}s")

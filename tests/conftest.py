@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -292,14 +292,28 @@ def daemon(daemon_factory: Any) -> Daemon:
 
 
 def _gpushare_run(
-    endpoint: str, *cmd: str, gpus: int = 1, env: dict[str, str] | None = None, **popen: Any
+    endpoint: str,
+    *cmd: str,
+    gpus: int = 1,
+    env: dict[str, str] | None = None,
+    opts: Sequence[str] = (),
+    **popen: Any,
 ) -> subprocess.Popen[str]:
     extra = dict(env or {})
     if SANITIZER_PRELOAD:
         # gpushare-run puts the shim first and keeps what LD_PRELOAD already held.
         extra["LD_PRELOAD"] = " ".join([*SANITIZER_PRELOAD, extra.get("LD_PRELOAD", "")])
     return subprocess.Popen(
-        [str(BIN / "gpushare-run"), "--endpoint", endpoint, "--gpus", str(gpus), "--", *cmd],
+        [
+            str(BIN / "gpushare-run"),
+            "--endpoint",
+            endpoint,
+            "--gpus",
+            str(gpus),
+            *opts,
+            "--",
+            *cmd,
+        ],
         env={**os.environ, **extra},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

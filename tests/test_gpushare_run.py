@@ -101,10 +101,13 @@ def test_no_free_gpu_is_a_retryable_refusal(daemon: Any, run_task: Any, tmp_path
     for h in holders:
         assert h.stdout.readline() == "up\n"
     ep = daemon.env("late", gpus=1, memory=GiB)
-    p = run_task(ep, "true")
+    p = run_task(ep, "true", opts=["--no-wait"])
     _, err = p.communicate(timeout=30)
     assert p.returncode == 75
-    assert "no_resources" in err
+    assert "no_resources" in err and "--wait lets it wait" in err
+    p = run_task(ep, "true", env={"GPUSHARE_WAIT": "0"})
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 75, err
     go.touch()
     for h in holders:
         h.communicate(timeout=30)

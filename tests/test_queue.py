@@ -169,7 +169,7 @@ def test_a_waiter_whose_client_dies_leaves_the_queue(
 ) -> None:
     hold_a, _ = grant(node.env("a"))
     hold_b, _ = grant(node.env("b"))
-    p = run_task(node.env("c"), "true", env={"GPUSHARE_WAIT": "60"})
+    p = run_task(node.env("c"), "true", env={"GPUSHARE_WAIT_TIMEOUT": "60"})
     wait_for(lambda: queue_len(node) == 1, 10)
     p.kill()
     p.wait()
@@ -183,12 +183,12 @@ def test_gpushare_run_waits_and_reports_its_position(
 ) -> None:
     a_conn, a_task = grant(node.env("a"))
     hold_b, _ = grant(node.env("b"))
-    p = run_task(node.env("c"), "true", env={"GPUSHARE_WAIT": "60"})
+    p = run_task(node.env("c"), "true", env={"GPUSHARE_WAIT_TIMEOUT": "60"})
     wait_for(lambda: queue_len(node) == 1, 10)
     a_conn.call("done", task_id=a_task)
     _, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
-    assert "waiting for GPUs: position 1 of 1" in err
+    assert "waiting for 1 GPU: position 1 of 1" in err
     records = node.admin("history", env="c")["records"]
     assert [r["reason"] for r in records] == ["done"]
     for c in (a_conn, hold_b):

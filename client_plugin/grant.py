@@ -1,0 +1,265 @@
+"""Getting, keeping and ending a grant: what gpushare-run and the auto-loader share.
+
+Seed 001's client flow: request GPUs; when it is for lack of resources, wait
+(nodemgr's queue) and ask again; on success run, heartbeat, and say done at
+the end. Refusals arrive as :mod:`nodemgr.client` exceptions.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from client_plugin import libs
+from client_plugin.settings import TASK_OWNER, Settings, wait_seconds
+from nodemgr.client import Connection, NodeError, NoResources, QuotaExceeded, Unreachable
+
+MAX_COMMAND = 4096  # what nodemgr keeps of a command line, for display
+LEDGER_NAME = "ledger"  # an environment's ledger sits beside its task socket
+REQUEST_TIMEOUT = 10.0  # seconds for nodemgr to answer, on top of any wait
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class Progress:
+    """The wait for a grant, on stderr: redrawn in place on a terminal, else plain lines.
+
+    Plain lines come when the queue position changes, so a log is not flooded."""
+
+    def __init__(self, prefix: str, gpus: int, stream: TextIO | None = None) -> None:
+        self.prefix = prefix
+        self.gpus = gpus
+        self.stream = stream if stream is not None else sys.stderr
+        try:
+            self.tty = self.stream.isatty()
+        except (AttributeError, ValueError):
+            self.tty = False
+        self.started = time.monotonic()
+        self.position: int | None = None
+        self.waiting: int | None = None
+        self.drawn = False
+
+    def _status(self) -> str:
+        where = f"position {self.position} of {self.waiting}" if self.position else "queued"
+        waited = _clock(time.monotonic() - self.started)
+        return f"{self.prefix}: waiting for {_plural(self.gpus, 'GPU')}: {where}, waited {waited}"
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed stderr must not end the wait
+
+    def queued(self, update: Mapping[str, Any]) -> None:
+        first = self.position is None
+        self.position = int(update.get("position") or 0) or None
+        self.waiting = int(update.get("waiting") or 0) or None
+        if first and update.get("reason"):
+            self.clear()
+            self._write(f"{self.prefix}: no GPUs free now: {update['reason']}\n")
+        if self.tty:
+            self.tick()
+        else:
+            self._write(self._status() + "\n")
+
+    def tick(self) -> None:
+        if self.tty and self.position is not None:
+            self._write("\r" + self._status() + "\x1b[K")
+            self.drawn = True
+
+    def clear(self) -> None:
+        if self.drawn:
+            self._write("\r\x1b[K")
+            self.drawn = False
+
+    def done(self, granted: bool) -> None:
+        """End the display: on a grant after a wait, one line saying how long it took."""
+        waited = self.position is not None
+        self.clear()
+        if granted and waited:
+            took = _clock(time.monotonic() - self.started)
+            self._write(f"{self.prefix}: granted after waiting {took}\n")
+
+
+@dataclass(frozen=True)
+class Grant:
+    task_id: str
+    gpus: tuple[Mapping[str, Any], ...]
+    ledger: str  # the path as this process sees it
+    memory_limit: int
+    heartbeat_interval: float
+    simulated: bool
+    sim_gpus: str | None
+
+    @property
+    def uuids(self) -> str:
+        return ",".join(str(g["uuid"]) for g in self.gpus)
+
+
+def local_ledger(granted: str, endpoint: str) -> str:
+    """The ledger's path here. nodemgr names it as it sees it; in a container the
+    environment's directory is mounted elsewhere, with the ledger beside the socket."""
+    if endpoint.startswith("ipc://"):
+        beside = os.path.join(os.path.dirname(endpoint[len("ipc://") :]), LEDGER_NAME)
+        if os.path.exists(beside):
+            return beside
+    return granted
+
+
+def _request_once(
+    s: Settings, endpoint: str, command: str, wait: float, progress: Progress
+) -> Grant:
+    with Connection(endpoint, timeout=REQUEST_TIMEOUT) as conn:
+        reply = conn.call(
+            "request",
+            timeout=REQUEST_TIMEOUT + wait,
+            on_queued=progress.queued,
+            on_tick=progress.tick if wait else None,
+            gpus=s.gpus,
+            memory=s.memory,
+            command=command[:MAX_COMMAND],
+            wait=wait or None,
+            devices=list(s.devices) if s.devices else None,
+        )
+    return Grant(
+        task_id=str(reply["task_id"]),
+        gpus=tuple(reply["gpus"]),
+        ledger=local_ledger(str(reply["ledger"]), endpoint),
+        memory_limit=int(reply["memory_limit"]),
+        heartbeat_interval=float(reply["heartbeat_interval"]),
+        simulated=bool(reply.get("simulated")),
+        sim_gpus=reply.get("sim_gpus"),
+    )
+
+
+def acquire(s: Settings, command: str, progress: Progress) -> Grant:
+    """Request a grant, waiting as the settings allow. Raises Unreachable or a NodeError
+    subclass (QuotaZero, QuotaExceeded, NoResources, ...)."""
+    if not s.endpoint:
+        raise ValueError("no endpoint")
+    if s.devices == ():
+        raise QuotaExceeded(
+            "quota_exceeded",
+            "CUDA_VISIBLE_DEVICES is set but empty, which allows no GPU: unset it, or name "
+            "the GPUs this task may use",
+        )
+    deadline = None if s.wait_timeout is None else time.monotonic() + s.wait_timeout
+    granted = False
+    try:
+        while True:
+            asked = time.monotonic()
+            left = None if deadline is None else max(0.0, deadline - asked)
+            wait = wait_seconds(s) if left is None else min(wait_seconds(s), left)
+            try:
+                grant = _request_once(s, s.endpoint, command, wait, progress)
+                granted = True
+                return grant
+            except NoResources:
+                # The node cuts each wait to its own limit: ask again while ours lasts.
+                if not wait or (deadline is not None and time.monotonic() >= deadline):
+                    raise
+                time.sleep(max(0.0, min(1.0, asked + 1.0 - time.monotonic())))
+    finally:
+        progress.done(granted)
+
+
+def task_environment(
+    grant: Grant, base: Mapping[str, str], owner: int, preload: bool = True
+) -> dict[str, str]:
+    """A task process's environment: the grant's GPUs, the shim, the driver to use."""
+    env = dict(base)
+    if preload:
+        shim = str(libs.shim_path())
+        present = env.get("LD_PRELOAD", "").replace(":", " ").split()
+        if shim not in present:
+            env["LD_PRELOAD"] = " ".join([shim, *present])
+    env["CUDA_VISIBLE_DEVICES"] = grant.uuids
+    env["GPUSHARE_LEDGER"] = grant.ledger
+    env["GPUSHARE_TASK_ID"] = grant.task_id
+    env[TASK_OWNER] = str(owner)
+    if grant.simulated:
+        paths = [str(libs.sim_driver_dir())]
+        if env.get("LD_LIBRARY_PATH"):
+            paths.append(env["LD_LIBRARY_PATH"])
+        env["LD_LIBRARY_PATH"] = ":".join(paths)
+        env["GPUSHARE_SIM_GPUS"] = grant.sim_gpus or ""
+    return env
+
+
+def cpu_environment(base: Mapping[str, str], owner: int) -> dict[str, str]:
+    """A CPU-only run's environment: no GPU visible, and no process of it asks for one."""
+    env = dict(base)
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env[TASK_OWNER] = str(owner)
+    for key in ("GPUSHARE_LEDGER", "GPUSHARE_TASK_ID"):
+        env.pop(key, None)
+    return env
+
+
+def inherited_owner(environ: Mapping[str, str] | None = None) -> int | None:
+    """The pid holding the task this process belongs to, if an ancestor holds one."""
+    env = os.environ if environ is None else environ
+    try:
+        owner = int(env.get(TASK_OWNER, ""))
+    except ValueError:
+        return None
+    return owner if owner > 0 else None
+
+
+class Heartbeat:
+    """Keeps nodemgr told that the task lives; warns once when it stops answering."""
+
+    def __init__(
+        self, endpoint: str, task_id: str, interval: float, say: Callable[[str], None]
+    ) -> None:
+        self.task_id = task_id
+        self.interval = interval
+        self.say = say
+        self.conn = Connection(endpoint, timeout=max(min(interval, 5.0), 0.5))
+        self.warned = False
+
+    def beat(self) -> None:
+        try:
+            self.conn.call("heartbeat", task_id=self.task_id)
+            if self.warned:
+                self.say("nodemgr answers again")
+                self.warned = False
+        except (Unreachable, NodeError) as e:
+            if not self.warned:
+                self.say(f"heartbeat failed, the task keeps running: {e}")
+                self.warned = True
+
+    def done(self, code: int | None, signum: int | None = None) -> None:
+        try:
+            report_done(self.conn, self.task_id, code, signum, self.say)
+        finally:
+            self.conn.close()
+
+
+def report_done(
+    conn: Connection,
+    task_id: str,
+    code: int | None,
+    signum: int | None,
+    say: Callable[[str], None],
+) -> None:
+    try:
+        conn.call("done", task_id=task_id, exit_code=code, signal=signum)
+    except (Unreachable, NodeError) as e:
+        say(f"could not report the end of the task (nodemgr reclaims it anyway): {e}")

@@ -1,0 +1,138 @@
+"""The client's settings: one ``GPUSHARE_*`` environment variable each.
+
+``gpushare-run`` options override them; the auto-loader reads only these. A bad
+value is an error that names the variable, never a silent default.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from nodemgr.protocol import MAX_WAIT
+from nodemgr.sizes import parse_size
+
+ENDPOINT = "GPUSHARE_ENDPOINT"
+GPUS = "GPUSHARE_GPUS"
+MEMORY = "GPUSHARE_MEMORY"
+WAIT = "GPUSHARE_WAIT"
+WAIT_TIMEOUT = "GPUSHARE_WAIT_TIMEOUT"
+CPU_FALLBACK = "GPUSHARE_CPU_FALLBACK"
+GRACE = "GPUSHARE_GRACE"
+ZERO_QUOTA = "GPUSHARE_ZERO_QUOTA"
+# Set for every process of a task (or of a CPU-only run): the pid of the process
+# that holds it. Any other process seeing it shares that grant and asks for none.
+TASK_OWNER = "GPUSHARE_TASK_OWNER"
+
+MAX_GPUS = 64
+DEFAULT_GRACE = 10.0
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class SettingsError(ValueError):
+    """A setting has a value the client cannot use; the message names it."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    endpoint: str | None = None
+    gpus: int = 1
+    memory: int | None = None  # bytes per GPU the task expects (a hint)
+    wait: bool = True  # wait in nodemgr's queue when no GPUs are free
+    wait_timeout: float | None = None  # seconds; None: no limit
+    cpu_fallback: bool = False  # run without a GPU on zero quota / nothing free
+    grace: float = DEFAULT_GRACE  # seconds from a passed-on signal to SIGKILL
+    zero_quota: str = "warn"  # auto-loader on a zero quota: "warn" or "error"
+    devices: tuple[str, ...] | None = None  # the user's CUDA_VISIBLE_DEVICES, a restriction
+
+    def but(self, **changes: Any) -> Settings:
+        """A copy with the given fields changed (None values leave a field as it is)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def parse_bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise SettingsError(f"{name}={value!r}: use 1 or 0 (also true/false, yes/no, on/off)")
+
+
+def parse_seconds(name: str, value: str, allow_none: bool = False) -> float | None:
+    v = value.strip().lower()
+    if allow_none and v in ("", "none", "inf", "infinity"):
+        return None
+    try:
+        seconds = float(v)
+    except ValueError:
+        raise SettingsError(f"{name}={value!r}: expected a number of seconds") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise SettingsError(f"{name}={value!r}: expected a number of seconds ≥ 0")
+    return seconds
+
+
+def parse_gpus(name: str, value: str) -> int:
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise SettingsError(f"{name}={value!r}: expected a whole number of GPUs") from None
+    if not 1 <= n <= MAX_GPUS:
+        raise SettingsError(f"{name}={value!r}: expected 1 to {MAX_GPUS} GPUs")
+    return n
+
+
+def parse_memory(name: str, value: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise SettingsError(f"{name}={value!r}: {e}") from None
+
+
+def parse_devices(value: str) -> tuple[str, ...]:
+    """CUDA_VISIBLE_DEVICES as the driver reads it: comma-separated indices or UUIDs."""
+    return tuple(d.strip() for d in value.split(",") if d.strip())
+
+
+def parse_zero_quota(name: str, value: str) -> str:
+    v = value.strip().lower()
+    if v not in ("warn", "error"):
+        raise SettingsError(f"{name}={value!r}: use warn or error")
+    return v
+
+
+def from_environment(environ: Mapping[str, str] | None = None) -> Settings:
+    """Settings from ``GPUSHARE_*`` variables (and the user's CUDA_VISIBLE_DEVICES)."""
+    env = os.environ if environ is None else environ
+    s = Settings()
+    if env.get(ENDPOINT):
+        s = s.but(endpoint=env[ENDPOINT])
+    if env.get(GPUS):
+        s = s.but(gpus=parse_gpus(GPUS, env[GPUS]))
+    if env.get(MEMORY):
+        s = s.but(memory=parse_memory(MEMORY, env[MEMORY]))
+    if WAIT in env:
+        s = replace(s, wait=parse_bool(WAIT, env[WAIT]))
+    if WAIT_TIMEOUT in env:
+        s = replace(s, wait_timeout=parse_seconds(WAIT_TIMEOUT, env[WAIT_TIMEOUT], True))
+    if CPU_FALLBACK in env:
+        s = replace(s, cpu_fallback=parse_bool(CPU_FALLBACK, env[CPU_FALLBACK]))
+    if env.get(GRACE):
+        s = s.but(grace=parse_seconds(GRACE, env[GRACE]))
+    if env.get(ZERO_QUOTA):
+        s = s.but(zero_quota=parse_zero_quota(ZERO_QUOTA, env[ZERO_QUOTA]))
+    if "CUDA_VISIBLE_DEVICES" in env:
+        s = replace(s, devices=parse_devices(env["CUDA_VISIBLE_DEVICES"]))
+    return s
+
+
+def wait_seconds(s: Settings) -> float:
+    """What one request may wait in nodemgr's queue (the node cuts it to its own limit)."""
+    if not s.wait:
+        return 0.0
+    return MAX_WAIT if s.wait_timeout is None else min(s.wait_timeout, MAX_WAIT)

@@ -1,0 +1,226 @@
+"""gpushare-run's settings: options, GPUSHARE_* variables, waiting, CPU fallback, nesting."""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodemgr.client import Connection
+
+GiB = 1 << 30
+BIN = Path(sys.executable).parent
+SHOW = (
+    "import os; print(repr(os.environ.get('CUDA_VISIBLE_DEVICES')), "
+    "os.environ.get('GPUSHARE_TASK_ID'), os.environ.get('GPUSHARE_TASK_OWNER'))"
+)
+
+
+@pytest.fixture
+def node(daemon_factory: Any) -> Any:
+    # Two GPUs, one task each: easy to fill.
+    return daemon_factory(
+        {"scheduler": {"task_threshold": 1}, "gpus": {"simulated_count": 2}},
+        heartbeat_timeout=600.0,
+    )
+
+
+class Holder:
+    """A task held by this test process over its own connection."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.conn = Connection(endpoint)
+        self.task_id = self.conn.call("request", gpus=1)["task_id"]
+
+    def close(self) -> None:
+        self.conn.call("done", task_id=self.task_id)
+        self.conn.close()
+
+
+def hold(endpoint: str) -> Holder:
+    return Holder(endpoint)
+
+
+def gpushare_run(*args: str, env: dict[str, str] | None = None, **kw: Any) -> Any:
+    return subprocess.run(
+        [str(BIN / "gpushare-run"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        **kw,
+    )
+
+
+def test_settings_come_from_the_environment(node: Any) -> None:
+    ep = node.env("alice", gpus=2, memory=GiB)
+    r = gpushare_run(
+        sys.executable, "-c", SHOW, env={"GPUSHARE_ENDPOINT": ep, "GPUSHARE_GPUS": "2"}
+    )
+    assert r.returncode == 0, r.stderr
+    visible, task_id, owner = r.stdout.split()
+    assert len(visible.strip("'").split(",")) == 2
+    assert len(task_id) == 16 and int(owner) > 0
+    # An option beats its variable.
+    r = gpushare_run(
+        "--gpus",
+        "1",
+        sys.executable,
+        "-c",
+        SHOW,
+        env={"GPUSHARE_ENDPOINT": ep, "GPUSHARE_GPUS": "2"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.split()[0].strip("'").split(",")) == 1
+    # The memory hint from the environment is checked like --memory.
+    r = gpushare_run("true", env={"GPUSHARE_ENDPOINT": ep, "GPUSHARE_MEMORY": "2GiB"})
+    assert r.returncode == 77
+    assert "memory quota" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("GPUSHARE_GPUS", "two"),
+        ("GPUSHARE_GPUS", "0"),
+        ("GPUSHARE_WAIT", "maybe"),
+        ("GPUSHARE_WAIT_TIMEOUT", "-1"),
+        ("GPUSHARE_MEMORY", "lots"),
+        ("GPUSHARE_CPU_FALLBACK", "2"),
+        ("GPUSHARE_GRACE", "soon"),
+    ],
+)
+def test_a_bad_variable_is_a_usage_error_naming_it(node: Any, name: str, value: str) -> None:
+    ep = node.env("alice")
+    r = gpushare_run("true", env={"GPUSHARE_ENDPOINT": ep, name: value})
+    assert r.returncode == 2
+    assert name in r.stderr
+    assert node.tasks() == []
+
+
+def test_help_shows_examples_and_exit_codes() -> None:
+    r = gpushare_run("--help")
+    assert r.returncode == 0
+    for text in (
+        "Examples:",
+        "--wait / --no-wait",
+        "--wait-timeout",
+        "--cpu-fallback",
+        "GPUSHARE_WAIT_TIMEOUT",
+        "75 no GPUs free",
+    ):
+        assert text in r.stdout
+
+
+def test_waits_by_default_until_gpus_come_free(node: Any, wait_for: Any) -> None:
+    a, b = hold(node.env("a")), hold(node.env("b"))
+    p = subprocess.Popen(
+        [str(BIN / "gpushare-run"), "--endpoint", node.env("c"), "true"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: len(node.admin("queue")["waiting"]) == 1, 10)
+    a.close()
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert "no GPUs free now" in err
+    assert "waiting for 1 GPU: position 1 of 1, waited 0s" in err
+    assert "granted after waiting" in err
+    b.close()
+
+
+def test_wait_timeout_gives_up_with_75(node: Any) -> None:
+    a, b = hold(node.env("a")), hold(node.env("b"))
+    start = time.monotonic()
+    r = gpushare_run("--endpoint", node.env("c"), "--wait-timeout", "1", "true")
+    took = time.monotonic() - start
+    assert r.returncode == 75, r.stderr
+    assert 1.0 <= took < 10
+    assert "--wait-timeout" in r.stderr  # the refusal names what to change
+    r = gpushare_run(
+        "true", env={"GPUSHARE_ENDPOINT": node.env("c"), "GPUSHARE_WAIT_TIMEOUT": "0.5"}
+    )
+    assert r.returncode == 75
+    assert node.admin("queue")["waiting"] == []
+    a.close()
+    b.close()
+
+
+def test_progress_is_redrawn_in_place_on_a_terminal(node: Any, wait_for: Any) -> None:
+    a, b = hold(node.env("a")), hold(node.env("b"))
+    master, slave = pty.openpty()
+    p = subprocess.Popen(
+        [str(BIN / "gpushare-run"), "--endpoint", node.env("c"), "--wait-timeout", "2.5", "true"],
+        stderr=slave,
+    )
+    os.close(slave)
+    assert p.wait(30) == 75
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    text = out.decode()
+    # Each redraw returns to the line's start and clears its rest; the seconds count up.
+    assert text.count("\r") >= 3
+    assert "\x1b[K" in text
+    assert "waited 1s" in text and "waited 2s" in text
+    a.close()
+    b.close()
+
+
+def test_cpu_fallback_runs_the_command_without_a_gpu(node: Any) -> None:
+    zero = node.env("zero", gpus=0)
+    r = gpushare_run("--endpoint", zero, "--cpu-fallback", sys.executable, "-c", SHOW)
+    assert r.returncode == 0, r.stderr
+    visible, task_id, owner = r.stdout.split()
+    assert visible == "''" and task_id == "None" and int(owner) > 0
+    assert "running without a GPU (quota_zero)" in r.stderr
+    # Without the flag, a zero quota is refused and the fix is named.
+    r = gpushare_run("--endpoint", zero, "true")
+    assert r.returncode == 77
+    assert "--cpu-fallback" in r.stderr
+    # Nothing free and no waiting: the same fallback, from the variable, exit code the command's.
+    a, b = hold(node.env("a")), hold(node.env("b"))
+    r = gpushare_run(
+        "--endpoint",
+        node.env("c"),
+        "--no-wait",
+        "sh",
+        "-c",
+        'test -z "$CUDA_VISIBLE_DEVICES" && exit 4',
+        env={"GPUSHARE_CPU_FALLBACK": "1"},
+    )
+    assert r.returncode == 4, r.stderr
+    assert "running without a GPU (no_resources)" in r.stderr
+    assert [t["env"] for t in node.tasks()] == ["a", "b"]
+    a.close()
+    b.close()
+
+
+def test_a_nested_gpushare_run_shares_the_enclosing_grant(node: Any) -> None:
+    ep = node.env("alice", gpus=1)
+    inner = f'{BIN / "gpushare-run"} --endpoint {ep} -- {sys.executable} -c "{SHOW}"'
+    r = gpushare_run(
+        "--endpoint",
+        ep,
+        "sh",
+        "-c",
+        f"echo $GPUSHARE_TASK_ID; {inner}; echo tasks",
+    )
+    assert r.returncode == 0, r.stderr
+    outer_id, _visible, inner_id, _owner, _ = r.stdout.split()
+    assert inner_id == outer_id
+    [rec] = node.admin("history", env="alice")["records"]
+    assert rec["task_id"] == outer_id

@@ -1,0 +1,184 @@
+"""gpushare-run and signals: passed on, a grace period, the command's whole process
+group, the terminal (Ctrl-C, reading it), and no orphan when gpushare-run dies."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodemgr.client import Connection
+
+BIN = Path(sys.executable).parent
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_signals_reach_the_command(daemon: Any, run_task: Any, signum: int) -> None:
+    ep = daemon.env("alice")
+    name = signal.Signals(signum).name[3:]
+    p = run_task(
+        ep,
+        "sh",
+        "-c",
+        f"trap 'echo got-{name}; exit 3' {name}; echo up; while :; do sleep 0.05; done",
+    )
+    assert p.stdout.readline() == "up\n"
+    p.send_signal(signum)
+    out, err = p.communicate(timeout=30)
+    assert out == f"got-{name}\n", err
+    assert p.returncode == 3
+    assert daemon.tasks() == []
+
+
+def test_after_the_grace_period_the_whole_group_is_killed(
+    daemon: Any, run_task: Any, tmp_path: Path
+) -> None:
+    ep = daemon.env("alice")
+    pids = tmp_path / "pids"
+    # The command ignores SIGTERM and has a child of its own that ignores it too.
+    script = (
+        f"trap '' TERM; sh -c 'trap \"\" TERM; echo $$ >> {pids}; "
+        f"while :; do sleep 0.05; done' & echo $$ >> {pids}; echo up; wait"
+    )
+    p = run_task(ep, "sh", "-c", script, opts=["--grace", "0.5"])
+    assert p.stdout.readline() == "up\n"
+    while len(pids.read_text().split()) < 2:
+        time.sleep(0.01)
+    start = time.monotonic()
+    p.terminate()
+    _, err = p.communicate(timeout=30)
+    took = time.monotonic() - start
+    assert p.returncode == 128 + signal.SIGKILL
+    assert 0.5 <= took < 5, took
+    assert "grace period" in err
+    for pid in map(int, pids.read_text().split()):
+        assert not alive(pid), pid
+    assert daemon.tasks() == []
+    [rec] = daemon.admin("history", env="alice")["records"]
+    assert rec["reason"] == "killed"
+
+
+def test_what_the_command_leaves_running_ends_with_it(
+    daemon: Any, run_task: Any, tmp_path: Path
+) -> None:
+    ep = daemon.env("alice")
+    pidfile = tmp_path / "pid"
+    p = run_task(ep, "sh", "-c", f"sleep 300 & echo $! > {pidfile}; exit 0")
+    p.communicate(timeout=30)
+    assert p.returncode == 0
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not alive(pid)
+
+
+def test_kill9_of_gpushare_run_kills_the_command(
+    daemon: Any, run_task: Any, wait_for: Any, tmp_path: Path
+) -> None:
+    ep = daemon.env("alice")
+    p = run_task(ep, "sh", "-c", "echo $$; exec sleep 300")
+    pid = int(p.stdout.readline())
+    os.kill(p.pid, signal.SIGKILL)
+    wait_for(lambda: not alive(pid), 5)
+    wait_for(lambda: daemon.tasks() == [], 5)
+
+
+def _read_until(fd: int, want: bytes, timeout: float = 20) -> bytes:
+    got = b""
+    deadline = time.monotonic() + timeout
+    while want not in got:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no {want!r} in {got!r}")
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            got += chunk
+    return got
+
+
+def test_on_a_terminal_the_command_reads_it_and_ctrl_c_reaches_it(daemon: Any) -> None:
+    """gpushare-run as a terminal's foreground job: its command, in a process group of
+    its own, must be that terminal's foreground (else reading it would stop it)."""
+    ep = daemon.env("alice")
+    prog = (
+        "import sys, time\n"
+        "print('name?', flush=True)\n"
+        "print('hello', sys.stdin.readline().strip(), flush=True)\n"
+        "try:\n"
+        "    time.sleep(60)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
+        "    sys.exit(5)\n"
+    )
+    pid, master = pty.fork()
+    if pid == 0:  # the child: a session leader with the pty as its terminal
+        os.execv(
+            str(BIN / "gpushare-run"),
+            ["gpushare-run", "--endpoint", ep, "--", sys.executable, "-c", prog],
+        )
+    try:
+        _read_until(master, b"name?")
+        os.write(master, b"world\n")
+        _read_until(master, b"hello world")
+        os.write(master, b"\x03")  # Ctrl-C
+        _read_until(master, b"interrupted")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 5
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(master)
+    assert daemon.tasks() == []
+
+
+def test_interrupting_the_wait_cancels_the_request(daemon_factory: Any, wait_for: Any) -> None:
+    node = daemon_factory(
+        {"scheduler": {"task_threshold": 1}, "gpus": {"simulated_count": 1}},
+        heartbeat_timeout=600.0,
+    )
+    conn = Connection(node.env("a"))
+    task = conn.call("request", gpus=1)["task_id"]
+    p = subprocess.Popen(
+        [str(BIN / "gpushare-run"), "--endpoint", node.env("b"), "true"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: len(node.admin("queue")["waiting"]) == 1, 10)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130
+    assert "cancelled while waiting" in err
+    wait_for(lambda: node.admin("queue")["waiting"] == [], 5)
+    conn.call("done", task_id=task)
+    conn.close()
