@@ -7,7 +7,7 @@ SOURCES := setup.py pyproject.toml $(wildcard shim/*) \
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all install run test lint format pytest bench bench-nodemgr bench-shim bench-gpu debug \
+.PHONY: all install run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-gpu debug \
 	debug-test clean
 
 all: install
@@ -52,8 +52,8 @@ test: lint pytest
 # against the simulated driver). A missed target is reported there, not failed
 # on; BENCH_ARGS=--check makes it a failure, --quick a smoke run. Both scripts
 # run even if the first fails; the worse status is make's. --only NAME belongs
-# to one script: use bench-nodemgr or bench-shim for it.
-BENCHES := nodemgr shim
+# to one script: use bench-nodemgr, bench-shim or bench-client for it.
+BENCHES := nodemgr shim client
 
 bench: install
 	@status=0; for b in $(BENCHES); do echo "make: benchmarks/$${b}_bench.py" >&2; \

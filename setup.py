@@ -10,6 +10,7 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "shim"))
 import build as shim_build
@@ -22,7 +23,19 @@ class BuildExt(build_ext):
         shim_build.build_native(root / "client_plugin" / "lib")
 
 
+# The auto-loader's start-up hook: site runs `import` lines of .pth files in
+# site-packages at every interpreter start. The line does nothing unless
+# GPUSHARE_AUTOLOAD is on, so it must sit at the root of site-packages.
+AUTOLOAD_PTH = "gpushare-autoload.pth"
+
+
+class BuildPy(build_py):
+    def run(self) -> None:
+        super().run()
+        self.copy_file(AUTOLOAD_PTH, str(Path(self.build_lib) / AUTOLOAD_PTH))
+
+
 setup(
     cffi_modules=["shim/build.py:ffibuilder"],
-    cmdclass={"build_ext": BuildExt},
+    cmdclass={"build_ext": BuildExt, "build_py": BuildPy},
 )

@@ -1,0 +1,220 @@
+"""What the auto-loader does when a framework is first imported (seed 001, figure 5).
+
+Request the grant (waiting as the settings allow, progress on stderr); on a
+zero quota let the framework see no GPU (or fail, if so configured); else set
+CUDA_VISIBLE_DEVICES, put the shim to work on the environment's ledger, and
+keep the task alive with heartbeats until the process exits, when it says done.
+A crash or ``kill -9`` is nodemgr's to notice: it watches the process.
+
+The shim must be in the process before the framework uses CUDA. Preloaded
+(inert) at start, it is attached to the ledger in place; otherwise the
+interpreter is restarted with it (same pid, so the grant stays), with the
+original command line, working directory and open files.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import sys
+import threading
+import types
+from collections.abc import Callable
+
+from client_plugin import libs
+from client_plugin import settings as cfg
+from client_plugin.autoload import RESTART_ENV
+from client_plugin.grant import Grant, Heartbeat, Progress, acquire, task_environment
+from nodemgr.client import Connection, NodeError, NoResources, QuotaZero, Unreachable
+
+_task: Task | None = None
+
+
+class GpushareError(RuntimeError):
+    """The framework import cannot go on under gpushare; the message says what to do."""
+
+
+def _say(message: str) -> None:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        print(f"gpushare: {message}", file=sys.stderr, flush=True)
+
+
+class Task:
+    """The task this process holds: heartbeats on a thread, done at exit."""
+
+    def __init__(self, endpoint: str, task_id: str, interval: float) -> None:
+        self.pid = os.getpid()
+        self.hb = Heartbeat(endpoint, task_id, interval, _say)
+        self.lock = threading.Lock()  # one ZeroMQ socket, used by two threads
+        self.stopped = threading.Event()
+        self.failed = False
+        previous: Callable[..., None] = sys.excepthook
+
+        def excepthook(
+            kind: type[BaseException],
+            value: BaseException,
+            tb: types.TracebackType | None,
+        ) -> None:
+            self.failed = True
+            previous(kind, value, tb)
+
+        sys.excepthook = excepthook
+        os.register_at_fork(after_in_child=self._forked)
+        atexit.register(self.end)
+        threading.Thread(target=self._beat, name="gpushare-heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(self.hb.interval):
+            with self.lock:
+                if not self.stopped.is_set():
+                    self.hb.beat()
+
+    def _forked(self) -> None:
+        # A forked child (a DataLoader worker) shares the grant; the parent reports.
+        self.pid = -1
+
+    def end(self) -> None:
+        if os.getpid() != self.pid or self.stopped.is_set():
+            return
+        self.stopped.set()
+        with self.lock:
+            # The exit status is not known here; an uncaught exception means 1.
+            self.hb.done(1 if self.failed else None)
+
+
+def _no_gpu(message: str) -> None:
+    """Go on without a GPU: the framework sees none, and this process's children ask
+    for none either."""
+    _say(message)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ[cfg.TASK_OWNER] = str(os.getpid())
+
+
+def _release(endpoint: str, grant: Grant) -> None:
+    with contextlib.suppress(Unreachable, NodeError), Connection(endpoint, timeout=5.0) as c:
+        c.call("done", task_id=grant.task_id, exit_code=None, signal=None)
+
+
+def _command() -> str:
+    return " ".join(getattr(sys, "orig_argv", sys.argv))
+
+
+def start(module: str, cwd: str | None) -> None:
+    """The first import of ``module`` (a framework) is under way: get its GPUs."""
+    try:
+        s = cfg.from_environment()
+    except cfg.SettingsError as e:
+        raise GpushareError(f"gpushare: {e}") from None
+    if s.devices == ():
+        return  # CUDA_VISIBLE_DEVICES="": the user wants no GPU here
+    if not s.endpoint:
+        _no_gpu(
+            f"GPUSHARE_AUTOLOAD is on but {cfg.ENDPOINT} is not set, so {module} runs "
+            "without a GPU (set it to the environment's endpoint, or GPUSHARE_AUTOLOAD=0)"
+        )
+        return
+    try:
+        grant = acquire(s, _command(), Progress("gpushare", s.gpus))
+    except QuotaZero as e:
+        if s.zero_quota == "error":
+            raise GpushareError(
+                f"gpushare: this environment's GPU quota is 0 ({e.message}); "
+                f"GPUSHARE_ZERO_QUOTA=error makes that an error (warn: run {module} on the CPU)"
+            ) from None
+        _no_gpu(f"this environment's GPU quota is 0: {module} runs without a GPU")
+        return
+    except NoResources as e:
+        if s.cpu_fallback:
+            _no_gpu(f"no GPU free ({e.message}): {module} runs without a GPU")
+            return
+        fix = (
+            "GPUSHARE_WAIT=1 waits for one"
+            if not s.wait
+            else "a longer GPUSHARE_WAIT_TIMEOUT waits longer"
+        )
+        raise GpushareError(
+            f"gpushare: no GPU for {module}: {e.message} ({fix}; GPUSHARE_CPU_FALLBACK=1 "
+            "runs without a GPU)"
+        ) from None
+    except Unreachable as e:
+        raise GpushareError(
+            f"gpushare: cannot reach nodemgr: {e} (is nodemgr running, and is "
+            f"{cfg.ENDPOINT} the environment's endpoint? GPUSHARE_AUTOLOAD=0 turns "
+            "auto-load off)"
+        ) from None
+    except NodeError as e:
+        raise GpushareError(f"gpushare: request refused ({e.code}): {e.message}") from None
+    _enter(s.endpoint, grant, cwd)
+
+
+def _enter(endpoint: str, grant: Grant, cwd: str | None) -> None:
+    from client_plugin import shim
+
+    global _task
+    pid = os.getpid()
+    if shim.loaded():
+        env = task_environment(grant, os.environ, pid, preload=False)
+        try:
+            os.environ.update(env)
+            if grant.simulated:
+                # The loader read LD_LIBRARY_PATH at start; loading the simulated
+                # driver by path makes a later dlopen by soname find it.
+                sim = libs.sim_driver_dir()
+                for lib in ("libcuda.so.1", "libnvidia-ml.so.1"):
+                    ctypes.CDLL(str(sim / lib), mode=ctypes.RTLD_GLOBAL)
+            shim.attach(grant.ledger, grant.task_id)
+        except shim.ShimTooLate:
+            pass  # CUDA was used before the grant: only a restart can charge it all
+        except (shim.ShimError, OSError) as e:
+            _release(endpoint, grant)
+            raise GpushareError(f"gpushare: {e}") from None
+        else:
+            _task = Task(endpoint, grant.task_id, grant.heartbeat_interval)
+            return
+    _restart(endpoint, grant, cwd)
+
+
+def _restart(endpoint: str, grant: Grant, cwd: str | None) -> None:
+    """Run this interpreter again from the start, with the shim preloaded."""
+    pid = os.getpid()
+    argv = getattr(sys, "orig_argv", None)
+    if not argv or sys.argv[0] in ("", "-"):
+        _release(endpoint, grant)
+        raise GpushareError(
+            "gpushare: the shim is not loaded in this process, and an interactive "
+            "interpreter or a script read from stdin cannot be restarted with it: "
+            "preload it (LD_PRELOAD=$(python -c 'import client_plugin.libs as l; "
+            "print(l.shim_path())')) or run under gpushare-run"
+        )
+    try:
+        env = task_environment(grant, os.environ, pid, preload=True)
+    except FileNotFoundError as e:
+        _release(endpoint, grant)
+        raise GpushareError(f"gpushare: {e}") from None
+    env[RESTART_ENV] = f"{pid},{grant.heartbeat_interval}"
+    env[cfg.ENDPOINT] = endpoint
+    with contextlib.suppress(OSError):
+        if cwd is not None:
+            os.chdir(cwd)
+    # Output still buffered is dropped, not written: the restarted run writes it again.
+    try:
+        os.execve(sys.executable, argv, env)
+    except OSError as e:
+        _release(endpoint, grant)
+        raise GpushareError(f"gpushare: cannot restart {sys.executable}: {e}") from None
+
+
+def resume() -> None:
+    """In the restarted interpreter, before any user code: keep the task alive."""
+    global _task
+    raw = os.environ.pop(RESTART_ENV, "")
+    try:
+        interval = float(raw.split(",")[1])
+        endpoint = os.environ[cfg.ENDPOINT]
+        task_id = os.environ["GPUSHARE_TASK_ID"]
+    except (IndexError, ValueError, KeyError):
+        _say(f"ignoring a malformed {RESTART_ENV}={raw!r}")
+        return
+    _task = Task(endpoint, task_id, interval)
