@@ -182,3 +182,51 @@ def test_interrupting_the_wait_cancels_the_request(daemon_factory: Any, wait_for
     wait_for(lambda: node.admin("queue")["waiting"] == [], 5)
     conn.call("done", task_id=task)
     conn.close()
+
+
+def test_ctrl_z_stops_the_job_and_fg_carries_it_on(daemon_factory: Any, tmp_path: Path) -> None:
+    """In an interactive shell: Ctrl-Z stops the command and gpushare-run with it, so the
+    shell shows the job stopped; `fg` gives the terminal back to the command."""
+    daemon = daemon_factory(heartbeat_timeout=60.0)
+    ep = daemon.env("alice")
+    prog = tmp_path / "prog.py"
+    prog.write_text(
+        "import sys\n"
+        "print('first?', flush=True)\n"
+        "print('got', sys.stdin.readline().strip(), flush=True)\n"
+        "print('second?', flush=True)\n"
+        "print('got', sys.stdin.readline().strip(), flush=True)\n"
+    )
+    pid, master = pty.fork()
+    if pid == 0:
+        os.execvpe(
+            "bash",
+            ["bash", "--norc", "--noprofile", "-i"],
+            {**os.environ, "PS1": "$ ", "TERM": "dumb"},
+        )
+    try:
+        cmd = f"{BIN / 'gpushare-run'} --endpoint {ep} -- {sys.executable} {prog}\n"
+        os.write(master, cmd.encode())
+        _read_until(master, b"first?")
+        os.write(master, b"one\n")
+        _read_until(master, b"got one")
+        _read_until(master, b"second?")
+        os.write(master, b"\x1a")  # Ctrl-Z
+        _read_until(master, b"Stopped")
+        [task] = daemon.tasks()  # the grant is kept while the job is stopped
+        os.write(master, b"fg\n")
+        time.sleep(0.5)
+        os.write(master, b"two\n")
+        _read_until(master, b"got two")
+        os.write(master, b"echo status=$?\n")
+        _read_until(master, b"status=0")
+        assert daemon.tasks() == []
+        [rec] = daemon.admin("history", env="alice")["records"]
+        assert rec["task_id"] == task["task_id"] and rec["reason"] == "done"
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(master)
