@@ -19,7 +19,7 @@ from typing import Any
 
 from nodemgr import scheduler
 from nodemgr.config import Config
-from nodemgr.gpus import Gpu
+from nodemgr.gpus import Gpu, resolve
 from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, SlotTotals
 from nodemgr.protocol import Err, ProtocolError
 from nodemgr.store import Record, Store
@@ -79,6 +79,7 @@ class Waiter:
     enqueued: float  # monotonic
     deadline: float  # monotonic
     reply_to: Any  # the server's handle for answering it
+    allowed: frozenset[int] | None = None  # the only GPUs it may get; None: any
     bypassed: int = 0  # grants given to later requests while this one waited
     told: int = 0  # the position it was last told
 
@@ -276,8 +277,17 @@ class Node:
             )
         return out
 
+    def restriction(self, devices: list[str] | None) -> frozenset[int] | None:
+        """The GPUs a request's ``devices`` allow (None: any), or ProtocolError."""
+        if devices is None:
+            return None
+        try:
+            return resolve(devices, self.gpus)
+        except ValueError as e:
+            raise ProtocolError(Err.BAD_REQUEST, str(e)) from None
+
     def decide(
-        self, env: Env, need: int, memory: int | None
+        self, env: Env, need: int, memory: int | None, allowed: frozenset[int] | None = None
     ) -> scheduler.Choice | scheduler.Refusal:
         ask = scheduler.Ask(
             need,
@@ -285,6 +295,7 @@ class Node:
             env.memory,
             {i: len(t) for i, t in env.held.items()},
             memory,
+            allowed,
         )
         return scheduler.select(ask, self.views(), self.config.task_threshold)
 
@@ -297,15 +308,17 @@ class Node:
         command: str | None,
         pid_start: int | None = None,
         overtakes: Sequence[Waiter] = (),
+        allowed: frozenset[int] | None = None,
     ) -> Task:
         """Grant a task, or raise ProtocolError (retryable when the code is no_resources).
 
         ``overtakes``: the waiting requests this grant would pass. It may not
         if one of them has been passed too often already; if it is made, each
-        of them counts one more overtaking.
+        of them counts one more overtaking. ``allowed``: the only GPUs it may
+        get (None: any).
         """
         env = self.env(env_name)
-        decision = self.decide(env, need, memory)
+        decision = self.decide(env, need, memory, allowed)
         limit = self.config.queue_max_bypass
         if isinstance(decision, scheduler.Choice) and any(w.bypassed >= limit for w in overtakes):
             decision = scheduler.Refusal(
@@ -442,6 +455,7 @@ class Node:
         command: str | None,
         wait: float,
         reply_to: Any,
+        allowed: frozenset[int] | None = None,
     ) -> Waiter:
         """Put a request at the end of the queue; it is told its position at once."""
         self._wids += 1
@@ -457,6 +471,7 @@ class Node:
             enqueued=now,
             deadline=now + wait,
             reply_to=reply_to,
+            allowed=allowed,
             told=len(self.queue) + 1,
         )
         self.queue.append(w)
@@ -479,7 +494,14 @@ class Node:
             try:
                 # Those ahead of it were passed over without reaching the limit.
                 task = self.grant(
-                    w.env, w.need, w.memory, w.pid, w.command, w.pid_start, self.queue[:i]
+                    w.env,
+                    w.need,
+                    w.memory,
+                    w.pid,
+                    w.command,
+                    w.pid_start,
+                    self.queue[:i],
+                    w.allowed,
                 )
             except ProtocolError as e:
                 if e.code != Err.NO_RESOURCES:
@@ -551,6 +573,7 @@ class Node:
                 "timeout_in": max(0.0, w.deadline - now),
                 "bypassed": w.bypassed,
                 "command": w.command,
+                "devices": None if w.allowed is None else sorted(w.allowed),
             }
             for pos, w in enumerate(self.queue, 1)
         ]
