@@ -84,6 +84,18 @@ class Waiter:
     told: int = 0  # the position it was last told
 
 
+def competes(w: Waiter, env: str, gpus: tuple[int, ...]) -> bool:
+    """Whether granting ``gpus`` to a request of ``env`` overtakes the waiting ``w``
+    (docs/scheduling.md, "Wait queue").
+
+    Any grant overtakes a request that may get any GPU. A request restricted to
+    some GPUs is overtaken only by grants that could delay it: one of its own
+    environment (which uses up its GPU-count quota) or one of a GPU it allows.
+    A grant of other GPUs to another environment changes nothing it waits for.
+    """
+    return w.allowed is None or w.env == env or not w.allowed.isdisjoint(gpus)
+
+
 def process_start(pid: int) -> int | None:
     """The start time of process ``pid`` in clock ticks after boot, or None if it is gone."""
     try:
@@ -312,22 +324,23 @@ class Node:
     ) -> Task:
         """Grant a task, or raise ProtocolError (retryable when the code is no_resources).
 
-        ``overtakes``: the waiting requests this grant would pass. It may not
-        if one of them has been passed too often already; if it is made, each
-        of them counts one more overtaking. ``allowed``: the only GPUs it may
-        get (None: any).
+        ``overtakes``: the waiting requests this grant would pass. Those it
+        competes with (``competes``: all, unless restricted to some GPUs) count
+        one more overtaking each if it is made, and it is not made if one of
+        them has been overtaken too often already. ``allowed``: the only GPUs
+        it may get (None: any).
         """
         env = self.env(env_name)
         decision = self.decide(env, need, memory, allowed)
-        limit = self.config.queue_max_bypass
-        if isinstance(decision, scheduler.Choice) and any(w.bypassed >= limit for w in overtakes):
-            decision = scheduler.Refusal(
-                scheduler.NO_RESOURCES,
+        if isinstance(decision, scheduler.Refusal):
+            raise ProtocolError(decision.code, decision.message)
+        passed = [w for w in overtakes if competes(w, env.name, decision.gpus)]
+        if any(w.bypassed >= self.config.queue_max_bypass for w in passed):
+            raise ProtocolError(
+                Err.NO_RESOURCES,
                 f"{len(overtakes)} earlier requests are waiting and one of them "
                 "may not be overtaken again",
             )
-        if isinstance(decision, scheduler.Refusal):
-            raise ProtocolError(decision.code, decision.message)
         task = Task(
             task_id=secrets.token_hex(8),
             env=env.name,
@@ -364,7 +377,7 @@ class Node:
         for index in decision.new:
             env.ledger.set_limit(index, env.memory)
         self.tasks[task.task_id] = task
-        for w in overtakes:
+        for w in passed:
             w.bypassed += 1
         log.info("grant %s env=%s gpus=%s pid=%s", task.task_id, env.name, task.gpus, pid)
         return task
@@ -481,9 +494,10 @@ class Node:
         """Grant waiting requests in order as far as the policy allows.
 
         A request that cannot be served yet is passed over, unless it has been
-        passed over ``queue_max_bypass`` times: then nothing behind it is
-        served until it is. Returns the grants made and the requests that can
-        never be served (their quota changed, say).
+        overtaken ``queue_max_bypass`` times: then nothing behind it that
+        competes with it is served until it is (for a request that may get any
+        GPU, nothing behind it at all). Returns the grants made and the
+        requests that can never be served (their quota changed, say).
         """
         granted: list[tuple[Waiter, Task]] = []
         failed: list[tuple[Waiter, ProtocolError]] = []
@@ -508,7 +522,7 @@ class Node:
                     self.queue.pop(i)
                     failed.append((w, e))
                     continue
-                if w.bypassed >= self.config.queue_max_bypass:
+                if w.bypassed >= self.config.queue_max_bypass and w.allowed is None:
                     break
                 i += 1
                 continue

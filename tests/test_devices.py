@@ -280,3 +280,49 @@ def test_an_unrestricted_waiter_shows_no_devices(node: Any, wait_for: Any) -> No
         w.finish()
     for h in holds:
         h.close()
+
+
+def test_a_restricted_waiter_is_overtaken_only_by_grants_that_could_delay_it(
+    daemon_factory: Any, wait_for: Any
+) -> None:
+    """Policy (docs/scheduling.md, "Wait queue"): grants of GPUs it does not allow to other
+    environments neither count as overtaking a restricted waiter nor are held back by it."""
+    node = daemon_factory(
+        {
+            "scheduler": {"task_threshold": 1, "queue_max_bypass": 2},
+            "gpus": {"simulated_count": 2},
+        },
+        heartbeat_timeout=600.0,
+    )
+
+    def bypassed() -> int:
+        (entry,) = node.admin("queue")["waiting"]
+        return int(entry["bypassed"])
+
+    def run_once(endpoint: str) -> None:
+        with Connection(endpoint) as c:
+            got = c.call("request", gpus=1)
+            assert indices(got) == [1]
+            c.call("done", task_id=got["task_id"])
+
+    with Connection(node.env("a")) as hold:
+        held = hold.call("request", gpus=1, devices=["0"])
+        ep = node.env("c")
+        w = Waiting(ep, ["0"], 60)
+        wait_for(lambda: len(node.admin("queue")["waiting"]) == 1, 5)
+        other = node.env("b")
+        for _ in range(3):  # more than queue_max_bypass: GPU 1 is none of its business
+            run_once(other)
+        assert bypassed() == 0
+        # Its own environment's grants use its quota (1 GPU): they count.
+        for overtaken in (1, 2):
+            run_once(ep)
+            assert bypassed() == overtaken
+        with Connection(ep) as c, pytest.raises(NoResources, match="may not be overtaken"):
+            c.call("request", gpus=1)
+        # ... while another environment still gets GPU 1.
+        run_once(other)
+        assert bypassed() == 2 and w.is_alive()
+
+        hold.call("done", task_id=held["task_id"])
+        assert indices(w.finish()) == [0]
