@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid as uuidlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nodemgr.config import Config
@@ -42,6 +43,46 @@ def simulated(config: Config) -> list[Gpu]:
 def sim_spec(gpus: list[Gpu]) -> str:
     """GPUSHARE_SIM_GPUS for the simulated driver: ``NAME|UUID|BYTES`` joined by ``;``."""
     return ";".join(f"{g.name}|{g.uuid}|{g.memory}" for g in gpus)
+
+
+def resolve(names: Sequence[str], gpus: Sequence[Gpu]) -> frozenset[int]:
+    """The indices of the GPUs a request's ``devices`` name (docs/protocol.md).
+
+    A name is a GPU index, or a GPU UUID or a prefix of one, compared without
+    regard to case; nodemgr.protocol has checked its form. Raise ValueError,
+    naming the entry, for a name that matches no GPU or several, or a GPU
+    named twice.
+    """
+    named: dict[int, str] = {}
+    for name in names:
+        if name.startswith("GPU-"):
+            key = name.lower()
+            matches = [g.index for g in gpus if g.uuid.lower().startswith(key)]
+        else:
+            matches = [g.index for g in gpus if g.index == int(name)]
+        if not matches:
+            have = {0: "no GPUs", 1: "GPU 0"}.get(len(gpus), f"GPUs 0-{len(gpus) - 1}")
+            raise ValueError(
+                f"CUDA_VISIBLE_DEVICES (request.devices) entry {name!r} names no GPU of this "
+                f"node (it has {have}; `nodemgr status` lists their indices and UUIDs): "
+                "fix or unset CUDA_VISIBLE_DEVICES"
+            )
+        if len(matches) > 1:
+            raise ValueError(
+                f"CUDA_VISIBLE_DEVICES (request.devices) entry {name!r} is the start of the "
+                f"UUIDs of GPUs {', '.join(map(str, matches))}: give more of the UUID "
+                "(`nodemgr status` lists them)"
+            )
+        index = matches[0]
+        if index in named:
+            first = named[index]
+            twice = f"{name!r} twice" if first == name else f"{first!r} and {name!r}"
+            raise ValueError(
+                f"CUDA_VISIBLE_DEVICES (request.devices) names GPU {index} {twice}: "
+                "name each GPU once"
+            )
+        named[index] = name
+    return frozenset(named)
 
 
 def nvml() -> list[Gpu]:

@@ -25,6 +25,9 @@ MAX_GPUS_PER_REQUEST = 64
 MAX_BYTES = (1 << 63) - 1
 MAX_WAIT = 7 * 86400.0
 MAX_HISTORY = 10000
+# request.devices: a GPU index as nodemgr numbers them, or a GPU UUID or a prefix of one
+# (at least "GPU-" and 4 more characters). Which GPU a name means is nodemgr.gpus.resolve's.
+DEVICE_NAME = re.compile(r"[0-9]{1,9}|GPU-[0-9A-Fa-f-]{4,60}")
 
 
 class Err:
@@ -93,6 +96,19 @@ def _str(pattern: re.Pattern[str] | None = None, max_len: int = 4096) -> Callabl
     return check
 
 
+def _devices(v: Any) -> list[str]:
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_GPUS_PER_REQUEST:
+        raise ValueError(f"must be a list of 1..{MAX_GPUS_PER_REQUEST} GPU names, or nil")
+    for i, name in enumerate(v):
+        if not isinstance(name, str) or not DEVICE_NAME.fullmatch(name):
+            raise ValueError(
+                f"entry {i} ({reprlib.repr(name)}) must be a GPU index as `nodemgr status` "
+                "numbers them, or a GPU UUID (GPU-...) or a prefix of one of at least 8 "
+                "characters; fix or unset CUDA_VISIBLE_DEVICES"
+            )
+    return list(v)
+
+
 def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def opt(v: Any) -> Any:
         return None if v is None else check(v)
@@ -113,6 +129,7 @@ TASK_REQUESTS: dict[str, Schema] = {
         "memory": (False, _optional(_bytes)),
         "command": (False, _optional(_str(max_len=4096))),
         "wait": (False, _optional(_number(0.0, MAX_WAIT))),
+        "devices": (False, _optional(_devices)),
     },
     "heartbeat": {"task_id": (True, _task)},
     "done": {

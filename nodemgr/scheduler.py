@@ -53,6 +53,8 @@ class Ask:
     memory: int  # the environment's per-GPU memory quota, bytes
     env_gpus: Mapping[int, int]  # GPUs the environment uses -> its tasks there
     memory_hint: int | None = None  # per-GPU bytes the task says it needs
+    # The only GPUs the task may get (the user's CUDA_VISIBLE_DEVICES); None: any.
+    allowed: frozenset[int] | None = None
 
 
 def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusal:
@@ -69,6 +71,10 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
       take ``need``. Too few: take them all and reuse
       ``need - len(candidates)`` of the environment's least-loaded GPUs; if
       it uses fewer than that, refuse.
+
+    ``ask.allowed``, when set, keeps both new and reused GPUs to that set; a
+    request it makes impossible is refused as ``quota_exceeded``, one whose
+    allowed GPUs are busy as ``no_resources``.
     """
     if ask.quota == 0:
         return Refusal(
@@ -103,18 +109,40 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
             f"asked for {ask.need} GPUs but only {len(could_hold)} GPUs of this node can hold "
             f"this environment's memory quota of {ask.memory} bytes per GPU",
         )
+    allowed = ask.allowed
+    if allowed is not None:
+        could_hold = [g for g in could_hold if g.index in allowed]
+        if ask.need > len(could_hold):
+            return Refusal(
+                QUOTA_EXCEEDED,
+                f"asked for {ask.need} GPUs but the request's CUDA_VISIBLE_DEVICES allows "
+                f"{_names(allowed)}, of which {len(could_hold)} can hold this environment's "
+                f"memory quota of {ask.memory} bytes per GPU (the others are lost or too "
+                "small); allow more GPUs, or unset CUDA_VISIBLE_DEVICES",
+            )
+        usable = [g for g in usable if g.index in allowed]
     by_index = {g.index: g for g in gpus}
     used = len(ask.env_gpus)
     reusable = sorted(
-        (i for i in ask.env_gpus if i in by_index and by_index[i].usable),
+        (
+            i
+            for i in ask.env_gpus
+            if i in by_index and by_index[i].usable and (allowed is None or i in allowed)
+        ),
         key=lambda i: (by_index[i].tasks, i),
     )
     new_allowed = ask.quota - used
     if new_allowed <= 0:
         if len(reusable) < ask.need:
-            return Refusal(
-                NO_RESOURCES, f"{ask.need} GPUs needed; this environment can use {len(reusable)}"
-            )
+            if allowed is None:
+                why = f"{ask.need} GPUs needed; this environment can use {len(reusable)}"
+            else:
+                why = (
+                    f"{ask.need} GPUs needed; this environment's GPU quota is in use and "
+                    f"{len(reusable)} of its GPUs are among those CUDA_VISIBLE_DEVICES allows "
+                    f"({_names(allowed)}); wait for its other tasks to end"
+                )
+            return Refusal(NO_RESOURCES, why)
         return Choice(tuple(reusable[: ask.need]), ())
     candidates = sorted(
         (
@@ -129,10 +157,22 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
         return Choice(chosen, chosen)
     reuse = ask.need - len(candidates)
     if len(reusable) < reuse:
+        among, of_them = "", ""
+        if allowed is not None:
+            among = f" of those CUDA_VISIBLE_DEVICES allows ({_names(allowed)})"
+            of_them = " of them"
         return Refusal(
             NO_RESOURCES,
-            f"{ask.need} GPUs needed: {len(candidates)} free GPUs can take this environment "
-            f"and it holds {len(reusable)}; wait for other tasks to end",
+            f"{ask.need} GPUs needed: {len(candidates)} free GPUs{among} can take this "
+            f"environment and it holds {len(reusable)}{of_them}; wait for other tasks to end",
         )
     new = tuple(g.index for g in candidates)
     return Choice(new + tuple(reusable[:reuse]), new)
+
+
+def _names(allowed: frozenset[int]) -> str:
+    """``GPU 2`` or ``GPUs 0, 3``: an allowed set in a message."""
+    if not allowed:
+        return "no GPU"
+    listed = ", ".join(str(i) for i in sorted(allowed))
+    return f"GPU {listed}" if len(allowed) == 1 else f"GPUs {listed}"

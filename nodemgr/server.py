@@ -398,6 +398,7 @@ class Server:
         origin: tuple[zmq.Socket[bytes], list[bytes]] | None,
     ) -> dict[str, Any]:
         node = self.node
+        allowed = node.restriction(body["devices"])
         pid = peer_pid(frame)
         pid_start = process_start(pid) if pid is not None else None
         try:
@@ -409,6 +410,7 @@ class Server:
                 body["command"],
                 pid_start,
                 overtakes=node.queue,
+                allowed=allowed,
             )
         except ProtocolError as e:
             wait = min(body["wait"] or 0.0, self.config.max_wait)
@@ -423,6 +425,7 @@ class Server:
                 body["command"],
                 wait,
                 (origin[0], origin[1], msg_id),
+                allowed,
             )
             if pid is not None:
                 try:

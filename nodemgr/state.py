@@ -19,7 +19,7 @@ from typing import Any
 
 from nodemgr import scheduler
 from nodemgr.config import Config
-from nodemgr.gpus import Gpu
+from nodemgr.gpus import Gpu, resolve
 from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, SlotTotals
 from nodemgr.protocol import Err, ProtocolError
 from nodemgr.store import Record, Store
@@ -79,8 +79,21 @@ class Waiter:
     enqueued: float  # monotonic
     deadline: float  # monotonic
     reply_to: Any  # the server's handle for answering it
+    allowed: frozenset[int] | None = None  # the only GPUs it may get; None: any
     bypassed: int = 0  # grants given to later requests while this one waited
     told: int = 0  # the position it was last told
+
+
+def competes(w: Waiter, env: str, gpus: tuple[int, ...]) -> bool:
+    """Whether granting ``gpus`` to a request of ``env`` overtakes the waiting ``w``
+    (docs/scheduling.md, "Wait queue").
+
+    Any grant overtakes a request that may get any GPU. A request restricted to
+    some GPUs is overtaken only by grants that could delay it: one of its own
+    environment (which uses up its GPU-count quota) or one of a GPU it allows.
+    A grant of other GPUs to another environment changes nothing it waits for.
+    """
+    return w.allowed is None or w.env == env or not w.allowed.isdisjoint(gpus)
 
 
 def process_start(pid: int) -> int | None:
@@ -276,8 +289,17 @@ class Node:
             )
         return out
 
+    def restriction(self, devices: list[str] | None) -> frozenset[int] | None:
+        """The GPUs a request's ``devices`` allow (None: any), or ProtocolError."""
+        if devices is None:
+            return None
+        try:
+            return resolve(devices, self.gpus)
+        except ValueError as e:
+            raise ProtocolError(Err.BAD_REQUEST, str(e)) from None
+
     def decide(
-        self, env: Env, need: int, memory: int | None
+        self, env: Env, need: int, memory: int | None, allowed: frozenset[int] | None = None
     ) -> scheduler.Choice | scheduler.Refusal:
         ask = scheduler.Ask(
             need,
@@ -285,6 +307,7 @@ class Node:
             env.memory,
             {i: len(t) for i, t in env.held.items()},
             memory,
+            allowed,
         )
         return scheduler.select(ask, self.views(), self.config.task_threshold)
 
@@ -297,24 +320,27 @@ class Node:
         command: str | None,
         pid_start: int | None = None,
         overtakes: Sequence[Waiter] = (),
+        allowed: frozenset[int] | None = None,
     ) -> Task:
         """Grant a task, or raise ProtocolError (retryable when the code is no_resources).
 
-        ``overtakes``: the waiting requests this grant would pass. It may not
-        if one of them has been passed too often already; if it is made, each
-        of them counts one more overtaking.
+        ``overtakes``: the waiting requests this grant would pass. Those it
+        competes with (``competes``: all, unless restricted to some GPUs) count
+        one more overtaking each if it is made, and it is not made if one of
+        them has been overtaken too often already. ``allowed``: the only GPUs
+        it may get (None: any).
         """
         env = self.env(env_name)
-        decision = self.decide(env, need, memory)
-        limit = self.config.queue_max_bypass
-        if isinstance(decision, scheduler.Choice) and any(w.bypassed >= limit for w in overtakes):
-            decision = scheduler.Refusal(
-                scheduler.NO_RESOURCES,
+        decision = self.decide(env, need, memory, allowed)
+        if isinstance(decision, scheduler.Refusal):
+            raise ProtocolError(decision.code, decision.message)
+        passed = [w for w in overtakes if competes(w, env.name, decision.gpus)]
+        if any(w.bypassed >= self.config.queue_max_bypass for w in passed):
+            raise ProtocolError(
+                Err.NO_RESOURCES,
                 f"{len(overtakes)} earlier requests are waiting and one of them "
                 "may not be overtaken again",
             )
-        if isinstance(decision, scheduler.Refusal):
-            raise ProtocolError(decision.code, decision.message)
         task = Task(
             task_id=secrets.token_hex(8),
             env=env.name,
@@ -351,7 +377,7 @@ class Node:
         for index in decision.new:
             env.ledger.set_limit(index, env.memory)
         self.tasks[task.task_id] = task
-        for w in overtakes:
+        for w in passed:
             w.bypassed += 1
         log.info("grant %s env=%s gpus=%s pid=%s", task.task_id, env.name, task.gpus, pid)
         return task
@@ -442,6 +468,7 @@ class Node:
         command: str | None,
         wait: float,
         reply_to: Any,
+        allowed: frozenset[int] | None = None,
     ) -> Waiter:
         """Put a request at the end of the queue; it is told its position at once."""
         self._wids += 1
@@ -457,6 +484,7 @@ class Node:
             enqueued=now,
             deadline=now + wait,
             reply_to=reply_to,
+            allowed=allowed,
             told=len(self.queue) + 1,
         )
         self.queue.append(w)
@@ -466,9 +494,10 @@ class Node:
         """Grant waiting requests in order as far as the policy allows.
 
         A request that cannot be served yet is passed over, unless it has been
-        passed over ``queue_max_bypass`` times: then nothing behind it is
-        served until it is. Returns the grants made and the requests that can
-        never be served (their quota changed, say).
+        overtaken ``queue_max_bypass`` times: then nothing behind it that
+        competes with it is served until it is (for a request that may get any
+        GPU, nothing behind it at all). Returns the grants made and the
+        requests that can never be served (their quota changed, say).
         """
         granted: list[tuple[Waiter, Task]] = []
         failed: list[tuple[Waiter, ProtocolError]] = []
@@ -479,14 +508,21 @@ class Node:
             try:
                 # Those ahead of it were passed over without reaching the limit.
                 task = self.grant(
-                    w.env, w.need, w.memory, w.pid, w.command, w.pid_start, self.queue[:i]
+                    w.env,
+                    w.need,
+                    w.memory,
+                    w.pid,
+                    w.command,
+                    w.pid_start,
+                    self.queue[:i],
+                    w.allowed,
                 )
             except ProtocolError as e:
                 if e.code != Err.NO_RESOURCES:
                     self.queue.pop(i)
                     failed.append((w, e))
                     continue
-                if w.bypassed >= self.config.queue_max_bypass:
+                if w.bypassed >= self.config.queue_max_bypass and w.allowed is None:
                     break
                 i += 1
                 continue
@@ -551,6 +587,7 @@ class Node:
                 "timeout_in": max(0.0, w.deadline - now),
                 "bypassed": w.bypassed,
                 "command": w.command,
+                "devices": None if w.allowed is None else sorted(w.allowed),
             }
             for pos, w in enumerate(self.queue, 1)
         ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -133,6 +135,96 @@ def test_too_few_candidates_and_too_few_held_gpus_is_retryable() -> None:
     assert refused(r, "no_resources")
 
 
+# --- a restriction to some GPUs (the user's CUDA_VISIBLE_DEVICES) ---------------------
+
+
+def only(a: Ask, *allowed: int) -> Ask:
+    return replace(a, allowed=frozenset(allowed))
+
+
+def test_a_restricted_request_gets_an_allowed_gpu_even_if_others_are_freer() -> None:
+    views = [
+        GpuView(0, 0, 16 * GiB, 16 * GiB),
+        GpuView(1, 2, 16 * GiB, 4 * GiB),
+        GpuView(2, 1, 16 * GiB, 8 * GiB),
+    ]
+    assert select(ask(1, 2), views, T) == Choice((0,), (0,))
+    assert select(only(ask(1, 2), 1), views, T) == Choice((1,), (1,))
+    assert select(only(ask(1, 2), 1, 2), views, T) == Choice((2,), (2,))
+
+
+def test_the_grant_follows_the_scheduler_order_not_the_list() -> None:
+    views = [GpuView(0, 0, 16 * GiB, 4 * GiB), GpuView(1, 0, 16 * GiB, 16 * GiB)]
+    assert select(only(ask(2, 2), 0, 1), views, T) == Choice((1, 0), (1, 0))
+
+
+def test_a_restriction_to_every_gpu_is_no_restriction() -> None:
+    a = ask(2, 3, {0: 1})
+    views = gpus(1, T, 0, 2)
+    assert select(only(a, 0, 1, 2, 3), views, T) == select(a, views, T) == Choice((2, 3), (2, 3))
+
+
+def test_a_restricted_request_reuses_only_allowed_gpus_of_its_environment() -> None:
+    # quota 3, holds GPUs 0 and 2: one new GPU may be added, the other is reused.
+    a = ask(2, 3, {0: 1, 2: 1})
+    views = gpus(1, 0, 1, 0)
+    assert select(a, views, T) == Choice((1, 0), (1,))
+    assert select(only(a, 2, 3), views, T) == Choice((3, 2), (3,))
+    # Its own GPU is shared without threshold or memory checks, as unrestricted.
+    assert select(only(ask(1, 2, {0: 1}), 0), gpus(9, 0, free=0), T) == Choice((0,), ())
+
+
+def test_a_restriction_never_reuses_a_gpu_it_does_not_allow() -> None:
+    # The quota is used up on GPU 0; GPU 1 is allowed but would be a second GPU.
+    r = select(only(ask(1, 1, {0: 1}), 1), gpus(1, 0), T)
+    assert refused(r, "no_resources")
+    assert isinstance(r, Refusal) and r.retryable
+    assert "CUDA_VISIBLE_DEVICES allows (GPU 1)" in r.message
+    assert "other tasks to end" in r.message
+    # Too few new GPUs allowed and free, and the held one is not allowed.
+    r = select(only(ask(2, 3, {0: 1}), 1, 2), gpus(1, 0, T), T)
+    assert refused(r, "no_resources")
+    assert isinstance(r, Refusal) and r.retryable
+    assert "of those CUDA_VISIBLE_DEVICES allows (GPUs 1, 2)" in r.message
+
+
+def test_allowed_gpus_that_are_busy_now_are_retryable() -> None:
+    # GPU 0 is free; the allowed GPU 1 is at the threshold, then without free memory.
+    for views in (gpus(0, T), [GpuView(0, 0, 16 * GiB, 16 * GiB), GpuView(1, 1, 16 * GiB, 0)]):
+        assert select(ask(1, 2), views, T) == Choice((0,), (0,))
+        r = select(only(ask(1, 2), 1), views, T)
+        assert refused(r, "no_resources")
+        assert isinstance(r, Refusal) and r.retryable and "CUDA_VISIBLE_DEVICES" in r.message
+
+
+def test_fewer_allowed_gpus_than_needed_is_never_satisfiable() -> None:
+    r = select(only(ask(2, 4), 1), gpus(0, 0, 0, 0), T)
+    assert refused(r, "quota_exceeded")
+    assert isinstance(r, Refusal) and not r.retryable
+    assert "CUDA_VISIBLE_DEVICES allows GPU 1, of which 1 can hold" in r.message
+
+
+def test_allowed_gpus_too_small_or_lost_are_never_satisfiable() -> None:
+    views = [
+        GpuView(0, 0, 16 * GiB, 16 * GiB),
+        GpuView(1, 0, 8 * GiB, 8 * GiB),
+        GpuView(2, 0, 16 * GiB, 16 * GiB, usable=False),
+    ]
+    assert select(ask(1, 2, memory=12 * GiB), views, T) == Choice((0,), (0,))
+    for allowed in ((1,), (2,), (1, 2)):
+        r = select(only(ask(1, 2, memory=12 * GiB), *allowed), views, T)
+        assert refused(r, "quota_exceeded")
+        assert isinstance(r, Refusal) and "of which 0 can hold" in r.message
+        assert "unset CUDA_VISIBLE_DEVICES" in r.message
+
+
+def test_refusals_that_come_first_are_unchanged_by_a_restriction() -> None:
+    assert refused(select(only(ask(1, 0), 0), gpus(0), T), "quota_zero")
+    r = select(only(ask(3, 2), 0, 1, 2), gpus(0, 0, 0), T)
+    assert refused(r, "quota_exceeded")
+    assert isinstance(r, Refusal) and "quota is 2" in r.message
+
+
 # --- properties ---------------------------------------------------------------------
 
 
@@ -152,7 +244,8 @@ def scenarios(draw: st.DrawFn) -> tuple[Ask, list[GpuView], int]:
     quota = draw(st.integers(0, 8))
     need = draw(st.integers(1, 8))
     memory = draw(st.integers(0, 32)) * GiB
-    return Ask(need, quota, memory, env), views, threshold
+    allowed = draw(st.none() | st.frozensets(st.integers(0, n - 1), min_size=1))
+    return Ask(need, quota, memory, env, allowed=allowed), views, threshold
 
 
 @settings(max_examples=1500, deadline=None, database=None)
@@ -179,6 +272,8 @@ def test_a_grant_respects_quota_memory_and_threshold(
         assert by[i].tasks < threshold
     for i in r.gpus:
         assert by[i].usable
+        # Only GPUs the request allows, new or reused.
+        assert a.allowed is None or i in a.allowed
 
 
 @settings(max_examples=800, deadline=None, database=None)
@@ -190,6 +285,21 @@ def test_refusals_are_classified_by_whether_waiting_can_help(
     r = select(a, views, threshold)
     if not isinstance(r, Refusal) or r.code != "no_resources":
         return
-    # Once every task has ended, a retryable request succeeds.
+    # Once every task has ended, a retryable request succeeds, within its restriction.
     empty = [GpuView(g.index, 0, g.capacity, g.capacity, g.usable) for g in views]
-    assert isinstance(select(Ask(a.need, a.quota, a.memory, {}), empty, threshold), Choice)
+    again = Ask(a.need, a.quota, a.memory, {}, allowed=a.allowed)
+    assert isinstance(select(again, empty, threshold), Choice)
+
+
+@settings(max_examples=800, deadline=None, database=None)
+@given(scenarios())
+def test_allowing_every_gpu_decides_as_no_restriction_does(
+    case: tuple[Ask, list[GpuView], int],
+) -> None:
+    a, views, threshold = case
+    free = select(replace(a, allowed=None), views, threshold)
+    every = select(replace(a, allowed=frozenset(g.index for g in views)), views, threshold)
+    if isinstance(free, Choice):
+        assert every == free
+    else:
+        assert isinstance(every, Refusal) and every.code == free.code

@@ -66,7 +66,7 @@ def test_validate_types_ranges_and_unknowns() -> None:
         {"v": 1, "type": "request", "id": 1, "gpus": 2, "extra": "ignored"},
         protocol.TASK_REQUESTS,
     )
-    assert ok == {"gpus": 2, "memory": None, "command": None, "wait": None}
+    assert ok == {"gpus": 2, "memory": None, "command": None, "wait": None, "devices": None}
     for msg, code in [
         ({"type": "request"}, Err.BAD_REQUEST),
         ({"type": "request", "gpus": 0}, Err.BAD_REQUEST),
