@@ -7,6 +7,7 @@ the end. Refusals arrive as :mod:`nodemgr.client` exceptions.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -169,6 +170,7 @@ def acquire(s: Settings, command: str, progress: Progress) -> Grant:
             try:
                 grant = _request_once(s, s.endpoint, command, wait, progress)
                 granted = True
+                _check_restriction(s, grant)
                 return grant
             except NoResources:
                 # The node cuts each wait to its own limit: ask again while ours lasts.
@@ -177,6 +179,28 @@ def acquire(s: Settings, command: str, progress: Progress) -> Grant:
                 time.sleep(max(0.0, min(1.0, asked + 1.0 - time.monotonic())))
     finally:
         progress.done(granted)
+
+
+def _allowed(gpu: Mapping[str, Any], devices: tuple[str, ...]) -> bool:
+    uuid = str(gpu.get("uuid", "")).lower()
+    return any(
+        (d.isdigit() and int(d) == gpu.get("index")) or uuid.startswith(d.lower()) for d in devices
+    )
+
+
+def _check_restriction(s: Settings, grant: Grant) -> None:
+    """A nodemgr older than the ``devices`` field ignores it: never run outside it."""
+    if not s.devices or all(_allowed(g, s.devices) for g in grant.gpus):
+        return
+    assert s.endpoint is not None
+    with contextlib.suppress(Unreachable, NodeError), Connection(s.endpoint, timeout=5.0) as c:
+        c.call("done", task_id=grant.task_id, exit_code=None, signal=None)
+    raise QuotaExceeded(
+        "quota_exceeded",
+        f"nodemgr granted GPUs outside CUDA_VISIBLE_DEVICES={','.join(s.devices)} (it is "
+        "older than this client and ignores the restriction): upgrade nodemgr, or unset "
+        "CUDA_VISIBLE_DEVICES",
+    )
 
 
 def task_environment(

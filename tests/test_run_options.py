@@ -224,3 +224,33 @@ def test_a_nested_gpushare_run_shares_the_enclosing_grant(node: Any) -> None:
     assert inner_id == outer_id
     [rec] = node.admin("history", env="alice")["records"]
     assert rec["task_id"] == outer_id
+
+
+def test_cuda_visible_devices_restricts_the_grant(node: Any) -> None:
+    ep = node.env("alice", gpus=1)
+    show = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
+    r = gpushare_run(
+        "--endpoint", ep, sys.executable, "-c", show, env={"CUDA_VISIBLE_DEVICES": "1"}
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == node.admin("status")["gpus"][1]["uuid"]
+    uuid0 = node.admin("status")["gpus"][0]["uuid"]
+    r = gpushare_run(
+        "--endpoint", ep, sys.executable, "-c", show, env={"CUDA_VISIBLE_DEVICES": uuid0}
+    )
+    assert r.stdout.strip() == uuid0
+    # Naming a GPU the node lacks is refused, with the fix; so is an empty list.
+    r = gpushare_run("--endpoint", ep, "true", env={"CUDA_VISIBLE_DEVICES": "7"})
+    assert r.returncode == 77
+    assert "'7' names no GPU" in r.stderr and "CUDA_VISIBLE_DEVICES" in r.stderr
+    r = gpushare_run("--endpoint", ep, "true", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 77
+    assert "allows no GPU" in r.stderr
+    # The allowed GPU busy and the other free: no grant (without waiting: 75).
+    other = hold(node.env("other"))  # takes the GPU with most free memory
+    taken = next(t for t in node.tasks() if t["env"] == "other")["gpus"][0]
+    r = gpushare_run(
+        "--endpoint", ep, "--no-wait", "true", env={"CUDA_VISIBLE_DEVICES": str(taken)}
+    )
+    assert r.returncode == 75
+    other.close()
