@@ -105,23 +105,34 @@ def test_kill9_of_gpushare_run_kills_the_command(
     wait_for(lambda: daemon.tasks() == [], 5)
 
 
-def _read_until(fd: int, want: bytes, timeout: float = 20) -> bytes:
-    got = b""
-    deadline = time.monotonic() + timeout
-    while want not in got:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"no {want!r} in {got!r}")
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            got += chunk
-    return got
+class Pty:
+    """What a pty's master reads, kept across calls: output arrives in arbitrary chunks."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = b""
+
+    def expect(self, want: bytes, timeout: float = 20) -> bytes:
+        """Read until ``want`` has arrived; return what came up to it, and keep the rest."""
+        deadline = time.monotonic() + timeout
+        while want not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no {want!r} in {self.buf!r}")
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready:
+                try:
+                    chunk = os.read(self.fd, 4096)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    raise AssertionError(f"the terminal closed; no {want!r} in {self.buf!r}")
+                self.buf += chunk
+        seen, _, self.buf = self.buf.partition(want)
+        return seen
+
+    def write(self, data: bytes) -> None:
+        os.write(self.fd, data)
 
 
 def test_on_a_terminal_the_command_reads_it_and_ctrl_c_reaches_it(daemon: Any) -> None:
@@ -133,6 +144,7 @@ def test_on_a_terminal_the_command_reads_it_and_ctrl_c_reaches_it(daemon: Any) -
         "print('name?', flush=True)\n"
         "print('hello', sys.stdin.readline().strip(), flush=True)\n"
         "try:\n"
+        "    print('sleeping', flush=True)\n"
         "    time.sleep(60)\n"
         "except KeyboardInterrupt:\n"
         "    print('interrupted', flush=True)\n"
@@ -144,12 +156,14 @@ def test_on_a_terminal_the_command_reads_it_and_ctrl_c_reaches_it(daemon: Any) -
             str(BIN / "gpushare-run"),
             ["gpushare-run", "--endpoint", ep, "--", sys.executable, "-c", prog],
         )
+    term = Pty(master)
     try:
-        _read_until(master, b"name?")
-        os.write(master, b"world\n")
-        _read_until(master, b"hello world")
-        os.write(master, b"\x03")  # Ctrl-C
-        _read_until(master, b"interrupted")
+        term.expect(b"name?")
+        term.write(b"world\n")
+        term.expect(b"hello world")
+        term.expect(b"sleeping")
+        term.write(b"\x03")  # Ctrl-C
+        term.expect(b"interrupted")
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 5
     finally:
@@ -204,22 +218,24 @@ def test_ctrl_z_stops_the_job_and_fg_carries_it_on(daemon_factory: Any, tmp_path
             ["bash", "--norc", "--noprofile", "-i"],
             {**os.environ, "PS1": "$ ", "TERM": "dumb"},
         )
+    term = Pty(master)
     try:
         cmd = f"{BIN / 'gpushare-run'} --endpoint {ep} -- {sys.executable} {prog}\n"
-        os.write(master, cmd.encode())
-        _read_until(master, b"first?")
-        os.write(master, b"one\n")
-        _read_until(master, b"got one")
-        _read_until(master, b"second?")
-        os.write(master, b"\x1a")  # Ctrl-Z
-        _read_until(master, b"Stopped")
+        term.write(cmd.encode())
+        term.expect(b"first?\r\n")
+        term.write(b"one\n")
+        term.expect(b"got one")
+        term.expect(b"second?\r\n")
+        term.write(b"\x1a")  # Ctrl-Z
+        term.expect(b"Stopped")
+        term.expect(b"$ ")  # the shell's prompt: the job is stopped
         [task] = daemon.tasks()  # the grant is kept while the job is stopped
-        os.write(master, b"fg\n")
+        term.write(b"fg\n")
         time.sleep(0.5)
-        os.write(master, b"two\n")
-        _read_until(master, b"got two")
-        os.write(master, b"echo status=$?\n")
-        _read_until(master, b"status=0")
+        term.write(b"two\n")
+        term.expect(b"got two")
+        term.write(b"echo status=$?\n")
+        term.expect(b"status=0")
         assert daemon.tasks() == []
         [rec] = daemon.admin("history", env="alice")["records"]
         assert rec["task_id"] == task["task_id"] and rec["reason"] == "done"
