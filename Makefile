@@ -1,4 +1,5 @@
-# gpushare: `make run` starts nodemgr, `make test` runs every check, `make bench` measures.
+# gpushare: `make run` starts nodemgr, `make test` runs every check, `make bench` measures,
+# `make demo` shows gpushare at work.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -8,7 +9,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
 .PHONY: all install run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-gpu debug \
-	debug-test clean
+	debug-test demo clean
 
 all: install
 
@@ -70,6 +71,12 @@ $(addprefix bench-,$(BENCHES)): bench-%: install
 # which stays GPU-free. BENCH_ARGS as for bench (--quick, --only NAME, --check, --python PY).
 bench-gpu: install
 	$(BIN)/python benchmarks/gpu_bench.py --out build/bench/gpu.json $(BENCH_ARGS)
+
+# A tour of gpushare on two simulated GPUs (its own nodemgr, two environments,
+# a task that waits and one that meets its quota), in a few seconds. Also a
+# smoke test: it exits non-zero when something did not happen as it says.
+demo: install
+	$(BIN)/python demo/demo.py
 
 # ASan/UBSan builds of the shim and simulated driver, for the C tests.
 debug: install
