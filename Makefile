@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-SOURCES := setup.py pyproject.toml $(wildcard shim/*) \
+SOURCES := setup.py pyproject.toml gpushare-autoload.pth $(wildcard shim/*) \
 	$(wildcard nodemgr/*.py nodemgr/cli/*.py client_plugin/*.py)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
