@@ -15,6 +15,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nodemgr import scheduler
@@ -111,6 +112,20 @@ def process_start(pid: int) -> int | None:
         return None
 
 
+def _empty_dir(path: Path) -> None:
+    """Make ``path`` an empty directory, keeping the directory itself if there is one:
+    containers bind-mount it, and a mount keeps showing a replaced directory's old,
+    deleted self."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    path.mkdir(parents=True, mode=0o700, exist_ok=True)
+    for entry in path.iterdir():  # left by an earlier run, or made by a mount: not usable
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 class Node:
     def __init__(self, config: Config, gpus: list[Gpu], simulated: bool, store: Store) -> None:
         self.config = config
@@ -204,9 +219,7 @@ class Node:
         uuids = [g.uuid_bytes for g in self.gpus]
         ledger = Ledger.reopen(env_dir / "ledger", uuids) if adopt else None
         if ledger is None:
-            if env_dir.exists():
-                shutil.rmtree(env_dir)  # left by an earlier run, not usable
-            env_dir.mkdir(parents=True, mode=0o700)
+            _empty_dir(env_dir)
             ledger = Ledger.create(env_dir / "ledger", uuids)
         ledger.chown(access.uid, access.gid, access.mode)
         for index in range(len(self.gpus)):

@@ -8,6 +8,7 @@ import pwd
 import stat
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -125,3 +126,21 @@ def test_another_user_reaches_only_the_sockets_the_config_opens_to_it(
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["PermissionError", "PermissionError", "ok"]
+
+
+def test_an_environment_directory_made_before_nodemgr_keeps_its_identity(
+    daemon: Any, tmp_path: Path
+) -> None:
+    """A container runtime may create the directory it bind-mounts before nodemgr does;
+    nodemgr must empty it, not replace it, or the container would see a deleted directory."""
+    env_dir = daemon.run_dir / "envs" / "alice"
+    env_dir.mkdir()
+    (env_dir / "stray").write_text("x")
+    (env_dir / "sub").mkdir()
+    (env_dir / "link").symlink_to(tmp_path)
+    before = os.stat(env_dir).st_ino
+    ep = daemon.env("alice")
+    assert os.stat(env_dir).st_ino == before
+    assert sorted(p.name for p in env_dir.iterdir()) == ["ledger", "task.sock"]
+    assert ep == f"ipc://{env_dir / 'task.sock'}"
+    assert tmp_path.exists()  # a link is removed, never followed
