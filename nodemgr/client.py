@@ -90,8 +90,18 @@ class Connection:
         """Send a request and return its reply; raise NodeError (a subclass by code) or
         Unreachable. ``queued`` updates to a waiting request go to ``on_queued``;
         ``on_tick`` is called every ``tick`` seconds without a message (a progress display)."""
-        if self.endpoint.startswith("ipc://") and not os.path.exists(self.endpoint[6:]):
-            raise Unreachable(f"no nodemgr socket at {self.endpoint[6:]}")
+        if self.endpoint.startswith("ipc://"):
+            path = self.endpoint[len("ipc://") :]
+            try:
+                os.stat(path)
+            except PermissionError:
+                raise Unreachable(
+                    f"no permission to reach the nodemgr socket {path} (its directory's and "
+                    "socket's owner, group and mode come from nodemgr's config: env_defaults, "
+                    "env.NAME)"
+                ) from None
+            except OSError:
+                raise Unreachable(f"no nodemgr socket at {path}") from None
         msg_id = next(self._ids)
         try:
             # Never block: with nodemgr gone, queued messages would pile up to

@@ -144,3 +144,28 @@ def test_an_environment_directory_made_before_nodemgr_keeps_its_identity(
     assert sorted(p.name for p in env_dir.iterdir()) == ["ledger", "task.sock"]
     assert ep == f"ipc://{env_dir / 'task.sock'}"
     assert tmp_path.exists()  # a link is removed, never followed
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_no_permission_is_not_reported_as_no_nodemgr(daemon: Any) -> None:
+    nobody = pwd.getpwnam("nobody")
+    ep = daemon.env("mine")
+    os.chmod(daemon.root, 0o755)
+    os.chmod(daemon.run_dir, 0o711)
+    code = (
+        "import os, sys\n"
+        "from nodemgr.client import Connection, Unreachable\n"
+        "os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[2]))\n"
+        "try:\n"
+        "    Connection(sys.argv[3]).call('quota')\n"
+        "except Unreachable as e:\n"
+        "    print(e)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(nobody.pw_gid), str(nobody.pw_uid), ep],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "no permission to reach the nodemgr socket" in r.stdout
