@@ -1,19 +1,23 @@
 """Late attach: a shim preloaded inert is switched to enforcing inside a running process,
-through gpushare_attach found with dlsym."""
+from C (gpushare_attach through dlsym) and from Python (client_plugin.shim)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cffi import FFI
 
 from client_plugin import libs
+from client_plugin._shim_cdef import CDEF
 from nodemgr import gpus
 from nodemgr.ledger import SIZE, Ledger
-from tests.conftest import shim_preload
+from tests.conftest import ROOT, cc, shim_preload
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -249,3 +253,150 @@ def test_a_fork_child_after_attach_enforces_in_a_slot_of_its_own(
     usage = ledger.task_usage(TASK)
     assert (usage.processes, usage.used) == (2, 900 * MiB)
     assert ledger.reap() == 2
+
+
+def test_the_cdef_and_the_header_agree(tmp_path: Path) -> None:
+    """client_plugin._shim_cdef copies gpushare.h: its prototypes are compiled against the
+    header (a mismatch fails to compile) and every enumerator's value is compared."""
+    header = (ROOT / "shim" / "gpushare.h").read_text()
+    names = re.findall(r"^\s*(GPUSHARE_\w+)\s*=", header, flags=re.M)
+    assert "GPUSHARE_E_TOO_LATE" in names
+    prototypes = [ln for ln in CDEF.splitlines() if ln.startswith("int gpushare_")]
+    declared = re.compile(r"^int (gpushare_\w+)\(", flags=re.M)
+    assert {declared.match(ln)[1] for ln in prototypes} == set(declared.findall(header))
+    src = tmp_path / "agree.c"
+    src.write_text(
+        '#include <stdio.h>\n#include "gpushare.h"\n'
+        + "\n".join(prototypes)
+        + "\nint main(void)\n{\n"
+        + "".join(f'\tprintf("{n} %d\\n", (int){n});\n' for n in names)
+        + "\treturn 0;\n}\n"
+    )
+    out = subprocess.run(
+        [str(cc(tmp_path / "agree", str(src)))], capture_output=True, text=True, check=True
+    ).stdout
+    in_header = {n: int(v) for n, v in (ln.split() for ln in lines(out))}
+    ffi = FFI()
+    ffi.cdef(CDEF)
+    in_cdef: dict[str, int] = {}
+    for enum in ("enum gpushare_status", "enum gpushare_mode"):
+        in_cdef.update(ffi.typeof(enum).relements)
+    assert in_cdef == in_header
+
+
+# --- Python: client_plugin.shim in a child interpreter --------------------------------------
+
+DRIVE = """
+import ctypes, sys
+from client_plugin import shim
+ledger, task, driver = sys.argv[1:4]
+
+def cuda():
+    cu = ctypes.CDLL(driver)
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    assert cu.cuInit(0) == 0
+    assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+    assert cu.cuCtxSetCurrent(ctx) == 0
+    return cu
+
+def alloc(cu, mib):
+    p = ctypes.c_uint64()
+    print("alloc", mib, cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(mib << 20)))
+
+def attempt(path, task_id):
+    try:
+        shim.attach(path, task_id)
+        print("attach ok")
+    except shim.ShimError as e:
+        print("attach", type(e).__name__, "|", e)
+"""
+
+ENFORCED = """
+print(shim.loaded(), shim.mode())
+shim.attach(ledger, task)
+print(shim.mode())
+cu = cuda()
+alloc(cu, 512)
+alloc(cu, 768)
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+print("info", free.value, total.value)
+"""
+
+
+def python(
+    script: str, ledger: Path, cwd: Path, preload: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``python -c`` in ``cwd`` (not the checkout: the installed package is imported)."""
+    driver = libs.sim_driver_dir() / "libcuda.so.1"
+    return subprocess.run(
+        [sys.executable, "-c", DRIVE + script, str(ledger), TASK, str(driver)],
+        capture_output=True,
+        text=True,
+        env=environment(preload),
+        cwd=cwd,
+        timeout=60,
+    )
+
+
+def test_python_attach_then_the_driver_is_enforced(ledger: Ledger, tmp_path: Path) -> None:
+    r = python(ENFORCED, ledger.path, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert lines(r.stdout) == [
+        "True inert",
+        "enforce",
+        "alloc 512 0",
+        "alloc 768 2",  # CUDA_ERROR_OUT_OF_MEMORY beyond the grant
+        f"info {512 * MiB} {GiB}",
+    ]
+    usage = ledger.task_usage(TASK)
+    assert (usage.processes, usage.used) == (1, 512 * MiB)
+
+
+def test_python_attach_after_cuda_was_used_is_too_late(ledger: Ledger, tmp_path: Path) -> None:
+    r = python("cu = cuda()\nattempt(ledger, task)\nprint(shim.mode())", ledger.path, tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = lines(r.stdout)
+    assert out[0].startswith("attach ShimTooLate | "), out
+    assert "before the framework first uses CUDA" in out[0]
+    assert out[1:] == ["inert"]
+
+
+def test_python_attach_failures_leave_the_shim_as_it_was(ledger: Ledger, tmp_path: Path) -> None:
+    script = (
+        "attempt(ledger + '.missing', task)\n"
+        "attempt(ledger, 'x' * 24)\n"
+        "print(shim.mode())\n"
+        "attempt(ledger, task)\n"
+        "attempt(ledger, task)\n"
+        "print(shim.mode())\n"
+    )
+    r = python(script, ledger.path, tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = [ln.split(" | ") for ln in lines(r.stdout)]
+    assert [o[0] for o in out] == [
+        "attach ShimLedgerError",
+        "attach ShimError",  # invalid arguments: the base class itself
+        "inert",
+        "attach ok",
+        "attach ShimAlreadyAttached",
+        "enforce",
+    ]
+    assert "No such file or directory" in out[0][1]
+    assert r.stderr == ""
+
+
+def test_without_the_preload_loaded_is_false_and_loads_nothing(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    script = (
+        "print(shim.loaded())\n"
+        "attempt(ledger, task)\n"
+        "try:\n    shim.mode()\nexcept shim.ShimNotLoaded:\n    print('mode ShimNotLoaded')\n"
+        "print('libgpushare' in open('/proc/self/maps').read())\n"
+    )
+    r = python(script, ledger.path, tmp_path, preload=False)
+    assert r.returncode == 0, r.stderr
+    out = [ln.split(" | ")[0] for ln in lines(r.stdout)]
+    assert out == ["False", "attach ShimNotLoaded", "mode ShimNotLoaded", "False"]
