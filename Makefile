@@ -86,7 +86,7 @@ debug: install
 # all of them, TSan for the threaded one (its client is built with TSan too). Any
 # report fails the test, since the process then exits non-zero.
 SHIM_TESTS := tests/test_shim.py tests/test_enforcement.py tests/test_interception.py \
-	tests/test_reclaim.py
+	tests/test_reclaim.py tests/test_attach.py
 debug-test: debug
 	$(BIN)/python shim/build.py --debug thread --out build/tsan
 	GPUSHARE_SHIM=$(CURDIR)/build/debug/libgpushare.so GPUSHARE_TEST_SANITIZE=address \
@@ -95,7 +95,8 @@ debug-test: debug
 	$(BIN)/pytest -p no:cacheprovider $(SHIM_TESTS) $(PYTEST_ARGS)
 	GPUSHARE_SHIM=$(CURDIR)/build/tsan/libgpushare.so GPUSHARE_TEST_SANITIZE=thread \
 	TSAN_OPTIONS=halt_on_error=1 \
-	$(BIN)/pytest -p no:cacheprovider tests/test_shim.py -k threads $(PYTEST_ARGS)
+	$(BIN)/pytest -p no:cacheprovider tests/test_shim.py tests/test_attach.py -k threads \
+		$(PYTEST_ARGS)
 
 clean:
 	rm -rf build dist *.egg-info client_plugin/lib nodemgr/_ledger*.so nodemgr/_ledger.c

@@ -12,15 +12,18 @@
  * NVML's memory queries are answered the same two ways (export and dlsym),
  * so nvidia-smi inside a task shows the environment's share.
  *
- * Settings are read once, at load. The allocation path takes no lock across
- * a driver call, does no I/O and never logs; the launch path touches shared
- * memory with one relaxed load (the task's pause word) and one relaxed add.
+ * Settings are read once: at load or, for a shim that loaded inert, when
+ * gpushare_attach (gpushare.h) gives them. The allocation path takes no lock
+ * across a driver call, does no I/O and never logs; the launch path touches
+ * shared memory with one relaxed load (the task's pause word) and one relaxed
+ * add.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <sched.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -34,6 +37,7 @@
 #include <unistd.h>
 
 #include "cuda_abi.h"
+#include "gpushare.h"
 #include "ledger.h"
 
 #define GS_EXPORT __attribute__((visibility("default")))
@@ -144,19 +148,27 @@ static const struct gs_hook hooks[GS_NENTRIES] = {
 /* --- process state -------------------------------------------------------- */
 
 enum gs_mode {
-	GS_INERT,   /* no GPUSHARE_LEDGER: pass everything through */
-	GS_ENFORCE, /* ledger mapped: charge and enforce */
-	GS_BROKEN,  /* ledger named but unusable: refuse allocations */
+	GS_INERT = GPUSHARE_MODE_INERT,     /* no ledger: pass everything through */
+	GS_ENFORCE = GPUSHARE_MODE_ENFORCE, /* ledger mapped: charge and enforce */
+	GS_BROKEN = GPUSHARE_MODE_BROKEN,   /* ledger named at load, unusable: refuse allocations */
 };
 
 #define GS_MAX_DEVS 64
 #define GS_DEV_UNKNOWN (-2)
 #define GS_DEV_FOREIGN (-1)
 
+/*
+ * g.mode changes at most once after load, when gpushare_attach takes an
+ * inert process to enforcing (a release store, after all else it sets). The
+ * wrappers still read it plainly, so their paths stay as they were: each
+ * reads it after an acquire load of a real entry point, and the real table
+ * is filled only after the mark that attach tests under attach_mu, so a
+ * successful attach happens before any wrapper reaches the driver. Other
+ * readers use mode_acquire().
+ */
 static struct {
 	enum gs_mode mode;
 	struct gs_ledger *ledger;
-	char *ledger_path;
 	int fd;		  /* this process's descriptor; holds the slot lock */
 	int slot;	  /* claimed slot, -1 until first use */
 	char task_id[GS_TASK_ID_LEN];
@@ -168,12 +180,19 @@ static struct {
 	int primary_refs[GS_MAX_DEVS];   /* this process's retains of it */
 	unsigned int ctx_gen;		 /* bumped when a context goes away */
 	pthread_mutex_t claim_mu;
+	char ledger_path[PATH_MAX]; /* to map it afresh after fork */
 } g = {
 	.mode = GS_INERT,
 	.fd = -1,
 	.slot = -1,
 	.claim_mu = PTHREAD_MUTEX_INITIALIZER,
 };
+
+/* The mode, for readers that are not ordered after gpushare_attach otherwise. */
+static inline enum gs_mode mode_acquire(void)
+{
+	return __atomic_load_n(&g.mode, __ATOMIC_ACQUIRE);
+}
 
 /*
  * What the launch path touches. Until the process has a slot both point at
@@ -223,6 +242,16 @@ static void fill_table(void *h, void **slots, const char *const *names, size_t n
 
 static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 
+/*
+ * Orders gpushare_attach against the first filling of the real table: the
+ * table is filled only by a wrapper's first call, and from then on calls
+ * reach the driver, so attaching is too late. Either attach finishes first
+ * and every wrapper that reaches the driver sees it, or the mark is set
+ * first and attach refuses.
+ */
+static pthread_mutex_t attach_mu = PTHREAD_MUTEX_INITIALIZER;
+static int driver_reached; /* under attach_mu */
+
 static void resolve_real_driver(void)
 {
 	void *h;
@@ -235,6 +264,9 @@ static void resolve_real_driver(void)
 		h = dlopen("libcuda.so.1", RTLD_NOW);
 	if (h == NULL)
 		return;
+	pthread_mutex_lock(&attach_mu);
+	driver_reached = 1;
+	pthread_mutex_unlock(&attach_mu);
 	/* The handle stays open: the pointers must outlive any dlclose. */
 	fill_table(h, (void **)&real, real_names, sizeof(real_names) / sizeof(real_names[0]));
 }
@@ -345,7 +377,7 @@ static void *gs_dlsym_wrapper(void *handle, const char *name)
 {
 	const struct gs_hook *h;
 	const char *soname;
-	void *p, *lib;
+	void *p, *lib, *own;
 
 	h = hook_by_abi(name);
 	if (h == NULL || gs_real_dlsym == NULL)
@@ -358,13 +390,20 @@ static void *gs_dlsym_wrapper(void *handle, const char *name)
 	lib = dlopen(soname, RTLD_NOW | RTLD_NOLOAD);
 	if (lib == NULL)
 		return NULL;
-	dlclose(lib); /* NOLOAD still took a reference */
-	if (h->lib == GS_LIB_CUDA)
-		need_real();
-	else
+	/*
+	 * libcuda's own definition is looked up here, as the real table would
+	 * hold it, rather than by filling the table: a lookup calls nothing, and
+	 * must not make a later gpushare_attach too late.
+	 */
+	if (h->lib == GS_LIB_CUDA) {
+		own = gs_real_dlsym(lib, name);
+	} else {
 		need_nvml();
+		own = __atomic_load_n(h->real, __ATOMIC_ACQUIRE);
+	}
+	dlclose(lib); /* NOLOAD still took a reference */
 	/* Wrap only what resolves to the library's own definition. */
-	if (p != __atomic_load_n(h->real, __ATOMIC_ACQUIRE))
+	if (p != own)
 		return NULL;
 	TRACE(h - hooks, via_dlsym);
 	return h->wrapper;
@@ -410,38 +449,120 @@ static struct gs_ledger *map_ledger(int fd)
 	return map;
 }
 
-static void attach_ledger(const char *path)
-{
-	struct stat st;
-	void *map;
-	int fd;
+/* Why a ledger could not be taken into use. */
+enum gs_ledger_fault {
+	GS_LEDGER_USABLE,
+	GS_LEDGER_UNOPENED, /* errno says why */
+	GS_LEDGER_SHORT,
+	GS_LEDGER_FOREIGN, /* not mappable, or not a ledger of this version */
+};
 
-	g.mode = GS_BROKEN;
-	g.ledger_path = strdup(path);
-	fd = open(path, O_RDWR | O_CLOEXEC);
-	if (fd < 0) {
-		say("cannot open ledger %s: %s; GPU allocations will fail (is nodemgr running?)",
-		    path, strerror(errno));
-		return;
+/* Open and map the ledger at `path` into *fd and *map, or say why not. */
+static enum gs_ledger_fault open_ledger(const char *path, int *fd, struct gs_ledger **map)
+{
+	enum gs_ledger_fault fault;
+	struct stat st;
+
+	/* Kept for fork children, which map it afresh: a path that cannot be kept is unusable. */
+	if (strlen(path) >= sizeof(g.ledger_path)) {
+		errno = ENAMETOOLONG;
+		return GS_LEDGER_UNOPENED;
 	}
-	if (fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(struct gs_ledger)) {
-		say("ledger %s is too small; GPU allocations will fail", path);
-		close(fd);
-		return;
-	}
-	map = map_ledger(fd);
-	if (map == NULL) {
-		say("cannot use ledger %s: not a version-%d gpushare ledger, or not mappable; GPU "
-		    "allocations will fail (shim and nodemgr must come from the same release)",
-		    path, GS_LEDGER_VERSION);
-		close(fd);
-		return;
-	}
+	*fd = open(path, O_RDWR | O_CLOEXEC);
+	if (*fd < 0)
+		return GS_LEDGER_UNOPENED;
+	fault = GS_LEDGER_SHORT;
+	if (fstat(*fd, &st) != 0 || (size_t)st.st_size < sizeof(struct gs_ledger))
+		goto fail;
+	fault = GS_LEDGER_FOREIGN;
+	*map = map_ledger(*fd);
+	if (*map == NULL)
+		goto fail;
+	return GS_LEDGER_USABLE;
+fail:
+	close(*fd);
+	*fd = -1;
+	return fault;
+}
+
+/* Publish an opened ledger and enforce it: the mode last, for readers that test it first. */
+static void start_enforcing(const char *path, int fd, struct gs_ledger *map)
+{
+	strcpy(g.ledger_path, path); /* open_ledger checked that it fits */
 	for (int i = 0; i < GS_MAX_DEVS; i++)
 		g.dev_map[i] = GS_DEV_UNKNOWN;
 	g.ledger = map;
 	g.fd = fd;
-	g.mode = GS_ENFORCE;
+	__atomic_store_n(&g.mode, GS_ENFORCE, __ATOMIC_RELEASE);
+}
+
+/* GPUSHARE_LEDGER at load: a ledger named but unusable breaks the process, aloud. */
+static void attach_at_load(const char *path)
+{
+	struct gs_ledger *map = NULL;
+	int fd = -1;
+
+	switch (open_ledger(path, &fd, &map)) {
+	case GS_LEDGER_USABLE:
+		start_enforcing(path, fd, map);
+		return;
+	case GS_LEDGER_UNOPENED:
+		say("cannot open ledger %s: %s; GPU allocations will fail (is nodemgr running?)",
+		    path, strerror(errno));
+		break;
+	case GS_LEDGER_SHORT:
+		say("ledger %s is too small; GPU allocations will fail", path);
+		break;
+	case GS_LEDGER_FOREIGN:
+		say("cannot use ledger %s: not a version-%d gpushare ledger, or not mappable; GPU "
+		    "allocations will fail (shim and nodemgr must come from the same release)",
+		    path, GS_LEDGER_VERSION);
+		break;
+	}
+	g.mode = GS_BROKEN;
+}
+
+/*
+ * Too late is decided by driver_reached: once any wrapper has reached the
+ * driver, allocations and contexts may exist that were never charged, and
+ * primary retains that were never counted. Lookups (dlsym on libcuda's
+ * handle) only hand out wrappers, which test the mode at each call, so they
+ * do not count. Failure changes nothing, so the caller may still decide
+ * what an unenforced process should do.
+ */
+GS_EXPORT int gpushare_attach(const char *ledger_path, const char *task_id)
+{
+	struct gs_ledger *map = NULL;
+	int fd = -1, rc;
+
+	if (ledger_path == NULL || ledger_path[0] == '\0' || task_id == NULL ||
+	    task_id[0] == '\0' || strlen(task_id) >= sizeof(g.task_id))
+		return GPUSHARE_E_INVAL;
+	pthread_mutex_lock(&attach_mu);
+	if (g.mode != GS_INERT) {
+		rc = GPUSHARE_E_ATTACHED;
+		goto fail;
+	}
+	if (driver_reached) {
+		rc = GPUSHARE_E_TOO_LATE;
+		goto fail;
+	}
+	if (open_ledger(ledger_path, &fd, &map) != GS_LEDGER_USABLE) {
+		rc = GPUSHARE_E_LEDGER;
+		goto fail;
+	}
+	strcpy(g.task_id, task_id); /* checked to fit above */
+	start_enforcing(ledger_path, fd, map);
+	pthread_mutex_unlock(&attach_mu);
+	return GPUSHARE_OK;
+fail:
+	pthread_mutex_unlock(&attach_mu);
+	return rc;
+}
+
+GS_EXPORT int gpushare_mode(void)
+{
+	return (int)mode_acquire();
 }
 
 /* The calling process's slot, claimed on first use; -1 if none is free. */
@@ -2074,7 +2195,7 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m
 	TRACE(GS_ID_nvmlDeviceGetMemoryInfo, calls);
 	GET_NVML(nvmlDeviceGetMemoryInfo, fn);
 	rc = fn(dev, mem);
-	if (rc == NVML_SUCCESS && g.mode == GS_ENFORCE)
+	if (rc == NVML_SUCCESS && mode_acquire() == GS_ENFORCE)
 		nvml_share(dev, &mem->total, &mem->free, &mem->used);
 	return rc;
 }
@@ -2086,7 +2207,7 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v
 	TRACE(GS_ID_nvmlDeviceGetMemoryInfo_v2, calls);
 	GET_NVML(nvmlDeviceGetMemoryInfo_v2, fn);
 	rc = fn(dev, mem);
-	if (rc == NVML_SUCCESS && g.mode == GS_ENFORCE && nvml_gpu(dev) >= 0) {
+	if (rc == NVML_SUCCESS && mode_acquire() == GS_ENFORCE && nvml_gpu(dev) >= 0) {
 		/* The driver's reservation is not the environment's to see. */
 		mem->total -= mem->reserved < mem->total ? mem->reserved : mem->total;
 		mem->reserved = 0;
@@ -2097,6 +2218,21 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v
 
 /* --- load, fork, exit ---------------------------------------------------------- */
 
+/*
+ * A fork waits for an attach in progress: a child must never inherit a
+ * ledger descriptor that its g does not show, since a child holding the
+ * parent's open file description would keep the parent's slot lock alive.
+ */
+static void before_fork(void)
+{
+	pthread_mutex_lock(&attach_mu);
+}
+
+static void after_fork_parent(void)
+{
+	pthread_mutex_unlock(&attach_mu);
+}
+
 static void after_fork_child(void)
 {
 	/*
@@ -2105,6 +2241,7 @@ static void after_fork_child(void)
 	 * no slot and an empty map. Locks are re-made because another thread
 	 * may have held them.
 	 */
+	pthread_mutex_unlock(&attach_mu); /* taken by this thread in before_fork */
 	if (g.mode != GS_ENFORCE)
 		return;
 	hot.pause = &never_paused;
@@ -2125,7 +2262,7 @@ static void after_fork_child(void)
 		if (g.fd >= 0)
 			close(g.fd);
 		g.fd = -1;
-		g.mode = GS_BROKEN;
+		__atomic_store_n(&g.mode, GS_BROKEN, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_init(&g.claim_mu, NULL);
 	for (int i = 0; i < GS_SHARDS; i++) {
@@ -2150,8 +2287,8 @@ __attribute__((constructor)) static void gs_load(void)
 	if (tr != NULL && tr[0] != '\0')
 		g.trace_path = strdup(tr);
 	if (ledger != NULL && ledger[0] != '\0')
-		attach_ledger(ledger);
-	pthread_atfork(NULL, NULL, after_fork_child);
+		attach_at_load(ledger);
+	pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
 __attribute__((destructor)) static void gs_unload(void)
@@ -2165,7 +2302,7 @@ __attribute__((destructor)) static void gs_unload(void)
 		return;
 	/* One write per process, so lines from many processes never interleave. */
 	n += (size_t)snprintf(buf + n, sizeof(buf) - n, "pid=%d mode=%s\n", (int)getpid(),
-			      modes[g.mode]);
+			      modes[mode_acquire()]);
 	for (int i = 0; i < GS_NENTRIES && n < sizeof(buf); i++) {
 		if (!trace.calls[i] && !trace.via_dlsym[i] && !trace.via_gpa[i])
 			continue;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,9 @@ from typing import Any
 import pytest
 
 from client_plugin import libs
-from tests.conftest import hook_table, shim_preload
+from tests.conftest import ROOT, hook_table, shim_preload
+
+GPUSHARE_H = ROOT / "shim" / "gpushare.h"
 
 
 def test_rtld_next_and_default_unchanged_by_the_shim(cbin: dict[str, Path]) -> None:
@@ -34,7 +37,14 @@ def test_rtld_next_and_default_unchanged_by_the_shim(cbin: dict[str, Path]) -> N
     assert "getpid_next=1\n" in plain
 
 
-def test_shim_exports_only_its_hooks_and_needs_no_libpython() -> None:
+def public_api() -> set[str]:
+    """The functions shim/gpushare.h declares: the shim's public API."""
+    names = set(re.findall(r"^int (gpushare_\w+)\(", GPUSHARE_H.read_text(), flags=re.M))
+    assert "gpushare_attach" in names
+    return names
+
+
+def test_shim_exports_only_its_hooks_and_api_and_needs_no_libpython() -> None:
     shim = str(libs.shim_path())
     dyn = subprocess.run(
         ["readelf", "-dW", shim], capture_output=True, text=True, check=True
@@ -47,7 +57,8 @@ def test_shim_exports_only_its_hooks_and_needs_no_libpython() -> None:
     exported = {s for s in syms[2::3]}
     table = hook_table()
     hooked = {e.abi for e in table if e.kind in ("GS_HOOK", "GS_NVML_HOOK")}
-    assert exported == {"dlsym", *hooked}
+    # dlsym, the hooks, and the public API: nothing of the shim's own internals.
+    assert exported == {"dlsym", *hooked, *public_api()}
     # Variants and reals are the driver's alone: exporting one would capture -lcuda programs.
     assert not exported & {e.abi for e in table if e.kind not in ("GS_HOOK", "GS_NVML_HOOK")}
 

@@ -48,7 +48,21 @@
  *                  each: "NAME ok" | "NAME err CODE"
  *   waitfile PATH  "waiting", then blocks until PATH exists
  *   fork PATH      "forked"; the child lives on until PATH exists
+ *   forkrest       the child runs the steps that follow; the parent waits for it, prints
+ *                  "forkrest exit=CODE" and runs nothing more
  *   sleep SECONDS
+ *   attach LEDGER TASK   gpushare_attach, found with dlsym(RTLD_DEFAULT):
+ *                  "attach ok" | "attach err NAME" (GPUSHARE_E_NAME) | "attach none" (no shim)
+ *   mode           gpushare_mode: "mode inert|enforce|broken" | "mode none"
+ *   attachjoin     waits for the attach attachbg started, and prints as attach does
+ *
+ * The steps before the first one that is none of attach, mode and lookup run
+ * before the client first calls into the driver (whose set-up calls come
+ * first otherwise):
+ *   lookup         dlopen libcuda.so.1 and dlsym cuGetProcAddress_v2 from its handle,
+ *                  calling nothing: "lookup LIB" (the library the pointer lies in)
+ *   attachbg LEDGER TASK   attach on a thread of its own, racing what follows; prints
+ *                  nothing (see attachjoin)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -57,9 +71,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cuda_abi.h"
+#include "gpushare.h"
 
 typedef CUresult (*gpa_v2_t)(const char *, void **, int, cuuint64_t,
 			     CUdriverProcAddressQueryResult *);
@@ -721,12 +737,123 @@ static void gpa_step(const char *name, int version, cuuint64_t flags)
 	       rc, st, lib, sym);
 }
 
+/* The file name of the library `p` lies in, or "-". */
+static const char *lib_of(const void *p)
+{
+	Dl_info info;
+	const char *slash;
+
+	if (p == NULL || dladdr(p, &info) == 0 || info.dli_fname == NULL)
+		return "-";
+	slash = strrchr(info.dli_fname, '/');
+	return slash ? slash + 1 : info.dli_fname;
+}
+
+#define ATTACH_NONE 1 /* no gpushare_attach in the process */
+
+/* As a program that may run without the shim: look the API up, never link to it. */
+static int attach_call(const char *ledger, const char *task)
+{
+	__typeof__(gpushare_attach) *attach = dlsym(RTLD_DEFAULT, "gpushare_attach");
+
+	return attach != NULL ? attach(ledger, task) : ATTACH_NONE;
+}
+
+static void attach_print(int rc)
+{
+	const char *name = "unknown";
+
+	switch (rc) {
+	case ATTACH_NONE:
+		printf("attach none\n");
+		return;
+	case GPUSHARE_OK:
+		printf("attach ok\n");
+		return;
+	case GPUSHARE_E_INVAL:
+		name = "INVAL";
+		break;
+	case GPUSHARE_E_ATTACHED:
+		name = "ATTACHED";
+		break;
+	case GPUSHARE_E_TOO_LATE:
+		name = "TOO_LATE";
+		break;
+	case GPUSHARE_E_LEDGER:
+		name = "LEDGER";
+		break;
+	}
+	printf("attach err %s\n", name);
+}
+
+static void attach_step(const char *ledger, const char *task)
+{
+	attach_print(attach_call(ledger, task));
+}
+
+/* attachbg: an attach on a thread of its own, racing the client's start-up. */
+static pthread_t attach_thread;
+static int attach_bg_rc;
+
+static void *attach_bg(void *arg)
+{
+	char **args = arg;
+
+	attach_bg_rc = attach_call(args[0], args[1]);
+	return NULL;
+}
+
+static void mode_step(void)
+{
+	static const char *const names[] = { "inert", "enforce", "broken" };
+	__typeof__(gpushare_mode) *mode = dlsym(RTLD_DEFAULT, "gpushare_mode");
+	int m;
+
+	if (mode == NULL) {
+		printf("mode none\n");
+		return;
+	}
+	m = mode();
+	printf("mode %s\n", m >= 0 && m < 3 ? names[m] : "unknown");
+}
+
+/* Steps that may come before the first driver call; returns 0 for any other. */
+static int early_step(int argc, char **argv, int *i)
+{
+	const char *op = argv[*i];
+
+	if (strcmp(op, "attach") == 0 && *i + 2 < argc) {
+		attach_step(argv[*i + 1], argv[*i + 2]);
+		*i += 3;
+	} else if (strcmp(op, "attachbg") == 0 && *i + 2 < argc) {
+		if (pthread_create(&attach_thread, NULL, attach_bg, &argv[*i + 1]) != 0) {
+			fprintf(stderr, "cannot start a thread\n");
+			exit(3);
+		}
+		*i += 3;
+	} else if (strcmp(op, "mode") == 0) {
+		mode_step();
+		*i += 1;
+	} else if (strcmp(op, "lookup") == 0) {
+		void *h = dlopen("libcuda.so.1", RTLD_NOW);
+
+		printf("lookup %s\n", lib_of(h ? dlsym(h, "cuGetProcAddress_v2") : NULL));
+		*i += 1;
+	} else {
+		return 0;
+	}
+	return 1;
+}
+
 int main(int argc, char **argv)
 {
 	CUcontext ctx;
 	CUresult rc;
+	int first = 1;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	while (first < argc && early_step(argc, argv, &first))
+		;
 	bind_driver();
 	if ((rc = cu.init(0)) != CUDA_SUCCESS || (rc = cu.device_get(&cur_dev, 0)) != CUDA_SUCCESS ||
 	    (rc = cu.retain(&ctx, cur_dev)) != CUDA_SUCCESS ||
@@ -734,7 +861,7 @@ int main(int argc, char **argv)
 		printf("init err %d\n", rc);
 		return 4;
 	}
-	for (int i = 1; i < argc; i++) {
+	for (int i = first; i < argc; i++) {
 		const char *op = argv[i];
 		const char *arg = i + 1 < argc ? argv[i + 1] : "0";
 		size_t extra = 0;
@@ -831,6 +958,27 @@ int main(int argc, char **argv)
 				_exit(0);
 			}
 			printf(pid > 0 ? "forked\n" : "fork failed\n");
+		} else if (strcmp(op, "forkrest") == 0) {
+			pid_t pid = fork();
+			int st = 0;
+
+			if (pid == 0)
+				continue;
+			if (pid < 0 || waitpid(pid, &st, 0) != pid) {
+				printf("forkrest failed\n");
+				return 5;
+			}
+			printf("forkrest exit=%d\n",
+			       WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+			return 0;
+		} else if (strcmp(op, "attach") == 0 && i + 2 < argc) {
+			attach_step(argv[i + 1], argv[i + 2]);
+			i += 2;
+		} else if (strcmp(op, "mode") == 0) {
+			mode_step();
+		} else if (strcmp(op, "attachjoin") == 0) {
+			pthread_join(attach_thread, NULL);
+			attach_print(attach_bg_rc);
 		} else if (strcmp(op, "sleep") == 0) {
 			i++;
 			usleep((useconds_t)(strtod(arg, NULL) * 1e6));

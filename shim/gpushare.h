@@ -1,0 +1,66 @@
+/*
+ * gpushare's preload library (libgpushare.so): its public API.
+ *
+ * The library normally takes its settings from the environment when it is
+ * loaded (GPUSHARE_LEDGER, GPUSHARE_TASK_ID). Loaded without a ledger it is
+ * inert and passes every CUDA call through. gpushare_attach lets a process
+ * whose shim was loaded inert switch it to enforcing later, for example once
+ * a plugin has obtained a grant, without restarting the process.
+ *
+ * A program that may run without the shim should not link against it: it
+ * looks the functions up with dlsym(RTLD_DEFAULT, "gpushare_attach") and
+ * treats NULL as "no shim in this process".
+ */
+#ifndef GPUSHARE_H
+#define GPUSHARE_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What gpushare_attach returns. */
+enum gpushare_status {
+	GPUSHARE_OK = 0,
+	/* An argument is NULL or empty, or the task id is too long (23 bytes at most). */
+	GPUSHARE_E_INVAL = -1,
+	/* The shim already enforces a ledger, or was started with an unusable one (broken). */
+	GPUSHARE_E_ATTACHED = -2,
+	/*
+	 * The process already called into the CUDA driver through the shim while it
+	 * was inert: what it allocated then is unknown to the shim, so enforcing now
+	 * would undercount. Looking entry points up (dlsym on libcuda's handle) is
+	 * not a call and does not count.
+	 */
+	GPUSHARE_E_TOO_LATE = -3,
+	/* The ledger cannot be opened or mapped, or is not of this shim's version. */
+	GPUSHARE_E_LEDGER = -4,
+};
+
+/* What gpushare_mode returns. */
+enum gpushare_mode {
+	GPUSHARE_MODE_INERT = 0,   /* no ledger: every call passes through */
+	GPUSHARE_MODE_ENFORCE = 1, /* allocations are charged to a ledger and limited */
+	GPUSHARE_MODE_BROKEN = 2,  /* a ledger was named at load but unusable: allocations fail */
+};
+
+/*
+ * Switch an inert shim to enforcing: charge this process's allocations to the
+ * ledger at ledger_path, in a slot recorded as task_id's. Call it before the
+ * process first calls into CUDA. Thread-safe; prints nothing.
+ *
+ * Returns GPUSHARE_OK, or a negative enum gpushare_status value; on any
+ * failure the shim stays as it was (an inert shim stays inert). After a
+ * successful attach the process behaves as one started with GPUSHARE_LEDGER
+ * and GPUSHARE_TASK_ID set, fork children included; programs it executes
+ * do not inherit it unless those variables are in their environment.
+ */
+int gpushare_attach(const char *ledger_path, const char *task_id);
+
+/* The shim's mode now: an enum gpushare_mode value. */
+int gpushare_mode(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,402 @@
+"""Late attach: a shim preloaded inert is switched to enforcing inside a running process,
+from C (gpushare_attach through dlsym) and from Python (client_plugin.shim)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cffi import FFI
+
+from client_plugin import libs
+from client_plugin._shim_cdef import CDEF
+from nodemgr import gpus
+from nodemgr.ledger import SIZE, Ledger
+from tests.conftest import ROOT, cc, shim_preload
+
+MiB = 1 << 20
+GiB = 1 << 30
+TASK = "attach-task"
+DEVICE = 16 * GiB
+NODE = [gpus.Gpu(i, gpus.simulated_uuid(i), "Attach Sim", DEVICE) for i in range(2)]
+# Settings that would change what these tests see: the shim's own at load (they start
+# inert) and the devices the driver shows.
+AT_LOAD = ("GPUSHARE_LEDGER", "GPUSHARE_TASK_ID", "GPUSHARE_TRACE", "CUDA_VISIBLE_DEVICES")
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    """The node's ledger, as nodemgr makes it for a grant: 1 GiB on GPU 0, the task's entry."""
+    led = Ledger.create(tmp_path / "ledger", [g.uuid_bytes for g in NODE])
+    led.set_limit(0, GiB)
+    led.task_add(TASK)
+    yield led
+    led.close()
+
+
+def environment(preload: bool = True, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (*AT_LOAD, "LD_PRELOAD")}
+    env["LD_LIBRARY_PATH"] = str(libs.sim_driver_dir())
+    env["GPUSHARE_SIM_GPUS"] = gpus.sim_spec(NODE)
+    if preload:
+        env["LD_PRELOAD"] = shim_preload()
+    return {**env, **extra}
+
+
+def client(
+    program: Path, *steps: str, preload: bool = True, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(
+        [str(program), *steps],
+        capture_output=True,
+        text=True,
+        env=environment(preload, **extra),
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr  # a sanitizer's report fails here too
+    return r
+
+
+def lines(out: str) -> list[str]:
+    return [ln for ln in out.splitlines() if ln]
+
+
+# --- C: gpushare_attach found with dlsym(RTLD_DEFAULT) -----------------------------------
+
+
+@pytest.mark.parametrize("program", ["client", "client_linked"])
+def test_attach_makes_an_inert_shim_enforce_the_ledger(
+    cbin: dict[str, Path], ledger: Ledger, tmp_path: Path, program: str
+) -> None:
+    """Attached before the first driver call (a lookup on libcuda's handle may come
+    first: it calls nothing), the process is charged and limited like one started
+    enforcing, and nothing is printed."""
+    go = tmp_path / "go"
+    steps = ["mode", "lookup", "attach", str(ledger.path), TASK, "mode"]
+    steps += ["info", "alloc", "512", "alloc", "768", "info", "waitfile", str(go)]
+    p = subprocess.Popen(
+        [str(cbin[program]), *steps],
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        got = [p.stdout.readline().strip() for _ in range(9)] if p.stdout else []
+        assert got == [
+            "mode inert",
+            "lookup libgpushare.so",  # the wrapper, handed out without reaching the driver
+            "attach ok",
+            "mode enforce",
+            f"info free={GiB} total={GiB}",
+            "alloc ok",
+            "alloc err 2",  # CUDA_ERROR_OUT_OF_MEMORY: 512 + 768 MiB is beyond 1 GiB
+            f"info free={512 * MiB} total={GiB}",
+            "waiting",
+        ]
+        usage = ledger.task_usage(TASK)
+        assert (usage.processes, usage.used) == (1, 512 * MiB)
+        assert ledger.used(0) == 512 * MiB
+    finally:
+        go.touch()
+        _, err = p.communicate(timeout=30)
+    assert p.returncode == 0
+    assert err == ""
+
+
+def test_a_driver_call_before_attach_makes_it_too_late(
+    cbin: dict[str, Path], ledger: Ledger
+) -> None:
+    """The client's start-up (cuInit, a primary context) reached the driver uninspected:
+    attaching now would leave that unknown to the ledger, so the process stays inert."""
+    r = client(cbin["client"], "info", "attach", str(ledger.path), TASK, "mode", "alloc", "2000")
+    assert lines(r.stdout) == [
+        f"info free={DEVICE} total={DEVICE}",
+        "attach err TOO_LATE",
+        "mode inert",
+        "alloc ok",  # beyond the ledger's 1 GiB: nothing enforces it
+    ]
+    assert r.returncode == 0
+    assert r.stderr == ""
+    assert ledger.summary() == {}, "no slot was claimed"
+
+
+def test_attach_racing_threads_with_the_first_driver_call_is_all_or_nothing(
+    cbin: dict[str, Path], ledger: Ledger
+) -> None:
+    """An attach on one thread races the client's start-up on another: either attach wins
+    and every allocation is charged, or the start-up reached the driver first and the
+    process stays inert, never a mix. (Run under TSan by make debug-test.)"""
+    steps = ["attachbg", str(ledger.path), TASK, "alloc", "600", "alloc", "600"]
+    steps += ["attachjoin", "mode", "info"]
+    won = [
+        "alloc ok",
+        "alloc err 2",
+        "attach ok",
+        "mode enforce",
+        f"info free={GiB - 600 * MiB} total={GiB}",
+    ]
+    lost = [
+        "alloc ok",
+        "alloc ok",
+        "attach err TOO_LATE",
+        "mode inert",
+        f"info free={DEVICE - 1200 * MiB} total={DEVICE}",
+    ]
+    for _ in range(8):
+        out = lines(client(cbin["client"], *steps).stdout)
+        assert out in (won, lost), out
+        charged = ledger.task_usage(TASK).used
+        assert charged == (600 * MiB if out == won else 0)
+        ledger.reap()
+
+
+def _not_a_ledger(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / f"ledger-{kind}"
+    if kind == "zeroes":
+        path.write_bytes(bytes(SIZE))  # the right size, no magic: a wrong version reads so
+    elif kind == "short":
+        path.write_bytes(b"gpushare")
+    elif kind == "directory":
+        path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize("kind", ["missing", "zeroes", "short", "directory"])
+def test_an_unusable_ledger_leaves_the_process_inert(
+    cbin: dict[str, Path], tmp_path: Path, kind: str
+) -> None:
+    path = _not_a_ledger(tmp_path, kind)
+    r = client(cbin["client"], "attach", str(path), TASK, "mode", "alloc", "2000", "info")
+    assert lines(r.stdout) == [
+        "attach err LEDGER",
+        "mode inert",
+        "alloc ok",
+        f"info free={DEVICE - 2000 * MiB} total={DEVICE}",
+    ]
+    assert r.returncode == 0
+    assert r.stderr == "", "a failed attach says nothing: its caller decides"
+
+
+def test_a_failed_attach_can_be_followed_by_a_good_one(
+    cbin: dict[str, Path], ledger: Ledger, tmp_path: Path
+) -> None:
+    missing = str(tmp_path / "missing")
+    r = client(cbin["client"], "attach", missing, TASK, "attach", str(ledger.path), TASK, "mode")
+    assert lines(r.stdout) == ["attach err LEDGER", "attach ok", "mode enforce"]
+
+
+def test_a_second_attach_is_refused(cbin: dict[str, Path], ledger: Ledger) -> None:
+    led = str(ledger.path)
+    r = client(cbin["client"], "attach", led, TASK, "attach", led, "other", "mode", "alloc", "1025")
+    assert lines(r.stdout) == ["attach ok", "attach err ATTACHED", "mode enforce", "alloc err 2"]
+    assert ledger.summary()[TASK].processes == 1, "the first attach's task is charged"
+
+
+@pytest.mark.parametrize("at_load", ["enforce", "broken"])
+def test_a_shim_that_loaded_with_a_ledger_refuses_attach(
+    cbin: dict[str, Path], ledger: Ledger, tmp_path: Path, at_load: str
+) -> None:
+    named = str(ledger.path) if at_load == "enforce" else str(tmp_path / "missing")
+    r = client(
+        cbin["client"],
+        *("attach", str(ledger.path), TASK, "mode"),
+        GPUSHARE_LEDGER=named,
+        GPUSHARE_TASK_ID=TASK,
+    )
+    assert lines(r.stdout) == ["attach err ATTACHED", f"mode {at_load}"]
+
+
+def test_bad_arguments_are_refused(cbin: dict[str, Path], ledger: Ledger) -> None:
+    led = str(ledger.path)
+    steps = ["attach", "", TASK, "attach", led, "", "attach", led, "x" * 24, "mode"]
+    steps += ["attach", led, "x" * 23, "mode"]  # the longest id a ledger entry holds
+    r = client(cbin["client"], *steps)
+    assert lines(r.stdout) == [
+        "attach err INVAL",
+        "attach err INVAL",
+        "attach err INVAL",
+        "mode inert",
+        "attach ok",
+        "mode enforce",
+    ]
+
+
+def test_without_the_shim_there_is_nothing_to_attach(cbin: dict[str, Path], ledger: Ledger) -> None:
+    r = client(cbin["client"], "attach", str(ledger.path), TASK, "mode", preload=False)
+    assert lines(r.stdout) == ["attach none", "mode none"]
+
+
+def test_a_fork_child_after_attach_enforces_in_a_slot_of_its_own(
+    cbin: dict[str, Path], ledger: Ledger
+) -> None:
+    """As after a fork of a process that started enforcing: the child maps the ledger
+    afresh and claims its own slot; the parent's 600 MiB count against it."""
+    steps = ["attach", str(ledger.path), TASK, "alloc", "600", "forkrest"]
+    steps += ["mode", "alloc", "600", "alloc", "300", "info"]
+    r = client(cbin["client"], *steps)
+    assert lines(r.stdout) == [
+        "attach ok",
+        "alloc ok",
+        "mode enforce",  # the child's lines
+        "alloc err 2",
+        "alloc ok",
+        f"info free={GiB - 900 * MiB} total={GiB}",
+        "forkrest exit=0",
+    ]
+    # Both processes have ended; their slots stay until nodemgr reaps them.
+    usage = ledger.task_usage(TASK)
+    assert (usage.processes, usage.used) == (2, 900 * MiB)
+    assert ledger.reap() == 2
+
+
+def test_the_cdef_and_the_header_agree(tmp_path: Path) -> None:
+    """client_plugin._shim_cdef copies gpushare.h: its prototypes are compiled against the
+    header (a mismatch fails to compile) and every enumerator's value is compared."""
+    header = (ROOT / "shim" / "gpushare.h").read_text()
+    names = re.findall(r"^\s*(GPUSHARE_\w+)\s*=", header, flags=re.M)
+    assert "GPUSHARE_E_TOO_LATE" in names
+    prototypes = [ln for ln in CDEF.splitlines() if ln.startswith("int gpushare_")]
+    declared = re.compile(r"^int (gpushare_\w+)\(", flags=re.M)
+    assert {declared.match(ln)[1] for ln in prototypes} == set(declared.findall(header))
+    src = tmp_path / "agree.c"
+    src.write_text(
+        '#include <stdio.h>\n#include "gpushare.h"\n'
+        + "\n".join(prototypes)
+        + "\nint main(void)\n{\n"
+        + "".join(f'\tprintf("{n} %d\\n", (int){n});\n' for n in names)
+        + "\treturn 0;\n}\n"
+    )
+    out = subprocess.run(
+        [str(cc(tmp_path / "agree", str(src)))], capture_output=True, text=True, check=True
+    ).stdout
+    in_header = {n: int(v) for n, v in (ln.split() for ln in lines(out))}
+    ffi = FFI()
+    ffi.cdef(CDEF)
+    in_cdef: dict[str, int] = {}
+    for enum in ("enum gpushare_status", "enum gpushare_mode"):
+        in_cdef.update(ffi.typeof(enum).relements)
+    assert in_cdef == in_header
+
+
+# --- Python: client_plugin.shim in a child interpreter --------------------------------------
+
+DRIVE = """
+import ctypes, sys
+from client_plugin import shim
+ledger, task, driver = sys.argv[1:4]
+
+def cuda():
+    cu = ctypes.CDLL(driver)
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    assert cu.cuInit(0) == 0
+    assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+    assert cu.cuCtxSetCurrent(ctx) == 0
+    return cu
+
+def alloc(cu, mib):
+    p = ctypes.c_uint64()
+    print("alloc", mib, cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(mib << 20)))
+
+def attempt(path, task_id):
+    try:
+        shim.attach(path, task_id)
+        print("attach ok")
+    except shim.ShimError as e:
+        print("attach", type(e).__name__, "|", e)
+"""
+
+ENFORCED = """
+print(shim.loaded(), shim.mode())
+shim.attach(ledger, task)
+print(shim.mode())
+cu = cuda()
+alloc(cu, 512)
+alloc(cu, 768)
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+print("info", free.value, total.value)
+"""
+
+
+def python(
+    script: str, ledger: Path, cwd: Path, preload: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``python -c`` in ``cwd`` (not the checkout: the installed package is imported)."""
+    driver = libs.sim_driver_dir() / "libcuda.so.1"
+    return subprocess.run(
+        [sys.executable, "-c", DRIVE + script, str(ledger), TASK, str(driver)],
+        capture_output=True,
+        text=True,
+        env=environment(preload),
+        cwd=cwd,
+        timeout=60,
+    )
+
+
+def test_python_attach_then_the_driver_is_enforced(ledger: Ledger, tmp_path: Path) -> None:
+    r = python(ENFORCED, ledger.path, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert lines(r.stdout) == [
+        "True inert",
+        "enforce",
+        "alloc 512 0",
+        "alloc 768 2",  # CUDA_ERROR_OUT_OF_MEMORY beyond the grant
+        f"info {512 * MiB} {GiB}",
+    ]
+    usage = ledger.task_usage(TASK)
+    assert (usage.processes, usage.used) == (1, 512 * MiB)
+
+
+def test_python_attach_after_cuda_was_used_is_too_late(ledger: Ledger, tmp_path: Path) -> None:
+    r = python("cu = cuda()\nattempt(ledger, task)\nprint(shim.mode())", ledger.path, tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = lines(r.stdout)
+    assert out[0].startswith("attach ShimTooLate | "), out
+    assert "before the framework first uses CUDA" in out[0]
+    assert out[1:] == ["inert"]
+
+
+def test_python_attach_failures_leave_the_shim_as_it_was(ledger: Ledger, tmp_path: Path) -> None:
+    script = (
+        "attempt(ledger + '.missing', task)\n"
+        "attempt(ledger, 'x' * 24)\n"
+        "print(shim.mode())\n"
+        "attempt(ledger, task)\n"
+        "attempt(ledger, task)\n"
+        "print(shim.mode())\n"
+    )
+    r = python(script, ledger.path, tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = [ln.split(" | ") for ln in lines(r.stdout)]
+    assert [o[0] for o in out] == [
+        "attach ShimLedgerError",
+        "attach ShimError",  # invalid arguments: the base class itself
+        "inert",
+        "attach ok",
+        "attach ShimAlreadyAttached",
+        "enforce",
+    ]
+    assert "No such file or directory" in out[0][1]
+    assert r.stderr == ""
+
+
+def test_without_the_preload_loaded_is_false_and_loads_nothing(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    script = (
+        "print(shim.loaded())\n"
+        "attempt(ledger, task)\n"
+        "try:\n    shim.mode()\nexcept shim.ShimNotLoaded:\n    print('mode ShimNotLoaded')\n"
+        "print('libgpushare' in open('/proc/self/maps').read())\n"
+    )
+    r = python(script, ledger.path, tmp_path, preload=False)
+    assert r.returncode == 0, r.stderr
+    out = [ln.split(" | ")[0] for ln in lines(r.stdout)]
+    assert out == ["False", "attach ShimNotLoaded", "mode ShimNotLoaded", "False"]
