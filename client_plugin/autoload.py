@@ -72,6 +72,8 @@ def install() -> None:
         return
     if os.environ.get(OWNER_ENV):
         return  # a process of a task (or of a CPU-only run): it shares that grant
+    if any(isinstance(f, FrameworkFinder) for f in sys.meta_path):
+        return  # the start-up hook ran twice (site-packages reached by two paths)
     try:
         cwd: str | None = os.getcwd()
     except OSError:

@@ -210,8 +210,6 @@ class Supervisor:
             if self.hb is not None and now >= self.next_beat:
                 self.hb.beat()
                 self.next_beat = time.monotonic() + self.hb.interval
-        # The grant ends with the command: what it left running in its group goes too.
-        self._killpg(signal.SIGKILL)
         if self.had_terminal and self._child_has_terminal():
             self.term.give(os.getpgrp())
         return returncode

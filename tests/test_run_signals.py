@@ -79,21 +79,6 @@ def test_after_the_grace_period_the_whole_group_is_killed(
     assert rec["reason"] == "killed"
 
 
-def test_what_the_command_leaves_running_ends_with_it(
-    daemon: Any, run_task: Any, tmp_path: Path
-) -> None:
-    ep = daemon.env("alice")
-    pidfile = tmp_path / "pid"
-    p = run_task(ep, "sh", "-c", f"sleep 300 & echo $! > {pidfile}; exit 0")
-    p.communicate(timeout=30)
-    assert p.returncode == 0
-    pid = int(pidfile.read_text())
-    deadline = time.monotonic() + 5
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not alive(pid)
-
-
 def test_kill9_of_gpushare_run_kills_the_command(
     daemon: Any, run_task: Any, wait_for: Any, tmp_path: Path
 ) -> None:
