@@ -12,7 +12,6 @@ The JSON document goes to stdout and to ``--out``; progress to stderr.
 
 from __future__ import annotations
 
-import functools
 import os
 import statistics
 import subprocess
@@ -103,16 +102,7 @@ def machine() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = harness.parser(__doc__, BENCHMARKS).parse_args(argv)
-
-    def run_all(results: dict[str, Any]) -> bool:
-        broken = False
-        for name in args.only or BENCHMARKS:
-            bench = functools.partial(BENCHMARKS[name], args.quick)
-            broken |= harness.run_one(name, bench, ERRORS, results)
-        return broken
-
-    return harness.run_and_report(args, run_all, machine)
+    return harness.main(__doc__, BENCHMARKS, ERRORS, machine, argv)
 
 
 if __name__ == "__main__":

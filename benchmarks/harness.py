@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -21,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -242,3 +243,24 @@ def report(
     if args.check and not all(r["met"] for r in results.values()):
         return 1
     return 0
+
+
+def main(
+    doc: str | None,
+    benchmarks: Mapping[str, Callable[[bool], dict[str, Any]]],
+    errors: tuple[type[BaseException], ...],
+    describe: Callable[[], dict[str, Any]],
+    argv: list[str] | None = None,
+) -> int:
+    """A script's whole run: parse the common options, run the benchmarks chosen (each
+    called with ``--quick``'s value) and report them; the exit status."""
+    args = parser(doc, benchmarks).parse_args(argv)
+
+    def run_all(results: dict[str, Any]) -> bool:
+        broken = False
+        for name in args.only or benchmarks:
+            bench = functools.partial(benchmarks[name], args.quick)
+            broken |= run_one(name, bench, errors, results)
+        return broken
+
+    return run_and_report(args, run_all, describe)

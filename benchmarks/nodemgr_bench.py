@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import gc
 import json
 import os
@@ -695,16 +694,7 @@ def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     if args_in[:1] == ["--worker"]:
         return _worker(args_in[1:])
-    args = harness.parser(__doc__, BENCHMARKS).parse_args(args_in)
-
-    def run_all(results: dict[str, Any]) -> bool:
-        broken = False
-        for name in args.only or BENCHMARKS:
-            bench = functools.partial(BENCHMARKS[name], args.quick)
-            broken |= harness.run_one(name, bench, ERRORS, results)
-        return broken
-
-    return harness.run_and_report(args, run_all, machine)
+    return harness.main(__doc__, BENCHMARKS, ERRORS, machine, args_in)
 
 
 if __name__ == "__main__":

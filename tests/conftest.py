@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -351,6 +352,42 @@ def run_task() -> Iterator[Any]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
         p.communicate()
+
+
+class Waiting(threading.Thread):
+    """A request that may wait, made from a thread so the test can go on; ``fields`` are
+    the request's (``gpus`` defaults to 1)."""
+
+    def __init__(self, endpoint: str, wait: float, **fields: Any) -> None:
+        super().__init__(daemon=True)
+        self.wait = wait
+        self.fields = {"gpus": 1, **fields}
+        self.updates: list[int] = []
+        self.result: dict[str, Any] | None = None
+        self.error: Exception | None = None
+        self.conn = Connection(endpoint)
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.result = self.conn.call(
+                "request",
+                timeout=self.wait + 10,
+                on_queued=lambda m: self.updates.append(int(m["position"])),
+                wait=self.wait,
+                **self.fields,
+            )
+        except Exception as e:
+            self.error = e
+
+    def finish(self) -> dict[str, Any]:
+        self.join(15)
+        assert not self.is_alive()
+        self.conn.close()
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
 
 
 @pytest.fixture

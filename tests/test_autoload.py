@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -277,19 +276,6 @@ def test_no_gpu_within_the_wait_is_an_error_or_a_cpu_fallback(
     holder.close()
 
 
-def test_kill9_is_reclaimed(daemon: Any, standin: Path, wait_for: Any) -> None:
-    ep = daemon.env("alice")
-    p = python("import torch, time; print('up', flush=True); time.sleep(60)", standin, ep)
-    assert p.stdout is not None
-    p.stdout.readline()
-    assert p.stdout.readline() == "up\n"
-    p.kill()
-    finish(p)
-    wait_for(lambda: daemon.tasks() == [], 5)
-    [rec] = records(daemon, "alice")
-    assert rec["reason"] == "exited"
-
-
 def test_worker_processes_share_the_parents_grant(
     daemon: Any, standin: Path, wait_for: Any, tmp_path: Path
 ) -> None:
@@ -366,16 +352,19 @@ def test_a_preloaded_shim_is_attached_without_a_restart(daemon: Any, standin: Pa
     assert out.splitlines()[-1] == "0 2"
 
 
-def test_sigterm_ends_the_task(daemon: Any, standin: Path, wait_for: Any) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_process_is_reclaimed(
+    daemon: Any, standin: Path, wait_for: Any, signum: int
+) -> None:
+    """No done at exit: nodemgr sees the process end and takes the task back."""
     ep = daemon.env("alice")
     p = python("import torch, time; print('up', flush=True); time.sleep(60)", standin, ep)
     assert p.stdout is not None
     p.stdout.readline()
     assert p.stdout.readline() == "up\n"
-    p.send_signal(signal.SIGTERM)
+    p.send_signal(signum)
     finish(p)
     wait_for(lambda: daemon.tasks() == [], 5)
-    time.sleep(0.1)
     assert [r["reason"] for r in records(daemon, "alice")] == ["exited"]
 
 

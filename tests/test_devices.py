@@ -4,7 +4,6 @@ queueing within the restriction."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -14,6 +13,7 @@ from nodemgr import protocol
 from nodemgr.client import Connection, NodeError, NoResources, QuotaExceeded
 from nodemgr.gpus import Gpu, resolve, simulated_uuid
 from nodemgr.protocol import Err, ProtocolError
+from tests.conftest import Waiting
 
 GiB = 1 << 30
 
@@ -198,35 +198,6 @@ def test_a_restriction_that_can_never_be_met_is_quota_exceeded(daemon: Any) -> N
     assert daemon.admin("queue")["waiting"] == []
 
 
-class Waiting(threading.Thread):
-    """A restricted request that may wait, made from a thread so the test can go on."""
-
-    def __init__(self, endpoint: str, devices: list[str] | None, wait: float) -> None:
-        super().__init__(daemon=True)
-        self.devices, self.wait = devices, wait
-        self.result: dict[str, Any] | None = None
-        self.error: Exception | None = None
-        self.conn = Connection(endpoint)
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.result = self.conn.call(
-                "request", timeout=self.wait + 10, gpus=1, devices=self.devices, wait=self.wait
-            )
-        except Exception as e:
-            self.error = e
-
-    def finish(self) -> dict[str, Any]:
-        self.join(15)
-        assert not self.is_alive()
-        self.conn.close()
-        if self.error is not None:
-            raise self.error
-        assert self.result is not None
-        return self.result
-
-
 @pytest.fixture
 def node(daemon_factory: Any) -> Any:
     # One task per GPU across environments, two GPUs: easy to fill one of them.
@@ -248,7 +219,7 @@ def test_a_busy_allowed_gpu_is_retryable_and_a_waiter_gets_only_it(
             request(ep, gpus=1, devices=["0"])
         assert e.value.retryable and "CUDA_VISIBLE_DEVICES allows (GPU 0)" in e.value.message
 
-        w = Waiting(ep, ["0"], 60)
+        w = Waiting(ep, 60, devices=["0"])
         wait_for(lambda: len(node.admin("queue")["waiting"]) == 1, 5)
         (entry,) = node.admin("queue")["waiting"]
         assert entry["env"] == "c" and entry["devices"] == [0]
@@ -273,7 +244,7 @@ def test_an_unrestricted_waiter_shows_no_devices(node: Any, wait_for: Any) -> No
     holds = [Connection(node.env(name)) for name in ("a", "b")]
     for h in holds:
         h.call("request", gpus=1)
-    w = Waiting(node.env("c"), None, 1)
+    w = Waiting(node.env("c"), 1, devices=None)
     wait_for(lambda: len(node.admin("queue")["waiting"]) == 1, 5)
     assert node.admin("queue")["waiting"][0]["devices"] is None
     with pytest.raises(NoResources, match="willing to wait"):
@@ -308,7 +279,7 @@ def test_a_restricted_waiter_is_overtaken_only_by_grants_that_could_delay_it(
     with Connection(node.env("a")) as hold:
         held = hold.call("request", gpus=1, devices=["0"])
         ep = node.env("c")
-        w = Waiting(ep, ["0"], 60)
+        w = Waiting(ep, 60, devices=["0"])
         wait_for(lambda: len(node.admin("queue")["waiting"]) == 1, 5)
         other = node.env("b")
         for _ in range(3):  # more than queue_max_bypass: GPU 1 is none of its business

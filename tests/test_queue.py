@@ -2,48 +2,15 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 import pytest
 
 from nodemgr.client import Connection, NoResources, QuotaExceeded, QuotaZero
+from tests.conftest import Waiting
 
 GiB = 1 << 30
-
-
-class Waiting(threading.Thread):
-    """A request that may wait, made from a thread so the test can go on."""
-
-    def __init__(self, endpoint: str, gpus: int, wait: float) -> None:
-        super().__init__(daemon=True)
-        self.endpoint, self.gpus, self.wait = endpoint, gpus, wait
-        self.updates: list[int] = []
-        self.result: dict[str, Any] | None = None
-        self.error: Exception | None = None
-        self.conn = Connection(endpoint)
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.result = self.conn.call(
-                "request",
-                timeout=self.wait + 10,
-                on_queued=lambda m: self.updates.append(int(m["position"])),
-                gpus=self.gpus,
-                wait=self.wait,
-            )
-        except Exception as e:
-            self.error = e
-
-    def finish(self) -> dict[str, Any]:
-        self.join(15)
-        assert not self.is_alive()
-        if self.error is not None:
-            raise self.error
-        assert self.result is not None
-        return self.result
 
 
 def grant(endpoint: str, gpus: int = 1) -> tuple[Connection, str]:
@@ -88,11 +55,11 @@ def test_typed_errors_distinguish_zero_quota_beyond_quota_and_busy(node: Any) ->
 def test_waiters_are_served_in_order_and_told_their_position(node: Any, wait_for: Any) -> None:
     a_conn, a_task = grant(node.env("a"))
     b_conn, b_task = grant(node.env("b"))
-    first = Waiting(node.env("c"), 1, 60)
+    first = Waiting(node.env("c"), 60, gpus=1)
     wait_for(lambda: queue_len(node) == 1, 5)
-    second = Waiting(node.env("d"), 1, 60)
+    second = Waiting(node.env("d"), 60, gpus=1)
     wait_for(lambda: queue_len(node) == 2, 5)
-    third = Waiting(node.env("e"), 1, 60)
+    third = Waiting(node.env("e"), 60, gpus=1)
     wait_for(lambda: queue_len(node) == 3, 5)
     assert [w["env"] for w in node.admin("queue")["waiting"]] == ["c", "d", "e"]
 
@@ -119,7 +86,7 @@ def test_a_wait_that_times_out_is_refused_as_retryable(node: Any) -> None:
     hold_a, _ = grant(node.env("a"))
     hold_b, _ = grant(node.env("b"))
     start = time.monotonic()
-    w = Waiting(node.env("c"), 1, 0.5)
+    w = Waiting(node.env("c"), 0.5, gpus=1)
     with pytest.raises(NoResources, match="willing to wait"):
         w.finish()
     assert 0.45 < time.monotonic() - start < 3
@@ -142,7 +109,7 @@ def test_a_large_request_is_not_starved_by_a_stream_of_small_ones(
     )
     a_conn, a_task = grant(node.env("a"))
     b_conn, b_task = grant(node.env("b"))
-    big = Waiting(node.env("big", gpus=2), 2, 60)
+    big = Waiting(node.env("big", gpus=2), 60, gpus=2)
     wait_for(lambda: queue_len(node) == 1, 5)
 
     a_conn.call("done", task_id=a_task)  # one GPU free: not enough for big

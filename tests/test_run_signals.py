@@ -3,6 +3,7 @@ group, the terminal (Ctrl-C, reading it), and no orphan when gpushare-run dies."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import select
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +121,24 @@ class Pty:
     def write(self, data: bytes) -> None:
         os.write(self.fd, data)
 
+    @staticmethod
+    @contextlib.contextmanager
+    def spawn(argv: list[str], env: dict[str, str] | None = None) -> Iterator[tuple[Pty, int]]:
+        """Run ``argv`` as a session leader with a new pty as its terminal; killed after."""
+        pid, master = pty.fork()
+        if pid == 0:
+            try:
+                os.execvpe(argv[0], argv, env if env is not None else dict(os.environ))
+            finally:
+                os._exit(127)
+        try:
+            yield Pty(master), pid
+        finally:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            os.close(master)
+
 
 def test_on_a_terminal_the_command_reads_it_and_ctrl_c_reaches_it(daemon: Any) -> None:
     """gpushare-run as a terminal's foreground job: its command, in a process group of
@@ -135,14 +155,8 @@ def test_on_a_terminal_the_command_reads_it_and_ctrl_c_reaches_it(daemon: Any) -
         "    print('interrupted', flush=True)\n"
         "    sys.exit(5)\n"
     )
-    pid, master = pty.fork()
-    if pid == 0:  # the child: a session leader with the pty as its terminal
-        os.execv(
-            str(BIN / "gpushare-run"),
-            ["gpushare-run", "--endpoint", ep, "--", sys.executable, "-c", prog],
-        )
-    term = Pty(master)
-    try:
+    argv = [str(BIN / "gpushare-run"), "--endpoint", ep, "--", sys.executable, "-c", prog]
+    with Pty.spawn(argv) as (term, pid):
         term.expect(b"name?")
         term.write(b"world\n")
         term.expect(b"hello world")
@@ -151,13 +165,6 @@ def test_on_a_terminal_the_command_reads_it_and_ctrl_c_reaches_it(daemon: Any) -
         term.expect(b"interrupted")
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 5
-    finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-        os.close(master)
     assert daemon.tasks() == []
 
 
@@ -196,15 +203,8 @@ def test_ctrl_z_stops_the_job_and_fg_carries_it_on(daemon_factory: Any, tmp_path
         "print('second?', flush=True)\n"
         "print('got', sys.stdin.readline().strip(), flush=True)\n"
     )
-    pid, master = pty.fork()
-    if pid == 0:
-        os.execvpe(
-            "bash",
-            ["bash", "--norc", "--noprofile", "-i"],
-            {**os.environ, "PS1": "$ ", "TERM": "dumb"},
-        )
-    term = Pty(master)
-    try:
+    shell = ["bash", "--norc", "--noprofile", "-i"]
+    with Pty.spawn(shell, {**os.environ, "PS1": "$ ", "TERM": "dumb"}) as (term, _):
         cmd = f"{BIN / 'gpushare-run'} --endpoint {ep} -- {sys.executable} {prog}\n"
         term.write(cmd.encode())
         term.expect(b"first?\r\n")
@@ -224,10 +224,3 @@ def test_ctrl_z_stops_the_job_and_fg_carries_it_on(daemon_factory: Any, tmp_path
         assert daemon.tasks() == []
         [rec] = daemon.admin("history", env="alice")["records"]
         assert rec["task_id"] == task["task_id"] and rec["reason"] == "done"
-    finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-        os.close(master)
