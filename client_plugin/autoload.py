@@ -20,11 +20,13 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
+    from typing import Any
 
 FRAMEWORKS_ENV = "GPUSHARE_FRAMEWORKS"
 OWNER_ENV = "GPUSHARE_TASK_OWNER"  # client_plugin.settings.TASK_OWNER
-# Set only for the restart of the process that holds the task (client_plugin.autotask).
-RESTART_ENV = "GPUSHARE_AUTOLOAD_RESTART"
+# "PID,HEARTBEAT_INTERVAL" of the process that holds an auto-loaded task, so that the
+# same process, restarted with the shim or exec'ing another program, keeps it alive.
+HOLDER_ENV = "GPUSHARE_AUTOLOAD_HOLDER"
 DEFAULT_FRAMEWORKS = ("torch", "tensorflow", "jax", "jaxlib", "paddle", "mxnet", "cupy")
 
 
@@ -36,12 +38,15 @@ def frameworks(environ: Mapping[str, str] | None = None) -> frozenset[str]:
 
 
 class FrameworkFinder:
-    """Never finds anything: it only notices the first import of a framework."""
+    """Finds nothing itself: it notices the first import of an installed framework and
+    has the task started just before that module's code runs."""
 
     def __init__(self, names: frozenset[str], cwd: str | None) -> None:
         self.names = names
         self.cwd = cwd  # where the interpreter started, for a restart
+        self.pid = os.getpid()  # a forked child that imports first cannot be restarted
         self.fired = False
+        self.searching = False
         self.lock = _thread.allocate_lock()
 
     def find_spec(
@@ -50,30 +55,84 @@ class FrameworkFinder:
         path: Sequence[str] | None = None,
         target: ModuleType | None = None,
     ) -> ModuleSpec | None:
-        if self.fired or path is not None or fullname not in self.names:
+        if self.fired or self.searching or path is not None or fullname not in self.names:
             return None
+        # Ask the finders behind this one: a framework that is not installed (an optional
+        # import, importlib.util.find_spec) starts nothing.
+        self.searching = True
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is not self and hasattr(finder, "find_spec"):
+                    spec = finder.find_spec(fullname, path, target)
+                    if spec is not None:
+                        break
+        finally:
+            self.searching = False
+        if spec is None:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            self.fire(fullname)
+            return None
+        # A stand-in with the Loader protocol; the real loader is put back at once.
+        spec.loader = GrantingLoader(spec.loader, self, fullname)  # type: ignore[assignment]
+        return spec
+
+    def fire(self, fullname: str) -> None:
         with self.lock:
             if self.fired:
-                return None
+                return
             self.fired = True
-        from client_plugin import autotask
+        try:
+            from client_plugin import autotask
 
-        autotask.start(fullname, self.cwd)
-        return None
+            autotask.start(fullname, self.cwd, self.pid)
+        except BaseException:
+            self.fired = False  # refused or interrupted: the next import asks again
+            raise
+
+
+class GrantingLoader:
+    """The framework's own loader, with the task started before its module's code runs."""
+
+    def __init__(self, loader: Any, finder: FrameworkFinder, fullname: str) -> None:
+        self._loader = loader
+        self._finder = finder
+        self._fullname = fullname
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        result: ModuleType | None = self._loader.create_module(spec)
+        return result
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._finder.fire(self._fullname)
+        self._loader.exec_module(module)
+
+
+_installed = False
 
 
 def install() -> None:
     """Called at interpreter start when GPUSHARE_AUTOLOAD is on."""
-    if os.environ.get(RESTART_ENV, "").partition(",")[0] == str(os.getpid()):
-        # This process holds a task and was restarted with the shim: carry on.
+    global _installed
+    if _installed:
+        return  # the start-up hook ran twice (site-packages reached by two paths)
+    _installed = True
+    if os.environ.get(HOLDER_ENV, "").partition(",")[0] == str(os.getpid()):
+        # This process holds a task and was restarted with the shim (or exec'd another
+        # program image): keep the task alive.
         from client_plugin import autotask
 
         autotask.resume()
         return
     if os.environ.get(OWNER_ENV):
         return  # a process of a task (or of a CPU-only run): it shares that grant
-    if any(isinstance(f, FrameworkFinder) for f in sys.meta_path):
-        return  # the start-up hook ran twice (site-packages reached by two paths)
     try:
         cwd: str | None = os.getcwd()
     except OSError:

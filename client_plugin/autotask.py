@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from client_plugin import libs
 from client_plugin import settings as cfg
-from client_plugin.autoload import RESTART_ENV
+from client_plugin.autoload import HOLDER_ENV
 from client_plugin.grant import Grant, Heartbeat, Progress, acquire, task_environment
 from nodemgr.client import Connection, NodeError, NoResources, QuotaZero, Unreachable
 
@@ -101,8 +101,9 @@ def _command() -> str:
     return " ".join(getattr(sys, "orig_argv", sys.argv))
 
 
-def start(module: str, cwd: str | None) -> None:
-    """The first import of ``module`` (a framework) is under way: get its GPUs."""
+def start(module: str, cwd: str | None, started: int) -> None:
+    """The first import of ``module`` (a framework) is under way: get its GPUs.
+    ``cwd`` and ``started`` are the directory and pid the interpreter started with."""
     try:
         s = cfg.from_environment()
     except cfg.SettingsError as e:
@@ -146,18 +147,18 @@ def start(module: str, cwd: str | None) -> None:
         ) from None
     except NodeError as e:
         raise GpushareError(f"gpushare: request refused ({e.code}): {e.message}") from None
-    _enter(s.endpoint, grant, cwd)
+    _enter(s.endpoint, grant, cwd, started)
 
 
-def _enter(endpoint: str, grant: Grant, cwd: str | None) -> None:
+def _enter(endpoint: str, grant: Grant, cwd: str | None, started: int) -> None:
     from client_plugin import shim
 
     global _task
     pid = os.getpid()
     if shim.loaded():
-        env = task_environment(grant, os.environ, pid, preload=False)
+        saved = dict(os.environ)
         try:
-            os.environ.update(env)
+            os.environ.update(task_environment(grant, os.environ, pid, preload=False))
             if grant.simulated:
                 # The loader read LD_LIBRARY_PATH at start; loading the simulated
                 # driver by path makes a later dlopen by soname find it.
@@ -168,23 +169,36 @@ def _enter(endpoint: str, grant: Grant, cwd: str | None) -> None:
         except shim.ShimTooLate:
             pass  # CUDA was used before the grant: only a restart can charge it all
         except (shim.ShimError, OSError) as e:
+            os.environ.clear()
+            os.environ.update(saved)
             _release(endpoint, grant)
             raise GpushareError(f"gpushare: {e}") from None
         else:
+            os.environ[HOLDER_ENV] = f"{pid},{grant.heartbeat_interval}"
             _task = Task(endpoint, grant.task_id, grant.heartbeat_interval)
             return
-    _restart(endpoint, grant, cwd)
+    _restart(endpoint, grant, cwd, started)
 
 
-def _restart(endpoint: str, grant: Grant, cwd: str | None) -> None:
+def _restartable(started: int) -> bool:
+    """Can this process run again from the start? Not a forked child (it would run its
+    parent's program), not an interactive session, not a script read from stdin."""
+    interactive = sys.flags.interactive or "IPython" in sys.modules or "ipykernel" in sys.modules
+    argv = getattr(sys, "orig_argv", None)
+    return (
+        bool(argv) and os.getpid() == started and not interactive and sys.argv[0] not in ("", "-")
+    )
+
+
+def _restart(endpoint: str, grant: Grant, cwd: str | None, started: int) -> None:
     """Run this interpreter again from the start, with the shim preloaded."""
     pid = os.getpid()
-    argv = getattr(sys, "orig_argv", None)
-    if not argv or sys.argv[0] in ("", "-"):
+    argv = getattr(sys, "orig_argv", [])
+    if not _restartable(started):
         _release(endpoint, grant)
         raise GpushareError(
-            "gpushare: the shim is not loaded in this process, and an interactive "
-            "interpreter or a script read from stdin cannot be restarted with it: "
+            "gpushare: the shim is not loaded in this process, and an interactive session, "
+            "a script read from stdin or a forked process cannot be restarted with it: "
             "preload it (LD_PRELOAD=$(python -c 'import client_plugin.libs as l; "
             "print(l.shim_path())')) or run under gpushare-run"
         )
@@ -193,7 +207,7 @@ def _restart(endpoint: str, grant: Grant, cwd: str | None) -> None:
     except FileNotFoundError as e:
         _release(endpoint, grant)
         raise GpushareError(f"gpushare: {e}") from None
-    env[RESTART_ENV] = f"{pid},{grant.heartbeat_interval}"
+    env[HOLDER_ENV] = f"{pid},{grant.heartbeat_interval}"
     env[cfg.ENDPOINT] = endpoint
     with contextlib.suppress(OSError):
         if cwd is not None:
@@ -207,14 +221,16 @@ def _restart(endpoint: str, grant: Grant, cwd: str | None) -> None:
 
 
 def resume() -> None:
-    """In the restarted interpreter, before any user code: keep the task alive."""
+    """In the restarted interpreter (or a Python program the holder exec'd), before any
+    user code: keep the task alive."""
     global _task
-    raw = os.environ.pop(RESTART_ENV, "")
+    # Kept in the environment: a program this process execs holds the same task.
+    raw = os.environ.get(HOLDER_ENV, "")
     try:
         interval = float(raw.split(",")[1])
         endpoint = os.environ[cfg.ENDPOINT]
         task_id = os.environ["GPUSHARE_TASK_ID"]
     except (IndexError, ValueError, KeyError):
-        _say(f"ignoring a malformed {RESTART_ENV}={raw!r}")
+        _say(f"ignoring a malformed {HOLDER_ENV}={raw!r}")
         return
     _task = Task(endpoint, task_id, interval)

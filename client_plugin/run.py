@@ -46,8 +46,16 @@ EXIT_CANCELLED = 128 + signal.SIGINT
 _PR_SET_PDEATHSIG = 1
 # Passed on to the command. Held blocked while the command runs and taken with
 # sigtimedwait, so one thread sees them in order and no handler races the loop.
+# One gpushare-run was started with ignored (nohup) stays ignored, for both.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-LOOP_SIGNALS = {*FORWARDED, signal.SIGCHLD, signal.SIGTTOU}
+
+
+def _forwarded() -> set[int]:
+    return {s for s in FORWARDED if signal.getsignal(s) != signal.SIG_IGN}
+
+
+def _loop_signals() -> set[int]:
+    return {*_forwarded(), signal.SIGCHLD, signal.SIGTTOU}
 
 
 def _say(message: str) -> None:
@@ -111,8 +119,10 @@ def _prepare_child(parent: int, mask: Iterable[int], tty_fd: int) -> None:
 
 def _spawn(cmd: list[str], env: Mapping[str, str], term: Terminal) -> subprocess.Popen[bytes]:
     parent = os.getpid()
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, LOOP_SIGNALS)
-    tty_fd = term.fd if term.foreground() else -1
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _loop_signals())
+    # The terminal goes to the command only when gpushare-run is a job of its own (an
+    # interactive shell's); in a script's group, Ctrl-C must still reach the script.
+    tty_fd = term.fd if term.foreground() and os.getpgrp() == os.getpid() else -1
     try:
         # Default dispositions for the command: gpushare-run's are its own.
         child = subprocess.Popen(
@@ -145,6 +155,8 @@ class Supervisor:
         self.kill_at: float | None = None
         self.next_beat = time.monotonic() + (hb.interval if hb else 0.0)
         self.had_terminal = self._child_has_terminal()
+        self.signals = _loop_signals()
+        self.forwarded = _forwarded()
 
     def _child_has_terminal(self) -> bool:
         if self.term.fd < 0:
@@ -186,15 +198,18 @@ class Supervisor:
             if pid == 0:
                 return None
             if os.WIFSTOPPED(status):
-                self._stopped()
+                if self.had_terminal:
+                    self._stopped()
+                # Without a terminal no shell does job control: whoever stopped the
+                # command continues it, and gpushare-run keeps the task alive meanwhile.
                 continue
             self.child.returncode = os.waitstatus_to_exitcode(status)
             return self.child.returncode
 
     def run(self) -> int:
         while True:
-            info = signal.sigtimedwait(LOOP_SIGNALS, self._timeout())
-            if info is not None and info.si_signo in FORWARDED:
+            info = signal.sigtimedwait(self.signals, self._timeout())
+            if info is not None and info.si_signo in self.forwarded:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.child.pid, info.si_signo)
                 if self.kill_at is None:
@@ -265,6 +280,8 @@ def run(s: cfg.Settings, cmd: list[str]) -> int:
     owner = inherited_owner()
     if owner is not None and owner != os.getpid():
         # Inside a task already (or a CPU-only run): share it, never ask for another.
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; CMD must not
+            signal.signal(sig, signal.SIG_DFL)
         try:
             os.execvp(cmd[0], cmd)
         except FileNotFoundError:
@@ -273,6 +290,9 @@ def run(s: cfg.Settings, cmd: list[str]) -> int:
         except OSError as e:
             _say(f"cannot execute {cmd[0]}: {e.strerror}")
             return EXIT_NOT_EXECUTABLE
+    if s.devices == () and s.cpu_fallback:
+        _say("CUDA_VISIBLE_DEVICES allows no GPU: running without one")
+        return _run_cpu(s, cmd)
     progress = Progress("gpushare-run", s.gpus)
     grant: Grant | None = None
     try:
@@ -290,8 +310,20 @@ def run(s: cfg.Settings, cmd: list[str]) -> int:
         if not s.cpu_fallback:
             return _refused(e, s)
         _say(f"running without a GPU ({e.code}): {e.message}")
+        return _run_cpu(s, cmd)
     except NodeError as e:
         return _refused(e, s)
+    return _supervise(s, cmd, grant)
+
+
+def _run_cpu(s: cfg.Settings, cmd: list[str]) -> int:
+    return _supervise(s, cmd, None)
+
+
+def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> int:
+    assert s.endpoint is not None
+    # An inherited SIGCHLD=SIG_IGN would have the kernel reap the command unseen.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     me = os.getpid()
     term = Terminal()
     try:
@@ -344,7 +376,6 @@ executable; 127 CMD not found; 130 interrupted while waiting for GPUs.
 @click.command(
     context_settings={
         "help_option_names": ["-h", "--help"],
-        "ignore_unknown_options": True,
         "allow_interspersed_args": False,
     },
     epilog=EPILOG,

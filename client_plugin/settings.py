@@ -95,8 +95,15 @@ def parse_memory(name: str, value: str) -> int:
 
 
 def parse_devices(value: str) -> tuple[str, ...]:
-    """CUDA_VISIBLE_DEVICES as the driver reads it: comma-separated indices or UUIDs."""
-    return tuple(d.strip() for d in value.split(",") if d.strip())
+    """CUDA_VISIBLE_DEVICES as the driver reads it: indices or UUIDs up to the first entry
+    that is neither (so the usual ``-1`` means no GPU)."""
+    devices: list[str] = []
+    for entry in value.split(","):
+        d = entry.strip()
+        if not (d.isdigit() or d.upper().startswith(("GPU-", "MIG-"))):
+            break
+        devices.append(d)
+    return tuple(devices)
 
 
 def parse_zero_quota(name: str, value: str) -> str:
@@ -116,11 +123,11 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Settings:
         s = s.but(gpus=parse_gpus(GPUS, env[GPUS]))
     if env.get(MEMORY):
         s = s.but(memory=parse_memory(MEMORY, env[MEMORY]))
-    if WAIT in env:
+    if env.get(WAIT):
         s = replace(s, wait=parse_bool(WAIT, env[WAIT]))
     if WAIT_TIMEOUT in env:
         s = replace(s, wait_timeout=parse_seconds(WAIT_TIMEOUT, env[WAIT_TIMEOUT], True))
-    if CPU_FALLBACK in env:
+    if env.get(CPU_FALLBACK):
         s = replace(s, cpu_fallback=parse_bool(CPU_FALLBACK, env[CPU_FALLBACK]))
     if env.get(GRACE):
         s = s.but(grace=parse_seconds(GRACE, env[GRACE]))

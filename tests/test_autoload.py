@@ -3,6 +3,7 @@ the installed start-up hook, a real nodemgr and the simulated driver."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -75,6 +76,7 @@ def python(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # so a failed test's workers can be ended with it
         **kw,
     )
 
@@ -83,8 +85,9 @@ def finish(p: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
     try:
         return p.communicate(timeout=timeout)
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
         if p.poll() is None:
-            p.kill()
             p.communicate()
 
 
@@ -427,3 +430,54 @@ def test_torchrun_ranks_share_a_two_gpu_grant(
     ]
     [rec] = records(daemon, "alice")
     assert rec["reason"] == "done" and len(rec["gpus"]) == 2
+
+
+def test_only_an_installed_framework_counts(standin: Path) -> None:
+    """An optional import that fails, or a library asking whether torch is installed,
+    requests nothing: here nodemgr is unreachable, so any request would fail loudly."""
+    code = (
+        "import importlib.util\n"
+        "try:\n    import cupy\nexcept ImportError:\n    print('no cupy')\n"
+        "print('torch installed', importlib.util.find_spec('torch') is not None)\n"
+    )
+    p = python(code, standin, "ipc:///nonexistent/task.sock")
+    out, err = finish(p)
+    assert p.returncode == 0, err
+    assert out == "no cupy\ntorch installed True\n"
+    assert err == ""
+
+
+def test_a_refused_import_asks_again_next_time(standin: Path) -> None:
+    code = (
+        "for _ in range(2):\n"
+        "    try:\n        import torch\n"
+        "    except RuntimeError as e:\n        print(type(e).__name__)\n"
+    )
+    p = python(code, standin, "ipc:///nonexistent/task.sock")
+    out, err = finish(p)
+    assert p.returncode == 0, err
+    assert out == "GpushareError\nGpushareError\n"  # never a framework without a grant
+
+
+def test_cuda_visible_devices_minus_one_means_no_gpu(daemon: Any, standin: Path) -> None:
+    ep = daemon.env("alice")
+    p = python("import torch", standin, ep, env={"CUDA_VISIBLE_DEVICES": "-1"})
+    out, err = finish(p)
+    assert p.returncode == 0, err
+    assert out == "body '-1' None\n"
+    assert records(daemon, "alice") == []
+
+
+def test_a_program_the_holder_execs_keeps_the_task(daemon: Any, standin: Path) -> None:
+    """Heartbeats go on in the new program image (the test daemon reclaims after 1 s of
+    silence), and it says done at its exit."""
+    ep = daemon.env("alice")
+    code = (
+        "import os, sys, torch\n"
+        "os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(2.5)'])\n"
+    )
+    for preload in ({}, {"LD_PRELOAD": str(libs.shim_path())}):
+        p = python(code, standin, ep, env=preload)
+        _, err = finish(p)
+        assert p.returncode == 0, err
+    assert [r["reason"] for r in records(daemon, "alice")] == ["done", "done"]

@@ -254,3 +254,27 @@ def test_cuda_visible_devices_restricts_the_grant(node: Any) -> None:
     )
     assert r.returncode == 75
     other.close()
+
+
+def test_a_mistyped_option_is_a_usage_error_not_a_command(node: Any) -> None:
+    ep = node.env("alice")
+    r = gpushare_run("--endpoint", ep, "--gpu", "2", "true")
+    assert r.returncode == 2
+    assert "--gpu" in r.stderr
+    assert node.admin("history", env="alice")["records"] == []
+    # The command's own options pass through untouched.
+    r = gpushare_run("--endpoint", ep, sys.executable, "-c", "import sys; print(sys.argv)", "-x")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "['-c', '-x']"
+
+
+def test_cpu_fallback_for_cuda_visible_devices_minus_one(node: Any) -> None:
+    ep = node.env("alice")
+    env = {"CUDA_VISIBLE_DEVICES": "-1"}
+    r = gpushare_run("--endpoint", ep, "true", env=env)
+    assert r.returncode == 77 and "allows no GPU" in r.stderr
+    r = gpushare_run(
+        "--endpoint", ep, "--cpu-fallback", "sh", "-c", 'exit "${#CUDA_VISIBLE_DEVICES}"', env=env
+    )
+    assert r.returncode == 0, r.stderr
+    assert node.admin("history", env="alice")["records"] == []

@@ -224,3 +224,47 @@ def test_ctrl_z_stops_the_job_and_fg_carries_it_on(daemon_factory: Any, tmp_path
         assert daemon.tasks() == []
         [rec] = daemon.admin("history", env="alice")["records"]
         assert rec["task_id"] == task["task_id"] and rec["reason"] == "done"
+
+
+def test_signals_ignored_at_start_stay_ignored(daemon: Any) -> None:
+    """nohup gpushare-run CMD: a SIGHUP neither reaches CMD nor starts the grace period."""
+    ep = daemon.env("alice")
+
+    def nohup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    p = subprocess.Popen(
+        [
+            str(BIN / "gpushare-run"),
+            "--endpoint",
+            ep,
+            "--grace",
+            "0.2",
+            "--",
+            "sh",
+            "-c",
+            "echo up; sleep 1; echo done",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=nohup,
+    )
+    assert p.stdout is not None
+    assert p.stdout.readline() == "up\n"
+    p.send_signal(signal.SIGHUP)
+    out, _ = p.communicate(timeout=30)
+    assert (p.returncode, out) == (0, "done\n")
+
+
+def test_a_command_stopped_and_continued_without_a_terminal_goes_on(
+    daemon: Any, run_task: Any
+) -> None:
+    ep = daemon.env("alice")
+    p = run_task(ep, "sh", "-c", "echo $$; sleep 1.5; echo done")
+    pid = int(p.stdout.readline())
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(1.5)  # longer than the test daemon's heartbeat timeout
+    assert len(daemon.tasks()) == 1
+    os.kill(pid, signal.SIGCONT)
+    out, err = p.communicate(timeout=30)
+    assert (p.returncode, out) == (0, "done\n"), err
