@@ -26,8 +26,8 @@ from collections.abc import Callable
 from client_plugin import libs
 from client_plugin import settings as cfg
 from client_plugin.autoload import HOLDER_ENV
-from client_plugin.grant import Grant, Heartbeat, Progress, acquire, task_environment
-from nodemgr.client import Connection, NodeError, NoResources, QuotaZero, Unreachable
+from client_plugin.grant import Grant, Heartbeat, Progress, acquire, release, task_environment
+from nodemgr.client import NodeError, NoResources, QuotaZero, Unreachable
 
 _task: Task | None = None
 
@@ -90,11 +90,6 @@ def _no_gpu(message: str) -> None:
     _say(message)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ[cfg.TASK_OWNER] = str(os.getpid())
-
-
-def _release(endpoint: str, grant: Grant) -> None:
-    with contextlib.suppress(Unreachable, NodeError), Connection(endpoint, timeout=5.0) as c:
-        c.call("done", task_id=grant.task_id, exit_code=None, signal=None)
 
 
 def _command() -> str:
@@ -171,7 +166,7 @@ def _enter(endpoint: str, grant: Grant, cwd: str | None, started: int) -> None:
         except (shim.ShimError, OSError) as e:
             os.environ.clear()
             os.environ.update(saved)
-            _release(endpoint, grant)
+            release(endpoint, grant.task_id)
             raise GpushareError(f"gpushare: {e}") from None
         else:
             os.environ[HOLDER_ENV] = f"{pid},{grant.heartbeat_interval}"
@@ -195,7 +190,7 @@ def _restart(endpoint: str, grant: Grant, cwd: str | None, started: int) -> None
     pid = os.getpid()
     argv = getattr(sys, "orig_argv", [])
     if not _restartable(started):
-        _release(endpoint, grant)
+        release(endpoint, grant.task_id)
         raise GpushareError(
             "gpushare: the shim is not loaded in this process, and an interactive session, "
             "a script read from stdin or a forked process cannot be restarted with it: "
@@ -205,7 +200,7 @@ def _restart(endpoint: str, grant: Grant, cwd: str | None, started: int) -> None
     try:
         env = task_environment(grant, os.environ, pid, preload=True)
     except FileNotFoundError as e:
-        _release(endpoint, grant)
+        release(endpoint, grant.task_id)
         raise GpushareError(f"gpushare: {e}") from None
     env[HOLDER_ENV] = f"{pid},{grant.heartbeat_interval}"
     env[cfg.ENDPOINT] = endpoint
@@ -216,7 +211,7 @@ def _restart(endpoint: str, grant: Grant, cwd: str | None, started: int) -> None
     try:
         os.execve(sys.executable, argv, env)
     except OSError as e:
-        _release(endpoint, grant)
+        release(endpoint, grant.task_id)
         raise GpushareError(f"gpushare: cannot restart {sys.executable}: {e}") from None
 
 

@@ -7,7 +7,6 @@ the end. Refusals arrive as :mod:`nodemgr.client` exceptions.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any, TextIO
 from client_plugin import libs
 from client_plugin.settings import TASK_OWNER, Settings, wait_seconds
 from nodemgr.client import Connection, NodeError, NoResources, QuotaExceeded, Unreachable
+from nodemgr.gpus import names_gpu
 
 MAX_COMMAND = 4096  # what nodemgr keeps of a command line, for display
 LEDGER_NAME = "ledger"  # an environment's ledger sits beside its task socket
@@ -182,10 +182,8 @@ def acquire(s: Settings, command: str, progress: Progress) -> Grant:
 
 
 def _allowed(gpu: Mapping[str, Any], devices: tuple[str, ...]) -> bool:
-    uuid = str(gpu.get("uuid", "")).lower()
-    return any(
-        (d.isdigit() and int(d) == gpu.get("index")) or uuid.startswith(d.lower()) for d in devices
-    )
+    index, uuid = int(gpu.get("index", -1)), str(gpu.get("uuid", ""))
+    return any(names_gpu(d, index, uuid) for d in devices)
 
 
 def _check_restriction(s: Settings, grant: Grant) -> None:
@@ -193,8 +191,7 @@ def _check_restriction(s: Settings, grant: Grant) -> None:
     if not s.devices or all(_allowed(g, s.devices) for g in grant.gpus):
         return
     assert s.endpoint is not None
-    with contextlib.suppress(Unreachable, NodeError), Connection(s.endpoint, timeout=5.0) as c:
-        c.call("done", task_id=grant.task_id, exit_code=None, signal=None)
+    release(s.endpoint, grant.task_id)
     raise QuotaExceeded(
         "quota_exceeded",
         f"nodemgr granted GPUs outside CUDA_VISIBLE_DEVICES={','.join(s.devices)} (it is "
@@ -281,9 +278,27 @@ def report_done(
     task_id: str,
     code: int | None,
     signum: int | None,
-    say: Callable[[str], None],
+    say: Callable[[str], None] | None,
 ) -> None:
+    """Say ``done`` for a task; a failure is said through ``say`` (None: silently), since
+    nodemgr reclaims the task anyway once its client is gone."""
     try:
         conn.call("done", task_id=task_id, exit_code=code, signal=signum)
     except (Unreachable, NodeError) as e:
-        say(f"could not report the end of the task (nodemgr reclaims it anyway): {e}")
+        if say is not None:
+            say(f"could not report the end of the task (nodemgr reclaims it anyway): {e}")
+
+
+def release(
+    endpoint: str,
+    task_id: str,
+    code: int | None = None,
+    say: Callable[[str], None] | None = None,
+) -> None:
+    """End a task at once, before anything ran under it, on a connection of its own."""
+    try:
+        with Connection(endpoint, timeout=5.0) as conn:
+            report_done(conn, task_id, code, None, say)
+    except Unreachable as e:
+        if say is not None:
+            say(f"could not report the end of the task (nodemgr reclaims it anyway): {e}")

@@ -27,10 +27,10 @@ from client_plugin.grant import (
     acquire,
     cpu_environment,
     inherited_owner,
-    report_done,
+    release,
     task_environment,
 )
-from nodemgr.client import Connection, NodeError, NoResources, QuotaZero, Unreachable
+from nodemgr.client import NodeError, NoResources, QuotaZero, Unreachable
 from nodemgr.protocol import MAX_WAIT
 from nodemgr.sizes import parse_size
 
@@ -82,14 +82,18 @@ class Terminal:
         except OSError:
             return  # no controlling terminal
 
-    def foreground(self) -> bool:
-        """Is gpushare-run's process group the terminal's foreground job?"""
+    def holds(self, pgid: int) -> bool:
+        """Is process group ``pgid`` the terminal's foreground job?"""
         if self.fd < 0:
             return False
         try:
-            return os.tcgetpgrp(self.fd) == os.getpgrp()
+            return os.tcgetpgrp(self.fd) == pgid
         except OSError:
             return False
+
+    def foreground(self) -> bool:
+        """Is gpushare-run's process group the terminal's foreground job?"""
+        return self.holds(os.getpgrp())
 
     def give(self, pgid: int) -> None:
         # SIGTTOU is blocked, so a background caller may hand the terminal over.
@@ -154,17 +158,9 @@ class Supervisor:
         self.hb = hb
         self.kill_at: float | None = None
         self.next_beat = time.monotonic() + (hb.interval if hb else 0.0)
-        self.had_terminal = self._child_has_terminal()
+        self.had_terminal = self.term.holds(self.pgid)
         self.signals = _loop_signals()
         self.forwarded = _forwarded()
-
-    def _child_has_terminal(self) -> bool:
-        if self.term.fd < 0:
-            return False
-        try:
-            return os.tcgetpgrp(self.term.fd) == self.pgid
-        except OSError:
-            return False
 
     def _killpg(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -180,7 +176,7 @@ class Supervisor:
     def _stopped(self) -> None:
         """The command stopped (Ctrl-Z, SIGTTIN): stop too, so the shell sees the job
         stopped, and carry the command on when the shell continues gpushare-run."""
-        if self._child_has_terminal():
+        if self.term.holds(self.pgid):
             self.term.give(os.getpgrp())
         os.kill(os.getpid(), signal.SIGSTOP)
         # Continued: by `fg` (the terminal is ours again: pass it on) or by `bg`.
@@ -225,7 +221,7 @@ class Supervisor:
             if self.hb is not None and now >= self.next_beat:
                 self.hb.beat()
                 self.next_beat = time.monotonic() + self.hb.interval
-        if self.had_terminal and self._child_has_terminal():
+        if self.had_terminal and self.term.holds(self.pgid):
             self.term.give(os.getpgrp())
         return returncode
 
@@ -233,9 +229,15 @@ class Supervisor:
 def fail_before_start(endpoint: str, grant: Grant | None, message: str, code: int) -> int:
     _say(message)
     if grant is not None:
-        with Connection(endpoint, timeout=5.0) as conn:
-            report_done(conn, grant.task_id, code, None, _say)
+        release(endpoint, grant.task_id, code, _say)
     return code
+
+
+def _not_started(cmd: list[str], e: OSError) -> tuple[str, int]:
+    """Why CMD could not be started, and the exit code that says so."""
+    if isinstance(e, FileNotFoundError):
+        return f"command not found: {cmd[0]}", EXIT_NOT_FOUND
+    return f"cannot execute {cmd[0]}: {e.strerror}", EXIT_NOT_EXECUTABLE
 
 
 def _start(
@@ -243,16 +245,8 @@ def _start(
 ) -> subprocess.Popen[bytes] | int:
     try:
         return _spawn(cmd, env, term)
-    except FileNotFoundError:
-        return fail_before_start(endpoint, grant, f"command not found: {cmd[0]}", EXIT_NOT_FOUND)
-    except PermissionError as e:
-        return fail_before_start(
-            endpoint, grant, f"cannot execute {cmd[0]}: {e.strerror}", EXIT_NOT_EXECUTABLE
-        )
     except OSError as e:
-        return fail_before_start(
-            endpoint, grant, f"cannot execute {cmd[0]}: {e.strerror}", EXIT_NOT_EXECUTABLE
-        )
+        return fail_before_start(endpoint, grant, *_not_started(cmd, e))
 
 
 def _refused(e: NodeError, s: cfg.Settings) -> int:
@@ -284,19 +278,13 @@ def run(s: cfg.Settings, cmd: list[str]) -> int:
             signal.signal(sig, signal.SIG_DFL)
         try:
             os.execvp(cmd[0], cmd)
-        except FileNotFoundError:
-            _say(f"command not found: {cmd[0]}")
-            return EXIT_NOT_FOUND
         except OSError as e:
-            _say(f"cannot execute {cmd[0]}: {e.strerror}")
-            return EXIT_NOT_EXECUTABLE
+            return fail_before_start(s.endpoint, None, *_not_started(cmd, e))
     if s.devices == () and s.cpu_fallback:
         _say("CUDA_VISIBLE_DEVICES allows no GPU: running without one")
-        return _run_cpu(s, cmd)
-    progress = Progress("gpushare-run", s.gpus)
-    grant: Grant | None = None
+        return _supervise(s, cmd, None)
     try:
-        grant = acquire(s, " ".join(cmd), progress)
+        grant = acquire(s, " ".join(cmd), Progress("gpushare-run", s.gpus))
     except KeyboardInterrupt:
         _say("cancelled while waiting for GPUs")
         return EXIT_CANCELLED
@@ -310,14 +298,10 @@ def run(s: cfg.Settings, cmd: list[str]) -> int:
         if not s.cpu_fallback:
             return _refused(e, s)
         _say(f"running without a GPU ({e.code}): {e.message}")
-        return _run_cpu(s, cmd)
+        return _supervise(s, cmd, None)
     except NodeError as e:
         return _refused(e, s)
     return _supervise(s, cmd, grant)
-
-
-def _run_cpu(s: cfg.Settings, cmd: list[str]) -> int:
-    return _supervise(s, cmd, None)
 
 
 def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> int:

@@ -45,6 +45,14 @@ def sim_spec(gpus: list[Gpu]) -> str:
     return ";".join(f"{g.name}|{g.uuid}|{g.memory}" for g in gpus)
 
 
+def names_gpu(name: str, index: int, uuid: str) -> bool:
+    """Does a ``devices`` entry name this GPU: its index, or its UUID or the start of it,
+    without regard to case? (The client checks a grant against its restriction with it.)"""
+    if name.upper().startswith("GPU-"):
+        return uuid.lower().startswith(name.lower())
+    return name.isdigit() and int(name) == index
+
+
 def resolve(names: Sequence[str], gpus: Sequence[Gpu]) -> frozenset[int]:
     """The indices of the GPUs a request's ``devices`` name (docs/protocol.md).
 
@@ -55,11 +63,7 @@ def resolve(names: Sequence[str], gpus: Sequence[Gpu]) -> frozenset[int]:
     """
     named: dict[int, str] = {}
     for name in names:
-        if name.startswith("GPU-"):
-            key = name.lower()
-            matches = [g.index for g in gpus if g.uuid.lower().startswith(key)]
-        else:
-            matches = [g.index for g in gpus if g.index == int(name)]
+        matches = [g.index for g in gpus if names_gpu(name, g.index, g.uuid)]
         if not matches:
             have = {0: "no GPUs", 1: "GPU 0"}.get(len(gpus), f"GPUs 0-{len(gpus) - 1}")
             raise ValueError(
