@@ -354,6 +354,18 @@ def run_task() -> Iterator[Any]:
         p.communicate()
 
 
+class Holder:
+    """A task held by the test process itself, over its own connection, until close()."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.conn = Connection(endpoint)
+        self.task_id = self.conn.call("request", gpus=1)["task_id"]
+
+    def close(self) -> None:
+        self.conn.call("done", task_id=self.task_id)
+        self.conn.close()
+
+
 class Waiting(threading.Thread):
     """A request that may wait, made from a thread so the test can go on; ``fields`` are
     the request's (``gpus`` defaults to 1)."""

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from client_plugin import libs
-from nodemgr.client import Connection
+from tests.conftest import Holder
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -241,11 +241,9 @@ def test_waits_for_a_gpu_with_progress_on_stderr(
         {"scheduler": {"task_threshold": 1}, "gpus": {"simulated_count": 1}},
         heartbeat_timeout=600.0,
     )
-    holder = Connection(node.env("a"))
-    task = holder.call("request", gpus=1)["task_id"]
+    holder = Holder(node.env("a"))
     p = python("import torch", standin, node.env("b"))
     wait_for(lambda: len(node.admin("queue")["waiting"]) == 1, 20)
-    holder.call("done", task_id=task)
     holder.close()
     out, err = finish(p)
     assert p.returncode == 0, err
@@ -258,8 +256,7 @@ def test_no_gpu_within_the_wait_is_an_error_or_a_cpu_fallback(
     daemon_factory: Any, standin: Path
 ) -> None:
     node = daemon_factory({"gpus": {"simulated_count": 1}, "scheduler": {"task_threshold": 1}})
-    holder = Connection(node.env("a"))
-    task = holder.call("request", gpus=1)["task_id"]
+    holder = Holder(node.env("a"))
     ep = node.env("b")
     p = python("import torch", standin, ep, env={"GPUSHARE_WAIT": "0"})
     _, err = finish(p)
@@ -275,7 +272,6 @@ def test_no_gpu_within_the_wait_is_an_error_or_a_cpu_fallback(
     assert p.returncode == 0, err
     assert out == "body '' None\n"
     assert "runs without a GPU" in err
-    holder.call("done", task_id=task)
     holder.close()
 
 

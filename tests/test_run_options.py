@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from nodemgr.client import Connection
+from tests.conftest import Holder
 
 GiB = 1 << 30
 BIN = Path(sys.executable).parent
@@ -29,22 +29,6 @@ def node(daemon_factory: Any) -> Any:
         {"scheduler": {"task_threshold": 1}, "gpus": {"simulated_count": 2}},
         heartbeat_timeout=600.0,
     )
-
-
-class Holder:
-    """A task held by this test process over its own connection."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.conn = Connection(endpoint)
-        self.task_id = self.conn.call("request", gpus=1)["task_id"]
-
-    def close(self) -> None:
-        self.conn.call("done", task_id=self.task_id)
-        self.conn.close()
-
-
-def hold(endpoint: str) -> Holder:
-    return Holder(endpoint)
 
 
 def gpushare_run(*args: str, env: dict[str, str] | None = None, **kw: Any) -> Any:
@@ -119,7 +103,7 @@ def test_help_shows_examples_and_exit_codes() -> None:
 
 
 def test_waits_by_default_until_gpus_come_free(node: Any, wait_for: Any) -> None:
-    a, b = hold(node.env("a")), hold(node.env("b"))
+    a, b = Holder(node.env("a")), Holder(node.env("b"))
     p = subprocess.Popen(
         [str(BIN / "gpushare-run"), "--endpoint", node.env("c"), "true"],
         stderr=subprocess.PIPE,
@@ -136,7 +120,7 @@ def test_waits_by_default_until_gpus_come_free(node: Any, wait_for: Any) -> None
 
 
 def test_wait_timeout_gives_up_with_75(node: Any) -> None:
-    a, b = hold(node.env("a")), hold(node.env("b"))
+    a, b = Holder(node.env("a")), Holder(node.env("b"))
     start = time.monotonic()
     r = gpushare_run("--endpoint", node.env("c"), "--wait-timeout", "1", "true")
     took = time.monotonic() - start
@@ -153,7 +137,7 @@ def test_wait_timeout_gives_up_with_75(node: Any) -> None:
 
 
 def test_progress_is_redrawn_in_place_on_a_terminal(node: Any, wait_for: Any) -> None:
-    a, b = hold(node.env("a")), hold(node.env("b"))
+    a, b = Holder(node.env("a")), Holder(node.env("b"))
     master, slave = pty.openpty()
     p = subprocess.Popen(
         [str(BIN / "gpushare-run"), "--endpoint", node.env("c"), "--wait-timeout", "2.5", "true"],
@@ -192,7 +176,7 @@ def test_cpu_fallback_runs_the_command_without_a_gpu(node: Any) -> None:
     assert r.returncode == 77
     assert "--cpu-fallback" in r.stderr
     # Nothing free and no waiting: the same fallback, from the variable, exit code the command's.
-    a, b = hold(node.env("a")), hold(node.env("b"))
+    a, b = Holder(node.env("a")), Holder(node.env("b"))
     r = gpushare_run(
         "--endpoint",
         node.env("c"),
@@ -247,7 +231,7 @@ def test_cuda_visible_devices_restricts_the_grant(node: Any) -> None:
     assert r.returncode == 77
     assert "allows no GPU" in r.stderr
     # The allowed GPU busy and the other free: no grant (without waiting: 75).
-    other = hold(node.env("other"))  # takes the GPU with most free memory
+    other = Holder(node.env("other"))  # takes the GPU with most free memory
     taken = next(t for t in node.tasks() if t["env"] == "other")["gpus"][0]
     r = gpushare_run(
         "--endpoint", ep, "--no-wait", "true", env={"CUDA_VISIBLE_DEVICES": str(taken)}

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from nodemgr.client import Connection
+from tests.conftest import Holder
 
 BIN = Path(sys.executable).parent
 
@@ -150,7 +150,9 @@ def test_on_a_terminal_the_command_reads_it_and_ctrl_c_reaches_it(daemon: Any) -
         "print('hello', sys.stdin.readline().strip(), flush=True)\n"
         "try:\n"
         "    print('sleeping', flush=True)\n"
-        "    time.sleep(60)\n"
+        # Short sleeps: a signal that lands just before one starts is seen when it ends.
+        "    while True:\n"
+        "        time.sleep(0.05)\n"
         "except KeyboardInterrupt:\n"
         "    print('interrupted', flush=True)\n"
         "    sys.exit(5)\n"
@@ -173,8 +175,7 @@ def test_interrupting_the_wait_cancels_the_request(daemon_factory: Any, wait_for
         {"scheduler": {"task_threshold": 1}, "gpus": {"simulated_count": 1}},
         heartbeat_timeout=600.0,
     )
-    conn = Connection(node.env("a"))
-    task = conn.call("request", gpus=1)["task_id"]
+    holder = Holder(node.env("a"))
     p = subprocess.Popen(
         [str(BIN / "gpushare-run"), "--endpoint", node.env("b"), "true"],
         stderr=subprocess.PIPE,
@@ -186,8 +187,7 @@ def test_interrupting_the_wait_cancels_the_request(daemon_factory: Any, wait_for
     assert p.returncode == 130
     assert "cancelled while waiting" in err
     wait_for(lambda: node.admin("queue")["waiting"] == [], 5)
-    conn.call("done", task_id=task)
-    conn.close()
+    holder.close()
 
 
 def test_ctrl_z_stops_the_job_and_fg_carries_it_on(daemon_factory: Any, tmp_path: Path) -> None:
