@@ -18,6 +18,9 @@ from pathlib import Path
 from nodemgr._ledger import ffi, lib
 
 MAX_GPUS: int = lib.GS_MAX_GPUS
+PAUSE_ADMIN: int = lib.GS_PAUSE_ADMIN
+PAUSE_TURN: int = lib.GS_PAUSE_TURN
+TASK_TIMESLICED: int = lib.GS_TASK_TIMESLICED
 MAX_SLOTS: int = lib.GS_MAX_SLOTS
 MAX_TASKS: int = lib.GS_MAX_TASKS
 SIZE: int = ffi.sizeof("struct gs_ledger")
@@ -36,8 +39,29 @@ class TaskEntry:
     """A task's entry in the ledger, as read now."""
 
     index: int
-    paused: bool
+    paused: bool  # an operator paused it (GS_PAUSE_ADMIN)
     last_launch_ns: int  # wall clock of the last sweep that saw its launches move; 0: none
+    gated: bool = False  # a time-sliced GPU of it is another task's turn (GS_PAUSE_TURN)
+    iterations: int = 0  # the most iteration boundaries one of its processes reported
+    turn_until: int = 0  # the boundary count that ends its turn; 0: not gated
+    flags: int = 0  # GS_TASK_* bits
+
+
+@dataclass(frozen=True)
+class Regions:
+    """A task's memory by region (seed 002), summed over its live processes."""
+
+    processes: int
+    used: tuple[int, ...]  # bytes now, per ledger GPU
+    persistent: tuple[int, ...]
+    temp_peak: tuple[int, ...]
+    settled: tuple[int, ...]  # persistent bytes right after the last release
+    iterations: int  # the most boundaries one process reported
+    releases: int  # the fewest releases one iterating process made; 0: not settled yet
+
+    def temporary(self, gpu: int) -> int:
+        """Temporary bytes held now on ``gpu``."""
+        return max(0, self.used[gpu] - self.persistent[gpu])
 
 
 class LedgerError(Exception):
@@ -165,13 +189,43 @@ class Ledger:
         return True
 
     def task_pause(self, task_id: str, paused: bool) -> None:
-        """Hold (``paused``) or let go the task's kernel launches; resuming wakes every
-        process waiting in a launch. Raises LedgerError if the task has no entry."""
+        """Hold (``paused``) or let go the task's kernel launches and allocations for an
+        operator; once nothing holds them, every waiting process is woken. Raises
+        LedgerError if the task has no entry."""
         rc = int(lib.gs_ledger_task_pause(self._l, _task_key(task_id), 1 if paused else 0))
+        self._check(rc, task_id, "pausing")
+
+    def task_gate(self, task_id: str, gated: bool) -> None:
+        """The same for time slicing: hold the task while another has its GPU's turn."""
+        rc = int(lib.gs_ledger_task_gate(self._l, _task_key(task_id), 1 if gated else 0))
+        self._check(rc, task_id, "gating")
+
+    def task_turn(self, task_id: str, turn_until: int, flags: int) -> None:
+        """Publish the boundary count that ends the task's turn (0: not gated) and its
+        GS_TASK_* flags."""
+        rc = int(lib.gs_ledger_task_turn(self._l, _task_key(task_id), turn_until, flags))
+        self._check(rc, task_id, "setting the turn of")
+
+    def _check(self, rc: int, task_id: str, doing: str) -> None:
         if rc == -errno.ENOENT:
             raise LedgerError(f"{self.path}: task {task_id} has no entry")
         if rc < 0:
-            raise LedgerError(f"{self.path}: pausing task {task_id}: {os.strerror(-rc)}")
+            raise LedgerError(f"{self.path}: {doing} task {task_id}: {os.strerror(-rc)}")
+
+    def task_regions(self, task_id: str) -> Regions:
+        """The task's memory by region, summed over its live processes."""
+        out = ffi.new("struct gs_regions *")
+        n = int(lib.gs_ledger_task_regions(self._l, task_id.encode(), out))
+        ng = int(self._l.ngpus)
+        return Regions(
+            n,
+            tuple(int(out.used[g]) for g in range(ng)),
+            tuple(int(out.persistent[g]) for g in range(ng)),
+            tuple(int(out.temp_peak[g]) for g in range(ng)),
+            tuple(int(out.settled[g]) for g in range(ng)),
+            int(out.iterations),
+            int(out.releases),
+        )
 
     def task_entry(self, task_id: str) -> TaskEntry | None:
         """The task's entry, or None if it has none."""
@@ -179,7 +233,16 @@ class Ledger:
         if i < 0:
             return None
         t = self._l.task[i]
-        return TaskEntry(i, bool(t.paused), int(t.last_launch_ns))
+        word = int(t.paused)
+        return TaskEntry(
+            i,
+            bool(word & PAUSE_ADMIN),
+            int(t.last_launch_ns),
+            bool(word & PAUSE_TURN),
+            int(t.iterations),
+            int(t.turn_until),
+            int(t.flags),
+        )
 
     def task_ids(self) -> list[str]:
         """The ids of every task with an entry, in entry order."""

@@ -59,6 +59,45 @@ int gpushare_attach(const char *ledger_path, const char *task_id);
 /* The shim's mode now: an enum gpushare_mode value. */
 int gpushare_mode(void);
 
+/* What gpushare_iteration asks of its caller (docs/timeslicing.md). */
+enum gpushare_iteration_flags {
+	/* Release the framework's cached memory, then call gpushare_released. */
+	GPUSHARE_RELEASE = 1,
+	/* The task's turn is over: after the release, tell nodemgr (`yield`). */
+	GPUSHARE_YIELD = 2,
+};
+
+/*
+ * An iteration boundary of this process: what it holds now becomes
+ * persistent, what it allocates from now on is temporary until the next
+ * boundary. Returns enum gpushare_iteration_flags bits (0: carry on), or 0
+ * in a shim that enforces no ledger. Thread-safe; never blocks, prints
+ * nothing.
+ */
+int gpushare_iteration(void);
+
+/* The caller has released its cached memory as gpushare_iteration asked. */
+void gpushare_released(void);
+
+/*
+ * Count the allocation that starts at device pointer `dptr` as persistent
+ * from now on. Returns GPUSHARE_OK, GPUSHARE_E_INVAL if the shim knows no
+ * such allocation (or enforces no ledger).
+ */
+int gpushare_mark_persistent(unsigned long long dptr);
+
+/* This process's memory by region, summed over its GPUs (bytes). */
+struct gpushare_memory {
+	unsigned long long used;
+	unsigned long long persistent;
+	unsigned long long temporary;
+	unsigned long long temporary_peak;
+	unsigned long long iterations;
+};
+
+/* Fill `out`; GPUSHARE_E_INVAL if `out` is NULL or the shim enforces no ledger. */
+int gpushare_memory(struct gpushare_memory *out);
+
 #ifdef __cplusplus
 }
 #endif

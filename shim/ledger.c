@@ -90,6 +90,9 @@ int gs_ledger_task_add(struct gs_ledger *l, const char *task_id)
 		strncpy(t->task_id, task_id, sizeof(t->task_id) - 1);
 		STORE(&t->paused, 0);
 		STORE(&t->last_launch_ns, 0);
+		STORE(&t->iterations, 0);
+		STORE(&t->turn_until, 0);
+		STORE(&t->flags, 0);
 		/* State last: a process that finds the entry finds it whole. */
 		STORE(&t->state, (uint32_t)GS_SLOT_USED);
 		return i;
@@ -103,15 +106,41 @@ static void wake_all(uint32_t *word)
 	syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+/* Only nodemgr writes pause words, from one thread: a plain read-modify-write is enough. */
+static int task_bit(struct gs_ledger *l, const char *task_id, uint32_t bit, uint32_t on)
+{
+	int i = gs_ledger_task_find(l, task_id);
+	uint32_t word;
+
+	if (i < 0)
+		return i;
+	word = LOAD(&l->task[i].paused);
+	word = on ? (word | bit) : (word & ~bit);
+	STORE(&l->task[i].paused, word);
+	if (word == 0)
+		wake_all(&l->task[i].paused);
+	return 0;
+}
+
 int gs_ledger_task_pause(struct gs_ledger *l, const char *task_id, uint32_t paused)
+{
+	return task_bit(l, task_id, GS_PAUSE_ADMIN, paused);
+}
+
+int gs_ledger_task_gate(struct gs_ledger *l, const char *task_id, uint32_t gated)
+{
+	return task_bit(l, task_id, GS_PAUSE_TURN, gated);
+}
+
+int gs_ledger_task_turn(struct gs_ledger *l, const char *task_id, uint64_t turn_until,
+			uint32_t flags)
 {
 	int i = gs_ledger_task_find(l, task_id);
 
 	if (i < 0)
 		return i;
-	STORE(&l->task[i].paused, paused ? 1u : 0u);
-	if (!paused)
-		wake_all(&l->task[i].paused);
+	STORE(&l->task[i].turn_until, turn_until);
+	STORE(&l->task[i].flags, flags);
 	return 0;
 }
 
@@ -201,6 +230,41 @@ int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
 	return n;
 }
 
+int gs_ledger_task_regions(const struct gs_ledger *l, const char *task_id,
+			   struct gs_regions *out)
+{
+	uint32_t hwm = LOAD(&l->slot_hwm);
+	int n = 0;
+
+	memset(out, 0, sizeof(*out));
+	if (hwm > GS_MAX_SLOTS)
+		hwm = GS_MAX_SLOTS;
+	for (uint32_t i = 0; i < hwm; i++) {
+		const struct gs_slot *s = &l->slot[i];
+		uint64_t it, rel;
+
+		if (LOAD(&s->state) != GS_SLOT_USED ||
+		    strncmp(s->task_id, task_id, GS_TASK_ID_LEN) != 0)
+			continue;
+		for (int g = 0; g < GS_MAX_GPUS; g++) {
+			out->used[g] += LOAD(&s->used[g]);
+			out->persistent[g] += LOAD(&s->persistent[g]);
+			out->temp_peak[g] += LOAD(&s->temp_peak[g]);
+			out->settled[g] += LOAD(&s->settled[g]);
+		}
+		it = LOAD(&s->iterations);
+		rel = LOAD(&s->releases);
+		if (it > out->iterations)
+			out->iterations = it;
+		/* A process that never reported a boundary is one that runs no iterations. */
+		if (it > 0 && (out->releases == 0 || rel < out->releases))
+			out->releases = rel;
+		n++;
+	}
+	out->processes = (uint32_t)n;
+	return n;
+}
+
 static void slot_info(const struct gs_slot *s, uint32_t i, struct gs_slot_info *o)
 {
 	uint64_t total = 0;
@@ -249,8 +313,14 @@ static int slot_lock(int fd, uint32_t i, short type)
 
 static void slot_clear(struct gs_slot *s)
 {
-	for (int g = 0; g < GS_MAX_GPUS; g++)
+	for (int g = 0; g < GS_MAX_GPUS; g++) {
 		STORE(&s->used[g], 0);
+		STORE(&s->persistent[g], 0);
+		STORE(&s->temp_peak[g], 0);
+		STORE(&s->settled[g], 0);
+	}
+	STORE(&s->iterations, 0);
+	STORE(&s->releases, 0);
 	STORE(&s->launches, 0);
 	STORE(&s->launches_seen, 0);
 	STORE(&s->task_index, -1);
@@ -364,4 +434,88 @@ void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64
 	while (!__atomic_compare_exchange_n(p, &cur, cur > bytes ? cur - bytes : 0, 0,
 					    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
 		;
+}
+
+/* --- classification: each called by the slot's owner only ------------------------- */
+
+static int task_of_slot(const struct gs_ledger *l, const struct gs_slot *s)
+{
+	int t = LOAD(&s->task_index);
+
+	if (t < 0 || t >= GS_MAX_TASKS || LOAD(&l->task[t].state) != GS_SLOT_USED ||
+	    strncmp(l->task[t].task_id, s->task_id, GS_TASK_ID_LEN) != 0)
+		return -1;
+	return t;
+}
+
+uint64_t gs_ledger_boundary(struct gs_ledger *l, uint32_t slot, uint64_t iterations)
+{
+	struct gs_slot *s;
+	uint64_t seen;
+	int t;
+
+	if (slot >= GS_MAX_SLOTS)
+		return iterations;
+	s = &l->slot[slot];
+	for (int g = 0; g < GS_MAX_GPUS; g++)
+		STORE(&s->persistent[g], LOAD(&s->used[g]));
+	STORE(&s->iterations, iterations);
+	t = task_of_slot(l, s);
+	if (t < 0)
+		return iterations;
+	seen = LOAD(&l->task[t].iterations);
+	while (seen < iterations &&
+	       !__atomic_compare_exchange_n(&l->task[t].iterations, &seen, iterations, 0,
+					   __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+		;
+	return seen > iterations ? seen : iterations;
+}
+
+void gs_ledger_persist(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes)
+{
+	uint64_t *p, cur;
+
+	if (gpu >= GS_MAX_GPUS || slot >= GS_MAX_SLOTS)
+		return;
+	p = &l->slot[slot].persistent[gpu];
+	cur = LOAD(p);
+	STORE(p, cur + bytes < cur ? UINT64_MAX : cur + bytes);
+}
+
+void gs_ledger_unpersist(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes)
+{
+	uint64_t *p, cur;
+
+	if (gpu >= GS_MAX_GPUS || slot >= GS_MAX_SLOTS)
+		return;
+	p = &l->slot[slot].persistent[gpu];
+	cur = LOAD(p);
+	STORE(p, cur > bytes ? cur - bytes : 0);
+}
+
+void gs_ledger_note_temp(struct gs_ledger *l, uint32_t slot, uint32_t gpu)
+{
+	struct gs_slot *s;
+	uint64_t used, pers, temp;
+
+	if (gpu >= GS_MAX_GPUS || slot >= GS_MAX_SLOTS)
+		return;
+	s = &l->slot[slot];
+	used = LOAD(&s->used[gpu]);
+	pers = LOAD(&s->persistent[gpu]);
+	temp = used > pers ? used - pers : 0;
+	if (temp > LOAD(&s->temp_peak[gpu]))
+		STORE(&s->temp_peak[gpu], temp);
+}
+
+void gs_ledger_settle(struct gs_ledger *l, uint32_t slot)
+{
+	struct gs_slot *s;
+
+	if (slot >= GS_MAX_SLOTS)
+		return;
+	s = &l->slot[slot];
+	for (int g = 0; g < GS_MAX_GPUS; g++)
+		STORE(&s->settled[g], LOAD(&s->persistent[g]));
+	STORE(&s->releases, LOAD(&s->releases) + 1);
 }

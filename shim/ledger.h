@@ -9,10 +9,10 @@
 #include "ledger_api.h"
 
 _Static_assert(sizeof(struct gs_gpu_entry) == 64, "gpu entry is one cache line");
-_Static_assert(sizeof(struct gs_slot) == 256, "slot layout changed: bump GS_LEDGER_VERSION");
+_Static_assert(sizeof(struct gs_slot) == 768, "slot layout changed: bump GS_LEDGER_VERSION");
 _Static_assert(sizeof(struct gs_task) == 64, "task entry is one cache line");
 _Static_assert(sizeof(struct gs_ledger) ==
-		       64 + 64 * GS_MAX_GPUS + 64 * GS_MAX_TASKS + 256 * GS_MAX_SLOTS,
+		       64 + 64 * GS_MAX_GPUS + 64 * GS_MAX_TASKS + 768 * GS_MAX_SLOTS,
 	       "ledger layout changed: bump GS_LEDGER_VERSION");
 
 #endif

@@ -29,10 +29,21 @@ int gs_ledger_task_add(struct gs_ledger *l, const char *task_id);
 int gs_ledger_task_remove(struct gs_ledger *l, const char *task_id);
 
 /*
- * nodemgr: pause (nonzero) or resume (0) the task's kernel launches; on
- * resume every process waiting in a launch is woken. -ENOENT if no entry.
+ * nodemgr: set (nonzero) or clear (0) the GS_PAUSE_ADMIN bit of the task's
+ * pause word; when the word becomes 0 every process waiting in a launch or
+ * an allocation is woken. -ENOENT if no entry.
  */
 int gs_ledger_task_pause(struct gs_ledger *l, const char *task_id, uint32_t paused);
+
+/* nodemgr: the same for the GS_PAUSE_TURN bit (time slicing). */
+int gs_ledger_task_gate(struct gs_ledger *l, const char *task_id, uint32_t gated);
+
+/*
+ * nodemgr: publish the task's turn (the boundary count at which it ends;
+ * 0: not gated) and its GS_TASK_* flags. -ENOENT if no entry.
+ */
+int gs_ledger_task_turn(struct gs_ledger *l, const char *task_id, uint64_t turn_until,
+			uint32_t flags);
 
 /* The task's entry index, or -ENOENT. */
 int gs_ledger_task_find(const struct gs_ledger *l, const char *task_id);
@@ -53,6 +64,22 @@ uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu);
  */
 int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
 			 uint64_t *used, uint64_t *launches, uint64_t *peak);
+
+/* A task's memory by region, summed over its live processes (gs_ledger_task_regions). */
+struct gs_regions {
+	uint64_t used[GS_MAX_GPUS];       /* bytes now, per ledger GPU */
+	uint64_t persistent[GS_MAX_GPUS]; /* of which persistent */
+	uint64_t temp_peak[GS_MAX_GPUS];  /* sum of each process's temporary peak */
+	uint64_t settled[GS_MAX_GPUS];    /* persistent bytes right after each process's last release */
+	uint64_t iterations;     /* the most boundaries one process reported */
+	uint64_t releases;       /* the fewest releases one process made (0: none settled yet) */
+	uint32_t processes;
+	uint32_t reserved;
+};
+
+/* Fill `out` for `task_id`; returns the number of its processes. */
+int gs_ledger_task_regions(const struct gs_ledger *l, const char *task_id,
+			   struct gs_regions *out);
 
 /* One used slot, as gs_ledger_summary reports it. */
 struct gs_slot_info {
@@ -95,3 +122,24 @@ int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_i
  */
 int gs_ledger_charge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes);
 void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes);
+
+/*
+ * A process, classifying its own slot's bytes (seed 002). Each is called by
+ * the slot's owner only.
+ *
+ * gs_ledger_boundary: an iteration boundary, the process's `iterations`th:
+ * everything its slot holds now becomes persistent; the task entry's count
+ * is raised to `iterations` if lower. Returns the task entry's count, or
+ * `iterations` when the slot has no task entry.
+ */
+uint64_t gs_ledger_boundary(struct gs_ledger *l, uint32_t slot, uint64_t iterations);
+
+/* Move `bytes` on `gpu` into (persist) or out of (unpersist, saturating) the persistent share. */
+void gs_ledger_persist(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes);
+void gs_ledger_unpersist(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes);
+
+/* Raise the slot's temporary peak on `gpu` to what it holds now beyond its persistent share. */
+void gs_ledger_note_temp(struct gs_ledger *l, uint32_t slot, uint32_t gpu);
+
+/* The process has released its temporary memory: record its persistent bytes as settled. */
+void gs_ledger_settle(struct gs_ledger *l, uint32_t slot);

@@ -1,5 +1,5 @@
 /*
- * Layout of an environment's shared-memory ledger, version 2.
+ * Layout of an environment's shared-memory ledger, version 3.
  *
  * This file is read by the C compiler (through ledger.h) and by cffi's cdef
  * parser (nodemgr's bindings), so it must stay plain C: no includes, no
@@ -15,7 +15,7 @@
  */
 
 #define GS_LEDGER_MAGIC 0x3152444c53555047
-#define GS_LEDGER_VERSION 2
+#define GS_LEDGER_VERSION 3
 #define GS_MAX_GPUS 16
 #define GS_MAX_SLOTS 1024
 #define GS_MAX_TASKS 1024
@@ -23,6 +23,13 @@
 
 #define GS_SLOT_FREE 0
 #define GS_SLOT_USED 1
+
+/* Bits of a task entry's pause word: launches and allocations wait while any is set. */
+#define GS_PAUSE_ADMIN 1 /* an operator paused the task */
+#define GS_PAUSE_TURN 2  /* a time-sliced GPU of the task is another task's turn */
+
+/* Bits of a task entry's flags, written by nodemgr. */
+#define GS_TASK_TIMESLICED 1 /* the task runs on a time-sliced GPU: learn its shape */
 
 struct gs_gpu_entry {
 	uint64_t limit;
@@ -41,13 +48,29 @@ struct gs_gpu_entry {
 struct gs_task {
 	char task_id[GS_TASK_ID_LEN];
 	uint32_t state;          /* GS_SLOT_FREE or GS_SLOT_USED */
-	uint32_t paused;         /* nonzero: the task's launches wait; a futex word */
+	uint32_t paused;         /* GS_PAUSE_* bits; nonzero: launches and allocations wait (futex word) */
 	uint64_t last_launch_ns; /* CLOCK_REALTIME of the last sweep that saw launches move */
-	uint64_t reserved[3];
+	uint64_t iterations;     /* the most iteration boundaries any process of the task reported */
+	/*
+	 * nodemgr: the boundary count at which the task's turn ends (it then
+	 * releases its temporary memory and yields); 0: the task is not gated.
+	 */
+	uint64_t turn_until;
+	uint32_t flags; /* GS_TASK_* bits */
+	uint32_t reserved0;
 };
 
+/*
+ * A process's charges. Per GPU, `used` splits into persistent bytes (what was
+ * still allocated at the process's last iteration boundary, or marked so)
+ * and temporary bytes (used - persistent: allocated since). Only the owning
+ * process writes its slot, except nodemgr clearing a dead one.
+ */
 struct gs_slot {
 	uint64_t used[GS_MAX_GPUS];
+	uint64_t persistent[GS_MAX_GPUS];
+	uint64_t temp_peak[GS_MAX_GPUS]; /* most temporary bytes at once, from the first boundary on */
+	uint64_t settled[GS_MAX_GPUS];   /* persistent bytes right after the last release */
 	uint64_t launches;
 	uint64_t last_launch_ns;
 	int32_t pid;
@@ -57,7 +80,9 @@ struct gs_slot {
 	uint64_t launches_seen; /* nodemgr: launches at its last sweep */
 	int32_t task_index;     /* the process's task entry, -1 if none (set at claim) */
 	uint32_t reserved0;
-	uint64_t reserved[7];
+	uint64_t iterations; /* iteration boundaries this process reported */
+	uint64_t releases;   /* times it released its temporary memory (settled is valid when > 0) */
+	uint64_t reserved[21];
 };
 
 struct gs_ledger {
