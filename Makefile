@@ -8,7 +8,7 @@ SOURCES := setup.py pyproject.toml gpushare-autoload.pth $(wildcard shim/*) \
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all install run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-gpu debug \
+.PHONY: all install run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-gpu debug \
 	debug-test demo clean
 
 all: install
@@ -53,8 +53,8 @@ test: lint pytest
 # against the simulated driver). A missed target is reported there, not failed
 # on; BENCH_ARGS=--check makes it a failure, --quick a smoke run. Both scripts
 # run even if the first fails; the worse status is make's. --only NAME belongs
-# to one script: use bench-nodemgr, bench-shim or bench-client for it.
-BENCHES := nodemgr shim client
+# to one script: use bench-nodemgr, bench-shim, bench-client or bench-timeslice for it.
+BENCHES := nodemgr shim client timeslice
 
 bench: install
 	@status=0; for b in $(BENCHES); do echo "make: benchmarks/$${b}_bench.py" >&2; \

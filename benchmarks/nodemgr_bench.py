@@ -99,6 +99,7 @@ def write_config(
     node: dict[str, Any] | None = None,
     gpus: dict[str, Any] | None = None,
     scheduler: dict[str, Any] | None = None,
+    timeslice: dict[str, Any] | None = None,
 ) -> None:
     """Write the nodemgr config of one benchmark: the one place that knows its keys.
 
@@ -120,6 +121,7 @@ def write_config(
             **(gpus or {}),
         },
         "scheduler": dict(scheduler or {}),
+        "timeslice": dict(timeslice or {}),
     }
     lines = []
     for name, table in sections.items():

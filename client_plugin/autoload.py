@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 FRAMEWORKS_ENV = "GPUSHARE_FRAMEWORKS"
+TASK_ENV = "GPUSHARE_TASK_ID"  # set in every process of a task
+HOOKS_ENV = "GPUSHARE_ITERATION_HOOKS"  # client_plugin.iterations.HOOKS_ENV
+# Frameworks whose import puts in iteration hooks (client_plugin.iterations).
+HOOKED = ("torch", "keras")
 OWNER_ENV = "GPUSHARE_TASK_OWNER"  # client_plugin.settings.TASK_OWNER
 # "PID,HEARTBEAT_INTERVAL" of the process that holds an auto-loaded task, so that the
 # same process, restarted with the shim or exec'ing another program, keeps it alive.
@@ -37,12 +41,22 @@ def frameworks(environ: Mapping[str, str] | None = None) -> frozenset[str]:
     return frozenset(DEFAULT_FRAMEWORKS).union(n for n in extra if n)
 
 
+def _on(value: str | None, default: bool) -> bool:
+    if value is None:
+        return default
+    return value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
 class FrameworkFinder:
     """Finds nothing itself: it notices the first import of an installed framework and
-    has the task started just before that module's code runs."""
+    has the task started just before that module's code runs; after a hooked
+    framework's code has run, it has its iteration hooks put in."""
 
-    def __init__(self, names: frozenset[str], cwd: str | None) -> None:
-        self.names = names
+    def __init__(
+        self, names: frozenset[str], cwd: str | None, hooks: frozenset[str] = frozenset()
+    ) -> None:
+        self.names = names  # imports that start a task (empty: none)
+        self.hooks = set(hooks)  # imports still to be hooked
         self.cwd = cwd  # where the interpreter started, for a restart
         self.pid = os.getpid()  # a forked child that imports first cannot be restarted
         self.fired = False
@@ -55,7 +69,9 @@ class FrameworkFinder:
         path: Sequence[str] | None = None,
         target: ModuleType | None = None,
     ) -> ModuleSpec | None:
-        if self.fired or self.searching or path is not None or fullname not in self.names:
+        if self.searching or path is not None:
+            return None
+        if fullname not in self.hooks and (self.fired or fullname not in self.names):
             return None
         # Ask the finders behind this one: a framework that is not installed (an optional
         # import, importlib.util.find_spec) starts nothing.
@@ -72,11 +88,23 @@ class FrameworkFinder:
         if spec is None:
             return None
         if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            self.fire(fullname)
+            self.before(fullname)
             return None
         # A stand-in with the Loader protocol; the real loader is put back at once.
         spec.loader = GrantingLoader(spec.loader, self, fullname)  # type: ignore[assignment]
         return spec
+
+    def before(self, fullname: str) -> None:
+        if fullname in self.names:
+            self.fire(fullname)
+
+    def after(self, fullname: str, module: ModuleType) -> None:
+        if fullname not in self.hooks:
+            return
+        self.hooks.discard(fullname)
+        from client_plugin import iterations
+
+        iterations.framework_loaded(fullname, module)
 
     def fire(self, fullname: str) -> None:
         with self.lock:
@@ -111,30 +139,37 @@ class GrantingLoader:
         module.__loader__ = self._loader
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
-        self._finder.fire(self._fullname)
+        self._finder.before(self._fullname)
         self._loader.exec_module(module)
+        self._finder.after(self._fullname, module)
 
 
 _installed = False
 
 
 def install() -> None:
-    """Called at interpreter start when GPUSHARE_AUTOLOAD is on."""
+    """Called at interpreter start when GPUSHARE_AUTOLOAD is on, or in a process of a
+    task (GPUSHARE_TASK_ID set), which needs only the iteration hooks."""
     global _installed
     if _installed:
         return  # the start-up hook ran twice (site-packages reached by two paths)
     _installed = True
-    if os.environ.get(HOLDER_ENV, "").partition(",")[0] == str(os.getpid()):
+    env = os.environ
+    grant = _on(env.get("GPUSHARE_AUTOLOAD"), False)
+    hooks = frozenset(HOOKED) if _on(env.get(HOOKS_ENV), True) else frozenset()
+    if env.get(HOLDER_ENV, "").partition(",")[0] == str(os.getpid()):
         # This process holds a task and was restarted with the shim (or exec'd another
         # program image): keep the task alive.
         from client_plugin import autotask
 
         autotask.resume()
+        grant = False
+    elif env.get(OWNER_ENV):
+        grant = False  # a process of a task (or of a CPU-only run): it shares that grant
+    if not grant and not (hooks and env.get(TASK_ENV)):
         return
-    if os.environ.get(OWNER_ENV):
-        return  # a process of a task (or of a CPU-only run): it shares that grant
     try:
         cwd: str | None = os.getcwd()
     except OSError:
         cwd = None
-    sys.meta_path.insert(0, FrameworkFinder(frameworks(), cwd))
+    sys.meta_path.insert(0, FrameworkFinder(frameworks() if grant else frozenset(), cwd, hooks))

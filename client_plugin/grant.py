@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from client_plugin import libs
-from client_plugin.settings import TASK_OWNER, Settings, wait_seconds
+from client_plugin.settings import ENDPOINT, TASK_OWNER, Settings, wait_seconds
 from nodemgr.client import Connection, NodeError, NoResources, QuotaExceeded, Unreachable
 from nodemgr.gpus import names_gpu
 
@@ -107,6 +107,8 @@ class Grant:
     heartbeat_interval: float
     simulated: bool
     sim_gpus: str | None
+    endpoint: str = ""  # where it was granted: the task's processes reach nodemgr there
+    timesliced: tuple[int, ...] = ()  # node indices of its time-sliced GPUs
 
     @property
     def uuids(self) -> str:
@@ -137,6 +139,9 @@ def _request_once(
             command=command[:MAX_COMMAND],
             wait=wait or None,
             devices=list(s.devices) if s.devices else None,
+            persistent=s.persistent,
+            temporary=s.temporary,
+            guard=s.guard,
         )
     return Grant(
         task_id=str(reply["task_id"]),
@@ -146,6 +151,8 @@ def _request_once(
         heartbeat_interval=float(reply["heartbeat_interval"]),
         simulated=bool(reply.get("simulated")),
         sim_gpus=reply.get("sim_gpus"),
+        endpoint=endpoint,
+        timesliced=tuple(int(i) for i in reply.get("timesliced") or ()),
     )
 
 
@@ -213,6 +220,9 @@ def task_environment(
     env["CUDA_VISIBLE_DEVICES"] = grant.uuids
     env["GPUSHARE_LEDGER"] = grant.ledger
     env["GPUSHARE_TASK_ID"] = grant.task_id
+    if grant.endpoint:
+        # A process of the task tells nodemgr itself when its turn on a time-sliced GPU ends.
+        env[ENDPOINT] = grant.endpoint
     env[TASK_OWNER] = str(owner)
     if grant.simulated:
         paths = [str(libs.sim_driver_dir())]

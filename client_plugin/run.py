@@ -341,11 +341,13 @@ Examples:
   gpushare-run --gpus 2 -- torchrun --nproc-per-node 2 train.py
   gpushare-run --no-wait --cpu-fallback -- python evaluate.py
   GPUSHARE_WAIT_TIMEOUT=600 gpushare-run python train.py
+  gpushare-run --persistent 6GiB --temporary 20GiB python train.py
 
 \b
 Every option has an environment variable, used when the option is not given:
 GPUSHARE_ENDPOINT, GPUSHARE_GPUS, GPUSHARE_MEMORY, GPUSHARE_WAIT (1/0),
-GPUSHARE_WAIT_TIMEOUT, GPUSHARE_CPU_FALLBACK (1/0), GPUSHARE_GRACE.
+GPUSHARE_WAIT_TIMEOUT, GPUSHARE_CPU_FALLBACK (1/0), GPUSHARE_GRACE,
+GPUSHARE_PERSISTENT, GPUSHARE_TEMPORARY, GPUSHARE_GUARD.
 A CUDA_VISIBLE_DEVICES already set restricts the GPUs nodemgr may grant.
 
 \b
@@ -375,6 +377,25 @@ executable; 127 CMD not found; 130 interrupted while waiting for GPUs.
     default=None,
     metavar="SIZE",
     help="Memory per GPU the command expects, e.g. 8GiB (refused if above the quota).",
+)
+@click.option(
+    "--persistent",
+    default=None,
+    metavar="SIZE",
+    help="Time-sliced GPUs: the task's estimated persistent memory per GPU (model, "
+    "optimizer state), so it can start beside others before its shape is measured.",
+)
+@click.option(
+    "--temporary",
+    default=None,
+    metavar="SIZE",
+    help="Time-sliced GPUs: its estimated temporary memory per iteration (with --persistent).",
+)
+@click.option(
+    "--guard",
+    default=None,
+    metavar="SIZE",
+    help="Time-sliced GPUs: space kept after its persistent memory [default: the node's].",
 )
 @click.option(
     "--wait/--no-wait",
@@ -412,6 +433,9 @@ executable; 127 CMD not found; 130 interrupted while waiting for GPUs.
 def main(
     gpus: int | None,
     memory: str | None,
+    persistent: str | None,
+    temporary: str | None,
+    guard: str | None,
     wait: bool | None,
     wait_timeout: float | None,
     cpu_fallback: bool | None,
@@ -425,17 +449,28 @@ def main(
     except cfg.SettingsError as e:
         _say(str(e))
         sys.exit(EXIT_USAGE)
-    mem: int | None = None
-    if memory is not None:
-        try:
-            mem = parse_size(memory)
-        except ValueError as e:
-            _say(f"--memory: {e}")
-            sys.exit(EXIT_USAGE)
+    sizes: dict[str, int] = {}
+    for option, value in (
+        ("memory", memory),
+        ("persistent", persistent),
+        ("temporary", temporary),
+        ("guard", guard),
+    ):
+        if value is not None:
+            try:
+                sizes[option] = parse_size(value)
+            except ValueError as e:
+                _say(f"--{option}: {e}")
+                sys.exit(EXIT_USAGE)
+    s = s.but(**sizes)
+    try:
+        cfg.check_shape(s)
+    except cfg.SettingsError as e:
+        _say(str(e))
+        sys.exit(EXIT_USAGE)
     s = s.but(
         endpoint=endpoint,
         gpus=gpus,
-        memory=mem,
         wait=wait,
         wait_timeout=wait_timeout,
         cpu_fallback=cpu_fallback,

@@ -23,6 +23,11 @@ WAIT_TIMEOUT = "GPUSHARE_WAIT_TIMEOUT"
 CPU_FALLBACK = "GPUSHARE_CPU_FALLBACK"
 GRACE = "GPUSHARE_GRACE"
 ZERO_QUOTA = "GPUSHARE_ZERO_QUOTA"
+# Time-sliced GPUs (docs/timeslicing.md): the task's estimated shape, and the space
+# nodemgr keeps after its persistent slice.
+PERSISTENT = "GPUSHARE_PERSISTENT"
+TEMPORARY = "GPUSHARE_TEMPORARY"
+GUARD = "GPUSHARE_GUARD"
 # Set for every process of a task (or of a CPU-only run): the pid of the process
 # that holds it. Any other process seeing it shares that grant and asks for none.
 TASK_OWNER = "GPUSHARE_TASK_OWNER"
@@ -49,6 +54,9 @@ class Settings:
     grace: float = DEFAULT_GRACE  # seconds from a passed-on signal to SIGKILL
     zero_quota: str = "warn"  # auto-loader on a zero quota: "warn" or "error"
     devices: tuple[str, ...] | None = None  # the user's CUDA_VISIBLE_DEVICES, a restriction
+    persistent: int | None = None  # estimated persistent bytes per GPU (time-sliced GPUs)
+    temporary: int | None = None  # estimated temporary peak per GPU, with persistent
+    guard: int | None = None  # bytes after its persistent slice; None: the node's default
 
     def but(self, **changes: Any) -> Settings:
         """A copy with the given fields changed (None values leave a field as it is)."""
@@ -133,9 +141,22 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Settings:
         s = s.but(grace=parse_seconds(GRACE, env[GRACE]))
     if env.get(ZERO_QUOTA):
         s = s.but(zero_quota=parse_zero_quota(ZERO_QUOTA, env[ZERO_QUOTA]))
+    for name, key in ((PERSISTENT, "persistent"), (TEMPORARY, "temporary"), (GUARD, "guard")):
+        if env.get(name):
+            s = replace(s, **{key: parse_memory(name, env[name])})
+    check_shape(s)
     if "CUDA_VISIBLE_DEVICES" in env:
         s = replace(s, devices=parse_devices(env["CUDA_VISIBLE_DEVICES"]))
     return s
+
+
+def check_shape(s: Settings) -> None:
+    """An estimate of temporary memory means nothing without the persistent one."""
+    if s.temporary is not None and s.persistent is None:
+        raise SettingsError(
+            f"{TEMPORARY} (--temporary) is an estimate of a task's shape together with "
+            f"{PERSISTENT} (--persistent): set both, or neither"
+        )
 
 
 def wait_seconds(s: Settings) -> float:

@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""Time slicing on a real NVIDIA GPU: PyTorch training loops that do not fit together.
+
+    python benchmarks/gpu_timeslice_bench.py [--quick] [--out FILE] [--check]
+
+Run it with a Python that has both PyTorch (with CUDA) and gpushare installed (a
+virtual environment made with ``--system-site-packages`` over PyTorch's, say), so
+gpushare's hooks go into the training processes. It starts its own ``nodemgr serve``
+on the node's NVML GPUs, with GPU 0 time-sliced, and runs the training loop of this
+file (``--worker train``: an MLP on a large batch under Adam, with a large parameter
+besides, so that it keeps ~10 GiB from one step to the next and uses ~40 GiB within a
+step) under ``gpushare-run``:
+
+1. **alone**: one job, for its iterations per second with the GPU to itself;
+2. **shared**: the GPU switched to shared mode, one job running, a second asked for
+   with ``--no-wait``: nodemgr must refuse it, since the two quotas exceed the GPU;
+3. **time-sliced**: two jobs started together; the second waits until the first's
+   shape is learned, then they take turns of ``quantum`` iterations.
+
+Reported: each job's iterations per second alone and time-sliced (and the ratio to
+alone), the turn switches seen (from a job's boundary to the other's first launch,
+total and after the holder's cache release), nodemgr's own hand-on time, and the
+GPU memory both jobs' processes used at most (NVML). Targets: both jobs finish; each
+makes ≥ 35% of its alone rate while time-sliced; switch p50 after release ≤ 10 ms.
+Exit status as the other benchmark scripts (2: no GPU, no torch, could not run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+SELF = Path(__file__).resolve()
+ROOT = SELF.parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))  # last: see benchmarks/harness.py
+from benchmarks import harness  # noqa: E402
+
+GiB = 1 << 30
+MiB = 1 << 20
+QUOTA = 60 * GiB  # each job's environment: more than half the GPU
+
+
+def say(message: str) -> None:
+    harness.say(message, "bench-gpu-timeslice")
+
+
+# --- the training loop (this file run with --worker train ...) --------------------------------
+
+
+def _train(args: list[str]) -> int:
+    import torch
+
+    name, iterations, out = args[0], int(args[1]), args[2]
+    hidden, layers, batch, big_gib = 1024, 4, 1 << 20, 2.0
+    torch.backends.cuda.matmul.allow_tf32 = True
+    dev = torch.device("cuda")
+    blocks: list[torch.nn.Module] = []
+    for _ in range(layers):
+        blocks += [torch.nn.Linear(hidden, hidden), torch.nn.GELU()]
+    model = torch.nn.Sequential(*blocks).to(dev)
+    # Kept across steps with its Adam state: the bulk of the persistent memory.
+    big = torch.nn.Parameter(torch.zeros(int(big_gib * GiB / 4), device=dev))
+    opt = torch.optim.Adam([*model.parameters(), big], lr=1e-4)
+    x = torch.randn(batch, hidden, device=dev)
+    try:
+        from client_plugin import iterations as gs
+    except ImportError:
+        gs = None  # type: ignore[assignment]
+    with open(out, "a", buffering=1) as f:
+        for i in range(iterations):
+            t0 = time.monotonic()
+            x.mul_(1.0)  # the step's first launch: a job waiting for its turn waits here
+            t1 = time.monotonic()
+            loss = model(x).pow(2).mean() + big.sum() * 0
+            loss.backward()
+            torch.cuda.synchronize()  # the step's work is done: the boundary's cost is its own
+            tb = time.monotonic()
+            opt.step()  # gpushare's hook: the boundary (release, yield)
+            opt.zero_grad(set_to_none=True)
+            te = time.monotonic()
+            row: dict[str, Any] = {"job": name, "i": i, "t0": t0, "t1": t1, "tb": tb, "te": te}
+            if gs is not None and gs.last.get("release_start", 0) >= tb:
+                row.update(gs.last)
+            f.write(json.dumps(row) + "\n")
+    return 0
+
+
+# --- the benchmark ---------------------------------------------------------------------------
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """The per-step rows of a job's output."""
+    return [x for x in _lines(path) if "te" in x]
+
+
+def _watch_shape(d: Any, env: str, proc: subprocess.Popen[bytes]) -> dict[str, int]:
+    """The task's regions on GPU 0 as nodemgr last saw them before it ended: its
+    settled persistent bytes and its temporary peak."""
+    seen: dict[str, int] = {}
+    while proc.poll() is None:
+        for t in d.admin("tasks", env=env)["tasks"]:
+            for reg in t.get("regions") or []:
+                if reg["gpu"] == 0 and reg["settled"]:
+                    seen = {k: int(reg[k]) for k in ("settled", "temporary_peak", "persistent")}
+        time.sleep(0.2)
+    if not seen:
+        raise harness.BenchError("nodemgr showed no settled shape of the job run alone")
+    return seen
+
+
+def _rate(rows: list[dict[str, Any]]) -> float:
+    if len(rows) < 3:
+        return 0.0
+    rows = rows[1:]  # the first step pays for start-up
+    return float((len(rows) - 1) / (rows[-1]["te"] - rows[0]["te"]))
+
+
+def _gpu_used_sampler(stop: threading.Event, peak: list[int]) -> None:
+    import pynvml
+
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    while not stop.is_set():
+        peak[0] = max(peak[0], int(pynvml.nvmlDeviceGetMemoryInfo(h).used))
+        stop.wait(0.05)
+
+
+def run(quick: bool) -> dict[str, Any]:
+    from benchmarks.nodemgr_bench import daemon
+
+    iterations = 12 if quick else 40
+    quantum = 4
+    run_bin = Path(sys.executable).parent / "gpushare-run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSHARE_", "CUDA_"))}
+    env.pop("LD_PRELOAD", None)
+    r: dict[str, Any] = {"iterations": iterations, "quantum": quantum, "quota": QUOTA}
+    with (
+        tempfile.TemporaryDirectory(prefix="gsgt-") as tmp,
+        daemon(
+            gpus={"source": "nvml"},
+            scheduler={"task_threshold": 8},
+            timeslice={"gpus": "all", "quantum": quantum, "turn_timeout": 30.0},
+            node={"heartbeat_interval": 1.0, "heartbeat_timeout": 30.0},
+        ) as d,
+    ):
+        eps = {n: d.env(n, 1, QUOTA) for n in ("a", "b")}
+
+        def job(name: str, env_name: str, out: Path, *opts: str) -> subprocess.Popen[bytes]:
+            argv = [str(run_bin), "--endpoint", eps[env_name], *opts, "--", sys.executable]
+            argv += [str(SELF), "--worker", "train", name, str(iterations), str(out)]
+            return harness.start_child(argv, env=env, stderr=subprocess.PIPE)
+
+        def finish(p: subprocess.Popen[bytes], what: str, timeout: float = 600) -> None:
+            if p.wait(timeout) != 0:
+                err = p.stderr.read().decode(errors="replace") if p.stderr else ""
+                raise harness.BenchError(f"{what} exited {p.returncode}: {err.strip()[-800:]}")
+
+        say("alone")
+        alone = Path(tmp) / "alone.jsonl"
+        p = job("alone", "a", alone)
+        shape = _watch_shape(d, "a", p)
+        finish(p, "the job alone")
+        r["alone_iterations_per_s"] = round(_rate(_rows(alone)), 3)
+        r["alone_shape"] = shape
+        # The time-sliced jobs state the shape measured alone, with a margin.
+        estimate = [
+            "--persistent",
+            f"{int(shape['settled'] * 1.1) // MiB + 1}MiB",
+            "--temporary",
+            f"{int(shape['temporary_peak'] * 1.1) // MiB + 1}MiB",
+        ]
+        r["estimate"] = estimate
+
+        say("shared: a second job must be refused")
+        d.admin("mode", gpu=0, mode="shared")
+        first = job("shared", "a", Path(tmp) / "shared.jsonl")
+        deadline = time.monotonic() + 120
+        while not d.admin("tasks", env="a")["tasks"]:
+            if first.poll() is not None or time.monotonic() > deadline:
+                raise harness.BenchError("the first shared job did not start")
+            time.sleep(0.1)
+        second = job("refused", "b", Path(tmp) / "refused.jsonl", "--no-wait")
+        r["shared_second_job_exit"] = second.wait(120)
+        harness.finish(first)
+        d.admin("mode", gpu=0, mode="timesliced")
+
+        say("time-sliced: two jobs")
+        outs = {n: Path(tmp) / f"{n}.jsonl" for n in ("a", "b")}
+        stop, peak = threading.Event(), [0]
+        sampler = threading.Thread(target=_gpu_used_sampler, args=(stop, peak), daemon=True)
+        sampler.start()
+        start = time.monotonic()
+        procs = {n: job(n, n, outs[n], *estimate) for n in ("a", "b")}
+        try:
+            for n, p in procs.items():
+                finish(p, f"time-sliced job {n}")
+        finally:
+            stop.set()
+        r["timesliced_wall_s"] = round(time.monotonic() - start, 2)
+        r["gpu_memory_used_peak"] = peak[0]
+        status = d.admin("status")["gpus"][0]
+        r["nodemgr_turn"] = status.get("turn")
+        rows = {n: _rows(outs[n]) for n in ("a", "b")}
+    # Rates over the time both ran: from the later first step to the earlier last one.
+    both_from = max(rows[n][0]["te"] for n in rows)
+    both_to = min(rows[n][-1]["te"] for n in rows)
+    rates = {}
+    for n in rows:
+        during = [x for x in rows[n] if both_from <= x["te"] <= both_to]
+        rates[n] = round(_rate(during), 3) if len(during) >= 3 else 0.0
+    r["timesliced_iterations_per_s"] = rates
+    alone_rate = r["alone_iterations_per_s"] or 1.0
+    r["timesliced_fraction_of_alone"] = {n: round(v / alone_rate, 3) for n, v in rates.items()}
+    total, after_release = [], []
+    for n, other in (("a", "b"), ("b", "a")):
+        for row in rows[n]:
+            if row["t1"] - row["t0"] < 0.001:
+                continue
+            yields = [
+                x for x in rows[other] if x.get("yield_end") and row["t0"] <= x["tb"] <= row["t1"]
+            ]
+            if yields:
+                y = yields[-1]
+                total.append((row["t1"] - y["tb"]) * 1000)
+                after_release.append((row["t1"] - y["release_end"]) * 1000)
+    r["switches"] = len(total)
+    if total:
+        r["switch_total_ms"] = {
+            "p50": round(harness.percentile(total, 50), 2),
+            "max": round(max(total), 2),
+        }
+        r["switch_after_release_ms"] = {
+            "p50": round(harness.percentile(after_release, 50), 2),
+            "max": round(max(after_release), 2),
+        }
+    r["met"] = bool(
+        r["shared_second_job_exit"] == 75
+        and all(v >= 0.35 for v in r["timesliced_fraction_of_alone"].values())
+        and total
+        and r["switch_after_release_ms"]["p50"] <= 10.0
+    )
+    r["target"] = {
+        "shared_second_job_exit": 75,
+        "timesliced_fraction_of_alone": ">= 0.35 each",
+        "switch_after_release_ms.p50": "<= 10",
+    }
+    return r
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:2] == ["--worker", "train"]:
+        return _train(args_in[2:])
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ImportError("torch has no CUDA device")
+    except ImportError as e:
+        say(f"cannot run: {e}")
+        return 2
+    benches: dict[str, Callable[[bool], dict[str, Any]]] = {"timeslice_torch": run}
+    return harness.main(
+        __doc__,
+        benches,
+        (harness.BenchError, OSError, subprocess.TimeoutExpired),
+        lambda: harness.machine({"torch": torch.__version__}),
+        args_in,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

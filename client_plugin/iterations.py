@@ -1,0 +1,208 @@
+"""Iteration boundaries: what tells the shim where one training step ends (seed 002).
+
+The shim classifies memory as persistent or temporary at each boundary, and
+on a time-sliced GPU it says when the task must release its cached memory
+and when its turn is over (docs/timeslicing.md). This module turns a
+boundary into those actions:
+
+- :func:`iteration_boundary` after each training step (the PyTorch and Keras
+  hooks call it; so can any program), or ``with iteration(): step()``;
+- the framework's cached memory is released through the release functions
+  registered for it (PyTorch: synchronize, then ``empty_cache``);
+- a finished turn is handed back to nodemgr with a ``yield`` request.
+
+Nothing here may break a training loop: a failure to reach nodemgr is said
+once on stderr and the step goes on (the task then keeps the GPU until nodemgr's
+turn timeout passes the turn on).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+from client_plugin import shim
+
+HOOKS_ENV = "GPUSHARE_ITERATION_HOOKS"
+TASK_ENV = "GPUSHARE_TASK_ID"
+ENDPOINT_ENV = "GPUSHARE_ENDPOINT"
+YIELD_TIMEOUT = 5.0
+
+_release: list[Callable[[], None]] = []
+_lock = threading.Lock()  # one boundary at a time in a process
+_conn: Any = None  # nodemgr.client.Connection of this process, made on the first yield
+_conn_pid = 0
+_warned = False
+# When the last boundary that did something did it (time.monotonic()), for those who
+# measure turn switches: flags, release_start, release_end, yield_end (0: not done).
+last: dict[str, float] = {}
+# Frameworks imported in this process whose hooks could not be put in, and why.
+unhooked: dict[str, str] = {}
+
+
+def register_release(fn: Callable[[], None]) -> None:
+    """Have ``fn`` called when the shim asks for the framework's cached memory back."""
+    if fn not in _release:
+        _release.append(fn)
+
+
+def iteration_boundary() -> int:
+    """One training step has ended. Returns the shim's flags (``shim.RELEASE``,
+    ``shim.YIELD``; 0 outside a task), after acting on them."""
+    flags = int(shim.iteration())
+    if not flags:
+        return 0
+    with _lock:
+        now = time.monotonic()
+        done = {"flags": float(flags), "release_start": now, "release_end": now, "yield_end": 0.0}
+        if flags & shim.RELEASE:
+            for fn in _release:
+                try:
+                    fn()
+                except Exception as e:  # a framework in a state we cannot help
+                    _say_once(f"releasing cached GPU memory failed: {type(e).__name__}: {e}")
+            shim.released()
+            done["release_end"] = time.monotonic()
+        if flags & shim.YIELD:
+            _yield_turn()
+            done["yield_end"] = time.monotonic()
+        last.update(done)
+    return flags
+
+
+@contextlib.contextmanager
+def iteration() -> Iterator[None]:
+    """``with iteration(): train_step()``: a boundary when the block ends without error."""
+    yield
+    iteration_boundary()
+
+
+def mark_persistent(dptr: int) -> None:
+    """Count the allocation starting at device pointer ``dptr`` (as the driver returned
+    it) as persistent from now on. Raises shim.ShimError if the shim knows none."""
+    shim.mark_persistent(int(dptr))
+
+
+def _yield_turn() -> None:
+    global _conn, _conn_pid
+    task_id = os.environ.get(TASK_ENV)
+    endpoint = os.environ.get(ENDPOINT_ENV)
+    if not task_id or not endpoint:
+        _say_once(
+            f"the turn on a time-sliced GPU is over but {ENDPOINT_ENV} or {TASK_ENV} is "
+            "not set, so nodemgr cannot be told; it passes the turn on after its timeout"
+        )
+        return
+    from nodemgr.client import Connection, NodeError, Unreachable
+
+    try:
+        # A forked child must not use its parent's ZeroMQ context.
+        if _conn is None or _conn_pid != os.getpid():
+            _conn = Connection(endpoint, timeout=YIELD_TIMEOUT)
+            _conn_pid = os.getpid()
+        _conn.call("yield", task_id=task_id)
+    except (NodeError, Unreachable) as e:
+        if isinstance(e, Unreachable):
+            _conn = None  # its socket may hold an unanswered request: start afresh
+        _say_once(f"could not hand the GPU's turn back to nodemgr: {e}")
+
+
+def _say_once(message: str) -> None:
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        print(f"gpushare: {message}", file=sys.stderr, flush=True)
+
+
+# --- frameworks ------------------------------------------------------------------
+
+
+def hooks_enabled(environ: Any = None) -> bool:
+    env = os.environ if environ is None else environ
+    return str(env.get(HOOKS_ENV, "1")).strip().lower() not in ("0", "false", "no", "off")
+
+
+def framework_loaded(name: str, module: ModuleType) -> None:
+    """Called by the auto-loader right after ``name`` was imported: put in its hooks.
+    Only a process of a task gets them. A framework without the API they need (PyTorch
+    before 2.0, say) gets none, silently: the task then shows no iterations, which
+    ``nodemgr tasks`` says, and is charged all its memory as persistent."""
+    if not os.environ.get(TASK_ENV) or not hooks_enabled():
+        return
+    install = {"torch": install_torch, "keras": install_keras}.get(name)
+    if install is None:
+        return
+    try:
+        install(module)
+    except Exception as e:
+        unhooked[name] = f"{type(e).__name__}: {e}"
+
+
+def install_torch(torch: ModuleType) -> None:
+    """A global optimizer step post-hook: every ``optimizer.step()`` ends an iteration."""
+    optimizer = sys.modules.get("torch.optim.optimizer")
+    if optimizer is None:
+        import importlib
+
+        optimizer = importlib.import_module("torch.optim.optimizer")
+    if getattr(torch, "_gpushare_hooked", False):
+        return
+    optimizer.register_optimizer_step_post_hook(_torch_step)
+    register_release(functools.partial(_torch_release, torch))
+    torch._gpushare_hooked = True  # type: ignore[attr-defined]
+
+
+def _torch_step(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
+    iteration_boundary()
+
+
+def _torch_release(torch: Any) -> None:
+    # Unfinished kernels still use the blocks; and the next task's turn starts
+    # only once this one's work is done.
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+# Model.fit(x, y, batch_size, epochs, verbose, callbacks, ...): callbacks' position.
+_FIT_CALLBACKS_ARG = 5
+
+
+def install_keras(keras: ModuleType) -> None:
+    """A callback ending an iteration after each training batch, added to every fit."""
+    model = keras.Model
+    if getattr(model.fit, "_gpushare", False):
+        return
+
+    class GpushareIterations(keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+        """Reports an iteration boundary to gpushare after each training batch."""
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            iteration_boundary()
+
+    fit = model.fit
+
+    @functools.wraps(fit)
+    def fit_with_boundaries(self: Any, *args: Any, **kwargs: Any) -> Any:
+        positional = len(args) > _FIT_CALLBACKS_ARG
+        given = args[_FIT_CALLBACKS_ARG] if positional else kwargs.get("callbacks")
+        callbacks = list(given or [])
+        if not any(isinstance(c, GpushareIterations) for c in callbacks):
+            callbacks.append(GpushareIterations())
+        if positional:
+            args = (*args[:_FIT_CALLBACKS_ARG], callbacks, *args[_FIT_CALLBACKS_ARG + 1 :])
+        else:
+            kwargs["callbacks"] = callbacks
+        return fit(self, *args, **kwargs)
+
+    fit_with_boundaries._gpushare = True  # type: ignore[attr-defined]
+    model.fit = fit_with_boundaries
