@@ -86,7 +86,7 @@ debug: install
 # all of them, TSan for the threaded one (its client is built with TSan too). Any
 # report fails the test, since the process then exits non-zero.
 SHIM_TESTS := tests/test_shim.py tests/test_enforcement.py tests/test_interception.py \
-	tests/test_reclaim.py tests/test_attach.py
+	tests/test_reclaim.py tests/test_attach.py tests/test_regions.py
 debug-test: debug
 	$(BIN)/python shim/build.py --debug thread --out build/tsan
 	GPUSHARE_SHIM=$(CURDIR)/build/debug/libgpushare.so GPUSHARE_TEST_SANITIZE=address \

@@ -20,6 +20,23 @@ enum gpushare_mode {
     GPUSHARE_MODE_BROKEN = 2,
 };
 
+enum gpushare_iteration_flags {
+    GPUSHARE_RELEASE = 1,
+    GPUSHARE_YIELD = 2,
+};
+
+struct gpushare_memory {
+    unsigned long long used;
+    unsigned long long persistent;
+    unsigned long long temporary;
+    unsigned long long temporary_peak;
+    unsigned long long iterations;
+};
+
 int gpushare_attach(const char *ledger_path, const char *task_id);
 int gpushare_mode(void);
+int gpushare_iteration(void);
+void gpushare_released(void);
+int gpushare_mark_persistent(unsigned long long dptr);
+int gpushare_memory(struct gpushare_memory *out);
 """

@@ -1,4 +1,5 @@
-"""The preloaded shim, from Python: switch it from inert to enforcing a grant.
+"""The preloaded shim, from Python: switch it from inert to enforcing a grant, and
+report iteration boundaries to it (docs/timeslicing.md).
 
 In the recommended container setup ``libgpushare.so`` is preloaded into every
 process with no ledger named, so it passes every CUDA call through. A plugin
@@ -10,6 +11,11 @@ Only this process, and the children it forks, are attached: a program it
 executes starts inert unless ``GPUSHARE_LEDGER`` and ``GPUSHARE_TASK_ID`` are
 in that program's environment.
 
+Time slicing: :func:`iteration` is called at the end of every training step
+and answers what the caller must do (:data:`RELEASE`, :data:`YIELD` bits);
+:func:`released`, :func:`mark_persistent` and :func:`memory` go with it. In a
+process without the shim, or with an inert one, they do nothing.
+
 The functions are looked up in the process's global symbol namespace, where a
 preloaded shim defines them: asking never loads the shim. The declarations
 are parsed on first use (cffi's parser costs some tens of milliseconds once).
@@ -19,6 +25,8 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from cffi import FFI
@@ -30,8 +38,13 @@ Mode = Literal["inert", "enforce", "broken"]
 _MODES: dict[int, Mode] = {0: "inert", 1: "enforce", 2: "broken"}
 
 
+# What iteration() asks of its caller (gpushare.h, enum gpushare_iteration_flags).
+RELEASE = 1  # release the framework's cached memory, then call released()
+YIELD = 2  # the task's turn is over: after the release, send `yield` to nodemgr
+
+
 class ShimError(Exception):
-    """The shim was not attached; the process is as it was before the call."""
+    """A call into the shim failed; the process is as it was before the call."""
 
 
 class ShimNotLoaded(ShimError):
@@ -148,3 +161,87 @@ def attach(ledger: str | os.PathLike[str], task_id: str) -> None:
             "non-empty, and the task id at most 23 bytes"
         )
     raise ShimError(f"the shim answered {rc}, which this gpushare release does not know")
+
+
+def _zero() -> int:
+    return 0
+
+
+@functools.cache
+def _iteration_fn() -> Callable[[], int]:
+    """gpushare_iteration, looked up once: iteration() runs at every training step."""
+    fn = _entry("gpushare_iteration")
+    return _zero if fn is None else fn
+
+
+def iteration() -> int:
+    """Report an iteration boundary of this process: what it holds on its GPUs now counts
+    as persistent, what it allocates from now on as temporary. Returns :data:`RELEASE` and
+    :data:`YIELD` bits for the caller to act on; 0 without a shim, with an inert one, or
+    before the process first used CUDA. Never waits."""
+    return int(_iteration_fn()())
+
+
+def released() -> None:
+    """Tell the shim the framework's cached memory was released, as :func:`iteration`
+    asked (:data:`RELEASE`). Nothing without a shim or with an inert one."""
+    fn = _entry("gpushare_released")
+    if fn is not None:
+        fn()
+
+
+def mark_persistent(dptr: int) -> None:
+    """Count the allocation that starts at device pointer ``dptr`` as persistent until it
+    is freed (for memory a process allocates after its first boundary but keeps).
+
+    Raises :class:`ShimNotLoaded` without a shim, :class:`ShimError` when the shim
+    enforces no grant or knows no allocation starting at ``dptr``.
+    """
+    fn = _entry("gpushare_mark_persistent")
+    if fn is None:
+        raise ShimNotLoaded(_NOT_LOADED)
+    if not 0 <= dptr < 1 << 64:
+        raise ShimError(f"{dptr} is not a device pointer (an unsigned 64-bit address)")
+    if int(fn(dptr)) == _namespace()[1].GPUSHARE_OK:
+        return
+    m = mode()
+    if m != "enforce":
+        raise ShimError(
+            f"the shim in this process is {m} and enforces no grant, so there is no "
+            "persistent memory to mark: run the program under gpushare-run"
+        )
+    raise ShimError(
+        f"the shim knows no allocation starting at device pointer {dptr:#x}: pass the "
+        "address an allocation returned (its start, not an address inside it), before it "
+        "is freed"
+    )
+
+
+@dataclass(frozen=True)
+class Memory:
+    """This process's GPU memory by region, summed over its GPUs (bytes)."""
+
+    used: int
+    persistent: int  # held at its last boundary, or marked persistent
+    temporary: int  # used - persistent: allocated since the last boundary
+    temporary_peak: int  # the most temporary bytes at once, from the first boundary on
+    iterations: int  # boundaries this process reported
+
+
+def memory() -> Memory | None:
+    """This process's memory by region as the shim charges it; None without a shim or
+    with one that enforces no grant."""
+    fn = _entry("gpushare_memory")
+    if fn is None:
+        return None
+    ffi, lib = _namespace()
+    out = ffi.new("struct gpushare_memory *")
+    if int(fn(out)) != lib.GPUSHARE_OK:
+        return None
+    return Memory(
+        int(out.used),
+        int(out.persistent),
+        int(out.temporary),
+        int(out.temporary_peak),
+        int(out.iterations),
+    )

@@ -179,13 +179,21 @@ static struct {
 	CUcontext primary[GS_MAX_DEVS];  /* each device's primary context, once retained */
 	int primary_refs[GS_MAX_DEVS];   /* this process's retains of it */
 	unsigned int ctx_gen;		 /* bumped when a context goes away */
+	/*
+	 * Iteration boundaries this process reported (gpushare_iteration): an
+	 * allocation made in an earlier epoch than the current one, or pinned
+	 * by gpushare_mark_persistent, is in its slot's persistent share.
+	 */
+	uint64_t epoch;
 	pthread_mutex_t claim_mu;
+	pthread_mutex_t epoch_mu; /* orders boundaries and marks against each other */
 	char ledger_path[PATH_MAX]; /* to map it afresh after fork */
 } g = {
 	.mode = GS_INERT,
 	.fd = -1,
 	.slot = -1,
 	.claim_mu = PTHREAD_MUTEX_INITIALIZER,
+	.epoch_mu = PTHREAD_MUTEX_INITIALIZER,
 };
 
 /* The mode, for readers that are not ordered after gpushare_attach otherwise. */
@@ -736,24 +744,59 @@ struct gs_charge {
 	int32_t slot;
 	int32_t gpu;
 	uint64_t bytes;
-	CUcontext ctx; /* the context the memory belongs to; NULL if none */
+	CUcontext ctx;	/* the context the memory belongs to; NULL if none */
+	uint64_t epoch; /* the process's epoch when it was charged */
 };
+
+static inline uint64_t epoch_now(void)
+{
+	return __atomic_load_n(&g.epoch, __ATOMIC_ACQUIRE);
+}
 
 /*
  * Charge `bytes` on ledger GPU `gpu` to this process's slot. A GPU that is
  * not the node's, no free slot, or the limit: CUDA_ERROR_OUT_OF_MEMORY.
+ *
+ * The epoch is read before the charge. An allocation on one thread racing
+ * a boundary on another may land on either side of it; the next boundary
+ * sets the persistent share afresh, so such an error lasts one iteration.
  */
 static CUresult charge_gpu(int gpu, uint64_t bytes, struct gs_charge *c)
 {
 	c->gpu = gpu;
 	c->bytes = bytes;
 	c->ctx = NULL;
+	c->epoch = epoch_now();
 	c->slot = my_slot();
 	if (gpu < 0 || c->slot < 0)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	if (gs_ledger_charge(g.ledger, (uint32_t)c->slot, (uint32_t)gpu, bytes) != 0)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	return CUDA_SUCCESS;
+}
+
+static void wait_while_paused(uint32_t *word);
+
+/*
+ * A paused or gated task takes no new memory: an allocation waits here, as
+ * a launch does, before it is charged (docs/timeslicing.md). The slot is
+ * claimed first, since claiming is what points hot.pause at the task's word.
+ */
+static inline __attribute__((always_inline)) void alloc_gate(void)
+{
+	uint32_t *pause;
+
+	my_slot();
+	pause = __atomic_load_n(&hot.pause, __ATOMIC_ACQUIRE);
+	if (unlikely(__atomic_load_n(pause, __ATOMIC_RELAXED) != 0))
+		wait_while_paused(pause);
+}
+
+/* charge_gpu for new memory: after the gate. */
+static CUresult charge_new(int gpu, uint64_t bytes, struct gs_charge *c)
+{
+	alloc_gate();
+	return charge_gpu(gpu, bytes, c);
 }
 
 /* The same on the device of the calling thread's current context, which owns the memory. */
@@ -764,7 +807,7 @@ static CUresult charge_current(uint64_t bytes, struct gs_charge *c)
 	CUresult rc = current_ctx(&ctx, &gpu);
 
 	if (rc == CUDA_SUCCESS)
-		rc = charge_gpu(gpu, bytes, c);
+		rc = charge_new(gpu, bytes, c);
 	c->ctx = ctx;
 	return rc;
 }
@@ -780,13 +823,27 @@ static CUresult charge_stream(CUstream stream, uint64_t bytes, struct gs_charge 
 	CUresult rc = stream_ctx(stream, &ctx, &gpu);
 
 	if (rc == CUDA_SUCCESS)
-		rc = charge_gpu(gpu, bytes, c);
+		rc = charge_new(gpu, bytes, c);
 	return rc;
 }
 
+/*
+ * Memory charged at `epoch` goes back: its bytes leave the slot, and its
+ * persistent share too when it was made before the current epoch (the last
+ * boundary counted it) or pinned. Used first, so that a temporary peak
+ * noted meanwhile never sees the bytes as temporary.
+ */
+static void give_back(int32_t slot, int32_t gpu, uint64_t bytes, uint64_t epoch, uint32_t pinned)
+{
+	gs_ledger_uncharge(g.ledger, (uint32_t)slot, (uint32_t)gpu, bytes);
+	if (pinned || epoch < epoch_now())
+		gs_ledger_unpersist(g.ledger, (uint32_t)slot, (uint32_t)gpu, bytes);
+}
+
+/* An allocation's charge, not recorded yet, goes back. */
 static void uncharge(const struct gs_charge *c)
 {
-	gs_ledger_uncharge(g.ledger, (uint32_t)c->slot, (uint32_t)c->gpu, c->bytes);
+	give_back(c->slot, c->gpu, c->bytes, c->epoch, 0);
 }
 
 /*
@@ -844,8 +901,6 @@ static CUresult charge_context(CUdevice dev, int *charged)
  */
 static void context_settle(int gpu, CUresult rc)
 {
-	struct gs_charge c;
-
 	if (gpu < 0)
 		return;
 	paying &= ~(1u << gpu);
@@ -853,11 +908,11 @@ static void context_settle(int gpu, CUresult rc)
 		__atomic_store_n(&g.ctx_state[gpu], GS_CTX_PAID, __ATOMIC_RELEASE);
 		return;
 	}
-	c.slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
-	c.gpu = gpu;
-	c.bytes = g.ctx_bytes[gpu];
-	if (c.bytes != 0)
-		uncharge(&c);
+	/* A context's charge is not an allocation: it is left out of classification. */
+	if (g.ctx_bytes[gpu] != 0)
+		gs_ledger_uncharge(g.ledger,
+				   (uint32_t)__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE),
+				   (uint32_t)gpu, g.ctx_bytes[gpu]);
 	__atomic_store_n(&g.ctx_state[gpu], GS_CTX_UNPAID, __ATOMIC_RELEASE);
 }
 
@@ -892,6 +947,8 @@ struct gs_alloc {
 	uint64_t owner; /* PTR, ARRAY, MIPMAP: the owning context; MAP: the handle mapped */
 	uint32_t refs;	/* HANDLE: references (cuMemCreate's, each retain's) */
 	uint32_t maps;	/* HANDLE: mappings */
+	uint64_t epoch; /* charged ones: the process's epoch when charged */
+	uint32_t pinned; /* charged ones: counted persistent by gpushare_mark_persistent */
 };
 
 static struct gs_shard {
@@ -1009,15 +1066,20 @@ out:
 	 * went back without passing through us, so its charge goes now.
 	 */
 	if (replaced && carries_charge(stale.kind))
-		gs_ledger_uncharge(g.ledger, (uint32_t)__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE),
-				   (uint32_t)stale.gpu, stale.size);
+		give_back(__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), stale.gpu, stale.size,
+			  stale.epoch, stale.pinned);
 	return rc;
 }
 
 static int alloc_track(uint64_t key, uint32_t kind, const struct gs_charge *c)
 {
-	return alloc_put((struct gs_alloc){ key, kind, c->gpu, c->bytes,
-					    (uint64_t)(uintptr_t)c->ctx, 1, 0 });
+	return alloc_put((struct gs_alloc){ .key = key,
+					    .kind = kind,
+					    .gpu = c->gpu,
+					    .size = c->bytes,
+					    .owner = (uint64_t)(uintptr_t)c->ctx,
+					    .refs = 1,
+					    .epoch = c->epoch });
 }
 
 /* Remove the record of (key, kind) into *out; 0 if found, -ENOENT if not ours. */
@@ -1141,11 +1203,22 @@ static void take_context(CUcontext ctx, struct gs_taken *t)
 	}
 }
 
+/* Add a torn-down record's bytes to its GPU's, and to its persistent share's (give_back). */
+static void tally(const struct gs_alloc *a, uint64_t epoch, uint64_t *gone, uint64_t *kept)
+{
+	if (a->gpu < 0 || a->gpu >= GS_MAX_GPUS)
+		return;
+	gone[a->gpu] += a->size;
+	if (a->pinned || a->epoch < epoch)
+		kept[a->gpu] += a->size;
+}
+
 /* After the driver's answer to the teardown take_context() prepared. */
 static void settle_context(struct gs_taken *t, CUcontext ctx, CUresult rc)
 {
-	uint64_t gone[GS_MAX_GPUS] = { 0 };
+	uint64_t gone[GS_MAX_GPUS] = { 0 }, kept[GS_MAX_GPUS] = { 0 };
 	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	uint64_t epoch = epoch_now();
 	struct gs_alloc a;
 
 	if (rc != CUDA_SUCCESS) {
@@ -1157,8 +1230,7 @@ static void settle_context(struct gs_taken *t, CUcontext ctx, CUresult rc)
 	/* A thread may have cached the context during the call; a new one may take its address. */
 	__atomic_add_fetch(&g.ctx_gen, 1, __ATOMIC_ACQ_REL);
 	for (size_t i = 0; i < t->n; i++)
-		if (t->v[i].gpu >= 0 && t->v[i].gpu < GS_MAX_GPUS)
-			gone[t->v[i].gpu] += t->v[i].size;
+		tally(&t->v[i], epoch, gone, kept);
 	free(t->v);
 	for (int k = 0; t->incomplete && k < GS_SHARDS; k++) {
 		struct gs_shard *s = &shards[k];
@@ -1170,15 +1242,17 @@ static void settle_context(struct gs_taken *t, CUcontext ctx, CUresult rc)
 				continue;
 			}
 			a = s->tab[i];
-			if (a.gpu >= 0 && a.gpu < GS_MAX_GPUS)
-				gone[a.gpu] += a.size;
+			tally(&a, epoch, gone, kept);
 			shard_del_at(s, i);
 		}
 		pthread_mutex_unlock(&s->mu);
 	}
-	for (int i = 0; i < GS_MAX_GPUS; i++)
-		if (gone[i] != 0 && slot >= 0)
+	for (int i = 0; i < GS_MAX_GPUS && slot >= 0; i++) {
+		if (gone[i] != 0)
 			gs_ledger_uncharge(g.ledger, (uint32_t)slot, (uint32_t)i, gone[i]);
+		if (kept[i] != 0)
+			gs_ledger_unpersist(g.ledger, (uint32_t)slot, (uint32_t)i, kept[i]);
+	}
 }
 
 /*
@@ -1188,8 +1262,12 @@ static void settle_context(struct gs_taken *t, CUcontext ctx, CUresult rc)
 static CUresult remember(uint64_t key, uint32_t kind, const struct gs_charge *c,
 			 void (*undo)(uint64_t))
 {
-	if (alloc_track(key, kind, c) == 0)
+	if (alloc_track(key, kind, c) == 0) {
+		/* What a process allocates before its first boundary is set-up, not temporary. */
+		if (c->epoch >= 1)
+			gs_ledger_note_temp(g.ledger, (uint32_t)c->slot, (uint32_t)c->gpu);
 		return CUDA_SUCCESS;
+	}
 	undo(key);
 	uncharge(c);
 	return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1226,9 +1304,7 @@ static int forget(uint64_t key, uint32_t kind, struct gs_alloc *a)
 /* A record's memory went back to the driver: so does its charge. */
 static void uncharge_record(const struct gs_alloc *a)
 {
-	struct gs_charge c = { __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), a->gpu, a->size, NULL };
-
-	uncharge(&c);
+	give_back(__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), a->gpu, a->size, a->epoch, a->pinned);
 }
 
 static CUresult freed(CUresult rc, const struct gs_alloc *a)
@@ -1567,7 +1643,7 @@ static CUresult alloc_from_pool(gs_fn_cuMemAllocFromPoolAsync fn, CUdeviceptr *d
 	} else if (p.gpu == GS_POOL_HOST) {
 		return fn(dptr, bytesize, pool, stream);
 	} else {
-		rc = charge_gpu(p.gpu, footprint(bytesize), &c);
+		rc = charge_new(p.gpu, footprint(bytesize), &c);
 	}
 	if (rc != CUDA_SUCCESS)
 		return rc;
@@ -1594,7 +1670,7 @@ GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesi
 /* Where a pool lives: a ledger GPU, GS_DEV_FOREIGN, or GS_POOL_HOST. */
 static void note_pool(CUmemoryPool pool, int gpu)
 {
-	struct gs_alloc a = { (uint64_t)(uintptr_t)pool, GS_K_POOL, gpu, 0, 0, 1, 0 };
+	struct gs_alloc a = { .key = (uint64_t)(uintptr_t)pool, .kind = GS_K_POOL, .gpu = gpu, .refs = 1 };
 
 	if (g.mode == GS_ENFORCE && pool != NULL)
 		alloc_put(a);
@@ -1727,7 +1803,7 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 		return fn(handle, size, prop, flags);
 	if (g.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
-	rc = charge_gpu(ledger_gpu(prop->location.id), footprint(size), &c);
+	rc = charge_new(ledger_gpu(prop->location.id), footprint(size), &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = fn(handle, size, prop, flags);
@@ -1835,7 +1911,8 @@ GS_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 	 * its range. One that cannot be recorded keeps its memory charged: never
 	 * too little.
 	 */
-	alloc_put((struct gs_alloc){ ptr, GS_K_MAP, GS_DEV_FOREIGN, size, handle, 0, 0 });
+	alloc_put((struct gs_alloc){
+		.key = ptr, .kind = GS_K_MAP, .gpu = GS_DEV_FOREIGN, .size = size, .owner = handle });
 	return rc;
 }
 
@@ -2009,17 +2086,21 @@ FREE_WRAPPER(cuMipmappedArrayDestroy, (CUmipmappedArray array), array, GS_K_MIPM
 /* --- wrappers: launches --------------------------------------------------------------- */
 
 /*
- * Out of line: a paused task's launches wait here until nodemgr clears the
- * word and wakes them. The timeout re-reads the word now and then, so a
- * wake-up lost to a daemon restart costs a fraction of a second, not a hang.
+ * Out of line: a paused or gated task's launches and allocations wait here
+ * until nodemgr clears every bit of the word and wakes them. The wait is on
+ * the value read, which may hold either bit or both, so a word that changed
+ * in between is read again at once. The timeout re-reads the word now and
+ * then, so a wake-up lost to a daemon restart costs a fraction of a second,
+ * not a hang.
  */
 static __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 {
 	const struct gs_task *entry = (const struct gs_task *)((const char *)word -
 								offsetof(struct gs_task, paused));
 	struct timespec ts = { 0, 250 * 1000 * 1000 };
+	uint32_t seen;
 
-	while (__atomic_load_n(word, __ATOMIC_ACQUIRE) != 0) {
+	while ((seen = __atomic_load_n(word, __ATOMIC_ACQUIRE)) != 0) {
 		/*
 		 * A process that outlived its task may find the entry handed to a
 		 * newer task: that task's pause is not this process's to obey.
@@ -2028,7 +2109,7 @@ static __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 			__atomic_store_n(&hot.pause, &never_paused, __ATOMIC_RELEASE);
 			return;
 		}
-		syscall(SYS_futex, word, FUTEX_WAIT, 1, &ts, NULL, 0);
+		syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
 	}
 }
 
@@ -2216,6 +2297,139 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v
 	return rc;
 }
 
+/* --- iterations: persistent and temporary memory (docs/timeslicing.md) ---------- */
+
+/* This process's task entry, if it still names the process's task; NULL if none. */
+static const struct gs_task *own_task(int slot)
+{
+	int t = __atomic_load_n(&g.ledger->slot[slot].task_index, __ATOMIC_ACQUIRE);
+	const struct gs_task *entry;
+
+	if (t < 0 || t >= GS_MAX_TASKS)
+		return NULL;
+	entry = &g.ledger->task[t];
+	/* As in wait_while_paused: an entry handed on to a newer task is not this one's. */
+	if (__atomic_load_n(&entry->state, __ATOMIC_ACQUIRE) != GS_SLOT_USED ||
+	    strncmp(entry->task_id, g.task_id, GS_TASK_ID_LEN) != 0)
+		return NULL;
+	return entry;
+}
+
+/*
+ * A process without a slot yet has never called into the driver, so it
+ * holds nothing to classify: its boundaries are not counted, and its epoch
+ * starts with the first boundary after it claims one (cuInit claims it).
+ */
+GS_EXPORT int gpushare_iteration(void)
+{
+	const struct gs_task *entry;
+	uint64_t epoch, n, turn;
+	int slot, flags = 0;
+
+	if (mode_acquire() != GS_ENFORCE)
+		return 0;
+	slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	if (slot < 0)
+		return 0;
+	pthread_mutex_lock(&g.epoch_mu);
+	epoch = g.epoch + 1;
+	__atomic_store_n(&g.epoch, epoch, __ATOMIC_RELEASE);
+	n = gs_ledger_boundary(g.ledger, (uint32_t)slot, epoch);
+	pthread_mutex_unlock(&g.epoch_mu);
+	entry = own_task(slot);
+	if (entry == NULL)
+		return 0;
+	/* The first boundary after set-up: release once, so that the task's shape can be learned. */
+	if ((__atomic_load_n(&entry->flags, __ATOMIC_ACQUIRE) & GS_TASK_TIMESLICED) && epoch == 1)
+		flags |= GPUSHARE_RELEASE;
+	turn = __atomic_load_n(&entry->turn_until, __ATOMIC_ACQUIRE);
+	if (turn != 0 && n >= turn)
+		flags |= GPUSHARE_RELEASE | GPUSHARE_YIELD;
+	return flags;
+}
+
+GS_EXPORT void gpushare_released(void)
+{
+	int slot;
+
+	if (mode_acquire() != GS_ENFORCE)
+		return;
+	slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	if (slot >= 0)
+		gs_ledger_settle(g.ledger, (uint32_t)slot);
+}
+
+/*
+ * Pin the charged record (key, kind): a temporary one's bytes join the
+ * persistent share, and its free takes them out again. Under epoch_mu, so
+ * no boundary moves the epoch meanwhile. -ENOENT if there is no record.
+ */
+static int pin(uint64_t key, uint32_t kind)
+{
+	struct gs_shard *s = shard_of(key, kind);
+	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	int64_t i;
+
+	pthread_mutex_lock(&s->mu);
+	i = shard_find(s, key, kind);
+	if (i >= 0) {
+		struct gs_alloc *a = &s->tab[i];
+
+		/* One made before the current epoch is persistent already. */
+		if (!a->pinned && a->epoch == g.epoch && slot >= 0) {
+			a->pinned = 1;
+			gs_ledger_persist(g.ledger, (uint32_t)slot, (uint32_t)a->gpu, a->size);
+		}
+	}
+	pthread_mutex_unlock(&s->mu);
+	return i >= 0 ? 0 : -ENOENT;
+}
+
+/*
+ * `dptr` is where an allocation that yields a device pointer starts (all
+ * of them are recorded as GS_K_PTR), or where a cuMemCreate handle is
+ * mapped: then the handle's memory is what is pinned.
+ */
+GS_EXPORT int gpushare_mark_persistent(unsigned long long dptr)
+{
+	struct gs_alloc map;
+	int rc;
+
+	if (mode_acquire() != GS_ENFORCE || dptr == 0)
+		return GPUSHARE_E_INVAL;
+	pthread_mutex_lock(&g.epoch_mu);
+	rc = pin(dptr, GS_K_PTR);
+	if (rc != 0 && alloc_peek(dptr, GS_K_MAP, &map) == 0)
+		rc = pin(map.owner, GS_K_HANDLE);
+	pthread_mutex_unlock(&g.epoch_mu);
+	return rc == 0 ? GPUSHARE_OK : GPUSHARE_E_INVAL;
+}
+
+GS_EXPORT int gpushare_memory(struct gpushare_memory *out)
+{
+	const struct gs_slot *s;
+	int slot;
+
+	if (out == NULL || mode_acquire() != GS_ENFORCE)
+		return GPUSHARE_E_INVAL;
+	memset(out, 0, sizeof(*out));
+	slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	if (slot < 0)
+		return GPUSHARE_OK;
+	s = &g.ledger->slot[slot];
+	for (int i = 0; i < GS_MAX_GPUS; i++) {
+		uint64_t used = __atomic_load_n(&s->used[i], __ATOMIC_RELAXED);
+		uint64_t pers = __atomic_load_n(&s->persistent[i], __ATOMIC_RELAXED);
+
+		out->used += used;
+		out->persistent += pers;
+		out->temporary += used > pers ? used - pers : 0;
+		out->temporary_peak += __atomic_load_n(&s->temp_peak[i], __ATOMIC_RELAXED);
+	}
+	out->iterations = __atomic_load_n(&s->iterations, __ATOMIC_RELAXED);
+	return GPUSHARE_OK;
+}
+
 /* --- load, fork, exit ---------------------------------------------------------- */
 
 /*
@@ -2238,8 +2452,8 @@ static void after_fork_child(void)
 	/*
 	 * The inherited descriptor shares the parent's lock, and the parent's
 	 * allocations and context charges are not the child's: start over with
-	 * no slot and an empty map. Locks are re-made because another thread
-	 * may have held them.
+	 * no slot, an empty map and no boundaries counted. Locks are re-made
+	 * because another thread may have held them.
 	 */
 	pthread_mutex_unlock(&attach_mu); /* taken by this thread in before_fork */
 	if (g.mode != GS_ENFORCE)
@@ -2265,6 +2479,8 @@ static void after_fork_child(void)
 		__atomic_store_n(&g.mode, GS_BROKEN, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_init(&g.claim_mu, NULL);
+	pthread_mutex_init(&g.epoch_mu, NULL);
+	g.epoch = 0;
 	for (int i = 0; i < GS_SHARDS; i++) {
 		pthread_mutex_init(&shards[i].mu, NULL);
 		if (shards[i].tab != NULL)

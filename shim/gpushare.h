@@ -70,29 +70,43 @@ enum gpushare_iteration_flags {
 /*
  * An iteration boundary of this process: what it holds now becomes
  * persistent, what it allocates from now on is temporary until the next
- * boundary. Returns enum gpushare_iteration_flags bits (0: carry on), or 0
- * in a shim that enforces no ledger. Thread-safe; never blocks, prints
- * nothing.
+ * boundary. Returns enum gpushare_iteration_flags bits (0: carry on). In a
+ * shim that enforces no ledger, and in a process that has not called into
+ * CUDA yet (it holds nothing to classify), it returns 0 and counts nothing.
+ * Thread-safe; never waits for a pause or the GPU (only, briefly, for
+ * another thread's boundary), prints nothing. Cheap enough for every step.
  */
 int gpushare_iteration(void);
 
-/* The caller has released its cached memory as gpushare_iteration asked. */
+/*
+ * The caller has released its cached memory as gpushare_iteration asked:
+ * its persistent bytes now are recorded as its settled size. Nothing in a
+ * shim that enforces no ledger.
+ */
 void gpushare_released(void);
 
 /*
- * Count the allocation that starts at device pointer `dptr` as persistent
- * from now on. Returns GPUSHARE_OK, GPUSHARE_E_INVAL if the shim knows no
- * such allocation (or enforces no ledger).
+ * Count the allocation that starts at device pointer `dptr` (any allocation
+ * that yields a device pointer, or the cuMemCreate memory mapped at `dptr`)
+ * as persistent until it is freed. One made before the last boundary is
+ * persistent already: GPUSHARE_OK, nothing changes. GPUSHARE_E_INVAL if the
+ * shim knows no such allocation, or enforces no ledger.
  */
 int gpushare_mark_persistent(unsigned long long dptr);
 
-/* This process's memory by region, summed over its GPUs (bytes). */
+/*
+ * This process's memory by region, summed over its GPUs (bytes), as its
+ * ledger slot holds it. Before the process's first boundary nothing is
+ * persistent unless marked so: all it holds reads as temporary there, while
+ * temporary_peak counts from the first boundary on. Context charges are in
+ * used (and persistent from the first boundary on).
+ */
 struct gpushare_memory {
 	unsigned long long used;
 	unsigned long long persistent;
-	unsigned long long temporary;
-	unsigned long long temporary_peak;
-	unsigned long long iterations;
+	unsigned long long temporary; /* used - persistent, per GPU */
+	unsigned long long temporary_peak; /* sum over GPUs of the most temporary bytes at once */
+	unsigned long long iterations;     /* boundaries this process reported */
 };
 
 /* Fill `out`; GPUSHARE_E_INVAL if `out` is NULL or the shim enforces no ledger. */

@@ -436,7 +436,12 @@ void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64
 		;
 }
 
-/* --- classification: each called by the slot's owner only ------------------------- */
+/*
+ * --- classification: each called by the slot's owner only -------------------------
+ *
+ * The owner is a process, and its threads free and allocate concurrently:
+ * read-modify-writes of a slot's figures are compare-and-swap loops.
+ */
 
 static int task_of_slot(const struct gs_ledger *l, const struct gs_slot *s)
 {
@@ -479,7 +484,9 @@ void gs_ledger_persist(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_
 		return;
 	p = &l->slot[slot].persistent[gpu];
 	cur = LOAD(p);
-	STORE(p, cur + bytes < cur ? UINT64_MAX : cur + bytes);
+	while (!__atomic_compare_exchange_n(p, &cur, cur + bytes < cur ? UINT64_MAX : cur + bytes,
+					    0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+		;
 }
 
 void gs_ledger_unpersist(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes)
@@ -490,13 +497,15 @@ void gs_ledger_unpersist(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint6
 		return;
 	p = &l->slot[slot].persistent[gpu];
 	cur = LOAD(p);
-	STORE(p, cur > bytes ? cur - bytes : 0);
+	while (!__atomic_compare_exchange_n(p, &cur, cur > bytes ? cur - bytes : 0, 0,
+					    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+		;
 }
 
 void gs_ledger_note_temp(struct gs_ledger *l, uint32_t slot, uint32_t gpu)
 {
 	struct gs_slot *s;
-	uint64_t used, pers, temp;
+	uint64_t used, pers, temp, peak;
 
 	if (gpu >= GS_MAX_GPUS || slot >= GS_MAX_SLOTS)
 		return;
@@ -504,8 +513,11 @@ void gs_ledger_note_temp(struct gs_ledger *l, uint32_t slot, uint32_t gpu)
 	used = LOAD(&s->used[gpu]);
 	pers = LOAD(&s->persistent[gpu]);
 	temp = used > pers ? used - pers : 0;
-	if (temp > LOAD(&s->temp_peak[gpu]))
-		STORE(&s->temp_peak[gpu], temp);
+	peak = LOAD(&s->temp_peak[gpu]);
+	while (temp > peak &&
+	       !__atomic_compare_exchange_n(&s->temp_peak[gpu], &peak, temp, 0, __ATOMIC_SEQ_CST,
+					   __ATOMIC_SEQ_CST))
+		;
 }
 
 void gs_ledger_settle(struct gs_ledger *l, uint32_t slot)
@@ -517,5 +529,5 @@ void gs_ledger_settle(struct gs_ledger *l, uint32_t slot)
 	s = &l->slot[slot];
 	for (int g = 0; g < GS_MAX_GPUS; g++)
 		STORE(&s->settled[g], LOAD(&s->persistent[g]));
-	STORE(&s->releases, LOAD(&s->releases) + 1);
+	__atomic_fetch_add(&s->releases, 1, __ATOMIC_SEQ_CST);
 }

@@ -257,30 +257,37 @@ def test_a_fork_child_after_attach_enforces_in_a_slot_of_its_own(
 
 def test_the_cdef_and_the_header_agree(tmp_path: Path) -> None:
     """client_plugin._shim_cdef copies gpushare.h: its prototypes are compiled against the
-    header (a mismatch fails to compile) and every enumerator's value is compared."""
+    header (a mismatch fails to compile), and every enumerator's value and the layout of
+    struct gpushare_memory are compared."""
     header = (ROOT / "shim" / "gpushare.h").read_text()
     names = re.findall(r"^\s*(GPUSHARE_\w+)\s*=", header, flags=re.M)
     assert "GPUSHARE_E_TOO_LATE" in names
-    prototypes = [ln for ln in CDEF.splitlines() if ln.startswith("int gpushare_")]
-    declared = re.compile(r"^int (gpushare_\w+)\(", flags=re.M)
+    prototypes = [ln for ln in CDEF.splitlines() if re.match(r"(int|void) gpushare_", ln)]
+    declared = re.compile(r"^(?:int|void) (gpushare_\w+)\(", flags=re.M)
     assert {declared.match(ln)[1] for ln in prototypes} == set(declared.findall(header))
+    ffi = FFI()
+    ffi.cdef(CDEF)
+    fields = [f for f, _ in ffi.typeof("struct gpushare_memory").fields]
+    layout = {f"offset_{f}": f"offsetof(struct gpushare_memory, {f})" for f in fields}
+    layout["size"] = "sizeof(struct gpushare_memory)"
     src = tmp_path / "agree.c"
     src.write_text(
-        '#include <stdio.h>\n#include "gpushare.h"\n'
+        '#include <stddef.h>\n#include <stdio.h>\n#include "gpushare.h"\n'
         + "\n".join(prototypes)
         + "\nint main(void)\n{\n"
         + "".join(f'\tprintf("{n} %d\\n", (int){n});\n' for n in names)
+        + "".join(f'\tprintf("{k} %d\\n", (int){v});\n' for k, v in layout.items())
         + "\treturn 0;\n}\n"
     )
     out = subprocess.run(
         [str(cc(tmp_path / "agree", str(src)))], capture_output=True, text=True, check=True
     ).stdout
     in_header = {n: int(v) for n, v in (ln.split() for ln in lines(out))}
-    ffi = FFI()
-    ffi.cdef(CDEF)
     in_cdef: dict[str, int] = {}
-    for enum in ("enum gpushare_status", "enum gpushare_mode"):
+    for enum in ("enum gpushare_status", "enum gpushare_mode", "enum gpushare_iteration_flags"):
         in_cdef.update(ffi.typeof(enum).relements)
+    in_cdef.update({f"offset_{f}": ffi.offsetof("struct gpushare_memory", f) for f in fields})
+    in_cdef["size"] = ffi.sizeof("struct gpushare_memory")
     assert in_cdef == in_header
 
 
