@@ -13,6 +13,8 @@ waits for files the test writes there, so the test never blocks on a pipe.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import json
 import os
 import shutil
 import signal
@@ -406,3 +408,84 @@ def test_context_memory_measured(
     )
     assert used > 0
     assert used > reserved
+
+
+# Two of these share a time-sliced GPU: each step's span (first launch to the end of its
+# work) and the shape nodemgr learned are what the test looks at. The model and its Adam
+# state stay from step to step; the activations of the large batch do not.
+TRAIN_SCRIPT = PRELUDE + textwrap.dedent(
+    """\
+    import json
+    steps = int(sys.argv[3])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2048, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 2048)
+    ).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    x = torch.randn(32768, 2048, device="cuda")
+    for i in range(steps):
+        t0 = time.monotonic()
+        x.mul_(1.0)  # the first launch: waits here while the other task has the turn
+        t1 = time.monotonic()
+        opt.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+        torch.cuda.synchronize()
+        tb = time.monotonic()
+        opt.step()
+        print(json.dumps({"i": i, "t0": t0, "t1": t1, "tb": tb}), flush=True)
+    """
+)
+
+
+def test_timesliced_training_loops_take_turns(
+    daemon_factory: Any, run_task: Any, torch_python: str, tmp_path: Path
+) -> None:
+    """Two PyTorch training loops on a time-sliced GPU: the optimizer hook marks each
+    step, the loops take turns of two steps (never computing at once), nodemgr learns
+    each one's shape (what it keeps: weights, gradients, Adam state; what a step adds)
+    and both run to the end."""
+    probe = subprocess.run(
+        [torch_python, "-c", "import client_plugin.iterations"], capture_output=True
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"{torch_python} does not have gpushare installed (its hooks are needed)")
+    daemon = daemon_factory(
+        sections={
+            "gpus": {"source": "nvml"},
+            "timeslice": {"gpus": "all", "quantum": 2, "turn_timeout": 60.0},
+        },
+        heartbeat_timeout=60.0,
+    )
+    shape = ("--persistent", "1GiB", "--temporary", "4GiB")
+    procs = []
+    for name in ("a", "b"):
+        ep = daemon.env(name, gpus=1, memory=QUOTA)
+        state = tmp_path / name
+        state.mkdir()
+        procs.append(
+            run_task(ep, torch_python, "-c", TRAIN_SCRIPT, "", str(state), "12", opts=shape)
+        )
+    learned: dict[str, Any] = {}
+    while any(p.poll() is None for p in procs):
+        for t in daemon.tasks():
+            for reg in t.get("regions") or []:
+                if t["iterations"] >= 3 and reg["settled"]:
+                    learned[t["env"]] = reg
+        time.sleep(0.1)
+    spans = []
+    for name, p in zip(("a", "b"), procs, strict=True):
+        rows = [json.loads(line) for line in finish(p)]
+        assert len(rows) == 12
+        spans += [(r["t1"], r["tb"], name) for r in rows]
+    spans.sort()
+    for (_, end, who), (start, _, other) in itertools.pairwise(spans):
+        if who != other:
+            assert start >= end, f"{other} computed while {who} held the turn"
+    changes = sum(1 for x, y in itertools.pairwise([s[2] for s in spans]) if x != y)
+    assert changes >= 3
+    params = sum(2048 * 2048 + 2048 for _ in range(2)) * 4
+    for name in ("a", "b"):
+        reg = learned[name]
+        # Weights, their gradients and two Adam moments: four times the parameters, at least.
+        assert reg["settled"] >= 4 * params, reg
+        assert reg["temporary_peak"] >= 32768 * 2048 * 4, reg
