@@ -129,12 +129,13 @@ def procs() -> Iterator[Any]:
 
 def ts_daemon(factory: Any, count: int = 1, **timeslice: Any) -> Any:
     """A nodemgr whose GPU 0 is time-sliced; long heartbeat timeouts, as the test's tasks
-    send none."""
+    send none, and (unless the test says otherwise) a turn_timeout no slow machine reaches,
+    so only the test moves the turn."""
     return factory(
         {
             "gpus": {"simulated_count": count},
             "scheduler": {"task_threshold": 16},
-            "timeslice": {"gpus": [0], **timeslice},
+            "timeslice": {"gpus": [0], "turn_timeout": 600.0, **timeslice},
         },
         heartbeat_interval=1.0,
         heartbeat_timeout=60.0,
