@@ -73,6 +73,13 @@ class Config:
     admin_access: Access = field(default_factory=_own_access)
     env_default_access: Access = field(default_factory=_own_access)
     env_access: dict[str, Access] = field(default_factory=dict)
+    # [timeslice] (docs/timeslicing.md): the GPUs that start time-sliced, by index or
+    # UUID as written ("all": every GPU), iterations per turn, the longest a holder keeps
+    # the turn without yielding, and the default guard after each persistent slice.
+    timeslice_gpus: tuple[str, ...] | str = ()
+    quantum: int = 4
+    turn_timeout: float = 10.0
+    guard: int = 100 << 20
 
     @property
     def admin_endpoint(self) -> str:
@@ -132,6 +139,7 @@ _KEYS: dict[str, set[str]] = {
     },
     "scheduler": {"task_threshold", "memory_reserve", "queue_max_bypass", "max_wait"},
     "metrics": {"address", "port"},
+    "timeslice": {"gpus", "quantum", "turn_timeout", "guard"},
     "admin": {"owner", "group", "mode"},
     "env_defaults": {"owner", "group", "mode"},
 }
@@ -189,6 +197,31 @@ def _number(table: dict[str, Any], section: str, key: str, default: float, lo: f
     return float(value)
 
 
+_GPU_NAME = re.compile(r"^(?:[0-9]{1,9}|GPU-[0-9A-Fa-f-]{4,60})$")
+
+
+def _timeslice_gpus(value: Any) -> tuple[str, ...] | str:
+    """timeslice.gpus: "all", or a list of GPU indices (integers or digit strings) and
+    UUIDs (or unique prefixes of them); which GPUs they name is checked at start-up."""
+    if value == "all":
+        return "all"
+    if not isinstance(value, list):
+        raise ConfigError(
+            f'timeslice.gpus must be "all" or a list of GPU indices or UUIDs, not {value!r}'
+        )
+    names = []
+    for v in value:
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+            names.append(str(v))
+        elif isinstance(v, str) and _GPU_NAME.match(v):
+            names.append(v)
+        else:
+            raise ConfigError(
+                f"timeslice.gpus: {v!r} is neither a GPU index nor a GPU UUID (GPU-...)"
+            )
+    return tuple(names)
+
+
 def load(path: str | os.PathLike[str] | None = None) -> Config:
     """Load ``path``, or $GPUSHARE_CONFIG, or /etc/gpushare/nodemgr.toml if present.
 
@@ -228,6 +261,7 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     gpus = data.get("gpus", {})
     sched = data.get("scheduler", {})
     metrics = data.get("metrics", {})
+    ts = data.get("timeslice", {})
 
     run_dir = _path(node, "run_dir", file)
     state_dir = _path(node, "state_dir", file)
@@ -275,6 +309,22 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     for name, sub in data.get("env", {}).items():
         env_access[name] = _access(sub, f"env.{name}", env_default)
 
+    ts_gpus = _timeslice_gpus(ts.get("gpus", []))
+    quantum = ts.get("quantum", 4)
+    if isinstance(quantum, bool) or not isinstance(quantum, int) or quantum < 1:
+        raise ConfigError(f"timeslice.quantum must be an integer >= 1, not {quantum!r}")
+    turn_timeout = ts.get("turn_timeout", 10.0)
+    if (
+        isinstance(turn_timeout, bool)
+        or not isinstance(turn_timeout, int | float)
+        or not turn_timeout > 0
+    ):
+        raise ConfigError(f"timeslice.turn_timeout must be a number > 0, not {turn_timeout!r}")
+    try:
+        guard = parse_size(ts.get("guard", "100MiB"))
+    except ValueError as e:
+        raise ConfigError(f"timeslice.guard: {e}") from None
+
     interval = _number(node, "node", "heartbeat_interval", 1.0, 0.01)
     timeout = _number(node, "node", "heartbeat_timeout", 5.0, 0.05)
     if timeout <= interval:
@@ -304,4 +354,8 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
         admin_access=_access(data.get("admin", {}), "admin", _own_access()),
         env_default_access=env_default,
         env_access=env_access,
+        timeslice_gpus=ts_gpus,
+        quantum=quantum,
+        turn_timeout=float(turn_timeout),
+        guard=guard,
     )

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from nodemgr.server import Server
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 1.0)
+SWITCH_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
 WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400)
 
 
@@ -63,6 +64,37 @@ class _StateCollector(Collector):
             tasks.add_metric(lv, x["tasks"])
             lost.add_metric(lv, 1 if x["lost"] else 0)
         yield from (total, reserve, charged, used, tasks, lost)
+
+        mode = GaugeMetricFamily(
+            "gpushare_gpu_timesliced", "1 if the GPU is time-sliced, 0 if shared", labels=g
+        )
+        persistent = GaugeMetricFamily(
+            "gpushare_gpu_persistent_region_bytes",
+            "Time-sliced GPU: bytes charged for its persistent region (slices and guards)",
+            labels=g,
+        )
+        temporary = GaugeMetricFamily(
+            "gpushare_gpu_temporary_region_bytes",
+            "Time-sliced GPU: bytes charged for its temporary region",
+            labels=g,
+        )
+        temp_used = GaugeMetricFamily(
+            "gpushare_gpu_temporary_used_bytes",
+            "Time-sliced GPU: temporary bytes its tasks hold now",
+            labels=g,
+        )
+        gated = GaugeMetricFamily(
+            "gpushare_gpu_gated_tasks", "Tasks on the GPU waiting for its turn", labels=g
+        )
+        for x in snap.gpus:
+            lv = [str(x["index"]), x["uuid"]]
+            regions = x.get("regions") or {}
+            mode.add_metric(lv, 1 if x.get("mode") == "timesliced" else 0)
+            persistent.add_metric(lv, regions.get("persistent", 0))
+            temporary.add_metric(lv, regions.get("temporary", 0))
+            temp_used.add_metric(lv, regions.get("temporary_used", 0))
+            gated.add_metric(lv, x.get("gated", 0))
+        yield from (mode, persistent, temporary, temp_used, gated)
 
         e = ["env"]
         q_gpus = GaugeMetricFamily("gpushare_env_quota_gpus", "GPU-count quota", labels=e)
@@ -126,6 +158,19 @@ class Metrics:
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
+        self.switches = Counter(
+            "gpushare_turn_switches",
+            "Turns of a time-sliced GPU handed on to another task",
+            ["gpu"],
+            registry=self.registry,
+        )
+        self.switch_seconds = Histogram(
+            "gpushare_turn_switch_seconds",
+            "Time nodemgr took to hand a turn on, from the event to the next holder ungated",
+            ["gpu"],
+            buckets=SWITCH_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_StateCollector(self))
 
     def start(self) -> None:
@@ -151,6 +196,10 @@ class Metrics:
 
     def reclaimed(self, reason: str) -> None:
         self.reclaims.labels(reason).inc()
+
+    def switched(self, gpu: int, seconds: float) -> None:
+        self.switches.labels(str(gpu)).inc()
+        self.switch_seconds.labels(str(gpu)).observe(seconds)
 
     def waited(self, seconds: float, outcome: str) -> None:
         self.waits.labels(outcome).observe(seconds)
@@ -178,8 +227,13 @@ class Metrics:
                     + sum(t.launches for t in node.tasks.values() if t.env == env.name),
                 }
             )
+        gpus = []
+        for x in status["gpus"]:  # type: ignore[attr-defined]
+            turn = x["turn"] or {"order": [], "holder": None}
+            gated = len(turn["order"]) - (turn["holder"] is not None)
+            gpus.append({**x, "gated": gated})
         self.last = Snapshot(
-            gpus=list(status["gpus"]),  # type: ignore[call-overload]
+            gpus=gpus,
             envs=envs,
             queue_length=len(node.queue),
             tasks=len(node.tasks),

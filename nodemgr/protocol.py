@@ -25,6 +25,8 @@ MAX_GPUS_PER_REQUEST = 64
 MAX_BYTES = (1 << 63) - 1
 MAX_WAIT = 7 * 86400.0
 MAX_HISTORY = 10000
+MAX_GUARD = 1 << 40
+MODES = ("shared", "timesliced")
 # request.devices: a GPU index as nodemgr numbers them, or a GPU UUID or a prefix of one
 # (at least "GPU-" and 4 more characters). Which GPU a name means is nodemgr.gpus.resolve's.
 DEVICE_NAME = re.compile(r"[0-9]{1,9}|GPU-[0-9A-Fa-f-]{4,60}")
@@ -109,6 +111,24 @@ def _devices(v: Any) -> list[str]:
     return list(v)
 
 
+def _gpu(v: Any) -> int | str:
+    """admin ``mode.gpu``: a node index, or a GPU UUID or a prefix of one."""
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_GPUS_PER_REQUEST:
+        return v
+    if isinstance(v, str) and DEVICE_NAME.fullmatch(v):
+        return v
+    raise ValueError("must be a GPU index or a GPU UUID (GPU-...), or nil: all")
+
+
+def _one_of(*choices: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if v not in choices:
+            raise ValueError("must be one of " + ", ".join(repr(c) for c in choices))
+        return str(v)
+
+    return check
+
+
 def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def opt(v: Any) -> Any:
         return None if v is None else check(v)
@@ -130,7 +150,11 @@ TASK_REQUESTS: dict[str, Schema] = {
         "command": (False, _optional(_str(max_len=4096))),
         "wait": (False, _optional(_number(0.0, MAX_WAIT))),
         "devices": (False, _optional(_devices)),
+        "persistent": (False, _optional(_bytes)),
+        "temporary": (False, _optional(_bytes)),
+        "guard": (False, _optional(_int(0, MAX_GUARD))),
     },
+    "yield": {"task_id": (True, _task)},
     "heartbeat": {"task_id": (True, _task)},
     "done": {
         "task_id": (True, _task),
@@ -151,6 +175,7 @@ ADMIN_REQUESTS: dict[str, Schema] = {
     "tasks": {"env": (False, _optional(_env))},
     "queue": {},
     "status": {},
+    "mode": {"gpu": (False, _optional(_gpu)), "mode": (False, _optional(_one_of(*MODES)))},
     "reclaim": {"task_id": (True, _task)},
     "pause": {"task_id": (True, _task)},
     "resume": {"task_id": (True, _task)},

@@ -42,6 +42,10 @@ class GpuView:
     capacity: int  # bytes environments may be charged in all: memory less the reserve
     free: int  # capacity less what is charged now
     usable: bool = True  # False once NVML reports the GPU lost
+    # A time-sliced GPU (docs/timeslicing.md): the charge this request would add to it,
+    # whether new to the environment or not. None: a shared GPU, charged the
+    # environment's memory quota when new to it and nothing when reused.
+    extra: int | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,8 @@ class Ask:
     memory_hint: int | None = None  # per-GPU bytes the task says it needs
     # The only GPUs the task may get (the user's CUDA_VISIBLE_DEVICES); None: any.
     allowed: frozenset[int] | None = None
+    # Time-sliced GPUs: the task's estimated (persistent, temporary) bytes per GPU.
+    estimate: tuple[int, int] | None = None
 
 
 def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusal:
@@ -87,6 +93,13 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
             f"the task says it needs {ask.memory_hint} bytes per GPU but this environment's "
             f"memory quota is {ask.memory} bytes per GPU; ask for less or ask an admin "
             "to raise the quota",
+        )
+    if ask.estimate is not None and sum(ask.estimate) > ask.memory:
+        return Refusal(
+            QUOTA_EXCEEDED,
+            f"the task estimates {ask.estimate[0]} persistent and {ask.estimate[1]} temporary "
+            f"bytes per GPU but this environment's memory quota is {ask.memory} bytes per GPU; "
+            "ask for less or ask an admin to raise the quota",
         )
     # The seed's first failure (new_allowed == 0 and used < need) implies
     # need > quota: it can never succeed, so it is refused as such here.
@@ -127,7 +140,10 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
         (
             i
             for i in ask.env_gpus
-            if i in by_index and by_index[i].usable and (allowed is None or i in allowed)
+            if i in by_index
+            and by_index[i].usable
+            and (allowed is None or i in allowed)
+            and _room(by_index[i], None)
         ),
         key=lambda i: (by_index[i].tasks, i),
     )
@@ -148,7 +164,7 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
         (
             g
             for g in usable
-            if g.index not in ask.env_gpus and g.tasks < threshold and g.free >= ask.memory
+            if g.index not in ask.env_gpus and g.tasks < threshold and _room(g, ask.memory)
         ),
         key=lambda g: (-g.free, g.tasks, g.index),
     )[:new_allowed]
@@ -168,6 +184,15 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
         )
     new = tuple(g.index for g in candidates)
     return Choice(new + tuple(reusable[:reuse]), new)
+
+
+def _room(g: GpuView, charge: int | None) -> bool:
+    """Whether ``g`` can take the task: a shared GPU's free memory holds ``charge`` (the
+    quota, for a GPU new to the environment; None: one it holds, shared without a check);
+    a time-sliced GPU's free memory holds what the task adds to its charge."""
+    if g.extra is not None:
+        return g.free >= g.extra
+    return charge is None or g.free >= charge
 
 
 def _names(allowed: frozenset[int]) -> str:

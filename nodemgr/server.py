@@ -24,7 +24,7 @@ from typing import Any
 import zmq
 
 from nodemgr import __version__, protocol
-from nodemgr.config import Access, Config
+from nodemgr.config import Access, Config, ConfigError
 from nodemgr.gpus import discover, lost_gpus, sim_spec
 from nodemgr.protocol import Err, ProtocolError
 from nodemgr.state import Env, Node, Task, process_start
@@ -96,7 +96,12 @@ class Server:
         except StoreError as e:
             self._unlock()
             raise StartupError(str(e)) from None
-        self.node = Node(config, gpus, simulated, store)
+        try:
+            self.node = Node(config, gpus, simulated, store)
+        except ConfigError as e:
+            store.close()
+            self._unlock()
+            raise StartupError(str(e)) from None
         self.ctx = zmq.Context()
         self.poller = zmq.Poller()
         self.admin: zmq.Socket[bytes] | None = None
@@ -133,6 +138,7 @@ class Server:
 
             self.metrics = Metrics(self)
             self.metrics.start()
+            self.node.on_switch = self.metrics.switched
         kind = "simulated" if self.node.simulated else "NVML"
         log.info(
             "nodemgr %s serving %d %s GPUs; admin endpoint %s",
@@ -246,6 +252,10 @@ class Server:
                     log.debug("reaped dead processes' slots in %s", env.name)
             self.node.settle_draining()
             self.node.sample()
+            # Time slicing: learn shapes (a charge that drops retries waiting requests),
+            # and take the turn from a holder past timeslice.turn_timeout.
+            self.node.read_regions()
+            self.node.expire_turns()
             if not self.node.simulated and now >= self._next_health:
                 self._next_health = now + self.config.health_interval
                 self._check_health()
@@ -383,6 +393,10 @@ class Server:
         if kind == "quota":
             e = node.env(env)
             return protocol.reply("quota", msg_id, env=e.name, gpus=e.gpus, memory=e.memory)
+        if kind == "yield":
+            started = time.perf_counter()
+            passed = node.yield_turn(env, body["task_id"], started)
+            return protocol.reply("turn", msg_id, task_id=body["task_id"], passed=passed)
         # done
         task = node.task(env, body["task_id"])
         reason = "killed" if body["signal"] is not None else "done"
@@ -401,6 +415,9 @@ class Server:
         allowed = node.restriction(body["devices"])
         pid = peer_pid(frame)
         pid_start = process_start(pid) if pid is not None else None
+        estimate = None
+        if body["persistent"] is not None:
+            estimate = (body["persistent"], body["temporary"] or 0)
         try:
             task = node.grant(
                 env,
@@ -411,6 +428,8 @@ class Server:
                 pid_start,
                 overtakes=node.queue,
                 allowed=allowed,
+                estimate=estimate,
+                guard=body["guard"],
             )
         except ProtocolError as e:
             wait = min(body["wait"] or 0.0, self.config.max_wait)
@@ -426,6 +445,8 @@ class Server:
                 wait,
                 (origin[0], origin[1], msg_id),
                 allowed,
+                estimate,
+                body["guard"],
             )
             if pid is not None:
                 try:
@@ -468,6 +489,7 @@ class Server:
             "heartbeat_timeout": self.config.heartbeat_timeout,
             "simulated": node.simulated,
             "sim_gpus": sim_spec(node.gpus) if node.simulated else None,
+            "timesliced": [i for i in task.gpus if node.timesliced(i)],
         }
 
     def _register(self, what: Watched, fd: int) -> None:
@@ -551,6 +573,12 @@ class Server:
             return protocol.reply(
                 "paused", msg_id, task_id=task.task_id, env=task.env, paused=paused
             )
+        if kind == "mode":
+            every = range(len(node.gpus))
+            indices = list(every) if body["gpu"] is None else [node.gpu_index(body["gpu"])]
+            if body["mode"] is not None:
+                node.set_mode(indices, body["mode"])
+            return protocol.reply("modes", msg_id, gpus=node.modes_view(indices))
         if kind == "history":
             limit = body["limit"] or 1000
             records = node.store.history(body["env"], body["since"], limit)

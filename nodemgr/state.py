@@ -13,15 +13,15 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nodemgr import scheduler
-from nodemgr.config import Config
+from nodemgr import scheduler, timeslice
+from nodemgr.config import Config, ConfigError
 from nodemgr.gpus import Gpu, resolve
-from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, SlotTotals
+from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, Regions, SlotTotals
 from nodemgr.protocol import Err, ProtocolError
 from nodemgr.store import Record, Store
 
@@ -64,6 +64,13 @@ class Task:
     restored: bool = False  # loaded at start-up; its client has not been heard since
     peak: int = 0
     launches: int = 0  # the most kernel launches its live processes counted at once
+    # Time slicing (docs/timeslicing.md): its request's estimate (persistent, temporary),
+    # the guard after its persistent slices, its place in the order of arrival, and its
+    # memory by region as the last sweep read it (tasks on time-sliced GPUs only).
+    estimate: tuple[int, int] | None = None
+    guard: int = 0
+    arrival: int = 0
+    regions: Regions | None = None
 
 
 @dataclass
@@ -83,6 +90,8 @@ class Waiter:
     allowed: frozenset[int] | None = None  # the only GPUs it may get; None: any
     bypassed: int = 0  # grants given to later requests while this one waited
     told: int = 0  # the position it was last told
+    estimate: tuple[int, int] | None = None  # request.persistent, request.temporary
+    guard: int | None = None  # request.guard; None: timeslice.guard
 
 
 def competes(w: Waiter, env: str, gpus: tuple[int, ...]) -> bool:
@@ -141,6 +150,39 @@ class Node:
         self._wids = 0
         # Set when something that could serve a waiter has changed.
         self.queue_dirty = False
+        # Time slicing: each GPU's mode and where it comes from, the turns, what each task's
+        # ledger entry was last told, and the hand-ons made per GPU.
+        self.modes: dict[int, tuple[str, str]] = self._initial_modes()
+        self.turns = timeslice.Turns()
+        self.gates: dict[str, timeslice.Gate] = {}
+        self.switches: dict[int, int] = {}
+        self.last_switch_ms: dict[int, float] = {}
+        # Called with (GPU index, seconds) for each hand-on; the server's metrics.
+        self.on_switch: Callable[[int, float], None] | None = None
+        self._arrivals = 0
+
+    def _initial_modes(self) -> dict[int, tuple[str, str]]:
+        """Per GPU index (mode, source): an admin's choice beats the config, which beats
+        the default."""
+        names = self.config.timeslice_gpus
+        if names == "all":
+            configured = frozenset(g.index for g in self.gpus)
+        else:
+            try:
+                configured = resolve(list(names), self.gpus) if names else frozenset()
+            except ValueError as e:
+                msg = str(e).replace("CUDA_VISIBLE_DEVICES (request.devices)", "timeslice.gpus")
+                raise ConfigError(msg.split(": fix or unset")[0]) from None
+        admin = self.store.gpu_modes()
+        modes = {}
+        for g in self.gpus:
+            if g.uuid in admin and admin[g.uuid] in timeslice.MODES:
+                modes[g.index] = (admin[g.uuid], "admin")
+            elif g.index in configured:
+                modes[g.index] = (timeslice.TIMESLICED, "config")
+            else:
+                modes[g.index] = (timeslice.SHARED, "default")
+        return modes
 
     # --- start-up ----------------------------------------------------------------
 
@@ -170,6 +212,8 @@ class Node:
                 last_seen=now,
                 restored=True,
                 peak=rec.peak,
+                guard=self.config.guard,
+                arrival=self._arrive(),
             )
             self.tasks[task.task_id] = task
             for index in task.gpus:
@@ -186,6 +230,8 @@ class Node:
                         env.draining.add(index)
         if restored:
             log.info("restored %d running tasks; waiting for their clients", len(restored))
+        self.read_regions()
+        self.retime(time.perf_counter())
         return restored
 
     def _restore_entries(self, env: Env) -> None:
@@ -269,13 +315,193 @@ class Node:
     # --- grants ------------------------------------------------------------------------
 
     def charged(self, index: int) -> int:
-        """Memory promised on a GPU: each holding environment's per-GPU quota, and what
-        draining environments still hold there."""
+        """Memory promised on a GPU: each holding environment's per-GPU quota (on a
+        time-sliced GPU, its regions' charge instead), and what draining environments
+        still hold there."""
+        if self.timesliced(index):
+            draining = sum(
+                e.ledger.used(index)
+                for e in self.envs.values()
+                if index in e.draining and index not in e.held
+            )
+            return self.region_charge(index).total + draining
         return sum(
             e.memory if index in e.held else e.ledger.used(index)
             for e in self.envs.values()
             if index in e.held or index in e.draining
         )
+
+    # --- time slicing (docs/timeslicing.md; decisions in nodemgr.timeslice) ---------------
+
+    def _arrive(self) -> int:
+        self._arrivals += 1
+        return self._arrivals
+
+    def mode(self, index: int) -> str:
+        return self.modes[index][0]
+
+    def timesliced(self, index: int) -> bool:
+        return self.modes[index][0] == timeslice.TIMESLICED
+
+    def _quotas(self) -> dict[str, int]:
+        return {e.name: e.memory for e in self.envs.values()}
+
+    def members(self, index: int) -> list[timeslice.Member]:
+        """The tasks on GPU ``index`` in order of arrival, with what is known of their
+        memory there."""
+        out = []
+        for t in sorted(self.tasks.values(), key=lambda t: t.arrival):
+            if index not in t.gpus:
+                continue
+            r = t.regions
+            if r is None or index >= len(r.used):
+                out.append(timeslice.Member(t.task_id, t.env, t.guard, t.estimate))
+                continue
+            out.append(
+                timeslice.Member(
+                    t.task_id,
+                    t.env,
+                    t.guard,
+                    t.estimate,
+                    r.used[index],
+                    r.persistent[index],
+                    r.temp_peak[index],
+                    r.settled[index],
+                    r.iterations,
+                    r.releases,
+                )
+            )
+        return out
+
+    def region_charge(self, index: int) -> timeslice.Charge:
+        return timeslice.charge(self.members(index), self._quotas())
+
+    def read_regions(self) -> None:
+        """Read the regions of every task on a time-sliced GPU from its ledger; a GPU whose
+        charge dropped may now admit a waiting request."""
+        sliced = [g.index for g in self.gpus if self.timesliced(g.index)]
+        if not sliced:
+            return
+        before = {i: self.region_charge(i).total for i in sliced}
+        for t in self.tasks.values():
+            if any(i in sliced for i in t.gpus):
+                t.regions = self.envs[t.env].ledger.task_regions(t.task_id)
+            else:
+                t.regions = None
+        if any(self.region_charge(i).total < before[i] for i in sliced):
+            self.queue_dirty = True
+
+    def _situation(self) -> timeslice.Situation:
+        on: dict[int, list[str]] = {}
+        for t in sorted(self.tasks.values(), key=lambda t: t.arrival):
+            for i in t.gpus:
+                if self.timesliced(i):
+                    on.setdefault(i, []).append(t.task_id)
+        iterations = {}
+        for t in self.tasks.values():
+            if any(i in on for i in t.gpus):
+                entry = self.envs[t.env].ledger.task_entry(t.task_id)
+                iterations[t.task_id] = entry.iterations if entry is not None else 0
+        return timeslice.Situation(
+            on,
+            {t.task_id: t.gpus for t in self.tasks.values()},
+            iterations,
+            time.monotonic(),
+            self.config.quantum,
+        )
+
+    def _apply(self, plan: timeslice.Plan, started: float) -> None:
+        """Write what changed of each task's gate, turn and flags into its ledger entry:
+        first every task that must wait, then those whose turn it is, so two never run
+        at once; then count the hand-ons, timed from ``started`` (perf_counter)."""
+        self.turns = plan.turns
+        changed = [(tid, g) for tid, g in plan.gates.items() if self.gates.get(tid) != g]
+        changed.sort(key=lambda c: not c[1].gated)
+        for task_id, gate in changed:
+            task = self.tasks.get(task_id)
+            if task is None:
+                continue
+            ledger = self.envs[task.env].ledger
+            try:
+                if gate.gated:
+                    ledger.task_gate(task_id, True)
+                    ledger.task_turn(task_id, 0, gate.flags)
+                else:
+                    ledger.task_turn(task_id, gate.turn_until, gate.flags)
+                    ledger.task_gate(task_id, False)
+            except LedgerError as e:
+                log.debug("task %s cannot take turns: %s", task_id, e)
+        self.gates = dict(plan.gates)
+        if plan.handed:
+            seconds = time.perf_counter() - started
+            for index in plan.handed:
+                self.switches[index] = self.switches.get(index, 0) + 1
+                self.last_switch_ms[index] = seconds * 1000
+                holder = plan.turns.gpus[index].holder
+                log.debug("GPU %d: turn to %s in %.3f ms", index, holder, seconds * 1000)
+                if self.on_switch is not None:
+                    self.on_switch(index, seconds)
+
+    def retime(self, started: float) -> None:
+        """Bring the turns in line with the tasks and modes now (after a grant, a release,
+        a mode change); ``started``: when the event began (perf_counter)."""
+        self._apply(timeslice.settle(self.turns, self._situation()), started)
+
+    def yield_turn(self, env_name: str, task_id: str, started: float) -> bool:
+        """The task yields: each turn it holds goes on; whether one did."""
+        task = self.task(env_name, task_id)
+        plan = timeslice.yield_turn(self.turns, self._situation(), task.task_id)
+        self._apply(plan, started)
+        return plan.passed
+
+    def expire_turns(self) -> None:
+        """Pass on the turns held longer than timeslice.turn_timeout."""
+        started = time.perf_counter()
+        plan = timeslice.expire(self.turns, self._situation(), self.config.turn_timeout)
+        self._apply(plan, started)
+
+    def gpu_index(self, name: int | str) -> int:
+        """The GPU an admin names by index or UUID (or a prefix of one), or ProtocolError."""
+        if isinstance(name, int):
+            if name >= len(self.gpus):
+                raise ProtocolError(
+                    Err.BAD_REQUEST,
+                    f"no GPU {name} on this node (`nodemgr status` lists its GPUs)",
+                )
+            return name
+        try:
+            [index] = resolve([name], self.gpus)
+        except ValueError:
+            raise ProtocolError(
+                Err.BAD_REQUEST,
+                f"{name!r} names no single GPU of this node (`nodemgr status` lists them)",
+            ) from None
+        return index
+
+    def set_mode(self, indices: Sequence[int], mode: str) -> None:
+        """An admin's mode for these GPUs: kept in the database, applied at once."""
+        started = time.perf_counter()
+        now = time.time()
+        for index in indices:
+            self.store.put_gpu_mode(self.gpus[index].uuid, mode, now)
+            old = self.modes[index][0]
+            self.modes[index] = (mode, "admin")
+            if old != mode:
+                log.info("GPU %d is now %s", index, mode)
+        self.read_regions()
+        self.retime(started)
+        self.queue_dirty = True
+
+    def modes_view(self, indices: Sequence[int]) -> list[dict[str, object]]:
+        return [
+            {
+                "index": i,
+                "uuid": self.gpus[i].uuid,
+                "mode": self.modes[i][0],
+                "source": self.modes[i][1],
+            }
+            for i in indices
+        ]
 
     def settle_draining(self) -> None:
         for env in self.envs.values():
@@ -287,10 +513,16 @@ class Node:
     def tasks_on(self, index: int) -> int:
         return sum(len(e.held.get(index, ())) for e in self.envs.values())
 
-    def views(self) -> list[scheduler.GpuView]:
+    def views(self, new: timeslice.Member | None = None) -> list[scheduler.GpuView]:
+        """Every GPU as the scheduler sees it; with ``new`` (a request, its task id
+        empty), each time-sliced GPU also says what that request would add to its charge."""
         out = []
+        quotas = self._quotas()
         for g in self.gpus:
             capacity = max(0, g.memory - self.config.memory_reserve)
+            extra = None
+            if new is not None and self.timesliced(g.index):
+                extra = timeslice.extra(self.members(g.index), quotas, new)
             out.append(
                 scheduler.GpuView(
                     g.index,
@@ -298,6 +530,7 @@ class Node:
                     capacity,
                     capacity - self.charged(g.index),
                     g.index not in self.lost,
+                    extra,
                 )
             )
         return out
@@ -312,7 +545,13 @@ class Node:
             raise ProtocolError(Err.BAD_REQUEST, str(e)) from None
 
     def decide(
-        self, env: Env, need: int, memory: int | None, allowed: frozenset[int] | None = None
+        self,
+        env: Env,
+        need: int,
+        memory: int | None,
+        allowed: frozenset[int] | None = None,
+        estimate: tuple[int, int] | None = None,
+        guard: int | None = None,
     ) -> scheduler.Choice | scheduler.Refusal:
         ask = scheduler.Ask(
             need,
@@ -321,8 +560,13 @@ class Node:
             {i: len(t) for i, t in env.held.items()},
             memory,
             allowed,
+            estimate,
         )
-        return scheduler.select(ask, self.views(), self.config.task_threshold)
+        new = timeslice.Member("", env.name, self._guard(guard), estimate)
+        return scheduler.select(ask, self.views(new), self.config.task_threshold)
+
+    def _guard(self, guard: int | None) -> int:
+        return self.config.guard if guard is None else guard
 
     def grant(
         self,
@@ -334,6 +578,8 @@ class Node:
         pid_start: int | None = None,
         overtakes: Sequence[Waiter] = (),
         allowed: frozenset[int] | None = None,
+        estimate: tuple[int, int] | None = None,
+        guard: int | None = None,
     ) -> Task:
         """Grant a task, or raise ProtocolError (retryable when the code is no_resources).
 
@@ -341,10 +587,12 @@ class Node:
         competes with (``competes``: all, unless restricted to some GPUs) count
         one more overtaking each if it is made, and it is not made if one of
         them has been overtaken too often already. ``allowed``: the only GPUs
-        it may get (None: any).
+        it may get (None: any). ``estimate`` and ``guard``: the task's shape and guard
+        on time-sliced GPUs (docs/timeslicing.md).
         """
+        started = time.perf_counter()
         env = self.env(env_name)
-        decision = self.decide(env, need, memory, allowed)
+        decision = self.decide(env, need, memory, allowed, estimate, guard)
         if isinstance(decision, scheduler.Refusal):
             raise ProtocolError(decision.code, decision.message)
         passed = [w for w in overtakes if competes(w, env.name, decision.gpus)]
@@ -364,6 +612,9 @@ class Node:
             command=command,
             started=time.time(),
             last_seen=time.monotonic(),
+            estimate=estimate,
+            guard=self._guard(guard),
+            arrival=self._arrive(),
         )
         self.store.task_started(
             Record(
@@ -390,6 +641,8 @@ class Node:
         for index in decision.new:
             env.ledger.set_limit(index, env.memory)
         self.tasks[task.task_id] = task
+        # Before the grant leaves: on a gated GPU its first allocation must wait its turn.
+        self.retime(started)
         for w in passed:
             w.bypassed += 1
         log.info("grant %s env=%s gpus=%s pid=%s", task.task_id, env.name, task.gpus, pid)
@@ -406,6 +659,7 @@ class Node:
 
     def release(self, task_id: str, reason: str, exit_code: int | None = None) -> Task | None:
         """Give back what a task holds and record why; None if it was already gone."""
+        started = time.perf_counter()
         task = self.tasks.pop(task_id, None)
         if task is None:
             return None
@@ -426,6 +680,9 @@ class Node:
                 del env.held[index]
                 env.ledger.set_limit(index, 0)
                 env.draining.add(index)
+        # Its turns go on at once (a holder that has gone hands on).
+        self.gates.pop(task_id, None)
+        self.retime(started)
         self.store.task_ended(task_id, time.time(), reason, task.peak, exit_code)
         self.queue_dirty = True
         log.info("release %s env=%s reason=%s", task_id, task.env, reason)
@@ -482,6 +739,8 @@ class Node:
         wait: float,
         reply_to: Any,
         allowed: frozenset[int] | None = None,
+        estimate: tuple[int, int] | None = None,
+        guard: int | None = None,
     ) -> Waiter:
         """Put a request at the end of the queue; it is told its position at once."""
         self._wids += 1
@@ -499,6 +758,8 @@ class Node:
             reply_to=reply_to,
             allowed=allowed,
             told=len(self.queue) + 1,
+            estimate=estimate,
+            guard=guard,
         )
         self.queue.append(w)
         return w
@@ -529,6 +790,8 @@ class Node:
                     w.pid_start,
                     self.queue[:i],
                     w.allowed,
+                    w.estimate,
+                    w.guard,
                 )
             except ProtocolError as e:
                 if e.code != Err.NO_RESOURCES:
@@ -579,7 +842,26 @@ class Node:
             "attached": not task.restored,
             "paused": entry is not None and entry.paused,
             "last_launch": stamped / 1e9 if stamped else None,
+            "gated": entry is not None and entry.gated,
+            "iterations": entry.iterations if entry is not None else 0,
+            "regions": self._task_regions(task),
         }
+
+    def _task_regions(self, task: Task) -> list[dict[str, int]]:
+        sliced = [i for i in task.gpus if self.timesliced(i)]
+        if not sliced:
+            return []
+        r = self.envs[task.env].ledger.task_regions(task.task_id)
+        return [
+            {
+                "gpu": i,
+                "persistent": r.persistent[i],
+                "temporary": r.temporary(i),
+                "temporary_peak": r.temp_peak[i],
+                "settled": r.settled[i],
+            }
+            for i in sliced
+        ]
 
     def tasks_view(self, env: str | None) -> list[dict[str, object]]:
         usage = {
@@ -622,6 +904,9 @@ class Node:
                     "tasks": view.tasks,
                     "envs": sorted(holders),
                     "lost": g.index in self.lost,
+                    "mode": self.mode(g.index),
+                    "regions": self._regions_view(g.index),
+                    "turn": self._turn_view(g.index),
                 }
             )
         return {
@@ -634,6 +919,42 @@ class Node:
             "waiting": len(self.queue),
             "task_threshold": self.config.task_threshold,
             "gpus": gpus,
+        }
+
+    def _regions_view(self, index: int) -> dict[str, object] | None:
+        if not self.timesliced(index):
+            return None
+        members = self.members(index)
+        c = timeslice.charge(members, self._quotas())
+        return {
+            "persistent": c.persistent,
+            "temporary": c.temporary,
+            "temporary_used": sum(m.temporary for m in members),
+            "temporary_peak": max((m.temp_peak for m in members), default=0),
+            "slices": [
+                {
+                    "task_id": x.task_id,
+                    "offset": x.offset,
+                    "persistent": x.persistent,
+                    "temporary": x.temporary,
+                    "guard": x.guard,
+                    "shape": x.shape,
+                }
+                for x in c.slices
+            ],
+        }
+
+    def _turn_view(self, index: int) -> dict[str, object] | None:
+        turn = self.turns.gpus.get(index)
+        if turn is None:
+            return None
+        return {
+            "holder": turn.holder,
+            "held_for": time.monotonic() - turn.since if turn.holder is not None else 0.0,
+            "quantum": self.config.quantum,
+            "order": turn.order(),
+            "switches": self.switches.get(index, 0),
+            "last_switch_ms": self.last_switch_ms.get(index),
         }
 
     def close(self) -> None:

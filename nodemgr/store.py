@@ -39,6 +39,11 @@ CREATE TABLE IF NOT EXISTS tasks (
     peak      INTEGER NOT NULL DEFAULT 0,
     exit_code INTEGER
 );
+CREATE TABLE IF NOT EXISTS gpu_modes (
+    uuid    TEXT PRIMARY KEY,         -- the GPU's UUID (GPU-...)
+    mode    TEXT NOT NULL,            -- "shared" or "timesliced", set by an admin
+    updated REAL NOT NULL
+);
 CREATE INDEX IF NOT EXISTS tasks_running ON tasks (task_id) WHERE ended IS NULL;
 CREATE INDEX IF NOT EXISTS tasks_started ON tasks (started);
 """
@@ -168,6 +173,22 @@ class Store:
     def delete_env(self, name: str) -> None:
         with self._durable() as db:
             db.execute("DELETE FROM envs WHERE name = ?", (name,))
+
+    # --- GPU modes (docs/timeslicing.md) ----------------------------------------
+
+    def gpu_modes(self) -> dict[str, str]:
+        """The mode an admin set, per GPU UUID."""
+        rows = self.db.execute("SELECT uuid, mode FROM gpu_modes").fetchall()
+        return {str(u): str(m) for u, m in rows}
+
+    def put_gpu_mode(self, uuid: str, mode: str, now: float) -> None:
+        with self._durable() as db:
+            db.execute(
+                "INSERT INTO gpu_modes (uuid, mode, updated) VALUES (?, ?, ?) "
+                "ON CONFLICT (uuid) DO UPDATE SET mode = excluded.mode, "
+                "updated = excluded.updated",
+                (uuid, mode, now),
+            )
 
     # --- records ---------------------------------------------------------------
 

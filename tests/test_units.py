@@ -66,9 +66,23 @@ def test_validate_types_ranges_and_unknowns() -> None:
         {"v": 1, "type": "request", "id": 1, "gpus": 2, "extra": "ignored"},
         protocol.TASK_REQUESTS,
     )
-    assert ok == {"gpus": 2, "memory": None, "command": None, "wait": None, "devices": None}
+    assert ok == {
+        "gpus": 2,
+        "memory": None,
+        "command": None,
+        "wait": None,
+        "devices": None,
+        "persistent": None,
+        "temporary": None,
+        "guard": None,
+    }
     for msg, code in [
         ({"type": "request"}, Err.BAD_REQUEST),
+        ({"type": "request", "gpus": 1, "persistent": -1}, Err.BAD_REQUEST),
+        ({"type": "request", "gpus": 1, "temporary": "1GiB"}, Err.BAD_REQUEST),
+        ({"type": "request", "gpus": 1, "guard": (1 << 40) + 1}, Err.BAD_REQUEST),
+        ({"type": "yield"}, Err.BAD_REQUEST),
+        ({"type": "yield", "task_id": "../x"}, Err.BAD_REQUEST),
         ({"type": "request", "gpus": 0}, Err.BAD_REQUEST),
         ({"type": "request", "gpus": True}, Err.BAD_REQUEST),
         ({"type": "request", "gpus": 1, "memory": -5}, Err.BAD_REQUEST),
@@ -126,6 +140,37 @@ def test_config_defaults_and_errors(tmp_path: Path) -> None:
             config.load(f)
     with pytest.raises(config.ConfigError, match="does not exist"):
         config.load(tmp_path / "missing.toml")
+
+
+def test_timeslice_config_defaults_and_errors(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[node]\n")
+    c = config.load(f)
+    assert (c.timeslice_gpus, c.quantum, c.turn_timeout, c.guard) == ((), 4, 10.0, 100 << 20)
+    f.write_text(
+        '[timeslice]\ngpus = [0, "2", "GPU-8e2c1234"]\nquantum = 2\nturn_timeout = 3\n'
+        'guard = "1GiB"\n'
+    )
+    c = config.load(f)
+    assert c.timeslice_gpus == ("0", "2", "GPU-8e2c1234")
+    assert (c.quantum, c.turn_timeout, c.guard) == (2, 3.0, 1 << 30)
+    f.write_text('[timeslice]\ngpus = "all"\n')
+    assert config.load(f).timeslice_gpus == "all"
+    for text, needle in [
+        ('[timeslice]\ngpus = "some"\n', "timeslice.gpus"),
+        ("[timeslice]\ngpus = [-1]\n", "timeslice.gpus"),
+        ('[timeslice]\ngpus = ["MIG-1234"]\n', "timeslice.gpus"),
+        ("[timeslice]\ngpus = [true]\n", "timeslice.gpus"),
+        ("[timeslice]\nquantum = 0\n", "timeslice.quantum"),
+        ("[timeslice]\nquantum = 1.5\n", "timeslice.quantum"),
+        ("[timeslice]\nturn_timeout = 0\n", "timeslice.turn_timeout"),
+        ("[timeslice]\nturn_timeout = 'x'\n", "timeslice.turn_timeout"),
+        ("[timeslice]\nguard = 'lots'\n", "timeslice.guard"),
+        ("[timeslice]\nslices = 3\n", "unknown key timeslice.slices"),
+    ]:
+        f.write_text(text)
+        with pytest.raises(config.ConfigError, match=needle):
+            config.load(f)
 
 
 def test_access_config_names_ids_and_errors(tmp_path: Path) -> None:

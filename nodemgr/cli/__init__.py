@@ -6,6 +6,7 @@ import click
 
 from nodemgr import __version__
 from nodemgr.cli.history import history
+from nodemgr.cli.mode import mode
 from nodemgr.cli.pause import pause
 from nodemgr.cli.quota import quota
 from nodemgr.cli.reclaim import reclaim
@@ -38,6 +39,7 @@ cli.add_command(reclaim)
 cli.add_command(pause)
 cli.add_command(resume)
 cli.add_command(top)
+cli.add_command(mode)
 
 
 def main() -> None:

@@ -82,8 +82,11 @@ def print_table(headers: list[str], rows: list[list[str]]) -> None:
 
 
 def task_state(task: dict[str, Any]) -> str:
-    """A task's STATE column: paused (its launches held) or running."""
-    return "paused" if task.get("paused") else "running"
+    """A task's STATE column: paused (an operator holds its launches), gated (waiting for a
+    time-sliced GPU's turn) or running."""
+    if task.get("paused"):
+        return "paused"
+    return "gated" if task.get("gated") else "running"
 
 
 def launched(task: dict[str, Any], now: float | None = None) -> str:

@@ -31,6 +31,50 @@ def snapshot(conn: Connection) -> dict[str, Any]:
     }
 
 
+def timesliced_lines(gpus: list[dict[str, Any]]) -> list[str]:
+    """Per time-sliced GPU: its regions, then its tasks in the order of the turn (holder
+    first), each with its slice."""
+    lines: list[str] = []
+    for g in gpus:
+        regions = g.get("regions")
+        if g.get("mode") != "timesliced" or regions is None:
+            continue
+        turn = g.get("turn")
+        head = (
+            f"GPU {g['index']} time-sliced: persistent {format_size(regions['persistent'])}"
+            f", temporary {format_size(regions['temporary'])}"
+            f" ({format_size(regions['temporary_used'])} in use)"
+        )
+        if turn is not None:
+            head += f", quantum {turn['quantum']}, {turn['switches']} switches"
+        lines += ["", head]
+        slices = {x["task_id"]: x for x in regions["slices"]}
+        order = turn["order"] if turn is not None else list(slices)
+        rows = []
+        for task_id in order:
+            x = slices.get(task_id)
+            if x is None:
+                continue
+            if turn is None:
+                state = "alone"
+            elif task_id == turn["holder"]:
+                state = f"holder {turn['held_for']:.1f}s"
+            else:
+                state = "waiting"
+            rows.append(
+                [
+                    task_id,
+                    state,
+                    format_size(x["persistent"]),
+                    format_size(x["temporary"]),
+                    format_size(x["guard"]),
+                    x["shape"],
+                ]
+            )
+        lines += format_table(["TASK", "TURN", "PERSISTENT", "TEMPORARY", "GUARD", "SHAPE"], rows)
+    return lines
+
+
 def render(snap: dict[str, Any], width: int = 120) -> str:
     st, quotas, tasks, queue = snap["status"], snap["quotas"], snap["tasks"], snap["queue"]
     kind = "simulated" if st["simulated"] else "NVML"
@@ -53,6 +97,7 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
             for g in st["gpus"]
         ],
     )
+    lines += timesliced_lines(st["gpus"])
     per_env: dict[str, list[dict[str, Any]]] = {}
     for t in tasks:
         per_env.setdefault(t["env"], []).append(t)

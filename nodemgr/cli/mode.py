@@ -1,0 +1,39 @@
+"""``nodemgr mode``: show or change whether GPUs are shared or time-sliced."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
+
+MODES = ("shared", "timesliced")
+
+
+@click.command()
+@click.argument("gpu", required=False)
+@click.argument("mode", required=False, type=click.Choice(MODES))
+@config_option
+@json_option
+def mode(gpu: str | None, mode: str | None, config_path: str | None, as_json: bool) -> None:
+    """Show every GPU's mode, or GPU's; with MODE, set it.
+
+    GPU is an index or a UUID as `nodemgr status` shows them, or "all". MODE is
+    "shared" (tasks run concurrently, each environment charged its quota) or
+    "timesliced" (tasks take turns; docs/timeslicing.md). A mode set here is
+    kept across restarts and wins over the config's timeslice.gpus.
+    """
+    fields: dict[str, Any] = {}
+    if gpu is not None and gpu != "all":
+        fields["gpu"] = int(gpu) if gpu.isdigit() else gpu
+    if mode is not None:
+        fields["mode"] = mode
+    reply = admin_call(config_path, "mode", **fields)
+    if as_json:
+        print_json(reply["gpus"])
+        return
+    print_table(
+        ["GPU", "UUID", "MODE", "SOURCE"],
+        [[str(g["index"]), g["uuid"], g["mode"], g["source"]] for g in reply["gpus"]],
+    )

@@ -1,0 +1,314 @@
+"""Time-sliced GPUs, seed 002 (docs/timeslicing.md): state in, decision out, no I/O.
+
+Two parts, both pure:
+
+* **Regions**: a task's shape on a GPU (``shape``), a time-sliced GPU's charge
+  and the placement of its slices (``charge``), and what a new request would
+  add to it (``extra``), for admission by nodemgr.scheduler.
+* **Turns**: who holds each gated GPU's turn (a time-sliced GPU with two or
+  more tasks), in which order the others get it, and what each task's ledger
+  entry must say (``Gate``). ``settle`` follows grants, releases, mode changes;
+  ``yield_turn`` a task's ``yield``; ``expire`` applies ``turn_timeout``. Each
+  returns a ``Plan`` that nodemgr.state writes to the ledgers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+SHARED = "shared"
+TIMESLICED = "timesliced"
+MODES = (SHARED, TIMESLICED)
+
+LEARNED = "learned"
+ESTIMATE = "estimate"
+UNKNOWN = "unknown"
+
+# GS_TASK_TIMESLICED (shim/ledger_layout.h): the task runs on a time-sliced GPU.
+FLAG_TIMESLICED = 1
+
+
+# --- regions -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Member:
+    """A task on one time-sliced GPU, as nodemgr knows it."""
+
+    task_id: str
+    env: str
+    guard: int  # bytes kept free after its persistent slice
+    estimate: tuple[int, int] | None = None  # the request's (persistent, temporary)
+    # Measured on this GPU, summed over the task's live processes (nodemgr.ledger.Regions).
+    used: int = 0
+    persistent: int = 0
+    temp_peak: int = 0
+    settled: int = 0
+    iterations: int = 0  # the most boundaries one of its processes reported
+    releases: int = 0  # the fewest releases one iterating process made
+
+    @property
+    def temporary(self) -> int:
+        """Temporary bytes it holds now."""
+        return max(0, self.used - self.persistent)
+
+
+@dataclass(frozen=True)
+class Shape:
+    persistent: int
+    temporary: int
+    kind: str  # LEARNED, ESTIMATE or UNKNOWN
+
+
+def shape(m: Member, quota: int) -> Shape:
+    """The task's (persistent, temporary) figures on the GPU.
+
+    Learned once it released once and reported a second boundary; else its
+    request's estimate; else unknown: its environment's quota, all persistent.
+    A task that has reported no boundary is charged at least all it holds, as
+    persistent: nothing of it is known to be temporary.
+    """
+    if m.releases >= 1 and m.iterations >= 2:
+        s = Shape(m.settled, m.temp_peak, LEARNED)
+    elif m.estimate is not None:
+        s = Shape(m.estimate[0], m.estimate[1], ESTIMATE)
+    else:
+        s = Shape(quota, 0, UNKNOWN)
+    if m.iterations == 0 and m.used > s.persistent:
+        s = Shape(m.used, s.temporary, s.kind)
+    return s
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A task's place in a GPU's persistent region."""
+
+    task_id: str
+    offset: int  # bytes from the region's start
+    persistent: int
+    temporary: int
+    guard: int
+    shape: str
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What a time-sliced GPU is charged."""
+
+    persistent: int  # per environment min(quota, its slices and guards), summed
+    temporary: int  # the largest temporary figure of its tasks
+    slices: tuple[Slice, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return self.persistent + self.temporary
+
+
+def charge(members: Sequence[Member], quotas: Mapping[str, int]) -> Charge:
+    """The GPU's charge and its slices, placed in the order of ``members`` (arrival)."""
+    per_env: dict[str, int] = {}
+    temporary = 0
+    offset = 0
+    slices = []
+    for m in members:
+        s = shape(m, quotas[m.env])
+        per_env[m.env] = per_env.get(m.env, 0) + s.persistent + m.guard
+        temporary = max(temporary, s.temporary)
+        slices.append(Slice(m.task_id, offset, s.persistent, s.temporary, m.guard, s.kind))
+        offset += s.persistent + m.guard
+    persistent = sum(min(quotas[env], n) for env, n in per_env.items())
+    return Charge(persistent, temporary, tuple(slices))
+
+
+def extra(members: Sequence[Member], quotas: Mapping[str, int], new: Member) -> int:
+    """The charge a new task ``new`` would add to the GPU (0 when its environment is at its
+    quota there and its temporary figure is no larger than the GPU's)."""
+    return charge([*members, new], quotas).total - charge(members, quotas).total
+
+
+# --- turns ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuTurn:
+    """One gated GPU's turn."""
+
+    holder: str | None  # None only between turns
+    since: float  # when the holder got the turn (monotonic seconds)
+    held: Mapping[str, float]  # per task: turn time before the holder's current turn
+    waiting: Mapping[str, float]  # per task other than the holder: since when it waits
+    arrival: tuple[str, ...]  # the GPU's tasks in order of arrival (last tie-break)
+
+    def held_now(self, task_id: str, now: float) -> float:
+        """The task's turn time on this GPU so far, the current turn included."""
+        ongoing = now - self.since if task_id == self.holder else 0.0
+        return self.held.get(task_id, 0.0) + ongoing
+
+    def order(self) -> list[str]:
+        """The holder, then the others in the order they get the turn next."""
+        rank = {t: i for i, t in enumerate(self.arrival)}
+        rest = sorted(
+            self.waiting, key=lambda t: (self.held.get(t, 0.0), self.waiting[t], rank.get(t, 0))
+        )
+        return ([self.holder] if self.holder is not None else []) + rest
+
+
+@dataclass(frozen=True)
+class Turns:
+    """Every gated GPU's turn, and the turn_until of each task that holds all of its."""
+
+    gpus: Mapping[int, GpuTurn] = field(default_factory=dict)
+    until: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What the turns depend on, as nodemgr sees it now."""
+
+    on: Mapping[int, Sequence[str]]  # time-sliced GPU -> its tasks in order of arrival
+    tasks: Mapping[str, Sequence[int]]  # every running task -> its GPUs
+    iterations: Mapping[str, int]  # task -> boundaries its ledger entry counts
+    now: float  # monotonic seconds
+    quantum: int  # iterations per turn
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What a task's ledger entry must say."""
+
+    gated: bool  # GS_PAUSE_TURN: another task holds one of its gated GPUs' turn
+    turn_until: int  # the boundary count that ends its turn; 0: not its turn / not gated
+    flags: int  # GS_TASK_* bits
+
+
+@dataclass(frozen=True)
+class Plan:
+    turns: Turns
+    gates: Mapping[str, Gate]  # every task of the situation
+    handed: tuple[int, ...] = ()  # GPUs whose turn went on to another task
+    passed: bool = False  # yield_turn: some turn of the task went to another task
+
+
+def _next(turn: GpuTurn, exclude: str | None) -> str | None:
+    for t in turn.order():
+        if t != turn.holder and t != exclude:
+            return t
+    return None
+
+
+def _hand_on(turn: GpuTurn, now: float, to: str | None) -> GpuTurn:
+    """End the holder's turn (if any) and give it to ``to``; the old holder waits."""
+    held = dict(turn.held)
+    waiting = dict(turn.waiting)
+    if turn.holder is not None:
+        held[turn.holder] = turn.held_now(turn.holder, now)
+        waiting[turn.holder] = now
+    if to is not None:
+        waiting.pop(to, None)
+    return GpuTurn(to, now, held, waiting, turn.arrival)
+
+
+def _join(old: GpuTurn | None, tasks: Sequence[str], now: float) -> GpuTurn:
+    """The GPU's turn with exactly ``tasks`` on it: departed ones dropped (a departed holder
+    leaves the GPU between turns), new ones waiting from now with the least turn time of
+    the others; a turn between holders is given to the next task."""
+    if old is None:
+        turn = GpuTurn(None, now, dict.fromkeys(tasks, 0.0), dict.fromkeys(tasks, now), ())
+    else:
+        present = [t for t in tasks if t in old.held or t == old.holder]
+        least = min((old.held_now(t, now) for t in present), default=0.0)
+        held = {t: old.held.get(t, 0.0) for t in present}
+        waiting = {t: old.waiting[t] for t in present if t != old.holder and t in old.waiting}
+        holder = old.holder if old.holder in tasks else None
+        since = old.since if holder is not None else now
+        for t in tasks:
+            if t not in held:
+                held[t] = least
+                waiting[t] = now
+            elif t != holder and t not in waiting:
+                waiting[t] = now
+        turn = GpuTurn(holder, since, held, waiting, ())
+    turn = GpuTurn(turn.holder, turn.since, turn.held, turn.waiting, tuple(tasks))
+    if turn.holder is None:
+        turn = _hand_on(turn, now, _next(turn, None))
+    return turn
+
+
+def _reconcile(prev: Turns, s: Situation) -> dict[int, GpuTurn]:
+    return {
+        gpu: _join(prev.gpus.get(gpu), tasks, s.now)
+        for gpu, tasks in s.on.items()
+        if len(tasks) >= 2
+    }
+
+
+def _plan(
+    prev: Turns,
+    s: Situation,
+    gpus: dict[int, GpuTurn],
+    renewed: frozenset[str] = frozenset(),
+    passed: bool = False,
+) -> Plan:
+    until: dict[str, int] = {}
+    gates: dict[str, Gate] = {}
+    for task_id, its in s.tasks.items():
+        flags = FLAG_TIMESLICED if any(g in s.on for g in its) else 0
+        gated = [g for g in its if g in gpus]
+        if not gated:
+            gates[task_id] = Gate(False, 0, flags)
+        elif all(gpus[g].holder == task_id for g in gated):
+            u = prev.until.get(task_id)
+            if u is None or task_id in renewed:
+                u = s.iterations.get(task_id, 0) + s.quantum
+            until[task_id] = u
+            gates[task_id] = Gate(False, u, flags)
+        else:
+            gates[task_id] = Gate(True, 0, flags)
+    handed = tuple(
+        sorted(
+            g
+            for g, turn in gpus.items()
+            if g in prev.gpus and turn.holder is not None and turn.holder != prev.gpus[g].holder
+        )
+    )
+    return Plan(Turns(gpus, until), gates, handed, passed)
+
+
+def settle(prev: Turns, s: Situation) -> Plan:
+    """The turns after tasks came or went or GPUs changed mode: a GPU with two or more
+    tasks is gated (its first holder is the task that arrived first), one left with fewer
+    is not; a holder that has gone hands its turn on at once."""
+    return _plan(prev, s, _reconcile(prev, s))
+
+
+def yield_turn(prev: Turns, s: Situation, task_id: str) -> Plan:
+    """``task_id`` yields: every turn it holds goes to the next task there. A task that
+    holds no turn, or has nobody to pass it to, keeps what it has (for another quantum)."""
+    gpus = _reconcile(prev, s)
+    passed = False
+    renewed: set[str] = set()
+    for g, turn in gpus.items():
+        if turn.holder != task_id:
+            continue
+        nxt = _next(turn, task_id)
+        if nxt is None:
+            gpus[g] = GpuTurn(task_id, s.now, turn.held, turn.waiting, turn.arrival)
+            renewed.add(task_id)
+        else:
+            gpus[g] = _hand_on(turn, s.now, nxt)
+            passed = True
+    if not passed and task_id in prev.until:
+        renewed.add(task_id)
+    return _plan(prev, s, gpus, frozenset(renewed), passed)
+
+
+def expire(prev: Turns, s: Situation, timeout: float) -> Plan:
+    """Pass on every turn held longer than ``timeout`` seconds."""
+    gpus = _reconcile(prev, s)
+    for g, turn in gpus.items():
+        if turn.holder is not None and s.now - turn.since > timeout:
+            nxt = _next(turn, turn.holder)
+            if nxt is not None:
+                gpus[g] = _hand_on(turn, s.now, nxt)
+    return _plan(prev, s, gpus)

@@ -1,0 +1,274 @@
+"""nodemgr.timeslice, case by case: shapes, a time-sliced GPU's charge and slices, admission
+through the scheduler, and turns (docs/timeslicing.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from nodemgr import scheduler, timeslice
+from nodemgr.ledger import TASK_TIMESLICED
+from nodemgr.timeslice import Gate, Member, Situation, Turns
+
+GiB = 1 << 30
+MiB = 1 << 20
+Q = {"a": 8 * GiB, "b": 8 * GiB}
+
+
+# --- shapes ------------------------------------------------------------------------------
+
+
+def test_unknown_shape_is_the_quota_all_persistent() -> None:
+    s = timeslice.shape(Member("t", "a", 0), 8 * GiB)
+    assert (s.persistent, s.temporary, s.kind) == (8 * GiB, 0, "unknown")
+
+
+def test_estimate_shape_is_the_request() -> None:
+    s = timeslice.shape(Member("t", "a", 0, (2 * GiB, 1 * GiB)), 8 * GiB)
+    assert (s.persistent, s.temporary, s.kind) == (2 * GiB, 1 * GiB, "estimate")
+
+
+def test_learned_after_a_release_and_a_second_boundary() -> None:
+    m = Member("t", "a", 0, (2 * GiB, GiB), used=3 * GiB, persistent=3 * GiB, temp_peak=GiB // 2)
+    # Not yet: one boundary and a release, or two boundaries without one.
+    for it, rel in ((1, 1), (2, 0), (0, 0)):
+        m1 = Member(**{**m.__dict__, "settled": GiB, "iterations": it, "releases": rel})
+        assert timeslice.shape(m1, 8 * GiB).kind == "estimate"
+    m2 = Member(**{**m.__dict__, "settled": GiB, "iterations": 2, "releases": 1})
+    s = timeslice.shape(m2, 8 * GiB)
+    assert (s.persistent, s.temporary, s.kind) == (GiB, GiB // 2, "learned")
+
+
+def test_no_boundaries_charges_all_used_as_persistent() -> None:
+    m = Member("t", "a", 0, (GiB, GiB), used=5 * GiB)
+    s = timeslice.shape(m, 8 * GiB)
+    assert (s.persistent, s.temporary, s.kind) == (5 * GiB, GiB, "estimate")
+    # Unknown: the quota already covers what it holds.
+    assert timeslice.shape(Member("t", "a", 0, used=5 * GiB), 8 * GiB).persistent == 8 * GiB
+    # Once it reports boundaries, its split counts.
+    m = Member("t", "a", 0, (GiB, GiB), used=5 * GiB, persistent=4 * GiB, iterations=1)
+    assert timeslice.shape(m, 8 * GiB).persistent == GiB
+
+
+# --- charge and slices --------------------------------------------------------------------
+
+
+def test_charge_sums_slices_and_guards_plus_the_largest_temporary() -> None:
+    ms = [
+        Member("t1", "a", 100 * MiB, (2 * GiB, 1 * GiB)),
+        Member("t2", "b", 100 * MiB, (3 * GiB, 2 * GiB)),
+    ]
+    c = timeslice.charge(ms, Q)
+    assert c.persistent == 5 * GiB + 200 * MiB
+    assert c.temporary == 2 * GiB
+    assert c.total == 7 * GiB + 200 * MiB
+    assert [(x.task_id, x.offset, x.guard, x.shape) for x in c.slices] == [
+        ("t1", 0, 100 * MiB, "estimate"),
+        ("t2", 2 * GiB + 100 * MiB, 100 * MiB, "estimate"),
+    ]
+
+
+def test_an_environment_is_charged_at_most_its_quota() -> None:
+    ms = [Member("t1", "a", 0, (5 * GiB, GiB)), Member("t2", "a", 0, (5 * GiB, 2 * GiB))]
+    c = timeslice.charge(ms, Q)
+    assert (c.persistent, c.temporary) == (8 * GiB, 2 * GiB)
+    # Two unknown tasks of one environment cost what a shared GPU charges: one quota.
+    ms = [Member("t1", "a", MiB), Member("t2", "a", MiB)]
+    assert timeslice.charge(ms, Q).total == 8 * GiB
+
+
+def test_extra_is_what_a_new_task_adds() -> None:
+    ms = [Member("t1", "a", 0, (2 * GiB, GiB))]
+    assert timeslice.extra(ms, Q, Member("", "b", 0, (GiB, GiB // 2))) == GiB
+    assert timeslice.extra(ms, Q, Member("", "b", 0, (GiB, 3 * GiB))) == 3 * GiB
+    assert timeslice.extra(ms, Q, Member("", "b", 0)) == 8 * GiB
+    # Its environment at its cap: nothing more, unless the temporary region grows.
+    capped = [Member("t1", "a", 0, (8 * GiB, GiB))]
+    assert timeslice.extra(capped, Q, Member("", "a", 0, (GiB, GiB))) == 0
+    assert timeslice.extra(capped, Q, Member("", "a", 0, (GiB, 2 * GiB))) == GiB
+    assert timeslice.extra([], Q, Member("", "a", 100 * MiB, (GiB, GiB))) == 2 * GiB + 100 * MiB
+
+
+# --- admission through the scheduler -------------------------------------------------------
+
+
+def view(index: int, tasks: int, free: int, extra: int | None) -> scheduler.GpuView:
+    return scheduler.GpuView(index, tasks, 16 * GiB, free, True, extra)
+
+
+def test_scheduler_admits_on_a_time_sliced_gpu_by_its_extra() -> None:
+    ask = scheduler.Ask(1, 1, 8 * GiB, {})
+    # Shared: 6 GiB free cannot take an 8 GiB quota; time-sliced, 2 GiB of extra fits.
+    assert isinstance(scheduler.select(ask, [view(0, 1, 6 * GiB, None)], 4), scheduler.Refusal)
+    assert scheduler.select(ask, [view(0, 1, 6 * GiB, 2 * GiB)], 4) == scheduler.Choice((0,), (0,))
+    assert isinstance(scheduler.select(ask, [view(0, 1, 1 * GiB, 2 * GiB)], 4), scheduler.Refusal)
+
+
+def test_scheduler_reuses_a_time_sliced_gpu_only_with_room() -> None:
+    ask = scheduler.Ask(1, 1, 8 * GiB, {0: 1})
+    assert scheduler.select(ask, [view(0, 1, GiB, 0)], 4) == scheduler.Choice((0,), ())
+    r = scheduler.select(ask, [view(0, 1, GiB, 2 * GiB)], 4)
+    assert isinstance(r, scheduler.Refusal) and r.code == "no_resources"
+    # A shared GPU is reused without a check, as in seed 001, even over its capacity.
+    assert scheduler.select(ask, [view(0, 1, -GiB, None)], 4) == scheduler.Choice((0,), ())
+
+
+def test_an_estimate_above_the_quota_is_refused() -> None:
+    ask = scheduler.Ask(1, 1, 8 * GiB, {}, estimate=(6 * GiB, 3 * GiB))
+    r = scheduler.select(ask, [view(0, 0, 16 * GiB, 9 * GiB)], 4)
+    assert isinstance(r, scheduler.Refusal) and r.code == "quota_exceeded"
+
+
+# --- turns ---------------------------------------------------------------------------------
+
+
+def sit(
+    on: Mapping[int, Sequence[str]],
+    now: float,
+    iterations: Mapping[str, int] | None = None,
+    tasks: Mapping[str, Sequence[int]] | None = None,
+    quantum: int = 4,
+) -> Situation:
+    if tasks is None:
+        t: dict[str, list[int]] = {}
+        for gpu, ids in on.items():
+            for i in ids:
+                t.setdefault(i, []).append(gpu)
+        tasks = t
+    return Situation(on, tasks, dict(iterations or {}), now, quantum)
+
+
+def test_flag_matches_the_ledger() -> None:
+    assert timeslice.FLAG_TIMESLICED == TASK_TIMESLICED
+
+
+def test_a_single_task_is_never_gated() -> None:
+    p = timeslice.settle(Turns(), sit({0: ["a"]}, 0.0))
+    assert p.turns.gpus == {}
+    assert p.gates == {"a": Gate(False, 0, timeslice.FLAG_TIMESLICED)}
+    # Its yield changes nothing.
+    y = timeslice.yield_turn(p.turns, sit({0: ["a"]}, 1.0), "a")
+    assert not y.passed and y.gates == p.gates
+
+
+def test_tasks_on_shared_gpus_carry_no_flag() -> None:
+    p = timeslice.settle(Turns(), sit({}, 0.0, tasks={"a": [1]}))
+    assert p.gates == {"a": Gate(False, 0, 0)}
+
+
+def test_a_second_task_gates_and_the_first_holds() -> None:
+    p = timeslice.settle(Turns(), sit({0: ["a"]}, 0.0))
+    p = timeslice.settle(p.turns, sit({0: ["a", "b"]}, 1.0, {"a": 10}))
+    turn = p.turns.gpus[0]
+    assert turn.holder == "a" and turn.order() == ["a", "b"]
+    assert p.gates["a"] == Gate(False, 14, 1)
+    assert p.gates["b"] == Gate(True, 0, 1)
+    assert p.handed == ()  # gating started: nothing was handed on
+    # A task left alone is ungated.
+    p = timeslice.settle(p.turns, sit({0: ["b"]}, 2.0))
+    assert p.turns.gpus == {} and p.gates == {"b": Gate(False, 0, 1)}
+
+
+def test_yield_passes_the_turn_round_three_tasks() -> None:
+    p = timeslice.settle(Turns(), sit({0: ["a", "b", "c"]}, 0.0))
+    assert p.turns.gpus[0].order() == ["a", "b", "c"]
+    holders = []
+    now = 0.0
+    for _ in range(6):
+        turn = p.turns.gpus[0]
+        expected_next = turn.order()[1]
+        now += 1.0
+        p = timeslice.yield_turn(
+            p.turns, sit({0: ["a", "b", "c"]}, now, {"a": 4, "b": 4}), turn.holder
+        )
+        assert p.passed and p.turns.gpus[0].holder == expected_next
+        assert p.handed == (0,)
+        holders.append(p.turns.gpus[0].holder)
+    # Equal turns: a plain round.
+    assert holders == ["b", "c", "a", "b", "c", "a"]
+    # The new holder's turn ends a quantum after its boundary count now.
+    assert p.gates["a"].turn_until == 8 and not p.gates["a"].gated
+    assert p.gates["b"].gated and p.gates["b"].turn_until == 0
+
+
+def test_next_is_the_least_held_then_the_longest_waiting() -> None:
+    p = timeslice.settle(Turns(), sit({0: ["a", "b", "c"]}, 0.0))
+    p = timeslice.yield_turn(p.turns, sit({0: ["a", "b", "c"]}, 5.0), "a")  # a held 5
+    p = timeslice.yield_turn(p.turns, sit({0: ["a", "b", "c"]}, 6.0), "b")  # b held 1
+    p = timeslice.yield_turn(p.turns, sit({0: ["a", "b", "c"]}, 8.0), "c")  # c held 2
+    # b (1s) goes before c (2s) and a (5s).
+    assert p.turns.gpus[0].holder == "b"
+    assert p.turns.gpus[0].order() == ["b", "c", "a"]
+
+
+def test_a_new_task_starts_at_the_least_time_of_the_others() -> None:
+    p = timeslice.settle(Turns(), sit({0: ["a", "b"]}, 0.0))
+    p = timeslice.yield_turn(p.turns, sit({0: ["a", "b"]}, 10.0), "a")  # a 10, b holds
+    p = timeslice.settle(p.turns, sit({0: ["a", "b", "c"]}, 13.0))  # b has 3 so far
+    turn = p.turns.gpus[0]
+    assert turn.held["c"] == 3.0
+    # c waits less than a but has held less: it goes next; a after it.
+    assert turn.order() == ["b", "c", "a"]
+
+
+def test_ties_go_to_the_longest_waiting() -> None:
+    p = timeslice.settle(Turns(), sit({0: ["a", "b"]}, 0.0))
+    p = timeslice.settle(p.turns, sit({0: ["a", "b", "c"]}, 0.0))
+    # b and c both at 0 held; b has waited since 0, c too: arrival breaks the tie.
+    assert p.turns.gpus[0].order() == ["a", "b", "c"]
+    turns = p.turns
+    g = turns.gpus[0]
+    g2 = timeslice.GpuTurn(g.holder, g.since, g.held, {"b": 5.0, "c": 1.0}, g.arrival)
+    assert g2.order() == ["a", "c", "b"]
+
+
+def test_a_yield_with_nobody_to_pass_to_changes_nothing() -> None:
+    # b has gone: a is alone on the GPU, ungated, and keeps running.
+    p = timeslice.settle(Turns(), sit({0: ["a", "b"]}, 0.0, {"a": 4}))
+    assert p.gates["a"] == Gate(False, 8, 1)
+    y = timeslice.yield_turn(p.turns, sit({0: ["a"]}, 1.0, {"a": 8}), "a")
+    assert not y.passed and y.gates["a"] == Gate(False, 0, 1)
+    # A yield from a task that holds no turn changes nothing.
+    y = timeslice.yield_turn(p.turns, sit({0: ["a", "b"]}, 1.0, {"a": 6}), "b")
+    assert not y.passed and y.gates == p.gates and y.turns.gpus[0].holder == "a"
+
+
+def test_a_departed_holder_hands_on_at_once() -> None:
+    p = timeslice.settle(Turns(), sit({0: ["a", "b", "c"]}, 0.0, {"b": 2}))
+    p = timeslice.settle(p.turns, sit({0: ["b", "c"]}, 1.0, {"b": 2}))
+    assert p.turns.gpus[0].holder == "b"
+    assert p.gates["b"] == Gate(False, 6, 1) and p.gates["c"].gated
+    assert p.handed == (0,)
+
+
+def test_timeout_passes_the_turn_of_a_holder_that_never_yields() -> None:
+    p = timeslice.settle(Turns(), sit({0: ["a", "b"]}, 0.0))
+    e = timeslice.expire(p.turns, sit({0: ["a", "b"]}, 5.0), 10.0)
+    assert e.turns.gpus[0].holder == "a" and e.handed == ()
+    e = timeslice.expire(p.turns, sit({0: ["a", "b"]}, 10.5), 10.0)
+    assert e.turns.gpus[0].holder == "b" and e.handed == (0,)
+    assert e.gates["a"].gated and not e.gates["b"].gated
+
+
+def test_mode_change_to_shared_ungates() -> None:
+    p = timeslice.settle(Turns(), sit({0: ["a", "b"]}, 0.0))
+    assert p.gates["b"].gated
+    p = timeslice.settle(p.turns, sit({}, 1.0, tasks={"a": [0], "b": [0]}))
+    assert p.turns.gpus == {}
+    assert p.gates == {"a": Gate(False, 0, 0), "b": Gate(False, 0, 0)}
+
+
+def test_a_task_on_two_gated_gpus_runs_only_holding_both() -> None:
+    tasks = {"x": [0, 1], "y": [0], "z": [1]}
+    on = {0: ["y", "x"], 1: ["x", "z"]}
+    p = timeslice.settle(Turns(), sit(on, 0.0, tasks=tasks))
+    # GPU 0: y arrived first; GPU 1: x. x holds only one of its turns: gated.
+    assert p.turns.gpus[0].holder == "y" and p.turns.gpus[1].holder == "x"
+    assert p.gates["x"].gated and not p.gates["y"].gated and p.gates["z"].gated
+    p = timeslice.yield_turn(p.turns, sit(on, 1.0, tasks=tasks), "y")
+    assert p.turns.gpus[0].holder == "x"
+    assert p.gates["x"] == Gate(False, 4, 1)
+    # Its yield ends both turns.
+    p = timeslice.yield_turn(p.turns, sit(on, 2.0, {"x": 4}, tasks=tasks), "x")
+    assert p.passed
+    assert p.turns.gpus[0].holder == "y" and p.turns.gpus[1].holder == "z"
+    assert p.gates["x"].gated
