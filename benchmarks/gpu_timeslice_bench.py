@@ -57,13 +57,15 @@ def say(message: str) -> None:
 
 
 def _train(args: list[str]) -> int:
-    import torch
+    import importlib
+
+    torch: Any = importlib.import_module("torch")
 
     name, iterations, out = args[0], int(args[1]), args[2]
     hidden, layers, batch, big_gib = 1024, 4, 1 << 20, 2.0
     torch.backends.cuda.matmul.allow_tf32 = True
     dev = torch.device("cuda")
-    blocks: list[torch.nn.Module] = []
+    blocks: list[Any] = []
     for _ in range(layers):
         blocks += [torch.nn.Linear(hidden, hidden), torch.nn.GELU()]
     model = torch.nn.Sequential(*blocks).to(dev)
@@ -267,8 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     if args_in[:2] == ["--worker", "train"]:
         return _train(args_in[2:])
     try:
-        import torch
+        import importlib
 
+        torch: Any = importlib.import_module("torch")
         if not torch.cuda.is_available():
             raise ImportError("torch has no CUDA device")
     except ImportError as e:

@@ -143,7 +143,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Settings:
         s = s.but(zero_quota=parse_zero_quota(ZERO_QUOTA, env[ZERO_QUOTA]))
     for name, key in ((PERSISTENT, "persistent"), (TEMPORARY, "temporary"), (GUARD, "guard")):
         if env.get(name):
-            s = replace(s, **{key: parse_memory(name, env[name])})
+            s = s.but(**{key: parse_memory(name, env[name])})
     check_shape(s)
     if "CUDA_VISIBLE_DEVICES" in env:
         s = replace(s, devices=parse_devices(env["CUDA_VISIBLE_DEVICES"]))

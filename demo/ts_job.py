@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 MiB = 1 << 20
 
@@ -38,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
-    import torch  # the stand-in; importing it puts gpushare's hooks in
+    import importlib
+
+    # The stand-in (demo/standin); importing it puts gpushare's hooks in.
+    torch: Any = importlib.import_module("torch")
 
     try:
         from client_plugin import iterations
