@@ -208,15 +208,18 @@ def run(quick: bool) -> dict[str, Any]:
         sampler.start()
         start = time.monotonic()
         procs = {n: job(n, n, outs[n], *estimate) for n in ("a", "b")}
+        turn: dict[str, Any] = {}
         try:
+            while any(p.poll() is None for p in procs.values()):
+                turn = d.admin("status")["gpus"][0].get("turn") or turn
+                time.sleep(0.1)
             for n, p in procs.items():
                 finish(p, f"time-sliced job {n}")
         finally:
             stop.set()
         r["timesliced_wall_s"] = round(time.monotonic() - start, 2)
         r["gpu_memory_used_peak"] = peak[0]
-        status = d.admin("status")["gpus"][0]
-        r["nodemgr_turn"] = status.get("turn")
+        r["nodemgr_turn"] = turn  # as status last showed it while both ran
         rows = {n: _rows(outs[n]) for n in ("a", "b")}
     # Rates over the time both ran: from the later first step to the earlier last one.
     both_from = max(rows[n][0]["te"] for n in rows)

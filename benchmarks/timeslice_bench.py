@@ -153,6 +153,20 @@ def bench_jobs_fit(quick: bool) -> dict[str, Any]:
     return judge(r, "ratio", ">=", 1.8)
 
 
+def _watch_turn(d: Any, procs: list[subprocess.Popen[bytes]], timeout: float) -> dict[str, Any]:
+    """GPU 0's turn as status last showed it while the jobs ran (it is gone once one ends)."""
+    turn: dict[str, Any] = {}
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs):
+        if time.monotonic() > deadline:
+            raise BenchError(f"the jobs did not finish within {timeout:g}s")
+        now = d.admin("status")["gpus"][0].get("turn")
+        if now:
+            turn = now
+        time.sleep(0.05)
+    return turn
+
+
 def _read_lines(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -189,15 +203,16 @@ def bench_switch_latency(quick: bool) -> dict[str, Any]:
             _start_job(ep_a, [*job, "--name", "a"], shape, outs[0]),
             _start_job(ep_b, [*job, "--name", "b"], shape, outs[1]),
         ]
+        turn = _watch_turn(d, procs, 300)
         for p in procs:
-            if p.wait(300) != 0:
+            if p.wait(1) != 0:
                 err = p.stderr.read().decode(errors="replace") if p.stderr else ""
                 raise BenchError(f"a job exited {p.returncode}: {err.strip()[-300:]}")
-        turn = d.admin("status")["gpus"][0].get("turn") or {}
         rows = {name: _read_lines(out) for name, out in zip(("a", "b", "alone"), outs, strict=True)}
     # A switch: a job whose first launch of an iteration waited (for the turn), and the
     # other job's last boundary before that launch returned, inside the wait.
     latencies: list[float] = []
+    slow: list[dict[str, Any]] = []  # switches over 10 ms: which job's which iteration
     for name, other in (("a", "b"), ("b", "a")):
         boundaries = [r["tb"] for r in rows[other]]
         for row in rows[name]:
@@ -206,6 +221,8 @@ def bench_switch_latency(quick: bool) -> dict[str, Any]:
             inside = [tb for tb in boundaries if row["t0"] <= tb <= row["t1"]]
             if inside:
                 latencies.append((row["t1"] - max(inside)) * 1000)
+                if latencies[-1] > 10:
+                    slow.append({"job": name, "iteration": row["i"], "ms": round(latencies[-1], 2)})
     if not latencies:
         raise BenchError("no turn switch was seen")
     both = [_rate(rows["a"]), _rate(rows["b"])]
@@ -214,6 +231,7 @@ def bench_switch_latency(quick: bool) -> dict[str, Any]:
         "p50_ms": round(percentile(latencies, 50), 3),
         "p99_ms": round(percentile(latencies, 99), 3),
         "max_ms": round(max(latencies), 3),
+        "slow": slow,
         "nodemgr_last_switch_ms": turn.get("last_switch_ms"),
         "nodemgr_switches": turn.get("switches"),
         "iterations_per_s_alone": round(_rate(rows["alone"]), 1),

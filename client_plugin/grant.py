@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from client_plugin import libs
-from client_plugin.settings import ENDPOINT, TASK_OWNER, Settings, wait_seconds
+from client_plugin.settings import ENDPOINT, TASK_OWNER, TIMESLICED, Settings, wait_seconds
 from nodemgr.client import Connection, NodeError, NoResources, QuotaExceeded, Unreachable
 from nodemgr.gpus import names_gpu
 
@@ -223,6 +223,10 @@ def task_environment(
     if grant.endpoint:
         # A process of the task tells nodemgr itself when its turn on a time-sliced GPU ends.
         env[ENDPOINT] = grant.endpoint
+    if grant.timesliced:
+        env[TIMESLICED] = ",".join(str(i) for i in grant.timesliced)
+    else:
+        env.pop(TIMESLICED, None)
     env[TASK_OWNER] = str(owner)
     if grant.simulated:
         paths = [str(libs.sim_driver_dir())]

@@ -33,6 +33,7 @@ from client_plugin import shim
 HOOKS_ENV = "GPUSHARE_ITERATION_HOOKS"
 TASK_ENV = "GPUSHARE_TASK_ID"
 ENDPOINT_ENV = "GPUSHARE_ENDPOINT"
+TIMESLICED_ENV = "GPUSHARE_TIMESLICED"  # client_plugin.settings.TIMESLICED
 YIELD_TIMEOUT = 5.0
 
 _release: list[Callable[[], None]] = []
@@ -73,6 +74,10 @@ def iteration_boundary() -> int:
         if flags & shim.YIELD:
             _yield_turn()
             done["yield_end"] = time.monotonic()
+        elif _conn is None or _conn_pid != os.getpid():
+            # A release without a yield: the first boundary on a time-sliced GPU. Connect
+            # now (importing pyzmq takes tens of milliseconds), not in the first turn switch.
+            _connection()
         last.update(done)
     return flags
 
@@ -90,24 +95,39 @@ def mark_persistent(dptr: int) -> None:
     shim.mark_persistent(int(dptr))
 
 
-def _yield_turn() -> None:
+def _connection() -> Any:
+    """This process's connection to nodemgr (made on first use, and again after a fork:
+    a child must not use its parent's ZeroMQ context); None without an endpoint."""
     global _conn, _conn_pid
-    task_id = os.environ.get(TASK_ENV)
     endpoint = os.environ.get(ENDPOINT_ENV)
-    if not task_id or not endpoint:
+    if not endpoint:
+        return None
+    if _conn is None or _conn_pid != os.getpid():
+        from nodemgr.client import Connection, Unreachable
+
+        try:
+            _conn = Connection(endpoint, timeout=YIELD_TIMEOUT)
+        except Unreachable as e:
+            _say_once(f"cannot reach nodemgr to hand turns back: {e}")
+            return None
+        _conn_pid = os.getpid()
+    return _conn
+
+
+def _yield_turn() -> None:
+    global _conn
+    task_id = os.environ.get(TASK_ENV)
+    conn = _connection() if task_id else None
+    if conn is None:
         _say_once(
             f"the turn on a time-sliced GPU is over but {ENDPOINT_ENV} or {TASK_ENV} is "
             "not set, so nodemgr cannot be told; it passes the turn on after its timeout"
         )
         return
-    from nodemgr.client import Connection, NodeError, Unreachable
+    from nodemgr.client import NodeError, Unreachable
 
     try:
-        # A forked child must not use its parent's ZeroMQ context.
-        if _conn is None or _conn_pid != os.getpid():
-            _conn = Connection(endpoint, timeout=YIELD_TIMEOUT)
-            _conn_pid = os.getpid()
-        _conn.call("yield", task_id=task_id)
+        conn.call("yield", task_id=task_id)
     except (NodeError, Unreachable) as e:
         if isinstance(e, Unreachable):
             _conn = None  # its socket may hold an unanswered request: start afresh
@@ -145,6 +165,11 @@ def framework_loaded(name: str, module: ModuleType) -> None:
         install(module)
     except Exception as e:
         unhooked[name] = f"{type(e).__name__}: {e}"
+        return
+    # Both cost tens of milliseconds once: here, not in the task's first turn switch.
+    shim.prepare()
+    if os.environ.get(TIMESLICED_ENV):
+        _connection()
 
 
 def install_torch(torch: ModuleType) -> None:

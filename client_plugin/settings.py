@@ -28,6 +28,10 @@ ZERO_QUOTA = "GPUSHARE_ZERO_QUOTA"
 PERSISTENT = "GPUSHARE_PERSISTENT"
 TEMPORARY = "GPUSHARE_TEMPORARY"
 GUARD = "GPUSHARE_GUARD"
+# Set for a task's processes when some of its GPUs were time-sliced at the grant: the node
+# indices. A hint only (a GPU's mode can change later): it has the iteration hooks connect
+# to nodemgr up front rather than in the task's first turn switch.
+TIMESLICED = "GPUSHARE_TIMESLICED"
 # Set for every process of a task (or of a CPU-only run): the pid of the process
 # that holds it. Any other process seeing it shares that grant and asks for none.
 TASK_OWNER = "GPUSHARE_TASK_OWNER"

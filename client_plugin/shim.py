@@ -174,6 +174,13 @@ def _iteration_fn() -> Callable[[], int]:
     return _zero if fn is None else fn
 
 
+def prepare() -> None:
+    """Parse the declarations and look the iteration entry points up now (tens of
+    milliseconds, once), so that a process's first boundary costs what later ones do."""
+    _iteration_fn()
+    _entry("gpushare_released")
+
+
 def iteration() -> int:
     """Report an iteration boundary of this process: what it holds on its GPUs now counts
     as persistent, what it allocates from now on as temporary. Returns :data:`RELEASE` and
