@@ -28,6 +28,9 @@ from nodemgr.store import Record, Store
 log = logging.getLogger("nodemgr")
 
 # Why a task ended, as records and metrics name it (docs/operations.md).
+# A task entry's turn fields as nodemgr creates them: not gated, no turn, no flags.
+_UNGATED = timeslice.Gate(False, 0, 0)
+
 REASONS = ("done", "killed", "exited", "timeout", "admin", "undelivered")
 
 
@@ -230,6 +233,14 @@ class Node:
                         env.draining.add(index)
         if restored:
             log.info("restored %d running tasks; waiting for their clients", len(restored))
+        # What the adopted entries say now (an earlier nodemgr may have left tasks gated,
+        # holding a turn or flagged): the first plan corrects whatever it must.
+        for task in self.tasks.values():
+            entry = self.envs[task.env].ledger.task_entry(task.task_id)
+            if entry is not None:
+                gate = timeslice.Gate(entry.gated, entry.turn_until, entry.flags)
+                if gate != _UNGATED:
+                    self.gates[task.task_id] = gate
         self.read_regions()
         self.retime(time.perf_counter())
         return restored
@@ -391,20 +402,32 @@ class Node:
         if any(self.region_charge(i).total < before[i] for i in sliced):
             self.queue_dirty = True
 
+    def _idle(self) -> bool:
+        """No GPU is time-sliced and no task is gated or holds a turn: nothing to plan. On
+        a node of shared GPUs, grants and sweeps then cost nothing here."""
+        return (
+            not self.gates
+            and not self.turns.gpus
+            and not any(m == timeslice.TIMESLICED for m, _ in self.modes.values())
+        )
+
     def _situation(self) -> timeslice.Situation:
+        """The tasks that touch a time-sliced GPU, with what the turns need of them; a task
+        on shared GPUs only keeps its ledger entry's defaults (not gated, no turn, no
+        flags), which _apply restores when a task leaves time slicing."""
+        sliced = [t for t in self.tasks.values() if any(self.timesliced(i) for i in t.gpus)]
+        sliced.sort(key=lambda t: t.arrival)
         on: dict[int, list[str]] = {}
-        for t in sorted(self.tasks.values(), key=lambda t: t.arrival):
+        iterations = {}
+        for t in sliced:
             for i in t.gpus:
                 if self.timesliced(i):
                     on.setdefault(i, []).append(t.task_id)
-        iterations = {}
-        for t in self.tasks.values():
-            if any(i in on for i in t.gpus):
-                entry = self.envs[t.env].ledger.task_entry(t.task_id)
-                iterations[t.task_id] = entry.iterations if entry is not None else 0
+            entry = self.envs[t.env].ledger.task_entry(t.task_id)
+            iterations[t.task_id] = entry.iterations if entry is not None else 0
         return timeslice.Situation(
             on,
-            {t.task_id: t.gpus for t in self.tasks.values()},
+            {t.task_id: t.gpus for t in sliced},
             iterations,
             time.monotonic(),
             self.config.quantum,
@@ -416,6 +439,12 @@ class Node:
         at once; then count the hand-ons, timed from ``started`` (perf_counter)."""
         self.turns = plan.turns
         changed = [(tid, g) for tid, g in plan.gates.items() if self.gates.get(tid) != g]
+        # Tasks no longer on a time-sliced GPU go back to their entries' defaults.
+        changed += [
+            (tid, _UNGATED)
+            for tid, g in self.gates.items()
+            if tid not in plan.gates and g != _UNGATED
+        ]
         changed.sort(key=lambda c: not c[1].gated)
         for task_id, gate in changed:
             task = self.tasks.get(task_id)
@@ -431,7 +460,7 @@ class Node:
                     ledger.task_gate(task_id, False)
             except LedgerError as e:
                 log.debug("task %s cannot take turns: %s", task_id, e)
-        self.gates = dict(plan.gates)
+        self.gates = {tid: g for tid, g in plan.gates.items() if g != _UNGATED}
         if plan.handed:
             seconds = time.perf_counter() - started
             for index in plan.handed:
@@ -445,6 +474,8 @@ class Node:
     def retime(self, started: float) -> None:
         """Bring the turns in line with the tasks and modes now (after a grant, a release,
         a mode change); ``started``: when the event began (perf_counter)."""
+        if self._idle():
+            return
         self._apply(timeslice.settle(self.turns, self._situation()), started)
 
     def yield_turn(self, env_name: str, task_id: str, started: float) -> bool:
@@ -456,6 +487,8 @@ class Node:
 
     def expire_turns(self) -> None:
         """Pass on the turns held longer than timeslice.turn_timeout."""
+        if self._idle():
+            return
         started = time.perf_counter()
         plan = timeslice.expire(self.turns, self._situation(), self.config.turn_timeout)
         self._apply(plan, started)

@@ -402,6 +402,26 @@ def test_mode_switch_through_the_cli_ungates_at_once_and_is_kept(daemon_factory:
     assert r.exit_code == 2
 
 
+def test_a_restart_without_time_slicing_ungates_what_the_last_run_gated(
+    daemon_factory: Any,
+) -> None:
+    """nodemgr dies with a task gated in its ledger and comes back with GPU 0 no longer
+    time-sliced in its config: the task runs on at once, not after some later event."""
+    d = ts_daemon(daemon_factory)
+    ep = d.env("a", memory=4 * GiB)
+    with Connection(ep) as c1, Connection(ep) as c2:
+        request(c1)
+        t2 = request(c2)["task_id"]
+        assert gated(d, "a", t2)
+        d.kill()
+        text = d.config.read_text()
+        assert "gpus = [0]" in text
+        d.config.write_text(text.replace("gpus = [0]", "gpus = []"))
+        d.start()
+        assert gpu0(d)["mode"] == "shared"
+        assert not gated(d, "a", t2)
+
+
 def test_top_shows_regions_and_the_turn_order(daemon_factory: Any) -> None:
     d = ts_daemon(daemon_factory)
     ep = d.env("a", memory=4 * GiB)
