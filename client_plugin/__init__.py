@@ -2,15 +2,16 @@
 
 The functions below are for programs that no hook covers (docs/timeslicing.md):
 call :func:`iteration_boundary` after each training step, or wrap the step in
-``with iteration():``. Outside a task they do nothing. They import what they
-need on first use, since this package is imported at every interpreter start
-when the auto-loader is on.
+``with iteration():``. Outside a task they do nothing. This package is imported
+at every interpreter start when the auto-loader is on, so it imports nothing
+itself: what the functions need is imported on their first use.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+TYPE_CHECKING = False  # not typing's: importing typing alone would cost more than the rest
+if TYPE_CHECKING:
+    from types import TracebackType
 
 
 def iteration_boundary() -> int:
@@ -22,11 +23,20 @@ def iteration_boundary() -> int:
     return iterations.iteration_boundary()
 
 
-@contextlib.contextmanager
-def iteration() -> Iterator[None]:
+class iteration:  # used like a function: ``with iteration(): ...``
     """``with iteration(): step()``: a boundary when the block ends without error."""
-    yield
-    iteration_boundary()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if kind is None:
+            iteration_boundary()
 
 
 def mark_persistent(dptr: int) -> None:

@@ -273,7 +273,8 @@ class Model:
 
 def test_keras_fit_gets_the_callback(daemon_factory: Any, run_task: Any, tmp_path: Path) -> None:
     """Every Model.fit reports a boundary per batch, the user's callbacks kept, given by
-    keyword or by position."""
+    keyword or by position; so does a ``with client_plugin.iteration()`` block that ends
+    without an exception."""
     site = tmp_path / "site"
     (site / "keras").mkdir(parents=True)
     (site / "keras" / "__init__.py").write_text(KERAS)
@@ -293,6 +294,14 @@ def test_keras_fit_gets_the_callback(daemon_factory: Any, run_task: Any, tmp_pat
         m = keras.Model()
         print(m.fit(callbacks=[Mine()]))
         print(m.fit(None, None, 32, 1, 0, [Mine()]))
+        import client_plugin
+        with client_plugin.iteration():
+            pass
+        try:
+            with client_plugin.iteration():  # a step that fails ends no iteration
+                raise ValueError
+        except ValueError:
+            pass
         from client_plugin import shim
         print("iterations", shim.memory().iterations)
         """
@@ -303,4 +312,4 @@ def test_keras_fit_gets_the_callback(daemon_factory: Any, run_task: Any, tmp_pat
     lines = out.splitlines()
     assert lines[0] == "['Mine', 'GpushareIterations']"
     assert lines[1] == "['Mine', 'GpushareIterations']"
-    assert lines[2] == "iterations 6"
+    assert lines[2] == "iterations 7"
