@@ -8,7 +8,7 @@ SOURCES := setup.py pyproject.toml gpushare-autoload.pth $(wildcard shim/*) \
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all install run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-gpu debug \
+.PHONY: all install run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-gpu bench-gpu-timeslice debug \
 	debug-test demo clean
 
 all: install
@@ -71,6 +71,12 @@ $(addprefix bench-,$(BENCHES)): bench-%: install
 # which stays GPU-free. BENCH_ARGS as for bench (--quick, --only NAME, --check, --python PY).
 bench-gpu: install
 	$(BIN)/python benchmarks/gpu_bench.py --out build/bench/gpu.json $(BENCH_ARGS)
+
+# Real PyTorch training loops time-sliced on an NVIDIA GPU (exits 2 without one): it needs
+# a Python with PyTorch and gpushare both installed, PYTHON_TORCH (default: the venv's).
+PYTHON_TORCH ?= $(BIN)/python
+bench-gpu-timeslice: install
+	$(PYTHON_TORCH) benchmarks/gpu_timeslice_bench.py --out build/bench/gpu_timeslice.json $(BENCH_ARGS)
 
 # A tour of gpushare on two simulated GPUs (its own nodemgr, two environments,
 # a task that waits and one that meets its quota), in a few seconds. Also a
