@@ -15,7 +15,11 @@ Then, with ``gpushare-run`` and a small CUDA driver-API program:
 3. alice's job ends and bob's task starts at once; it allocates up to its
    2 GiB and one allocation beyond it fails with CUDA_ERROR_OUT_OF_MEMORY;
 4. a new task of alice's runs beside bob's, on the other GPU;
-5. both end, and ``nodemgr history`` shows the three tasks.
+5. both end, and ``nodemgr history`` shows the three tasks;
+6. GPU 1 is switched to time slicing (``nodemgr mode``), and two training jobs
+   (``demo/ts_job.py`` on the stand-in torch), each keeping 512 MiB and using
+   3 GiB more per iteration, run there together although they do not fit side
+   by side: they take turns, which ``nodemgr top`` shows.
 
 ``nodemgr tasks``, ``status``, ``top`` and ``history`` are shown at those
 moments. The exit status is 0 when everything happened as described, 1 when
@@ -28,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
+import json
 import os
 import re
 import shlex
@@ -48,6 +54,8 @@ SELF = Path(__file__).resolve()
 BIN = Path(sys.executable).parent  # nodemgr and gpushare-run installed beside this Python
 NODEMGR = BIN / "nodemgr"
 GPUSHARE_RUN = BIN / "gpushare-run"
+TS_JOB = SELF.parent / "ts_job.py"
+STANDIN = SELF.parent / "standin"  # a stand-in torch on the simulated driver
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -255,7 +263,8 @@ class Demo:
         """Start ``argv`` in a session of its own (a Ctrl-C at the terminal reaches only
         the demo, which then stops it), tied to the demo's life."""
         wrapped = [sys.executable, str(SELF), "--exec", str(os.getpid()), *argv]
-        return subprocess.Popen(wrapped, start_new_session=True, env=self.env, **popen)
+        popen.setdefault("env", self.env)
+        return subprocess.Popen(wrapped, start_new_session=True, **popen)
 
     def admin(self, kind: str, **fields: Any) -> dict[str, Any]:
         with Connection(f"ipc://{self.run_dir / 'admin.sock'}", timeout=5.0) as conn:
@@ -469,6 +478,58 @@ class Demo:
             == [("alice", "done", 0), ("alice", "done", 0), ("bob", "done", 0)],
             "history should hold alice's two tasks and bob's one, each done with exit 0",
         )
+        self.timeslicing()
+
+    def timeslicing(self) -> None:
+        section("6. Time slicing: two training jobs that do not fit side by side take turns")
+        self.nodemgr("mode", "1", "timesliced")
+        self.nodemgr("quota", "set", "bob", "--gpus", "1", "--memory", "4GiB")
+        say("   (each job keeps 512MiB and uses 3GiB more per iteration: 7GiB for both at")
+        say(f"    once, on a {_size(GPU_MEMORY)} GPU; each states its shape, so both are admitted)")
+        outs = {}
+        jobs = []
+        for env in ("alice", "bob"):
+            outs[env] = self.root / f"{env}-train.jsonl"
+            shape = ["--persistent", "512MiB", "--temporary", "3GiB"]
+            job = ["--name", env, "--persistent", "512", "--temporary", "3072"]
+            job += ["--iterations", "12", "--work-ms", "40"]
+            say(
+                f"$ CUDA_VISIBLE_DEVICES=1 gpushare-run --endpoint $TMP/.../{env} "
+                f"{' '.join(shape)} -- python demo/ts_job.py {' '.join(job)}"
+            )
+            env_vars = {**self.env, "CUDA_VISIBLE_DEVICES": "1", "PYTHONPATH": str(STANDIN)}
+            argv = [str(GPUSHARE_RUN), "--endpoint", self.endpoint(env), *shape, "--"]
+            argv += [sys.executable, str(TS_JOB), *job, "--out", str(outs[env])]
+            proc = self.spawn(
+                argv,
+                env=env_vars,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            task = Task(f"{env}-train", proc)
+            self.tasks.append(task)
+            jobs.append(task)
+        self.wait_for(
+            "one job waiting for its turn",
+            lambda: any(t["gated"] for t in self.admin("tasks")["tasks"]),
+            timeout=START_TIMEOUT,
+        )
+        self.nodemgr("top", "--iterations", "1")
+        for task in jobs:
+            rc = task.finish(timeout=60)
+            self.check(rc == 0, f"{task.name} should exit 0, not {rc}")
+        rows = []
+        for env, out in outs.items():
+            lines = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
+            self.check(len(lines) == 12, f"{env}'s job should have run its 12 iterations")
+            rows += [(x["t1"], x["tb"], env) for x in lines]
+        rows.sort()
+        for (_, end, who), (start, _, other) in itertools.pairwise(rows):
+            self.check(who == other or start >= end, f"{other} ran while {who} had the turn")
+        turns = 1 + sum(1 for a, b in itertools.pairwise(rows) if a[2] != b[2])
+        say(f"   (both jobs ran their 12 iterations in {turns} turns, never at once)")
 
 
 def _exec(argv: list[str]) -> int:
