@@ -21,7 +21,10 @@ $(VENV)/.deps: pyproject.toml
 
 # The package is built and installed like a user's `pip install .`; tests run
 # against the installed copy, shim and simulated driver included.
+# setuptools copies a source into build/lib only when it is newer than the copy there:
+# a file put back to an older version would be skipped. The build starts clean instead.
 $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
+	rm -rf build/lib.* build/temp.*
 	$(BIN)/python -m pip install -q --no-build-isolation ".[test,dev]"
 	touch $@
 
