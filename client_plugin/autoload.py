@@ -47,6 +47,11 @@ def _on(value: str | None, default: bool) -> bool:
     return value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
+def hooks_wanted(environ: Mapping[str, str]) -> bool:
+    """GPUSHARE_ITERATION_HOOKS: on unless it says off (unset or empty: on)."""
+    return environ.get(HOOKS_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+
+
 class FrameworkFinder:
     """Finds nothing itself: it notices the first import of an installed framework and
     has the task started just before that module's code runs; after a hooked
@@ -156,7 +161,7 @@ def install() -> None:
     _installed = True
     env = os.environ
     grant = _on(env.get("GPUSHARE_AUTOLOAD"), False)
-    hooks = frozenset(HOOKED) if _on(env.get(HOOKS_ENV), True) else frozenset()
+    hooks = frozenset(HOOKED) if hooks_wanted(env) else frozenset()
     if env.get(HOLDER_ENV, "").partition(",")[0] == str(os.getpid()):
         # This process holds a task and was restarted with the shim (or exec'd another
         # program image): keep the task alive.

@@ -34,13 +34,17 @@ HOOKS_ENV = "GPUSHARE_ITERATION_HOOKS"
 TASK_ENV = "GPUSHARE_TASK_ID"
 ENDPOINT_ENV = "GPUSHARE_ENDPOINT"
 TIMESLICED_ENV = "GPUSHARE_TIMESLICED"  # client_plugin.settings.TIMESLICED
-YIELD_TIMEOUT = 5.0
+# A yield is answered once the turn has passed, which waits for the task's other
+# processes to reach the end of their turn too: allow for their longest step.
+YIELD_TIMEOUT = 120.0
+YIELD_BACKOFF = 30.0  # seconds without yields after nodemgr did not answer one
 
 _release: list[Callable[[], None]] = []
 _lock = threading.Lock()  # one boundary at a time in a process
 _conn: Any = None  # nodemgr.client.Connection of this process, made on the first yield
 _conn_pid = 0
 _warned = False
+_quiet_until = 0.0
 # When the last boundary that did something did it (time.monotonic()), for those who
 # measure turn switches: flags, release_start, release_end, yield_end (0: not done).
 last: dict[str, float] = {}
@@ -75,8 +79,8 @@ def iteration_boundary() -> int:
             _yield_turn()
             done["yield_end"] = time.monotonic()
         elif _conn is None or _conn_pid != os.getpid():
-            # A release without a yield: the first boundary on a time-sliced GPU. Connect
-            # now (importing pyzmq takes tens of milliseconds), not in the first turn switch.
+            # A release without a yield (the first boundary on a time-sliced GPU): connect
+            # now, not in the first turn switch.
             _connection()
         last.update(done)
     return flags
@@ -115,7 +119,9 @@ def _connection() -> Any:
 
 
 def _yield_turn() -> None:
-    global _conn
+    global _conn, _quiet_until
+    if time.monotonic() < _quiet_until:
+        return  # nodemgr did not answer lately: a step must not wait for it every time
     task_id = os.environ.get(TASK_ENV)
     conn = _connection() if task_id else None
     if conn is None:
@@ -126,11 +132,14 @@ def _yield_turn() -> None:
         return
     from nodemgr.client import NodeError, Unreachable
 
+    mem = shim.memory()
     try:
-        conn.call("yield", task_id=task_id)
+        # The process's own boundary count: nodemgr ignores a yield from an earlier turn.
+        conn.call("yield", task_id=task_id, iterations=mem.iterations if mem else None)
     except (NodeError, Unreachable) as e:
         if isinstance(e, Unreachable):
             _conn = None  # its socket may hold an unanswered request: start afresh
+            _quiet_until = time.monotonic() + YIELD_BACKOFF
         _say_once(f"could not hand the GPU's turn back to nodemgr: {e}")
 
 
@@ -147,8 +156,9 @@ def _say_once(message: str) -> None:
 
 
 def hooks_enabled(environ: Any = None) -> bool:
-    env = os.environ if environ is None else environ
-    return str(env.get(HOOKS_ENV, "1")).strip().lower() not in ("0", "false", "no", "off")
+    from client_plugin.autoload import hooks_wanted
+
+    return hooks_wanted(os.environ if environ is None else environ)
 
 
 def framework_loaded(name: str, module: ModuleType) -> None:
@@ -166,10 +176,12 @@ def framework_loaded(name: str, module: ModuleType) -> None:
     except Exception as e:
         unhooked[name] = f"{type(e).__name__}: {e}"
         return
-    # Both cost tens of milliseconds once: here, not in the task's first turn switch.
+    # Both cost tens of milliseconds once: here, not in the task's first turn switch. Only
+    # the import: the connection itself is quick, and most processes that import a
+    # framework (data loader workers, say) never reach a boundary.
     shim.prepare()
     if os.environ.get(TIMESLICED_ENV):
-        _connection()
+        import nodemgr.client  # noqa: F401
 
 
 def install_torch(torch: ModuleType) -> None:
@@ -216,13 +228,30 @@ def install_keras(keras: ModuleType) -> None:
 
     fit = model.fit
 
-    @functools.wraps(fit)
-    def fit_with_boundaries(self: Any, *args: Any, **kwargs: Any) -> Any:
-        positional = len(args) > _FIT_CALLBACKS_ARG
-        given = args[_FIT_CALLBACKS_ARG] if positional else kwargs.get("callbacks")
+    callback_list = getattr(keras.callbacks, "CallbackList", None)
+
+    def with_ours(given: Any) -> Any:
+        """The callbacks fit is given, with ours added once."""
+        if callback_list is not None and isinstance(given, callback_list):
+            # A CallbackList the caller built is used as it is (fit adds nothing to it):
+            # ours goes into it, if it is not there yet.
+            if not any(isinstance(c, GpushareIterations) for c in given.callbacks):
+                given.append(GpushareIterations())
+            return given
         callbacks = list(given or [])
         if not any(isinstance(c, GpushareIterations) for c in callbacks):
             callbacks.append(GpushareIterations())
+        return callbacks
+
+    @functools.wraps(fit)
+    def fit_with_boundaries(self: Any, *args: Any, **kwargs: Any) -> Any:
+        positional = len(args) > _FIT_CALLBACKS_ARG
+        try:
+            given = args[_FIT_CALLBACKS_ARG] if positional else kwargs.get("callbacks")
+            callbacks = with_ours(given)
+        except Exception as e:  # a callbacks argument of a kind we do not know
+            unhooked["keras.fit"] = f"{type(e).__name__}: {e}"
+            return fit(self, *args, **kwargs)
         if positional:
             args = (*args[:_FIT_CALLBACKS_ARG], callbacks, *args[_FIT_CALLBACKS_ARG + 1 :])
         else:

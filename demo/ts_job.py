@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work-ms", type=float, default=5.0, help="time spent per iteration")
     ap.add_argument("--out", default="-", help="file for the JSON lines (- : stdout)")
     ap.add_argument(
+        "--start-file",
+        help="wait until this file exists before allocating anything (to start jobs together)",
+    )
+    ap.add_argument(
         "--boundary",
         choices=("optimizer", "api", "none"),
         default="optimizer",
@@ -50,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         iterations = None  # type: ignore[assignment]
 
     out = sys.stdout if args.out == "-" else open(args.out, "a", buffering=1)  # noqa: SIM115
+    if args.start_file:
+        import os
+
+        while not os.path.exists(args.start_file):
+            time.sleep(0.01)
     model = torch.cuda.alloc(args.persistent * MiB)
     opt = torch.optim.SGD(model)
     block = args.temporary * MiB // args.blocks

@@ -2323,7 +2323,7 @@ static const struct gs_task *own_task(int slot)
 GS_EXPORT int gpushare_iteration(void)
 {
 	const struct gs_task *entry;
-	uint64_t epoch, n, turn;
+	uint64_t epoch, turn;
 	int slot, flags = 0;
 
 	if (mode_acquire() != GS_ENFORCE)
@@ -2334,16 +2334,32 @@ GS_EXPORT int gpushare_iteration(void)
 	pthread_mutex_lock(&g.epoch_mu);
 	epoch = g.epoch + 1;
 	__atomic_store_n(&g.epoch, epoch, __ATOMIC_RELEASE);
-	n = gs_ledger_boundary(g.ledger, (uint32_t)slot, epoch);
+	gs_ledger_boundary(g.ledger, (uint32_t)slot, epoch);
 	pthread_mutex_unlock(&g.epoch_mu);
 	entry = own_task(slot);
 	if (entry == NULL)
 		return 0;
-	/* The first boundary after set-up: release once, so that the task's shape can be learned. */
-	if ((__atomic_load_n(&entry->flags, __ATOMIC_ACQUIRE) & GS_TASK_TIMESLICED) && epoch == 1)
+	/*
+	 * On a time-sliced GPU a process that never released does so once, so that its
+	 * shape can be learned: at its first boundary, or at its first one after its GPU
+	 * became time-sliced.
+	 */
+	if ((__atomic_load_n(&entry->flags, __ATOMIC_ACQUIRE) & GS_TASK_TIMESLICED) &&
+	    __atomic_load_n(&g.ledger->slot[slot].releases, __ATOMIC_ACQUIRE) == 0)
 		flags |= GPUSHARE_RELEASE;
+	/*
+	 * A task waiting for its turn holds no temporary memory: a process that reaches
+	 * a boundary while its task is gated (its turn ended while it finished its step)
+	 * releases before its next launch waits.
+	 */
+	if (__atomic_load_n(&entry->paused, __ATOMIC_ACQUIRE) & GS_PAUSE_TURN)
+		flags |= GPUSHARE_RELEASE;
+	/*
+	 * Each process yields at its own turn_until-th boundary; nodemgr hands the turn
+	 * on once every iterating process of the task has (a barrier across them).
+	 */
 	turn = __atomic_load_n(&entry->turn_until, __ATOMIC_ACQUIRE);
-	if (turn != 0 && n >= turn)
+	if (turn != 0 && epoch >= turn)
 		flags |= GPUSHARE_RELEASE | GPUSHARE_YIELD;
 	return flags;
 }

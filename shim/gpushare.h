@@ -61,9 +61,17 @@ int gpushare_mode(void);
 
 /* What gpushare_iteration asks of its caller (docs/timeslicing.md). */
 enum gpushare_iteration_flags {
-	/* Release the framework's cached memory, then call gpushare_released. */
+	/*
+	 * Release the framework's cached memory, then call gpushare_released: on a
+	 * time-sliced GPU once to learn the task's shape (the process's first boundary
+	 * while it has never released), when the task waits for its turn, and with
+	 * GPUSHARE_YIELD.
+	 */
 	GPUSHARE_RELEASE = 1,
-	/* The task's turn is over: after the release, tell nodemgr (`yield`). */
+	/*
+	 * The task's turn is over (this process's boundary count reached the turn's
+	 * end): after the release, tell nodemgr (`yield`).
+	 */
 	GPUSHARE_YIELD = 2,
 };
 

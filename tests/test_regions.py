@@ -332,16 +332,33 @@ def test_the_boundary_that_reaches_turn_until_asks_for_release_and_yield(
 ) -> None:
     ledger.task_turn(TASK, 3, TASK_TIMESLICED)
     assert child("alloc model 10") == "alloc model 0"
-    assert [child("iter") for _ in range(4)] == [
-        f"iter {RELEASE}",  # the first boundary
+    assert child("iter") == f"iter {RELEASE}"  # the first boundary
+    assert child("released") == "released"
+    assert [child("iter") for _ in range(3)] == [
         "iter 0",
-        f"iter {RELEASE | YIELD}",  # the task's count reached turn_until
+        f"iter {RELEASE | YIELD}",  # the process's count reached turn_until
         f"iter {RELEASE | YIELD}",  # and stays there until nodemgr moves the turn on
     ]
     ledger.task_turn(TASK, 7, TASK_TIMESLICED)
     assert [child("iter") for _ in range(3)] == ["iter 0", "iter 0", f"iter {RELEASE | YIELD}"]
     entry = ledger.task_entry(TASK)
     assert entry is not None and entry.iterations == 7
+    assert child.finish() == ""
+
+
+def test_a_task_already_running_releases_once_when_its_gpu_becomes_time_sliced(
+    child: Child, ledger: Ledger
+) -> None:
+    """Not only at the first boundary: a process that has never released does so at its
+    first boundary after the task is flagged time-sliced, and once only."""
+    assert child("alloc model 100") == "alloc model 0"
+    assert [child("iter") for _ in range(2)] == ["iter 0", "iter 0"]
+    ledger.task_turn(TASK, 0, TASK_TIMESLICED)
+    assert child("iter") == f"iter {RELEASE}"
+    assert child("iter") == f"iter {RELEASE}"  # asked again until it has released
+    assert child("released") == "released"
+    assert child("iter") == "iter 0"
+    assert regions(ledger)[4:] == (5, 1)
     assert child.finish() == ""
 
 
@@ -407,6 +424,7 @@ def test_a_fork_child_counts_its_own_boundaries_from_zero(child: Child, ledger: 
     ledger.task_turn(TASK, 0, TASK_TIMESLICED)
     assert child("alloc model 100") == "alloc model 0"
     assert child("iter") == f"iter {RELEASE}"
+    assert child("released") == "released"
     assert child("iter") == "iter 0"
     # The child's slot is its own: its first boundary is its first, and what it holds is
     # only its own allocation.
@@ -441,9 +459,10 @@ def test_an_allocation_waits_while_the_task_is_gated(child: Child, ledger: Ledge
     assert child("alloc model 100") == "alloc model 0"
     assert child("alloc spare 10") == "alloc spare 0"
     ledger.task_gate(TASK, True)
-    # Frees, boundaries and reports are never held.
+    # Frees, boundaries and reports are never held; a boundary while the task waits for
+    # its turn asks for a release (the step that was under way when the turn ended).
     assert child("free spare") == "free spare 0"
-    assert child("iter") == "iter 0"
+    assert child("iter") == f"iter {RELEASE}"
     assert child("memory") == "memory 100 100 0 0 1"
     child.send("alloc act 64")
     child.waits_on(2)  # GS_PAUSE_TURN

@@ -87,12 +87,16 @@ def test_two_jobs_that_do_not_fit_together_take_turns(
     the GPU never holds more than one job's temporary memory."""
     d = sliced(daemon_factory, quantum=2)
     outs = {n: tmp_path / f"{n}.jsonl" for n in ("a", "b")}
+    go = tmp_path / "go"
     args = ("--persistent", "1024", "--temporary", "8192", "--iterations", "10")
-    args += ("--work-ms", "20")
+    args += ("--work-ms", "20", "--start-file", str(go))
     procs = {
         n: job(run_task, d.env(n, 1, 10 * GiB), outs[n], "--name", n, *args, opts=SHAPE)
         for n in ("a", "b")
     }
+    # Both granted before either starts, however slowly this machine starts them.
+    _wait_for(lambda: len(d.tasks()) == 2, 60)
+    go.touch()
     peak = 0
     while any(p.poll() is None for p in procs.values()):
         peak = max(peak, d.gpu_used(0))
@@ -259,11 +263,20 @@ KERAS = """
 class Callback:
     pass
 
+class CallbackList:  # like Keras 3's: no iteration over it, only its .callbacks
+    def __init__(self, callbacks=None):
+        self.callbacks = list(callbacks or [])
+    def append(self, c):
+        self.callbacks.append(c)
+
 class callbacks:
     Callback = Callback
+    CallbackList = CallbackList
 
 class Model:
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None):
+        if isinstance(callbacks, CallbackList):
+            callbacks = callbacks.callbacks
         for batch in range(3):
             for c in callbacks or []:
                 c.on_train_batch_end(batch)
@@ -273,8 +286,8 @@ class Model:
 
 def test_keras_fit_gets_the_callback(daemon_factory: Any, run_task: Any, tmp_path: Path) -> None:
     """Every Model.fit reports a boundary per batch, the user's callbacks kept, given by
-    keyword or by position; so does a ``with client_plugin.iteration()`` block that ends
-    without an exception."""
+    keyword, by position or as a CallbackList; so does a ``with client_plugin.iteration()``
+    block that ends without an exception."""
     site = tmp_path / "site"
     (site / "keras").mkdir(parents=True)
     (site / "keras" / "__init__.py").write_text(KERAS)
@@ -294,6 +307,7 @@ def test_keras_fit_gets_the_callback(daemon_factory: Any, run_task: Any, tmp_pat
         m = keras.Model()
         print(m.fit(callbacks=[Mine()]))
         print(m.fit(None, None, 32, 1, 0, [Mine()]))
+        print(m.fit(callbacks=keras.callbacks.CallbackList([Mine()])))
         import client_plugin
         with client_plugin.iteration():
             pass
@@ -312,4 +326,5 @@ def test_keras_fit_gets_the_callback(daemon_factory: Any, run_task: Any, tmp_pat
     lines = out.splitlines()
     assert lines[0] == "['Mine', 'GpushareIterations']"
     assert lines[1] == "['Mine', 'GpushareIterations']"
-    assert lines[2] == "iterations 7"
+    assert lines[2] == "['Mine', 'GpushareIterations']"
+    assert lines[3] == "iterations 10"
