@@ -422,18 +422,20 @@ int gs_ledger_charge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t 
 	return 0;
 }
 
-void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes)
+/* Saturate: taking back more than is there never turns a figure into a huge number. */
+static void sub_sat(uint64_t *p, uint64_t bytes)
 {
-	uint64_t *p, cur;
+	uint64_t cur = LOAD(p);
 
-	if (gpu >= GS_MAX_GPUS || slot >= GS_MAX_SLOTS)
-		return;
-	p = &l->slot[slot].used[gpu];
-	cur = LOAD(p);
-	/* Saturate: an uncharge never turns a slot into a huge number. */
 	while (!__atomic_compare_exchange_n(p, &cur, cur > bytes ? cur - bytes : 0, 0,
 					    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
 		;
+}
+
+void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes)
+{
+	if (gpu < GS_MAX_GPUS && slot < GS_MAX_SLOTS)
+		sub_sat(&l->slot[slot].used[gpu], bytes);
 }
 
 /*
@@ -491,15 +493,8 @@ void gs_ledger_persist(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_
 
 void gs_ledger_unpersist(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes)
 {
-	uint64_t *p, cur;
-
-	if (gpu >= GS_MAX_GPUS || slot >= GS_MAX_SLOTS)
-		return;
-	p = &l->slot[slot].persistent[gpu];
-	cur = LOAD(p);
-	while (!__atomic_compare_exchange_n(p, &cur, cur > bytes ? cur - bytes : 0, 0,
-					    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
-		;
+	if (gpu < GS_MAX_GPUS && slot < GS_MAX_SLOTS)
+		sub_sat(&l->slot[slot].persistent[gpu], bytes);
 }
 
 void gs_ledger_note_temp(struct gs_ledger *l, uint32_t slot, uint32_t gpu)
