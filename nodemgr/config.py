@@ -78,7 +78,7 @@ class Config:
     # the turn without yielding, and the default guard after each persistent slice.
     timeslice_gpus: tuple[str, ...] | str = ()
     quantum: int = 4
-    turn_timeout: float = 10.0
+    turn_timeout: float = 30.0
     guard: int = 100 << 20
 
     @property
@@ -313,7 +313,7 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     quantum = ts.get("quantum", 4)
     if isinstance(quantum, bool) or not isinstance(quantum, int) or quantum < 1:
         raise ConfigError(f"timeslice.quantum must be an integer >= 1, not {quantum!r}")
-    turn_timeout = ts.get("turn_timeout", 10.0)
+    turn_timeout = ts.get("turn_timeout", 30.0)
     if (
         isinstance(turn_timeout, bool)
         or not isinstance(turn_timeout, int | float)

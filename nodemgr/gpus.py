@@ -53,27 +53,33 @@ def names_gpu(name: str, index: int, uuid: str) -> bool:
     return name.isdigit() and int(name) == index
 
 
-def resolve(names: Sequence[str], gpus: Sequence[Gpu]) -> frozenset[int]:
+def resolve(
+    names: Sequence[str],
+    gpus: Sequence[Gpu],
+    what: str = "CUDA_VISIBLE_DEVICES (request.devices)",
+    fix: str | None = "fix or unset CUDA_VISIBLE_DEVICES",
+) -> frozenset[int]:
     """The indices of the GPUs a request's ``devices`` name (docs/protocol.md).
 
     A name is a GPU index, or a GPU UUID or a prefix of one, compared without
     regard to case; nodemgr.protocol has checked its form. Raise ValueError,
     naming the entry, for a name that matches no GPU or several, or a GPU
-    named twice.
+    named twice. ``what`` names the list in the message; ``fix``, if any, ends
+    the message for a name that matches no GPU.
     """
     named: dict[int, str] = {}
     for name in names:
         matches = [g.index for g in gpus if names_gpu(name, g.index, g.uuid)]
         if not matches:
             have = {0: "no GPUs", 1: "GPU 0"}.get(len(gpus), f"GPUs 0-{len(gpus) - 1}")
-            raise ValueError(
-                f"CUDA_VISIBLE_DEVICES (request.devices) entry {name!r} names no GPU of this "
-                f"node (it has {have}; `nodemgr status` lists their indices and UUIDs): "
-                "fix or unset CUDA_VISIBLE_DEVICES"
+            msg = (
+                f"{what} entry {name!r} names no GPU of this node (it has {have}; "
+                "`nodemgr status` lists their indices and UUIDs)"
             )
+            raise ValueError(f"{msg}: {fix}" if fix else msg)
         if len(matches) > 1:
             raise ValueError(
-                f"CUDA_VISIBLE_DEVICES (request.devices) entry {name!r} is the start of the "
+                f"{what} entry {name!r} is the start of the "
                 f"UUIDs of GPUs {', '.join(map(str, matches))}: give more of the UUID "
                 "(`nodemgr status` lists them)"
             )
@@ -81,10 +87,7 @@ def resolve(names: Sequence[str], gpus: Sequence[Gpu]) -> frozenset[int]:
         if index in named:
             first = named[index]
             twice = f"{name!r} twice" if first == name else f"{first!r} and {name!r}"
-            raise ValueError(
-                f"CUDA_VISIBLE_DEVICES (request.devices) names GPU {index} {twice}: "
-                "name each GPU once"
-            )
+            raise ValueError(f"{what} names GPU {index} {twice}: name each GPU once")
         named[index] = name
     return frozenset(named)
 

@@ -58,6 +58,7 @@ class Regions:
     settled: tuple[int, ...]  # persistent bytes right after the last release
     iterations: int  # the most boundaries one process reported
     releases: int  # the fewest releases one iterating process made; 0: not settled yet
+    min_iterations: int = 0  # the fewest boundaries one process that reported any reported
 
     def temporary(self, gpu: int) -> int:
         """Temporary bytes held now on ``gpu``."""
@@ -225,6 +226,7 @@ class Ledger:
             tuple(int(out.settled[g]) for g in range(ng)),
             int(out.iterations),
             int(out.releases),
+            int(out.min_iterations),
         )
 
     def task_entry(self, task_id: str) -> TaskEntry | None:

@@ -154,7 +154,7 @@ TASK_REQUESTS: dict[str, Schema] = {
         "temporary": (False, _optional(_bytes)),
         "guard": (False, _optional(_int(0, MAX_GUARD))),
     },
-    "yield": {"task_id": (True, _task)},
+    "yield": {"task_id": (True, _task), "iterations": (False, _optional(_int(0, (1 << 63) - 1)))},
     "heartbeat": {"task_id": (True, _task)},
     "done": {
         "task_id": (True, _task),

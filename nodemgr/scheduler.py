@@ -73,7 +73,8 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
       environment's GPUs.
     * ``new_allowed > 0``: candidates are GPUs the environment does not use,
       with fewer than ``threshold`` tasks and room for its memory quota, at
-      most ``new_allowed`` of them, most free memory first. Enough of them:
+      most ``new_allowed`` of them, most free memory first (on a time-sliced
+      GPU: most left after what the task adds to its charge). Enough of them:
       take ``need``. Too few: take them all and reuse
       ``need - len(candidates)`` of the environment's least-loaded GPUs; if
       it uses fewer than that, refuse.
@@ -166,7 +167,7 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
             for g in usable
             if g.index not in ask.env_gpus and g.tasks < threshold and _room(g, ask.memory)
         ),
-        key=lambda g: (-g.free, g.tasks, g.index),
+        key=lambda g: (-_left(g, ask.memory), g.tasks, g.index),
     )[:new_allowed]
     if len(candidates) >= ask.need:
         chosen = tuple(g.index for g in candidates[: ask.need])
@@ -184,6 +185,13 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
         )
     new = tuple(g.index for g in candidates)
     return Choice(new + tuple(reusable[:reuse]), new)
+
+
+def _left(g: GpuView, quota: int) -> int:
+    """What ranks a candidate GPU: its free memory once the task is charged there (on a
+    shared GPU its environment's quota, the same on every shared GPU; on a time-sliced GPU
+    what the task adds to the GPU's charge)."""
+    return g.free - (g.extra if g.extra is not None else quota)
 
 
 def _room(g: GpuView, charge: int | None) -> bool:

@@ -263,6 +263,13 @@ class Server:
                 self.metrics.snapshot()
         if self.node.queue:
             self._run_queue(now)
+        if self.node.held_yields:
+            self._answer_yields()
+
+    def _answer_yields(self) -> None:
+        """Answer the held `yield` requests whose wait is over (Node.answer_yields)."""
+        for to, task_id, passed in self.node.answer_yields():
+            self._send_later(to, protocol.reply("turn", to[2], task_id=task_id, passed=passed))
 
     def _check_health(self) -> None:
         lost = lost_gpus(self.node.gpus)
@@ -336,6 +343,8 @@ class Server:
             envelope = [f.bytes for f in frames[:-1]]
             started = time.perf_counter()
             out = self._dispatch(frames[-1], env, (sock, envelope))
+            if out is None:
+                continue  # answered later (a held `yield`)
             if self.metrics is not None:
                 self.metrics.served(
                     "admin" if env is None else "task", out, time.perf_counter() - started
@@ -354,7 +363,7 @@ class Server:
         frame: zmq.Frame,
         env: str | None,
         origin: tuple[zmq.Socket[bytes], list[bytes]] | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
         msg_id = 0
         try:
             msg = protocol.decode(frame.bytes)
@@ -380,7 +389,7 @@ class Server:
         body: dict[str, Any],
         frame: zmq.Frame,
         origin: tuple[zmq.Socket[bytes], list[bytes]] | None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
         node = self.node
         if kind == "heartbeat":
             task = node.task(env, body["task_id"])
@@ -395,7 +404,10 @@ class Server:
             return protocol.reply("quota", msg_id, env=e.name, gpus=e.gpus, memory=e.memory)
         if kind == "yield":
             started = time.perf_counter()
-            passed = node.yield_turn(env, body["task_id"], started)
+            to = (origin[0], origin[1], msg_id) if origin is not None else None
+            passed = node.yield_turn(env, body["task_id"], started, body["iterations"], to)
+            if passed is None:
+                return None  # held until the task's other processes end the turn too
             return protocol.reply("turn", msg_id, task_id=body["task_id"], passed=passed)
         # done
         task = node.task(env, body["task_id"])

@@ -21,7 +21,7 @@ from typing import Any
 from nodemgr import scheduler, timeslice
 from nodemgr.config import Config, ConfigError
 from nodemgr.gpus import Gpu, resolve
-from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, Regions, SlotTotals
+from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, Regions, SlotTotals, TaskEntry
 from nodemgr.protocol import Err, ProtocolError
 from nodemgr.store import Record, Store
 
@@ -74,6 +74,16 @@ class Task:
     guard: int = 0
     arrival: int = 0
     regions: Regions | None = None
+
+
+@dataclass
+class HeldYield:
+    """``yield`` requests of a task waiting for its other processes (docs/timeslicing.md,
+    "Tasks of several processes"): answered when the turn it ends passes, or ends
+    otherwise."""
+
+    until: int  # the turn_until of the turn they end
+    reply_to: list[Any] = field(default_factory=list)  # the server's handles
 
 
 @dataclass
@@ -163,6 +173,13 @@ class Node:
         # Called with (GPU index, seconds) for each hand-on; the server's metrics.
         self.on_switch: Callable[[int, float], None] | None = None
         self._arrivals = 0
+        # Per task on a time-sliced GPU: its boundary counts (most, fewest of its processes)
+        # as last read, and when they last moved (monotonic); turn_timeout counts from then.
+        self.progress: dict[str, tuple[tuple[int, int], float]] = {}
+        # Held `yield` requests, per task.
+        self.held_yields: dict[str, HeldYield] = {}
+        # Tasks told once that they cannot take turns (their ledger has no entry for them).
+        self._unsliced: set[str] = set()
 
     def _initial_modes(self) -> dict[int, tuple[str, str]]:
         """Per GPU index (mode, source): an admin's choice beats the config, which beats
@@ -172,10 +189,13 @@ class Node:
             configured = frozenset(g.index for g in self.gpus)
         else:
             try:
-                configured = resolve(list(names), self.gpus) if names else frozenset()
+                configured = (
+                    resolve(list(names), self.gpus, "timeslice.gpus", None)
+                    if names
+                    else frozenset()
+                )
             except ValueError as e:
-                msg = str(e).replace("CUDA_VISIBLE_DEVICES (request.devices)", "timeslice.gpus")
-                raise ConfigError(msg.split(": fix or unset")[0]) from None
+                raise ConfigError(str(e)) from None
         admin = self.store.gpu_modes()
         modes = {}
         for g in self.gpus:
@@ -234,16 +254,45 @@ class Node:
         if restored:
             log.info("restored %d running tasks; waiting for their clients", len(restored))
         # What the adopted entries say now (an earlier nodemgr may have left tasks gated,
-        # holding a turn or flagged): the first plan corrects whatever it must.
+        # holding a turn or flagged): the first plan corrects whatever it must. The turns
+        # start from the entries, so the task that held a GPU's turn keeps it.
+        entries = {}
         for task in self.tasks.values():
             entry = self.envs[task.env].ledger.task_entry(task.task_id)
             if entry is not None:
+                entries[task.task_id] = entry
                 gate = timeslice.Gate(entry.gated, entry.turn_until, entry.flags)
                 if gate != _UNGATED:
                     self.gates[task.task_id] = gate
+        self.turns = self._adopted_turns(entries)
         self.read_regions()
         self.retime(time.perf_counter())
         return restored
+
+    def _adopted_turns(self, entries: dict[str, TaskEntry]) -> timeslice.Turns:
+        """The turns the adopted entries show: on each gated GPU, the holder is its task whose
+        entry is not gated and has a turn_until; it keeps that turn_until."""
+        now = time.monotonic()
+        gpus: dict[int, timeslice.GpuTurn] = {}
+        until: dict[str, int] = {}
+        order = sorted(self.tasks.values(), key=lambda t: t.arrival)
+        for g in self.gpus:
+            if not self.timesliced(g.index):
+                continue
+            on = [t.task_id for t in order if g.index in t.gpus]
+            if len(on) < 2:
+                continue
+            holders = [
+                t for t in on if t in entries and not entries[t].gated and entries[t].turn_until
+            ]
+            holder = holders[0] if holders else None
+            if holder is not None:
+                until[holder] = entries[holder].turn_until
+            waiting = {t: now for t in on if t != holder}
+            gpus[g.index] = timeslice.GpuTurn(
+                holder, now, dict.fromkeys(on, 0.0), waiting, tuple(on)
+            )
+        return timeslice.Turns(gpus, until)
 
     def _restore_entries(self, env: Env) -> None:
         """Free the task entries of tasks that did not survive the restart; give restored
@@ -419,18 +468,30 @@ class Node:
         sliced.sort(key=lambda t: t.arrival)
         on: dict[int, list[str]] = {}
         iterations = {}
+        paused = set()
+        now = time.monotonic()
+        progress: dict[str, tuple[tuple[int, int], float]] = {}
         for t in sliced:
             for i in t.gpus:
                 if self.timesliced(i):
                     on.setdefault(i, []).append(t.task_id)
             entry = self.envs[t.env].ledger.task_entry(t.task_id)
             iterations[t.task_id] = entry.iterations if entry is not None else 0
+            if entry is not None and entry.paused:
+                paused.add(t.task_id)
+            # Progress: the most or the fewest boundaries of its processes moved.
+            counts = (iterations[t.task_id], t.regions.min_iterations if t.regions else 0)
+            last = self.progress.get(t.task_id)
+            progress[t.task_id] = last if last is not None and last[0] == counts else (counts, now)
+        self.progress = progress
         return timeslice.Situation(
             on,
             {t.task_id: t.gpus for t in sliced},
             iterations,
-            time.monotonic(),
+            now,
             self.config.quantum,
+            {tid: when for tid, (_, when) in progress.items()},
+            frozenset(paused),
         )
 
     def _apply(self, plan: timeslice.Plan, started: float) -> None:
@@ -459,7 +520,16 @@ class Node:
                     ledger.task_turn(task_id, gate.turn_until, gate.flags)
                     ledger.task_gate(task_id, False)
             except LedgerError as e:
-                log.debug("task %s cannot take turns: %s", task_id, e)
+                # Its ledger had no free task entry when it started: it runs unsliced.
+                if task_id in self._unsliced:
+                    log.debug("task %s cannot take turns: %s", task_id, e)
+                else:
+                    self._unsliced.add(task_id)
+                    log.warning(
+                        "task %s cannot take turns on its time-sliced GPUs and runs unsliced: %s",
+                        task_id,
+                        e,
+                    )
         self.gates = {tid: g for tid, g in plan.gates.items() if g != _UNGATED}
         if plan.handed:
             seconds = time.perf_counter() - started
@@ -478,15 +548,66 @@ class Node:
             return
         self._apply(timeslice.settle(self.turns, self._situation()), started)
 
-    def yield_turn(self, env_name: str, task_id: str, started: float) -> bool:
-        """The task yields: each turn it holds goes on; whether one did."""
+    def yield_turn(
+        self,
+        env_name: str,
+        task_id: str,
+        started: float,
+        iterations: int | None = None,
+        reply_to: Any = None,
+    ) -> bool | None:
+        """A process of the task yields (docs/timeslicing.md): whether a turn of the task
+        went on; None when the answer waits (``reply_to`` is kept, see ``answer_yields``)
+        for the task's other iterating processes to reach the end of the turn.
+
+        A yield whose ``iterations`` (the sending process's boundary count) is below the
+        task's turn_until is stale or early for this turn: ``False``, nothing changed."""
         task = self.task(env_name, task_id)
+        until = self.turns.until.get(task.task_id)
+        if until is not None:
+            if iterations is not None and iterations < until:
+                return False
+            if reply_to is not None and not self._barrier_met(task, until):
+                held = self.held_yields.get(task.task_id)
+                if held is None or held.until != until:
+                    held = self.held_yields[task.task_id] = HeldYield(until)
+                held.reply_to.append(reply_to)
+                return None
         plan = timeslice.yield_turn(self.turns, self._situation(), task.task_id)
         self._apply(plan, started)
         return plan.passed
 
+    def _barrier_met(self, task: Task, until: int) -> bool:
+        """Every process of the task that reports boundaries has reached ``until``."""
+        r = self.envs[task.env].ledger.task_regions(task.task_id)
+        return r.min_iterations == 0 or r.min_iterations >= until
+
+    def answer_yields(self) -> list[tuple[Any, str, bool]]:
+        """The held yields whose wait is over, as (reply_to, task id, passed): the task's
+        iterating processes all reached the end of its turn (the turn passes now), or the
+        turn ended otherwise (turn_timeout; passed: true if the task is gated now), or the
+        task has ended (passed: false)."""
+        out: list[tuple[Any, str, bool]] = []
+        for task_id, held in list(self.held_yields.items()):
+            task = self.tasks.get(task_id)
+            if task is None:
+                passed = False
+            elif self.turns.until.get(task_id) != held.until:
+                gate = self.gates.get(task_id)
+                passed = gate is not None and gate.gated
+            elif self._barrier_met(task, held.until):
+                plan = timeslice.yield_turn(self.turns, self._situation(), task_id)
+                self._apply(plan, time.perf_counter())
+                passed = plan.passed
+            else:
+                continue
+            del self.held_yields[task_id]
+            out += [(to, task_id, passed) for to in held.reply_to]
+        return out
+
     def expire_turns(self) -> None:
-        """Pass on the turns held longer than timeslice.turn_timeout."""
+        """Pass on the turns of holders stuck for timeslice.turn_timeout (no boundary for
+        that long, or never one and a turn that old)."""
         if self._idle():
             return
         started = time.perf_counter()
@@ -715,6 +836,8 @@ class Node:
                 env.draining.add(index)
         # Its turns go on at once (a holder that has gone hands on).
         self.gates.pop(task_id, None)
+        self.progress.pop(task_id, None)
+        self._unsliced.discard(task_id)
         self.retime(started)
         self.store.task_ended(task_id, time.time(), reason, task.peak, exit_code)
         self.queue_dirty = True

@@ -171,6 +171,9 @@ class Situation:
     iterations: Mapping[str, int]  # task -> boundaries its ledger entry counts
     now: float  # monotonic seconds
     quantum: int  # iterations per turn
+    # task -> when its boundary counts last moved (monotonic seconds; absent: never seen to)
+    progress: Mapping[str, float] = field(default_factory=dict)
+    paused: frozenset[str] = frozenset()  # tasks an operator paused: given no turn if avoidable
 
 
 @dataclass(frozen=True)
@@ -190,13 +193,6 @@ class Plan:
     passed: bool = False  # yield_turn: some turn of the task went to another task
 
 
-def _next(turn: GpuTurn, exclude: str | None) -> str | None:
-    for t in turn.order():
-        if t != turn.holder and t != exclude:
-            return t
-    return None
-
-
 def _hand_on(turn: GpuTurn, now: float, to: str | None) -> GpuTurn:
     """End the holder's turn (if any) and give it to ``to``; the old holder waits."""
     held = dict(turn.held)
@@ -212,7 +208,7 @@ def _hand_on(turn: GpuTurn, now: float, to: str | None) -> GpuTurn:
 def _join(old: GpuTurn | None, tasks: Sequence[str], now: float) -> GpuTurn:
     """The GPU's turn with exactly ``tasks`` on it: departed ones dropped (a departed holder
     leaves the GPU between turns), new ones waiting from now with the least turn time of
-    the others; a turn between holders is given to the next task."""
+    the others. A GPU left between turns is given a holder by ``_assign``."""
     if old is None:
         turn = GpuTurn(None, now, dict.fromkeys(tasks, 0.0), dict.fromkeys(tasks, now), ())
     else:
@@ -229,18 +225,82 @@ def _join(old: GpuTurn | None, tasks: Sequence[str], now: float) -> GpuTurn:
             elif t != holder and t not in waiting:
                 waiting[t] = now
         turn = GpuTurn(holder, since, held, waiting, ())
-    turn = GpuTurn(turn.holder, turn.since, turn.held, turn.waiting, tuple(tasks))
-    if turn.holder is None:
-        turn = _hand_on(turn, now, _next(turn, None))
-    return turn
+    return GpuTurn(turn.holder, turn.since, turn.held, turn.waiting, tuple(tasks))
+
+
+def _gated(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str) -> list[int]:
+    return [g for g in s.tasks.get(task_id, ()) if g in gpus]
+
+
+def _runs(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str) -> bool:
+    """Whether the task holds the turn of every gated GPU of it (it runs)."""
+    gated = _gated(gpus, s, task_id)
+    return bool(gated) and all(gpus[g].holder == task_id for g in gated)
+
+
+def _whole(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str) -> bool:
+    """Whether the task can take every gated GPU of it at once: each is between turns,
+    already its own, or held by a task that does not run (it waits for another GPU)."""
+    for g in _gated(gpus, s, task_id):
+        holder = gpus[g].holder
+        if holder is not None and holder != task_id and _runs(gpus, s, holder):
+            return False
+    return True
+
+
+def _assign(
+    gpus: dict[int, GpuTurn], s: Situation, exclude: Mapping[int, str] | None = None
+) -> None:
+    """Give a holder to every GPU between turns, jointly (docs/timeslicing.md, "A task on
+    several GPUs"): for each such GPU, in index order, the first task in its order (least
+    turn time, then longest waiting) that can then hold all its gated GPUs gets all of them
+    at once, taken from holders that do not run; only if there is none, the first task in
+    its order gets this GPU alone and waits there for the others. Paused tasks come last;
+    ``exclude[gpu]`` (a task that just yielded or timed out there) is never chosen, and a
+    GPU with nobody else (or only paused tasks) stays between turns for the caller."""
+    skip = exclude or {}
+    for g in sorted(gpus):
+        turn = gpus[g]
+        if turn.holder is not None:
+            continue
+        order = [t for t in turn.order() if t != skip.get(g)]
+        ready = [t for t in order if t not in s.paused]
+        paused = [t for t in order if t in s.paused]
+        pick = next((t for t in ready if _whole(gpus, s, t)), None)
+        if pick is None and ready:
+            gpus[g] = _hand_on(turn, s.now, ready[0])
+            continue
+        if pick is None and g in skip:
+            continue  # only paused tasks besides the one that had it: it keeps the turn
+        if pick is None:
+            pick = next((t for t in paused if _whole(gpus, s, t)), None)
+        if pick is None:
+            if paused:
+                gpus[g] = _hand_on(turn, s.now, paused[0])
+            continue
+        for h in _gated(gpus, s, pick):
+            if gpus[h].holder != pick:
+                gpus[h] = _hand_on(gpus[h], s.now, pick)
+
+
+def _progress(gpus: dict[int, GpuTurn], s: Situation) -> None:
+    """Some task runs whenever a GPU is gated: if every holder waits for another GPU (a
+    state only a restart's adopted turns can leave), all turns are handed out afresh."""
+    if not gpus or any(_runs(gpus, s, t.holder) for t in gpus.values() if t.holder):
+        return
+    for g, turn in gpus.items():
+        gpus[g] = _hand_on(turn, s.now, None)
+    _assign(gpus, s)
 
 
 def _reconcile(prev: Turns, s: Situation) -> dict[int, GpuTurn]:
-    return {
+    gpus = {
         gpu: _join(prev.gpus.get(gpu), tasks, s.now)
         for gpu, tasks in s.on.items()
         if len(tasks) >= 2
     }
+    _assign(gpus, s)
+    return gpus
 
 
 def _plan(
@@ -282,33 +342,57 @@ def settle(prev: Turns, s: Situation) -> Plan:
     return _plan(prev, s, _reconcile(prev, s))
 
 
+def _pass_on(gpus: dict[int, GpuTurn], s: Situation, cut: Sequence[str]) -> tuple[set[str], bool]:
+    """End every turn the tasks ``cut`` hold and give them out again jointly; a GPU where
+    nobody else can take the turn goes back to the task that had it. Returns the tasks
+    that got back all they held, and whether some turn went to another task."""
+    exclude: dict[int, str] = {}
+    for task_id in cut:
+        for g, turn in gpus.items():
+            if turn.holder == task_id:
+                gpus[g] = _hand_on(turn, s.now, None)
+                exclude[g] = task_id
+    _assign(gpus, s, exclude)
+    kept = set(cut)
+    for g, task_id in exclude.items():
+        if gpus[g].holder is None:
+            gpus[g] = _hand_on(gpus[g], s.now, task_id)
+        elif gpus[g].holder != task_id:
+            kept.discard(task_id)
+    _progress(gpus, s)
+    return kept, len(kept) < len(set(cut))
+
+
 def yield_turn(prev: Turns, s: Situation, task_id: str) -> Plan:
-    """``task_id`` yields: every turn it holds goes to the next task there. A task that
-    holds no turn, or has nobody to pass it to, keeps what it has (for another quantum)."""
+    """``task_id`` yields: every turn it holds goes to the next task there, chosen jointly
+    (``_assign``). A task that holds no turn, or has nobody to pass it to, keeps what it
+    has (for another quantum)."""
     gpus = _reconcile(prev, s)
-    passed = False
-    renewed: set[str] = set()
-    for g, turn in gpus.items():
-        if turn.holder != task_id:
-            continue
-        nxt = _next(turn, task_id)
-        if nxt is None:
-            gpus[g] = GpuTurn(task_id, s.now, turn.held, turn.waiting, turn.arrival)
-            renewed.add(task_id)
-        else:
-            gpus[g] = _hand_on(turn, s.now, nxt)
-            passed = True
+    held = any(t.holder == task_id for t in gpus.values())
+    kept, passed = _pass_on(gpus, s, [task_id] if held else [])
+    renewed = set(kept)
     if not passed and task_id in prev.until:
         renewed.add(task_id)
     return _plan(prev, s, gpus, frozenset(renewed), passed)
 
 
+def stuck(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str, timeout: float) -> bool:
+    """Whether a running holder is past ``timeout``: one that has reported boundaries when
+    they have not moved for ``timeout`` seconds of its turn; one that never reported any
+    when its turn is ``timeout`` seconds old. Its turn began when it got its last GPU."""
+    gated = _gated(gpus, s, task_id)
+    start = max(gpus[g].since for g in gated)
+    last = start
+    if s.iterations.get(task_id, 0) > 0:
+        last = max(start, s.progress.get(task_id, start))
+    return s.now - last > timeout
+
+
 def expire(prev: Turns, s: Situation, timeout: float) -> Plan:
-    """Pass on every turn held longer than ``timeout`` seconds."""
+    """Pass on the turns of every running holder that is ``stuck``. A holder waiting for
+    another GPU is not cut: the task it waits for is."""
     gpus = _reconcile(prev, s)
-    for g, turn in gpus.items():
-        if turn.holder is not None and s.now - turn.since > timeout:
-            nxt = _next(turn, turn.holder)
-            if nxt is not None:
-                gpus[g] = _hand_on(turn, s.now, nxt)
+    holders = sorted({t.holder for t in gpus.values() if t.holder is not None})
+    cut = [t for t in holders if _runs(gpus, s, t) and stuck(gpus, s, t, timeout)]
+    _pass_on(gpus, s, cut)
     return _plan(prev, s, gpus)

@@ -259,6 +259,8 @@ int gs_ledger_task_regions(const struct gs_ledger *l, const char *task_id,
 		/* A process that never reported a boundary is one that runs no iterations. */
 		if (it > 0 && (out->releases == 0 || rel < out->releases))
 			out->releases = rel;
+		if (it > 0 && (out->min_iterations == 0 || it < out->min_iterations))
+			out->min_iterations = it;
 		n++;
 	}
 	out->processes = (uint32_t)n;

@@ -73,6 +73,7 @@ struct gs_regions {
 	uint64_t settled[GS_MAX_GPUS];    /* persistent bytes right after each process's last release */
 	uint64_t iterations;     /* the most boundaries one process reported */
 	uint64_t releases;       /* the fewest releases one process made (0: none settled yet) */
+	uint64_t min_iterations; /* the fewest boundaries one process that reported any reported (0: none did) */
 	uint32_t processes;
 	uint32_t reserved;
 };

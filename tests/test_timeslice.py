@@ -112,6 +112,13 @@ def test_scheduler_reuses_a_time_sliced_gpu_only_with_room() -> None:
     assert scheduler.select(ask, [view(0, 1, -GiB, None)], 4) == scheduler.Choice((0,), ())
 
 
+def test_scheduler_ranks_time_sliced_gpus_by_room_left_after_the_task() -> None:
+    ask = scheduler.Ask(1, 1, 8 * GiB, {})
+    # GPU 0 has more free memory, but the task would add more there than it leaves.
+    gpus = [view(0, 1, 10 * GiB, 9 * GiB), view(1, 1, 8 * GiB, 2 * GiB)]
+    assert scheduler.select(ask, gpus, 4) == scheduler.Choice((1,), (1,))
+
+
 def test_an_estimate_above_the_quota_is_refused() -> None:
     ask = scheduler.Ask(1, 1, 8 * GiB, {}, estimate=(6 * GiB, 3 * GiB))
     r = scheduler.select(ask, [view(0, 0, 16 * GiB, 9 * GiB)], 4)
@@ -261,14 +268,112 @@ def test_a_task_on_two_gated_gpus_runs_only_holding_both() -> None:
     tasks = {"x": [0, 1], "y": [0], "z": [1]}
     on = {0: ["y", "x"], 1: ["x", "z"]}
     p = timeslice.settle(Turns(), sit(on, 0.0, tasks=tasks))
-    # GPU 0: y arrived first; GPU 1: x. x holds only one of its turns: gated.
-    assert p.turns.gpus[0].holder == "y" and p.turns.gpus[1].holder == "x"
-    assert p.gates["x"].gated and not p.gates["y"].gated and p.gates["z"].gated
+    # GPU 0: y arrived first and runs; x could not then hold GPU 1 too, so z gets it.
+    assert p.turns.gpus[0].holder == "y" and p.turns.gpus[1].holder == "z"
+    assert p.gates["x"].gated and not p.gates["y"].gated and not p.gates["z"].gated
+    # y yields: x cannot run (z runs on GPU 1), so it takes GPU 0 alone and waits there.
     p = timeslice.yield_turn(p.turns, sit(on, 1.0, tasks=tasks), "y")
-    assert p.turns.gpus[0].holder == "x"
+    assert p.turns.gpus[0].holder == "x" and p.gates["x"].gated
+    # z yields: x now holds both and runs.
+    p = timeslice.yield_turn(p.turns, sit(on, 2.0, tasks=tasks), "z")
+    assert p.turns.gpus[1].holder == "x"
     assert p.gates["x"] == Gate(False, 4, 1)
     # Its yield ends both turns.
-    p = timeslice.yield_turn(p.turns, sit(on, 2.0, {"x": 4}, tasks=tasks), "x")
+    p = timeslice.yield_turn(p.turns, sit(on, 3.0, {"x": 4}, tasks=tasks), "x")
     assert p.passed
     assert p.turns.gpus[0].holder == "y" and p.turns.gpus[1].holder == "z"
     assert p.gates["x"].gated
+
+
+def running(p: timeslice.Plan) -> set[str]:
+    return {t for t, g in p.gates.items() if not g.gated and g.turn_until}
+
+
+def test_tasks_on_two_gpus_do_not_each_hold_one_and_wait() -> None:
+    """x and w on GPUs 0 and 1, z on GPU 0 only: x yields, w yields, z ends. Chosen GPU by
+    GPU, x and w ended up holding one each, and every expiry swapped both: neither ran."""
+    tasks3 = {"x": [0, 1], "w": [0, 1], "z": [0]}
+    on3 = {0: ["x", "w", "z"], 1: ["x", "w"]}
+    p = timeslice.settle(Turns(), sit(on3, 0.0, tasks=tasks3))
+    assert running(p) == {"x"}
+    # x holds its turns 2 s, w 1 s: GPU 0 alone would go to w next, GPU 1 to x.
+    p = timeslice.yield_turn(p.turns, sit(on3, 2.0, {"x": 4}, tasks=tasks3), "x")
+    assert running(p) == {"w"}
+    p = timeslice.yield_turn(p.turns, sit(on3, 3.0, {"x": 4, "w": 4}, tasks=tasks3), "w")
+    assert running(p) == {"z"}
+    tasks2 = {"x": [0, 1], "w": [0, 1]}
+    on2 = {0: ["x", "w"], 1: ["x", "w"]}
+    p = timeslice.settle(p.turns, sit(on2, 4.0, {"x": 4, "w": 4}, tasks=tasks2))
+    holders = {g: t.holder for g, t in p.turns.gpus.items()}
+    assert holders[0] == holders[1] and running(p) == {holders[0]}
+    # Each expiry hands both GPUs on together: one of them always runs.
+    now = 4.0
+    for _ in range(4):
+        now += 11.0
+        before = p.turns.gpus[0].holder
+        p = timeslice.expire(p.turns, sit(on2, now, tasks=tasks2), 10.0)
+        assert p.turns.gpus[0].holder == p.turns.gpus[1].holder != before
+        assert running(p) == {p.turns.gpus[0].holder}
+
+
+def test_some_task_always_runs_whatever_happens() -> None:
+    """Random joins, yields, ends and expiries on three GPUs: after each, some task runs."""
+    import random
+
+    rng = random.Random(2)
+    tasks: dict[str, list[int]] = {}
+    turns = Turns()
+    now = 0.0
+    serial = 0
+    for _ in range(600):
+        now += 1.0
+        r = rng.random()
+        if r < 0.3 or len(tasks) < 2:
+            serial += 1
+            tasks[f"t{serial}"] = sorted(rng.sample(range(3), rng.randint(1, 3)))
+        elif r < 0.45:
+            del tasks[rng.choice(sorted(tasks))]
+        on: dict[int, list[str]] = {}
+        for t, gs in tasks.items():
+            for g in gs:
+                on.setdefault(g, []).append(t)
+        s = sit(on, now, {t: 1 for t in tasks}, tasks=tasks)
+        if r < 0.45:
+            p = timeslice.settle(turns, s)
+        elif r < 0.9:
+            p = timeslice.yield_turn(turns, s, rng.choice(sorted(tasks)))
+        else:
+            p = timeslice.expire(turns, s, 0.5)
+        turns = p.turns
+        if turns.gpus:
+            assert running(p), (tasks, {g: t.holder for g, t in turns.gpus.items()})
+        for g, turn in turns.gpus.items():
+            assert turn.holder in on[g]
+
+
+def test_a_holder_that_reports_boundaries_is_cut_only_when_stuck() -> None:
+    on = {0: ["a", "b"]}
+    p = timeslice.settle(Turns(), sit(on, 0.0, {"a": 1}))
+    # a's turn is 25 s old, but its count moved 2 s ago: it keeps the turn.
+    s = Situation(on, {"a": [0], "b": [0]}, {"a": 3}, 25.0, 4, progress={"a": 23.0})
+    e = timeslice.expire(p.turns, s, 10.0)
+    assert e.turns.gpus[0].holder == "a" and e.handed == ()
+    # Its count has not moved for more than 10 s: stuck, gated where it stands.
+    s = Situation(on, {"a": [0], "b": [0]}, {"a": 3}, 34.0, 4, progress={"a": 23.0})
+    e = timeslice.expire(p.turns, s, 10.0)
+    assert e.turns.gpus[0].holder == "b" and e.handed == (0,) and e.gates["a"].gated
+    # No progress seen during its turn: counted from the start of the turn.
+    s = Situation(on, {"a": [0], "b": [0]}, {"a": 3}, 10.5, 4, progress={"a": -5.0})
+    assert timeslice.expire(p.turns, s, 10.0).turns.gpus[0].holder == "b"
+
+
+def test_a_paused_task_is_passed_over() -> None:
+    on = {0: ["a", "b", "c"]}
+    p = timeslice.settle(Turns(), sit(on, 0.0))
+    s = Situation(on, {t: [0] for t in "abc"}, {}, 1.0, 4, paused=frozenset({"b"}))
+    p = timeslice.yield_turn(p.turns, s, "a")
+    assert p.turns.gpus[0].holder == "c"
+    # With nobody else to take it, the yielding task keeps the turn.
+    s = Situation(on, {t: [0] for t in "abc"}, {}, 2.0, 4, paused=frozenset({"a", "b"}))
+    p = timeslice.yield_turn(p.turns, s, "c")
+    assert not p.passed and p.turns.gpus[0].holder == "c"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import select
 import signal
 import subprocess
 import sys
@@ -35,8 +36,9 @@ from nodemgr._ledger import ffi, lib
 from nodemgr.client import Connection
 
 endpoint, fields = sys.argv[1], json.loads(sys.argv[2])
-conn = Connection(endpoint, timeout=30)
-grant = conn.call("request", timeout=60, **fields)
+conn = Connection(endpoint, timeout=60)
+# "join": another process of a running task (its grant as the first process printed it).
+grant = fields["join"] if "join" in fields else conn.call("request", timeout=60, **fields)
 tid = grant["task_id"]
 fd = os.open(grant["ledger"], os.O_RDWR)
 mem = mmap.mmap(fd, os.fstat(fd).st_size)
@@ -58,7 +60,8 @@ for line in sys.stdin:
     elif cmd == "settle":
         lib.gs_ledger_settle(l, slot)
     elif cmd == "yield":
-        out = conn.call("yield", task_id=tid)["passed"]
+        extra = {"iterations": n[0]} if n else {}
+        out = conn.call("yield", task_id=tid, **extra)["passed"]
     elif cmd == "done":
         conn.call("done", task_id=tid)
         print(json.dumps({"out": None}), flush=True)
@@ -95,11 +98,24 @@ class Proc:
         return str(self.started()["task_id"])
 
     def do(self, *cmd: object) -> Any:
+        self.send(*cmd)
+        return self.answer()
+
+    def send(self, *cmd: object) -> None:
+        """Give a command without waiting for its answer (``answer`` reads it)."""
         self.started()
-        assert self.p.stdin is not None and self.p.stdout is not None
+        assert self.p.stdin is not None
         self.p.stdin.write(" ".join(map(str, cmd)) + "\n")
         self.p.stdin.flush()
+
+    def answer(self) -> Any:
+        assert self.p.stdout is not None
         return json.loads(self.p.stdout.readline())["out"]
+
+    def pending(self) -> bool:
+        """Whether the answer to the last command has not come (yet)."""
+        assert self.p.stdout is not None
+        return not select.select([self.p.stdout], [], [], 0)[0]
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -360,6 +376,88 @@ def test_turn_timeout_passes_the_turn_of_a_task_that_never_yields(
         # And back: neither yields.
         wait_for(lambda: gpu0(d)["turn"]["holder"] == t1, 20, 0.05)
         assert gpu0(d)["turn"]["switches"] >= 2
+
+
+def test_the_turn_ends_when_every_process_of_the_task_reached_it(
+    daemon_factory: Any, procs: Any, wait_for: Any
+) -> None:
+    """A task of two processes (torchrun's, say): the first to reach the end of the turn
+    waits for the other, whose step is not over; a stale yield changes nothing."""
+    d = ts_daemon(daemon_factory)
+    ep = d.env("a", memory=4 * GiB)
+    a1 = procs(ep)
+    a = a1.task_id
+    a2 = procs(ep, join=a1.started())
+    a2.started()
+    b = procs(ep)
+    b.started()
+    assert gpu0(d)["turn"]["holder"] == a
+    for i in (1, 2, 3, 4):
+        a1.do("boundary", i)
+    a2.do("boundary", 1)
+    a1.send("yield", 4)
+    # Held: a2 is in its second step. Both of a's processes run on; b waits.
+    wait_for(lambda: gpu0(d)["turn"]["holder"] == a, 5)
+    assert a1.pending()
+    assert not gated(d, "a", a) and gated(d, "a", b.task_id)
+    # a2's boundaries before the end of the turn: its yield there is early, and answered so.
+    for i in (2, 3):
+        a2.do("boundary", i)
+    assert a2.do("yield", 3) is False
+    assert a1.pending() and not gated(d, "a", a)
+    a2.do("boundary", 4)
+    assert a2.do("yield", 4) is True
+    assert a1.answer() is True
+    assert gated(d, "a", a) and not gated(d, "a", b.task_id)
+    assert gpu0(d)["turn"]["holder"] == b.task_id
+    # The turn comes back to a (turn_until 8); a yield of its last turn, late, is ignored.
+    assert b.do("yield") is True
+    assert gpu0(d)["turn"]["holder"] == a
+    with ledger_of(d, "a") as ledger:
+        entry = ledger.task_entry(a)
+        assert entry is not None and entry.turn_until == 8
+        assert ledger.task_regions(a).min_iterations == 4
+    assert a1.do("yield", 4) is False
+    assert gpu0(d)["turn"]["holder"] == a and not gated(d, "a", a)
+
+
+def test_a_held_yield_is_answered_when_the_process_it_waits_for_dies(
+    daemon_factory: Any, procs: Any, wait_for: Any
+) -> None:
+    d = ts_daemon(daemon_factory)
+    ep = d.env("a", memory=4 * GiB)
+    a1 = procs(ep)
+    a2 = procs(ep, join=a1.started())
+    a2.started()
+    b = procs(ep)
+    b.started()
+    for i in (1, 2, 3, 4):
+        a1.do("boundary", i)
+    a2.do("boundary", 1)
+    a1.send("yield", 4)
+    wait_for(lambda: gated(d, "a", b.task_id) and a1.pending(), 5)
+    a2.kill()
+    # Its slot reaped, every process left of the task is at the end of the turn.
+    wait_for(lambda: not gated(d, "a", b.task_id), 30)
+    assert a1.answer() is True
+    assert gated(d, "a", a1.task_id)
+
+
+def test_a_restart_keeps_the_turn_with_the_task_that_held_it(daemon_factory: Any) -> None:
+    d = ts_daemon(daemon_factory)
+    ep = d.env("a", memory=4 * GiB)
+    with Connection(ep) as c1, Connection(ep) as c2:
+        t1 = request(c1)["task_id"]
+        t2 = request(c2)["task_id"]
+        assert c1.call("yield", task_id=t1)["passed"] is True
+        assert gpu0(d)["turn"]["holder"] == t2
+        d.kill()
+        d.start()
+        assert gpu0(d)["turn"]["holder"] == t2
+        assert gated(d, "a", t1) and not gated(d, "a", t2)
+        with ledger_of(d, "a") as ledger:
+            entry = ledger.task_entry(t2)
+            assert entry is not None and entry.turn_until == 4
 
 
 def test_mode_switch_through_the_cli_ungates_at_once_and_is_kept(daemon_factory: Any) -> None:

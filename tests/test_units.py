@@ -146,7 +146,7 @@ def test_timeslice_config_defaults_and_errors(tmp_path: Path) -> None:
     f = tmp_path / "c.toml"
     f.write_text("[node]\n")
     c = config.load(f)
-    assert (c.timeslice_gpus, c.quantum, c.turn_timeout, c.guard) == ((), 4, 10.0, 100 << 20)
+    assert (c.timeslice_gpus, c.quantum, c.turn_timeout, c.guard) == ((), 4, 30.0, 100 << 20)
     f.write_text(
         '[timeslice]\ngpus = [0, "2", "GPU-8e2c1234"]\nquantum = 2\nturn_timeout = 3\n'
         'guard = "1GiB"\n'
