@@ -7,11 +7,13 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -405,3 +407,24 @@ class Waiting(threading.Thread):
 @pytest.fixture
 def wait_for() -> Any:
     return _wait_for
+
+
+# --- Prometheus metrics -------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback now, for a metrics endpoint."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Every sample nodemgr's metrics endpoint on ``port`` serves, by name and labels."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out

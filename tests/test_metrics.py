@@ -2,32 +2,15 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 import types
-import urllib.request
 from typing import Any
 
 import pytest
 
 from nodemgr.client import Connection, QuotaExceeded
 from nodemgr.gpus import Gpu, lost_gpus
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
+from tests.conftest import free_port, scrape
 
 
 def test_metrics_show_quota_grants_use_reclaims_and_latency(

@@ -23,6 +23,7 @@ from nodemgr.cli import cli
 from nodemgr.client import Connection, NodeError
 from nodemgr.gpus import simulated_uuid
 from nodemgr.ledger import TASK_TIMESLICED, Ledger
+from tests.conftest import free_port, scrape
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -541,12 +542,7 @@ def test_top_shows_regions_and_the_turn_order(daemon_factory: Any) -> None:
 def test_metrics_show_modes_regions_gated_tasks_and_switches(
     daemon_factory: Any, wait_for: Any
 ) -> None:
-    import socket
-    import urllib.request
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     d = daemon_factory(
         {
             "gpus": {"simulated_count": 2},
@@ -556,16 +552,6 @@ def test_metrics_show_modes_regions_gated_tasks_and_switches(
         heartbeat_timeout=60.0,
     )
 
-    def scrape() -> dict[str, float]:
-        url = f"http://127.0.0.1:{port}/metrics"
-        text = urllib.request.urlopen(url, timeout=5).read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-        return out
-
     ep = d.env("a", memory=4 * GiB)
     g0 = f'gpu="0",uuid="{simulated_uuid(0)}"'
     g1 = f'gpu="1",uuid="{simulated_uuid(1)}"'
@@ -573,8 +559,8 @@ def test_metrics_show_modes_regions_gated_tasks_and_switches(
         t1 = request(c1, persistent=GiB, temporary=GiB)["task_id"]
         request(c2, persistent=GiB, temporary=2 * GiB)
         assert c1.call("yield", task_id=t1)["passed"] is True
-        wait_for(lambda: scrape().get(f"gpushare_gpu_gated_tasks{{{g0}}}") == 1, 10, 0.2)
-        m = scrape()
+        wait_for(lambda: scrape(port).get(f"gpushare_gpu_gated_tasks{{{g0}}}") == 1, 10, 0.2)
+        m = scrape(port)
         assert m[f"gpushare_gpu_timesliced{{{g0}}}"] == 1
         assert m[f"gpushare_gpu_timesliced{{{g1}}}"] == 0
         assert m[f"gpushare_gpu_persistent_region_bytes{{{g0}}}"] == 2 * (GiB + 100 * MiB)
