@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="-", help="file for the JSON lines (- : stdout)")
     ap.add_argument(
         "--start-file",
-        help="wait until this file exists before allocating anything (to start jobs together)",
+        help="create FILE.NAME.ready, then wait until FILE exists before allocating anything "
+        "(to start jobs together)",
     )
     ap.add_argument(
         "--boundary",
@@ -57,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.start_file:
         import os
 
+        # Say it is ready (imports done), then wait for the word.
+        open(f"{args.start_file}.{args.name}.ready", "w").close()
         while not os.path.exists(args.start_file):
             time.sleep(0.01)
     model = torch.cuda.alloc(args.persistent * MiB)

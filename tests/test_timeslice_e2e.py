@@ -118,6 +118,75 @@ def test_two_jobs_that_do_not_fit_together_take_turns(
     assert d.admin("status")["gpus"][0]["turn"] is None  # nothing left to gate
 
 
+# Two ranks of one task, as torchrun starts them: both on the task's GPU, both reporting
+# boundaries; the launcher fails if either does.
+RANKS = """
+import subprocess, sys
+job, out, go = sys.argv[1], sys.argv[2], sys.argv[3]
+args = ["--persistent", "256", "--temporary", "2048", "--iterations", "8", "--work-ms", "20",
+        "--start-file", go, "--out", out]
+procs = [subprocess.Popen([sys.executable, job, "--name", f"a{r}", *args]) for r in (0, 1)]
+sys.exit(max(p.wait() for p in procs))
+"""
+
+
+def test_a_task_of_two_processes_hands_the_turn_on_only_when_both_reach_its_end(
+    daemon_factory: Any, run_task: Any, tmp_path: Path
+) -> None:
+    """Task a runs two ranks, task b one process, on one time-sliced GPU. a's turn ends
+    when both its ranks have reached it (each releasing its temporary memory), never with
+    one rank stopped in the middle of a step: once both ranks have reported a boundary, no
+    step of b overlaps a step of either rank, and the turn changes hands."""
+    d = sliced(daemon_factory, quantum=2)
+    go = tmp_path / "go"
+    out_a, out_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a = run_task(
+        d.env("a", 1, 8 * GiB),
+        sys.executable,
+        "-c",
+        RANKS,
+        str(JOB),
+        str(out_a),
+        str(go),
+        opts=("--persistent", "1GiB", "--temporary", "5GiB"),
+        env=job_env(),
+    )
+    b = job(
+        run_task,
+        d.env("b", 1, 8 * GiB),
+        out_b,
+        "--name",
+        "b",
+        "--persistent",
+        "512",
+        "--temporary",
+        "4096",
+        "--iterations",
+        "8",
+        "--work-ms",
+        "20",
+        "--start-file",
+        str(go),
+        opts=("--persistent", "1GiB", "--temporary", "5GiB"),
+    )
+    ready = [tmp_path / f"go.{n}.ready" for n in ("a0", "a1", "b")]
+    _wait_for(lambda: len(d.tasks()) == 2 and all(r.exists() for r in ready), 60)
+    go.touch()
+    done(a)
+    done(b)
+    ra, rb = rows(out_a), rows(out_b)
+    assert len(ra) == 16 and len(rb) == 8
+    # The barrier waits for the processes that have reported a boundary: from the moment
+    # both ranks have, no step of b overlaps a step of either.
+    both = max(x["te"] for x in ra if x["i"] == 0)
+    for x in (x for x in ra if x["t1"] >= both):
+        for y in (y for y in rb if y["t1"] >= both):
+            assert x["tb"] <= y["t1"] or y["tb"] <= x["t1"], (x, y)
+    spans = sorted([(x["t1"], "a") for x in ra] + [(y["t1"], "b") for y in rb])
+    changes = sum(1 for p, q in itertools.pairwise(spans) if p[1] != q[1])
+    assert changes >= 3, spans
+
+
 def test_hooks_in_a_task_process_without_the_autoloader(
     daemon_factory: Any, run_task: Any, tmp_path: Path
 ) -> None:
