@@ -653,6 +653,10 @@ class Node:
                 "uuid": self.gpus[i].uuid,
                 "mode": self.modes[i][0],
                 "source": self.modes[i][1],
+                # Above capacity after a switch to shared, the tasks there run at once and
+                # may run out of memory: the CLI says so.
+                "charged": self.charged(i),
+                "capacity": max(0, self.gpus[i].memory - self.config.memory_reserve),
             }
             for i in indices
         ]

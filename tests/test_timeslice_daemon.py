@@ -493,7 +493,14 @@ def test_mode_switch_through_the_cli_ungates_at_once_and_is_kept(daemon_factory:
     d.kill()
     d.start()
     assert json.loads(mode("0", "--json").output) == [
-        {"index": 0, "uuid": simulated_uuid(0), "mode": "shared", "source": "admin"}
+        {
+            "index": 0,
+            "uuid": simulated_uuid(0),
+            "mode": "shared",
+            "source": "admin",
+            "charged": 4 * GiB,  # the restored tasks' environment, its quota
+            "capacity": 16 * GiB,
+        }
     ]
     r = CliRunner().invoke(cli, ["mode", "7", "shared", "--config", str(d.config)])
     assert r.exit_code == 1 and "no GPU 7" in r.output
@@ -519,6 +526,28 @@ def test_a_restart_without_time_slicing_ungates_what_the_last_run_gated(
         d.start()
         assert gpu0(d)["mode"] == "shared"
         assert not gated(d, "a", t2)
+
+
+def test_switching_an_overcommitted_gpu_to_shared_warns(daemon_factory: Any) -> None:
+    """Three 8 GiB environments fit a 16 GiB time-sliced GPU by their estimates; shared,
+    they are charged their quotas, 24 GiB: the switch is made, with a warning."""
+    d = ts_daemon(daemon_factory)
+    conns = [Connection(d.env(f"e{i}", memory=8 * GiB)) for i in range(3)]
+    try:
+        for c in conns:
+            request(c, persistent=GiB, temporary=2 * GiB)
+        args = ["mode", "0", "shared", "--config", str(d.config)]
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 0, r.output
+        assert "warning: GPU 0 is charged 24GiB, more than its 16GiB" in r.output
+        assert gpu0(d)["mode"] == "shared"
+        [row] = d.admin("mode", gpu=0)["gpus"]
+        assert (row["charged"], row["capacity"]) == (24 * GiB, 16 * GiB)
+        r = CliRunner().invoke(cli, ["mode", "0", "timesliced", "--config", str(d.config)])
+        assert r.exit_code == 0 and "warning" not in r.output
+    finally:
+        for c in conns:
+            c.close()
 
 
 def test_top_shows_regions_and_the_turn_order(daemon_factory: Any) -> None:

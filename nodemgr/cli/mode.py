@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
+from nodemgr.sizes import format_size
 
 MODES = ("shared", "timesliced")
 
@@ -37,3 +38,11 @@ def mode(gpu: str | None, mode: str | None, config_path: str | None, as_json: bo
         ["GPU", "UUID", "MODE", "SOURCE"],
         [[str(g["index"]), g["uuid"], g["mode"], g["source"]] for g in reply["gpus"]],
     )
+    for g in reply["gpus"]:
+        if g.get("charged", 0) > g.get("capacity", g.get("charged", 0)):
+            click.echo(
+                f"warning: GPU {g['index']} is charged {format_size(g['charged'])}, more than "
+                f"its {format_size(g['capacity'])}: its tasks may run out of GPU memory "
+                "(time-slice it again, or end some with nodemgr reclaim)",
+                err=True,
+            )
