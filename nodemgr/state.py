@@ -217,6 +217,7 @@ class Node:
             self._open_env(row.name, row.gpus, row.memory, adopt=True)
         now = time.monotonic()
         restored = []
+        shapes = self.store.task_shapes()
         for rec in self.store.running():
             env = self.envs.get(rec.env)
             if env is None or any(i >= len(self.gpus) for i in rec.gpus):
@@ -235,7 +236,8 @@ class Node:
                 last_seen=now,
                 restored=True,
                 peak=rec.peak,
-                guard=self.config.guard,
+                estimate=shapes.get(rec.task_id, (None, 0))[0],
+                guard=shapes[rec.task_id][1] if rec.task_id in shapes else self.config.guard,
                 arrival=self._arrive(),
             )
             self.tasks[task.task_id] = task
@@ -788,7 +790,9 @@ class Node:
                 None,
                 0,
                 None,
-            )
+            ),
+            task.estimate,
+            task.guard,
         )
         # Before the grant leaves: the command's processes look their task up
         # when they claim their ledger slots.

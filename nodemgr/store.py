@@ -44,6 +44,12 @@ CREATE TABLE IF NOT EXISTS gpu_modes (
     mode    TEXT NOT NULL,            -- "shared" or "timesliced", set by an admin
     updated REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS task_shapes (
+    task_id    TEXT PRIMARY KEY,      -- a running task's, for time slicing after a restart
+    persistent INTEGER,               -- its request's estimate, bytes; NULL: none stated
+    temporary  INTEGER,
+    guard      INTEGER NOT NULL       -- bytes after its persistent slice
+);
 CREATE INDEX IF NOT EXISTS tasks_running ON tasks (task_id) WHERE ended IS NULL;
 CREATE INDEX IF NOT EXISTS tasks_started ON tasks (started);
 """
@@ -192,7 +198,10 @@ class Store:
 
     # --- records ---------------------------------------------------------------
 
-    def task_started(self, r: Record) -> None:
+    def task_started(
+        self, r: Record, estimate: tuple[int, int] | None = None, guard: int | None = None
+    ) -> None:
+        """A task began; with ``guard``, its time-slicing shape is kept until it ends."""
         with self.db:
             self.db.execute(
                 f"INSERT INTO tasks ({_COLUMNS}) "
@@ -208,6 +217,24 @@ class Store:
                     r.started,
                 ),
             )
+            if guard is not None:
+                self.db.execute(
+                    "INSERT OR REPLACE INTO task_shapes (task_id, persistent, temporary, guard) "
+                    "VALUES (?, ?, ?, ?)",
+                    (r.task_id, *(estimate or (None, None)), guard),
+                )
+
+    def task_shapes(self) -> dict[str, tuple[tuple[int, int] | None, int]]:
+        """Per running task with a kept shape: its estimate (or None) and its guard."""
+        rows = self.db.execute(
+            "SELECT s.task_id, s.persistent, s.temporary, s.guard FROM task_shapes s "
+            "JOIN tasks t ON t.task_id = s.task_id WHERE t.ended IS NULL"
+        ).fetchall()
+        out: dict[str, tuple[tuple[int, int] | None, int]] = {}
+        for tid, pers, temp, guard in rows:
+            est = None if pers is None else (int(pers), int(temp or 0))
+            out[str(tid)] = (est, int(guard))
+        return out
 
     def task_ended(
         self, task_id: str, ended: float, reason: str, peak: int, exit_code: int | None
@@ -218,6 +245,7 @@ class Store:
                 "WHERE task_id = ? AND ended IS NULL",
                 (ended, reason, peak, exit_code, task_id),
             )
+            self.db.execute("DELETE FROM task_shapes WHERE task_id = ?", (task_id,))
 
     def task_attached(self, task_id: str, pid: int | None, pid_start: int | None) -> None:
         """A restored task's client came back, possibly seen under a new pid."""

@@ -528,6 +528,25 @@ def test_a_restart_without_time_slicing_ungates_what_the_last_run_gated(
         assert not gated(d, "a", t2)
 
 
+def test_a_restart_keeps_a_running_task_s_estimate_and_guard(daemon_factory: Any) -> None:
+    """What a request stated of its shape still counts after nodemgr restarts, so the
+    restored task is not charged its whole quota until its shape is learned again."""
+    d = ts_daemon(daemon_factory)
+    with Connection(d.env("a", memory=8 * GiB)) as c:
+        request(c, persistent=GiB, temporary=2 * GiB, guard=64 * MiB)
+
+        def slice_() -> tuple[Any, ...]:
+            [s] = gpu0(d)["regions"]["slices"]
+            return (s["shape"], s["persistent"], s["temporary"], s["guard"])
+
+        before = slice_()
+        assert before == ("estimate", GiB, 2 * GiB, 64 * MiB)
+        d.kill()
+        d.start()
+        assert slice_() == before
+        assert gpu0(d)["charged"] == GiB + 64 * MiB + 2 * GiB
+
+
 def test_switching_an_overcommitted_gpu_to_shared_warns(daemon_factory: Any) -> None:
     """Three 8 GiB environments fit a 16 GiB time-sliced GPU by their estimates; shared,
     they are charged their quotas, 24 GiB: the switch is made, with a warning."""
