@@ -35,8 +35,10 @@ TASK_ENV = "GPUSHARE_TASK_ID"
 ENDPOINT_ENV = "GPUSHARE_ENDPOINT"
 TIMESLICED_ENV = "GPUSHARE_TIMESLICED"  # client_plugin.settings.TIMESLICED
 # A yield is answered once the turn has passed, which waits for the task's other
-# processes to reach the end of their turn too: allow for their longest step.
+# processes to reach the end of their turn too: allow for their longest step. nodemgr
+# says at once when it holds a yield; with no word from it at all the wait is short.
 YIELD_TIMEOUT = 120.0
+FIRST_ANSWER = 5.0
 YIELD_BACKOFF = 30.0  # seconds without yields after nodemgr did not answer one
 
 _release: list[Callable[[], None]] = []
@@ -133,13 +135,36 @@ def _yield_turn() -> None:
     from nodemgr.client import NodeError, Unreachable
 
     mem = shim.memory()
+    started = time.monotonic()
+    held = False
+
+    def on_held(_msg: dict[str, Any]) -> None:
+        nonlocal held
+        held = True
+
+    def on_tick() -> None:
+        if not held and time.monotonic() - started > FIRST_ANSWER:
+            raise Unreachable(f"nodemgr did not answer a yield within {FIRST_ANSWER:g}s")
+
     try:
         # The process's own boundary count: nodemgr ignores a yield from an earlier turn.
-        conn.call("yield", task_id=task_id, iterations=mem.iterations if mem else None)
+        # nodemgr answers at once, `held` while the task's other processes finish their
+        # turn, and with the turn once it has passed.
+        conn.call(
+            "yield",
+            timeout=YIELD_TIMEOUT,
+            on_queued=on_held,
+            on_tick=on_tick,
+            tick=0.5,
+            task_id=task_id,
+            iterations=mem.iterations if mem else None,
+        )
     except (NodeError, Unreachable) as e:
         if isinstance(e, Unreachable):
             _conn = None  # its socket may hold an unanswered request: start afresh
-            _quiet_until = time.monotonic() + YIELD_BACKOFF
+            if not held:
+                # No nodemgr there: the next steps must not each wait for it.
+                _quiet_until = time.monotonic() + YIELD_BACKOFF
         _say_once(f"could not hand the GPU's turn back to nodemgr: {e}")
 
 

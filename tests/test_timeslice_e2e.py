@@ -397,3 +397,40 @@ def test_keras_fit_gets_the_callback(daemon_factory: Any, run_task: Any, tmp_pat
     assert lines[1] == "['Mine', 'GpushareIterations']"
     assert lines[2] == "['Mine', 'GpushareIterations']"
     assert lines[3] == "iterations 10"
+
+
+def test_a_yield_nodemgr_does_not_answer_stalls_one_step_only(
+    daemon_factory: Any, run_task: Any, tmp_path: Path
+) -> None:
+    """nodemgr dies (its socket stays) while a job's turn ends at every boundary: the first
+    yield waits a few seconds for an answer that does not come, says so once, and the next
+    steps send none (for 30 s), so the job goes on at its own pace."""
+    from nodemgr.ledger import TASK_TIMESLICED, Ledger
+
+    d = sliced(daemon_factory)
+    ep = d.env("a", 1, 4 * GiB)
+    out = tmp_path / "a.jsonl"
+    p = job(run_task, ep, out, "--iterations", "60", "--work-ms", "50", "--temporary", "64")
+    _wait_for(lambda: task_of(d, "a") is not None, 30)
+    task_id = str(task_of(d, "a")["task_id"])  # type: ignore[index]
+    d.kill()  # its sockets stay behind, with nobody reading them
+    ledger = Ledger.reopen(d.run_dir / "envs" / "a" / "ledger", [_sim_uuid(0)])
+    assert ledger is not None
+    try:
+        ledger.task_turn(task_id, 1, TASK_TIMESLICED)  # every boundary from now on yields
+    finally:
+        ledger.close()
+    _, err = p.communicate(timeout=120)
+    r = rows(out)
+    assert len(r) == 60
+    stalls = [x for x in r if x["te"] - x["tb"] > 3.0]
+    assert len(stalls) == 1, [round(x["te"] - x["tb"], 2) for x in r]
+    assert err.count("could not hand the GPU's turn back to nodemgr") == 1, err
+
+
+def _sim_uuid(index: int) -> bytes:
+    import uuid
+
+    from nodemgr.gpus import simulated_uuid
+
+    return uuid.UUID(simulated_uuid(index).removeprefix("GPU-")).bytes
