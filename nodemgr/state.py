@@ -477,12 +477,17 @@ class Node:
             for i in t.gpus:
                 if self.timesliced(i):
                     on.setdefault(i, []).append(t.task_id)
-            entry = self.envs[t.env].ledger.task_entry(t.task_id)
-            iterations[t.task_id] = entry.iterations if entry is not None else 0
+            ledger = self.envs[t.env].ledger
+            entry = ledger.task_entry(t.task_id)
+            # Each process yields at its own count: a turn is counted from the most
+            # boundaries among the task's live processes, not the entry's all-time count
+            # (a process started after another ended begins again at 0).
+            live = ledger.task_regions(t.task_id)
+            iterations[t.task_id] = live.iterations
             if entry is not None and entry.paused:
                 paused.add(t.task_id)
             # Progress: the most or the fewest boundaries of its processes moved.
-            counts = (iterations[t.task_id], t.regions.min_iterations if t.regions else 0)
+            counts = (live.iterations, live.min_iterations)
             last = self.progress.get(t.task_id)
             progress[t.task_id] = last if last is not None and last[0] == counts else (counts, now)
         self.progress = progress

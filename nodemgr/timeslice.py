@@ -168,7 +168,8 @@ class Situation:
 
     on: Mapping[int, Sequence[str]]  # time-sliced GPU -> its tasks in order of arrival
     tasks: Mapping[str, Sequence[int]]  # every running task -> its GPUs
-    iterations: Mapping[str, int]  # task -> boundaries its ledger entry counts
+    # task -> the most boundaries one of its live processes reported (its turn counts from it)
+    iterations: Mapping[str, int]
     now: float  # monotonic seconds
     quantum: int  # iterations per turn
     # task -> when its boundary counts last moved (monotonic seconds; absent: never seen to)

@@ -444,6 +444,39 @@ def test_a_held_yield_is_answered_when_the_process_it_waits_for_dies(
     assert gated(d, "a", a1.task_id)
 
 
+def test_a_new_process_s_turn_counts_from_its_own_boundaries(
+    daemon_factory: Any, procs: Any, wait_for: Any
+) -> None:
+    """`sh -c 'python pretrain.py; python finetune.py'`: pretrain reports many boundaries
+    and exits; finetune starts at 0, and its turn ends a quantum after its own count, not
+    after pretrain's."""
+    d = ts_daemon(daemon_factory)
+    ep = d.env("a", memory=4 * GiB)
+    a = procs(ep)  # the task's client: it reports no boundaries
+    pretrain = procs(ep, join=a.started())
+    pretrain.started()
+    b = procs(ep)
+    b.started()
+    assert gpu0(d)["turn"]["holder"] == a.task_id
+    for i in range(1, 21):
+        pretrain.do("boundary", i)
+    assert pretrain.do("yield", 20) is True
+    pretrain.kill()
+    with ledger_of(d, "a") as ledger:
+        wait_for(lambda: ledger.task_regions(a.task_id).processes == 1, 20)
+        finetune = procs(ep, join=a.started())
+        finetune.started()
+        assert b.do("yield") is True
+        assert gpu0(d)["turn"]["holder"] == a.task_id
+        entry = ledger.task_entry(a.task_id)
+        assert entry is not None and entry.iterations == 20  # the entry's all-time count
+        assert entry.turn_until == 4
+    for i in (1, 2, 3, 4):
+        finetune.do("boundary", i)
+    assert finetune.do("yield", 4) is True
+    assert gpu0(d)["turn"]["holder"] == b.task_id
+
+
 def test_a_restart_keeps_the_turn_with_the_task_that_held_it(daemon_factory: Any) -> None:
     d = ts_daemon(daemon_factory)
     ep = d.env("a", memory=4 * GiB)
