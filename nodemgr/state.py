@@ -585,9 +585,12 @@ class Node:
         return plan.passed
 
     def _barrier_met(self, task: Task, until: int) -> bool:
-        """Every process of the task that reports boundaries has reached ``until``."""
-        r = self.envs[task.env].ledger.task_regions(task.task_id)
-        return r.min_iterations == 0 or r.min_iterations >= until
+        """Every process of the task that steps has reached ``until``: those that reported
+        a boundary within the last turn_timeout seconds (one that stopped stepping, a
+        parent waiting for its children, say, is not waited for)."""
+        since = time.monotonic_ns() - int(self.config.turn_timeout * 1e9)
+        _, fewest = self.envs[task.env].ledger.task_barrier(task.task_id, since)
+        return fewest == 0 or fewest >= until
 
     def answer_yields(self) -> list[tuple[Any, str, bool]]:
         """The held yields whose wait is over, as (reply_to, task id, passed): the task's
