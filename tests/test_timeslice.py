@@ -351,6 +351,74 @@ def test_some_task_always_runs_whatever_happens() -> None:
             assert turn.holder in on[g]
 
 
+def test_a_task_on_two_gpus_is_not_starved_by_tasks_on_one() -> None:
+    """M on GPUs 0 and 1, two single-GPU tasks on each: a single-GPU task can always take a
+    free GPU whole, so M, never whole, was passed over for ever (40 yields, M ran 0 times).
+    Passed over PASS_OVER times, it keeps the GPU and waits there for the other."""
+    tasks = {"M": [0, 1], "S0": [0], "S0b": [0], "S1": [1], "S1b": [1]}
+    on = {0: ["S0", "S0b", "M"], 1: ["S1", "S1b", "M"]}
+    p = timeslice.settle(Turns(), sit(on, 0.0, tasks=tasks))
+    ran = dict.fromkeys(tasks, 0)
+    now = 0.0
+    for i in range(40):
+        now += 1.0
+        r = sorted(running(p))
+        assert r
+        for t in r:
+            ran[t] += 1
+        p = timeslice.yield_turn(
+            p.turns, sit(on, now, dict.fromkeys(tasks, 1), tasks), r[i % len(r)]
+        )
+    assert min(ran.values()) >= 4, ran
+
+
+def test_every_task_runs_within_a_bounded_number_of_events() -> None:
+    """Random joins, ends, yields of running tasks and expiries on three GPUs, a few tasks at
+        a time: some task always runs, and every task runs within a bounded number of events of
+        its arrival or its last run: at most 21 events here; a task on several GPUs passed over
+    for good by single-GPU tasks, or a single-GPU task on a GPU that multi-GPU tasks always take
+    first, waited up to 161."""
+    import random
+
+    bound = 0
+    for seed in range(8):
+        rng = random.Random(seed)
+        tasks: dict[str, list[int]] = {}
+        last: dict[str, int] = {}
+        turns = Turns()
+        serial = 0
+        for ev in range(1500):
+            r = rng.random()
+            if len(tasks) < 2 or (r < 0.05 and len(tasks) < 6):
+                serial += 1
+                tasks[f"t{serial}"] = sorted(rng.sample(range(3), rng.randint(1, 3)))
+                last[f"t{serial}"] = ev
+            elif r < 0.1 and len(tasks) > 2:
+                del tasks[rng.choice(sorted(tasks))]
+            on: dict[int, list[str]] = {}
+            for t, gs in tasks.items():
+                for g in gs:
+                    on.setdefault(g, []).append(t)
+            s = sit(on, float(ev + 1), dict.fromkeys(tasks, 1), tasks=tasks)
+            if r < 0.1:
+                p = timeslice.settle(turns, s)
+            elif r < 0.9:
+                p = timeslice.settle(turns, s)
+                if running(p):
+                    p = timeslice.yield_turn(p.turns, s, rng.choice(sorted(running(p))))
+            else:
+                p = timeslice.expire(turns, s, 0.5)
+            turns = p.turns
+            if turns.gpus:
+                assert running(p)
+            for t, gate in p.gates.items():
+                if not gate.gated:
+                    last[t] = ev
+            bound = max(bound, *(ev - last[t] for t in tasks))
+            assert bound <= 60, (seed, ev, tasks)
+    assert bound > 0
+
+
 def test_a_holder_that_reports_boundaries_is_cut_only_when_stuck() -> None:
     on = {0: ["a", "b"]}
     p = timeslice.settle(Turns(), sit(on, 0.0, {"a": 1}))
