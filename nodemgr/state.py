@@ -878,6 +878,8 @@ class Node:
                 f"{MAX_TASKS} were in use when it started), so its launches cannot be held",
             ) from None
         log.info("%s %s env=%s", "pause" if paused else "resume", task_id, task.env)
+        # A paused holder gives its turns to a task that can use them; resumed, it waits.
+        self.retime(time.perf_counter())
         return task
 
     def expired(self, now: float) -> list[Task]:

@@ -243,10 +243,16 @@ def _gated(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str) -> list[int]
     return [g for g in s.tasks.get(task_id, ()) if g in gpus]
 
 
-def _runs(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str) -> bool:
-    """Whether the task holds the turn of every gated GPU of it (it runs)."""
+def _holds_all(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str) -> bool:
+    """Whether the task holds the turn of every gated GPU of it."""
     gated = _gated(gpus, s, task_id)
     return bool(gated) and all(gpus[g].holder == task_id for g in gated)
+
+
+def _runs(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str) -> bool:
+    """Whether the task holds the turn of every gated GPU of it and is not paused (it runs;
+    a paused holder is one that does not run, and gives its turns up as one that waits)."""
+    return task_id not in s.paused and _holds_all(gpus, s, task_id)
 
 
 def _first(turn: GpuTurn, s: Situation, skip: str | None) -> str | None:
@@ -262,7 +268,9 @@ def _kept_for(
     No other task takes the GPU from it."""
     turn = gpus[g]
     t = turn.holder if turn.holder is not None else _first(turn, s, skip.get(g))
-    return t if t is not None and turn.passed.get(t, 0) >= PASS_OVER else None
+    if t is None or t in s.paused:
+        return None
+    return t if turn.passed.get(t, 0) >= PASS_OVER else None
 
 
 def _whole(
@@ -338,7 +346,7 @@ def _progress(gpus: dict[int, GpuTurn], s: Situation) -> None:
     """Some task runs whenever a GPU is gated: if every holder waits for another GPU (a
     state only a restart's adopted turns, or GPUs kept for tasks that each wait for
     another's, can leave), all turns are handed out afresh, with no GPU kept for anyone."""
-    if not gpus or any(_runs(gpus, s, t.holder) for t in gpus.values() if t.holder):
+    if not gpus or any(_holds_all(gpus, s, t.holder) for t in gpus.values() if t.holder):
         return
     for g, turn in gpus.items():
         gpus[g] = replace(_hand_on(turn, s.now, None), passed={})
@@ -389,10 +397,19 @@ def _plan(
 
 
 def settle(prev: Turns, s: Situation) -> Plan:
-    """The turns after tasks came or went or GPUs changed mode: a GPU with two or more
-    tasks is gated (its first holder is the task that arrived first), one left with fewer
-    is not; a holder that has gone hands its turn on at once."""
-    return _plan(prev, s, _reconcile(prev, s))
+    """The turns after tasks came or went, GPUs changed mode or tasks were paused or
+    resumed: a GPU with two or more tasks is gated (its first holder is the task that
+    arrived first), one left with fewer is not; a holder that has gone hands its turn on at
+    once, and so does a paused holder where a task that is not paused can take it."""
+    gpus = _reconcile(prev, s)
+    _pass_on(gpus, s, _paused_holders(gpus, s))
+    return _plan(prev, s, gpus)
+
+
+def _paused_holders(gpus: Mapping[int, GpuTurn], s: Situation) -> list[str]:
+    return sorted(
+        {t.holder for t in gpus.values() if t.holder is not None and t.holder in s.paused}
+    )
 
 
 def _pass_on(gpus: dict[int, GpuTurn], s: Situation, cut: Sequence[str]) -> tuple[set[str], bool]:
@@ -442,10 +459,11 @@ def stuck(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str, timeout: floa
 
 
 def expire(prev: Turns, s: Situation, timeout: float) -> Plan:
-    """Pass on the turns of every running holder that is ``stuck``. A holder waiting for
-    another GPU is not cut: the task it waits for is."""
+    """Pass on the turns of every running holder that is ``stuck``, and of every paused
+    holder (where a task that is not paused can take them). A holder waiting for another
+    GPU is not cut: the task it waits for is."""
     gpus = _reconcile(prev, s)
     holders = sorted({t.holder for t in gpus.values() if t.holder is not None})
     cut = [t for t in holders if _runs(gpus, s, t) and stuck(gpus, s, t, timeout)]
-    _pass_on(gpus, s, cut)
+    _pass_on(gpus, s, cut + _paused_holders(gpus, s))
     return _plan(prev, s, gpus)

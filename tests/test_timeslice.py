@@ -445,3 +445,23 @@ def test_a_paused_task_is_passed_over() -> None:
     s = Situation(on, {t: [0] for t in "abc"}, {}, 2.0, 4, paused=frozenset({"a", "b"}))
     p = timeslice.yield_turn(p.turns, s, "c")
     assert not p.passed and p.turns.gpus[0].holder == "c"
+
+
+def test_a_paused_holder_gives_its_turns_to_a_task_that_can_use_them() -> None:
+    on = {0: ["a", "b"], 1: ["m", "c"]}
+    tasks = {"a": [0], "b": [0], "m": [1], "c": [1]}
+    p = timeslice.settle(Turns(), sit(on, 0.0, tasks=tasks))
+    assert p.turns.gpus[0].holder == "a" and p.turns.gpus[1].holder == "m"
+    # a is paused: at the next planning (the pause's) b gets GPU 0.
+    s = Situation(on, tasks, {}, 1.0, 4, paused=frozenset({"a"}))
+    p = timeslice.settle(p.turns, s)
+    assert p.turns.gpus[0].holder == "b" and not p.gates["b"].gated and p.gates["a"].gated
+    # expire takes a paused holder's turns too, without waiting for turn_timeout.
+    s = Situation(on, tasks, {}, 2.0, 4, paused=frozenset({"a", "m"}))
+    e = timeslice.expire(p.turns, s, 600.0)
+    assert e.turns.gpus[1].holder == "c" and e.gates["m"].gated
+    # With only paused tasks left to take it, a paused holder keeps its turn.
+    s = Situation(on, tasks, {}, 3.0, 4, paused=frozenset({"a", "b", "c", "m"}))
+    e2 = timeslice.settle(e.turns, s)
+    assert {g: t.holder for g, t in e2.turns.gpus.items()} == {0: "b", 1: "c"}
+    assert e2.handed == ()

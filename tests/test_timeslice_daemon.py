@@ -656,3 +656,16 @@ def test_cli_mode_without_nodemgr_exits_69(tmp_path: Any) -> None:
     cfg.write_text(f'[node]\nrun_dir = "{tmp_path}"\n')
     r = CliRunner().invoke(cli, ["mode", "--config", str(cfg)])
     assert r.exit_code == 69
+
+
+def test_pausing_the_holder_hands_its_turn_on(daemon_factory: Any) -> None:
+    d = ts_daemon(daemon_factory)
+    ep = d.env("a", memory=4 * GiB)
+    with Connection(ep) as c1, Connection(ep) as c2:
+        t1 = request(c1)["task_id"]
+        t2 = request(c2)["task_id"]
+        assert gpu0(d)["turn"]["holder"] == t1 and gated(d, "a", t2)
+        d.admin("pause", task_id=t1)
+        assert gpu0(d)["turn"]["holder"] == t2 and not gated(d, "a", t2)
+        d.admin("resume", task_id=t1)
+        assert gpu0(d)["turn"]["holder"] == t2 and gated(d, "a", t1)
