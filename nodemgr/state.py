@@ -176,8 +176,8 @@ class Node:
         # Per task on a time-sliced GPU: its boundary counts (most, fewest of its processes)
         # as last read, and when they last moved (monotonic); turn_timeout counts from then.
         self.progress: dict[str, tuple[tuple[int, int], float]] = {}
-        # Held `yield` requests, per task.
-        self.held_yields: dict[str, HeldYield] = {}
+        # Held `yield` requests, per task: one HeldYield per turn they end, oldest first.
+        self.held_yields: dict[str, list[HeldYield]] = {}
         # Tasks told once that they cannot take turns (their ledger has no entry for them).
         self._unsliced: set[str] = set()
 
@@ -575,10 +575,11 @@ class Node:
             if iterations is not None and iterations < until:
                 return False
             if reply_to is not None and not self._barrier_met(task, until):
-                held = self.held_yields.get(task.task_id)
-                if held is None or held.until != until:
-                    held = self.held_yields[task.task_id] = HeldYield(until)
-                held.reply_to.append(reply_to)
+                # Older held yields (of an earlier turn) stay until they are answered.
+                helds = self.held_yields.setdefault(task.task_id, [])
+                if not helds or helds[-1].until != until:
+                    helds.append(HeldYield(until))
+                helds[-1].reply_to.append(reply_to)
                 return None
         plan = timeslice.yield_turn(self.turns, self._situation(), task.task_id)
         self._apply(plan, started)
@@ -598,21 +599,24 @@ class Node:
         turn ended otherwise (turn_timeout; passed: true if the task is gated now), or the
         task has ended (passed: false)."""
         out: list[tuple[Any, str, bool]] = []
-        for task_id, held in list(self.held_yields.items()):
-            task = self.tasks.get(task_id)
-            if task is None:
-                passed = False
-            elif self.turns.until.get(task_id) != held.until:
-                gate = self.gates.get(task_id)
-                passed = gate is not None and gate.gated
-            elif self._barrier_met(task, held.until):
-                plan = timeslice.yield_turn(self.turns, self._situation(), task_id)
-                self._apply(plan, time.perf_counter())
-                passed = plan.passed
-            else:
-                continue
-            del self.held_yields[task_id]
-            out += [(to, task_id, passed) for to in held.reply_to]
+        for task_id, helds in list(self.held_yields.items()):
+            for held in list(helds):
+                task = self.tasks.get(task_id)
+                if task is None:
+                    passed = False
+                elif self.turns.until.get(task_id) != held.until:
+                    gate = self.gates.get(task_id)
+                    passed = gate is not None and gate.gated
+                elif self._barrier_met(task, held.until):
+                    plan = timeslice.yield_turn(self.turns, self._situation(), task_id)
+                    self._apply(plan, time.perf_counter())
+                    passed = plan.passed
+                else:
+                    continue
+                helds.remove(held)
+                out += [(to, task_id, passed) for to in held.reply_to]
+            if not helds:
+                del self.held_yields[task_id]
         return out
 
     def expire_turns(self) -> None:

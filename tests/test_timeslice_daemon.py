@@ -62,7 +62,10 @@ for line in sys.stdin:
         lib.gs_ledger_settle(l, slot)
     elif cmd == "yield":
         extra = {"iterations": n[0]} if n else {}
-        out = conn.call("yield", task_id=tid, **extra)["passed"]
+        # nodemgr's `held` (it waits for the task's other processes) is a line of its own.
+        def held(m):
+            print(json.dumps({"held": m["type"] == "held"}), flush=True)
+        out = conn.call("yield", task_id=tid, on_queued=held, **extra)["passed"]
     elif cmd == "done":
         conn.call("done", task_id=tid)
         print(json.dumps({"out": None}), flush=True)
@@ -110,8 +113,20 @@ class Proc:
         self.p.stdin.flush()
 
     def answer(self) -> Any:
+        """The answer to the last command (a `held` line before it is counted, not taken)."""
+        while True:
+            line = self._line()
+            if "held" not in line:
+                return line["out"]
+
+    def held(self) -> None:
+        """Block until nodemgr answered the last command, a `yield`, with `held`."""
+        line = self._line()
+        assert line == {"held": True}, line
+
+    def _line(self) -> dict[str, Any]:
         assert self.p.stdout is not None
-        return json.loads(self.p.stdout.readline())["out"]
+        return dict(json.loads(self.p.stdout.readline()))
 
     def pending(self) -> bool:
         """Whether the answer to the last command has not come (yet)."""
@@ -398,7 +413,8 @@ def test_the_turn_ends_when_every_process_of_the_task_reached_it(
     a2.do("boundary", 1)
     a1.send("yield", 4)
     # Held: a2 is in its second step. Both of a's processes run on; b waits.
-    wait_for(lambda: gpu0(d)["turn"]["holder"] == a, 5)
+    a1.held()
+    assert gpu0(d)["turn"]["holder"] == a
     assert a1.pending()
     assert not gated(d, "a", a) and gated(d, "a", b.task_id)
     # a2's boundaries before the end of the turn: its yield there is early, and answered so.
@@ -436,7 +452,8 @@ def test_a_held_yield_is_answered_when_the_process_it_waits_for_dies(
         a1.do("boundary", i)
     a2.do("boundary", 1)
     a1.send("yield", 4)
-    wait_for(lambda: gated(d, "a", b.task_id) and a1.pending(), 5)
+    a1.held()
+    assert gated(d, "a", b.task_id) and a1.pending()
     a2.kill()
     # Its slot reaped, every process left of the task is at the end of the turn.
     wait_for(lambda: not gated(d, "a", b.task_id), 30)
