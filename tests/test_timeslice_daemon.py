@@ -609,6 +609,7 @@ def test_switching_an_overcommitted_gpu_to_shared_warns(daemon_factory: Any) -> 
         r = CliRunner().invoke(cli, args)
         assert r.exit_code == 0, r.output
         assert "warning: GPU 0 is charged 24GiB, more than its 16GiB" in r.output
+        assert "time-slice it again, or end some tasks with nodemgr reclaim" in r.output
         assert gpu0(d)["mode"] == "shared"
         [row] = d.admin("mode", gpu=0)["gpus"]
         assert (row["charged"], row["capacity"]) == (24 * GiB, 16 * GiB)
