@@ -88,7 +88,9 @@ class Connection:
         **fields: Any,
     ) -> dict[str, Any]:
         """Send a request and return its reply; raise NodeError (a subclass by code) or
-        Unreachable. ``queued`` updates to a waiting request go to ``on_queued``;
+        Unreachable. ``queued`` updates to a waiting request, and the ``held`` answer to a
+        `yield` that waits for the task's other processes, go to ``on_queued`` (the call
+        keeps waiting for the final reply within ``timeout``);
         ``on_tick`` is called every ``tick`` seconds without a message (a progress display)."""
         if self.endpoint.startswith("ipc://"):
             path = self.endpoint[len("ipc://") :]
@@ -130,7 +132,7 @@ class Connection:
                 raise error_for(
                     str(msg.get("error")), str(msg.get("message")), bool(msg.get("retryable"))
                 )
-            if msg["type"] == "queued":
+            if msg["type"] in ("queued", "held"):
                 if on_queued is not None:
                     on_queued(msg)
                 continue

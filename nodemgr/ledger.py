@@ -229,6 +229,14 @@ class Ledger:
             int(out.min_iterations),
         )
 
+    def task_barrier(self, task_id: str, since_ns: int) -> tuple[int, int]:
+        """The turn's barrier: (how many of the task's processes reported a boundary at or
+        after ``since_ns``, the fewest boundaries among them; 0 when none did). Times are
+        CLOCK_MONOTONIC nanoseconds (time.monotonic_ns())."""
+        out = ffi.new("uint64_t *")
+        n = int(lib.gs_ledger_task_barrier(self._l, task_id.encode(), max(0, since_ns), out))
+        return n, int(out[0])
+
     def task_entry(self, task_id: str) -> TaskEntry | None:
         """The task's entry, or None if it has none."""
         i = int(lib.gs_ledger_task_find(self._l, _task_key(task_id)))

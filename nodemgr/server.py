@@ -344,7 +344,7 @@ class Server:
             started = time.perf_counter()
             out = self._dispatch(frames[-1], env, (sock, envelope))
             if out is None:
-                continue  # answered later (a held `yield`)
+                continue
             if self.metrics is not None:
                 self.metrics.served(
                     "admin" if env is None else "task", out, time.perf_counter() - started
@@ -407,7 +407,9 @@ class Server:
             to = (origin[0], origin[1], msg_id) if origin is not None else None
             passed = node.yield_turn(env, body["task_id"], started, body["iterations"], to)
             if passed is None:
-                return None  # held until the task's other processes end the turn too
+                # Held until the task's other processes end the turn too: `held` now, the
+                # `turn` reply later (_answer_yields).
+                return protocol.reply("held", msg_id, task_id=body["task_id"])
             return protocol.reply("turn", msg_id, task_id=body["task_id"], passed=passed)
         # done
         task = node.task(env, body["task_id"])

@@ -176,8 +176,8 @@ class Node:
         # Per task on a time-sliced GPU: its boundary counts (most, fewest of its processes)
         # as last read, and when they last moved (monotonic); turn_timeout counts from then.
         self.progress: dict[str, tuple[tuple[int, int], float]] = {}
-        # Held `yield` requests, per task.
-        self.held_yields: dict[str, HeldYield] = {}
+        # Held `yield` requests, per task: one HeldYield per turn they end, oldest first.
+        self.held_yields: dict[str, list[HeldYield]] = {}
         # Tasks told once that they cannot take turns (their ledger has no entry for them).
         self._unsliced: set[str] = set()
 
@@ -477,12 +477,17 @@ class Node:
             for i in t.gpus:
                 if self.timesliced(i):
                     on.setdefault(i, []).append(t.task_id)
-            entry = self.envs[t.env].ledger.task_entry(t.task_id)
-            iterations[t.task_id] = entry.iterations if entry is not None else 0
+            ledger = self.envs[t.env].ledger
+            entry = ledger.task_entry(t.task_id)
+            # Each process yields at its own count: a turn is counted from the most
+            # boundaries among the task's live processes, not the entry's all-time count
+            # (a process started after another ended begins again at 0).
+            live = ledger.task_regions(t.task_id)
+            iterations[t.task_id] = live.iterations
             if entry is not None and entry.paused:
                 paused.add(t.task_id)
             # Progress: the most or the fewest boundaries of its processes moved.
-            counts = (iterations[t.task_id], t.regions.min_iterations if t.regions else 0)
+            counts = (live.iterations, live.min_iterations)
             last = self.progress.get(t.task_id)
             progress[t.task_id] = last if last is not None and last[0] == counts else (counts, now)
         self.progress = progress
@@ -570,19 +575,23 @@ class Node:
             if iterations is not None and iterations < until:
                 return False
             if reply_to is not None and not self._barrier_met(task, until):
-                held = self.held_yields.get(task.task_id)
-                if held is None or held.until != until:
-                    held = self.held_yields[task.task_id] = HeldYield(until)
-                held.reply_to.append(reply_to)
+                # Older held yields (of an earlier turn) stay until they are answered.
+                helds = self.held_yields.setdefault(task.task_id, [])
+                if not helds or helds[-1].until != until:
+                    helds.append(HeldYield(until))
+                helds[-1].reply_to.append(reply_to)
                 return None
         plan = timeslice.yield_turn(self.turns, self._situation(), task.task_id)
         self._apply(plan, started)
         return plan.passed
 
     def _barrier_met(self, task: Task, until: int) -> bool:
-        """Every process of the task that reports boundaries has reached ``until``."""
-        r = self.envs[task.env].ledger.task_regions(task.task_id)
-        return r.min_iterations == 0 or r.min_iterations >= until
+        """Every process of the task that steps has reached ``until``: those that reported
+        a boundary within the last turn_timeout seconds (one that stopped stepping, a
+        parent waiting for its children, say, is not waited for)."""
+        since = time.monotonic_ns() - int(self.config.turn_timeout * 1e9)
+        _, fewest = self.envs[task.env].ledger.task_barrier(task.task_id, since)
+        return fewest == 0 or fewest >= until
 
     def answer_yields(self) -> list[tuple[Any, str, bool]]:
         """The held yields whose wait is over, as (reply_to, task id, passed): the task's
@@ -590,21 +599,24 @@ class Node:
         turn ended otherwise (turn_timeout; passed: true if the task is gated now), or the
         task has ended (passed: false)."""
         out: list[tuple[Any, str, bool]] = []
-        for task_id, held in list(self.held_yields.items()):
-            task = self.tasks.get(task_id)
-            if task is None:
-                passed = False
-            elif self.turns.until.get(task_id) != held.until:
-                gate = self.gates.get(task_id)
-                passed = gate is not None and gate.gated
-            elif self._barrier_met(task, held.until):
-                plan = timeslice.yield_turn(self.turns, self._situation(), task_id)
-                self._apply(plan, time.perf_counter())
-                passed = plan.passed
-            else:
-                continue
-            del self.held_yields[task_id]
-            out += [(to, task_id, passed) for to in held.reply_to]
+        for task_id, helds in list(self.held_yields.items()):
+            for held in list(helds):
+                task = self.tasks.get(task_id)
+                if task is None:
+                    passed = False
+                elif self.turns.until.get(task_id) != held.until:
+                    gate = self.gates.get(task_id)
+                    passed = gate is not None and gate.gated
+                elif self._barrier_met(task, held.until):
+                    plan = timeslice.yield_turn(self.turns, self._situation(), task_id)
+                    self._apply(plan, time.perf_counter())
+                    passed = plan.passed
+                else:
+                    continue
+                helds.remove(held)
+                out += [(to, task_id, passed) for to in held.reply_to]
+            if not helds:
+                del self.held_yields[task_id]
         return out
 
     def expire_turns(self) -> None:
@@ -870,6 +882,8 @@ class Node:
                 f"{MAX_TASKS} were in use when it started), so its launches cannot be held",
             ) from None
         log.info("%s %s env=%s", "pause" if paused else "resume", task_id, task.env)
+        # A paused holder gives its turns to a task that can use them; resumed, it waits.
+        self.retime(time.perf_counter())
         return task
 
     def expired(self, now: float) -> list[Task]:

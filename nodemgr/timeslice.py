@@ -15,7 +15,7 @@ Two parts, both pure:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 SHARED = "shared"
 TIMESLICED = "timesliced"
@@ -27,6 +27,10 @@ UNKNOWN = "unknown"
 
 # GS_TASK_TIMESLICED (shim/ledger_layout.h): the task runs on a time-sliced GPU.
 FLAG_TIMESLICED = 1
+
+# How many times the first task in a GPU's order that cannot take all its GPUs may be passed
+# over there for one that can, before the GPU is kept for it (docs/timeslicing.md).
+PASS_OVER = 2
 
 
 # --- regions -------------------------------------------------------------------------
@@ -139,6 +143,9 @@ class GpuTurn:
     held: Mapping[str, float]  # per task: turn time before the holder's current turn
     waiting: Mapping[str, float]  # per task other than the holder: since when it waits
     arrival: tuple[str, ...]  # the GPU's tasks in order of arrival (last tie-break)
+    # per task: times it was first in the order when the GPU came free, could not take all
+    # its GPUs, and the GPU went to another task (reset when it gets the GPU)
+    passed: Mapping[str, int] = field(default_factory=dict)
 
     def held_now(self, task_id: str, now: float) -> float:
         """The task's turn time on this GPU so far, the current turn included."""
@@ -168,7 +175,8 @@ class Situation:
 
     on: Mapping[int, Sequence[str]]  # time-sliced GPU -> its tasks in order of arrival
     tasks: Mapping[str, Sequence[int]]  # every running task -> its GPUs
-    iterations: Mapping[str, int]  # task -> boundaries its ledger entry counts
+    # task -> the most boundaries one of its live processes reported (its turn counts from it)
+    iterations: Mapping[str, int]
     now: float  # monotonic seconds
     quantum: int  # iterations per turn
     # task -> when its boundary counts last moved (monotonic seconds; absent: never seen to)
@@ -197,21 +205,24 @@ def _hand_on(turn: GpuTurn, now: float, to: str | None) -> GpuTurn:
     """End the holder's turn (if any) and give it to ``to``; the old holder waits."""
     held = dict(turn.held)
     waiting = dict(turn.waiting)
+    passed = dict(turn.passed)
     if turn.holder is not None:
         held[turn.holder] = turn.held_now(turn.holder, now)
         waiting[turn.holder] = now
     if to is not None:
         waiting.pop(to, None)
-    return GpuTurn(to, now, held, waiting, turn.arrival)
+    return GpuTurn(to, now, held, waiting, turn.arrival, passed)
 
 
 def _join(old: GpuTurn | None, tasks: Sequence[str], now: float) -> GpuTurn:
     """The GPU's turn with exactly ``tasks`` on it: departed ones dropped (a departed holder
     leaves the GPU between turns), new ones waiting from now with the least turn time of
     the others. A GPU left between turns is given a holder by ``_assign``."""
+    passed: dict[str, int] = {}
     if old is None:
         turn = GpuTurn(None, now, dict.fromkeys(tasks, 0.0), dict.fromkeys(tasks, now), ())
     else:
+        passed = {t: n for t, n in old.passed.items() if t in tasks}
         present = [t for t in tasks if t in old.held or t == old.holder]
         least = min((old.held_now(t, now) for t in present), default=0.0)
         held = {t: old.held.get(t, 0.0) for t in present}
@@ -225,25 +236,57 @@ def _join(old: GpuTurn | None, tasks: Sequence[str], now: float) -> GpuTurn:
             elif t != holder and t not in waiting:
                 waiting[t] = now
         turn = GpuTurn(holder, since, held, waiting, ())
-    return GpuTurn(turn.holder, turn.since, turn.held, turn.waiting, tuple(tasks))
+    return GpuTurn(turn.holder, turn.since, turn.held, turn.waiting, tuple(tasks), passed)
 
 
 def _gated(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str) -> list[int]:
     return [g for g in s.tasks.get(task_id, ()) if g in gpus]
 
 
-def _runs(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str) -> bool:
-    """Whether the task holds the turn of every gated GPU of it (it runs)."""
+def _holds_all(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str) -> bool:
+    """Whether the task holds the turn of every gated GPU of it."""
     gated = _gated(gpus, s, task_id)
     return bool(gated) and all(gpus[g].holder == task_id for g in gated)
 
 
-def _whole(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str) -> bool:
-    """Whether the task can take every gated GPU of it at once: each is between turns,
-    already its own, or held by a task that does not run (it waits for another GPU)."""
+def _runs(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str) -> bool:
+    """Whether the task holds the turn of every gated GPU of it and is not paused (it runs;
+    a paused holder is one that does not run, and gives its turns up as one that waits)."""
+    return task_id not in s.paused and _holds_all(gpus, s, task_id)
+
+
+def _first(turn: GpuTurn, s: Situation, skip: str | None) -> str | None:
+    """The first task in the GPU's order that is not paused (nor ``skip``)."""
+    return next((t for t in turn.order() if t != skip and t not in s.paused), None)
+
+
+def _kept_for(
+    gpus: Mapping[int, GpuTurn], s: Situation, g: int, skip: Mapping[int, str]
+) -> str | None:
+    """The task a GPU is kept for: its holder, or when it is between turns the first in its
+    order, once that task was passed over there PASS_OVER times without running since.
+    No other task takes the GPU from it."""
+    turn = gpus[g]
+    t = turn.holder if turn.holder is not None else _first(turn, s, skip.get(g))
+    if t is None or t in s.paused:
+        return None
+    return t if turn.passed.get(t, 0) >= PASS_OVER else None
+
+
+def _whole(
+    gpus: Mapping[int, GpuTurn], s: Situation, task_id: str, skip: Mapping[int, str]
+) -> bool:
+    """Whether the task can take every gated GPU of it at once: each is already its own, or
+    between turns, or held by a task that does not run (it waits for another GPU), and not
+    kept for another task."""
     for g in _gated(gpus, s, task_id):
         holder = gpus[g].holder
-        if holder is not None and holder != task_id and _runs(gpus, s, holder):
+        if holder == task_id:
+            continue
+        if holder is not None and _runs(gpus, s, holder):
+            return False
+        kept = _kept_for(gpus, s, g, skip)
+        if kept is not None and kept != task_id:
             return False
     return True
 
@@ -255,9 +298,13 @@ def _assign(
     several GPUs"): for each such GPU, in index order, the first task in its order (least
     turn time, then longest waiting) that can then hold all its gated GPUs gets all of them
     at once, taken from holders that do not run; only if there is none, the first task in
-    its order gets this GPU alone and waits there for the others. Paused tasks come last;
-    ``exclude[gpu]`` (a task that just yielded or timed out there) is never chosen, and a
-    GPU with nobody else (or only paused tasks) stays between turns for the caller."""
+    its order gets this GPU alone and waits there for the others. A task first in the order
+    of a GPU between turns that goes to another task is passed over there; once passed over
+    PASS_OVER times the GPU is kept for it: no other task takes it, so it gets it alone (and
+    waits there for its other GPUs, which are kept for it in turn) or with all its GPUs.
+    Paused tasks come last; ``exclude[gpu]`` (a task that just yielded or timed out there)
+    is never chosen, and a GPU with nobody else (or only paused tasks) stays between turns
+    for the caller."""
     skip = exclude or {}
     for g in sorted(gpus):
         turn = gpus[g]
@@ -266,30 +313,43 @@ def _assign(
         order = [t for t in turn.order() if t != skip.get(g)]
         ready = [t for t in order if t not in s.paused]
         paused = [t for t in order if t in s.paused]
-        pick = next((t for t in ready if _whole(gpus, s, t)), None)
+        pick = next((t for t in ready if _whole(gpus, s, t, skip)), None)
         if pick is None and ready:
-            gpus[g] = _hand_on(turn, s.now, ready[0])
+            gpus[g] = _hand_on(turn, s.now, ready[0])  # it waits here for its other GPUs
             continue
         if pick is None and g in skip:
             continue  # only paused tasks besides the one that had it: it keeps the turn
         if pick is None:
-            pick = next((t for t in paused if _whole(gpus, s, t)), None)
+            pick = next((t for t in paused if _whole(gpus, s, t, skip)), None)
         if pick is None:
             if paused:
                 gpus[g] = _hand_on(turn, s.now, paused[0])
             continue
         for h in _gated(gpus, s, pick):
-            if gpus[h].holder != pick:
-                gpus[h] = _hand_on(gpus[h], s.now, pick)
+            other = gpus[h]
+            if other.holder == pick:
+                continue
+            # The holder that waited there, or the first in its order: passed over.
+            over = other.holder if other.holder is not None else _first(other, s, skip.get(h))
+            if over is not None:
+                passed = {**other.passed, over: other.passed.get(over, 0) + 1}
+                other = replace(other, passed=passed)
+            gpus[h] = _hand_on(other, s.now, pick)
+    # A task that runs is no longer passed over anywhere.
+    for g, turn in gpus.items():
+        if any(_runs(gpus, s, t) for t in turn.passed):
+            passed = {t: n for t, n in turn.passed.items() if not _runs(gpus, s, t)}
+            gpus[g] = replace(turn, passed=passed)
 
 
 def _progress(gpus: dict[int, GpuTurn], s: Situation) -> None:
     """Some task runs whenever a GPU is gated: if every holder waits for another GPU (a
-    state only a restart's adopted turns can leave), all turns are handed out afresh."""
-    if not gpus or any(_runs(gpus, s, t.holder) for t in gpus.values() if t.holder):
+    state only a restart's adopted turns, or GPUs kept for tasks that each wait for
+    another's, can leave), all turns are handed out afresh, with no GPU kept for anyone."""
+    if not gpus or any(_holds_all(gpus, s, t.holder) for t in gpus.values() if t.holder):
         return
     for g, turn in gpus.items():
-        gpus[g] = _hand_on(turn, s.now, None)
+        gpus[g] = replace(_hand_on(turn, s.now, None), passed={})
     _assign(gpus, s)
 
 
@@ -300,6 +360,7 @@ def _reconcile(prev: Turns, s: Situation) -> dict[int, GpuTurn]:
         if len(tasks) >= 2
     }
     _assign(gpus, s)
+    _progress(gpus, s)
     return gpus
 
 
@@ -336,10 +397,19 @@ def _plan(
 
 
 def settle(prev: Turns, s: Situation) -> Plan:
-    """The turns after tasks came or went or GPUs changed mode: a GPU with two or more
-    tasks is gated (its first holder is the task that arrived first), one left with fewer
-    is not; a holder that has gone hands its turn on at once."""
-    return _plan(prev, s, _reconcile(prev, s))
+    """The turns after tasks came or went, GPUs changed mode or tasks were paused or
+    resumed: a GPU with two or more tasks is gated (its first holder is the task that
+    arrived first), one left with fewer is not; a holder that has gone hands its turn on at
+    once, and so does a paused holder where a task that is not paused can take it."""
+    gpus = _reconcile(prev, s)
+    _pass_on(gpus, s, _paused_holders(gpus, s))
+    return _plan(prev, s, gpus)
+
+
+def _paused_holders(gpus: Mapping[int, GpuTurn], s: Situation) -> list[str]:
+    return sorted(
+        {t.holder for t in gpus.values() if t.holder is not None and t.holder in s.paused}
+    )
 
 
 def _pass_on(gpus: dict[int, GpuTurn], s: Situation, cut: Sequence[str]) -> tuple[set[str], bool]:
@@ -389,10 +459,11 @@ def stuck(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str, timeout: floa
 
 
 def expire(prev: Turns, s: Situation, timeout: float) -> Plan:
-    """Pass on the turns of every running holder that is ``stuck``. A holder waiting for
-    another GPU is not cut: the task it waits for is."""
+    """Pass on the turns of every running holder that is ``stuck``, and of every paused
+    holder (where a task that is not paused can take them). A holder waiting for another
+    GPU is not cut: the task it waits for is."""
     gpus = _reconcile(prev, s)
     holders = sorted({t.holder for t in gpus.values() if t.holder is not None})
     cut = [t for t in holders if _runs(gpus, s, t) and stuck(gpus, s, t, timeout)]
-    _pass_on(gpus, s, cut)
+    _pass_on(gpus, s, cut + _paused_holders(gpus, s))
     return _plan(prev, s, gpus)

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ledger.h"
@@ -267,6 +268,34 @@ int gs_ledger_task_regions(const struct gs_ledger *l, const char *task_id,
 	return n;
 }
 
+int gs_ledger_task_barrier(const struct gs_ledger *l, const char *task_id, uint64_t since_ns,
+			   uint64_t *min_iterations)
+{
+	uint32_t hwm = LOAD(&l->slot_hwm);
+	int n = 0;
+
+	*min_iterations = 0;
+	if (hwm > GS_MAX_SLOTS)
+		hwm = GS_MAX_SLOTS;
+	for (uint32_t i = 0; i < hwm; i++) {
+		const struct gs_slot *s = &l->slot[i];
+		uint64_t it, at;
+
+		if (LOAD(&s->state) != GS_SLOT_USED ||
+		    strncmp(s->task_id, task_id, GS_TASK_ID_LEN) != 0)
+			continue;
+		at = LOAD(&s->boundary_ns);
+		it = LOAD(&s->iterations);
+		/* No boundary yet, or none lately: a process that does not step now. */
+		if (it == 0 || at == 0 || at < since_ns)
+			continue;
+		if (*min_iterations == 0 || it < *min_iterations)
+			*min_iterations = it;
+		n++;
+	}
+	return n;
+}
+
 static void slot_info(const struct gs_slot *s, uint32_t i, struct gs_slot_info *o)
 {
 	uint64_t total = 0;
@@ -323,6 +352,7 @@ static void slot_clear(struct gs_slot *s)
 	}
 	STORE(&s->iterations, 0);
 	STORE(&s->releases, 0);
+	STORE(&s->boundary_ns, 0);
 	STORE(&s->launches, 0);
 	STORE(&s->launches_seen, 0);
 	STORE(&s->task_index, -1);
@@ -447,6 +477,16 @@ void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64
  * read-modify-writes of a slot's figures are compare-and-swap loops.
  */
 
+/* CLOCK_MONOTONIC in ns: the clock of a slot's boundary_ns (nodemgr's time.monotonic_ns()). */
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static int task_of_slot(const struct gs_ledger *l, const struct gs_slot *s)
 {
 	int t = LOAD(&s->task_index);
@@ -468,6 +508,7 @@ uint64_t gs_ledger_boundary(struct gs_ledger *l, uint32_t slot, uint64_t iterati
 	s = &l->slot[slot];
 	for (int g = 0; g < GS_MAX_GPUS; g++)
 		STORE(&s->persistent[g], LOAD(&s->used[g]));
+	STORE(&s->boundary_ns, now_ns());
 	STORE(&s->iterations, iterations);
 	t = task_of_slot(l, s);
 	if (t < 0)

@@ -9,6 +9,7 @@
 #include "ledger_api.h"
 
 _Static_assert(sizeof(struct gs_gpu_entry) == 64, "gpu entry is one cache line");
+/* A new field may take a reserved word (zero in a ledger made before it) without a new version. */
 _Static_assert(sizeof(struct gs_slot) == 768, "slot layout changed: bump GS_LEDGER_VERSION");
 _Static_assert(sizeof(struct gs_task) == 64, "task entry is one cache line");
 _Static_assert(sizeof(struct gs_ledger) ==

@@ -82,6 +82,15 @@ struct gs_regions {
 int gs_ledger_task_regions(const struct gs_ledger *l, const char *task_id,
 			   struct gs_regions *out);
 
+/*
+ * The turn's barrier (docs/timeslicing.md, "Tasks of several processes"):
+ * the fewest boundaries among the slots of `task_id` whose last boundary
+ * was at or after `since_ns` (CLOCK_MONOTONIC) into *min_iterations (0 when
+ * none). Returns the number of slots counted.
+ */
+int gs_ledger_task_barrier(const struct gs_ledger *l, const char *task_id, uint64_t since_ns,
+			   uint64_t *min_iterations);
+
 /* One used slot, as gs_ledger_summary reports it. */
 struct gs_slot_info {
 	char task_id[24];
@@ -129,8 +138,9 @@ void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64
  * the slot's owner only.
  *
  * gs_ledger_boundary: an iteration boundary, the process's `iterations`th:
- * everything its slot holds now becomes persistent; the task entry's count
- * is raised to `iterations` if lower. Returns the task entry's count, or
+ * everything its slot holds now becomes persistent, and the slot records
+ * the time (CLOCK_MONOTONIC) in boundary_ns; the task entry's count is
+ * raised to `iterations` if lower. Returns the task entry's count, or
  * `iterations` when the slot has no task entry.
  */
 uint64_t gs_ledger_boundary(struct gs_ledger *l, uint32_t slot, uint64_t iterations);

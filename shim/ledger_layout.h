@@ -82,7 +82,8 @@ struct gs_slot {
 	uint32_t reserved0;
 	uint64_t iterations; /* iteration boundaries this process reported */
 	uint64_t releases;   /* times it released its temporary memory (settled is valid when > 0) */
-	uint64_t reserved[21];
+	uint64_t boundary_ns; /* CLOCK_MONOTONIC of the last boundary; 0: none yet */
+	uint64_t reserved[20];
 };
 
 struct gs_ledger {

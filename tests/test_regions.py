@@ -513,3 +513,42 @@ def test_admin_pause_and_turn_gate_combine(child: Child, ledger: Ledger) -> None
     ledger.task_pause(TASK, False)
     assert child.readline() == "launch 0"
     assert child.finish() == ""
+
+
+# --- the turn's barrier ---------------------------------------------------------------------
+
+
+def test_the_barrier_counts_only_processes_with_a_recent_boundary(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """A process that reported boundaries long ago (a parent waiting in join() for its
+    children) does not hold the end of a turn: only boundaries at or after ``since_ns``
+    count, as the slot's boundary_ns (CLOCK_MONOTONIC) says."""
+    from nodemgr._ledger import lib
+
+    fds = [os.open(ledger.path, os.O_RDWR) for _ in range(3)]
+    try:
+        led = ledger._l
+        slots = [lib.gs_ledger_claim(led, fd, os.getpid(), TASK.encode()) for fd in fds]
+        assert min(slots) >= 0 and len(set(slots)) == 3
+        before = time.monotonic_ns()
+        lib.gs_ledger_boundary(led, slots[0], 100)  # the parent's lr_find, then join()
+        assert before <= led.slot[slots[0]].boundary_ns <= time.monotonic_ns()
+        middle = time.monotonic_ns()
+        while time.monotonic_ns() == middle:
+            pass
+        lib.gs_ledger_boundary(led, slots[1], 7)
+        lib.gs_ledger_boundary(led, slots[1], 8)
+        # slots[2] reported none: never waited for.
+        assert ledger.task_barrier(TASK, 0) == (2, 8)
+        assert ledger.task_barrier(TASK, middle + 1) == (1, 8)
+        assert ledger.task_barrier(TASK, time.monotonic_ns() + 10**9) == (0, 0)
+        assert ledger.task_regions(TASK).min_iterations == 8
+        assert ledger.task_barrier("another-task", 0) == (0, 0)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    # Reaped slots are cleared, their boundary times too.
+    assert ledger.reap() == 3
+    assert ledger.task_barrier(TASK, 0) == (0, 0)
+    assert all(ledger._l.slot[s].boundary_ns == 0 for s in slots)

@@ -62,7 +62,10 @@ for line in sys.stdin:
         lib.gs_ledger_settle(l, slot)
     elif cmd == "yield":
         extra = {"iterations": n[0]} if n else {}
-        out = conn.call("yield", task_id=tid, **extra)["passed"]
+        # nodemgr's `held` (it waits for the task's other processes) is a line of its own.
+        def held(m):
+            print(json.dumps({"held": m["type"] == "held"}), flush=True)
+        out = conn.call("yield", task_id=tid, on_queued=held, **extra)["passed"]
     elif cmd == "done":
         conn.call("done", task_id=tid)
         print(json.dumps({"out": None}), flush=True)
@@ -110,8 +113,20 @@ class Proc:
         self.p.stdin.flush()
 
     def answer(self) -> Any:
+        """The answer to the last command (a `held` line before it is counted, not taken)."""
+        while True:
+            line = self._line()
+            if "held" not in line:
+                return line["out"]
+
+    def held(self) -> None:
+        """Block until nodemgr answered the last command, a `yield`, with `held`."""
+        line = self._line()
+        assert line == {"held": True}, line
+
+    def _line(self) -> dict[str, Any]:
         assert self.p.stdout is not None
-        return json.loads(self.p.stdout.readline())["out"]
+        return dict(json.loads(self.p.stdout.readline()))
 
     def pending(self) -> bool:
         """Whether the answer to the last command has not come (yet)."""
@@ -398,7 +413,8 @@ def test_the_turn_ends_when_every_process_of_the_task_reached_it(
     a2.do("boundary", 1)
     a1.send("yield", 4)
     # Held: a2 is in its second step. Both of a's processes run on; b waits.
-    wait_for(lambda: gpu0(d)["turn"]["holder"] == a, 5)
+    a1.held()
+    assert gpu0(d)["turn"]["holder"] == a
     assert a1.pending()
     assert not gated(d, "a", a) and gated(d, "a", b.task_id)
     # a2's boundaries before the end of the turn: its yield there is early, and answered so.
@@ -436,12 +452,46 @@ def test_a_held_yield_is_answered_when_the_process_it_waits_for_dies(
         a1.do("boundary", i)
     a2.do("boundary", 1)
     a1.send("yield", 4)
-    wait_for(lambda: gated(d, "a", b.task_id) and a1.pending(), 5)
+    a1.held()
+    assert gated(d, "a", b.task_id) and a1.pending()
     a2.kill()
     # Its slot reaped, every process left of the task is at the end of the turn.
     wait_for(lambda: not gated(d, "a", b.task_id), 30)
     assert a1.answer() is True
     assert gated(d, "a", a1.task_id)
+
+
+def test_a_new_process_s_turn_counts_from_its_own_boundaries(
+    daemon_factory: Any, procs: Any, wait_for: Any
+) -> None:
+    """`sh -c 'python pretrain.py; python finetune.py'`: pretrain reports many boundaries
+    and exits; finetune starts at 0, and its turn ends a quantum after its own count, not
+    after pretrain's."""
+    d = ts_daemon(daemon_factory)
+    ep = d.env("a", memory=4 * GiB)
+    a = procs(ep)  # the task's client: it reports no boundaries
+    pretrain = procs(ep, join=a.started())
+    pretrain.started()
+    b = procs(ep)
+    b.started()
+    assert gpu0(d)["turn"]["holder"] == a.task_id
+    for i in range(1, 21):
+        pretrain.do("boundary", i)
+    assert pretrain.do("yield", 20) is True
+    pretrain.kill()
+    with ledger_of(d, "a") as ledger:
+        wait_for(lambda: ledger.task_regions(a.task_id).processes == 1, 20)
+        finetune = procs(ep, join=a.started())
+        finetune.started()
+        assert b.do("yield") is True
+        assert gpu0(d)["turn"]["holder"] == a.task_id
+        entry = ledger.task_entry(a.task_id)
+        assert entry is not None and entry.iterations == 20  # the entry's all-time count
+        assert entry.turn_until == 4
+    for i in (1, 2, 3, 4):
+        finetune.do("boundary", i)
+    assert finetune.do("yield", 4) is True
+    assert gpu0(d)["turn"]["holder"] == b.task_id
 
 
 def test_a_restart_keeps_the_turn_with_the_task_that_held_it(daemon_factory: Any) -> None:
@@ -559,6 +609,7 @@ def test_switching_an_overcommitted_gpu_to_shared_warns(daemon_factory: Any) -> 
         r = CliRunner().invoke(cli, args)
         assert r.exit_code == 0, r.output
         assert "warning: GPU 0 is charged 24GiB, more than its 16GiB" in r.output
+        assert "time-slice it again, or end some tasks with nodemgr reclaim" in r.output
         assert gpu0(d)["mode"] == "shared"
         [row] = d.admin("mode", gpu=0)["gpus"]
         assert (row["charged"], row["capacity"]) == (24 * GiB, 16 * GiB)
@@ -623,3 +674,16 @@ def test_cli_mode_without_nodemgr_exits_69(tmp_path: Any) -> None:
     cfg.write_text(f'[node]\nrun_dir = "{tmp_path}"\n')
     r = CliRunner().invoke(cli, ["mode", "--config", str(cfg)])
     assert r.exit_code == 69
+
+
+def test_pausing_the_holder_hands_its_turn_on(daemon_factory: Any) -> None:
+    d = ts_daemon(daemon_factory)
+    ep = d.env("a", memory=4 * GiB)
+    with Connection(ep) as c1, Connection(ep) as c2:
+        t1 = request(c1)["task_id"]
+        t2 = request(c2)["task_id"]
+        assert gpu0(d)["turn"]["holder"] == t1 and gated(d, "a", t2)
+        d.admin("pause", task_id=t1)
+        assert gpu0(d)["turn"]["holder"] == t2 and not gated(d, "a", t2)
+        d.admin("resume", task_id=t1)
+        assert gpu0(d)["turn"]["holder"] == t2 and gated(d, "a", t1)

@@ -40,9 +40,16 @@ def mode(gpu: str | None, mode: str | None, config_path: str | None, as_json: bo
     )
     for g in reply["gpus"]:
         if g.get("charged", 0) > g.get("capacity", g.get("charged", 0)):
+            if g["mode"] == "shared":
+                hint = "time-slice it again, or end some tasks with nodemgr reclaim"
+            else:
+                hint = (
+                    "its tasks' measured shapes exceed their estimates; "
+                    "end some with nodemgr reclaim"
+                )
             click.echo(
                 f"warning: GPU {g['index']} is charged {format_size(g['charged'])}, more than "
                 f"its {format_size(g['capacity'])}: its tasks may run out of GPU memory "
-                "(time-slice it again, or end some with nodemgr reclaim)",
+                f"({hint})",
                 err=True,
             )
