@@ -12,6 +12,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -436,6 +437,43 @@ def test_the_turn_ends_when_every_process_of_the_task_reached_it(
         assert ledger.task_regions(a).min_iterations == 4
     assert a1.do("yield", 4) is False
     assert gpu0(d)["turn"]["holder"] == a and not gated(d, "a", a)
+
+
+def test_the_end_of_a_turn_does_not_wait_for_a_process_that_stopped_stepping(
+    daemon_factory: Any, procs: Any
+) -> None:
+    """A process of the task that reported a boundary once, long ago (a parent that ran a
+    few steps, then waits for its children), is not waited for: the yield of the process
+    that steps passes the turn at once, never held."""
+    d = ts_daemon(daemon_factory, turn_timeout=2.0)
+    ep = d.env("a", memory=4 * GiB)
+    a1 = procs(ep)
+    a = a1.task_id
+    a2 = procs(ep, join=a1.started())
+    a2.started()
+    b = procs(ep)
+    b.started()
+    assert gpu0(d)["turn"]["holder"] == a
+    a2.do("boundary", 1)  # and no more
+    # a1 steps on, often enough that its turn is never taken for want of progress, until
+    # a2's last boundary is older than turn_timeout.
+    stepped_at = time.monotonic()
+    i = 0
+    while time.monotonic() - stepped_at < 2.5 or i < 3:
+        i += 1
+        a1.do("boundary", i)
+        time.sleep(0.2)
+    assert gpu0(d)["turn"]["holder"] == a
+    with ledger_of(d, "a") as ledger:
+        entry = ledger.task_entry(a)
+        assert entry is not None
+        until = entry.turn_until
+    while i < until:
+        i += 1
+        a1.do("boundary", i)
+    a1.send("yield", i)
+    assert a1._line() == {"out": True}  # the turn itself, no `held` before it
+    assert gated(d, "a", a) and not gated(d, "a", b.task_id)
 
 
 def test_a_held_yield_is_answered_when_the_process_it_waits_for_dies(
