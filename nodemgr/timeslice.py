@@ -70,8 +70,9 @@ def shape(m: Member, quota: int) -> Shape:
 
     Learned once it released once and reported a second boundary; else its
     request's estimate; else unknown: its environment's quota, all persistent.
-    A task that has reported no boundary is charged at least all it holds, as
-    persistent: nothing of it is known to be temporary.
+    A task that has reported no boundary is charged at least all it holds: as
+    persistent, what exceeds its temporary figure (an estimated task in its first
+    step holds its estimate, no more; one that never steps, all it holds).
     """
     if m.releases >= 1 and m.iterations >= 2:
         s = Shape(m.settled, m.temp_peak, LEARNED)
@@ -79,8 +80,8 @@ def shape(m: Member, quota: int) -> Shape:
         s = Shape(m.estimate[0], m.estimate[1], ESTIMATE)
     else:
         s = Shape(quota, 0, UNKNOWN)
-    if m.iterations == 0 and m.used > s.persistent:
-        s = Shape(m.used, s.temporary, s.kind)
+    if m.iterations == 0 and m.used > s.persistent + s.temporary:
+        s = Shape(m.used - s.temporary, s.temporary, s.kind)
     return s
 
 

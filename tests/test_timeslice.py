@@ -41,7 +41,11 @@ def test_learned_after_a_release_and_a_second_boundary() -> None:
 def test_no_boundaries_charges_all_used_as_persistent() -> None:
     m = Member("t", "a", 0, (GiB, GiB), used=5 * GiB)
     s = timeslice.shape(m, 8 * GiB)
-    assert (s.persistent, s.temporary, s.kind) == (5 * GiB, GiB, "estimate")
+    # What it holds beyond its temporary figure is persistent: charged 4 + 1, all it holds.
+    assert (s.persistent, s.temporary, s.kind) == (4 * GiB, GiB, "estimate")
+    # An estimated task in its first step, within its estimate, is charged its estimate.
+    m = Member("t", "a", 0, (GiB, 6 * GiB), used=7 * GiB)
+    assert timeslice.shape(m, 8 * GiB).persistent == GiB
     # Unknown: the quota already covers what it holds.
     assert timeslice.shape(Member("t", "a", 0, used=5 * GiB), 8 * GiB).persistent == 8 * GiB
     # Once it reports boundaries, its split counts.
