@@ -395,20 +395,27 @@ def test_turn_timeout_passes_the_turn_of_a_task_that_never_yields(
         assert gpu0(d)["turn"]["switches"] >= 2
 
 
+def two_processes_and_another(d: Any, procs: Any) -> tuple[Any, Any, Any]:
+    """Task a of two processes (the second joins the first's grant), then task b, on GPU 0:
+    a holds the turn and b waits."""
+    ep = d.env("a", memory=4 * GiB)
+    a1 = procs(ep)
+    a2 = procs(ep, join=a1.started())
+    a2.started()
+    b = procs(ep)
+    b.started()
+    assert gpu0(d)["turn"]["holder"] == a1.task_id
+    return a1, a2, b
+
+
 def test_the_turn_ends_when_every_process_of_the_task_reached_it(
     daemon_factory: Any, procs: Any, wait_for: Any
 ) -> None:
     """A task of two processes (torchrun's, say): the first to reach the end of the turn
     waits for the other, whose step is not over; a stale yield changes nothing."""
     d = ts_daemon(daemon_factory)
-    ep = d.env("a", memory=4 * GiB)
-    a1 = procs(ep)
+    a1, a2, b = two_processes_and_another(d, procs)
     a = a1.task_id
-    a2 = procs(ep, join=a1.started())
-    a2.started()
-    b = procs(ep)
-    b.started()
-    assert gpu0(d)["turn"]["holder"] == a
     for i in (1, 2, 3, 4):
         a1.do("boundary", i)
     a2.do("boundary", 1)
@@ -446,14 +453,8 @@ def test_the_end_of_a_turn_does_not_wait_for_a_process_that_stopped_stepping(
     few steps, then waits for its children), is not waited for: the yield of the process
     that steps passes the turn at once, never held."""
     d = ts_daemon(daemon_factory, turn_timeout=2.0)
-    ep = d.env("a", memory=4 * GiB)
-    a1 = procs(ep)
+    a1, a2, b = two_processes_and_another(d, procs)
     a = a1.task_id
-    a2 = procs(ep, join=a1.started())
-    a2.started()
-    b = procs(ep)
-    b.started()
-    assert gpu0(d)["turn"]["holder"] == a
     a2.do("boundary", 1)  # and no more
     # a1 steps on, often enough that its turn is never taken for want of progress, until
     # a2's last boundary is older than turn_timeout.
@@ -480,12 +481,7 @@ def test_a_held_yield_is_answered_when_the_process_it_waits_for_dies(
     daemon_factory: Any, procs: Any, wait_for: Any
 ) -> None:
     d = ts_daemon(daemon_factory)
-    ep = d.env("a", memory=4 * GiB)
-    a1 = procs(ep)
-    a2 = procs(ep, join=a1.started())
-    a2.started()
-    b = procs(ep)
-    b.started()
+    a1, a2, b = two_processes_and_another(d, procs)
     for i in (1, 2, 3, 4):
         a1.do("boundary", i)
     a2.do("boundary", 1)
