@@ -19,6 +19,20 @@
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
 
+/* The slots a reader must look at: those ever claimed (a corrupt count is cut to the table). */
+static uint32_t slots_seen(const struct gs_ledger *l)
+{
+	uint32_t hwm = LOAD(&l->slot_hwm);
+
+	return hwm > GS_MAX_SLOTS ? GS_MAX_SLOTS : hwm;
+}
+
+/* Whether slot `s` is claimed by a process of `task_id`. */
+static int of_task(const struct gs_slot *s, const char *task_id)
+{
+	return LOAD(&s->state) == GS_SLOT_USED && strncmp(s->task_id, task_id, GS_TASK_ID_LEN) == 0;
+}
+
 int gs_ledger_check(const struct gs_ledger *l, size_t len)
 {
 	if (l == NULL || len < sizeof(*l))
@@ -160,10 +174,8 @@ int gs_ledger_task_remove(struct gs_ledger *l, const char *task_id)
 
 void gs_ledger_stamp_launches(struct gs_ledger *l, uint64_t now_ns)
 {
-	uint32_t hwm = LOAD(&l->slot_hwm);
+	uint32_t hwm = slots_seen(l);
 
-	if (hwm > GS_MAX_SLOTS)
-		hwm = GS_MAX_SLOTS;
 	for (uint32_t i = 0; i < hwm; i++) {
 		struct gs_slot *s = &l->slot[i];
 		uint64_t n;
@@ -186,13 +198,11 @@ void gs_ledger_stamp_launches(struct gs_ledger *l, uint64_t now_ns)
 
 uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu)
 {
-	uint32_t hwm = LOAD(&l->slot_hwm);
+	uint32_t hwm = slots_seen(l);
 	uint64_t total = 0;
 
 	if (gpu >= GS_MAX_GPUS)
 		return 0;
-	if (hwm > GS_MAX_SLOTS)
-		hwm = GS_MAX_SLOTS;
 	for (uint32_t i = 0; i < hwm; i++) {
 		uint64_t v = LOAD(&l->slot[i].used[gpu]);
 
@@ -207,20 +217,16 @@ uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu)
 int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
 			 uint64_t *used, uint64_t *launches, uint64_t *peak)
 {
-	uint32_t hwm = LOAD(&l->slot_hwm);
+	uint32_t hwm = slots_seen(l);
 	int n = 0;
 
 	memset(used, 0, sizeof(uint64_t) * GS_MAX_GPUS);
 	*launches = 0;
 	*peak = 0;
-	if (hwm > GS_MAX_SLOTS)
-		hwm = GS_MAX_SLOTS;
 	for (uint32_t i = 0; i < hwm; i++) {
 		const struct gs_slot *s = &l->slot[i];
 
-		if (LOAD(&s->state) != GS_SLOT_USED)
-			continue;
-		if (strncmp(s->task_id, task_id, GS_TASK_ID_LEN) != 0)
+		if (!of_task(s, task_id))
 			continue;
 		for (int g = 0; g < GS_MAX_GPUS; g++)
 			used[g] += LOAD(&s->used[g]);
@@ -234,18 +240,15 @@ int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
 int gs_ledger_task_regions(const struct gs_ledger *l, const char *task_id,
 			   struct gs_regions *out)
 {
-	uint32_t hwm = LOAD(&l->slot_hwm);
+	uint32_t hwm = slots_seen(l);
 	int n = 0;
 
 	memset(out, 0, sizeof(*out));
-	if (hwm > GS_MAX_SLOTS)
-		hwm = GS_MAX_SLOTS;
 	for (uint32_t i = 0; i < hwm; i++) {
 		const struct gs_slot *s = &l->slot[i];
 		uint64_t it, rel;
 
-		if (LOAD(&s->state) != GS_SLOT_USED ||
-		    strncmp(s->task_id, task_id, GS_TASK_ID_LEN) != 0)
+		if (!of_task(s, task_id))
 			continue;
 		for (int g = 0; g < GS_MAX_GPUS; g++) {
 			out->used[g] += LOAD(&s->used[g]);
@@ -271,18 +274,15 @@ int gs_ledger_task_regions(const struct gs_ledger *l, const char *task_id,
 int gs_ledger_task_barrier(const struct gs_ledger *l, const char *task_id, uint64_t since_ns,
 			   uint64_t *min_iterations)
 {
-	uint32_t hwm = LOAD(&l->slot_hwm);
+	uint32_t hwm = slots_seen(l);
 	int n = 0;
 
 	*min_iterations = 0;
-	if (hwm > GS_MAX_SLOTS)
-		hwm = GS_MAX_SLOTS;
 	for (uint32_t i = 0; i < hwm; i++) {
 		const struct gs_slot *s = &l->slot[i];
 		uint64_t it, at;
 
-		if (LOAD(&s->state) != GS_SLOT_USED ||
-		    strncmp(s->task_id, task_id, GS_TASK_ID_LEN) != 0)
+		if (!of_task(s, task_id))
 			continue;
 		at = LOAD(&s->boundary_ns);
 		it = LOAD(&s->iterations);
@@ -316,11 +316,9 @@ static void slot_info(const struct gs_slot *s, uint32_t i, struct gs_slot_info *
 
 int gs_ledger_summary(const struct gs_ledger *l, struct gs_slot_info *out, uint32_t max)
 {
-	uint32_t hwm = LOAD(&l->slot_hwm);
+	uint32_t hwm = slots_seen(l);
 	uint32_t n = 0;
 
-	if (hwm > GS_MAX_SLOTS)
-		hwm = GS_MAX_SLOTS;
 	for (uint32_t i = 0; i < hwm && n < max; i++) {
 		if (LOAD(&l->slot[i].state) != GS_SLOT_USED)
 			continue;
@@ -362,11 +360,9 @@ static void slot_clear(struct gs_slot *s)
 
 int gs_ledger_reap(struct gs_ledger *l, int fd, struct gs_slot_info *out, uint32_t max)
 {
-	uint32_t hwm = LOAD(&l->slot_hwm);
+	uint32_t hwm = slots_seen(l);
 	int n = 0;
 
-	if (hwm > GS_MAX_SLOTS)
-		hwm = GS_MAX_SLOTS;
 	for (uint32_t i = 0; i < hwm; i++) {
 		struct gs_slot *s = &l->slot[i];
 		int rc;
