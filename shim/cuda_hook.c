@@ -777,19 +777,24 @@ static CUresult charge_gpu(int gpu, uint64_t bytes, struct gs_charge *c)
 
 static void wait_while_paused(uint32_t *word);
 
+/* Launches and allocations of a paused or gated task wait here: one load when it runs. */
+static inline __attribute__((always_inline)) void hold_while_paused(void)
+{
+	uint32_t *pause = __atomic_load_n(&hot.pause, __ATOMIC_ACQUIRE);
+
+	if (unlikely(__atomic_load_n(pause, __ATOMIC_RELAXED) != 0))
+		wait_while_paused(pause);
+}
+
 /*
- * A paused or gated task takes no new memory: an allocation waits here, as
- * a launch does, before it is charged (docs/timeslicing.md). The slot is
+ * A paused or gated task takes no new memory: an allocation waits, as a
+ * launch does, before it is charged (docs/timeslicing.md). The slot is
  * claimed first, since claiming is what points hot.pause at the task's word.
  */
 static inline __attribute__((always_inline)) void alloc_gate(void)
 {
-	uint32_t *pause;
-
 	my_slot();
-	pause = __atomic_load_n(&hot.pause, __ATOMIC_ACQUIRE);
-	if (unlikely(__atomic_load_n(pause, __ATOMIC_RELAXED) != 0))
-		wait_while_paused(pause);
+	hold_while_paused();
 }
 
 /* charge_gpu for new memory: after the gate. */
@@ -2115,10 +2120,7 @@ static __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 
 static inline __attribute__((always_inline)) void launch_gate(void)
 {
-	uint32_t *pause = __atomic_load_n(&hot.pause, __ATOMIC_ACQUIRE);
-
-	if (unlikely(__atomic_load_n(pause, __ATOMIC_RELAXED) != 0))
-		wait_while_paused(pause);
+	hold_while_paused();
 	__atomic_fetch_add(__atomic_load_n(&hot.launches, __ATOMIC_ACQUIRE), 1, __ATOMIC_RELAXED);
 }
 
