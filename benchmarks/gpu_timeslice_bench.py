@@ -99,15 +99,9 @@ def _train(args: list[str]) -> int:
 # --- the benchmark ---------------------------------------------------------------------------
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _rows(path: Path) -> list[dict[str, Any]]:
     """The per-step rows of a job's output."""
-    return [x for x in _lines(path) if "te" in x]
+    return [x for x in harness.read_jsonl(path) if "te" in x]
 
 
 def _watch_shape(d: Any, env: str, proc: subprocess.Popen[bytes]) -> dict[str, int]:
@@ -123,13 +117,6 @@ def _watch_shape(d: Any, env: str, proc: subprocess.Popen[bytes]) -> dict[str, i
     if not seen:
         raise harness.BenchError("nodemgr showed no settled shape of the job run alone")
     return seen
-
-
-def _rate(rows: list[dict[str, Any]]) -> float:
-    if len(rows) < 3:
-        return 0.0
-    rows = rows[1:]  # the first step pays for start-up
-    return float((len(rows) - 1) / (rows[-1]["te"] - rows[0]["te"]))
 
 
 def _gpu_used_sampler(stop: threading.Event, peak: list[int]) -> None:
@@ -177,7 +164,8 @@ def run(quick: bool) -> dict[str, Any]:
         p = job("alone", "a", alone)
         shape = _watch_shape(d, "a", p)
         finish(p, "the job alone")
-        r["alone_iterations_per_s"] = round(_rate(_rows(alone)), 3)
+        # The first step pays for start-up.
+        r["alone_iterations_per_s"] = round(harness.steps_per_s(_rows(alone), skip=1), 3)
         r["alone_shape"] = shape
         # The time-sliced jobs state the shape measured alone, with a margin.
         estimate = [
@@ -227,22 +215,16 @@ def run(quick: bool) -> dict[str, Any]:
     rates = {}
     for n in rows:
         during = [x for x in rows[n] if both_from <= x["te"] <= both_to]
-        rates[n] = round(_rate(during), 3) if len(during) >= 3 else 0.0
+        rates[n] = round(harness.steps_per_s(during, skip=1), 3)
     r["timesliced_iterations_per_s"] = rates
     alone_rate = r["alone_iterations_per_s"] or 1.0
     r["timesliced_fraction_of_alone"] = {n: round(v / alone_rate, 3) for n, v in rates.items()}
     total, after_release = [], []
     for n, other in (("a", "b"), ("b", "a")):
-        for row in rows[n]:
-            if row["t1"] - row["t0"] < 0.001:
-                continue
-            yields = [
-                x for x in rows[other] if x.get("yield_end") and row["t0"] <= x["tb"] <= row["t1"]
-            ]
-            if yields:
-                y = yields[-1]
-                total.append((row["t1"] - y["tb"]) * 1000)
-                after_release.append((row["t1"] - y["release_end"]) * 1000)
+        yielded = harness.turn_switches(rows[n], rows[other], lambda x: bool(x.get("yield_end")))
+        for row, y in yielded:
+            total.append((row["t1"] - y["tb"]) * 1000)
+            after_release.append((row["t1"] - y["release_end"]) * 1000)
     r["switches"] = len(total)
     if total:
         r["switch_total_ms"] = {

@@ -94,6 +94,41 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[int(rank) - 1]
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines a job wrote (none if it wrote no file)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def steps_per_s(steps: list[dict[str, Any]], skip: int = 0) -> float:
+    """Steps per second of a training job's step rows (each with ``te``, when the step
+    ended), after the first ``skip``; 0 with fewer than two."""
+    steps = steps[skip:]
+    if len(steps) < 2:
+        return 0.0
+    return float((len(steps) - 1) / (steps[-1]["te"] - steps[0]["te"]))
+
+
+def turn_switches(
+    steps: list[dict[str, Any]],
+    other: list[dict[str, Any]],
+    ended: Callable[[dict[str, Any]], bool] = lambda _step: True,
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Turn switches between two jobs sharing a time-sliced GPU, from their step rows
+    (``t0`` the step began, ``t1`` its first launch returned, ``tb`` its boundary began):
+    each step of ``steps`` whose first launch waited (a millisecond or more), with the last
+    step of ``other`` whose boundary came within that wait and that ``ended`` the turn."""
+    out = []
+    for step in steps:
+        if step["t1"] - step["t0"] < 0.001:
+            continue  # it did not wait: its turn went on
+        inside = [x for x in other if ended(x) and step["t0"] <= x["tb"] <= step["t1"]]
+        if inside:
+            out.append((step, max(inside, key=lambda x: x["tb"])))
+    return out
+
+
 def judge(result: dict[str, Any], metric: str, op: str, value: float) -> dict[str, Any]:
     """Add the target (``metric`` ``op`` ``value``) and whether it was met to ``result``."""
     got = result[metric]

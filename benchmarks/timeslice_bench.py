@@ -21,7 +21,6 @@ under ``gpushare-run``, with the real shim on the simulated driver:
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -167,18 +166,6 @@ def _watch_turn(d: Any, procs: list[subprocess.Popen[bytes]], timeout: float) ->
     return turn
 
 
-def _read_lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _rate(rows: list[dict[str, Any]]) -> float:
-    if len(rows) < 2:
-        return 0.0
-    return float((len(rows) - 1) / (rows[-1]["te"] - rows[0]["te"]))
-
-
 def bench_switch_latency(quick: bool) -> dict[str, Any]:
     iterations = 30 if quick else 200
     job = ["--persistent", "512", "--temporary", "4096", "--blocks", "4", "--work-ms", "5"]
@@ -208,24 +195,18 @@ def bench_switch_latency(quick: bool) -> dict[str, Any]:
             if p.wait(1) != 0:
                 err = p.stderr.read().decode(errors="replace") if p.stderr else ""
                 raise BenchError(f"a job exited {p.returncode}: {err.strip()[-300:]}")
-        rows = {name: _read_lines(out) for name, out in zip(("a", "b", "alone"), outs, strict=True)}
-    # A switch: a job whose first launch of an iteration waited (for the turn), and the
-    # other job's last boundary before that launch returned, inside the wait.
+        names = ("a", "b", "alone")
+        rows = {name: harness.read_jsonl(out) for name, out in zip(names, outs, strict=True)}
     latencies: list[float] = []
     slow: list[dict[str, Any]] = []  # switches over 10 ms: which job's which iteration
     for name, other in (("a", "b"), ("b", "a")):
-        boundaries = [r["tb"] for r in rows[other]]
-        for row in rows[name]:
-            if row["t1"] - row["t0"] < 0.001:
-                continue  # it did not wait: its turn went on
-            inside = [tb for tb in boundaries if row["t0"] <= tb <= row["t1"]]
-            if inside:
-                latencies.append((row["t1"] - max(inside)) * 1000)
-                if latencies[-1] > 10:
-                    slow.append({"job": name, "iteration": row["i"], "ms": round(latencies[-1], 2)})
+        for step, boundary in harness.turn_switches(rows[name], rows[other]):
+            latencies.append((step["t1"] - boundary["tb"]) * 1000)
+            if latencies[-1] > 10:
+                slow.append({"job": name, "iteration": step["i"], "ms": round(latencies[-1], 2)})
     if not latencies:
         raise BenchError("no turn switch was seen")
-    both = [_rate(rows["a"]), _rate(rows["b"])]
+    both = [harness.steps_per_s(rows["a"]), harness.steps_per_s(rows["b"])]
     r: dict[str, Any] = {
         "switches": len(latencies),
         "p50_ms": round(percentile(latencies, 50), 3),
@@ -234,7 +215,7 @@ def bench_switch_latency(quick: bool) -> dict[str, Any]:
         "slow": slow,
         "nodemgr_last_switch_ms": turn.get("last_switch_ms"),
         "nodemgr_switches": turn.get("switches"),
-        "iterations_per_s_alone": round(_rate(rows["alone"]), 1),
+        "iterations_per_s_alone": round(harness.steps_per_s(rows["alone"]), 1),
         "iterations_per_s_timesliced": [round(x, 1) for x in both],
         "quantum": 1,
     }
