@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 FRAMEWORKS_ENV = "GPUSHARE_FRAMEWORKS"
 TASK_ENV = "GPUSHARE_TASK_ID"  # set in every process of a task
-HOOKS_ENV = "GPUSHARE_ITERATION_HOOKS"  # client_plugin.iterations.HOOKS_ENV
+HOOKS_ENV = "GPUSHARE_ITERATION_HOOKS"  # iteration hooks (client_plugin.iterations): 0 for none
 # Frameworks whose import puts in iteration hooks (client_plugin.iterations).
 HOOKED = ("torch", "keras")
 OWNER_ENV = "GPUSHARE_TASK_OWNER"  # client_plugin.settings.TASK_OWNER

@@ -29,11 +29,12 @@ from types import ModuleType
 from typing import Any
 
 from client_plugin import shim
+from client_plugin.autoload import TASK_ENV, hooks_wanted
 
-HOOKS_ENV = "GPUSHARE_ITERATION_HOOKS"
-TASK_ENV = "GPUSHARE_TASK_ID"
+# client_plugin.settings' names, not imported from there: that module brings in the wire
+# code, which a process that imports a framework need not pay for before its first yield.
 ENDPOINT_ENV = "GPUSHARE_ENDPOINT"
-TIMESLICED_ENV = "GPUSHARE_TIMESLICED"  # client_plugin.settings.TIMESLICED
+TIMESLICED_ENV = "GPUSHARE_TIMESLICED"
 # A yield is answered once the turn has passed, which waits for the task's other
 # processes to reach the end of their turn too: allow for their longest step. nodemgr
 # says at once when it holds a yield; with no word from it at all the wait is short.
@@ -180,18 +181,12 @@ def _say_once(message: str) -> None:
 # --- frameworks ------------------------------------------------------------------
 
 
-def hooks_enabled(environ: Any = None) -> bool:
-    from client_plugin.autoload import hooks_wanted
-
-    return hooks_wanted(os.environ if environ is None else environ)
-
-
 def framework_loaded(name: str, module: ModuleType) -> None:
     """Called by the auto-loader right after ``name`` was imported: put in its hooks.
     Only a process of a task gets them. A framework without the API they need (PyTorch
     before 2.0, say) gets none, silently: the task then shows no iterations, which
     ``nodemgr tasks`` says, and is charged all its memory as persistent."""
-    if not os.environ.get(TASK_ENV) or not hooks_enabled():
+    if not os.environ.get(TASK_ENV) or not hooks_wanted(os.environ):
         return
     install = {"torch": install_torch, "keras": install_keras}.get(name)
     if install is None:
