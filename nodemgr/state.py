@@ -27,10 +27,10 @@ from nodemgr.store import Record, Store
 
 log = logging.getLogger("nodemgr")
 
-# Why a task ended, as records and metrics name it (docs/operations.md).
 # A task entry's turn fields as nodemgr creates them: not gated, no turn, no flags.
 _UNGATED = timeslice.Gate(False, 0, 0)
 
+# Why a task ended, as records and metrics name it (docs/operations.md).
 REASONS = ("done", "killed", "exited", "timeout", "admin", "undelivered")
 
 
