@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-SOURCES := setup.py pyproject.toml gpushare-autoload.pth $(wildcard shim/*) \
+SOURCES := setup.py pyproject.toml gpushare-autoload.pth $(wildcard shim/*) $(wildcard sim/*) \
 	$(wildcard nodemgr/*.py nodemgr/cli/*.py client_plugin/*.py)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
@@ -87,22 +87,26 @@ bench-gpu-timeslice: install
 demo: install
 	$(BIN)/python demo/demo.py
 
-# ASan/UBSan builds of the shim and simulated driver, for the C tests.
+# ASan/UBSan builds of the shim, the simulated driver and NVML, for the C tests.
 debug: install
 	$(BIN)/python shim/build.py --debug address --out build/debug
+	$(BIN)/python sim/build.py --debug address --out build/debug
 
-# The tests that drive the shim, run against its sanitizer builds: ASan+UBSan for
+# The tests that drive the shim, run against its and the simulator's sanitizer builds: ASan+UBSan for
 # all of them, TSan for the threaded one (its client is built with TSan too). Any
 # report fails the test, since the process then exits non-zero.
 SHIM_TESTS := tests/test_shim.py tests/test_enforcement.py tests/test_interception.py \
 	tests/test_reclaim.py tests/test_attach.py tests/test_regions.py
 debug-test: debug
 	$(BIN)/python shim/build.py --debug thread --out build/tsan
+	$(BIN)/python sim/build.py --debug thread --out build/tsan
 	GPUSHARE_SHIM=$(CURDIR)/build/debug/libgpushare.so GPUSHARE_TEST_SANITIZE=address \
+	GPUSHARE_SIM_DIR=$(CURDIR)/build/debug/sim \
 	ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0 \
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	$(BIN)/pytest -p no:cacheprovider $(SHIM_TESTS) $(PYTEST_ARGS)
 	GPUSHARE_SHIM=$(CURDIR)/build/tsan/libgpushare.so GPUSHARE_TEST_SANITIZE=thread \
+	GPUSHARE_SIM_DIR=$(CURDIR)/build/tsan/sim \
 	TSAN_OPTIONS=halt_on_error=1 \
 	$(BIN)/pytest -p no:cacheprovider tests/test_shim.py tests/test_attach.py -k threads \
 		$(PYTEST_ARGS)

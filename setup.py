@@ -1,10 +1,11 @@
-"""Package build: the cffi ledger bindings plus the shim and simulated driver.
+"""Package build: the cffi ledger bindings, the shim, and the simulated driver and NVML.
 
 The preload library cannot be a Python extension (it must not need
 libpython), so build_ext compiles it beside the cffi module and ships it in
 client_plugin/lib, where gpushare-run finds it.
 """
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -15,12 +16,21 @@ from setuptools.command.build_py import build_py
 sys.path.insert(0, str(Path(__file__).resolve().parent / "shim"))
 import build as shim_build
 
+# sim/build.py is loaded by path: both build scripts are called build.py.
+_spec = importlib.util.spec_from_file_location(
+    "sim_build", Path(__file__).parent / "sim" / "build.py"
+)
+assert _spec and _spec.loader
+sim_build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sim_build)
+
 
 class BuildExt(build_ext):
     def run(self) -> None:
         super().run()
         root = Path(".") if self.inplace else Path(self.build_lib)
         shim_build.build_native(root / "client_plugin" / "lib")
+        sim_build.build_sim(root / "client_plugin" / "lib")
 
 
 # The auto-loader's start-up hook: site runs `import` lines of .pth files in

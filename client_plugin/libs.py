@@ -7,6 +7,7 @@ from pathlib import Path
 
 LIB_DIR = Path(__file__).resolve().parent / "lib"
 SHIM_ENV = "GPUSHARE_SHIM"
+SIM_DIR_ENV = "GPUSHARE_SIM_DIR"
 
 
 def shim_path() -> Path:
@@ -21,8 +22,9 @@ def shim_path() -> Path:
 
 
 def sim_driver_dir() -> Path:
-    """The directory holding the simulated ``libcuda.so.1``."""
-    path = LIB_DIR / "sim"
+    """The directory holding the simulated ``libcuda.so.1`` and ``libnvidia-ml.so.1``:
+    $GPUSHARE_SIM_DIR if set (e.g. a sanitizer build), else the packaged one."""
+    path = Path(os.environ.get(SIM_DIR_ENV) or LIB_DIR / "sim")
     if not (path / "libcuda.so.1").is_file():
         raise FileNotFoundError(
             f"the simulated driver is missing from {path}; reinstall gpushare (pip install .)"

@@ -1,10 +1,9 @@
-"""How the C parts are built; used by setup.py (package build) and the Makefile.
+"""How the shim and the ledger bindings are built; used by setup.py and the Makefile.
 
 - ``libgpushare.so``: the preload shim. Plain C with no libpython, since it is
   loaded into every program a task runs.
-- ``sim/libcuda.so.1``: the simulated driver for machines without NVIDIA GPUs.
-- ``sim/libnvidia-ml.so.1``: the simulated NVML beside it, describing the same
-  devices (both read them through ``sim_spec.c``).
+- the simulated driver and NVML are built by ``sim/build.py`` with the same
+  flags (``link`` below).
 - ``nodemgr._ledger``: cffi bindings to the ledger, declared from the same
   headers the shim is compiled with.
 """
@@ -38,9 +37,10 @@ def _cc() -> list[str]:
     return shlex.split(cc)[:1]
 
 
-def _link(
-    out: Path, sources: list[str], flags: list[str], ldflags: list[str], debug: str | None
+def link(
+    out: Path, sources: list[Path], flags: list[str], ldflags: list[str], debug: str | None
 ) -> None:
+    """Compile and link one shared library; debug names a sanitizer build."""
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         *_cc(),
@@ -50,7 +50,7 @@ def _link(
         "-shared",
         "-o",
         str(out),
-        *[str(HERE / s) for s in sources],
+        *[str(s) for s in sources],
         *ldflags,
         *([] if debug else ["-Wl,-z,defs"]),
     ]
@@ -59,37 +59,19 @@ def _link(
 
 
 def build_native(out_dir: Path, debug: str | None = None) -> list[Path]:
-    """Compile the shim, the simulated driver and NVML into ``out_dir``; return the files.
+    """Compile the shim into ``out_dir``; return the file.
 
     ``debug`` names a sanitizer build ("address": ASan+UBSan, "thread": TSan).
     """
     shim = out_dir / "libgpushare.so"
-    sim = out_dir / "sim" / "libcuda.so.1"
-    nvml = out_dir / "sim" / "libnvidia-ml.so.1"
-    _link(
+    link(
         shim,
-        ["cuda_hook.c", "ledger.c", "dlsym_x86_64.S"],
+        [HERE / s for s in ("cuda_hook.c", "ledger.c", "dlsym_x86_64.S")],
         [],
         [f"-Wl,--version-script={HERE / 'shim.map'}", "-ldl", "-lpthread"],
         debug,
     )
-    for lib, source, script in (
-        (sim, "sim_cuda.c", "sim_cuda.map"),
-        (nvml, "sim_nvml.c", "sim_nvml.map"),
-    ):
-        _link(
-            lib,
-            [source, "sim_spec.c"],
-            [],
-            [
-                "-Wl,-Bsymbolic",
-                f"-Wl,--version-script={HERE / script}",
-                f"-Wl,-soname,{lib.name}",
-                "-lpthread",
-            ],
-            debug,
-        )
-    return [shim, sim, nvml]
+    return [shim]
 
 
 def _cdef() -> str:
