@@ -2,7 +2,9 @@
 
 - ``sim/libcuda.so.1``: the simulated CUDA driver for machines without NVIDIA GPUs.
 - ``sim/libnvidia-ml.so.1``: the simulated NVML beside it, describing the same
-  devices (both read them through ``sim_spec.c``).
+  devices (both read them through ``sim_spec.c``, their attributes through
+  ``sim_attrs.c``) and the processes using them (``sim_usage.c``: the driver
+  records them in a node-wide table, NVML lists them).
 
 Both go into ``<out>/sim``; the driver ABI header they share with the shim is
 ``shim/cuda_abi.h``.
@@ -19,9 +21,24 @@ sys.path.insert(0, str(HERE.parent / "shim"))
 import build as shim_build  # noqa: E402  (the compiler flags live there)
 
 # Each library: its sources (beside this file) and its version script.
+# The driver stays loaded once loaded (-z nodelete): see sim_cuda.c on exit.
 LIBRARIES = {
-    "libcuda.so.1": (["sim_cuda.c", "sim_spec.c"], "sim_cuda.map"),
-    "libnvidia-ml.so.1": (["sim_nvml.c", "sim_spec.c"], "sim_nvml.map"),
+    "libcuda.so.1": (
+        [
+            "sim_cuda.c",
+            "sim_exports.c",
+            "sim_tables.c",
+            "sim_trace.c",
+            "sim_spec.c",
+            "sim_attrs.c",
+            "sim_usage.c",
+        ],
+        "sim_cuda.map",
+    ),
+    "libnvidia-ml.so.1": (
+        ["sim_nvml.c", "sim_spec.c", "sim_attrs.c", "sim_usage.c"],
+        "sim_nvml.map",
+    ),
 }
 
 
@@ -39,6 +56,7 @@ def build_sim(out_dir: Path, debug: str | None = None) -> list[Path]:
             [f"-I{shim_build.HERE}"],
             [
                 "-Wl,-Bsymbolic",
+                "-Wl,-z,nodelete",
                 f"-Wl,--version-script={HERE / script}",
                 f"-Wl,-soname,{name}",
                 "-lpthread",

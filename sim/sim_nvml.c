@@ -5,9 +5,10 @@
  * names, prototypes, return codes and reference-counted initialization.
  *
  * NVML sees every GPU on the node: like the real library it ignores
- * CUDA_VISIBLE_DEVICES. Memory is reported as the device's whole size, all
- * of it free: the simulated driver's allocations are per process, and a
- * real NVML's totals would not come from them either.
+ * CUDA_VISIBLE_DEVICES. What the simulated driver's processes hold reaches
+ * it through the node's usage registry (sim_usage.c): memory used is the sum
+ * of their device memory, and they are the device's compute processes. The
+ * simulated GPUs have no NVLink and belong to no NVSwitch fabric.
  *
  * Linked with -Bsymbolic so that calls inside the library stay inside it,
  * whatever a preloaded interposer exports.
@@ -15,19 +16,101 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
 #include "cuda_abi.h"
+#include "sim_attrs.h"
 #include "sim_spec.h"
+#include "sim_usage.h"
 
 #define SIM_EXPORT __attribute__((visibility("default")))
 
 /* The driver release that shipped with CUDA 13.0 (GS_SIM_DRIVER_VERSION). */
 #define SIM_NVML_DRIVER_VERSION "580.65.06"
 #define SIM_NVML_VERSION	"13." SIM_NVML_DRIVER_VERSION
+
+/*
+ * NVML's structures beyond cuda_abi.h's slice, laid out as nvml.h lays
+ * them out; the checks below hold them to the sizes the ABI fixes.
+ */
+
+/* nvmlPciInfo_t, as _v3 fills it. */
+struct sim_nvml_pci {
+	char busIdLegacy[16];	/* "%04X:%02X:%02X.0" */
+	unsigned int domain;
+	unsigned int bus;
+	unsigned int device;
+	unsigned int pciDeviceId;	/* device id << 16 | vendor id */
+	unsigned int pciSubSystemId;
+	char busId[32];		/* "%08X:%02X:%02X.0" */
+};
+
+/* What v1 and _v2 fill: the short bus id, then four reserved words. */
+struct sim_nvml_pci_legacy {
+	char busId[16];
+	unsigned int domain;
+	unsigned int bus;
+	unsigned int device;
+	unsigned int pciDeviceId;
+	unsigned int pciSubSystemId;
+	unsigned int reserved[4];
+};
+
+/* nvmlProcessInfo_v1_t, for the unversioned nvmlDeviceGetComputeRunningProcesses. */
+struct sim_nvml_proc_v1 {
+	unsigned int pid;
+	unsigned long long usedGpuMemory;
+};
+
+/* nvmlProcessInfo_v2_t, which _v3's nvmlProcessInfo_t repeats. */
+struct sim_nvml_proc_v2 {
+	unsigned int pid;
+	unsigned long long usedGpuMemory;
+	unsigned int gpuInstanceId;
+	unsigned int computeInstanceId;
+};
+
+/* nvmlGpuFabricInfo_v2_t and _v3_t, the caller naming which in version. */
+struct sim_nvml_fabric_v2 {
+	unsigned int version;
+	unsigned char clusterUuid[16];
+	nvmlReturn_t status;
+	unsigned int cliqueId;
+	unsigned char state;	/* nvmlGpuFabricState_t */
+	unsigned int healthMask;
+};
+
+struct sim_nvml_fabric_v3 {
+	unsigned int version;
+	unsigned char clusterUuid[16];
+	nvmlReturn_t status;
+	unsigned int cliqueId;
+	unsigned char state;
+	unsigned int healthMask;
+	unsigned char healthSummary;
+};
+
+_Static_assert(sizeof(struct sim_nvml_pci) == 68, "nvmlPciInfo_t");
+_Static_assert(sizeof(struct sim_nvml_pci_legacy) == 52, "nvmlPciInfo_t, v1/v2");
+_Static_assert(sizeof(struct sim_nvml_proc_v1) == 16, "nvmlProcessInfo_v1_t");
+_Static_assert(sizeof(struct sim_nvml_proc_v2) == 24, "nvmlProcessInfo_v2_t");
+_Static_assert(sizeof(struct sim_nvml_fabric_v2) == 36, "nvmlGpuFabricInfo_v2_t");
+_Static_assert(sizeof(struct sim_nvml_fabric_v3) == 40, "nvmlGpuFabricInfo_v3_t");
+
+/* NVML_STRUCT_VERSION(GpuFabricInfo, 2) and (..., 3). */
+#define SIM_NVML_FABRIC_V2	((unsigned int)(sizeof(struct sim_nvml_fabric_v2) | 2u << 24))
+#define SIM_NVML_FABRIC_V3	((unsigned int)(sizeof(struct sim_nvml_fabric_v3) | 3u << 24))
+#define SIM_NVML_FABRIC_STATE_NOT_SUPPORTED	0
+
+/* Outside MIG a process has no GPU or compute instance: NVML says "not available". */
+#define SIM_NVML_NO_INSTANCE	0xffffffffu
+
+/* NVML_NVLINK_MAX_LINKS of the NVML that ships with CUDA 13.0: links 0 to 17. */
+#define SIM_NVML_NVLINK_MAX_LINKS	18
 
 /* A handle is the address of its slot: never a pointer into caller memory. */
 struct nvmlDevice_st {
@@ -184,6 +267,24 @@ SIM_EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int len
 	return nvml_copy(version, length, SIM_NVML_VERSION);
 }
 
+/*
+ * The CUDA version the simulated driver's cuDriverGetVersion reports. v1
+ * would read it from the installed libcuda, _v2 by calling it: both get
+ * the same number here, without nvmlInit, as the reference allows.
+ */
+SIM_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
+{
+	if (!cudaDriverVersion)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*cudaDriverVersion = GS_SIM_DRIVER_VERSION;
+	return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
+{
+	return nvmlSystemGetCudaDriverVersion_v2(cudaDriverVersion);
+}
+
 /* Device enumeration. */
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count)
@@ -265,6 +366,15 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *in
 	return rc;
 }
 
+/* What the device's processes hold now; never more than it has. */
+static unsigned long long nvml_used(nvmlDevice_t device, const struct sim_spec *spec)
+{
+	unsigned long long total;
+
+	sim_usage_list(device->index, NULL, 0, &total);
+	return total < spec->bytes ? total : spec->bytes;
+}
+
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
 	const struct sim_spec *spec;
@@ -275,8 +385,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_
 	if (rc != NVML_SUCCESS)
 		return rc;
 	memory->total = spec->bytes;
-	memory->used = 0;
-	memory->free = spec->bytes;
+	memory->used = nvml_used(device, spec);
+	memory->free = memory->total - memory->used;
 	return NVML_SUCCESS;
 }
 
@@ -294,7 +404,307 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemo
 		return rc;
 	memory->total = spec->bytes;
 	memory->reserved = 0;
-	memory->used = 0;
-	memory->free = spec->bytes;
+	memory->used = nvml_used(device, spec);
+	memory->free = memory->total - memory->used;
 	return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
+							   int *minor)
+{
+	const struct sim_spec *spec;
+	nvmlReturn_t rc = nvml_device(device, &spec);
+
+	if (rc == NVML_SUCCESS && (!major || !minor))
+		rc = NVML_ERROR_INVALID_ARGUMENT;
+	if (rc != NVML_SUCCESS)
+		return rc;
+	sim_device_attribute(spec, SIM_ATTR_CC_MAJOR, major);
+	sim_device_attribute(spec, SIM_ATTR_CC_MINOR, minor);
+	return NVML_SUCCESS;
+}
+
+/* Processes. */
+
+/*
+ * Every version: the caller's *count is the room in infos; too little
+ * gets the number needed and NVML_ERROR_INSUFFICIENT_SIZE, so that
+ * *count = 0 asks how many there are (infos may then be NULL).
+ */
+static nvmlReturn_t nvml_processes(nvmlDevice_t device, unsigned int *count, void *infos,
+				   bool v1)
+{
+	struct sim_usage_proc procs[SIM_USAGE_SLOTS];
+	const struct sim_spec *spec;
+	unsigned long long total;
+	unsigned int i, n;
+	nvmlReturn_t rc = nvml_device(device, &spec);
+
+	if (rc == NVML_SUCCESS && !count)
+		rc = NVML_ERROR_INVALID_ARGUMENT;
+	if (rc != NVML_SUCCESS)
+		return rc;
+	n = sim_usage_list(device->index, procs, SIM_USAGE_SLOTS, &total);
+	if (*count < n) {
+		*count = n;
+		return NVML_ERROR_INSUFFICIENT_SIZE;
+	}
+	if (n > 0 && !infos)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	for (i = 0; i < n; i++) {
+		unsigned long long used = procs[i].bytes;
+
+		if (used > spec->bytes)
+			used = spec->bytes;
+		if (v1) {
+			struct sim_nvml_proc_v1 *p = (struct sim_nvml_proc_v1 *)infos + i;
+
+			p->pid = procs[i].pid;
+			p->usedGpuMemory = used;
+		} else {
+			struct sim_nvml_proc_v2 *p = (struct sim_nvml_proc_v2 *)infos + i;
+
+			p->pid = procs[i].pid;
+			p->usedGpuMemory = used;
+			p->gpuInstanceId = SIM_NVML_NO_INSTANCE;
+			p->computeInstanceId = SIM_NVML_NO_INSTANCE;
+		}
+	}
+	*count = n;
+	return NVML_SUCCESS;
+}
+
+/* The unversioned name is the oldest ABI: nvmlProcessInfo_v1_t entries. */
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
+							     unsigned int *infoCount,
+							     struct sim_nvml_proc_v1 *infos)
+{
+	return nvml_processes(device, infoCount, infos, true);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+								unsigned int *infoCount,
+								struct sim_nvml_proc_v2 *infos)
+{
+	return nvml_processes(device, infoCount, infos, false);
+}
+
+/* _v3 takes the same entries: its nvmlProcessInfo_t repeats nvmlProcessInfo_v2_t. */
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+								unsigned int *infoCount,
+								struct sim_nvml_proc_v2 *infos)
+{
+	return nvml_processes(device, infoCount, infos, false);
+}
+
+/* PCI. */
+
+static unsigned int nvml_attr(const struct sim_spec *spec, int attrib)
+{
+	int v = 0;
+
+	sim_device_attribute(spec, attrib, &v);
+	return (unsigned int)v;
+}
+
+/* The device's address is the simulated driver's: bus = position + 1 (sim_attrs.c). */
+static void nvml_pci(const struct sim_spec *spec, struct sim_nvml_pci *pci)
+{
+	memset(pci, 0, sizeof(*pci));
+	pci->domain = nvml_attr(spec, SIM_ATTR_PCI_DOMAIN_ID);
+	pci->bus = nvml_attr(spec, SIM_ATTR_PCI_BUS_ID);
+	pci->device = nvml_attr(spec, SIM_ATTR_PCI_DEVICE_ID);
+	pci->pciDeviceId = nvml_attr(spec, SIM_ATTR_GPU_PCI_DEVICE_ID);
+	pci->pciSubSystemId = nvml_attr(spec, SIM_ATTR_GPU_PCI_SUBSYSTEM_ID);
+	snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "%04X:%02X:%02X.0",
+		 pci->domain & 0xffff, pci->bus, pci->device);
+	snprintf(pci->busId, sizeof(pci->busId), "%08X:%02X:%02X.0", pci->domain, pci->bus,
+		 pci->device);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, struct sim_nvml_pci *pci)
+{
+	const struct sim_spec *spec;
+	nvmlReturn_t rc = nvml_device(device, &spec);
+
+	if (rc == NVML_SUCCESS && !pci)
+		rc = NVML_ERROR_INVALID_ARGUMENT;
+	if (rc == NVML_SUCCESS)
+		nvml_pci(spec, pci);
+	return rc;
+}
+
+/* v1 and _v2 fill the legacy layout, with the short bus id, and answer alike here. */
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device,
+						struct sim_nvml_pci_legacy *pci)
+{
+	struct sim_nvml_pci full;
+	const struct sim_spec *spec;
+	nvmlReturn_t rc = nvml_device(device, &spec);
+
+	if (rc == NVML_SUCCESS && !pci)
+		rc = NVML_ERROR_INVALID_ARGUMENT;
+	if (rc != NVML_SUCCESS)
+		return rc;
+	nvml_pci(spec, &full);
+	memset(pci, 0, sizeof(*pci));
+	memcpy(pci->busId, full.busIdLegacy, sizeof(pci->busId));
+	pci->domain = full.domain;
+	pci->bus = full.bus;
+	pci->device = full.device;
+	pci->pciDeviceId = full.pciDeviceId;
+	pci->pciSubSystemId = full.pciSubSystemId;
+	return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, struct sim_nvml_pci_legacy *pci)
+{
+	return nvmlDeviceGetPciInfo_v2(device, pci);
+}
+
+/* A hex field of 1 to maxdigits digits at *p, which moves past it. */
+static bool nvml_hex(const char **p, unsigned int maxdigits, unsigned int *out)
+{
+	unsigned int v = 0, n = 0;
+	int d;
+
+	while ((d = sim_hexval(**p)) >= 0 && n < maxdigits) {
+		v = v << 4 | (unsigned int)d;
+		(*p)++;
+		n++;
+	}
+	*out = v;
+	return n > 0 && sim_hexval(**p) < 0;
+}
+
+/*
+ * The forms NVML documents, all hexadecimal and of either case:
+ * domain:bus:device.function, domain:bus:device and bus:device.function.
+ */
+static bool nvml_parse_bus_id(const char *s, unsigned int *domain, unsigned int *bus,
+			      unsigned int *device, unsigned int *function)
+{
+	unsigned int a, b, c = 0;
+	bool with_domain;
+
+	*function = 0;
+	if (!nvml_hex(&s, 8, &a) || *s++ != ':' || !nvml_hex(&s, 8, &b))
+		return false;
+	with_domain = *s == ':';
+	if (with_domain && (s++, !nvml_hex(&s, 8, &c)))
+		return false;
+	if (*s == '.') {
+		s++;
+		if (!nvml_hex(&s, 1, function))
+			return false;
+	} else if (!with_domain) {
+		return false;
+	}
+	*domain = with_domain ? a : 0;
+	*bus = with_domain ? b : a;
+	*device = with_domain ? c : b;
+	return *s == '\0' && *bus <= 0xff && *device <= 0x1f && *function <= 7;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId,
+							 nvmlDevice_t *device)
+{
+	unsigned int domain, bus, dev, function;
+	struct sim_nvml_pci pci;
+	int i;
+
+	if (!nvml_live())
+		return NVML_ERROR_UNINITIALIZED;
+	if (!pciBusId || !device ||
+	    !nvml_parse_bus_id(pciBusId, &domain, &bus, &dev, &function))
+		return NVML_ERROR_INVALID_ARGUMENT;
+	for (i = 0; i < nvml_ndevs; i++) {
+		nvml_pci(&nvml_specs[i], &pci);
+		if (pci.domain == domain && pci.bus == bus && pci.device == dev && function == 0) {
+			*device = &nvml_devs[i];
+			return NVML_SUCCESS;
+		}
+	}
+	return NVML_ERROR_NOT_FOUND;
+}
+
+/* v1 differed in an error code for devices the caller may not use; none here. */
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device)
+{
+	return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
+}
+
+/* NVLink and fabric: a GPU with neither. */
+
+/* A real link index of a device without NVLink: the feature is missing, not the link. */
+static nvmlReturn_t nvml_nvlink(nvmlDevice_t device, unsigned int link, const void *out)
+{
+	const struct sim_spec *spec;
+	nvmlReturn_t rc = nvml_device(device, &spec);
+
+	if (rc != NVML_SUCCESS)
+		return rc;
+	if (link >= SIM_NVML_NVLINK_MAX_LINKS || !out)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	return NVML_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+						 int *isActive)
+{
+	return nvml_nvlink(device, link, isActive);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+							    int *pNvLinkDeviceType)
+{
+	return nvml_nvlink(device, link, pNvLinkDeviceType);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+							    struct sim_nvml_pci *pci)
+{
+	return nvml_nvlink(device, link, pci);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link,
+							 struct sim_nvml_pci_legacy *pci)
+{
+	return nvml_nvlink(device, link, pci);
+}
+
+/*
+ * Hopper answers the fabric query: a GPU outside any NVSwitch fabric says
+ * so in state, with the call itself succeeding (PyTorch checks both).
+ */
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, void *gpuFabricInfo)
+{
+	const struct sim_spec *spec;
+	unsigned int version;
+	nvmlReturn_t rc = nvml_device(device, &spec);
+
+	if (rc == NVML_SUCCESS && !gpuFabricInfo)
+		rc = NVML_ERROR_INVALID_ARGUMENT;
+	if (rc != NVML_SUCCESS)
+		return rc;
+	/* Zeroes read "none" or "not supported" in every field after state. */
+	memcpy(&version, gpuFabricInfo, sizeof(version));
+	if (version == SIM_NVML_FABRIC_V2) {
+		struct sim_nvml_fabric_v2 *info = gpuFabricInfo;
+
+		memset(info, 0, sizeof(*info));
+		info->version = version;
+		info->status = NVML_ERROR_NOT_SUPPORTED;
+		info->state = SIM_NVML_FABRIC_STATE_NOT_SUPPORTED;
+	} else if (version == SIM_NVML_FABRIC_V3) {
+		struct sim_nvml_fabric_v3 *info = gpuFabricInfo;
+
+		memset(info, 0, sizeof(*info));
+		info->version = version;
+		info->status = NVML_ERROR_NOT_SUPPORTED;
+		info->state = SIM_NVML_FABRIC_STATE_NOT_SUPPORTED;
+	} else {
+		rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+	}
+	return rc;
 }

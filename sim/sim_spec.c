@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sim_attrs.h"
+
 /* The daemon generates the same default node: keep the two in step. */
 #define SIM_DEFAULT_GPUS	4
 #define SIM_DEFAULT_NAME	"gpushare Simulated GPU"
@@ -65,30 +67,82 @@ static bool sim_parse_bytes(size_t *out, const char *str, size_t len)
 	return true;
 }
 
-/* NULL when entry n is good, else why it is not. */
-static const char *sim_parse_entry(struct sim_spec *specs, int n, const char *e, size_t len)
+/* Whether entry n is good; if not, why it is not goes into why. */
+static bool sim_parse_entry(struct sim_spec *specs, int n, const char *e, size_t len, char *why,
+			    size_t whylen)
 {
 	struct sim_spec *s = &specs[n];
 	const char *end = e + len;
 	const char *bar1 = memchr(e, '|', len);
 	const char *bar2 = bar1 ? memchr(bar1 + 1, '|', (size_t)(end - bar1 - 1)) : NULL;
+	const char *bar3 = bar2 ? memchr(bar2 + 1, '|', (size_t)(end - bar2 - 1)) : NULL;
+	const char *why_not = NULL;
 	int i;
 
-	if (!bar2 || memchr(bar2 + 1, '|', (size_t)(end - bar2 - 1)))
-		return "expected NAME|UUID|BYTES";
-	if (bar1 == e || bar1 - e >= SIM_NAME_MAX)
-		return "name empty or too long";
+	s->index = n;
+	sim_attrs_default(s);
+	if (!bar2 || (bar3 && memchr(bar3 + 1, '|', (size_t)(end - bar3 - 1))))
+		why_not = "expected NAME|UUID|BYTES or NAME|UUID|BYTES|KEY=VALUE,...";
+	else if (bar1 == e || bar1 - e >= SIM_NAME_MAX)
+		why_not = "name empty or too long";
+	if (why_not)
+		goto fail;
 	memcpy(s->name, e, (size_t)(bar1 - e));
 	s->name[bar1 - e] = '\0';
 	if (!sim_parse_uuid(s, bar1 + 1, (size_t)(bar2 - bar1 - 1)))
-		return "bad UUID";
-	if (!sim_parse_bytes(&s->bytes, bar2 + 1, (size_t)(end - bar2 - 1)))
-		return "bad byte count";
+		why_not = "bad UUID";
+	else if (!sim_parse_bytes(&s->bytes, bar2 + 1, (size_t)((bar3 ? bar3 : end) - bar2 - 1)))
+		why_not = "bad byte count";
+	if (why_not)
+		goto fail;
 	/* Devices are picked by UUID prefix (CUDA_VISIBLE_DEVICES): keep them unique. */
-	for (i = 0; i < n; i++)
-		if (strcmp(specs[i].uuid, s->uuid) == 0)
-			return "duplicate UUID";
-	return NULL;
+	for (i = 0; i < n; i++) {
+		if (strcmp(specs[i].uuid, s->uuid) == 0) {
+			why_not = "duplicate UUID";
+			goto fail;
+		}
+	}
+	return !bar3 || sim_attrs_override(s, bar3 + 1, (size_t)(end - bar3 - 1), why, whylen);
+fail:
+	snprintf(why, whylen, "%s", why_not);
+	return false;
+}
+
+/* FNV-1a over one field and its terminating NUL, so fields cannot run together. */
+static uint64_t sim_hash(uint64_t h, const void *data, size_t len)
+{
+	const unsigned char *p = data;
+	size_t i;
+
+	for (i = 0; i <= len; i++) {
+		h ^= i < len ? p[i] : 0;
+		h *= 0x100000001b3ULL;
+	}
+	return h;
+}
+
+static uint64_t sim_node;
+
+/* What makes two lists the same node: names, UUIDs and sizes, in order. */
+static void sim_set_node(const struct sim_spec *specs, int n)
+{
+	uint64_t h = 0xcbf29ce484222325ULL;
+	char bytes[24];
+	int i;
+
+	for (i = 0; i < n; i++) {
+		h = sim_hash(h, specs[i].name, strlen(specs[i].name));
+		h = sim_hash(h, specs[i].uuid, strlen(specs[i].uuid));
+		snprintf(bytes, sizeof(bytes), "%zu", specs[i].bytes);
+		h = sim_hash(h, bytes, strlen(bytes));
+	}
+	/* 0 means "no node yet" to sim_node_id's callers. */
+	__atomic_store_n(&sim_node, h ? h : 1, __ATOMIC_RELEASE);
+}
+
+uint64_t sim_node_id(void)
+{
+	return __atomic_load_n(&sim_node, __ATOMIC_ACQUIRE);
 }
 
 int sim_specs_load(struct sim_spec *specs)
@@ -96,6 +150,7 @@ int sim_specs_load(struct sim_spec *specs)
 	const char *env = getenv(SIM_SPEC_ENV);
 	const char *p, *semi;
 	char uuid[SIM_UUID_LEN + 1];
+	char why[256];
 	int n;
 
 	if (!env || !*env) {
@@ -106,23 +161,33 @@ int sim_specs_load(struct sim_spec *specs)
 			snprintf(uuid, sizeof(uuid), SIM_DEFAULT_UUID, (unsigned int)n);
 			sim_parse_uuid(s, uuid, strlen(uuid));
 			s->bytes = (size_t)SIM_DEFAULT_BYTES;
+			s->index = n;
+			sim_attrs_default(s);
 		}
+		sim_set_node(specs, n);
 		return n;
 	}
 	for (n = 0, p = env;; p = semi + 1) {
 		size_t len;
-		const char *why;
+		bool good;
 
 		semi = strchr(p, ';');
 		len = semi ? (size_t)(semi - p) : strlen(p);
-		why = n == SIM_MAX_GPUS ? "more than 64 entries" : sim_parse_entry(specs, n, p, len);
-		if (why) {
+		if (n == SIM_MAX_GPUS) {
+			snprintf(why, sizeof(why), "more than %d entries", SIM_MAX_GPUS);
+			good = false;
+		} else {
+			good = sim_parse_entry(specs, n, p, len, why, sizeof(why));
+		}
+		if (!good) {
 			fprintf(stderr, "gpushare sim: %s: bad entry \"%.*s\": %s\n", SIM_SPEC_ENV,
 				(int)len, p, why);
 			return -1;
 		}
 		n++;
-		if (!semi)
+		if (!semi) {
+			sim_set_node(specs, n);
 			return n;
+		}
 	}
 }

@@ -32,6 +32,9 @@ INVALID_CONTEXT = 201
 INVALID_HANDLE = 400
 NOT_FOUND = 500
 NOT_SUPPORTED = 801
+# cuGetProcAddress_v2's symbolStatus, and its flag for the per-thread default stream.
+FOUND = 0
+SYMBOL_NOT_FOUND = 1
 VERSION_NOT_SUFFICIENT = 2
 PER_THREAD_DEFAULT_STREAM = 2
 
@@ -59,14 +62,22 @@ def hook_variants() -> list[Variant]:
     return found
 
 
-def expected_variant(variants: list[Variant], base: str, version: int, flags: int) -> str | None:
-    """The driver's rule: the newest variant introduced at or before version, the
-    per-thread one when flags ask for it and one exists, else the legacy one."""
-    usable = [v for v in variants if v.base == base and v.first_version <= version]
-    per_thread = [v for v in usable if v.per_thread]
-    legacy = [v for v in usable if not v.per_thread]
-    pick = per_thread if flags == PER_THREAD_DEFAULT_STREAM and per_thread else legacy
-    return max(pick, key=lambda v: v.first_version).abi if pick else None
+def expected_variant(
+    variants: list[Variant], base: str, version: int, flags: int
+) -> tuple[int, str | None]:
+    """The real driver's answer to cuGetProcAddress_v2 (status, variant or None): the
+    newest variant introduced at or before version (any version above the driver's own
+    included). With flags PER_THREAD_DEFAULT_STREAM, a name that has per-thread variants
+    gets only those, so none below the first of them (not the legacy variant); one without
+    gets its legacy variant."""
+    mine = [v for v in variants if v.base == base]
+    if not mine:
+        return SYMBOL_NOT_FOUND, None
+    per_thread = flags == PER_THREAD_DEFAULT_STREAM and any(v.per_thread for v in mine)
+    usable = [v for v in mine if v.per_thread == per_thread and v.first_version <= version]
+    if not usable:
+        return VERSION_NOT_SUFFICIENT, None
+    return FOUND, max(usable, key=lambda v: v.first_version).abi
 
 
 def _run(probe: Path, mode: str, stdin: str = "") -> str:
@@ -131,6 +142,8 @@ def test_every_allocation_path_takes_from_the_device_and_gives_back(sim_probe: P
         "async.rc": SUCCESS,
         "async.taken": 5 * MIB,
         "async.free": SUCCESS,
+        # Freed stream-ordered memory stays reserved by its pool until a synchronisation.
+        "async.pooled.taken": 5 * MIB,
         "async.back": 0,
         "async_ptsz.rc": SUCCESS,
         "async_ptsz.taken": 6 * MIB,
@@ -480,9 +493,11 @@ def test_get_proc_address_resolves_hooks_def_like_the_driver(sim_probe: Path) ->
     queries: list[tuple[str, int, int]] = []
     for base in sorted({v.base for v in variants}):
         firsts = {v.first_version for v in variants if v.base == base}
-        versions = {1000, 2000, SIM_DRIVER_VERSION}
+        versions = {1000, 2000, SIM_DRIVER_VERSION, SIM_DRIVER_VERSION + 10, 99999}
         versions |= {f + d for f in firsts for d in (-10, -1, 0, 10)}
         queries += [(base, ver, flags) for ver in sorted(versions) for flags in (0, 1, 2)]
+    # "-" asks for the empty name.
+    queries += [(name, SIM_DRIVER_VERSION, 0) for name in ("cuNoSuchThing", "-")]
     stdin = "".join(f"gpa {base} {ver} {flags}\n" for base, ver, flags in queries)
     lines = _run(sim_probe, "resolve", stdin).splitlines()
     assert lines[0] == "init 0"
@@ -493,10 +508,10 @@ def test_get_proc_address_resolves_hooks_def_like_the_driver(sim_probe: Path) ->
         found[(base, int(ver), int(flags))] = (int(rc), int(status), name)
     expected = {}
     for base, ver, flags in queries:
-        abi = expected_variant(variants, base, ver, flags)
-        expected[(base, ver, flags)] = (
-            (SUCCESS, 0, abi) if abi else (NOT_FOUND, VERSION_NOT_SUFFICIENT, "-")
-        )
+        # cuGetProcAddress_v2 succeeds for every name and version and says in its status
+        # whether it found one; a miss sets the pointer to NULL.
+        status, abi = expected_variant(variants, base, ver, flags)
+        expected[(base, ver, flags)] = (SUCCESS, status, abi or "-")
     assert found == expected
     # Every variant is reached by some request, so each one was checked above.
     assert {name for _, _, name in found.values()} - {"-"} == {v.abi for v in variants}

@@ -7,11 +7,13 @@
  *                       streams, address reservations and mappings, what a
  *                       context's end frees, the launch entry points and the
  *                       old ABI variants
- *   sim_probe resolve   reads "gpa BASE VERSION FLAGS" and "sym NAME" lines
- *                       from stdin; prints for each
- *                       "gpa BASE VERSION FLAGS RC STATUS VARIANT" (VARIANT is
- *                       what dladdr names the returned pointer, "-" if none)
- *                       or "sym NAME VARIANT"
+ *   sim_probe resolve   reads "gpa BASE VERSION FLAGS", "gpa1 BASE VERSION FLAGS"
+ *                       and "sym NAME" lines from stdin; prints for each
+ *                       "gpa BASE VERSION FLAGS RC STATUS VARIANT" (cuGetProcAddress_v2;
+ *                       VARIANT is what dladdr names the returned pointer, "-" if
+ *                       none), "gpa1 BASE VERSION FLAGS RC VARIANT" (cuGetProcAddress;
+ *                       VARIANT "untouched" if *pfn kept its old value) or
+ *                       "sym NAME VARIANT". A BASE of "-" asks for the empty name.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -50,6 +52,7 @@ CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
 CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool);
 CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props);
 CUresult cuMemPoolDestroy(CUmemoryPool pool);
+CUresult cuCtxSynchronize(void);
 CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
 				       int option);
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
@@ -106,9 +109,16 @@ static void taken(const char *key, CUdevice dev, long long before)
 	out(k, before - free_on(dev));
 }
 
+/*
+ * A synchronisation first: stream-ordered frees go back to their pool, which
+ * gives them back to the device only then (as the driver's pools do, with
+ * the default release threshold of 0).
+ */
 static void back(const char *key, CUdevice dev, long long before)
 {
 	char k[128];
+
+	cuCtxSynchronize();
 
 	snprintf(k, sizeof(k), "%s.back", key);
 	out(k, before - free_on(dev));
@@ -154,6 +164,7 @@ static void probe_async(void)
 	out("async.rc", cuMemAllocAsync(&p, 5 * MIB, stream));
 	taken("async", 0, f0);
 	out("async.free", cuMemFreeAsync(p, stream));
+	taken("async.pooled", 0, f0);
 	back("async", 0, f0);
 	out("async_ptsz.rc", cuMemAllocAsync_ptsz(&p, 6 * MIB, NULL));
 	taken("async_ptsz", 0, f0);
@@ -259,12 +270,14 @@ static void probe_streams(CUcontext ctx)
 	out("stream1.async_ptsz", cuMemAllocAsync_ptsz(&p, 2 * MIB, s1));
 	taken("stream1.async_ptsz", 1, f1);
 	out("stream1.free_ptsz", cuMemFreeAsync_ptsz(p, s1));
+	cuCtxSynchronize();	/* the pool gives the freed memory back */
 	/* The pool decides the device, whatever the stream's is. */
 	cuDeviceGetDefaultMemPool(&pool0, 0);
 	out("stream1.frompool0", cuMemAllocFromPoolAsync(&p, 4 * MIB, pool0, s1));
 	taken("stream1.frompool0", 0, f0);
 	taken("stream1.frompool0.dev1", 1, f1);
 	out("stream1.frompool0.free", cuMemFreeAsync(p, s1));
+	cuCtxSynchronize();	/* the pool gives the freed memory back */
 	out("stream1.destroy", cuStreamDestroy_v2(s1));
 	cuDevicePrimaryCtxRelease_v2(1);
 
@@ -290,6 +303,7 @@ static void probe_streams(CUcontext ctx)
 	out("mempool.async", cuMemAllocAsync(&p, MIB, NULL));
 	taken("mempool.async", 0, f0);
 	out("mempool.async.free", cuMemFreeAsync(p, NULL));
+	cuCtxSynchronize();	/* the pool gives the freed memory back */
 	out("mempool.set_other_device", cuDeviceSetMemPool(1, mine));
 	out("mempool.set_other_default", cuDeviceSetMemPool(0, pool1));
 	out("mempool.set_null", cuDeviceSetMemPool(0, NULL));
@@ -739,19 +753,28 @@ static const char *variant(void *fn)
 
 static int probe_resolve(void)
 {
+	static char sentinel;
 	char line[512], name[256];
 	int version;
 	unsigned long long flags;
 
 	out("init", cuInit(0));
 	while (fgets(line, sizeof(line), stdin)) {
-		if (sscanf(line, "gpa %255s %d %llu", name, &version, &flags) == 3) {
+		if (sscanf(line, "gpa1 %255s %d %llu", name, &version, &flags) == 3) {
+			void *fn = (void *)&sentinel;
+			CUresult rc = cuGetProcAddress(strcmp(name, "-") ? name : "", &fn, version,
+						       flags);
+
+			printf("gpa1 %s %d %llu %d %s\n", name, version, flags, rc,
+			       fn == (void *)&sentinel ? "untouched" : variant(fn));
+		} else if (sscanf(line, "gpa %255s %d %llu", name, &version, &flags) == 3) {
 			CUdriverProcAddressQueryResult status = -1;
-			void *fn = NULL;
-			CUresult rc = cuGetProcAddress_v2(name, &fn, version, flags, &status);
+			void *fn = (void *)&sentinel;
+			CUresult rc = cuGetProcAddress_v2(strcmp(name, "-") ? name : "", &fn, version,
+							  flags, &status);
 
 			printf("gpa %s %d %llu %d %d %s\n", name, version, flags, rc, status,
-			       variant(fn));
+			       fn == (void *)&sentinel ? "untouched" : variant(fn));
 		} else if (sscanf(line, "sym %255s", name) == 1) {
 			printf("sym %s %s\n", name, variant(dlsym(RTLD_DEFAULT, name)));
 		} else {

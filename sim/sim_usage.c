@@ -1,0 +1,369 @@
+/*
+ * The node-wide usage registry: see sim_usage.h.
+ *
+ * A slot's key says who holds it and in what state:
+ *
+ *	0			free
+ *	pid << 8		being filled in (or emptied) by pid
+ *	pid << 8 | (dev + 1)	live: pid uses device dev; start and bytes are set
+ *
+ * Every change of owner is a compare-and-swap of the key, so two processes
+ * can never take the same slot, and a reclaimer that misjudged an owner
+ * finds the key changed and backs off. A writer fills start and bytes
+ * while the key says "being filled in" and publishes the live key last,
+ * so a reader that sees a live key sees its start too. Nothing but the key
+ * needs to be clean in a free slot: the next owner writes the rest before
+ * publishing.
+ *
+ * A process counts as gone when /proc has no running process of that pid
+ * with the start time recorded (pid reuse cannot resurrect a slot; neither
+ * can a zombie, whose contexts the real driver would have torn down at
+ * exit). Without /proc, kill(pid, 0) answers instead.
+ */
+#define _GNU_SOURCE
+#include "sim_usage.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sim_spec.h"
+
+#define SIM_USAGE_DEFAULT_DIR	"/dev/shm"
+/* The layout's version is in the name: a later layout never reads this one's files. */
+#define SIM_USAGE_NAME		"gpushare-sim-usage-v1-%u-%016" PRIx64
+
+struct sim_usage_slot {
+	uint64_t key;
+	uint64_t start;		/* the owner's start time + 1 (clock ticks); 0: unknown */
+	uint64_t bytes;
+};
+
+#define SIM_USAGE_SIZE	(sizeof(struct sim_usage_slot) * SIM_USAGE_SLOTS)
+
+static inline uint64_t sim_key_busy(uint32_t pid)
+{
+	return (uint64_t)pid << 8;
+}
+
+static inline uint64_t sim_key_live(uint32_t pid, int dev)
+{
+	return (uint64_t)pid << 8 | (uint64_t)(dev + 1);
+}
+
+/* Everything below is written under sim_usage_lock; the table pointer once, for good. */
+static pthread_mutex_t sim_usage_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sim_usage_slot *sim_usage_table;
+static bool sim_usage_unusable;		/* creating the table failed: never retried */
+static int sim_procfs = -1;		/* /proc usable: 1, not: 0, not yet known: -1 */
+
+/* This process's own slots, as a writer; reset in a forked child. */
+static uint32_t sim_self_pid;
+static uint64_t sim_self_start;
+static pthread_once_t sim_atfork_once = PTHREAD_ONCE_INIT;
+static struct sim_usage_slot *sim_mine[SIM_MAX_GPUS];
+static bool sim_gave_up[SIM_MAX_GPUS];	/* no slot to be had: until sim_usage_clear */
+
+/*
+ * What /proc says of pid: 1 with *start (its start time + 1) when it runs,
+ * 0 when there is no such process or it is a zombie, -1 when /proc cannot
+ * tell.
+ */
+static int sim_proc_start(uint32_t pid, uint64_t *start)
+{
+	char path[64], buf[1024];
+	const char *p;
+	char *end;
+	ssize_t n;
+	int fd, field, rc = -1;
+
+	snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT || errno == ESRCH ? 0 : -1;
+	n = read(fd, buf, sizeof(buf) - 1);
+	if (n <= 0)
+		goto out;
+	buf[n] = '\0';
+	/* The command name may hold anything, spaces and parentheses too: skip past its end. */
+	p = strrchr(buf, ')');
+	if (!p || p[1] != ' ')
+		goto out;
+	p += 2;
+	if (*p == 'Z' || *p == 'X' || *p == 'x') {
+		rc = 0;
+		goto out;
+	}
+	/* The state is field 3; the start time field 22. */
+	for (field = 3; field < 22; field++) {
+		p = strchr(p, ' ');
+		if (!p)
+			goto out;
+		p++;
+	}
+	errno = 0;
+	*start = strtoull(p, &end, 10) + 1;
+	if (end != p && errno == 0)
+		rc = 1;
+out:
+	close(fd);
+	return rc;
+}
+
+/* Whether pid, started at start (0: unknown), still runs. */
+static bool sim_usage_alive(uint32_t pid, uint64_t start)
+{
+	uint64_t now;
+
+	if (sim_procfs) {
+		switch (sim_proc_start(pid, &now)) {
+		case 0:
+			return false;
+		case 1:
+			return start == 0 || now == start;
+		default:
+			break;
+		}
+	}
+	return kill((pid_t)pid, 0) == 0 || errno != ESRCH;
+}
+
+/* The file of this user's table for this node. */
+static bool sim_usage_path(char *path, size_t len)
+{
+	const char *dir = getenv(SIM_USAGE_DIR_ENV);
+	uint64_t node = sim_node_id();
+	int n;
+
+	if (!node)
+		return false;
+	if (!dir || !*dir)
+		dir = SIM_USAGE_DEFAULT_DIR;
+	n = snprintf(path, len, "%s/" SIM_USAGE_NAME, dir, (unsigned int)getuid(), node);
+	return n > 0 && (size_t)n < len;
+}
+
+/*
+ * Maps the table, making it first if create; under sim_usage_lock. A reader
+ * does not create it: no file means nobody has used the node yet.
+ */
+static struct sim_usage_slot *sim_usage_map(bool create)
+{
+	char path[PATH_MAX];
+	struct stat st;
+	void *map = NULL;
+	uint64_t probe;
+	int fd;
+
+	if (sim_usage_table)
+		return sim_usage_table;
+	if (!sim_usage_path(path, sizeof(path)))
+		return NULL;
+	fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0600);
+	if (fd < 0)
+		return NULL;
+	/* /dev/shm is everyone's: use only a file of this user's own. */
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != getuid())
+		goto out;
+	if ((size_t)st.st_size < SIM_USAGE_SIZE) {
+		/*
+		 * Mapping past the end would fault on access. Creators
+		 * racing here all grow it to the same size, and nobody
+		 * ever shrinks it.
+		 */
+		if (!create || ftruncate(fd, (off_t)SIM_USAGE_SIZE) != 0)
+			goto out;
+	}
+	map = mmap(NULL, SIM_USAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED) {
+		map = NULL;
+		goto out;
+	}
+	if (sim_procfs < 0)
+		sim_procfs = sim_proc_start((uint32_t)getpid(), &probe) > 0;
+	__atomic_store_n(&sim_usage_table, (struct sim_usage_slot *)map, __ATOMIC_RELEASE);
+out:
+	close(fd);
+	return map;
+}
+
+/*
+ * A forked child is another process: the parent's slots stay the parent's,
+ * and the child takes its own when it first uses a device.
+ */
+static void sim_usage_prepare(void)
+{
+	pthread_mutex_lock(&sim_usage_lock);
+}
+
+static void sim_usage_parent(void)
+{
+	pthread_mutex_unlock(&sim_usage_lock);
+}
+
+static void sim_usage_child(void)
+{
+	int i;
+
+	sim_self_pid = 0;
+	for (i = 0; i < SIM_MAX_GPUS; i++) {
+		sim_mine[i] = NULL;
+		sim_gave_up[i] = false;
+	}
+	pthread_mutex_unlock(&sim_usage_lock);
+}
+
+static void sim_usage_atfork(void)
+{
+	pthread_atfork(sim_usage_prepare, sim_usage_parent, sim_usage_child);
+}
+
+/* A slot for this process on dev: a free one, else one of a process that is gone. */
+static struct sim_usage_slot *sim_usage_claim(struct sim_usage_slot *table, int dev)
+{
+	uint64_t busy = sim_key_busy(sim_self_pid);
+	struct sim_usage_slot *s = NULL;
+	uint64_t key;
+	int i;
+
+	for (i = 0; i < SIM_USAGE_SLOTS && !s; i++) {
+		key = 0;
+		if (__atomic_compare_exchange_n(&table[i].key, &key, busy, false, __ATOMIC_ACQ_REL,
+						__ATOMIC_RELAXED))
+			s = &table[i];
+	}
+	for (i = 0; i < SIM_USAGE_SLOTS && !s; i++) {
+		uint64_t start;
+
+		key = __atomic_load_n(&table[i].key, __ATOMIC_ACQUIRE);
+		/* A half-made slot's start is not its owner's yet: judge it by pid alone. */
+		start = key & 0xff ? __atomic_load_n(&table[i].start, __ATOMIC_RELAXED) : 0;
+		if (!key || (uint32_t)(key >> 8) == sim_self_pid ||
+		    sim_usage_alive((uint32_t)(key >> 8), start))
+			continue;
+		if (__atomic_compare_exchange_n(&table[i].key, &key, busy, false, __ATOMIC_ACQ_REL,
+						__ATOMIC_RELAXED))
+			s = &table[i];
+	}
+	if (!s)
+		return NULL;
+	__atomic_store_n(&s->start, sim_procfs ? sim_self_start : 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->bytes, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->key, sim_key_live(sim_self_pid, dev), __ATOMIC_RELEASE);
+	return s;
+}
+
+void sim_usage_set(int spec_index, size_t bytes)
+{
+	struct sim_usage_slot *table, *s;
+
+	if (spec_index < 0 || spec_index >= SIM_MAX_GPUS)
+		return;
+	s = __atomic_load_n(&sim_mine[spec_index], __ATOMIC_ACQUIRE);
+	if (s) {
+		__atomic_store_n(&s->bytes, (uint64_t)bytes, __ATOMIC_RELAXED);
+		return;
+	}
+	if (__atomic_load_n(&sim_gave_up[spec_index], __ATOMIC_RELAXED))
+		return;
+
+	pthread_once(&sim_atfork_once, sim_usage_atfork);
+	pthread_mutex_lock(&sim_usage_lock);
+	s = sim_mine[spec_index];
+	if (s || sim_gave_up[spec_index])
+		goto out;
+	table = sim_usage_unusable ? NULL : sim_usage_map(true);
+	sim_usage_unusable = !table;
+	if (table && !sim_self_pid) {
+		sim_self_pid = (uint32_t)getpid();
+		if (sim_procfs && sim_proc_start(sim_self_pid, &sim_self_start) <= 0)
+			sim_self_start = 0;
+	}
+	s = table ? sim_usage_claim(table, spec_index) : NULL;
+	if (s)
+		__atomic_store_n(&sim_mine[spec_index], s, __ATOMIC_RELEASE);
+	else
+		__atomic_store_n(&sim_gave_up[spec_index], true, __ATOMIC_RELAXED);
+out:
+	if (s)
+		__atomic_store_n(&s->bytes, (uint64_t)bytes, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&sim_usage_lock);
+}
+
+void sim_usage_clear(int spec_index)
+{
+	struct sim_usage_slot *s;
+	uint64_t key;
+
+	if (spec_index < 0 || spec_index >= SIM_MAX_GPUS)
+		return;
+	pthread_mutex_lock(&sim_usage_lock);
+	s = sim_mine[spec_index];
+	__atomic_store_n(&sim_mine[spec_index], NULL, __ATOMIC_RELEASE);
+	__atomic_store_n(&sim_gave_up[spec_index], false, __ATOMIC_RELAXED);
+	if (s) {
+		key = sim_key_live(sim_self_pid, spec_index);
+		__atomic_compare_exchange_n(&s->key, &key, 0, false, __ATOMIC_ACQ_REL,
+					    __ATOMIC_RELAXED);
+	}
+	pthread_mutex_unlock(&sim_usage_lock);
+}
+
+unsigned int sim_usage_list(int spec_index, struct sim_usage_proc *procs, unsigned int max,
+			    unsigned long long *total)
+{
+	struct sim_usage_slot *table;
+	unsigned int n = 0;
+	int i;
+
+	*total = 0;
+	if (spec_index < 0 || spec_index >= SIM_MAX_GPUS)
+		return 0;
+	table = __atomic_load_n(&sim_usage_table, __ATOMIC_ACQUIRE);
+	if (!table) {
+		pthread_once(&sim_atfork_once, sim_usage_atfork);
+		pthread_mutex_lock(&sim_usage_lock);
+		table = sim_usage_map(false);
+		pthread_mutex_unlock(&sim_usage_lock);
+		if (!table)
+			return 0;
+	}
+	for (i = 0; i < SIM_USAGE_SLOTS; i++) {
+		struct sim_usage_slot *s = &table[i];
+		uint64_t key = __atomic_load_n(&s->key, __ATOMIC_ACQUIRE);
+		uint64_t start, bytes;
+		uint32_t pid = (uint32_t)(key >> 8);
+
+		if ((key & 0xff) != (uint64_t)spec_index + 1)
+			continue;
+		start = __atomic_load_n(&s->start, __ATOMIC_RELAXED);
+		bytes = __atomic_load_n(&s->bytes, __ATOMIC_RELAXED);
+		/* Emptied or taken over while being read: these values may be another's. */
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		if (__atomic_load_n(&s->key, __ATOMIC_RELAXED) != key)
+			continue;
+		if (!sim_usage_alive(pid, start)) {
+			__atomic_compare_exchange_n(&s->key, &key, 0, false, __ATOMIC_ACQ_REL,
+						    __ATOMIC_RELAXED);
+			continue;
+		}
+		if (n < max) {
+			procs[n].pid = pid;
+			procs[n].bytes = bytes;
+		}
+		n++;
+		*total = *total > ULLONG_MAX - bytes ? ULLONG_MAX : *total + bytes;
+	}
+	return n;
+}

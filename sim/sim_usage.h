@@ -1,0 +1,48 @@
+/*
+ * The node-wide registry of who uses which simulated GPU (sim_usage.c): the
+ * simulated driver records, per process and device, that it holds a context
+ * and how much device memory; the simulated NVML, in other processes, lists
+ * them (nvmlDeviceGetComputeRunningProcesses) and sums them (memory used).
+ *
+ * The table is a file mapped shared by every process of one user on one
+ * simulated node: $GPUSHARE_SIM_STATE_DIR (default /dev/shm) holds
+ * gpushare-sim-usage-v1-UID-NODE, NODE being sim_node_id() in hex, so lists
+ * with other GPUs never meet. Entries of processes that are gone are skipped
+ * and reused; a full table loses the newest users, never a driver call.
+ *
+ * Compiled into both libraries with hidden visibility.
+ */
+#ifndef GPUSHARE_SIM_USAGE_H
+#define GPUSHARE_SIM_USAGE_H
+
+#include <stddef.h>
+
+#define SIM_USAGE_DIR_ENV	"GPUSHARE_SIM_STATE_DIR"
+#define SIM_USAGE_SLOTS		1024
+
+/*
+ * The driver's side. The calling process uses device spec_index (its
+ * position in the spec list) and holds bytes of its memory now: called when
+ * a context is first made on it and whenever the bytes change. The first
+ * call for a device opens the table; later ones are one atomic store.
+ */
+void sim_usage_set(int spec_index, size_t bytes);
+
+/* The calling process no longer uses spec_index (its last context went away). */
+void sim_usage_clear(int spec_index);
+
+/* NVML's side: one live process using a device. */
+struct sim_usage_proc {
+	unsigned int pid;
+	unsigned long long bytes;
+};
+
+/*
+ * The live processes using spec_index: up to max of them into procs (which
+ * may be NULL when max is 0) and the sum of all their bytes into *total.
+ * Returns how many there are, which may be more than max.
+ */
+unsigned int sim_usage_list(int spec_index, struct sim_usage_proc *procs, unsigned int max,
+			    unsigned long long *total);
+
+#endif
