@@ -8,7 +8,7 @@ SOURCES := setup.py pyproject.toml gpushare-autoload.pth $(wildcard shim/*) $(wi
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all install run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-gpu bench-gpu-timeslice debug \
+.PHONY: all install torch-env run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-gpu bench-gpu-timeslice debug \
 	debug-test demo clean
 
 all: install
@@ -30,6 +30,23 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 
 install: $(VENV)/.installed
 
+# The real-PyTorch tier (tests/test_torch_sim.py) runs a pinned PyTorch on the simulated
+# driver, without gpushare, from a venv of its own (the main venv's tests import a stand-in
+# `torch`). Made once: pip downloads about 3 GB (torch and its nvidia-* CUDA 13.0 libraries)
+# where it has no local copy, and the venv takes 5.4 GB. The stamp names the version, so a
+# new pin makes the venv again. The tier gets the venv's Python in GPUSHARE_TEST_TORCH_PYTHON.
+TORCH_VERSION := 2.14.1
+TORCH_VENV    := .venv-torch
+TORCH_STAMP   := $(TORCH_VENV)/.torch-$(TORCH_VERSION)
+
+$(TORCH_STAMP):
+	rm -rf $(TORCH_VENV)
+	$(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/python -m pip install -q "torch==$(TORCH_VERSION)"
+	touch $@
+
+torch-env: $(TORCH_STAMP)
+
 run: install
 	@if nvidia-smi -L >/dev/null 2>&1; then cfg=configs/nodemgr.toml; \
 	else cfg=configs/sim.toml; echo "no NVIDIA driver found: simulated GPUs ($$cfg)"; fi; \
@@ -45,8 +62,8 @@ format: install
 	$(BIN)/ruff format .
 
 # pytest exits 5 when it collects nothing; that is a failure here, said aloud.
-pytest: install
-	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
+pytest: install torch-env
+	@GPUSHARE_TEST_TORCH_PYTHON=$(CURDIR)/$(TORCH_VENV)/bin/python $(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests - failing" >&2; fi; exit $$rc
 
 test: lint pytest
