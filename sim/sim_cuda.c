@@ -647,7 +647,8 @@ static void sim_pools_settle(void)
 
 /*
  * From pool on device d: the smallest idle chunk of the pool that holds the
- * request, else new memory from the device. When the device is full, the
+ * request (split when it is a granule or more too large), else new memory
+ * from the device. When the device is full, the
  * pool's own idle chunks are given back first and the request tried again,
  * as the driver does before it reports CUDA_ERROR_OUT_OF_MEMORY.
  */
@@ -681,6 +682,19 @@ static CUresult sim_pool_alloc(struct sim_device *d, struct CUmemPoolHandle_st *
 			if (pool->reserved > pool->reserved_high)
 				pool->reserved_high = pool->reserved;
 		}
+	}
+	if (best && best->len - size >= SIM_GRANULARITY) {
+		/* A much larger idle chunk is split: the rest stays idle in the pool. */
+		at = (size_t)(best - h->live);
+		if (sim_heap_grow(h)) {	/* may move the live extents */
+			best = &h->live[at];
+			sim_ext_insert(h->live, &h->nlive, at + 1, best->off + size,
+				       best->len - size, SIM_MEM_PTR);
+			h->live[at].len = size;
+			h->live[at + 1].pool = pool;
+			h->live[at + 1].idle = true;
+		}
+		best = &h->live[at];
 	}
 	if (best) {
 		best->idle = false;
