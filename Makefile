@@ -109,11 +109,13 @@ debug: install
 	$(BIN)/python shim/build.py --debug address --out build/debug
 	$(BIN)/python sim/build.py --debug address --out build/debug
 
-# The tests that drive the shim, run against its and the simulator's sanitizer builds: ASan+UBSan for
-# all of them, TSan for the threaded one (its client is built with TSan too). Any
-# report fails the test, since the process then exits non-zero.
+# The tests that drive the shim and the simulated driver, run against their sanitizer
+# builds: ASan+UBSan for all of them, TSan for the threaded one (its client is built with
+# TSan too). Any report fails the test, since the process then exits non-zero.
 SHIM_TESTS := tests/test_shim.py tests/test_enforcement.py tests/test_interception.py \
 	tests/test_reclaim.py tests/test_attach.py tests/test_regions.py
+SIM_TESTS := tests/test_sim_driver.py tests/test_sim_memory.py tests/test_sim_cudart.py \
+	tests/test_sim_nvml.py
 debug-test: debug
 	$(BIN)/python shim/build.py --debug thread --out build/tsan
 	$(BIN)/python sim/build.py --debug thread --out build/tsan
@@ -121,7 +123,7 @@ debug-test: debug
 	GPUSHARE_SIM_DIR=$(CURDIR)/build/debug/sim \
 	ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0 \
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	$(BIN)/pytest -p no:cacheprovider $(SHIM_TESTS) $(PYTEST_ARGS)
+	$(BIN)/pytest -p no:cacheprovider $(SHIM_TESTS) $(SIM_TESTS) $(PYTEST_ARGS)
 	GPUSHARE_SHIM=$(CURDIR)/build/tsan/libgpushare.so GPUSHARE_TEST_SANITIZE=thread \
 	GPUSHARE_SIM_DIR=$(CURDIR)/build/tsan/sim \
 	TSAN_OPTIONS=halt_on_error=1 \

@@ -3749,7 +3749,7 @@ CUresult sim_impl_cuEventSynchronize(CUevent e)
 
 CUresult sim_impl_cuEventElapsedTime(float *ms, CUevent start, CUevent end)
 {
-	struct CUevent_st a, b;
+	struct CUevent_st a = { .recorded = false }, b = { .recorded = false };
 	struct sim_obj **pa, **pb;
 	CUresult rc = CUDA_SUCCESS;
 

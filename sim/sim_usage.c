@@ -347,10 +347,13 @@ unsigned int sim_usage_list(int spec_index, struct sim_usage_proc *procs, unsign
 
 		if ((key & 0xff) != (uint64_t)spec_index + 1)
 			continue;
-		start = __atomic_load_n(&s->start, __ATOMIC_RELAXED);
-		bytes = __atomic_load_n(&s->bytes, __ATOMIC_RELAXED);
-		/* Emptied or taken over while being read: these values may be another's. */
-		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		/*
+		 * Acquire loads, so the key is read again after them (a fence would do,
+		 * but TSan does not model fences): emptied or taken over while being
+		 * read, these values may be another's.
+		 */
+		start = __atomic_load_n(&s->start, __ATOMIC_ACQUIRE);
+		bytes = __atomic_load_n(&s->bytes, __ATOMIC_ACQUIRE);
 		if (__atomic_load_n(&s->key, __ATOMIC_RELAXED) != key)
 			continue;
 		if (!sim_usage_alive(pid, start)) {

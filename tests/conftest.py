@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import re
 import shutil
@@ -132,6 +133,21 @@ def cc(out: Path, *args: str) -> Path:
         check=True,
     )
     return out
+
+
+def run_sim_json(
+    args: Sequence[str], library_path: str, env_extra: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Runs a program that prints one JSON object, on the simulated driver (found on
+    library_path) and nothing else of this process's: no preload, no GPUSHARE_ or CUDA_
+    variables but those in env_extra. Returns the object."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSHARE_", "CUDA_"))}
+    env.pop("LD_PRELOAD", None)
+    env.update(env_extra or {}, LD_LIBRARY_PATH=library_path)
+    run = subprocess.run(list(args), capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    result: dict[str, Any] = json.loads(run.stdout)
+    return result
 
 
 @pytest.fixture(scope="session")

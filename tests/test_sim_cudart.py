@@ -8,7 +8,6 @@ point. Each runs in a child process with the simulated driver on LD_LIBRARY_PATH
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from client_plugin import libs
-from tests.conftest import CSRC, cc
+from tests.conftest import CSRC, cc, run_sim_json
 
 # cudaError_t values (driver_types.h).
 CUDA_SUCCESS = 0
@@ -63,19 +62,11 @@ print(json.dumps(out))
 
 
 def run_cudart(env_extra: dict[str, str], library_path: str) -> dict[str, object]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSHARE_", "CUDA_"))}
-    env.pop("LD_PRELOAD", None)
-    env.update(env_extra, LD_LIBRARY_PATH=library_path, GPUSHARE_SIM_GPUS=NODE)
-    run = subprocess.run(
+    return run_sim_json(
         [sys.executable, "-c", CUDART_SCRIPT, str(cudart_path())],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
+        library_path,
+        {**env_extra, "GPUSHARE_SIM_GPUS": NODE},
     )
-    assert run.returncode == 0, run.stderr
-    result: dict[str, object] = json.loads(run.stdout)
-    return result
 
 
 def test_real_cudart_allocates_copies_and_frees() -> None:

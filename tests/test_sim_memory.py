@@ -6,12 +6,10 @@ reserved until trimmed or synchronised, as their attributes report.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 
 from client_plugin import libs
+from tests.conftest import run_sim_json
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -52,26 +50,17 @@ check(cu.cuCtxSetCurrent(ctxs[0]), "current")
 """
 
 
-def run(script: str, gpus: str | None = None) -> dict[str, object]:
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES")}
-    env.pop("GPUSHARE_SIM_GPUS", None)
-    if gpus:
-        env["GPUSHARE_SIM_GPUS"] = gpus
-    proc = subprocess.run(
+def run(script: str) -> dict[str, object]:
+    """script after PRELUDE, on the default simulated node; the child prints out."""
+    return run_sim_json(
         [
             sys.executable,
             "-c",
             PRELUDE + script + "\nprint(json.dumps(out))",
             str(libs.sim_driver_dir() / "libcuda.so.1"),
         ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
+        str(libs.sim_driver_dir()),
     )
-    assert proc.returncode == 0, proc.stderr
-    result: dict[str, object] = json.loads(proc.stdout)
-    return result
 
 
 FILL_NODE = """
