@@ -157,6 +157,7 @@ struct CUstream_st {
 	int capture_mode;
 	uint64_t capture_id;
 	struct CUgraph_st *capture;	/* the graph being captured into */
+	bool capture_origin;	/* began the capture (others joined it through an event) */
 };
 
 struct sim_device {
@@ -343,6 +344,8 @@ static void sim_apply_visible(void)
 	}
 }
 
+static void sim_atfork_child(void);
+
 static void sim_init_once(void)
 {
 	sim_nspecs = sim_specs_load(sim_specs);
@@ -352,10 +355,12 @@ static void sim_init_once(void)
 		return;
 	}
 	sim_apply_visible();
-	if (sim_ndevs == 0)
+	if (sim_ndevs == 0) {
 		sim_init_result = CUDA_ERROR_NO_DEVICE;
-	else
-		__atomic_store_n(&sim_state, SIM_READY, __ATOMIC_RELEASE);
+		return;
+	}
+	pthread_atfork(NULL, NULL, sim_atfork_child);
+	__atomic_store_n(&sim_state, SIM_READY, __ATOMIC_RELEASE);
 }
 
 /* Device memory allocator. */
@@ -459,7 +464,8 @@ static void sim_heap_punch(struct sim_heap *h, size_t off, size_t len)
 	size_t start = (off + page - 1) & ~(page - 1);
 	size_t end = (off + len) & ~(page - 1);
 
-	if (end > start)
+	/* A forked child's view is private (sim_atfork_child): the pages are the parent's. */
+	if (end > start && h->fd >= 0)
 		fallocate(h->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)start,
 			  (off_t)(end - start));
 }
@@ -607,20 +613,20 @@ static CUresult sim_heap_free(struct sim_heap *h, size_t off, enum sim_mem_kind 
 
 /*
  * With h locked: gives idle chunks of pool (of every pool when NULL) back to
- * the device while the pool reserves more than keep (its release threshold
- * when keep is SIM_KEEP_THRESHOLD).
+ * the device as long as the pool keeps at least keep reserved (its release
+ * threshold, with to_threshold), as cuMemPoolTrimTo documents.
  */
-#define SIM_KEEP_THRESHOLD UINT64_MAX
-static void sim_pool_release(struct sim_heap *h, struct CUmemPoolHandle_st *pool, uint64_t keep)
+static void sim_pool_release(struct sim_heap *h, struct CUmemPoolHandle_st *pool, uint64_t keep,
+			     bool to_threshold)
 {
 	size_t i = 0;
 
 	while (i < h->nlive) {
 		struct sim_extent *e = &h->live[i];
 		struct CUmemPoolHandle_st *p = e->pool;
-		uint64_t limit = keep == SIM_KEEP_THRESHOLD && p ? p->threshold : keep;
+		uint64_t limit = to_threshold && p ? p->threshold : keep;
 
-		if (p && e->idle && (!pool || p == pool) && p->reserved > limit) {
+		if (p && e->idle && (!pool || p == pool) && p->reserved - e->len >= limit) {
 			p->reserved -= e->len;
 			sim_heap_drop(h, e);	/* the next extent moves to i */
 		} else {
@@ -640,7 +646,7 @@ static void sim_pools_settle(void)
 		if (!__atomic_load_n(&h->base, __ATOMIC_ACQUIRE))
 			continue;
 		pthread_mutex_lock(&h->lock);
-		sim_pool_release(h, NULL, SIM_KEEP_THRESHOLD);
+		sim_pool_release(h, NULL, 0, true);
 		pthread_mutex_unlock(&h->lock);
 	}
 }
@@ -672,7 +678,7 @@ static CUresult sim_pool_alloc(struct sim_device *d, struct CUmemPoolHandle_st *
 	if (!best) {
 		rc = sim_heap_take(d, size, SIM_ALIGN, SIM_MEM_PTR, 0, &at);
 		if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
-			sim_pool_release(h, pool, 0);
+			sim_pool_release(h, pool, 0, false);
 			rc = sim_heap_take(d, size, SIM_ALIGN, SIM_MEM_PTR, 0, &at);
 		}
 		if (rc == CUDA_SUCCESS) {
@@ -871,6 +877,10 @@ static CUresult sim_push(const struct sim_ctx_slot *slot)
  * half destroyed here. A thread still using a destroyed context (undefined
  * in the driver) allocates under a dead id, and that memory stays taken.
  */
+static void sim_graph_free(struct CUgraph_st *g);
+static void sim_capture_end_locked(uint64_t id);
+static struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s);
+
 static void sim_ctx_teardown(uint64_t id)
 {
 	struct sim_obj **pp, *o, *dead = NULL;
@@ -886,6 +896,9 @@ static void sim_ctx_teardown(uint64_t id)
 			pp = &o->next;
 		}
 	}
+	for (o = dead; o; o = o->next)
+		if (o->kind == SIM_OBJ_STREAM)
+			sim_graph_free(sim_stream_gone_locked((struct CUstream_st *)o));
 	for (i = 0; i < sim_ndevs; i++)
 		sim_heap_sweep(&sim_devs[i].heap, id);
 	pthread_mutex_unlock(&sim_obj_lock);
@@ -1412,15 +1425,40 @@ CUresult sim_impl_cuStreamCreate(CUstream *stream, unsigned int flags)
 }
 
 /* A default stream is not the caller's to destroy. */
+/*
+ * With sim_obj_lock held: a stream that goes ends its capture if it began
+ * one; the graph it captured into is returned for the caller to free.
+ */
+static struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s)
+{
+	struct CUgraph_st *g = NULL;
+
+	if (s->capture_status != CU_STREAM_CAPTURE_STATUS_NONE && s->capture_origin) {
+		g = s->capture;
+		sim_capture_end_locked(s->capture_id);
+	}
+	return g;
+}
+
 CUresult sim_impl_cuStreamDestroy_v2(CUstream stream)
 {
-	struct sim_obj seen, *o;
+	struct CUgraph_st *g = NULL;
+	struct sim_obj **pp, *o = NULL;
 
 	SIM_REQUIRE_INIT();
-	o = sim_default_stream(stream) ? NULL
-				       : sim_obj_lookup(stream, SIM_OBJ_STREAM, true, &seen);
+	if (sim_default_stream(stream))
+		return CUDA_ERROR_INVALID_HANDLE;
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(stream, SIM_OBJ_STREAM);
+	if (pp) {
+		o = *pp;
+		*pp = o->next;
+		g = sim_stream_gone_locked((struct CUstream_st *)o);
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
 	if (!o)
 		return CUDA_ERROR_INVALID_HANDLE;
+	sim_graph_free(g);
 	free(o);
 	return CUDA_SUCCESS;
 }
@@ -1611,7 +1649,7 @@ static void sim_pool_forget(struct sim_heap *h, CUmemoryPool pool)
 	if (!__atomic_load_n(&h->base, __ATOMIC_ACQUIRE))
 		return;
 	pthread_mutex_lock(&h->lock);
-	sim_pool_release(h, pool, 0);
+	sim_pool_release(h, pool, 0, false);
 	for (i = 0; i < h->nlive; i++)
 		if (h->live[i].pool == pool)
 			h->live[i].pool = NULL;
@@ -1659,10 +1697,12 @@ static CUresult sim_alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream str
 	rc = sim_stream_slot(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
+	/* Held throughout, so that the pool cannot be destroyed while it is used. */
 	pthread_mutex_lock(&sim_obj_lock);
 	pool = sim_devs[slot.dev].mempool;
+	rc = sim_pool_alloc(&sim_devs[slot.dev], pool, bytesize, dptr);
 	pthread_mutex_unlock(&sim_obj_lock);
-	return sim_pool_alloc(&sim_devs[slot.dev], pool, bytesize, dptr);
+	return rc;
 }
 
 CUresult sim_impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
@@ -1686,13 +1726,18 @@ static CUresult sim_alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemory
 	SIM_REQUIRE_INIT();
 	if (!dptr || bytesize == 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	dev = sim_pool_device(pool);
-	if (dev < 0)
+	if (sim_pool_device(pool) < 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	rc = sim_stream_slot(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	return sim_pool_alloc(&sim_devs[dev], pool, bytesize, dptr);
+	/* Held throughout, so that the pool cannot be destroyed while it is used. */
+	pthread_mutex_lock(&sim_obj_lock);
+	dev = sim_pool_device_locked(pool);
+	rc = dev < 0 ? CUDA_ERROR_INVALID_VALUE
+		     : sim_pool_alloc(&sim_devs[dev], pool, bytesize, dptr);
+	pthread_mutex_unlock(&sim_obj_lock);
+	return rc;
 }
 
 CUresult sim_impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
@@ -1795,6 +1840,7 @@ struct sim_import {
 	struct sim_import *next;
 	int fd;			/* our own description of the exporter's memfd */
 	uint64_t off;		/* the allocation's place in it */
+	uint64_t limit;		/* bytes from there to the end of the device's memory */
 	int dev;
 	size_t refs, maps;
 };
@@ -1804,7 +1850,7 @@ static struct sim_import *sim_import_list;
 
 /* As sim_handle_op, for an imported handle; false if handle is not one. */
 static bool sim_import_op(CUmemGenericAllocationHandle handle, enum sim_handle_op op,
-			  CUresult *rc)
+			  size_t offset, size_t size, CUresult *rc)
 {
 	struct sim_import **pp, *m;
 
@@ -1817,7 +1863,9 @@ static bool sim_import_op(CUmemGenericAllocationHandle handle, enum sim_handle_o
 		return false;
 	}
 	*rc = CUDA_SUCCESS;
-	if ((op == SIM_HANDLE_RELEASE || op == SIM_HANDLE_MAP) && !m->refs)
+	/* The allocation's size is not known here, only where its device ends. */
+	if (((op == SIM_HANDLE_RELEASE || op == SIM_HANDLE_MAP) && !m->refs) ||
+	    (op == SIM_HANDLE_MAP && (offset > m->limit || size > m->limit - offset)))
 		*rc = CUDA_ERROR_INVALID_VALUE;
 	else if (op == SIM_HANDLE_RELEASE)
 		m->refs--;
@@ -1879,7 +1927,7 @@ static CUresult sim_handle_op(CUmemGenericAllocationHandle handle, enum sim_hand
 
 	h = sim_heap_of(handle, &off);
 	if (!h)
-		return sim_import_op(handle, op, &rc) ? rc : CUDA_ERROR_INVALID_VALUE;
+		return sim_import_op(handle, op, offset, size, &rc) ? rc : CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&h->lock);
 	e = sim_heap_find(h, off, SIM_MEM_HANDLE);
 	if (!e || ((op == SIM_HANDLE_RELEASE || op == SIM_HANDLE_MAP) && !e->refs))
@@ -2106,6 +2154,12 @@ CUresult sim_impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 		goto out;
 	/* The handle's own bytes, so that both addresses see the same memory. */
 	sim_handle_backing(handle, &fd, &hoff, &dev);
+	if (fd < 0) {
+		/* A forked child's private memory cannot be mapped twice. */
+		sim_handle_op(handle, SIM_HANDLE_UNMAP, 0, 0);
+		rc = CUDA_ERROR_NOT_SUPPORTED;
+		goto out;
+	}
 	if (mmap((void *)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
 		 (off_t)(hoff + offset)) == MAP_FAILED) {
 		sim_handle_op(handle, SIM_HANDLE_UNMAP, 0, 0);
@@ -2452,26 +2506,24 @@ CUresult sim_impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx,
  * executable graph is CUDA_ERROR_INVALID_VALUE. As with functions, a
  * non-NULL handle is taken on trust and never looked through.
  */
-static CUresult sim_graph_run(CUgraphExec exec);
+static CUresult sim_graph_run(CUgraphExec exec, CUstream stream);
 
-static CUresult sim_graph_launch(CUgraphExec exec)
+static CUresult sim_graph_launch(CUgraphExec exec, CUstream stream)
 {
 	SIM_REQUIRE_INIT();
 	if (!sim_depth)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	return exec ? sim_graph_run(exec) : CUDA_ERROR_INVALID_VALUE;
+	return exec ? sim_graph_run(exec, stream) : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult sim_impl_cuGraphLaunch(CUgraphExec exec, CUstream stream)
 {
-	(void)stream;
-	return sim_graph_launch(exec);
+	return sim_graph_launch(exec, stream);
 }
 
 CUresult sim_impl_cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
 {
-	(void)stream;
-	return sim_graph_launch(exec);
+	return sim_graph_launch(exec, stream);
 }
 
 /*
@@ -2796,6 +2848,7 @@ struct sim_ipc {
 	size_t size;
 	int dev;
 	pid_t pid;		/* the exporter and its allocation, for reopening */
+	int spec_index;
 	uint64_t off;
 	unsigned int refs;
 };
@@ -3129,10 +3182,19 @@ CUresult sim_impl_cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr
 	return sim_copy(dst, src, n, true, true, stream);
 }
 
-/* One side of a 2D/3D copy as an address; arrays are not supported. */
+/*
+ * One side of one slice of a 2D/3D copy: its first byte, checked with the
+ * rows it spans. Device memory must lie in one allocation (or adjacent
+ * mappings) the driver handed out; unified addresses the driver knows are
+ * checked the same way, others are pageable host memory, which no driver
+ * can check. Arrays are not supported.
+ */
 static CUresult sim_copy_side(int type, const void *host, CUdeviceptr dev, size_t x, size_t y,
-			      size_t z, size_t pitch, size_t height, uintptr_t *out)
+			      size_t z, size_t pitch, size_t height, size_t width, size_t rows,
+			      uintptr_t *out)
 {
+	size_t off, extent;
+	struct sim_ptr info;
 	uintptr_t base;
 
 	switch (type) {
@@ -3148,10 +3210,15 @@ static CUresult sim_copy_side(int type, const void *host, CUdeviceptr dev, size_
 	default:
 		return CUDA_ERROR_INVALID_VALUE;
 	}
-	if (!base)
+	if (!base || __builtin_mul_overflow(z, height, &off) || __builtin_add_overflow(off, y, &off) ||
+	    __builtin_mul_overflow(off, pitch, &off) || __builtin_add_overflow(off, x, &off) ||
+	    __builtin_add_overflow(base, off, out) ||
+	    __builtin_mul_overflow(rows - 1, pitch, &extent) ||
+	    __builtin_add_overflow(extent, width, &extent))
 		return CUDA_ERROR_INVALID_VALUE;
-	*out = base + (z * height + y) * pitch + x;
-	return CUDA_SUCCESS;
+	if (type == CU_MEMORYTYPE_HOST || (type == CU_MEMORYTYPE_UNIFIED && !sim_ptr_find(*out, &info)))
+		return CUDA_SUCCESS;
+	return sim_range_known(*out, extent) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 static CUresult sim_copy3d(const CUDA_MEMCPY3D *p, CUstream stream)
@@ -3164,17 +3231,20 @@ static CUresult sim_copy3d(const CUDA_MEMCPY3D *p, CUstream stream)
 	SIM_REQUIRE_INIT();
 	if (!p)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (p->WidthInBytes == 0 || p->Height == 0)
+		return CUDA_SUCCESS;
 	depth = p->Depth ? p->Depth : 1;
 	if ((p->srcMemoryType != CU_MEMORYTYPE_ARRAY && p->srcPitch < p->WidthInBytes + p->srcXInBytes) ||
 	    (p->dstMemoryType != CU_MEMORYTYPE_ARRAY && p->dstPitch < p->WidthInBytes + p->dstXInBytes))
 		return CUDA_ERROR_INVALID_VALUE;
 	for (z = 0; z < depth; z++) {
 		rc = sim_copy_side(p->srcMemoryType, p->srcHost, p->srcDevice, p->srcXInBytes,
-				   p->srcY, p->srcZ + z, p->srcPitch, p->srcHeight, &src);
+				   p->srcY, p->srcZ + z, p->srcPitch, p->srcHeight, p->WidthInBytes,
+				   p->Height, &src);
 		if (rc == CUDA_SUCCESS)
 			rc = sim_copy_side(p->dstMemoryType, p->dstHost, p->dstDevice,
 					   p->dstXInBytes, p->dstY, p->dstZ + z, p->dstPitch,
-					   p->dstHeight, &dst);
+					   p->dstHeight, p->WidthInBytes, p->Height, &dst);
 		if (rc != CUDA_SUCCESS)
 			return rc;
 		op.dst = dst;
@@ -3248,12 +3318,16 @@ static CUresult sim_memset(CUdeviceptr dst, size_t pitch, uint32_t value, unsign
 {
 	struct sim_op op = { .kind = SIM_OP_SET, .dst = dst, .width = width, .height = height,
 			     .dpitch = pitch, .value = value, .elem = elem };
+	size_t row, extent;
 
 	SIM_REQUIRE_INIT();
 	if (width == 0 || height == 0)
 		return CUDA_SUCCESS;
-	if (dst % elem || pitch < width * elem ||
-	    !sim_range_known(dst, (height - 1) * pitch + width * elem))
+	if (__builtin_mul_overflow(width, elem, &row) ||
+	    __builtin_mul_overflow(height - 1, pitch, &extent) ||
+	    __builtin_add_overflow(extent, row, &extent))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dst % elem || pitch < row || !sim_range_known(dst, extent))
 		return CUDA_ERROR_INVALID_VALUE;
 	return sim_stream_do(stream, &op);
 }
@@ -3650,6 +3724,10 @@ struct CUevent_st {
 	unsigned int flags;
 	bool recorded;
 	struct timespec when;
+	/* Recorded in a capture: a stream that waits on it joins that capture. */
+	struct CUgraph_st *capture;
+	uint64_t capture_id;
+	int capture_mode;
 };
 
 CUresult sim_impl_cuEventCreate(CUevent *pe, unsigned int flags)
@@ -3707,7 +3785,15 @@ static CUresult sim_event_record(CUevent ev, CUstream stream)
 		struct CUevent_st *e = (struct CUevent_st *)*pp;
 
 		e->recorded = true;
+		e->capture = NULL;
+		e->capture_id = 0;
 		clock_gettime(CLOCK_MONOTONIC, &e->when);
+	} else {
+		struct CUevent_st *e = (struct CUevent_st *)*pp;
+
+		e->capture = s->capture;
+		e->capture_id = s->capture_id;
+		e->capture_mode = s->capture_mode;
 	}
 	pthread_mutex_unlock(&sim_obj_lock);
 	return rc;
@@ -3766,10 +3852,9 @@ CUresult sim_impl_cuEventElapsedTime(float *ms, CUevent start, CUevent end)
 	pthread_mutex_unlock(&sim_obj_lock);
 	if (!pa || !pb)
 		return CUDA_ERROR_INVALID_HANDLE;
-	if ((a.flags | b.flags) & CU_EVENT_DISABLE_TIMING)
+	/* Documented: an event that times nothing, or was never recorded. */
+	if ((a.flags | b.flags) & CU_EVENT_DISABLE_TIMING || !a.recorded || !b.recorded)
 		return CUDA_ERROR_INVALID_HANDLE;
-	if (!a.recorded || !b.recorded)
-		return CUDA_ERROR_NOT_READY;
 	*ms = (float)((double)(b.when.tv_sec - a.when.tv_sec) * 1e3 +
 		      (double)(b.when.tv_nsec - a.when.tv_nsec) / 1e6);
 	return rc;
@@ -3781,15 +3866,43 @@ CUresult sim_impl_cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
 }
 
 /* Waits are already over: nothing is outstanding anywhere. */
-CUresult sim_impl_cuStreamWaitEvent(CUstream stream, CUevent e, unsigned int flags)
+/*
+ * Waits are already over: nothing is outstanding anywhere. A stream that
+ * waits on an event recorded in a capture joins that capture (the fork of
+ * work onto another stream during a capture), as the driver documents.
+ */
+CUresult sim_impl_cuStreamWaitEvent(CUstream stream, CUevent ev, unsigned int flags)
 {
 	struct sim_ctx_slot slot;
+	struct CUstream_st *s;
+	struct sim_obj **pp;
 	CUresult rc;
 
 	(void)flags;
 	SIM_REQUIRE_INIT();
 	rc = sim_stream_slot(stream, &slot);
-	return rc == CUDA_SUCCESS ? sim_event_check(e) : rc;
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(ev, SIM_OBJ_EVENT);
+	s = sim_stream_locked(stream);
+	if (!pp) {
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	} else if (((struct CUevent_st *)*pp)->capture_id) {
+		const struct CUevent_st *e = (const struct CUevent_st *)*pp;
+
+		if (!s)
+			rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+		else if (s->capture_status == CU_STREAM_CAPTURE_STATUS_NONE) {
+			s->capture_status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+			s->capture = e->capture;
+			s->capture_id = e->capture_id;
+			s->capture_mode = e->capture_mode;
+			s->capture_origin = false;
+		}
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	return rc;
 }
 
 /* An event IPC handle names the event's process; the opener gets an event of its own. */
@@ -3971,6 +4084,30 @@ static struct CUgraph_st *sim_graph_new(void)
 	return g;
 }
 
+/*
+ * With sim_obj_lock held: capture id is over. Every stream in it (the one
+ * that began it, and those that joined) stops capturing, and events
+ * recorded in it no longer pull streams into it.
+ */
+static void sim_capture_end_locked(uint64_t id)
+{
+	struct sim_obj *o;
+
+	for (o = sim_obj_list; o; o = o->next) {
+		if (o->kind == SIM_OBJ_STREAM && ((struct CUstream_st *)o)->capture_id == id) {
+			struct CUstream_st *s = (struct CUstream_st *)o;
+
+			s->capture = NULL;
+			s->capture_id = 0;
+			s->capture_status = CU_STREAM_CAPTURE_STATUS_NONE;
+			s->capture_origin = false;
+		} else if (o->kind == SIM_OBJ_EVENT && ((struct CUevent_st *)o)->capture_id == id) {
+			((struct CUevent_st *)o)->capture = NULL;
+			((struct CUevent_st *)o)->capture_id = 0;
+		}
+	}
+}
+
 static CUresult sim_begin_capture(CUstream stream, int mode)
 {
 	struct CUgraph_st *g;
@@ -3996,6 +4133,7 @@ static CUresult sim_begin_capture(CUstream stream, int mode)
 		s->capture_mode = mode;
 		s->capture_id = __atomic_add_fetch(&sim_capture_serial, 1, __ATOMIC_RELAXED);
 		s->capture = g;
+		s->capture_origin = true;
 		g = NULL;
 	}
 	pthread_mutex_unlock(&sim_obj_lock);
@@ -4027,17 +4165,17 @@ CUresult sim_impl_cuStreamEndCapture(CUstream stream, CUgraph *pg)
 	if (!s || s->capture_status == CU_STREAM_CAPTURE_STATUS_NONE) {
 		rc = s || sim_default_stream(stream) ? CUDA_ERROR_ILLEGAL_STATE
 						       : CUDA_ERROR_INVALID_HANDLE;
+	} else if (!s->capture_origin) {
+		rc = CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
 	} else {
 		if (s->capture_status == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
 			rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
 		g = s->capture;
-		s->capture = NULL;
-		s->capture_status = CU_STREAM_CAPTURE_STATUS_NONE;
+		sim_capture_end_locked(s->capture_id);
 	}
 	pthread_mutex_unlock(&sim_obj_lock);
 	if (g && rc != CUDA_SUCCESS) {
-		free(g->ops);
-		free(g);
+		sim_graph_free(g);
 		g = NULL;
 	}
 	if (g)
@@ -4130,6 +4268,13 @@ CUresult sim_impl_cuGraphCreate(CUgraph *pg, unsigned int flags)
 	return CUDA_SUCCESS;
 }
 
+static void sim_graph_free(struct CUgraph_st *g)
+{
+	if (g)
+		free(g->ops);
+	free(g);
+}
+
 CUresult sim_impl_cuGraphDestroy(CUgraph g)
 {
 	struct sim_obj seen, *o;
@@ -4138,8 +4283,7 @@ CUresult sim_impl_cuGraphDestroy(CUgraph g)
 	o = sim_obj_lookup(g, SIM_OBJ_GRAPH, true, &seen);
 	if (!o)
 		return CUDA_ERROR_INVALID_VALUE;
-	free(((struct CUgraph_st *)o)->ops);
-	free(o);
+	sim_graph_free((struct CUgraph_st *)o);
 	return CUDA_SUCCESS;
 }
 
@@ -4159,8 +4303,8 @@ CUresult sim_impl_cuGraphGetNodes(CUgraph g, void **nodes, size_t *n)
 	if (!pp)
 		return CUDA_ERROR_INVALID_VALUE;
 	/* Node handles are the graph's address and the node's position: opaque, distinct. */
-	for (i = 0; nodes && i < count && i < *n; i++)
-		nodes[i] = (char *)g + i + 1;
+	for (i = 0; nodes && i < *n; i++)
+		nodes[i] = i < count ? (char *)g + i + 1 : NULL;
 	*n = count;
 	return CUDA_SUCCESS;
 }
@@ -4267,19 +4411,32 @@ CUresult sim_impl_cuGraphUpload(CUgraphExec e, CUstream stream)
 }
 
 /*
- * A launch does the graph's recorded operations in order. The ops are
- * copied out first so that none runs under the lock (a host function may
- * call back into the driver). A handle the driver never made is taken on
- * trust, as before graphs were simulated: there is nothing to do for it.
+ * A launch does the graph's recorded operations in order, or records them
+ * into the capture of a capturing stream (a graph launched in a capture).
+ * The ops are copied out first so that none runs under the lock (a host
+ * function may call back into the driver). A handle the driver never made
+ * is taken on trust, as before graphs were simulated: there is nothing to
+ * do for it.
  */
-static CUresult sim_graph_run(CUgraphExec exec)
+static CUresult sim_graph_run(CUgraphExec exec, CUstream stream)
 {
 	struct sim_op *ops = NULL;
+	struct CUstream_st *s;
 	struct sim_obj **pp;
 	size_t n = 0, i;
+	CUresult rc = CUDA_SUCCESS;
 
 	pthread_mutex_lock(&sim_obj_lock);
 	pp = sim_obj_find(exec, SIM_OBJ_EXEC);
+	s = sim_stream_locked(stream);
+	if (pp && s && s->capture_status == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+		const struct CUgraphExec_st *e = (const struct CUgraphExec_st *)*pp;
+
+		for (i = 0; i < e->nops && rc == CUDA_SUCCESS; i++)
+			if (!sim_graph_add(s->capture, &e->ops[i]))
+				rc = CUDA_ERROR_OUT_OF_MEMORY;
+		pp = NULL;
+	}
 	if (pp) {
 		const struct CUgraphExec_st *e = (const struct CUgraphExec_st *)*pp;
 
@@ -4293,7 +4450,7 @@ static CUresult sim_graph_run(CUgraphExec exec)
 	for (i = 0; i < n; i++)
 		sim_op_run(&ops[i]);
 	free(ops);
-	return CUDA_SUCCESS;
+	return rc;
 }
 
 /* Graph memory (cudaMallocAsync inside captures) is plain pool memory here. */
@@ -4453,46 +4610,51 @@ CUresult sim_impl_cuLibraryGetModule(CUmodule *mod, CUlibrary lib)
 	return CUDA_SUCCESS;
 }
 
-/* The function (or global) named name in lib, made on first request. */
+/*
+ * With sim_obj_lock held: the function (or global) named name in lib, made
+ * on first request.
+ */
+static CUresult sim_symbol_locked(struct CUfunc_st **out, void *lib, const char *name,
+				  enum sim_obj_kind kind)
+{
+	struct sim_obj *o;
+	struct CUfunc_st *f;
+
+	if (!sim_obj_find(lib, SIM_OBJ_LIBRARY))
+		return CUDA_ERROR_INVALID_HANDLE;
+	for (o = sim_obj_list; o; o = o->next) {
+		f = (struct CUfunc_st *)o;
+		if (o->kind == kind && f->lib == lib && strcmp(f->name, name) == 0) {
+			*out = f;
+			return CUDA_SUCCESS;
+		}
+	}
+	f = calloc(1, sizeof(*f) + strlen(name) + 1);
+	if (!f)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	f->obj.kind = kind;
+	f->lib = lib;
+	f->max_dynamic_smem = 49152;
+	f->carveout = -1;
+	strcpy(f->name, name);
+	f->obj.next = sim_obj_list;
+	sim_obj_list = &f->obj;
+	*out = f;
+	return CUDA_SUCCESS;
+}
+
 static CUresult sim_symbol(struct CUfunc_st **out, void *lib, const char *name,
 			   enum sim_obj_kind kind)
 {
-	struct sim_obj **pp, *o;
-	struct CUfunc_st *f = NULL;
+	CUresult rc;
 
 	SIM_REQUIRE_INIT();
 	if (!out || !name)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&sim_obj_lock);
-	if (!sim_obj_find(lib, SIM_OBJ_LIBRARY)) {
-		pthread_mutex_unlock(&sim_obj_lock);
-		return CUDA_ERROR_INVALID_HANDLE;
-	}
-	for (pp = &sim_obj_list; (o = *pp); pp = &o->next) {
-		struct CUfunc_st *c = (struct CUfunc_st *)o;
-
-		if (o->kind == kind && c->lib == lib && strcmp(c->name, name) == 0) {
-			f = c;
-			break;
-		}
-	}
-	if (!f) {
-		f = calloc(1, sizeof(*f) + strlen(name) + 1);
-		if (f) {
-			f->obj.kind = kind;
-			f->lib = lib;
-			f->max_dynamic_smem = 49152;
-			f->carveout = -1;
-			strcpy(f->name, name);
-			f->obj.next = sim_obj_list;
-			sim_obj_list = &f->obj;
-		}
-	}
+	rc = sim_symbol_locked(out, lib, name, kind);
 	pthread_mutex_unlock(&sim_obj_lock);
-	if (!f)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	*out = f;
-	return CUDA_SUCCESS;
+	return rc;
 }
 
 static CUresult sim_function(struct CUfunc_st **out, void *lib, const char *name)
@@ -4582,29 +4744,19 @@ CUresult sim_impl_cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary
 
 	if (!sim_depth)
 		return sim_live() == CUDA_SUCCESS ? CUDA_ERROR_INVALID_CONTEXT : sim_live();
-	rc = sim_symbol(&g, lib, name, SIM_OBJ_GLOBAL);
+	if (!name)
+		return CUDA_ERROR_INVALID_VALUE;
+	/* Held throughout (sim_obj_lock before a heap lock), so no unload frees g meanwhile. */
+	pthread_mutex_lock(&sim_obj_lock);
+	rc = sim_symbol_locked(&g, lib, name, SIM_OBJ_GLOBAL);
+	if (rc == CUDA_SUCCESS && !g->obj.addr)
+		rc = sim_heap_alloc(&sim_devs[sim_current_dev()], SIM_GLOBAL_BYTES, SIM_MEM_PTR, 0,
+				    &g->obj.addr);
+	if (rc == CUDA_SUCCESS)
+		addr = g->obj.addr;
+	pthread_mutex_unlock(&sim_obj_lock);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	pthread_mutex_lock(&sim_obj_lock);
-	addr = g->obj.addr;
-	pthread_mutex_unlock(&sim_obj_lock);
-	if (!addr) {
-		rc = sim_heap_alloc(&sim_devs[sim_current_dev()], SIM_GLOBAL_BYTES, SIM_MEM_PTR, 0,
-				    &addr);
-		if (rc != CUDA_SUCCESS)
-			return rc;
-		pthread_mutex_lock(&sim_obj_lock);
-		if (g->obj.addr) {
-			/* Another thread got there first: keep its memory. */
-			pthread_mutex_unlock(&sim_obj_lock);
-			sim_mem_free(addr, SIM_MEM_PTR);
-			pthread_mutex_lock(&sim_obj_lock);
-		} else {
-			g->obj.addr = addr;
-		}
-		addr = g->obj.addr;
-		pthread_mutex_unlock(&sim_obj_lock);
-	}
 	if (dptr)
 		*dptr = addr;
 	if (bytes)
@@ -4842,24 +4994,39 @@ CUresult sim_impl_cuOccupancyMaxPotentialClusterSize(int *n, CUfunction f, const
 
 /* Pools: attributes, trimming, access. */
 
-/* The live pool behind handle and its device; false if there is none. */
-static bool sim_pool_of(CUmemoryPool pool, int *dev)
+/*
+ * The heap of a live pool's device, locked, with sim_obj_lock held so that
+ * the pool cannot be destroyed meanwhile; NULL, nothing locked, if there is
+ * none. sim_pool_unlock undoes it.
+ */
+static struct sim_heap *sim_pool_lock(CUmemoryPool pool)
 {
-	*dev = sim_pool_device(pool);
-	return *dev >= 0;
+	int dev;
+
+	pthread_mutex_lock(&sim_obj_lock);
+	dev = sim_pool_device_locked(pool);
+	if (dev < 0) {
+		pthread_mutex_unlock(&sim_obj_lock);
+		return NULL;
+	}
+	pthread_mutex_lock(&sim_devs[dev].heap.lock);
+	return &sim_devs[dev].heap;
+}
+
+static void sim_pool_unlock(struct sim_heap *h)
+{
+	pthread_mutex_unlock(&h->lock);
+	pthread_mutex_unlock(&sim_obj_lock);
 }
 
 CUresult sim_impl_cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
 {
 	struct sim_heap *h;
 	CUresult rc = CUDA_SUCCESS;
-	int dev;
 
 	SIM_REQUIRE_INIT();
-	if (!value || !sim_pool_of(pool, &dev))
+	if (!value || !(h = sim_pool_lock(pool)))
 		return CUDA_ERROR_INVALID_VALUE;
-	h = &sim_devs[dev].heap;
-	pthread_mutex_lock(&h->lock);
 	switch (attr) {
 	case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
 	case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
@@ -4886,7 +5053,7 @@ CUresult sim_impl_cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value
 		rc = CUDA_ERROR_INVALID_VALUE;
 		break;
 	}
-	pthread_mutex_unlock(&h->lock);
+	sim_pool_unlock(h);
 	return rc;
 }
 
@@ -4894,13 +5061,10 @@ CUresult sim_impl_cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value
 {
 	struct sim_heap *h;
 	CUresult rc = CUDA_SUCCESS;
-	int dev;
 
 	SIM_REQUIRE_INIT();
-	if (!value || !sim_pool_of(pool, &dev))
+	if (!value || !(h = sim_pool_lock(pool)))
 		return CUDA_ERROR_INVALID_VALUE;
-	h = &sim_devs[dev].heap;
-	pthread_mutex_lock(&h->lock);
 	switch (attr) {
 	case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
 	case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
@@ -4926,24 +5090,20 @@ CUresult sim_impl_cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value
 		rc = CUDA_ERROR_INVALID_VALUE;
 		break;
 	}
-	pthread_mutex_unlock(&h->lock);
+	sim_pool_unlock(h);
 	return rc;
 }
 
 CUresult sim_impl_cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
 	struct sim_heap *h;
-	int dev;
 
 	SIM_REQUIRE_INIT();
-	if (!sim_pool_of(pool, &dev))
+	h = sim_pool_lock(pool);
+	if (!h)
 		return CUDA_ERROR_INVALID_VALUE;
-	h = &sim_devs[dev].heap;
-	if (!__atomic_load_n(&h->base, __ATOMIC_ACQUIRE))
-		return CUDA_SUCCESS;
-	pthread_mutex_lock(&h->lock);
-	sim_pool_release(h, pool, keep);
-	pthread_mutex_unlock(&h->lock);
+	sim_pool_release(h, pool, keep, false);
+	sim_pool_unlock(h);
 	return CUDA_SUCCESS;
 }
 
@@ -4951,10 +5111,9 @@ CUresult sim_impl_cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 CUresult sim_impl_cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *desc, size_t n)
 {
 	size_t i;
-	int dev;
 
 	SIM_REQUIRE_INIT();
-	if (!desc || !sim_pool_of(pool, &dev))
+	if (!desc || sim_pool_device(pool) < 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	for (i = 0; i < n; i++)
 		if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
@@ -4965,10 +5124,8 @@ CUresult sim_impl_cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *d
 
 CUresult sim_impl_cuMemPoolGetAccess(int *flags, CUmemoryPool pool, const CUmemLocation *loc)
 {
-	int dev;
-
 	SIM_REQUIRE_INIT();
-	if (!flags || !loc || !sim_pool_of(pool, &dev) ||
+	if (!flags || !loc || sim_pool_device(pool) < 0 ||
 	    loc->type != CU_MEM_LOCATION_TYPE_DEVICE || !sim_valid_dev(loc->id))
 		return CUDA_ERROR_INVALID_VALUE;
 	*flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
@@ -5003,6 +5160,8 @@ CUresult sim_impl_cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)
 	h = sim_heap_of(p, &off);
 	if (!h || !sim_ptr_find(p, &info) || info.base != p || !info.ipc)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (h->fd < 0)
+		return CUDA_ERROR_NOT_SUPPORTED;	/* a forked child's private memory */
 	memset(&rec, 0, sizeof(rec));
 	rec.magic = SIM_IPC_MAGIC;
 	rec.pid = (uint32_t)getpid();
@@ -5041,7 +5200,9 @@ static CUresult sim_ipc_open(CUdeviceptr *pdptr, const CUipcMemHandle *handle)
 		return CUDA_ERROR_INVALID_DEVICE;
 	pthread_mutex_lock(&sim_ipc_lock);
 	for (m = sim_ipc_list; m; m = m->next) {
-		if (m->pid == (pid_t)rec.pid && m->off == rec.off) {
+		/* Each device's memfd starts at 0: the device and the size tell them apart. */
+		if (m->pid == (pid_t)rec.pid && m->spec_index == rec.spec_index &&
+		    m->off == rec.off && m->size == rec.size) {
 			m->refs++;
 			*pdptr = m->ptr;
 			pthread_mutex_unlock(&sim_ipc_lock);
@@ -5069,6 +5230,7 @@ static CUresult sim_ipc_open(CUdeviceptr *pdptr, const CUipcMemHandle *handle)
 	m->size = rec.size;
 	m->dev = dev;
 	m->pid = (pid_t)rec.pid;
+	m->spec_index = rec.spec_index;
 	m->off = rec.off;
 	m->refs = 1;
 	pthread_mutex_lock(&sim_ipc_lock);
@@ -5433,6 +5595,7 @@ SIM_SAME_AS(cuStreamEndCapture_ptsz, cuStreamEndCapture);
 SIM_SAME_AS(cuStreamIsCapturing_ptsz, cuStreamIsCapturing);
 SIM_SAME_AS(cuStreamGetCaptureInfo_ptsz, cuStreamGetCaptureInfo);
 SIM_SAME_AS(cuStreamGetCaptureInfo_v2_ptsz, cuStreamGetCaptureInfo_v2);
+SIM_SAME_AS(cuStreamGetCaptureInfo_v3_ptsz, cuStreamGetCaptureInfo_v3);
 SIM_SAME_AS(cuGraphUpload_ptsz, cuGraphUpload);
 SIM_SAME_AS(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams);
 SIM_SAME_AS(cuMemPrefetchAsync_ptsz, cuMemPrefetchAsync);
@@ -5465,10 +5628,12 @@ CUresult sim_impl_cuMemExportToShareableHandle(void *out, CUmemGenericAllocation
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&h->lock);
 	e = sim_heap_find(h, off, SIM_MEM_HANDLE);
-	fd = e && e->refs ? h->fd : -1;
+	fd = e && e->refs ? h->fd : -2;
 	pthread_mutex_unlock(&h->lock);
-	if (fd < 0)
+	if (fd == -2)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (fd < 0)
+		return CUDA_ERROR_NOT_SUPPORTED;	/* a forked child's private memory */
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
 	fd = open(path, O_RDWR | O_CLOEXEC);
 	if (fd < 0)
@@ -5530,6 +5695,7 @@ CUresult sim_impl_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h
 	}
 	m->off = (uint64_t)off;
 	m->dev = dev;
+	m->limit = sim_devs[dev].spec->bytes > m->off ? sim_devs[dev].spec->bytes - m->off : 0;
 	m->refs = 1;
 	pthread_mutex_lock(&sim_import_lock);
 	m->next = sim_import_list;
@@ -5555,4 +5721,57 @@ CUresult sim_impl_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *pr
 	prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	prop->location.id = dev;
 	return CUDA_SUCCESS;
+}
+
+/*
+ * After fork() the child must not share its parent's device memory: it has
+ * its own copy of the allocator's records, so its frees would punch, and
+ * its allocations write, pages the parent still uses. The child's view of
+ * each heap becomes a private copy-on-write mapping of the same bytes and
+ * the memfd is let go (nothing can map or share the child's memory then:
+ * IPC and shareable handles answer an error), as a forked process had its
+ * own copy of device memory before heaps were shared files. Locks another
+ * thread held at the fork are made anew: only this thread exists now.
+ */
+static void sim_atfork_child(void)
+{
+	pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+	struct sim_ipc *m;
+	struct sim_va *v;
+	size_t k;
+	int i;
+
+	sim_ctx_lock = fresh;
+	sim_obj_lock = fresh;
+	sim_va_lock = fresh;
+	sim_host_lock = fresh;
+	sim_ipc_lock = fresh;
+	sim_import_lock = fresh;
+	for (i = 0; i < sim_ndevs; i++)
+		sim_devs[i].heap.lock = fresh;
+	sim_cls_after_fork();
+	/* Mappings of the same files elsewhere (cuMemMap, IPC) become private too. */
+	for (v = sim_va_list; v; v = v->next) {
+		for (k = 0; k < v->nmaps; k++) {
+			uint64_t off;
+			int fd, dev;
+
+			if (sim_handle_backing(v->maps[k].handle, &fd, &off, &dev) && fd >= 0)
+				mmap((void *)(v->base + v->maps[k].off), v->maps[k].len,
+				     PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, (off_t)off);
+		}
+	}
+	for (m = sim_ipc_list; m; m = m->next)
+		mmap((void *)m->map, m->maplen, PROT_READ | PROT_WRITE,
+		     MAP_PRIVATE | MAP_FIXED | MAP_ANONYMOUS, -1, 0);
+	for (i = 0; i < sim_ndevs; i++) {
+		struct sim_heap *h = &sim_devs[i].heap;
+
+		if (!h->base || h->fd < 0)
+			continue;
+		mmap((void *)h->base, sim_devs[i].spec->bytes, PROT_READ | PROT_WRITE,
+		     MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, h->fd, 0);
+		close(h->fd);
+		h->fd = -1;
+	}
 }

@@ -76,19 +76,31 @@
 #define SIM_L15 , SIM_A15
 #define SIM_L16 , SIM_A16
 
+/*
+ * Both ways the call is a tail call with no frame of its own: untraced, the
+ * implementation gets the caller's very arguments, stack ones included, with
+ * nothing copied (launches are hot); traced, a cold function of its own does
+ * the call and logs it.
+ */
 #define SIM_ENTRY(name, n, kinds)							\
 	extern CUresult sim_impl_##name(SIM_P##n)					\
 		__attribute__((weak, visibility("hidden")));				\
-	SIM_EXPORT CUresult name(SIM_P##n);						\
-	SIM_EXPORT CUresult name(SIM_P##n)						\
+	static __attribute__((noinline, cold)) CUresult sim_traced_##name(SIM_P##n)	\
 	{										\
 		CUresult rc = sim_impl_##name ? sim_impl_##name(SIM_A##n)		\
 					      : CUDA_ERROR_NOT_SUPPORTED;		\
-		if (__builtin_expect(sim_trace_on, 0)) {				\
-			const uintptr_t args[] = { 0 SIM_L##n };			\
-			sim_trace_call(#name, kinds, args + 1, rc);			\
-		}									\
+		const uintptr_t args[] = { 0 SIM_L##n };				\
+											\
+		sim_trace_call(#name, kinds, args + 1, rc);				\
 		return rc;								\
+	}										\
+	SIM_EXPORT CUresult name(SIM_P##n);						\
+	SIM_EXPORT CUresult name(SIM_P##n)						\
+	{										\
+		if (__builtin_expect(sim_trace_on, 0))					\
+			return sim_traced_##name(SIM_A##n);				\
+		return sim_impl_##name ? sim_impl_##name(SIM_A##n)			\
+				       : CUDA_ERROR_NOT_SUPPORTED;			\
 	}
 #include "cuda_api.gen.h"
 #undef SIM_ENTRY

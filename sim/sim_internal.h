@@ -55,6 +55,9 @@ CUresult sim_export_table(const void **table, const CUuuid *id);
 /* A context's runtime state goes with the context (sim_tables.c). */
 void sim_cls_drop(uint64_t ctx_id);
 
+/* In a forked child: the storage's lock, which another thread may have held, anew. */
+void sim_cls_after_fork(void);
+
 /* sim_cuda.c, for the tables. */
 
 /* Device dev's primary-context handle, neither retained nor made current. */

@@ -283,6 +283,13 @@ static CUresult sim_cls_get(void **value, CUcontext ctx, void *key)
 	return rc;
 }
 
+void sim_cls_after_fork(void)
+{
+	pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+
+	sim_cls_lock = fresh;
+}
+
 void sim_cls_drop(uint64_t ctx)
 {
 	struct sim_cls **pp, *e, *dead = NULL;

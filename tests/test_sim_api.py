@@ -173,6 +173,27 @@ def test_sim_driver_exports_exactly_the_table() -> None:
     assert sorted(entries.keys() - functions) == [], "in cuda.h, not exported"
 
 
+def test_no_entry_with_a_float_parameter_is_implemented() -> None:
+    """The export layer forwards integer registers and stack words only: a float travels
+    in a vector register and would not reach an implementation. The few such entries
+    (texture references, cuParamSetf) must stay unimplemented, answering 801."""
+    entries, _ = table()
+    floats = {name for name, (_, kinds) in entries.items() if "f" in kinds}
+    assert "cuTexRefSetMipmapLevelBias" in floats
+    listing = subprocess.run(
+        ["nm", "--defined-only", str(libs.sim_driver_dir() / "libcuda.so.1")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    symbols = [line.split()[-1] for line in listing.splitlines()]
+    implemented = {
+        name.removeprefix("sim_impl_") for name in symbols if name.startswith("sim_impl_")
+    }
+    assert "cuMemAlloc_v2" in implemented  # the listing shows the implementations
+    assert floats & implemented == set()
+
+
 def expected_answer(rows: list[Proc], version: int, flags: int) -> tuple[int, str | None]:
     """The real driver's cuGetProcAddress_v2 for one base name with these proc rows:
     (status, ABI name or None). The newest variant introduced at or before version; with

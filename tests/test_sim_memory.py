@@ -179,6 +179,16 @@ check(cu.cuMemAllocAsync(ctypes.byref(p), sz(8 * MIB), stream), "alloc kept")
 check(cu.cuMemFreeAsync(p, stream), "free kept")
 check(cu.cuStreamSynchronize(stream), "sync kept")
 snap("kept")
+# Trimming keeps at least what it is told to keep: two idle 4 MiB chunks, 6 MiB kept.
+q = u64()
+check(cu.cuMemAllocAsync(ctypes.byref(p), sz(4 * MIB), stream), "alloc a")
+check(cu.cuMemAllocAsync(ctypes.byref(q), sz(4 * MIB), stream), "alloc b")
+check(cu.cuMemFreeAsync(p, stream), "free a")
+check(cu.cuMemFreeAsync(q, stream), "free b")
+check(cu.cuMemPoolTrimTo(pool, sz(6 * MIB)), "trim to 6")
+out["trim6"] = attr(RESERVED)
+check(cu.cuMemPoolTrimTo(pool, sz((1 << 64) - 1)), "trim to all")
+out["trim_max"] = attr(RESERVED)
 check(cu.cuMemPoolTrimTo(pool, sz(0)), "trim")
 snap("trimmed")
 zero = u64(0)
@@ -208,6 +218,128 @@ def test_pools_keep_freed_memory_until_trimmed_or_synchronised() -> None:
     assert snap("synchronised") == start
     assert out["highs"] == [8 * MIB, 8 * MIB]
     assert snap("kept") == {"reserved": 8 * MIB, "used": 0, "free": start["free"] - 8 * MIB}
+    assert out["trim6"] == 8 * MIB  # one 4 MiB chunk less would leave 4 < 6
+    assert out["trim_max"] == 8 * MIB
     assert snap("trimmed") == start
     assert out["high_reset"] == 0
     assert out["high_nonzero"] == 1  # only 0 resets a high-water mark
+
+
+BOUNDS = """
+class Copy2D(ctypes.Structure):
+    _fields_ = [("srcX", sz), ("srcY", sz), ("srcType", ctypes.c_int), ("srcHost", vp),
+                ("srcDevice", u64), ("srcArray", vp), ("srcPitch", sz),
+                ("dstX", sz), ("dstY", sz), ("dstType", ctypes.c_int), ("dstHost", vp),
+                ("dstDevice", u64), ("dstArray", vp), ("dstPitch", sz),
+                ("width", sz), ("height", sz)]
+HOST, DEVICE = 1, 2
+d, e = u64(), u64()
+check(cu.cuMemAlloc_v2(ctypes.byref(d), sz(4096)), "alloc d")
+check(cu.cuMemAlloc_v2(ctypes.byref(e), sz(4096)), "alloc e")
+src = ctypes.create_string_buffer(b"Z" * 16384)
+def copy2d(dst, rows):
+    c = Copy2D(srcType=HOST, srcHost=ctypes.cast(src, vp), srcPitch=4096,
+               dstType=DEVICE, dstDevice=dst, dstPitch=4096, width=4096, height=rows)
+    return cu.cuMemcpy2D_v2(ctypes.byref(c))
+out["fits"] = copy2d(d.value, 1)
+# Four rows into a one-row allocation: refused, and the neighbour is untouched.
+check(h2d(e.value, b"e" * 16), "mark e")
+out["overflows"] = copy2d(d.value, 4)
+out["neighbour"] = d2h(e.value, 16)[1].decode()
+out["made_up"] = copy2d(0x1000, 1)
+out["memset_wraps"] = cu.cuMemsetD32_v2(d, ctypes.c_uint(0), sz((1 << 62) + 1))
+"""
+
+
+def test_2d_copies_and_memsets_stay_in_their_allocation() -> None:
+    out = run(BOUNDS)
+    assert out["fits"] == 0
+    assert out["overflows"] == 1  # CUDA_ERROR_INVALID_VALUE
+    assert out["neighbour"] == "e" * 16
+    assert out["made_up"] == 1
+    assert out["memset_wraps"] == 1
+
+
+FORK = """
+import os
+a = u64()
+check(cu.cuMemAlloc_v2(ctypes.byref(a), sz(1 << 20)), "alloc")
+check(h2d(a.value, b"P" * 8192), "fill")
+pid = os.fork()
+if pid == 0:
+    # The child's view is its own: its free and its writes leave the parent's bytes be.
+    rc = cu.cuMemcpyHtoD_v2(a, b"C" * 4096, sz(4096)) or cu.cuMemFree_v2(a)
+    b = u64()
+    rc = rc or cu.cuMemAlloc_v2(ctypes.byref(b), sz(1 << 20))
+    rc = rc or cu.cuMemsetD8_v2(b, 0x43, sz(1 << 20))
+    os._exit(rc)
+out["child"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+out["parent"] = d2h(a.value, 8192)[1] == b"P" * 8192
+"""
+
+
+def test_a_forked_child_cannot_touch_its_parents_device_memory() -> None:
+    out = run(FORK)
+    assert out["child"] == 0
+    assert out["parent"] is True
+
+
+IPC_PARENT = """
+import subprocess
+handles = []
+for i, (c, byte) in enumerate(zip(ctxs[:2], b"AB")):
+    check(cu.cuCtxSetCurrent(c), "current")
+    p = u64()
+    check(cu.cuMemAlloc_v2(ctypes.byref(p), sz((i + 1) << 20)), "alloc")
+    check(cu.cuMemsetD8_v2(p, ctypes.c_ubyte(byte), sz((i + 1) << 20)), "memset")
+    h = (ctypes.c_char * 64)()
+    check(cu.cuIpcGetMemHandle(h, p), "handle")
+    handles.append(bytes(h).hex())
+    # By value, as the C prototype takes it: a structure, not an array (a pointer to ctypes).
+    by_value = type("Handle", (ctypes.Structure,), {"_fields_": [("r", ctypes.c_ubyte * 64)]})
+    own = by_value.from_buffer_copy(bytes(h))
+    out["own"] = cu.cuIpcOpenMemHandle_v2(ctypes.byref(u64()), own, ctypes.c_uint(1))
+child = subprocess.run([sys.executable, "-c", sys.argv[2], sys.argv[1], *handles],
+                       capture_output=True, text=True, timeout=60)
+out["child"] = child.stdout.split() if child.returncode == 0 else child.stderr
+"""
+
+IPC_CHILD = (
+    PRELUDE.replace("out = {}", "out = []")
+    + """
+class Handle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_ubyte * 64)]
+opened = []
+for i, text in enumerate(sys.argv[2:]):  # both open at once
+    check(cu.cuCtxSetCurrent(ctxs[i]), "current")
+    h = Handle.from_buffer_copy(bytes.fromhex(text))
+    p = u64()
+    check(cu.cuIpcOpenMemHandle_v2(ctypes.byref(p), h, ctypes.c_uint(1)), "open")
+    opened.append(p)
+for p in opened:
+    size = sz()
+    check(cu.cuMemGetAddressRange_v2(None, ctypes.byref(size), p), "range")
+    first, last = d2h(p.value, 1)[1], d2h(p.value + size.value - 1, 1)[1]
+    out.append(f"{first.decode()}{last.decode()}{size.value >> 20}")
+for p in opened:
+    check(cu.cuIpcCloseMemHandle(p), "close")
+print(" ".join(out))
+"""
+)
+
+
+def test_ipc_handles_of_two_devices_open_their_own_memory() -> None:
+    """The first allocation of each device sits at the same place in its device's memory:
+    the handles must still open each its own bytes, of its own size."""
+    out = run_sim_json(
+        [
+            sys.executable,
+            "-c",
+            PRELUDE + IPC_PARENT + "\nprint(json.dumps(out))",
+            str(libs.sim_driver_dir() / "libcuda.so.1"),
+            IPC_CHILD,
+        ],
+        str(libs.sim_driver_dir()),
+    )
+    assert out["own"] == 201  # CUDA_ERROR_INVALID_CONTEXT: not in the exporting process
+    assert out["child"] == ["AA1", "BB2"]
