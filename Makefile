@@ -114,7 +114,8 @@ debug: install
 # TSan too). Any report fails the test, since the process then exits non-zero.
 SHIM_TESTS := tests/test_shim.py tests/test_enforcement.py tests/test_interception.py \
 	tests/test_reclaim.py tests/test_attach.py tests/test_regions.py
-SIM_TESTS := tests/test_sim_driver.py tests/test_sim_memory.py tests/test_sim_cudart.py \
+SIM_TESTS := tests/test_sim_driver.py tests/test_sim_memory.py tests/test_sim_streams.py \
+	tests/test_sim_cudart.py \
 	tests/test_sim_nvml.py
 debug-test: debug
 	$(BIN)/python shim/build.py --debug thread --out build/tsan
