@@ -13,7 +13,6 @@
 
 typedef struct CUevent_st *CUevent;
 typedef struct CUgraph_st *CUgraph;
-typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUlib_st *CUlibrary;
 typedef struct CUkern_st *CUkernel;
 typedef struct CUmod_st *CUmodule;
@@ -134,15 +133,11 @@ enum {
 };
 
 enum {
-	CU_EVENT_BLOCKING_SYNC = 0x1,
 	CU_EVENT_DISABLE_TIMING = 0x2,
 	CU_EVENT_INTERPROCESS = 0x4,
 };
 
 enum { CU_LIMIT_COUNT = 10 };	/* CU_LIMIT_STACK_SIZE (0) .. CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED */
-
-#define CU_MEMHOSTALLOC_DEVICEMAP 0x02
-#define CU_MEMHOSTREGISTER_DEVICEMAP 0x02
 
 #define CU_IPC_HANDLE_SIZE 64
 typedef struct {
@@ -151,8 +146,5 @@ typedef struct {
 typedef struct {
 	char reserved[CU_IPC_HANDLE_SIZE];
 } CUipcEventHandle;
-
-/* cuMemPoolSetAccess / GetAccess */
-enum { CU_MEM_ACCESS_FLAGS_PROT_MAX = 4 };
 
 #endif
