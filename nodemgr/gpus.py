@@ -29,7 +29,7 @@ class InventoryError(Exception):
 
 
 def simulated_uuid(index: int) -> str:
-    """The UUID the simulated driver gives device ``index`` (sim/sim_cuda.c)."""
+    """The UUID the simulated driver gives device ``index`` (sim/sim_spec.c)."""
     return f"GPU-5349d000-0000-4000-8000-{index:012x}"
 
 

@@ -26,6 +26,9 @@ LIBRARIES = {
     "libcuda.so.1": (
         [
             "sim_cuda.c",
+            "sim_memory.c",
+            "sim_streams.c",
+            "sim_modules.c",
             "sim_exports.c",
             "sim_tables.c",
             "sim_trace.c",

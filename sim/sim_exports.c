@@ -5,9 +5,10 @@
  * about 120 of them up by name and give up if one is missing.
  *
  * Each export forwards its arguments, as machine words, to the driver's
- * implementation sim_impl_<name> when sim_cuda.c defines one; a name with
- * none answers CUDA_ERROR_NOT_SUPPORTED. That is sound on x86-64, the only
- * ABI the project builds for: every driver entry point returns CUresult and
+ * implementation sim_impl_<name> when one of its files (sim_cuda.c,
+ * sim_memory.c, sim_streams.c, sim_modules.c) defines one; a name with none
+ * answers CUDA_ERROR_NOT_SUPPORTED. That is sound on x86-64, the only ABI
+ * the project builds for: every driver entry point returns CUresult and
  * takes integers and pointers, which travel in the same registers and stack
  * slots whatever their C type (the few float parameters belong to texture
  * references, which are never implemented). The implementations are weak

@@ -1,7 +1,8 @@
 /*
  * What the simulated driver's own files share: the generated export layer
  * (sim_exports.c), the trace (sim_trace.c), the private export tables
- * (sim_tables.c) and the driver proper (sim_cuda.c). Nothing here is part of
+ * (sim_tables.c) and the driver proper (sim_cuda.c and the files beside it,
+ * which share sim_driver.h among themselves). Nothing here is part of
  * libcuda.so.1's ABI: every symbol is hidden.
  */
 #ifndef GPUSHARE_SIM_INTERNAL_H

@@ -1,0 +1,243 @@
+/*
+ * What the simulated driver's own files share: sim_cuda.c (start-up,
+ * devices, contexts), sim_memory.c (the device heaps and all that takes
+ * from them), sim_streams.c (streams, events, capture, graphs, launches)
+ * and sim_modules.c (modules, kernels, occupancy). Private to the driver
+ * and, like everything in it, hidden; what the export layer, the tables
+ * and the trace share with it is sim_internal.h.
+ */
+#ifndef GPUSHARE_SIM_DRIVER_H
+#define GPUSHARE_SIM_DRIVER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sim_abi.h"
+#include "sim_internal.h"
+#include "sim_spec.h"
+
+/*
+ * Declared hidden, as -fvisibility=hidden makes their definitions, so that
+ * the files reach each other's functions and globals directly.
+ */
+#pragma GCC visibility push(hidden)
+
+#define SIM_ALIGN	512	/* allocation granule and alignment */
+#define SIM_CTX_DEPTH	64	/* per-thread context stack */
+
+struct sim_extent {
+	size_t off;
+	size_t len;
+	unsigned int kind;	/* live extents: enum sim_mem_kind; free ones: 0 */
+	uint64_t owner;		/* live: the id of the context it belongs to, or 0 */
+	size_t refs;		/* SIM_MEM_HANDLE: unreleased handle references */
+	size_t maps;		/* SIM_MEM_HANDLE: mappings of it (cuMemMap) */
+	struct CUmemPoolHandle_st *pool;	/* stream-ordered: the pool it is from */
+	bool idle;		/* in a pool: freed to it, kept reserved for reuse */
+};
+
+/*
+ * What made a live allocation. Each way back frees only its own kind, as the
+ * driver does: cuMemFree of a cuMemCreate handle's memory or of an array's
+ * storage is an error, never a silent release. Pointers and arrays belong to
+ * the context that was current when they were made and go with it; a
+ * cuMemCreate allocation belongs to no context and lives until its last
+ * reference and its last mapping are gone.
+ */
+enum sim_mem_kind {
+	SIM_MEM_PTR = 1,	/* cuMemAlloc & co.: back with cuMemFree(Async) */
+	SIM_MEM_HANDLE,		/* cuMemCreate: back with cuMemRelease */
+	SIM_MEM_ARRAY,		/* arrays and mipmapped arrays: back with their destroy */
+};
+
+/*
+ * Both arrays are sorted by offset. Free extents are kept coalesced, so
+ * there are never more of them than live allocations + 1; growing free_cap
+ * along with live_cap keeps that room and is why a free can never fail.
+ */
+struct sim_heap {
+	pthread_mutex_t lock;
+	uintptr_t base;		/* 0 until first allocation; read atomically */
+	int fd;			/* the memfd behind base, once base is set */
+	int spec_index;		/* its device's place in the node (sim_usage.c) */
+	size_t arena;		/* device bytes rounded down to SIM_ALIGN */
+	size_t used;
+	struct sim_extent *free_ext;
+	size_t nfree, free_cap;
+	struct sim_extent *live;
+	size_t nlive, live_cap;
+};
+
+/*
+ * A context's id is what its allocations and objects record as their owner.
+ * Ids are never reused, so that an allocation made through a stale handle
+ * can never be taken for a later context's. A primary context keeps one id
+ * (its device's ordinal + 1) through every reset: it is the same handle.
+ */
+struct CUctx_st {
+	struct CUctx_st *next;	/* sim_ctx_list; unused by primaries */
+	int dev;
+	uint64_t id;
+};
+
+#define SIM_PRIMARY_ID(dev) ((uint64_t)(dev) + 1)
+
+/*
+ * Arrays, mipmapped arrays, memory pools and streams are host objects on one
+ * list, so that a handle is looked up before it is used: a made-up or
+ * destroyed handle gets an error, never a crash.
+ */
+enum sim_obj_kind {
+	SIM_OBJ_ARRAY = 1,
+	SIM_OBJ_MIPMAP,
+	SIM_OBJ_POOL,
+	SIM_OBJ_STREAM,
+	SIM_OBJ_EVENT,
+	SIM_OBJ_LIBRARY,
+	SIM_OBJ_FUNC,
+	SIM_OBJ_GRAPH,
+	SIM_OBJ_EXEC,
+	SIM_OBJ_GLOBAL,
+};
+
+struct sim_obj {
+	struct sim_obj *next;	/* sim_obj_list; unused by default pools */
+	enum sim_obj_kind kind;
+	int dev;
+	CUdeviceptr addr;	/* arrays: their storage in the device heap */
+	uint64_t owner;		/* arrays, streams: their context's id; pools: 0 */
+	CUcontext ctx;		/* streams: their context */
+};
+
+/*
+ * A stream-ordered pool, as the driver models one: memory freed into it
+ * stays reserved by the pool (still taken from the device) for reuse, until
+ * the pool is trimmed (cuMemPoolTrimTo) or a synchronisation releases what
+ * exceeds its release threshold (0 by default, so a synchronisation gives
+ * everything idle back). Its chunks are heap extents that name it; the
+ * counters are kept under its device's heap lock.
+ */
+struct CUmemPoolHandle_st {
+	struct sim_obj obj;
+	uint64_t threshold;	/* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
+	uint64_t reserved, reserved_high;
+	uint64_t used, used_high;
+	int reuse[3];		/* the three CU_MEMPOOL_ATTR_REUSE_* switches */
+};
+
+struct sim_device {
+	const struct sim_spec *spec;
+	int index;			/* its ordinal */
+	int spec_index;
+	struct sim_heap heap;
+	struct CUctx_st primary;
+	unsigned int primary_refs;	/* under sim_ctx_lock */
+	struct CUmemPoolHandle_st default_pool;
+	CUmemoryPool mempool;		/* the current pool; under sim_obj_lock */
+};
+
+/*
+ * A stack slot records the device and id with the handle so that the hot
+ * paths never read a context object another thread may have destroyed.
+ */
+struct sim_ctx_slot {
+	CUcontext ctx;
+	int dev;
+	uint64_t id;
+};
+
+/* sim_cuda.c: the devices, contexts and the host objects behind handles. */
+
+extern struct sim_device sim_devs[SIM_MAX_GPUS];
+extern int sim_ndevs;
+
+/*
+ * Lock order: sim_ctx_lock before sim_obj_lock before a heap lock, and
+ * sim_va_lock (sim_memory.c) before a heap lock; never two heap locks at
+ * once.
+ */
+extern pthread_mutex_t sim_ctx_lock;
+extern struct CUctx_st *sim_ctx_list;	/* under sim_ctx_lock; primaries are not on it */
+
+extern pthread_mutex_t sim_obj_lock;
+extern struct sim_obj *sim_obj_list;	/* under sim_obj_lock */
+
+/* The calling thread's context stack: the top one is current. */
+extern __thread struct sim_ctx_slot sim_stack[SIM_CTX_DEPTH];
+extern __thread unsigned int sim_depth;
+
+/* CUDA_ERROR_NOT_INITIALIZED until cuInit has succeeded. */
+CUresult sim_live(void);
+
+#define SIM_REQUIRE_INIT()						\
+	do {								\
+		CUresult live_rc_ = sim_live();				\
+		if (live_rc_ != CUDA_SUCCESS)				\
+			return live_rc_;				\
+	} while (0)
+
+bool sim_valid_dev(CUdevice dev);
+CUresult sim_check(const void *out, CUdevice dev);
+CUresult sim_check_dev(CUdevice dev);
+
+void sim_obj_add(struct sim_obj *o);
+struct sim_obj **sim_obj_find(const void *handle, enum sim_obj_kind kind);
+struct sim_obj *sim_obj_lookup(const void *handle, enum sim_obj_kind kind, bool take,
+			       struct sim_obj *seen);
+
+const struct sim_ctx_slot *sim_current(void);
+int sim_current_dev(void);
+
+/* sim_memory.c: the device heaps. */
+
+CUresult sim_heap_alloc(struct sim_device *d, size_t bytes, enum sim_mem_kind kind,
+			uint64_t owner, CUdeviceptr *out);
+CUresult sim_mem_free(CUdeviceptr addr, enum sim_mem_kind kind);
+void sim_heap_sweep(struct sim_heap *h, uint64_t id);
+void sim_pools_settle(void);
+
+/* Registered with pthread_atfork by cuInit. */
+void sim_atfork_child(void);
+
+/* sim_streams.c: what is done on a stream. */
+
+/*
+ * One operation of a stream: done at once, or recorded into the graph the
+ * stream is capturing, to be done at each launch of it.
+ */
+enum sim_op_kind { SIM_OP_COPY = 1, SIM_OP_SET, SIM_OP_HOST, SIM_OP_KERNEL };
+
+struct sim_op {
+	enum sim_op_kind kind;
+	uintptr_t dst, src;
+	size_t width;		/* bytes per row (copies) or elements per row (sets) */
+	size_t height;
+	size_t dpitch, spitch;
+	uint32_t value;
+	unsigned int elem;	/* memset element size: 1, 2 or 4 */
+	CUhostFn fn;
+	void *data;
+};
+
+CUresult sim_stream_slot(CUstream stream, struct sim_ctx_slot *slot);
+CUresult sim_stream_do(CUstream stream, const struct sim_op *op);
+struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s);
+void sim_graph_free(struct CUgraph_st *g);
+
+/* The first word of the IPC handles the driver makes, of memory and of events. */
+#define SIM_IPC_MAGIC 0x50495347u	/* "GSIP" */
+
+/*
+ * The per-thread default stream variants: nothing is asynchronous, so they
+ * do exactly what their legacy-stream twins do. An alias must be defined
+ * in the file that defines its twin.
+ */
+#define SIM_SAME_AS(variant, twin)						\
+	extern __typeof__(sim_impl_##twin) sim_impl_##variant			\
+		__attribute__((alias("sim_impl_" #twin)))
+
+#pragma GCC visibility pop
+
+#endif

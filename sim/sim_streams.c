@@ -1,0 +1,1190 @@
+/*
+ * The simulated driver's streams, events (IPC event handles too), stream
+ * capture, graphs and kernel launches. Nothing runs asynchronously: an
+ * operation on a stream is done by the time its call returns, unless the
+ * stream is capturing, when it is recorded into a graph to be done at each
+ * launch of it.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sim_driver.h"
+
+/*
+ * Streams. Nothing runs asynchronously in the simulation, so a stream is a
+ * handle bound to the context that was current when it was made: what it
+ * decides is the device (and the owning context) of what is allocated on
+ * it. NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name a default stream
+ * of the calling thread's current context.
+ */
+
+struct CUstream_st {
+	struct sim_obj obj;
+	unsigned int flags;
+	int priority;
+	uint64_t id;
+	/* Stream capture, under sim_obj_lock. */
+	int capture_status;	/* CU_STREAM_CAPTURE_STATUS_* */
+	int capture_mode;
+	uint64_t capture_id;
+	struct CUgraph_st *capture;	/* the graph being captured into */
+	bool capture_origin;	/* began the capture (others joined it through an event) */
+};
+
+static uint64_t sim_stream_serial;	/* the last stream id handed out; atomic */
+
+static void sim_capture_end_locked(uint64_t id);
+
+static bool sim_default_stream(CUstream stream)
+{
+	return !stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+}
+
+/* The context behind a stream, as a stack slot. */
+CUresult sim_stream_slot(CUstream stream, struct sim_ctx_slot *slot)
+{
+	const struct sim_ctx_slot *cur;
+	struct sim_obj seen;
+
+	if (sim_default_stream(stream)) {
+		cur = sim_current();
+		if (!cur)
+			return CUDA_ERROR_INVALID_CONTEXT;
+		*slot = *cur;
+		return CUDA_SUCCESS;
+	}
+	if (!sim_obj_lookup(stream, SIM_OBJ_STREAM, false, &seen))
+		return CUDA_ERROR_INVALID_HANDLE;
+	slot->ctx = seen.ctx;
+	slot->dev = seen.dev;
+	slot->id = seen.owner;
+	return CUDA_SUCCESS;
+}
+
+/*
+ * Priorities, capture and callbacks are not simulated; the flags are the
+ * documented ones. A stream made while its context is being destroyed on
+ * another thread (undefined in the driver) outlives it as an orphan handle.
+ */
+CUresult sim_impl_cuStreamCreate(CUstream *stream, unsigned int flags)
+{
+	const struct sim_ctx_slot *cur;
+	struct CUstream_st *s;
+
+	SIM_REQUIRE_INIT();
+	if (!stream || (flags & ~(unsigned int)CU_STREAM_NON_BLOCKING))
+		return CUDA_ERROR_INVALID_VALUE;
+	cur = sim_current();
+	if (!cur)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	s->obj.kind = SIM_OBJ_STREAM;
+	s->obj.dev = cur->dev;
+	s->obj.owner = cur->id;
+	s->obj.ctx = cur->ctx;
+	s->flags = flags;
+	s->id = __atomic_add_fetch(&sim_stream_serial, 1, __ATOMIC_RELAXED);
+	sim_obj_add(&s->obj);
+	*stream = s;
+	return CUDA_SUCCESS;
+}
+
+/* A default stream is not the caller's to destroy. */
+/*
+ * With sim_obj_lock held: a stream that goes ends its capture if it began
+ * one; the graph it captured into is returned for the caller to free.
+ */
+struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s)
+{
+	struct CUgraph_st *g = NULL;
+
+	if (s->capture_status != CU_STREAM_CAPTURE_STATUS_NONE && s->capture_origin) {
+		g = s->capture;
+		sim_capture_end_locked(s->capture_id);
+	}
+	return g;
+}
+
+CUresult sim_impl_cuStreamDestroy_v2(CUstream stream)
+{
+	struct CUgraph_st *g = NULL;
+	struct sim_obj **pp, *o = NULL;
+
+	SIM_REQUIRE_INIT();
+	if (sim_default_stream(stream))
+		return CUDA_ERROR_INVALID_HANDLE;
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(stream, SIM_OBJ_STREAM);
+	if (pp) {
+		o = *pp;
+		*pp = o->next;
+		g = sim_stream_gone_locked((struct CUstream_st *)o);
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	if (!o)
+		return CUDA_ERROR_INVALID_HANDLE;
+	sim_graph_free(g);
+	free(o);
+	return CUDA_SUCCESS;
+}
+
+static CUresult sim_stream_ctx(CUstream stream, CUcontext *pctx)
+{
+	struct sim_ctx_slot slot;
+	CUresult rc;
+
+	SIM_REQUIRE_INIT();
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = sim_stream_slot(stream, &slot);
+	if (rc == CUDA_SUCCESS)
+		*pctx = slot.ctx;
+	return rc;
+}
+
+CUresult sim_impl_cuStreamGetCtx(CUstream stream, CUcontext *pctx)
+{
+	return sim_stream_ctx(stream, pctx);
+}
+
+/* The per-thread default stream is the current context's too. */
+CUresult sim_impl_cuStreamGetCtx_ptsz(CUstream stream, CUcontext *pctx)
+{
+	return sim_stream_ctx(stream, pctx);
+}
+
+/* CUDA 12.5: a stream of a green context would report it; there are none here. */
+static CUresult sim_stream_ctx_v2(CUstream stream, CUcontext *pctx, CUgreenCtx *pgreen)
+{
+	CUresult rc;
+
+	SIM_REQUIRE_INIT();
+	if (!pgreen)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = sim_stream_ctx(stream, pctx);
+	if (rc == CUDA_SUCCESS)
+		*pgreen = NULL;
+	return rc;
+}
+
+CUresult sim_impl_cuStreamGetCtx_v2(CUstream stream, CUcontext *pctx, CUgreenCtx *pgreen)
+{
+	return sim_stream_ctx_v2(stream, pctx, pgreen);
+}
+
+CUresult sim_impl_cuStreamGetCtx_v2_ptsz(CUstream stream, CUcontext *pctx,
+					   CUgreenCtx *pgreen)
+{
+	return sim_stream_ctx_v2(stream, pctx, pgreen);
+}
+
+/* Nothing ever runs, so there is nothing to wait for; the handle is checked. */
+static CUresult sim_stream_sync(CUstream stream)
+{
+	struct sim_ctx_slot slot;
+	CUresult rc;
+
+	SIM_REQUIRE_INIT();
+	rc = sim_stream_slot(stream, &slot);
+	if (rc == CUDA_SUCCESS)
+		sim_pools_settle();
+	return rc;
+}
+
+CUresult sim_impl_cuStreamSynchronize(CUstream stream)
+{
+	return sim_stream_sync(stream);
+}
+
+CUresult sim_impl_cuStreamSynchronize_ptsz(CUstream stream)
+{
+	return sim_stream_sync(stream);
+}
+
+static CUresult sim_launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+			   unsigned int bx, unsigned int by, unsigned int bz)
+{
+	SIM_REQUIRE_INIT();
+	if (!sim_depth)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	/* Tests pass made-up handles: check it, never look through it. */
+	if (!f)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (!gx || !gy || !gz || !bx || !by || !bz)
+		return CUDA_ERROR_INVALID_VALUE;
+	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy,
+				   unsigned int gz, unsigned int bx, unsigned int by,
+				   unsigned int bz, unsigned int shmem, CUstream stream,
+				   void **params, void **extra)
+{
+	(void)shmem, (void)stream, (void)params, (void)extra;
+	return sim_launch(f, gx, gy, gz, bx, by, bz);
+}
+
+CUresult sim_impl_cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+					unsigned int gz, unsigned int bx, unsigned int by,
+					unsigned int bz, unsigned int shmem, CUstream stream,
+					void **params, void **extra)
+{
+	(void)shmem, (void)stream, (void)params, (void)extra;
+	return sim_launch(f, gx, gy, gz, bx, by, bz);
+}
+
+static CUresult sim_launch_ex(const CUlaunchConfig *config, CUfunction f)
+{
+	SIM_REQUIRE_INIT();
+	if (!config || (config->numAttrs && !config->attrs))
+		return CUDA_ERROR_INVALID_VALUE;
+	return sim_launch(f, config->gridDimX, config->gridDimY, config->gridDimZ,
+			  config->blockDimX, config->blockDimY, config->blockDimZ);
+}
+
+CUresult sim_impl_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
+				     void **extra)
+{
+	(void)params, (void)extra;
+	return sim_launch_ex(config, f);
+}
+
+CUresult sim_impl_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+					  void **params, void **extra)
+{
+	(void)params, (void)extra;
+	return sim_launch_ex(config, f);
+}
+
+CUresult sim_impl_cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+					      unsigned int gz, unsigned int bx, unsigned int by,
+					      unsigned int bz, unsigned int shmem, CUstream stream,
+					      void **params)
+{
+	(void)shmem, (void)stream, (void)params;
+	return sim_launch(f, gx, gy, gz, bx, by, bz);
+}
+
+CUresult sim_impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx,
+						   unsigned int gy, unsigned int gz,
+						   unsigned int bx, unsigned int by,
+						   unsigned int bz, unsigned int shmem,
+						   CUstream stream, void **params)
+{
+	(void)shmem, (void)stream, (void)params;
+	return sim_launch(f, gx, gy, gz, bx, by, bz);
+}
+
+/*
+ * cuGraphLaunch documents no CUDA_ERROR_INVALID_HANDLE: a missing
+ * executable graph is CUDA_ERROR_INVALID_VALUE. As with functions, a
+ * non-NULL handle is taken on trust and never looked through.
+ */
+static CUresult sim_graph_run(CUgraphExec exec, CUstream stream);
+
+static CUresult sim_graph_launch(CUgraphExec exec, CUstream stream)
+{
+	SIM_REQUIRE_INIT();
+	if (!sim_depth)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	return exec ? sim_graph_run(exec, stream) : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult sim_impl_cuGraphLaunch(CUgraphExec exec, CUstream stream)
+{
+	return sim_graph_launch(exec, stream);
+}
+
+CUresult sim_impl_cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
+{
+	return sim_graph_launch(exec, stream);
+}
+
+/* A graph, and an instantiation of it: the operations recorded (struct sim_op). */
+struct CUgraph_st {
+	struct sim_obj obj;
+	struct sim_op *ops;
+	size_t nops, cap;
+};
+
+struct CUgraphExec_st {
+	struct sim_obj obj;
+	struct sim_op *ops;
+	size_t nops;
+};
+
+static void sim_op_run(const struct sim_op *op)
+{
+	size_t r, i;
+
+	switch (op->kind) {
+	case SIM_OP_COPY:
+		for (r = 0; r < op->height; r++)
+			memmove((void *)(op->dst + r * op->dpitch),
+				(const void *)(op->src + r * op->spitch), op->width);
+		break;
+	case SIM_OP_SET:
+		for (r = 0; r < op->height; r++) {
+			uintptr_t row = op->dst + r * op->dpitch;
+
+			if (op->elem == 1) {
+				memset((void *)row, (int)(op->value & 0xff), op->width);
+				continue;
+			}
+			for (i = 0; i < op->width; i++) {
+				if (op->elem == 2)
+					((uint16_t *)row)[i] = (uint16_t)op->value;
+				else
+					((uint32_t *)row)[i] = op->value;
+			}
+		}
+		break;
+	case SIM_OP_HOST:
+		op->fn(op->data);
+		break;
+	case SIM_OP_KERNEL:
+		/* Kernels do not execute: what they would compute stays as it was. */
+		break;
+	}
+}
+
+static bool sim_graph_add(struct CUgraph_st *g, const struct sim_op *op)
+{
+	if (g->nops == g->cap) {
+		size_t cap = g->cap ? g->cap * 2 : 16;
+		struct sim_op *v = realloc(g->ops, cap * sizeof(*v));
+
+		if (!v)
+			return false;
+		g->ops = v;
+		g->cap = cap;
+	}
+	g->ops[g->nops++] = *op;
+	return true;
+}
+
+/*
+ * With sim_obj_lock held: the stream object behind a non-default handle, or
+ * NULL (default streams are never captured).
+ */
+static struct CUstream_st *sim_stream_locked(CUstream stream)
+{
+	struct sim_obj **pp;
+
+	if (sim_default_stream(stream))
+		return NULL;
+	pp = sim_obj_find(stream, SIM_OBJ_STREAM);
+	return pp ? (struct CUstream_st *)*pp : NULL;
+}
+
+/* Does op on stream now, or records it there while the stream is capturing. */
+CUresult sim_stream_do(CUstream stream, const struct sim_op *op)
+{
+	struct sim_ctx_slot slot;
+	struct CUstream_st *s;
+	CUresult rc;
+	bool recorded = false;
+
+	SIM_REQUIRE_INIT();
+	rc = sim_stream_slot(stream, &slot);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&sim_obj_lock);
+	s = sim_stream_locked(stream);
+	if (s && s->capture_status == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+		if (!sim_graph_add(s->capture, op))
+			rc = CUDA_ERROR_OUT_OF_MEMORY;
+		recorded = true;
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	if (!recorded)
+		sim_op_run(op);
+	return rc;
+}
+
+/*
+ * Events. Nothing runs asynchronously, so an event is complete as soon as
+ * it is recorded; it keeps the time of its recording for cuEventElapsedTime.
+ */
+struct CUevent_st {
+	struct sim_obj obj;
+	unsigned int flags;
+	bool recorded;
+	struct timespec when;
+	/* Recorded in a capture: a stream that waits on it joins that capture. */
+	struct CUgraph_st *capture;
+	uint64_t capture_id;
+	int capture_mode;
+};
+
+CUresult sim_impl_cuEventCreate(CUevent *pe, unsigned int flags)
+{
+	struct CUevent_st *e;
+
+	SIM_REQUIRE_INIT();
+	if (!pe || (flags & ~0x7u))
+		return CUDA_ERROR_INVALID_VALUE;
+	/* Interprocess events must not time, as the documentation requires. */
+	if ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!sim_depth)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	e->obj.kind = SIM_OBJ_EVENT;
+	e->obj.dev = sim_current_dev();
+	e->flags = flags;
+	sim_obj_add(&e->obj);
+	*pe = e;
+	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuEventDestroy_v2(CUevent e)
+{
+	struct sim_obj seen, *o;
+
+	SIM_REQUIRE_INIT();
+	o = sim_obj_lookup(e, SIM_OBJ_EVENT, true, &seen);
+	if (!o)
+		return CUDA_ERROR_INVALID_HANDLE;
+	free(o);
+	return CUDA_SUCCESS;
+}
+
+static CUresult sim_event_record(CUevent ev, CUstream stream)
+{
+	struct sim_ctx_slot slot;
+	struct sim_obj **pp;
+	struct CUstream_st *s;
+	CUresult rc;
+
+	SIM_REQUIRE_INIT();
+	rc = sim_stream_slot(stream, &slot);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(ev, SIM_OBJ_EVENT);
+	s = sim_stream_locked(stream);
+	if (!pp) {
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	} else if (!s || s->capture_status != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+		struct CUevent_st *e = (struct CUevent_st *)*pp;
+
+		e->recorded = true;
+		e->capture = NULL;
+		e->capture_id = 0;
+		clock_gettime(CLOCK_MONOTONIC, &e->when);
+	} else {
+		struct CUevent_st *e = (struct CUevent_st *)*pp;
+
+		e->capture = s->capture;
+		e->capture_id = s->capture_id;
+		e->capture_mode = s->capture_mode;
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	return rc;
+}
+
+CUresult sim_impl_cuEventRecord(CUevent e, CUstream s)
+{
+	return sim_event_record(e, s);
+}
+
+CUresult sim_impl_cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int flags)
+{
+	(void)flags;
+	return sim_event_record(e, s);
+}
+
+static CUresult sim_event_check(CUevent e)
+{
+	struct sim_obj seen;
+
+	SIM_REQUIRE_INIT();
+	return sim_obj_lookup(e, SIM_OBJ_EVENT, false, &seen) ? CUDA_SUCCESS
+							      : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult sim_impl_cuEventQuery(CUevent e)
+{
+	return sim_event_check(e);
+}
+
+CUresult sim_impl_cuEventSynchronize(CUevent e)
+{
+	CUresult rc = sim_event_check(e);
+
+	if (rc == CUDA_SUCCESS)
+		sim_pools_settle();
+	return rc;
+}
+
+CUresult sim_impl_cuEventElapsedTime(float *ms, CUevent start, CUevent end)
+{
+	struct CUevent_st a = { .recorded = false }, b = { .recorded = false };
+	struct sim_obj **pa, **pb;
+	CUresult rc = CUDA_SUCCESS;
+
+	SIM_REQUIRE_INIT();
+	if (!ms)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&sim_obj_lock);
+	pa = sim_obj_find(start, SIM_OBJ_EVENT);
+	pb = sim_obj_find(end, SIM_OBJ_EVENT);
+	if (pa && pb) {
+		a = *(struct CUevent_st *)*pa;
+		b = *(struct CUevent_st *)*pb;
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	if (!pa || !pb)
+		return CUDA_ERROR_INVALID_HANDLE;
+	/* Documented: an event that times nothing, or was never recorded. */
+	if ((a.flags | b.flags) & CU_EVENT_DISABLE_TIMING || !a.recorded || !b.recorded)
+		return CUDA_ERROR_INVALID_HANDLE;
+	*ms = (float)((double)(b.when.tv_sec - a.when.tv_sec) * 1e3 +
+		      (double)(b.when.tv_nsec - a.when.tv_nsec) / 1e6);
+	return rc;
+}
+
+CUresult sim_impl_cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
+{
+	return sim_impl_cuEventElapsedTime(ms, start, end);
+}
+
+/* Waits are already over: nothing is outstanding anywhere. */
+/*
+ * Waits are already over: nothing is outstanding anywhere. A stream that
+ * waits on an event recorded in a capture joins that capture (the fork of
+ * work onto another stream during a capture), as the driver documents.
+ */
+CUresult sim_impl_cuStreamWaitEvent(CUstream stream, CUevent ev, unsigned int flags)
+{
+	struct sim_ctx_slot slot;
+	struct CUstream_st *s;
+	struct sim_obj **pp;
+	CUresult rc;
+
+	(void)flags;
+	SIM_REQUIRE_INIT();
+	rc = sim_stream_slot(stream, &slot);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(ev, SIM_OBJ_EVENT);
+	s = sim_stream_locked(stream);
+	if (!pp) {
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	} else if (((struct CUevent_st *)*pp)->capture_id) {
+		const struct CUevent_st *e = (const struct CUevent_st *)*pp;
+
+		if (!s)
+			rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+		else if (s->capture_status == CU_STREAM_CAPTURE_STATUS_NONE) {
+			s->capture_status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+			s->capture = e->capture;
+			s->capture_id = e->capture_id;
+			s->capture_mode = e->capture_mode;
+			s->capture_origin = false;
+		}
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	return rc;
+}
+
+/* An event IPC handle names the event's process; the opener gets an event of its own. */
+struct sim_ipc_event {
+	uint32_t magic;
+	uint32_t pid;
+};
+
+CUresult sim_impl_cuIpcGetEventHandle(CUipcEventHandle *h, CUevent ev)
+{
+	struct sim_ipc_event rec = { SIM_IPC_MAGIC, (uint32_t)getpid() };
+	struct sim_obj **pp;
+	unsigned int flags = 0;
+
+	SIM_REQUIRE_INIT();
+	if (!h)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(ev, SIM_OBJ_EVENT);
+	if (pp)
+		flags = ((struct CUevent_st *)*pp)->flags;
+	pthread_mutex_unlock(&sim_obj_lock);
+	if (!pp)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (!(flags & CU_EVENT_INTERPROCESS))
+		return CUDA_ERROR_INVALID_VALUE;
+	memset(h, 0, sizeof(*h));
+	memcpy(h->reserved, &rec, sizeof(rec));
+	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuIpcOpenEventHandle(CUevent *pe, CUipcEventHandle h)
+{
+	struct sim_ipc_event rec;
+
+	SIM_REQUIRE_INIT();
+	memcpy(&rec, h.reserved, sizeof(rec));
+	if (!pe || rec.magic != SIM_IPC_MAGIC)
+		return CUDA_ERROR_INVALID_VALUE;
+	return sim_impl_cuEventCreate(pe, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
+}
+
+/* Streams: priorities, flags, queries, callbacks, capture. */
+
+CUresult sim_impl_cuStreamCreateWithPriority(CUstream *stream, unsigned int flags, int priority)
+{
+	CUresult rc = sim_impl_cuStreamCreate(stream, flags);
+
+	if (rc == CUDA_SUCCESS) {
+		/* The documented range is [-5, 0]; others are clamped to it. */
+		struct CUstream_st *s = *stream;
+
+		s->priority = priority < -5 ? -5 : priority > 0 ? 0 : priority;
+	}
+	return rc;
+}
+
+/* A copy of the stream's state, for the queries; default streams read as zeros. */
+static CUresult sim_stream_state(CUstream stream, struct CUstream_st *out)
+{
+	struct sim_ctx_slot slot;
+	struct CUstream_st *s;
+	CUresult rc;
+
+	SIM_REQUIRE_INIT();
+	rc = sim_stream_slot(stream, &slot);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	memset(out, 0, sizeof(*out));
+	out->obj.dev = slot.dev;
+	pthread_mutex_lock(&sim_obj_lock);
+	s = sim_stream_locked(stream);
+	if (s)
+		*out = *s;
+	pthread_mutex_unlock(&sim_obj_lock);
+	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuStreamGetPriority(CUstream stream, int *priority)
+{
+	struct CUstream_st s;
+	CUresult rc = priority ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
+
+	if (rc == CUDA_SUCCESS)
+		*priority = s.priority;
+	return rc;
+}
+
+CUresult sim_impl_cuStreamGetFlags(CUstream stream, unsigned int *flags)
+{
+	struct CUstream_st s;
+	CUresult rc = flags ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
+
+	if (rc == CUDA_SUCCESS)
+		*flags = s.flags;
+	return rc;
+}
+
+CUresult sim_impl_cuStreamGetId(CUstream stream, unsigned long long *id)
+{
+	struct CUstream_st s;
+	CUresult rc = id ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
+
+	if (rc == CUDA_SUCCESS)
+		*id = s.id;
+	return rc;
+}
+
+CUresult sim_impl_cuStreamGetDevice(CUstream stream, CUdevice *dev)
+{
+	struct CUstream_st s;
+	CUresult rc = dev ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
+
+	if (rc == CUDA_SUCCESS)
+		*dev = s.obj.dev;
+	return rc;
+}
+
+/* Everything on a stream is done by the time its call returns. */
+CUresult sim_impl_cuStreamQuery(CUstream stream)
+{
+	struct sim_ctx_slot slot;
+
+	SIM_REQUIRE_INIT();
+	return sim_stream_slot(stream, &slot);
+}
+
+CUresult sim_impl_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *data)
+{
+	struct sim_op op = { .kind = SIM_OP_HOST, .fn = fn, .data = data };
+
+	if (!fn)
+		return CUDA_ERROR_INVALID_VALUE;
+	return sim_stream_do(stream, &op);
+}
+
+CUresult sim_impl_cuStreamAddCallback(CUstream stream, CUstreamCallback cb, void *data,
+				      unsigned int flags)
+{
+	struct sim_ctx_slot slot;
+	CUresult rc;
+
+	SIM_REQUIRE_INIT();
+	if (!cb || flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = sim_stream_slot(stream, &slot);
+	if (rc == CUDA_SUCCESS)
+		cb(stream, CUDA_SUCCESS, data);
+	return rc;
+}
+
+CUresult sim_impl_cuCtxGetStreamPriorityRange(int *least, int *greatest)
+{
+	SIM_REQUIRE_INIT();
+	if (least)
+		*least = 0;
+	if (greatest)
+		*greatest = -5;
+	return CUDA_SUCCESS;
+}
+
+/*
+ * Stream capture: between begin and end, the stream's copies, memsets,
+ * kernels and host functions are recorded into a graph instead of being
+ * done; each launch of the instantiated graph does them. Default streams
+ * cannot be captured.
+ */
+static __thread int sim_capture_mode;	/* cuThreadExchangeStreamCaptureMode */
+static uint64_t sim_capture_serial;	/* atomic */
+
+static struct CUgraph_st *sim_graph_new(void)
+{
+	struct CUgraph_st *g = calloc(1, sizeof(*g));
+
+	if (g)
+		g->obj.kind = SIM_OBJ_GRAPH;
+	return g;
+}
+
+/*
+ * With sim_obj_lock held: capture id is over. Every stream in it (the one
+ * that began it, and those that joined) stops capturing, and events
+ * recorded in it no longer pull streams into it.
+ */
+static void sim_capture_end_locked(uint64_t id)
+{
+	struct sim_obj *o;
+
+	for (o = sim_obj_list; o; o = o->next) {
+		if (o->kind == SIM_OBJ_STREAM && ((struct CUstream_st *)o)->capture_id == id) {
+			struct CUstream_st *s = (struct CUstream_st *)o;
+
+			s->capture = NULL;
+			s->capture_id = 0;
+			s->capture_status = CU_STREAM_CAPTURE_STATUS_NONE;
+			s->capture_origin = false;
+		} else if (o->kind == SIM_OBJ_EVENT && ((struct CUevent_st *)o)->capture_id == id) {
+			((struct CUevent_st *)o)->capture = NULL;
+			((struct CUevent_st *)o)->capture_id = 0;
+		}
+	}
+}
+
+static CUresult sim_begin_capture(CUstream stream, int mode)
+{
+	struct CUgraph_st *g;
+	struct CUstream_st *s;
+	CUresult rc = CUDA_SUCCESS;
+
+	SIM_REQUIRE_INIT();
+	if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (sim_default_stream(stream))
+		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	g = sim_graph_new();
+	if (!g)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&sim_obj_lock);
+	s = sim_stream_locked(stream);
+	if (!s) {
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	} else if (s->capture_status != CU_STREAM_CAPTURE_STATUS_NONE) {
+		rc = CUDA_ERROR_ILLEGAL_STATE;
+	} else {
+		s->capture_status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+		s->capture_mode = mode;
+		s->capture_id = __atomic_add_fetch(&sim_capture_serial, 1, __ATOMIC_RELAXED);
+		s->capture = g;
+		s->capture_origin = true;
+		g = NULL;
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	free(g);
+	return rc;
+}
+
+CUresult sim_impl_cuStreamBeginCapture(CUstream stream)
+{
+	return sim_begin_capture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
+CUresult sim_impl_cuStreamBeginCapture_v2(CUstream stream, int mode)
+{
+	return sim_begin_capture(stream, mode);
+}
+
+CUresult sim_impl_cuStreamEndCapture(CUstream stream, CUgraph *pg)
+{
+	struct CUgraph_st *g = NULL;
+	struct CUstream_st *s;
+	CUresult rc = CUDA_SUCCESS;
+
+	SIM_REQUIRE_INIT();
+	if (!pg)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&sim_obj_lock);
+	s = sim_stream_locked(stream);
+	if (!s || s->capture_status == CU_STREAM_CAPTURE_STATUS_NONE) {
+		rc = s || sim_default_stream(stream) ? CUDA_ERROR_ILLEGAL_STATE
+						       : CUDA_ERROR_INVALID_HANDLE;
+	} else if (!s->capture_origin) {
+		rc = CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+	} else {
+		if (s->capture_status == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+			rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+		g = s->capture;
+		sim_capture_end_locked(s->capture_id);
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	if (g && rc != CUDA_SUCCESS) {
+		sim_graph_free(g);
+		g = NULL;
+	}
+	if (g)
+		sim_obj_add(&g->obj);
+	*pg = g;
+	return rc;
+}
+
+CUresult sim_impl_cuStreamIsCapturing(CUstream stream, int *status)
+{
+	struct CUstream_st s;
+	CUresult rc = status ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
+
+	if (rc == CUDA_SUCCESS)
+		*status = s.capture_status;
+	return rc;
+}
+
+/* Any output may be NULL. Captured work has no dependencies to report. */
+static CUresult sim_capture_info(CUstream stream, int *status, uint64_t *id, CUgraph *graph,
+				 const void **deps, const void **edges, size_t *ndeps)
+{
+	struct CUstream_st s;
+	CUresult rc = sim_stream_state(stream, &s);
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (!status)
+		return CUDA_ERROR_INVALID_VALUE;
+	*status = s.capture_status;
+	if (s.capture_status != CU_STREAM_CAPTURE_STATUS_NONE) {
+		if (id)
+			*id = s.capture_id;
+		if (graph)
+			*graph = s.capture;
+		if (deps)
+			*deps = NULL;
+		if (edges)
+			*edges = NULL;
+		if (ndeps)
+			*ndeps = 0;
+	}
+	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuStreamGetCaptureInfo(CUstream stream, int *status, uint64_t *id)
+{
+	return sim_capture_info(stream, status, id, NULL, NULL, NULL, NULL);
+}
+
+CUresult sim_impl_cuStreamGetCaptureInfo_v2(CUstream stream, int *status, uint64_t *id,
+					    CUgraph *graph, const void **deps, size_t *ndeps)
+{
+	return sim_capture_info(stream, status, id, graph, deps, NULL, ndeps);
+}
+
+CUresult sim_impl_cuStreamGetCaptureInfo_v3(CUstream stream, int *status, uint64_t *id,
+					    CUgraph *graph, const void **deps, const void **edges,
+					    size_t *ndeps)
+{
+	return sim_capture_info(stream, status, id, graph, deps, edges, ndeps);
+}
+
+CUresult sim_impl_cuThreadExchangeStreamCaptureMode(int *mode)
+{
+	int old;
+
+	if (!mode || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+		return CUDA_ERROR_INVALID_VALUE;
+	old = sim_capture_mode;
+	sim_capture_mode = *mode;
+	*mode = old;
+	return CUDA_SUCCESS;
+}
+
+/* Graphs. */
+
+CUresult sim_impl_cuGraphCreate(CUgraph *pg, unsigned int flags)
+{
+	struct CUgraph_st *g;
+
+	SIM_REQUIRE_INIT();
+	if (!pg || flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	g = sim_graph_new();
+	if (!g)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	sim_obj_add(&g->obj);
+	*pg = g;
+	return CUDA_SUCCESS;
+}
+
+void sim_graph_free(struct CUgraph_st *g)
+{
+	if (g)
+		free(g->ops);
+	free(g);
+}
+
+CUresult sim_impl_cuGraphDestroy(CUgraph g)
+{
+	struct sim_obj seen, *o;
+
+	SIM_REQUIRE_INIT();
+	o = sim_obj_lookup(g, SIM_OBJ_GRAPH, true, &seen);
+	if (!o)
+		return CUDA_ERROR_INVALID_VALUE;
+	sim_graph_free((struct CUgraph_st *)o);
+	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuGraphGetNodes(CUgraph g, void **nodes, size_t *n)
+{
+	struct sim_obj **pp;
+	size_t count = 0, i;
+
+	SIM_REQUIRE_INIT();
+	if (!n)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(g, SIM_OBJ_GRAPH);
+	if (pp)
+		count = ((struct CUgraph_st *)*pp)->nops;
+	pthread_mutex_unlock(&sim_obj_lock);
+	if (!pp)
+		return CUDA_ERROR_INVALID_VALUE;
+	/* Node handles are the graph's address and the node's position: opaque, distinct. */
+	for (i = 0; nodes && i < *n; i++)
+		nodes[i] = i < count ? (char *)g + i + 1 : NULL;
+	*n = count;
+	return CUDA_SUCCESS;
+}
+
+static CUresult sim_instantiate(CUgraphExec *pe, CUgraph g)
+{
+	struct CUgraphExec_st *e;
+	struct sim_obj **pp;
+	CUresult rc = CUDA_SUCCESS;
+
+	SIM_REQUIRE_INIT();
+	if (!pe)
+		return CUDA_ERROR_INVALID_VALUE;
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	e->obj.kind = SIM_OBJ_EXEC;
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(g, SIM_OBJ_GRAPH);
+	if (!pp) {
+		rc = CUDA_ERROR_INVALID_VALUE;
+	} else {
+		const struct CUgraph_st *src = (const struct CUgraph_st *)*pp;
+
+		e->nops = src->nops;
+		e->ops = src->nops ? malloc(src->nops * sizeof(*e->ops)) : NULL;
+		if (src->nops && !e->ops)
+			rc = CUDA_ERROR_OUT_OF_MEMORY;
+		else if (src->nops)
+			memcpy(e->ops, src->ops, src->nops * sizeof(*e->ops));
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	if (rc != CUDA_SUCCESS) {
+		free(e->ops);
+		free(e);
+		return rc;
+	}
+	sim_obj_add(&e->obj);
+	*pe = e;
+	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g,
+					      unsigned long long flags)
+{
+	(void)flags;
+	return sim_instantiate(pe, g);
+}
+
+CUresult sim_impl_cuGraphInstantiate(CUgraphExec *pe, CUgraph g, void *err_node, char *log,
+				     size_t log_size)
+{
+	(void)err_node;
+	if (log && log_size)
+		log[0] = '\0';
+	return sim_instantiate(pe, g);
+}
+
+CUresult sim_impl_cuGraphInstantiate_v2(CUgraphExec *pe, CUgraph g, void *err_node, char *log,
+					size_t log_size)
+{
+	return sim_impl_cuGraphInstantiate(pe, g, err_node, log, log_size);
+}
+
+/* CUDA_GRAPH_INSTANTIATE_PARAMS: flags, upload stream, error node, result. */
+struct sim_instantiate_params {
+	uint64_t flags;
+	CUstream upload;
+	void *err_node;
+	int result;
+};
+
+CUresult sim_impl_cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g,
+					       struct sim_instantiate_params *params)
+{
+	CUresult rc = sim_instantiate(pe, g);
+
+	if (params)
+		params->result = rc == CUDA_SUCCESS ? 0 : 1;
+	return rc;
+}
+
+CUresult sim_impl_cuGraphExecDestroy(CUgraphExec e)
+{
+	struct sim_obj seen, *o;
+
+	SIM_REQUIRE_INIT();
+	o = sim_obj_lookup(e, SIM_OBJ_EXEC, true, &seen);
+	if (!o)
+		return CUDA_ERROR_INVALID_VALUE;
+	free(((struct CUgraphExec_st *)o)->ops);
+	free(o);
+	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuGraphUpload(CUgraphExec e, CUstream stream)
+{
+	struct sim_obj seen;
+
+	(void)stream;
+	SIM_REQUIRE_INIT();
+	return sim_obj_lookup(e, SIM_OBJ_EXEC, false, &seen) ? CUDA_SUCCESS
+							     : CUDA_ERROR_INVALID_VALUE;
+}
+
+/*
+ * A launch does the graph's recorded operations in order, or records them
+ * into the capture of a capturing stream (a graph launched in a capture).
+ * The ops are copied out first so that none runs under the lock (a host
+ * function may call back into the driver). A handle the driver never made
+ * is taken on trust, as before graphs were simulated: there is nothing to
+ * do for it.
+ */
+static CUresult sim_graph_run(CUgraphExec exec, CUstream stream)
+{
+	struct sim_op *ops = NULL;
+	struct CUstream_st *s;
+	struct sim_obj **pp;
+	size_t n = 0, i;
+	CUresult rc = CUDA_SUCCESS;
+
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(exec, SIM_OBJ_EXEC);
+	s = sim_stream_locked(stream);
+	if (pp && s && s->capture_status == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+		const struct CUgraphExec_st *e = (const struct CUgraphExec_st *)*pp;
+
+		for (i = 0; i < e->nops && rc == CUDA_SUCCESS; i++)
+			if (!sim_graph_add(s->capture, &e->ops[i]))
+				rc = CUDA_ERROR_OUT_OF_MEMORY;
+		pp = NULL;
+	}
+	if (pp) {
+		const struct CUgraphExec_st *e = (const struct CUgraphExec_st *)*pp;
+
+		ops = e->nops ? malloc(e->nops * sizeof(*ops)) : NULL;
+		if (ops) {
+			memcpy(ops, e->ops, e->nops * sizeof(*ops));
+			n = e->nops;
+		}
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	for (i = 0; i < n; i++)
+		sim_op_run(&ops[i]);
+	free(ops);
+	return rc;
+}
+
+/* Graph memory (cudaMallocAsync inside captures) is plain pool memory here. */
+CUresult sim_impl_cuDeviceGraphMemTrim(CUdevice dev)
+{
+	return sim_check_dev(dev);
+}
+
+CUresult sim_impl_cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value)
+{
+	CUresult rc = sim_check(value, dev);
+
+	(void)attr;
+	if (rc == CUDA_SUCCESS)
+		*(uint64_t *)value = 0;
+	return rc;
+}
+
+CUresult sim_impl_cuDeviceSetGraphMemAttribute(CUdevice dev, int attr, void *value)
+{
+	(void)attr;
+	return sim_check(value, dev);
+}
+
+/* The per-thread default stream variants (SIM_SAME_AS). */
+SIM_SAME_AS(cuStreamGetPriority_ptsz, cuStreamGetPriority);
+SIM_SAME_AS(cuStreamGetFlags_ptsz, cuStreamGetFlags);
+SIM_SAME_AS(cuStreamGetId_ptsz, cuStreamGetId);
+SIM_SAME_AS(cuStreamGetDevice_ptsz, cuStreamGetDevice);
+SIM_SAME_AS(cuStreamQuery_ptsz, cuStreamQuery);
+SIM_SAME_AS(cuStreamWaitEvent_ptsz, cuStreamWaitEvent);
+SIM_SAME_AS(cuStreamAddCallback_ptsz, cuStreamAddCallback);
+SIM_SAME_AS(cuLaunchHostFunc_ptsz, cuLaunchHostFunc);
+SIM_SAME_AS(cuEventRecord_ptsz, cuEventRecord);
+SIM_SAME_AS(cuEventRecordWithFlags_ptsz, cuEventRecordWithFlags);
+SIM_SAME_AS(cuStreamBeginCapture_ptsz, cuStreamBeginCapture);
+SIM_SAME_AS(cuStreamBeginCapture_v2_ptsz, cuStreamBeginCapture_v2);
+SIM_SAME_AS(cuStreamEndCapture_ptsz, cuStreamEndCapture);
+SIM_SAME_AS(cuStreamIsCapturing_ptsz, cuStreamIsCapturing);
+SIM_SAME_AS(cuStreamGetCaptureInfo_ptsz, cuStreamGetCaptureInfo);
+SIM_SAME_AS(cuStreamGetCaptureInfo_v2_ptsz, cuStreamGetCaptureInfo_v2);
+SIM_SAME_AS(cuStreamGetCaptureInfo_v3_ptsz, cuStreamGetCaptureInfo_v3);
+SIM_SAME_AS(cuGraphUpload_ptsz, cuGraphUpload);
+SIM_SAME_AS(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams);
