@@ -36,6 +36,7 @@ struct sim_map {
 	size_t off;
 	size_t len;
 	CUmemGenericAllocationHandle handle;
+	size_t hoff;		/* where in the handle's allocation the mapping starts */
 };
 
 /* cuMemAddressReserve: a range of address space and its mappings. */
@@ -617,9 +618,8 @@ CUresult sim_impl_cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 }
 
 /*
- * Pools are handles tied to a device; their attributes (release threshold,
- * reuse policy, maxSize) change nothing, since every allocation goes to the
- * device heap at once and every free comes back at once. The simulation has
+ * A pool is tied to a device and keeps what is freed into it reserved (see
+ * struct CUmemPoolHandle_st); maxSize is not enforced. The simulation has
  * device memory only, so host locations are refused as invalid.
  */
 CUresult sim_impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
@@ -640,11 +640,6 @@ CUresult sim_impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *prop
 }
 
 /*
- * As documented, memory still allocated from a destroyed pool stays valid
- * until it is freed, and a device whose current pool it was goes back to its
- * default pool. A device's default pool is not the caller's to destroy.
- */
-/*
  * A destroyed pool's idle memory goes back to the device; what is still
  * allocated from it stays valid, as plain memory freed on its own.
  */
@@ -662,6 +657,11 @@ static void sim_pool_forget(struct sim_heap *h, CUmemoryPool pool)
 	pthread_mutex_unlock(&h->lock);
 }
 
+/*
+ * As documented, memory still allocated from a destroyed pool stays valid
+ * until it is freed, and a device whose current pool it was goes back to its
+ * default pool. A device's default pool is not the caller's to destroy.
+ */
 CUresult sim_impl_cuMemPoolDestroy(CUmemoryPool pool)
 {
 	struct sim_obj **pp, *o = NULL;
@@ -887,7 +887,8 @@ static bool sim_import_op(CUmemGenericAllocationHandle handle, enum sim_handle_o
 		m = NULL;
 	pthread_mutex_unlock(&sim_import_lock);
 	if (m) {
-		close(m->fd);
+		if (m->fd >= 0)
+			close(m->fd);
 		free(m);
 	}
 	return true;
@@ -1177,6 +1178,7 @@ CUresult sim_impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 	m->off = off;
 	m->len = size;
 	m->handle = handle;
+	m->hoff = offset;
 	v->nmaps++;
 out:
 	pthread_mutex_unlock(&sim_va_lock);
@@ -1454,6 +1456,7 @@ struct sim_ipc {
 	size_t size;
 	int dev;
 	pid_t pid;		/* the exporter and its allocation, for reopening */
+	int fd;			/* the exporter's descriptor of its memfd */
 	int spec_index;
 	uint64_t off;
 	unsigned int refs;
@@ -2440,6 +2443,7 @@ static CUresult sim_ipc_open(CUdeviceptr *pdptr, const CUipcMemHandle *handle)
 	m->size = rec.size;
 	m->dev = dev;
 	m->pid = (pid_t)rec.pid;
+	m->fd = rec.fd;
 	m->spec_index = rec.spec_index;
 	m->off = rec.off;
 	m->refs = 1;
@@ -2646,6 +2650,28 @@ CUresult sim_impl_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *pr
 }
 
 /*
+ * In a forked child: an IPC-opened mapping becomes a private copy-on-write
+ * view of the exporter's bytes, opened again through /proc; zeros if the
+ * exporter is gone.
+ */
+static void sim_ipc_privatise(const struct sim_ipc *m)
+{
+	char path[64];
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)m->pid, m->fd);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		mmap((void *)m->map, m->maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd,
+		     (off_t)(m->off - (m->ptr - m->map)));
+		close(fd);
+	} else {
+		mmap((void *)m->map, m->maplen, PROT_READ | PROT_WRITE,
+		     MAP_PRIVATE | MAP_FIXED | MAP_ANONYMOUS, -1, 0);
+	}
+}
+
+/*
  * After fork() the child must not share its parent's device memory: it has
  * its own copy of the allocator's records, so its frees would punch, and
  * its allocations write, pages the parent still uses. The child's view of
@@ -2658,6 +2684,7 @@ CUresult sim_impl_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *pr
 void sim_atfork_child(void)
 {
 	pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+	struct sim_import *im;
 	struct sim_ipc *m;
 	struct sim_va *v;
 	size_t k;
@@ -2680,12 +2707,16 @@ void sim_atfork_child(void)
 
 			if (sim_handle_backing(v->maps[k].handle, &fd, &off, &dev) && fd >= 0)
 				mmap((void *)(v->base + v->maps[k].off), v->maps[k].len,
-				     PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, (off_t)off);
+				     PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd,
+				     (off_t)(off + v->maps[k].hoff));
 		}
 	}
 	for (m = sim_ipc_list; m; m = m->next)
-		mmap((void *)m->map, m->maplen, PROT_READ | PROT_WRITE,
-		     MAP_PRIVATE | MAP_FIXED | MAP_ANONYMOUS, -1, 0);
+		sim_ipc_privatise(m);
+	for (im = sim_import_list; im; im = im->next) {
+		close(im->fd);	/* its mappings are private now; no new ones */
+		im->fd = -1;
+	}
 	for (i = 0; i < sim_ndevs; i++) {
 		struct sim_heap *h = &sim_devs[i].heap;
 

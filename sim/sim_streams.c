@@ -68,9 +68,9 @@ CUresult sim_stream_slot(CUstream stream, struct sim_ctx_slot *slot)
 }
 
 /*
- * Priorities, capture and callbacks are not simulated; the flags are the
- * documented ones. A stream made while its context is being destroyed on
- * another thread (undefined in the driver) outlives it as an orphan handle.
+ * The flags are the documented ones. A stream made while its context is
+ * being destroyed on another thread (undefined in the driver) outlives it as
+ * an orphan handle.
  */
 CUresult sim_impl_cuStreamCreate(CUstream *stream, unsigned int flags)
 {
@@ -97,7 +97,6 @@ CUresult sim_impl_cuStreamCreate(CUstream *stream, unsigned int flags)
 	return CUDA_SUCCESS;
 }
 
-/* A default stream is not the caller's to destroy. */
 /*
  * With sim_obj_lock held: a stream that goes ends its capture if it began
  * one; the graph it captured into is returned for the caller to free.
@@ -113,6 +112,7 @@ struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s)
 	return g;
 }
 
+/* A default stream is not the caller's to destroy. */
 CUresult sim_impl_cuStreamDestroy_v2(CUstream stream)
 {
 	struct CUgraph_st *g = NULL;
@@ -560,7 +560,6 @@ CUresult sim_impl_cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
 	return sim_impl_cuEventElapsedTime(ms, start, end);
 }
 
-/* Waits are already over: nothing is outstanding anywhere. */
 /*
  * Waits are already over: nothing is outstanding anywhere. A stream that
  * waits on an event recorded in a capture joins that capture (the fork of

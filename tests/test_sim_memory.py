@@ -104,7 +104,7 @@ def test_device_memory_is_real_and_untouched_pages_cost_nothing() -> None:
     assert out["reused_zero"] is True
 
 
-VMM = """
+VMM_SETUP = """
 class Loc(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
 class Flags(ctypes.Structure):
@@ -117,6 +117,11 @@ prop = Prop(1, 0, Loc(1, 0))
 gran = sz()
 check(cu.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(prop), 0), "gran")
 g = gran.value
+"""
+
+VMM = (
+    VMM_SETUP
+    + """
 h = u64()
 check(cu.cuMemCreate(ctypes.byref(h), sz(2 * g), ctypes.byref(prop), u64(0)), "create")
 a, b = u64(), u64()
@@ -136,6 +141,7 @@ check(cu.cuMemUnmap(b, sz(g)), "unmap b")
 out["after_unmap"] = d2h(b.value, 16)[0]
 out["still_mapped"] = d2h(a.value + g + 100, len(data)) == (0, data)
 """
+)
 
 
 def test_mapped_memory_is_the_handles_own_bytes() -> None:
@@ -284,6 +290,31 @@ def test_a_forked_child_cannot_touch_its_parents_device_memory() -> None:
     assert out["parent"] is True
 
 
+FORK_MAPPING = (
+    VMM_SETUP
+    + """
+import os
+h, b = u64(), u64()
+check(cu.cuMemCreate(ctypes.byref(h), sz(2 * g), ctypes.byref(prop), u64(0)), "create")
+check(cu.cuMemAddressReserve(ctypes.byref(b), sz(g), sz(0), u64(0), u64(0)), "reserve")
+check(cu.cuMemMap(b, sz(g), sz(g), h, u64(0)), "map the second granule")
+check(h2d(b.value, b"B" * 64), "write")
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(w, d2h(b.value, 64)[1][:1])
+    os._exit(0)
+os.waitpid(pid, 0)
+out["child_reads"] = os.read(r, 1).decode()
+"""
+)
+
+
+def test_a_forked_child_sees_its_parents_mappings_at_their_offsets() -> None:
+    out = run(FORK_MAPPING)
+    assert out["child_reads"] == "B"
+
+
 IPC_PARENT = """
 import subprocess
 handles = []
@@ -321,6 +352,15 @@ for p in opened:
     check(cu.cuMemGetAddressRange_v2(None, ctypes.byref(size), p), "range")
     first, last = d2h(p.value, 1)[1], d2h(p.value + size.value - 1, 1)[1]
     out.append(f"{first.decode()}{last.decode()}{size.value >> 20}")
+# A forked child of the opener sees the exporter's bytes too (a private view of them).
+import os
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(w, d2h(opened[1].value, 1)[1])
+    os._exit(0)
+os.waitpid(pid, 0)
+out.append("fork" + os.read(r, 1).decode())
 for p in opened:
     check(cu.cuIpcCloseMemHandle(p), "close")
 print(" ".join(out))
@@ -342,4 +382,4 @@ def test_ipc_handles_of_two_devices_open_their_own_memory() -> None:
         str(libs.sim_driver_dir()),
     )
     assert out["own"] == 201  # CUDA_ERROR_INVALID_CONTEXT: not in the exporting process
-    assert out["child"] == ["AA1", "BB2"]
+    assert out["child"] == ["AA1", "BB2", "forkB"]
