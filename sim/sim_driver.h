@@ -64,6 +64,7 @@ struct sim_heap {
 	int spec_index;		/* its device's place in the node (sim_usage.c) */
 	size_t arena;		/* device bytes rounded down to SIM_ALIGN */
 	size_t used;
+	size_t unpunched;	/* bytes freed since free memory last went back */
 	struct sim_extent *free_ext;
 	size_t nfree, free_cap;
 	struct sim_extent *live;

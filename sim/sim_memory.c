@@ -142,10 +142,7 @@ fail:
 	return false;
 }
 
-/*
- * The whole pages of [off, off + len) go back to the system: freed device
- * memory costs no RAM, and reads as zeros when it is handed out again.
- */
+/* The whole pages of [off, off + len) go back to the system. */
 static void sim_heap_punch(struct sim_heap *h, size_t off, size_t len)
 {
 	const size_t page = 4096;
@@ -245,6 +242,28 @@ static struct sim_extent *sim_heap_find(struct sim_heap *h, size_t off, enum sim
 	return &h->live[at];
 }
 
+/*
+ * With h locked: freed device memory goes back to the system (it then costs
+ * no RAM, and reads as zeros when handed out again) once SIM_PUNCH_BATCH
+ * bytes have been freed since the last time, all free extents at once. A
+ * hole punched at every free costs a system call each: the shim's
+ * allocation benchmark measured the simulator's free at 0.75 us instead of
+ * 26 ns. Freed memory is like a GPU's meanwhile: it keeps what was there.
+ */
+#define SIM_PUNCH_BATCH ((size_t)64 << 20)
+
+static void sim_heap_freed(struct sim_heap *h, size_t len)
+{
+	size_t i;
+
+	h->unpunched += len;
+	if (h->unpunched < SIM_PUNCH_BATCH)
+		return;
+	for (i = 0; i < h->nfree; i++)
+		sim_heap_punch(h, h->free_ext[i].off, h->free_ext[i].len);
+	h->unpunched = 0;
+}
+
 /* With h locked: gives live extent e back to the free extents. */
 static void sim_heap_drop(struct sim_heap *h, struct sim_extent *e)
 {
@@ -254,7 +273,6 @@ static void sim_heap_drop(struct sim_heap *h, struct sim_extent *e)
 
 	sim_ext_remove(h->live, &h->nlive, (size_t)(e - h->live));
 	h->used -= len;
-	sim_heap_punch(h, off, len);
 	sim_usage_set(h->spec_index, h->used);
 
 	f = h->free_ext;
@@ -272,6 +290,7 @@ static void sim_heap_drop(struct sim_heap *h, struct sim_extent *e)
 	} else {
 		sim_ext_insert(f, &h->nfree, at, off, len, 0);
 	}
+	sim_heap_freed(h, len);
 }
 
 /*
@@ -412,10 +431,9 @@ void sim_heap_sweep(struct sim_heap *h, uint64_t id)
 
 	pthread_mutex_lock(&h->lock);
 	for (i = 0; i < h->nlive; i++) {
-		if (h->live[i].owner == id) {
+		if (h->live[i].owner == id)
 			freed += h->live[i].len;
-			sim_heap_punch(h, h->live[i].off, h->live[i].len);
-		} else
+		else
 			h->live[kept++] = h->live[i];
 	}
 	if (kept < h->nlive) {
@@ -431,6 +449,7 @@ void sim_heap_sweep(struct sim_heap *h, uint64_t id)
 			if (i < kept)
 				pos = h->live[i].off + h->live[i].len;
 		}
+		sim_heap_freed(h, freed);
 	}
 	pthread_mutex_unlock(&h->lock);
 }
