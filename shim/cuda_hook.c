@@ -156,6 +156,8 @@ enum gs_mode {
 #define GS_MAX_DEVS 64
 #define GS_DEV_UNKNOWN (-2)
 #define GS_DEV_FOREIGN (-1)
+/* ledger_gpu: the driver could not say which GPU the ordinal is (a bad one, no cuInit). */
+#define GS_DEV_UNRESOLVED (-4)
 
 /*
  * g.mode changes at most once after load, when gpushare_attach takes an
@@ -599,7 +601,11 @@ static int my_slot(void)
 	return s < 0 ? -1 : s;
 }
 
-/* Ledger GPU index of a device ordinal, or GS_DEV_FOREIGN. */
+/*
+ * Ledger GPU index of a device ordinal; GS_DEV_FOREIGN for a GPU of the
+ * driver's that the ledger does not have, GS_DEV_UNRESOLVED when the driver
+ * cannot say which GPU the ordinal is.
+ */
 static int ledger_gpu(CUdevice dev)
 {
 	gs_fn_cuDeviceGetUuid_v2 uuid_v2 = R(real, cuDeviceGetUuid_v2);
@@ -619,7 +625,7 @@ static int ledger_gpu(CUdevice dev)
 		rc = uuid_v1(&uuid, dev);
 	else
 		rc = CUDA_ERROR_NOT_FOUND;
-	idx = GS_DEV_FOREIGN;
+	idx = rc == CUDA_SUCCESS ? GS_DEV_FOREIGN : GS_DEV_UNRESOLVED;
 	if (rc == CUDA_SUCCESS) {
 		for (uint32_t i = 0; i < g.ledger->ngpus && i < GS_MAX_GPUS; i++) {
 			if (memcmp(g.ledger->gpu[i].uuid, uuid.bytes, 16) == 0) {
@@ -1798,6 +1804,7 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 {
 	struct gs_charge c;
 	CUresult rc;
+	int gpu;
 
 	TRACE(GS_ID_cuMemCreate, calls);
 	GET_REAL(cuMemCreate, fn);
@@ -1808,7 +1815,15 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 		return fn(handle, size, prop, flags);
 	if (g.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
-	rc = charge_new(ledger_gpu(prop->location.id), footprint(size), &c);
+	gpu = ledger_gpu(prop->location.id);
+	/*
+	 * A device the driver cannot name (a bad ordinal, before cuInit) is the
+	 * driver's to answer: a made-up CUDA_ERROR_OUT_OF_MEMORY would read as a
+	 * full GPU, which PyTorch's expandable segments take for one to retry.
+	 */
+	if (gpu == GS_DEV_UNRESOLVED)
+		return fn(handle, size, prop, flags);
+	rc = charge_new(gpu, footprint(size), &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = fn(handle, size, prop, flags);

@@ -500,8 +500,17 @@ static void edge(void)
 	}
 	if (cu.create != NULL) {
 		CUmemGenericAllocationHandle h = 0;
+		CUmemAllocationProp bad;
 
 		printf("edge create_null_prop %d\n", cu.create(&h, 2 << 20, NULL, 0));
+		/* A device the driver does not have: its own error, not a made-up one. */
+		memset(&bad, 0, sizeof(bad));
+		bad.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+		bad.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		bad.location.id = 99;
+		printf("edge create_bad_ordinal %d\n", cu.create(&h, 2 << 20, &bad, 0));
+		bad.location.id = -1;
+		printf("edge create_negative_ordinal %d\n", cu.create(&h, 2 << 20, &bad, 0));
 		printf("edge release_unknown %d\n", cu.release(0xdeadULL));
 	}
 	if (cu.array != NULL) {
