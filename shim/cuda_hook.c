@@ -1718,6 +1718,28 @@ DEVICE_POOL_WRAPPER(cuDeviceGetDefaultMemPool)
 DEVICE_POOL_WRAPPER(cuDeviceGetMemPool)
 
 /*
+ * CUDA 13's way to the same pools: by location and allocation type. A
+ * device location's pool lives on that device; any other (host, host NUMA)
+ * takes no device memory.
+ */
+#define LOCATION_POOL_WRAPPER(abi)                                                       \
+	GS_EXPORT CUresult abi(CUmemoryPool *pool, CUmemLocation *location, int type)    \
+	{                                                                                \
+		CUresult rc;                                                             \
+		TRACE(GS_ID_##abi, calls);                                               \
+		GET_REAL(abi, fn);                                                       \
+		rc = fn(pool, location, type);                                           \
+		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)                          \
+			note_pool(*pool, location->type == CU_MEM_LOCATION_TYPE_DEVICE ? \
+						 ledger_gpu(location->id) :              \
+						 GS_POOL_HOST);                          \
+		return rc;                                                               \
+	}
+
+LOCATION_POOL_WRAPPER(cuMemGetDefaultMemPool)
+LOCATION_POOL_WRAPPER(cuMemGetMemPool)
+
+/*
  * The pitch the driver picks is known only afterwards: charge for the width
  * rounded to the smallest alignment first, then settle on pitch x height.
  */

@@ -637,6 +637,48 @@ CUresult sim_impl_cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 }
 
 /*
+ * CUDA 13's pool calls name a location and an allocation type. The
+ * simulation has device memory only: pinned memory of a device location is
+ * that device's pools; other locations and types are not simulated.
+ */
+static CUresult sim_location_device(const CUmemLocation *loc, int type, CUdevice *dev)
+{
+	SIM_REQUIRE_INIT();
+	if (!loc)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (loc->type != CU_MEM_LOCATION_TYPE_DEVICE || type != CU_MEM_ALLOCATION_TYPE_PINNED)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	if (!sim_valid_dev(loc->id))
+		return CUDA_ERROR_INVALID_DEVICE;
+	*dev = loc->id;
+	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuMemGetDefaultMemPool(CUmemoryPool *pool, const CUmemLocation *loc, int type)
+{
+	CUdevice dev;
+	CUresult rc = pool ? sim_location_device(loc, type, &dev) : CUDA_ERROR_INVALID_VALUE;
+
+	return rc == CUDA_SUCCESS ? sim_impl_cuDeviceGetDefaultMemPool(pool, dev) : rc;
+}
+
+CUresult sim_impl_cuMemGetMemPool(CUmemoryPool *pool, const CUmemLocation *loc, int type)
+{
+	CUdevice dev;
+	CUresult rc = pool ? sim_location_device(loc, type, &dev) : CUDA_ERROR_INVALID_VALUE;
+
+	return rc == CUDA_SUCCESS ? sim_impl_cuDeviceGetMemPool(pool, dev) : rc;
+}
+
+CUresult sim_impl_cuMemSetMemPool(const CUmemLocation *loc, int type, CUmemoryPool pool)
+{
+	CUdevice dev;
+	CUresult rc = sim_location_device(loc, type, &dev);
+
+	return rc == CUDA_SUCCESS ? sim_impl_cuDeviceSetMemPool(dev, pool) : rc;
+}
+
+/*
  * A pool is tied to a device and keeps what is freed into it reserved (see
  * struct CUmemPoolHandle_st); maxSize is not enforced. The simulation has
  * device memory only, so host locations are refused as invalid.

@@ -530,11 +530,15 @@ def test_releasing_the_last_primary_retain_uncharges_its_memory(
     assert out == ["alloc ok", "primrelease ok", "dev ok", f"info free={GiB} total={GiB}"]
 
 
-@pytest.mark.parametrize("step", [["stream", "1", "asyncs", "100"], ["poolon", "1", "100"]])
+@pytest.mark.parametrize(
+    "step",
+    [["stream", "1", "asyncs", "100"], ["poolon", "1", "100"], ["locpoolon", "1", "100"]],
+)
 def test_stream_ordered_memory_is_charged_where_it_lives(
     daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, step: list[str]
 ) -> None:
-    """The current device is 0; the stream (or the pool) is on device 1."""
+    """The current device is 0; the stream (or the pool, made or got through CUDA 13's
+    location calls) is on device 1."""
     ep = daemon.env("alice", gpus=2, memory=GiB)
     go = tmp_path / "go"
     p = run_task(ep, str(cbin["client"]), *step, "waitfile", str(go), gpus=2)

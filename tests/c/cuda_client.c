@@ -45,6 +45,8 @@
  *   asyncs MIB     cuMemAllocAsync on that stream (freed by free)
  *   poolon N MIB   cuMemPoolCreate on device N and cuMemAllocFromPoolAsync from it on
  *                  the legacy stream (freed by free)
+ *   locpoolon N MIB  the same from device N's default pool, got through CUDA 13's
+ *                  cuMemGetDefaultMemPool (a device location)
  *                  each: "NAME ok" | "NAME err CODE"
  *   waitfile PATH  "waiting", then blocks until PATH exists
  *   fork PATH      "forked"; the child lives on until PATH exists
@@ -127,6 +129,7 @@ static struct {
 	CUresult (*push)(CUcontext);
 	CUresult (*pop)(CUcontext *);
 	CUresult (*pool_create)(CUmemoryPool *, const CUmemPoolProps *);
+	CUresult (*location_pool)(CUmemoryPool *, CUmemLocation *, int);
 } cu;
 
 static gpa_v2_t gpa;
@@ -180,6 +183,7 @@ static void bind_optional(void)
 	cu.push = fetch_flags("cuCtxPushCurrent", 4000, 0, 0);
 	cu.pop = fetch_flags("cuCtxPopCurrent", 4000, 0, 0);
 	cu.pool_create = fetch_flags("cuMemPoolCreate", 11020, 0, 0);
+	cu.location_pool = fetch_flags("cuMemGetDefaultMemPool", 13000, 0, 0);
 }
 
 #ifdef LINKED
@@ -305,7 +309,7 @@ static int make_args(const char *op)
 	} steps[] = { { "alloc", 1 },	 { "allocb", 1 }, { "pitch", 2 },   { "managed", 1 },
 		      { "async", 1 },	 { "asyncpt", 1 }, { "pool", 1 },    { "create", 1 },
 		      { "array", 2 },	 { "array3d", 3 }, { "mipmap", 3 }, { "asyncs", 1 },
-		      { "poolon", 2 } };
+		      { "poolon", 2 }, { "locpoolon", 2 } };
 
 	for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++)
 		if (strcmp(op, steps[k].op) == 0)
@@ -366,6 +370,19 @@ static CUresult make(const char *op, char **argv, int *i, size_t *extra)
 		props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 		props.location.id = atoi(argv[*i - 1]);
 		rc = cu.pool_create(&pool, &props);
+		if (rc != CUDA_SUCCESS)
+			return rc;
+		rc = cu.pool_alloc(&p, strtoull(argv[*i], NULL, 10) << 20, pool, (CUstream)0x1);
+		return keep(rc, K_ASYNC, p);
+	}
+	if (strcmp(op, "locpoolon") == 0) {
+		CUmemLocation loc = { CU_MEM_LOCATION_TYPE_DEVICE, atoi(argv[*i + 1]) };
+		CUmemoryPool pool;
+
+		*i += 2;
+		NEED(cu.location_pool);
+		NEED(cu.pool_alloc);
+		rc = cu.location_pool(&pool, &loc, CU_MEM_ALLOCATION_TYPE_PINNED);
 		if (rc != CUDA_SUCCESS)
 			return rc;
 		rc = cu.pool_alloc(&p, strtoull(argv[*i], NULL, 10) << 20, pool, (CUstream)0x1);
