@@ -4,14 +4,20 @@ real gpushare-run, with the shim preloaded, against a real nodemgr on simulated 
 The environment's memory quota is what torch sees as the device (``mem_get_info``), going
 past it is torch's own ``torch.OutOfMemoryError`` in each allocator mode, and what the
 allocator holds is what nodemgr charges the task, down to nothing after
-``torch.cuda.empty_cache()``.
+``torch.cuda.empty_cache()``. A training-like loop's kernel launches and CUDA graph replays
+reach the shim (nodemgr counts them) and stop while the task is paused; killed with
+SIGKILL, its memory comes back at once.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +99,79 @@ def test_the_quota_is_torchs_device_and_its_out_of_memory_error(
     assert memory_used(daemon) <= SLACK  # back to the environment's pool
     go_on(p)
     assert p.wait(60) == 0
+
+
+LOOP = HERE / "torch_loop_case.py"
+
+
+class Loop:
+    """The loop program under gpushare-run; its output read by a thread, line by line."""
+
+    def __init__(self, run_task: Any, endpoint: str, python: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTORCH_", "TORCH_"))}
+        self.p: subprocess.Popen[str] = run_task(endpoint, python, str(LOOP), env=env)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        first = self.next(120)
+        assert first.startswith("pid "), first
+        self.pid = int(first.split()[1])
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            self.lines.put(line.strip())
+
+    def next(self, timeout: float) -> str:
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no line from the loop within {timeout}s") from None
+
+    def steps_within(self, seconds: float) -> int:
+        """How many steps the loop reports in the next `seconds`."""
+        deadline, n = time.monotonic() + seconds, 0
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            n += line.startswith("step ")
+        return n
+
+
+def test_pause_holds_real_torch_launches_and_graph_replays(
+    daemon: Daemon,
+    run_task: Any,
+    torch_python: str,  # noqa: F811 (the fixture imported above)
+    wait_for: Any,
+) -> None:
+    """cudart's launches reach the shim's cuLaunchKernel* and cuGraphLaunch: nodemgr counts
+    them, and a paused task stops in them until it is resumed."""
+    endpoint = daemon.env("alice", gpus=1, memory=QUOTA)
+    loop = Loop(run_task, endpoint, torch_python)
+    assert loop.steps_within(1.0) >= 3
+    [task] = daemon.tasks()
+    assert task["launches"] > 0  # counted by the shim's launch wrappers
+    daemon.admin("pause", task_id=task["task_id"])
+    loop.steps_within(0.5)  # a step already past its launches may still finish
+    assert loop.steps_within(1.0) == 0, "a paused task went on launching"
+    held = daemon.tasks()[0]["launches"]
+    daemon.admin("resume", task_id=task["task_id"])
+    assert loop.steps_within(1.0) >= 3
+    wait_for(lambda: daemon.tasks()[0]["launches"] > held, 5)
+
+
+def test_kill9_of_real_torch_gives_its_memory_back(
+    daemon: Daemon,
+    run_task: Any,
+    torch_python: str,  # noqa: F811 (the fixture imported above)
+    wait_for: Any,
+) -> None:
+    endpoint = daemon.env("alice", gpus=1, memory=QUOTA)
+    loop = Loop(run_task, endpoint, torch_python)
+    assert loop.steps_within(0.5) >= 1
+    assert memory_used(daemon) >= 512 * MIB
+    os.kill(loop.pid, signal.SIGKILL)
+    took = wait_for(lambda: daemon.tasks() == [] and daemon.gpu_used(0) == 0, timeout=5.0)
+    assert took < 1.0  # the reclaim target: nodemgr sees the process end (pidfd)
+    assert loop.p.wait(10) == 128 + signal.SIGKILL
