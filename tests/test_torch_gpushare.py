@@ -175,3 +175,35 @@ def test_kill9_of_real_torch_gives_its_memory_back(
     took = wait_for(lambda: daemon.tasks() == [] and daemon.gpu_used(0) == 0, timeout=5.0)
     assert took < 1.0  # the reclaim target: nodemgr sees the process end (pidfd)
     assert loop.p.wait(10) == 128 + signal.SIGKILL
+
+
+POOL = HERE / "torch_pool_case.py"
+
+
+def test_a_tasks_processes_share_one_pool_and_ipc_is_charged_once(
+    daemon: Daemon,
+    run_task: Any,
+    torch_python: str,  # noqa: F811 (the fixture imported above)
+) -> None:
+    """A spawned child draws on the same quota as its parent; a CUDA tensor the parent
+    sends it (torch.multiprocessing, CUDA IPC) is the parent's memory, not new memory."""
+    endpoint = daemon.env("alice", gpus=1, memory=QUOTA)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTORCH_", "TORCH_"))}
+    p = run_task(endpoint, torch_python, str(POOL), env=env, stdin=subprocess.PIPE)
+
+    read_stage(p, "parent")
+    assert GIB <= memory_used(daemon) <= GIB + SLACK
+    go_on(p)
+
+    child = read_stage(p, "child")
+    # 1 GiB + 512 MiB held: 1 GiB more is past the 2 GiB the two share.
+    assert child["refused"] == "torch.OutOfMemoryError"
+    assert GIB + 512 * MIB <= memory_used(daemon) <= GIB + 512 * MIB + 2 * SLACK
+    go_on(p)
+
+    shared = read_stage(p, "shared")
+    assert shared["same"] is True
+    # The 256 MiB tensor once, though two processes map it.
+    assert GIB + 768 * MIB <= memory_used(daemon) <= GIB + 768 * MIB + 2 * SLACK
+    go_on(p)
+    assert p.wait(60) == 0
