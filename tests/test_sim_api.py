@@ -11,18 +11,21 @@ names and that its cuGetProcAddress answers each name the way the real NVIDIA dr
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import subprocess
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from client_plugin import libs
-from tests.conftest import hook_table
+from tests.conftest import (
+    Proc,
+    driver_answer,
+    hook_table,
+    run_probe,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 GEN_API = ROOT / "sim" / "gen_api.py"
@@ -37,10 +40,6 @@ PFN_TYPEDEF = re.compile(
 # cuGetProcAddress results (cuda.h).
 SUCCESS = 0
 NOT_FOUND = 500  # CUDA_ERROR_NOT_FOUND
-FOUND = 0  # CU_GET_PROC_ADDRESS_SUCCESS
-SYMBOL_NOT_FOUND = 1
-VERSION_NOT_SUFFICIENT = 2
-PER_THREAD_DEFAULT_STREAM = 2  # CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
 DRIVER_VERSION = 13000  # what the simulated driver reports
 
 # Names the table must hold: a parser that matched nothing, or only part of cuda.h, fails.
@@ -63,14 +62,6 @@ KNOWN_ENTRIES = {
     "cuGraphInstantiateWithFlags",
     "cuIpcOpenMemHandle_v2",
 }
-
-
-@dataclass(frozen=True)
-class Proc:
-    base: str
-    abi: str
-    version: int
-    per_thread: bool
 
 
 def table() -> tuple[dict[str, tuple[int, str]], list[Proc]]:
@@ -194,27 +185,8 @@ def test_no_entry_with_a_float_parameter_is_implemented() -> None:
     assert floats & implemented == set()
 
 
-def expected_answer(rows: list[Proc], version: int, flags: int) -> tuple[int, str | None]:
-    """The real driver's cuGetProcAddress_v2 for one base name with these proc rows:
-    (status, ABI name or None). The newest variant introduced at or before version; with
-    flags PER_THREAD_DEFAULT_STREAM, the per-thread one if the name has per-thread variants
-    at all (and none if the version is below the first of them), else the legacy one.
-    Versions above the driver's own are answered as the driver's own."""
-    if not rows:
-        return SYMBOL_NOT_FOUND, None
-    per_thread = flags == PER_THREAD_DEFAULT_STREAM and any(r.per_thread for r in rows)
-    usable = [r for r in rows if r.per_thread == per_thread and r.version <= version]
-    if not usable:
-        return VERSION_NOT_SUFFICIENT, None
-    return FOUND, max(usable, key=lambda r: r.version).abi
-
-
 def _resolve(probe: Path, stdin: str) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES")}
-    env.pop("GPUSHARE_SIM_GPUS", None)
-    lines = subprocess.run(
-        [str(probe), "resolve"], input=stdin, capture_output=True, text=True, check=True, env=env
-    ).stdout.splitlines()
+    lines = run_probe(probe, "resolve", stdin).splitlines()
     assert lines[0] == "init 0"
     return lines[1:]
 
@@ -241,7 +213,7 @@ def test_get_proc_address_answers_like_the_driver(sim_probe: Path) -> None:
 
     expected = {}
     for base, version, flags in queries:
-        status, abi = expected_answer(by_base.get(base, []), version, flags)
+        status, abi = driver_answer(by_base.get(base, []), version, flags)
         expected[("gpa", base, version, flags)] = (str(SUCCESS), str(status), abi or "-")
         # v1: a miss is CUDA_ERROR_NOT_FOUND and leaves *pfn as it was.
         v1 = (str(SUCCESS), abi) if abi else (str(NOT_FOUND), "untouched")

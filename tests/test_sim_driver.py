@@ -14,78 +14,38 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from client_plugin import libs
+from tests.conftest import Proc, driver_answer, run_probe
 
 HOOKS_DEF = Path(__file__).resolve().parent.parent / "shim" / "hooks.def"
 ENTRY = re.compile(r"^GS_(?:HOOK|VARIANT)\(\s*(\w+),\s*(\w+),\s*(\d+),\s*([01])\s*[,)]", re.M)
 REAL = re.compile(r"^GS_REAL\(\s*(\w+),", re.M)
 
-# CUresult and cuGetProcAddress status values (cuda.h).
+# CUresult values (cuda.h); cuGetProcAddress's are conftest's.
 SUCCESS = 0
 INVALID_VALUE = 1
 OUT_OF_MEMORY = 2
 INVALID_DEVICE = 101
 INVALID_CONTEXT = 201
 INVALID_HANDLE = 400
-NOT_FOUND = 500
 NOT_SUPPORTED = 801
-# cuGetProcAddress_v2's symbolStatus, and its flag for the per-thread default stream.
-FOUND = 0
-SYMBOL_NOT_FOUND = 1
-VERSION_NOT_SUFFICIENT = 2
-PER_THREAD_DEFAULT_STREAM = 2
 
 SIM_DRIVER_VERSION = 13000
 MIB = 1 << 20
 HEAP_ALIGN = 512  # the simulated heap's allocation granule
 
 
-@dataclass(frozen=True)
-class Variant:
-    abi: str
-    base: str
-    first_version: int
-    per_thread: bool
-
-
-def hook_variants() -> list[Variant]:
+def hook_variants() -> list[Proc]:
     found = [
-        Variant(abi, base, int(ver), ptsz == "1")
+        Proc(base, abi, int(ver), ptsz == "1")
         for abi, base, ver, ptsz in ENTRY.findall(HOOKS_DEF.read_text())
     ]
     # A parser that silently matched nothing would make every check below vacuous.
     abis = {v.abi for v in found}
     assert {"cuMemAlloc", "cuMemAlloc_v2", "cuGraphLaunch_ptsz", "cuCtxCreate_v4"} <= abis
     return found
-
-
-def expected_variant(
-    variants: list[Variant], base: str, version: int, flags: int
-) -> tuple[int, str | None]:
-    """The real driver's answer to cuGetProcAddress_v2 (status, variant or None): the
-    newest variant introduced at or before version (any version above the driver's own
-    included). With flags PER_THREAD_DEFAULT_STREAM, a name that has per-thread variants
-    gets only those, so none below the first of them (not the legacy variant); one without
-    gets its legacy variant."""
-    mine = [v for v in variants if v.base == base]
-    if not mine:
-        return SYMBOL_NOT_FOUND, None
-    per_thread = flags == PER_THREAD_DEFAULT_STREAM and any(v.per_thread for v in mine)
-    usable = [v for v in mine if v.per_thread == per_thread and v.first_version <= version]
-    if not usable:
-        return VERSION_NOT_SUFFICIENT, None
-    return FOUND, max(usable, key=lambda v: v.first_version).abi
-
-
-def _run(probe: Path, mode: str, stdin: str = "") -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES")}
-    env.pop("GPUSHARE_SIM_GPUS", None)
-    return subprocess.run(
-        [str(probe), mode], input=stdin, capture_output=True, text=True, check=True, env=env
-    ).stdout
 
 
 def _heap(nbytes: int) -> int:
@@ -106,7 +66,7 @@ def _mip_bytes(w: int, h: int, d: int, elem: int, levels: int) -> int:
 def test_every_allocation_path_takes_from_the_device_and_gives_back(sim_probe: Path) -> None:
     observed = {
         key: int(value)
-        for key, value in (line.split() for line in _run(sim_probe, "mem").splitlines())
+        for key, value in (line.split() for line in run_probe(sim_probe, "mem").splitlines())
     }
     pitch_row = 1024  # a 1000-byte row padded to 512
     gran = 2 * MIB
@@ -492,14 +452,14 @@ def test_get_proc_address_resolves_hooks_def_like_the_driver(sim_probe: Path) ->
     variants = hook_variants()
     queries: list[tuple[str, int, int]] = []
     for base in sorted({v.base for v in variants}):
-        firsts = {v.first_version for v in variants if v.base == base}
+        firsts = {v.version for v in variants if v.base == base}
         versions = {1000, 2000, SIM_DRIVER_VERSION, SIM_DRIVER_VERSION + 10, 99999}
         versions |= {f + d for f in firsts for d in (-10, -1, 0, 10)}
         queries += [(base, ver, flags) for ver in sorted(versions) for flags in (0, 1, 2)]
     # "-" asks for the empty name.
     queries += [(name, SIM_DRIVER_VERSION, 0) for name in ("cuNoSuchThing", "-")]
     stdin = "".join(f"gpa {base} {ver} {flags}\n" for base, ver, flags in queries)
-    lines = _run(sim_probe, "resolve", stdin).splitlines()
+    lines = run_probe(sim_probe, "resolve", stdin).splitlines()
     assert lines[0] == "init 0"
 
     found = {}
@@ -510,7 +470,7 @@ def test_get_proc_address_resolves_hooks_def_like_the_driver(sim_probe: Path) ->
     for base, ver, flags in queries:
         # cuGetProcAddress_v2 succeeds for every name and version and says in its status
         # whether it found one; a miss sets the pointer to NULL.
-        status, abi = expected_variant(variants, base, ver, flags)
+        status, abi = driver_answer([v for v in variants if v.base == base], ver, flags)
         expected[(base, ver, flags)] = (SUCCESS, status, abi or "-")
     assert found == expected
     # Every variant is reached by some request, so each one was checked above.
@@ -521,7 +481,7 @@ def test_every_listed_entry_point_is_its_own_export(sim_probe: Path) -> None:
     text = HOOKS_DEF.read_text()
     names = sorted({v.abi for v in hook_variants()} | set(REAL.findall(text)))
     stdin = "".join(f"sym {name}\n" for name in names)
-    lines = _run(sim_probe, "resolve", stdin).splitlines()[1:]
+    lines = run_probe(sim_probe, "resolve", stdin).splitlines()[1:]
     # dladdr names the symbol itself: no variant is an alias of another.
     assert lines == [f"sym {name} {name}" for name in names]
 
