@@ -37,6 +37,16 @@ MARK = "@@stage "
 SLACK = 64 * MIB
 
 
+def start_torch(
+    run_task: Any, endpoint: str, python: str, script: Path, mode: str = "native", **popen: Any
+) -> subprocess.Popen[str]:
+    """script under gpushare-run, in allocator mode `mode`, whatever this process's
+    environment says (run_task starts from it: an empty setting is torch's default)."""
+    env = {"PYTORCH_CUDA_ALLOC_CONF": MODES[mode] or ""}
+    proc: subprocess.Popen[str] = run_task(endpoint, python, str(script), env=env, **popen)
+    return proc
+
+
 def read_stage(p: subprocess.Popen[str], name: str) -> dict[str, Any]:
     assert p.stdout is not None
     for line in p.stdout:
@@ -68,10 +78,7 @@ def test_the_quota_is_torchs_device_and_its_out_of_memory_error(
     mode: str,
 ) -> None:
     endpoint = daemon.env("alice", gpus=1, memory=QUOTA)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTORCH_", "TORCH_"))}
-    if MODES[mode]:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = MODES[mode]
-    p = run_task(endpoint, torch_python, str(CASE), env=env, stdin=subprocess.PIPE)
+    p = start_torch(run_task, endpoint, torch_python, CASE, mode, stdin=subprocess.PIPE)
 
     start = read_stage(p, "start")
     assert start["mem_get_info"] == [QUOTA, QUOTA]  # the quota is the device torch sees
@@ -108,8 +115,7 @@ class Loop:
     """The loop program under gpushare-run; its output read by a thread, line by line."""
 
     def __init__(self, run_task: Any, endpoint: str, python: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTORCH_", "TORCH_"))}
-        self.p: subprocess.Popen[str] = run_task(endpoint, python, str(LOOP), env=env)
+        self.p = start_torch(run_task, endpoint, python, LOOP)
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         first = self.next(120)
@@ -188,8 +194,7 @@ def test_a_tasks_processes_share_one_pool_and_ipc_is_charged_once(
     """A spawned child draws on the same quota as its parent; a CUDA tensor the parent
     sends it (torch.multiprocessing, CUDA IPC) is the parent's memory, not new memory."""
     endpoint = daemon.env("alice", gpus=1, memory=QUOTA)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTORCH_", "TORCH_"))}
-    p = run_task(endpoint, torch_python, str(POOL), env=env, stdin=subprocess.PIPE)
+    p = start_torch(run_task, endpoint, torch_python, POOL, stdin=subprocess.PIPE)
 
     read_stage(p, "parent")
     assert GIB <= memory_used(daemon) <= GIB + SLACK
