@@ -23,16 +23,20 @@ $(VENV)/.deps: pyproject.toml
 # against the installed copy, shim and simulated driver included.
 # setuptools copies a source into build/lib only when it is newer than the copy there:
 # a file put back to an older version would be skipped. The build starts clean instead.
+# The wheel is built once and installed into both venvs (the torch venv's below).
+WHEEL_DIR := build/wheel
 $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
-	rm -rf build/lib.* build/temp.*
-	$(BIN)/python -m pip install -q --no-build-isolation ".[test,dev]"
+	rm -rf build/lib.* build/temp.* $(WHEEL_DIR)
+	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w $(WHEEL_DIR) .
+	$(BIN)/python -m pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/gpushare-*.whl
+	$(BIN)/python -m pip install -q "$$(echo $(WHEEL_DIR)/gpushare-*.whl)[test,dev]"
 	touch $@
 
 install: $(VENV)/.installed
 
-# The real-PyTorch tier (tests/test_torch_sim.py) runs a pinned PyTorch on the simulated
-# driver, without gpushare, from a venv of its own (the main venv's tests import a stand-in
-# `torch`). Made once: pip downloads about 3 GB (torch and its nvidia-* CUDA 13.0 libraries)
+# The real-PyTorch tiers (tests/test_torch_sim.py, tests/test_torch_gpushare.py) run a
+# pinned PyTorch on the simulated driver from a venv of its own (the main venv's tests
+# import a stand-in `torch`). Made once: pip downloads about 3 GB (torch and its nvidia-* CUDA 13.0 libraries)
 # where it has no local copy, and the venv takes 5.4 GB. The stamp names the version, so a
 # new pin makes the venv again. The tier gets the venv's Python in GPUSHARE_TEST_TORCH_PYTHON.
 TORCH_VERSION := 2.14.1
@@ -45,7 +49,16 @@ $(TORCH_STAMP):
 	$(TORCH_VENV)/bin/python -m pip install -q "torch==$(TORCH_VERSION)"
 	touch $@
 
-torch-env: $(TORCH_STAMP)
+# gpushare itself goes into the torch venv as a user installs it beside their framework
+# (`pip install gpushare`): the same wheel as the main venv's, so that auto-load and the
+# iteration hooks run inside the real torch process.
+TORCH_GPUSHARE := $(TORCH_VENV)/.gpushare
+$(TORCH_GPUSHARE): $(TORCH_STAMP) $(VENV)/.installed
+	$(TORCH_VENV)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/gpushare-*.whl
+	$(TORCH_VENV)/bin/python -m pip install -q $(WHEEL_DIR)/gpushare-*.whl
+	touch $@
+
+torch-env: $(TORCH_GPUSHARE)
 
 run: install
 	@if nvidia-smi -L >/dev/null 2>&1; then cfg=configs/nodemgr.toml; \
