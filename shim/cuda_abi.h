@@ -15,6 +15,7 @@ typedef unsigned long long CUdeviceptr;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
 typedef struct CUgreenCtx_st *CUgreenCtx;
 typedef struct CUuuid_st {
 	char bytes[16];

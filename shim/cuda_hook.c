@@ -752,6 +752,7 @@ struct gs_charge {
 	uint64_t bytes;
 	CUcontext ctx;	/* the context the memory belongs to; NULL if none */
 	uint64_t epoch; /* the process's epoch when it was charged */
+	uint32_t pool;	/* taken from a stream-ordered pool (gs_alloc.pool): it holds the charge */
 };
 
 static inline uint64_t epoch_now(void)
@@ -772,6 +773,7 @@ static CUresult charge_gpu(int gpu, uint64_t bytes, struct gs_charge *c)
 	c->gpu = gpu;
 	c->bytes = bytes;
 	c->ctx = NULL;
+	c->pool = 0;
 	c->epoch = epoch_now();
 	c->slot = my_slot();
 	if (gpu < 0 || c->slot < 0)
@@ -942,10 +944,9 @@ enum gs_kind {
 	GS_K_MAP,     /* a cuMemMap of a handle: no charge of its own */
 	GS_K_ARRAY,
 	GS_K_MIPMAP,
-	GS_K_POOL, /* where a pool's memory lives: no charge of its own */
 };
 
-/* A pool in host memory: allocations from it take no device memory. */
+/* A pool of host or managed memory: allocations from it take no device memory. */
 #define GS_POOL_HOST (-3)
 
 #define GS_SHARDS 64
@@ -960,6 +961,7 @@ struct gs_alloc {
 	uint32_t maps;	/* HANDLE: mappings */
 	uint64_t epoch; /* charged ones: the process's epoch when charged */
 	uint32_t pinned; /* charged ones: counted persistent by gpushare_mark_persistent */
+	uint32_t pool;	 /* PTR from a stream-ordered pool: its pools[] index + 1, which holds the charge */
 };
 
 static struct gs_shard {
@@ -1042,8 +1044,10 @@ static int shard_put(struct gs_shard *s, struct gs_alloc a, struct gs_alloc *old
 
 static int carries_charge(uint32_t kind)
 {
-	return kind != GS_K_MAP && kind != GS_K_POOL;
+	return kind != GS_K_MAP;
 }
+
+static void release_record(const struct gs_alloc *a);
 
 static int alloc_put(struct gs_alloc a)
 {
@@ -1077,8 +1081,7 @@ out:
 	 * went back without passing through us, so its charge goes now.
 	 */
 	if (replaced && carries_charge(stale.kind))
-		give_back(__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), stale.gpu, stale.size,
-			  stale.epoch, stale.pinned);
+		release_record(&stale);
 	return rc;
 }
 
@@ -1090,7 +1093,8 @@ static int alloc_track(uint64_t key, uint32_t kind, const struct gs_charge *c)
 					    .size = c->bytes,
 					    .owner = (uint64_t)(uintptr_t)c->ctx,
 					    .refs = 1,
-					    .epoch = c->epoch });
+					    .epoch = c->epoch,
+					    .pool = c->pool });
 }
 
 /* Remove the record of (key, kind) into *out; 0 if found, -ENOENT if not ours. */
@@ -1311,20 +1315,31 @@ static int forget(uint64_t key, uint32_t kind, struct gs_alloc *a)
 	return alloc_untrack(key, kind, a) == 0;
 }
 
-/* After the driver's answer to a free of a record forget() took out. */
 /* A record's memory went back to the driver: so does its charge. */
 static void uncharge_record(const struct gs_alloc *a)
 {
 	give_back(__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), a->gpu, a->size, a->epoch, a->pinned);
 }
 
+static void pool_give(const struct gs_alloc *a);
+
+/* A record's memory was freed: back to the driver, or to the pool it came from. */
+static void release_record(const struct gs_alloc *a)
+{
+	if (a->pool != 0)
+		pool_give(a);
+	else
+		uncharge_record(a);
+}
+
+/* After the driver's answer to a free of a record forget() took out. */
 static CUresult freed(CUresult rc, const struct gs_alloc *a)
 {
 	/* Still allocated, so still charged; if it cannot be re-recorded it stays so. */
 	if (rc != CUDA_SUCCESS)
 		alloc_put(*a);
 	else
-		uncharge_record(a);
+		release_record(a);
 	return rc;
 }
 
@@ -1614,52 +1629,395 @@ GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
 		  charge_current(footprint(bytesize), &c_));
 }
 
+/* --- stream-ordered pools ------------------------------------------------------ */
+
+/*
+ * A pool keeps what is freed into it (above its release threshold only
+ * until a synchronisation, and until trimmed or destroyed), and that memory
+ * is the environment's for as long as the pool holds it, as a caching
+ * allocator's cache is: PyTorch's cudaMallocAsync backend keeps everything
+ * it frees. So a pool's memory is charged to the pool. An allocation takes
+ * from what the pool has charged already and the charge grows only by what
+ * is new; a free hands its bytes to the pool. The charge follows what the
+ * driver says the pool reserves (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT):
+ * up when an allocation made it grow, down where the pool may give memory
+ * back (cuMemPoolTrimTo, a synchronisation when it holds more than its
+ * release threshold, cuMemPoolDestroy, a failed allocation).
+ *
+ * Pools are few (one per device and allocation type, and a program's own),
+ * so they live in a small table searched linearly. An entry is filled and
+ * then published by raising pools_n; its handle never changes after that.
+ * A pool that does not fit is charged per allocation, as plain memory.
+ * Lock order: epoch_mu -> pools_mu -> a pool's mu.
+ */
+#define GS_MAX_POOLS 64
+#define GS_POOL_RELEASE_THRESHOLD 4 /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
+#define GS_POOL_RESERVED_CURRENT 5  /* CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT */
+
+struct gs_pool {
+	uint64_t handle; /* the driver's CUmemoryPool */
+	int32_t gpu;	 /* ledger GPU, GS_DEV_FOREIGN or GS_POOL_HOST */
+	uint32_t dead;	 /* destroyed: frees of its last allocations give their bytes back */
+	pthread_mutex_t mu;
+	/* Written under mu with atomic stores, so that a hint may read them without it. */
+	uint64_t charged;   /* bytes charged for the pool: in use and idle */
+	uint64_t in_use;    /* footprints of its live allocations */
+	uint64_t persisted; /* of charged, what the last boundary made persistent */
+	uint64_t threshold; /* its release threshold as last set (the driver's default: 0) */
+};
+
+static struct gs_pool pools[GS_MAX_POOLS];
+static uint32_t pools_n;
+static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Each ledger GPU's current pool, which cuMemAllocAsync takes from; 0 until asked. */
+static uint64_t current_pool[GS_MAX_GPUS];
+
+static struct gs_pool *pool_find(uint64_t handle)
+{
+	uint32_t n = __atomic_load_n(&pools_n, __ATOMIC_ACQUIRE);
+
+	for (uint32_t i = 0; i < n; i++)
+		if (pools[i].handle == handle)
+			return &pools[i];
+	return NULL;
+}
+
+/* Where a pool lives, noted when it is made or fetched. NULL when the table is full. */
+static struct gs_pool *pool_note(CUmemoryPool pool, int gpu)
+{
+	uint64_t handle = (uint64_t)(uintptr_t)pool;
+	struct gs_pool *p;
+
+	if (handle == 0 || g.mode != GS_ENFORCE)
+		return NULL;
+	pthread_mutex_lock(&pools_mu);
+	p = pool_find(handle);
+	if (p == NULL && pools_n < GS_MAX_POOLS) {
+		p = &pools[pools_n];
+		pthread_mutex_init(&p->mu, NULL);
+		p->handle = handle;
+		p->gpu = gpu;
+		__atomic_store_n(&pools_n, pools_n + 1, __ATOMIC_RELEASE);
+	} else if (p != NULL) {
+		pthread_mutex_lock(&p->mu);
+		/* A new pool at a destroyed one's address: nothing of the old one is left. */
+		if (p->dead && p->in_use == 0) {
+			p->dead = 0;
+			p->gpu = gpu;
+			__atomic_store_n(&p->threshold, 0, __ATOMIC_RELAXED);
+		}
+		pthread_mutex_unlock(&p->mu);
+	}
+	pthread_mutex_unlock(&pools_mu);
+	return p;
+}
+
+static inline uint32_t pool_index(const struct gs_pool *p)
+{
+	return (uint32_t)(p - pools) + 1;
+}
+
+/* The ledger GPU's device ordinal, as ledger_gpu() learnt it; -1 if never asked. */
+static CUdevice gpu_device(int gpu)
+{
+	for (int d = 0; d < GS_MAX_DEVS; d++)
+		if (__atomic_load_n(&g.dev_map[d], __ATOMIC_RELAXED) == gpu)
+			return d;
+	return -1;
+}
+
+/* The pool cuMemAllocAsync takes from on ledger GPU `gpu`; NULL if unknown. */
+static struct gs_pool *device_pool(int gpu)
+{
+	gs_fn_cuDeviceGetMemPool get = R(real, cuDeviceGetMemPool);
+	CUmemoryPool pool;
+	struct gs_pool *p;
+	uint64_t handle;
+	CUdevice dev;
+
+	if (gpu < 0 || gpu >= GS_MAX_GPUS)
+		return NULL;
+	handle = __atomic_load_n(&current_pool[gpu], __ATOMIC_ACQUIRE);
+	if (handle != 0)
+		return pool_find(handle);
+	dev = gpu_device(gpu);
+	if (dev < 0 || get == NULL || get(&pool, dev) != CUDA_SUCCESS)
+		return NULL;
+	p = pool_note(pool, gpu);
+	if (p != NULL)
+		__atomic_store_n(&current_pool[gpu], p->handle, __ATOMIC_RELEASE);
+	return p;
+}
+
+/* With p->mu held: the pool's charge down to `target` bytes, if it is above. */
+static void pool_shrink(struct gs_pool *p, uint64_t target)
+{
+	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	uint64_t d, unpersist;
+
+	if (target >= p->charged || slot < 0 || p->gpu < 0)
+		return;
+	d = p->charged - target;
+	/*
+	 * What goes is idle memory; the last boundary counted it persistent if
+	 * the pool held it then. Which bytes those were is not known: an error
+	 * lasts until the next boundary sets the persistent share afresh.
+	 */
+	unpersist = d < p->persisted ? d : p->persisted;
+	__atomic_store_n(&p->charged, target, __ATOMIC_RELAXED);
+	__atomic_store_n(&p->persisted, p->persisted - unpersist, __ATOMIC_RELAXED);
+	gs_ledger_uncharge(g.ledger, (uint32_t)slot, (uint32_t)p->gpu, d);
+	if (unpersist != 0)
+		gs_ledger_unpersist(g.ledger, (uint32_t)slot, (uint32_t)p->gpu, unpersist);
+}
+
+/* What the driver says the pool reserves; 0 with *known 0 when it cannot say. */
+static uint64_t pool_reserved(const struct gs_pool *p, int *known)
+{
+	gs_fn_cuMemPoolGetAttribute get = R(real, cuMemPoolGetAttribute);
+	cuuint64_t bytes = 0;
+
+	*known = get != NULL && get((CUmemoryPool)(uintptr_t)p->handle, GS_POOL_RESERVED_CURRENT,
+				    &bytes) == CUDA_SUCCESS;
+	return bytes;
+}
+
+/* The pool may have given memory back: its charge down to what it reserves. */
+static void pool_sync(struct gs_pool *p)
+{
+	int known;
+	uint64_t reserved = pool_reserved(p, &known);
+
+	if (!known)
+		return;
+	pthread_mutex_lock(&p->mu);
+	pool_shrink(p, reserved > p->in_use ? reserved : p->in_use);
+	pthread_mutex_unlock(&p->mu);
+}
+
+/*
+ * After a synchronisation: a device pool that holds more than its
+ * threshold and more than its allocations use may have given the rest back.
+ * PyTorch's pools keep everything (an unbounded threshold): no driver call.
+ */
+static void pools_after_sync(void)
+{
+	uint32_t n = __atomic_load_n(&pools_n, __ATOMIC_ACQUIRE);
+
+	for (uint32_t i = 0; i < n; i++) {
+		struct gs_pool *p = &pools[i];
+		uint64_t charged = __atomic_load_n(&p->charged, __ATOMIC_RELAXED);
+
+		if (charged > __atomic_load_n(&p->in_use, __ATOMIC_RELAXED) &&
+		    charged > __atomic_load_n(&p->threshold, __ATOMIC_RELAXED))
+			pool_sync(p);
+	}
+}
+
+/* At a boundary (under epoch_mu): what every pool holds is now persistent, as all else. */
+static void pools_at_boundary(void)
+{
+	uint32_t n = __atomic_load_n(&pools_n, __ATOMIC_ACQUIRE);
+
+	for (uint32_t i = 0; i < n; i++) {
+		pthread_mutex_lock(&pools[i].mu);
+		__atomic_store_n(&pools[i].persisted, pools[i].charged, __ATOMIC_RELAXED);
+		pthread_mutex_unlock(&pools[i].mu);
+	}
+}
+
+/*
+ * Take `bytes` (a footprint) from pool p for a new allocation, after the
+ * gate: what the pool has charged and does not use first, a new charge for
+ * the rest, refused beyond the limit. *grew is the new charge.
+ */
+static CUresult pool_take(struct gs_pool *p, uint64_t bytes, struct gs_charge *c, uint64_t *grew)
+{
+	uint64_t want, need;
+	CUresult rc = CUDA_SUCCESS;
+
+	pthread_mutex_lock(&p->mu);
+	want = p->in_use > UINT64_MAX - bytes ? UINT64_MAX : p->in_use + bytes;
+	need = want > p->charged ? want - p->charged : 0;
+	if (need != 0) {
+		rc = charge_gpu(p->gpu, need, c);
+	} else {
+		c->gpu = p->gpu;
+		c->ctx = NULL;
+		c->epoch = epoch_now();
+		c->slot = my_slot();
+		if (c->slot < 0)
+			rc = CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	if (rc == CUDA_SUCCESS) {
+		__atomic_store_n(&p->charged, p->charged + need, __ATOMIC_RELAXED);
+		__atomic_store_n(&p->in_use, want, __ATOMIC_RELAXED);
+	}
+	pthread_mutex_unlock(&p->mu);
+	c->bytes = bytes;
+	c->pool = pool_index(p);
+	*grew = need;
+	return rc;
+}
+
+/* With p->mu held: charge what the pool reserves beyond its charge, if the limit has room. */
+static int pool_charge_to(struct gs_pool *p, uint64_t reserved, int slot)
+{
+	if (reserved <= p->charged)
+		return 1;
+	if (gs_ledger_charge(g.ledger, (uint32_t)slot, (uint32_t)p->gpu, reserved - p->charged) != 0)
+		return 0;
+	__atomic_store_n(&p->charged, reserved, __ATOMIC_RELAXED);
+	return 1;
+}
+
+/*
+ * The pool grew by more than the footprints: the driver reserves in its
+ * own chunks, and a kept chunk too small for a request stays beside the
+ * new one. The rest is charged too while the limit has room for it; where
+ * it has not, the pool gives back its idle chunks, as the driver does when
+ * the device is full, and what it still reserves beyond is charged if it
+ * fits. Only what cannot be given back and does not fit goes uncharged.
+ */
+static void pool_grow(struct gs_pool *p)
+{
+	gs_fn_cuMemPoolTrimTo trim = R(real, cuMemPoolTrimTo);
+	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	uint64_t reserved, keep;
+	int known, fits;
+
+	reserved = pool_reserved(p, &known);
+	if (!known || slot < 0)
+		return;
+	pthread_mutex_lock(&p->mu);
+	fits = pool_charge_to(p, reserved, slot);
+	keep = p->charged;
+	pthread_mutex_unlock(&p->mu);
+	if (fits || trim == NULL || trim((CUmemoryPool)(uintptr_t)p->handle, keep) != CUDA_SUCCESS)
+		return;
+	reserved = pool_reserved(p, &known);
+	if (!known)
+		return;
+	pthread_mutex_lock(&p->mu);
+	pool_charge_to(p, reserved, slot);
+	pthread_mutex_unlock(&p->mu);
+}
+
+/* A record of pool memory was freed: its bytes stay charged, to the pool. */
+static void pool_give(const struct gs_alloc *a)
+{
+	struct gs_pool *p = &pools[a->pool - 1];
+	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+
+	pthread_mutex_lock(&p->mu);
+	__atomic_store_n(&p->in_use, p->in_use > a->size ? p->in_use - a->size : 0,
+			 __ATOMIC_RELAXED);
+	/* Pinned persistent by gpushare_mark_persistent: idle memory is not. */
+	if (a->pinned && slot >= 0)
+		gs_ledger_unpersist(g.ledger, (uint32_t)slot, (uint32_t)a->gpu, a->size);
+	/* A destroyed pool's memory goes back to the driver as its allocations are freed. */
+	if (p->dead)
+		pool_shrink(p, p->in_use);
+	pthread_mutex_unlock(&p->mu);
+}
+
+/* After the driver's answer to an allocation pool_take() charged as *c. */
+static CUresult pool_settle(CUresult rc, CUdeviceptr key, struct gs_pool *p,
+			    const struct gs_charge *c, uint64_t grew)
+{
+	struct gs_alloc a = { .pool = c->pool, .size = c->bytes, .gpu = c->gpu };
+
+	if (rc != CUDA_SUCCESS) {
+		pool_give(&a);
+		pool_sync(p);
+		return rc;
+	}
+	if (grew != 0)
+		pool_grow(p);
+	if (alloc_track(key, GS_K_PTR, c) != 0) {
+		undo_ptr(key);
+		pool_give(&a);
+		pool_sync(p);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	/* What a process allocates before its first boundary is set-up, not temporary. */
+	if (grew != 0 && c->epoch >= 1)
+		gs_ledger_note_temp(g.ledger, (uint32_t)c->slot, (uint32_t)c->gpu);
+	return CUDA_SUCCESS;
+}
+
+/*
+ * An allocation from pool p (NULL: not one the shim can follow, charged as
+ * plain memory on the stream's device), in the shape of ALLOC_PTR.
+ */
+#define ALLOC_POOL(call, dptr, bytes, pool_expr, stream)                          \
+	do {                                                                     \
+		struct gs_charge c_;                                             \
+		struct gs_pool *p_;                                              \
+		uint64_t grew_;                                                  \
+		CUresult rc_;                                                    \
+		if (g.mode == GS_INERT)                                          \
+			return call;                                             \
+		if (g.mode == GS_BROKEN)                                         \
+			return CUDA_ERROR_NOT_PERMITTED;                         \
+		if ((dptr) == NULL || (bytes) == 0)                              \
+			return call;                                             \
+		p_ = (pool_expr);                                                \
+		if (p_ != NULL && p_->gpu == GS_POOL_HOST)                       \
+			return call;                                             \
+		if (p_ == NULL) {                                                \
+			rc_ = charge_stream((stream), footprint(bytes), &c_);    \
+			if (rc_ != CUDA_SUCCESS)                                 \
+				return rc_;                                      \
+			rc_ = call;                                              \
+			return settle(rc_, *(dptr), GS_K_PTR, &c_, undo_ptr);    \
+		}                                                                \
+		alloc_gate();                                                    \
+		rc_ = pool_take(p_, footprint(bytes), &c_, &grew_);              \
+		if (rc_ != CUDA_SUCCESS)                                         \
+			return rc_;                                              \
+		rc_ = call;                                                      \
+		return pool_settle(rc_, *(dptr), p_, &c_, grew_);                \
+	} while (0)
+
+/* The pool of the stream's device that cuMemAllocAsync takes from. */
+static struct gs_pool *stream_pool(CUstream stream)
+{
+	CUcontext ctx;
+	int gpu;
+
+	if (stream_ctx(stream, &ctx, &gpu) != CUDA_SUCCESS)
+		return NULL;
+	return device_pool(gpu);
+}
+
+/*
+ * A pool named by the program lives where it was made or fetched; one the
+ * shim never saw is taken to be on the stream's device.
+ */
+static struct gs_pool *named_pool(CUmemoryPool pool, CUstream stream)
+{
+	struct gs_pool *p = pool_find((uint64_t)(uintptr_t)pool);
+	CUcontext ctx;
+	int gpu;
+
+	if (p != NULL || stream_ctx(stream, &ctx, &gpu) != CUDA_SUCCESS)
+		return p;
+	return pool_note(pool, gpu);
+}
+
 GS_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
 	TRACE(GS_ID_cuMemAllocAsync, calls);
 	GET_REAL(cuMemAllocAsync, fn);
-	ALLOC_PTR(fn(dptr, bytesize, stream), dptr, bytesize,
-		  charge_stream(stream, footprint(bytesize), &c_));
+	ALLOC_POOL(fn(dptr, bytesize, stream), dptr, bytesize, stream_pool(stream), stream);
 }
 
 GS_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
 	TRACE(GS_ID_cuMemAllocAsync_ptsz, calls);
 	GET_REAL(cuMemAllocAsync_ptsz, fn);
-	ALLOC_PTR(fn(dptr, bytesize, stream), dptr, bytesize,
-		  charge_stream(stream, footprint(bytesize), &c_));
-}
-
-/*
- * A pool's memory is where the pool lives, which need not be the stream's
- * device: pools are recorded when made or fetched, and one in host memory
- * takes no device memory. A pool the shim never saw is taken to be on the
- * stream's device.
- */
-static CUresult alloc_from_pool(gs_fn_cuMemAllocFromPoolAsync fn, CUdeviceptr *dptr,
-				size_t bytesize, CUmemoryPool pool, CUstream stream)
-{
-	struct gs_alloc p;
-	struct gs_charge c;
-	CUresult rc;
-
-	if (g.mode == GS_INERT)
-		return fn(dptr, bytesize, pool, stream);
-	if (g.mode == GS_BROKEN)
-		return CUDA_ERROR_NOT_PERMITTED;
-	if (dptr == NULL || bytesize == 0)
-		return fn(dptr, bytesize, pool, stream);
-	if (alloc_peek((uint64_t)(uintptr_t)pool, GS_K_POOL, &p) != 0) {
-		rc = charge_stream(stream, footprint(bytesize), &c);
-	} else if (p.gpu == GS_POOL_HOST) {
-		return fn(dptr, bytesize, pool, stream);
-	} else {
-		rc = charge_new(p.gpu, footprint(bytesize), &c);
-	}
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	rc = fn(dptr, bytesize, pool, stream);
-	return settle(rc, *dptr, GS_K_PTR, &c, undo_ptr);
+	ALLOC_POOL(fn(dptr, bytesize, stream), dptr, bytesize, stream_pool(stream), stream);
 }
 
 GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -1667,7 +2025,8 @@ GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, C
 {
 	TRACE(GS_ID_cuMemAllocFromPoolAsync, calls);
 	GET_REAL(cuMemAllocFromPoolAsync, fn);
-	return alloc_from_pool(fn, dptr, bytesize, pool, stream);
+	ALLOC_POOL(fn(dptr, bytesize, pool, stream), dptr, bytesize, named_pool(pool, stream),
+		   stream);
 }
 
 GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
@@ -1675,16 +2034,16 @@ GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesi
 {
 	TRACE(GS_ID_cuMemAllocFromPoolAsync_ptsz, calls);
 	GET_REAL(cuMemAllocFromPoolAsync_ptsz, fn);
-	return alloc_from_pool(fn, dptr, bytesize, pool, stream);
+	ALLOC_POOL(fn(dptr, bytesize, pool, stream), dptr, bytesize, named_pool(pool, stream),
+		   stream);
 }
 
-/* Where a pool lives: a ledger GPU, GS_DEV_FOREIGN, or GS_POOL_HOST. */
-static void note_pool(CUmemoryPool pool, int gpu)
+/* Device memory pools (pinned allocations at a device) are charged; host and managed ones not. */
+static int pool_gpu(const CUmemLocation *location, int type)
 {
-	struct gs_alloc a = { .key = (uint64_t)(uintptr_t)pool, .kind = GS_K_POOL, .gpu = gpu, .refs = 1 };
-
-	if (g.mode == GS_ENFORCE && pool != NULL)
-		alloc_put(a);
+	if (location->type != CU_MEM_LOCATION_TYPE_DEVICE || type != CU_MEM_ALLOCATION_TYPE_PINNED)
+		return GS_POOL_HOST;
+	return ledger_gpu(location->id);
 }
 
 GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
@@ -1695,13 +2054,11 @@ GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
 	GET_REAL(cuMemPoolCreate, fn);
 	rc = fn(pool, props);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
-		note_pool(*pool, props->location.type == CU_MEM_LOCATION_TYPE_DEVICE ?
-					 ledger_gpu(props->location.id) :
-					 GS_POOL_HOST);
+		pool_note(*pool, pool_gpu(&props->location, props->allocType));
 	return rc;
 }
 
-/* A device's default or current pool lives on that device. */
+/* A device's default or current pool is its pool of device memory. */
 #define DEVICE_POOL_WRAPPER(abi)                                         \
 	GS_EXPORT CUresult abi(CUmemoryPool *pool, CUdevice dev)         \
 	{                                                                \
@@ -1710,34 +2067,142 @@ GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
 		GET_REAL(abi, fn);                                       \
 		rc = fn(pool, dev);                                      \
 		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)          \
-			note_pool(*pool, ledger_gpu(dev));               \
+			pool_note(*pool, ledger_gpu(dev));               \
 		return rc;                                               \
 	}
 
 DEVICE_POOL_WRAPPER(cuDeviceGetDefaultMemPool)
 DEVICE_POOL_WRAPPER(cuDeviceGetMemPool)
 
-/*
- * CUDA 13's way to the same pools: by location and allocation type. A
- * device location's pool lives on that device; any other (host, host NUMA)
- * takes no device memory.
- */
-#define LOCATION_POOL_WRAPPER(abi)                                                       \
-	GS_EXPORT CUresult abi(CUmemoryPool *pool, CUmemLocation *location, int type)    \
-	{                                                                                \
-		CUresult rc;                                                             \
-		TRACE(GS_ID_##abi, calls);                                               \
-		GET_REAL(abi, fn);                                                       \
-		rc = fn(pool, location, type);                                           \
-		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)                          \
-			note_pool(*pool, location->type == CU_MEM_LOCATION_TYPE_DEVICE ? \
-						 ledger_gpu(location->id) :              \
-						 GS_POOL_HOST);                          \
-		return rc;                                                               \
+/* CUDA 13's way to the same pools: by location and allocation type. */
+#define LOCATION_POOL_WRAPPER(abi)                                                    \
+	GS_EXPORT CUresult abi(CUmemoryPool *pool, CUmemLocation *location, int type) \
+	{                                                                             \
+		CUresult rc;                                                          \
+		TRACE(GS_ID_##abi, calls);                                            \
+		GET_REAL(abi, fn);                                                    \
+		rc = fn(pool, location, type);                                        \
+		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)                       \
+			pool_note(*pool, pool_gpu(location, type));                   \
+		return rc;                                                            \
 	}
 
 LOCATION_POOL_WRAPPER(cuMemGetDefaultMemPool)
 LOCATION_POOL_WRAPPER(cuMemGetMemPool)
+
+/* A device's new current pool: what its cuMemAllocAsync takes from from now on. */
+static void set_current_pool(CUmemoryPool pool, int gpu)
+{
+	struct gs_pool *p;
+
+	if (gpu < 0 || gpu >= GS_MAX_GPUS)
+		return;
+	p = pool_note(pool, gpu);
+	__atomic_store_n(&current_pool[gpu], p != NULL ? p->handle : 0, __ATOMIC_RELEASE);
+}
+
+GS_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+	CUresult rc;
+
+	TRACE(GS_ID_cuDeviceSetMemPool, calls);
+	GET_REAL(cuDeviceSetMemPool, fn);
+	rc = fn(dev, pool);
+	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
+		set_current_pool(pool, ledger_gpu(dev));
+	return rc;
+}
+
+GS_EXPORT CUresult cuMemSetMemPool(CUmemLocation *location, int type, CUmemoryPool pool)
+{
+	CUresult rc;
+
+	TRACE(GS_ID_cuMemSetMemPool, calls);
+	GET_REAL(cuMemSetMemPool, fn);
+	rc = fn(location, type, pool);
+	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE && pool_gpu(location, type) >= 0)
+		set_current_pool(pool, ledger_gpu(location->id));
+	return rc;
+}
+
+GS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+	struct gs_pool *p;
+	CUresult rc;
+
+	TRACE(GS_ID_cuMemPoolTrimTo, calls);
+	GET_REAL(cuMemPoolTrimTo, fn);
+	rc = fn(pool, keep);
+	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE &&
+	    (p = pool_find((uint64_t)(uintptr_t)pool)) != NULL)
+		pool_sync(p);
+	return rc;
+}
+
+GS_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+	struct gs_pool *p;
+	CUresult rc;
+
+	TRACE(GS_ID_cuMemPoolSetAttribute, calls);
+	GET_REAL(cuMemPoolSetAttribute, fn);
+	rc = fn(pool, attr, value);
+	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE && attr == GS_POOL_RELEASE_THRESHOLD &&
+	    (p = pool_find((uint64_t)(uintptr_t)pool)) != NULL) {
+		pthread_mutex_lock(&p->mu);
+		__atomic_store_n(&p->threshold, *(const cuuint64_t *)value, __ATOMIC_RELAXED);
+		pthread_mutex_unlock(&p->mu);
+	}
+	return rc;
+}
+
+/*
+ * The driver gives a destroyed pool's idle memory back at once and the rest
+ * as its allocations are freed (pool_give); a device whose current pool it
+ * was takes from its default pool again.
+ */
+GS_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+	uint64_t handle = (uint64_t)(uintptr_t)pool;
+	struct gs_pool *p;
+	CUresult rc;
+
+	TRACE(GS_ID_cuMemPoolDestroy, calls);
+	GET_REAL(cuMemPoolDestroy, fn);
+	rc = fn(pool);
+	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE || (p = pool_find(handle)) == NULL)
+		return rc;
+	pthread_mutex_lock(&p->mu);
+	p->dead = 1;
+	pool_shrink(p, p->in_use);
+	pthread_mutex_unlock(&p->mu);
+	for (int i = 0; i < GS_MAX_GPUS; i++) {
+		uint64_t expected = handle;
+
+		__atomic_compare_exchange_n(&current_pool[i], &expected, 0, 0, __ATOMIC_ACQ_REL,
+					    __ATOMIC_RELAXED);
+	}
+	return rc;
+}
+
+/* A synchronisation: where a pool above its release threshold gives memory back. */
+#define SYNC_WRAPPER(abi, params, args)                                  \
+	GS_EXPORT CUresult abi params                                    \
+	{                                                                \
+		CUresult rc;                                             \
+		TRACE(GS_ID_##abi, calls);                               \
+		GET_REAL(abi, fn);                                       \
+		rc = fn args;                                            \
+		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)          \
+			pools_after_sync();                              \
+		return rc;                                               \
+	}
+
+SYNC_WRAPPER(cuCtxSynchronize, (void), ())
+SYNC_WRAPPER(cuCtxSynchronize_v2, (CUcontext ctx), (ctx))
+SYNC_WRAPPER(cuStreamSynchronize, (CUstream stream), (stream))
+SYNC_WRAPPER(cuStreamSynchronize_ptsz, (CUstream stream), (stream))
+SYNC_WRAPPER(cuEventSynchronize, (CUevent event), (event))
 
 /*
  * The pitch the driver picks is known only afterwards: charge for the width
@@ -1811,7 +2276,7 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 	}
 
 FREE_WRAPPER(cuMemFree_v2, (CUdeviceptr dptr), dptr, GS_K_PTR, (dptr))
-/* Uncharged when the free is issued: the memory goes back as the stream reaches it. */
+/* Pool memory goes back to its pool, which stays charged for what it keeps. */
 FREE_WRAPPER(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), dptr, GS_K_PTR, (dptr, stream))
 FREE_WRAPPER(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), dptr, GS_K_PTR,
 	     (dptr, stream))
@@ -1852,7 +2317,6 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 	return settle(rc, *handle, GS_K_HANDLE, &c, undo_handle);
 }
 
-FREE_WRAPPER(cuMemPoolDestroy, (CUmemoryPool pool), pool, GS_K_POOL, (pool))
 
 /*
  * The driver frees cuMemCreate memory when the last reference (cuMemCreate's
@@ -2374,6 +2838,7 @@ GS_EXPORT int gpushare_iteration(void)
 	epoch = g.epoch + 1;
 	__atomic_store_n(&g.epoch, epoch, __ATOMIC_RELEASE);
 	gs_ledger_boundary(g.ledger, (uint32_t)slot, epoch);
+	pools_at_boundary();
 	pthread_mutex_unlock(&g.epoch_mu);
 	entry = own_task(slot);
 	if (entry == NULL)
@@ -2536,6 +3001,12 @@ static void after_fork_child(void)
 	pthread_mutex_init(&g.claim_mu, NULL);
 	pthread_mutex_init(&g.epoch_mu, NULL);
 	g.epoch = 0;
+	/* The pools are the parent's; what the child allocates from them is its own. */
+	pthread_mutex_init(&pools_mu, NULL);
+	for (uint32_t i = 0; i < pools_n; i++) {
+		pthread_mutex_init(&pools[i].mu, NULL);
+		pools[i].charged = pools[i].in_use = pools[i].persisted = 0;
+	}
 	for (int i = 0; i < GS_SHARDS; i++) {
 		pthread_mutex_init(&shards[i].mu, NULL);
 		if (shards[i].tab != NULL)

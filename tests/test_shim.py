@@ -139,11 +139,131 @@ def test_every_allocation_path_is_charged_and_given_back(
 ) -> None:
     ep = daemon.env("alice", gpus=1, memory=GiB)
     name = "alloc" if step == "allocb" else step
-    out = run(run_task, ep, str(cbin["client"]), "info", step, *args, "info", "free", "info")
+    # ssync: a stream-ordered pool gives what it keeps back at a synchronisation (below).
+    out = run(
+        run_task, ep, str(cbin["client"]), "info", step, *args, "info", "free", "ssync", "info"
+    )
     assert out[0] == f"info free={GiB} total={GiB}"
     assert out[1].startswith(f"{name} ok")
     assert out[2] == f"info free={GiB - charged} total={GiB}"
-    assert out[3:] == ["free ok", f"info free={GiB} total={GiB}"]
+    assert out[3:] == ["free ok", "ssync ok", f"info free={GiB} total={GiB}"]
+
+
+POOL_PATHS = [("async", ["64"]), ("asyncpt", ["64"]), ("pool", ["64"])]
+
+
+@pytest.mark.parametrize(("step", "args"), POOL_PATHS, ids=[p[0] for p in POOL_PATHS])
+def test_a_pool_stays_charged_for_what_it_keeps(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], step: str, args: list[str]
+) -> None:
+    """Freed stream-ordered memory stays the environment's while its pool keeps it (PyTorch's
+    cudaMallocAsync keeps all: an unbounded release threshold); a trim gives it back, down to
+    what the trim keeps."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    steps = ["keep", "max", step, *args, "free", "ssync", "info", "reserved", "trim", "32"]
+    out = run(run_task, ep, str(cbin["client"]), *steps, "info", "trim", "0", "info", "reserved")
+    held = f"info free={GiB - 64 * MiB} total={GiB}"
+    assert out == [
+        "keep ok",
+        f"{step} ok",
+        "free ok",
+        "ssync ok",
+        held,
+        f"reserved {64 * MiB}",
+        "trim ok",
+        held,  # 32 MiB kept: the 64 MiB chunk stays whole
+        "trim ok",
+        f"info free={GiB} total={GiB}",
+        "reserved 0",
+    ]
+
+
+SYNCS = ["sync", "sync2", "ssync", "esync"]
+
+
+@pytest.mark.parametrize("sync", SYNCS)
+def test_a_synchronisation_gives_back_what_a_pool_releases(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], sync: str
+) -> None:
+    """With the driver's default release threshold (0) a pool keeps what is freed into it
+    until a synchronisation, whichever kind."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    out = run(run_task, ep, str(cbin["client"]), "async", "64", "free", "info", sync, "info")
+    assert out == [
+        "async ok",
+        "free ok",
+        f"info free={GiB - 64 * MiB} total={GiB}",
+        f"{sync} ok",
+        f"info free={GiB} total={GiB}",
+    ]
+
+
+def test_a_pool_takes_from_what_it_keeps_and_never_holds_beyond_the_quota(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    """An allocation is served first from what the pool keeps, charged once. One the kept
+    chunk cannot serve makes the pool reserve anew: the quota has no room for both, so the
+    pool is trimmed of its idle chunk rather than hold more than the quota."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    client = str(cbin["client"])
+    kept = ["keep", "max", "async", "600", "free"]
+    out = run(run_task, ep, client, *kept, "async", "600", "info", "async", "500")
+    assert out[3:] == [
+        "async ok",
+        f"info free={GiB - 600 * MiB} total={GiB}",  # the kept 600 MiB, charged once
+        "async err 2",  # 600 + 500 MiB in use is beyond the quota
+    ]
+    out = run(run_task, ep, client, *kept, "async", "900", "info", "reserved")
+    assert out[3:] == [
+        "async ok",
+        f"info free={GiB - 900 * MiB} total={GiB}",
+        f"reserved {900 * MiB}",  # not 1500: the idle 600 MiB chunk went back
+    ]
+
+
+@pytest.mark.parametrize("setter", ["setpool", "setlocpool"])
+def test_async_allocations_follow_the_devices_current_pool(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], setter: str
+) -> None:
+    """cuMemAllocAsync takes from the pool cuDeviceSetMemPool or CUDA 13's cuMemSetMemPool
+    made current: that pool's threshold and reservation are what count."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    steps = ["newpool", setter, "keep", "max", "async", "64", "free", "ssync", "info"]
+    out = run(run_task, ep, str(cbin["client"]), *steps, "trim", "0", "info")
+    assert out == [
+        "newpool ok",
+        f"{setter} ok",
+        "keep ok",
+        "async ok",
+        "free ok",
+        "ssync ok",
+        f"info free={GiB - 64 * MiB} total={GiB}",  # the new pool keeps it
+        "trim ok",
+        f"info free={GiB} total={GiB}",
+    ]
+
+
+def test_a_destroyed_pool_gives_back_what_it_kept_and_later_what_is_freed(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    """The driver gives a destroyed pool's idle memory back at once, and what is still in
+    use when it is freed."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    steps = ["poolon", "0", "64", "free", "info", "pooldestroy", "info"]
+    out = run(run_task, ep, str(cbin["client"]), *steps, "poolon", "0", "32", "pooldestroy")
+    out += run(run_task, ep, str(cbin["client"]), "poolon", "0", "32", "pooldestroy", "info")
+    assert out == [
+        "poolon ok",
+        "free ok",
+        f"info free={GiB - 64 * MiB} total={GiB}",  # kept by the pool
+        "pooldestroy ok",
+        f"info free={GiB} total={GiB}",
+        "poolon ok",  # a new pool, perhaps at the destroyed one's address
+        "pooldestroy ok",
+        "poolon ok",
+        "pooldestroy ok",
+        f"info free={GiB - 32 * MiB} total={GiB}",  # still in use
+    ]
 
 
 BEYOND = [
@@ -508,9 +628,10 @@ def test_memory_a_context_takes_with_it_is_uncharged(
 def test_stream_ordered_memory_outlives_its_context(
     daemon: Any, run_task: Any, cbin: dict[str, Path]
 ) -> None:
-    """cuCtxDestroy does not free pool memory: it stays charged until it is freed."""
+    """cuCtxDestroy does not free pool memory: it stays charged until it is freed (and the
+    pool, whose release threshold is the driver's default, trimmed)."""
     ep = daemon.env("alice", gpus=1, memory=GiB)
-    steps = ["ctx", "0", "async", "300", "ctxdestroy", "info", "free", "info"]
+    steps = ["ctx", "0", "async", "300", "ctxdestroy", "info", "free", "trim", "0", "info"]
     out = run(run_task, ep, str(cbin["client"]), *steps)
     assert out == [
         "ctx ok",
@@ -518,6 +639,7 @@ def test_stream_ordered_memory_outlives_its_context(
         "ctxdestroy ok",
         f"info free={GiB - 300 * MiB} total={GiB}",
         "free ok",
+        "trim ok",
         f"info free={GiB} total={GiB}",
     ]
 

@@ -27,6 +27,14 @@
  *   coop N         (cuLaunchCooperativeKernel), graph (cuGraphLaunch):
  *   graph N        "KIND ok" | "KIND err CODE"
  *   launchpt N
+ *   sync, sync2, ssync, esync   cuCtxSynchronize (v1, v2), cuStreamSynchronize of the null
+ *                  stream, cuEventSynchronize of an event recorded on it: "NAME ok"
+ *   trim MIB       cuMemPoolTrimTo of the device's current pool: "trim ok"
+ *   keep MIB|max   its release threshold: "keep ok"
+ *   reserved       its CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: "reserved BYTES"
+ *   newpool        cuMemPoolCreate on the device; setpool, setlocpool: make it the
+ *                  device's current pool (cuDeviceSetMemPool, cuMemSetMemPool);
+ *                  pooldestroy: cuMemPoolDestroy of it (or of poolon's): "NAME ok"
  *   edge           driver answers to bad arguments, one "edge NAME CODE" line each
  *   gpa NAME VER FLAGS   cuGetProcAddress: "gpa NAME VER FLAGS rc=RC status=S LIB:SYMBOL"
  *   threads T N MIB      T threads each make N random allocations/frees of up to MIB:
@@ -130,6 +138,19 @@ static struct {
 	CUresult (*pop)(CUcontext *);
 	CUresult (*pool_create)(CUmemoryPool *, const CUmemPoolProps *);
 	CUresult (*location_pool)(CUmemoryPool *, CUmemLocation *, int);
+	CUresult (*ctx_sync)(void);
+	CUresult (*ctx_sync2)(CUcontext);
+	CUresult (*stream_sync)(CUstream);
+	CUresult (*event_create)(CUevent *, unsigned int);
+	CUresult (*event_record)(CUevent, CUstream);
+	CUresult (*event_sync)(CUevent);
+	CUresult (*get_pool)(CUmemoryPool *, CUdevice);
+	CUresult (*set_pool)(CUdevice, CUmemoryPool);
+	CUresult (*set_loc_pool)(CUmemLocation *, int, CUmemoryPool);
+	CUresult (*trim)(CUmemoryPool, size_t);
+	CUresult (*pool_set)(CUmemoryPool, int, void *);
+	CUresult (*pool_get)(CUmemoryPool, int, void *);
+	CUresult (*pool_destroy)(CUmemoryPool);
 } cu;
 
 static gpa_v2_t gpa;
@@ -184,6 +205,19 @@ static void bind_optional(void)
 	cu.pop = fetch_flags("cuCtxPopCurrent", 4000, 0, 0);
 	cu.pool_create = fetch_flags("cuMemPoolCreate", 11020, 0, 0);
 	cu.location_pool = fetch_flags("cuMemGetDefaultMemPool", 13000, 0, 0);
+	cu.ctx_sync = fetch_flags("cuCtxSynchronize", 2000, 0, 0);
+	cu.ctx_sync2 = fetch_flags("cuCtxSynchronize", 13000, 0, 0);
+	cu.stream_sync = fetch_flags("cuStreamSynchronize", 2000, 0, 0);
+	cu.event_create = fetch_flags("cuEventCreate", 2000, 0, 0);
+	cu.event_record = fetch_flags("cuEventRecord", 2000, 0, 0);
+	cu.event_sync = fetch_flags("cuEventSynchronize", 2000, 0, 0);
+	cu.get_pool = fetch_flags("cuDeviceGetMemPool", 11020, 0, 0);
+	cu.set_pool = fetch_flags("cuDeviceSetMemPool", 11020, 0, 0);
+	cu.set_loc_pool = fetch_flags("cuMemSetMemPool", 13000, 0, 0);
+	cu.trim = fetch_flags("cuMemPoolTrimTo", 11020, 0, 0);
+	cu.pool_set = fetch_flags("cuMemPoolSetAttribute", 11020, 0, 0);
+	cu.pool_get = fetch_flags("cuMemPoolGetAttribute", 11020, 0, 0);
+	cu.pool_destroy = fetch_flags("cuMemPoolDestroy", 11020, 0, 0);
 }
 
 #ifdef LINKED
@@ -298,7 +332,8 @@ static CUresult free_one(struct live l)
 }
 
 static CUdevice cur_dev;
-static CUstream strm; /* made by the "stream" step */
+static CUstream strm;	    /* made by the "stream" step */
+static CUmemoryPool made;   /* the last pool "poolon" or "newpool" made */
 
 /* How many arguments each allocation step takes; 0: not an allocation step. */
 static int make_args(const char *op)
@@ -372,6 +407,7 @@ static CUresult make(const char *op, char **argv, int *i, size_t *extra)
 		rc = cu.pool_create(&pool, &props);
 		if (rc != CUDA_SUCCESS)
 			return rc;
+		made = pool;
 		rc = cu.pool_alloc(&p, strtoull(argv[*i], NULL, 10) << 20, pool, (CUstream)0x1);
 		return keep(rc, K_ASYNC, p);
 	}
@@ -450,6 +486,107 @@ static CUresult make(const char *op, char **argv, int *i, size_t *extra)
 		}
 	}
 	return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* --- pools and synchronisation ------------------------------------------------- */
+
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
+
+static int is_pool_step(const char *op)
+{
+	static const char *const ops[] = { "sync",   "sync2",	"ssync",      "esync",
+					   "trim",   "keep",	"reserved",   "newpool",
+					   "setpool", "setlocpool", "pooldestroy" };
+
+	for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++)
+		if (strcmp(op, ops[k]) == 0)
+			return 1;
+	return 0;
+}
+
+/* Steps that take an argument: trim MIB, keep MIB|max. */
+static int pool_step_args(const char *op)
+{
+	return strcmp(op, "trim") == 0 || strcmp(op, "keep") == 0;
+}
+
+/*
+ * sync/sync2/ssync/esync: cuCtxSynchronize (v1, v2), cuStreamSynchronize,
+ * cuEventSynchronize of an event recorded on the null stream. trim MIB,
+ * keep MIB|max (release threshold), reserved: on the device's current pool.
+ * newpool: a pool on the device; setpool/setlocpool: make it current (v1,
+ * CUDA 13); pooldestroy: destroy it.
+ */
+static CUresult pool_step(const char *op, const char *arg)
+{
+	cuuint64_t bytes = strcmp(arg, "max") == 0 ? UINT64_MAX : strtoull(arg, NULL, 10) << 20;
+	CUmemoryPool pool;
+	CUresult rc;
+
+	if (strcmp(op, "sync") == 0) {
+		NEED(cu.ctx_sync);
+		return cu.ctx_sync();
+	}
+	if (strcmp(op, "sync2") == 0) {
+		NEED(cu.ctx_sync2);
+		return cu.ctx_sync2(NULL);
+	}
+	if (strcmp(op, "ssync") == 0) {
+		NEED(cu.stream_sync);
+		return cu.stream_sync(NULL);
+	}
+	if (strcmp(op, "esync") == 0) {
+		CUevent ev;
+
+		NEED(cu.event_create);
+		NEED(cu.event_record);
+		NEED(cu.event_sync);
+		if ((rc = cu.event_create(&ev, 0)) != CUDA_SUCCESS ||
+		    (rc = cu.event_record(ev, NULL)) != CUDA_SUCCESS)
+			return rc;
+		return cu.event_sync(ev);
+	}
+	if (strcmp(op, "newpool") == 0) {
+		CUmemPoolProps props;
+
+		NEED(cu.pool_create);
+		memset(&props, 0, sizeof(props));
+		props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+		props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		props.location.id = cur_dev;
+		return cu.pool_create(&made, &props);
+	}
+	if (strcmp(op, "setpool") == 0) {
+		NEED(cu.set_pool);
+		return cu.set_pool(cur_dev, made);
+	}
+	if (strcmp(op, "setlocpool") == 0) {
+		CUmemLocation loc = { CU_MEM_LOCATION_TYPE_DEVICE, cur_dev };
+
+		NEED(cu.set_loc_pool);
+		return cu.set_loc_pool(&loc, CU_MEM_ALLOCATION_TYPE_PINNED, made);
+	}
+	if (strcmp(op, "pooldestroy") == 0) {
+		NEED(cu.pool_destroy);
+		return cu.pool_destroy(made);
+	}
+	NEED(cu.get_pool);
+	if ((rc = cu.get_pool(&pool, cur_dev)) != CUDA_SUCCESS)
+		return rc;
+	if (strcmp(op, "trim") == 0) {
+		NEED(cu.trim);
+		return cu.trim(pool, bytes);
+	}
+	if (strcmp(op, "keep") == 0) {
+		NEED(cu.pool_set);
+		return cu.pool_set(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &bytes);
+	}
+	NEED(cu.pool_get);
+	rc = cu.pool_get(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &bytes);
+	if (rc == CUDA_SUCCESS)
+		printf("reserved %llu\n", (unsigned long long)bytes);
+	return rc;
 }
 
 /* --- launches ------------------------------------------------------------------ */
@@ -952,6 +1089,13 @@ int main(int argc, char **argv)
 				printf("%s err %d\n", op, rc);
 			else
 				printf(strcmp(op, "vmmretain") == 0 ? "%s ok same\n" : "%s ok\n", op);
+		} else if (is_pool_step(op)) {
+			rc = pool_step(op, arg);
+			i += pool_step_args(op);
+			if (rc != CUDA_SUCCESS)
+				printf("%s err %d\n", op, rc);
+			else if (strcmp(op, "reserved") != 0)
+				printf("%s ok\n", op);
 		} else if (strcmp(op, "unmapat") == 0 && i + 2 < argc) {
 			size_t off = strtoull(argv[i + 1], NULL, 10) << 20;
 			size_t len = strtoull(argv[i + 2], NULL, 10) << 20;
