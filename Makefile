@@ -8,7 +8,7 @@ SOURCES := setup.py pyproject.toml gpushare-autoload.pth $(wildcard shim/*) $(wi
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all install torch-env run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-gpu bench-gpu-timeslice debug \
+.PHONY: all install torch-env real-driver run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-gpu bench-gpu-timeslice debug \
 	debug-test demo clean
 
 all: install
@@ -60,6 +60,16 @@ $(TORCH_GPUSHARE): $(TORCH_STAMP) $(VENV)/.installed
 
 torch-env: $(TORCH_GPUSHARE)
 
+# The real-NVIDIA-driver tier (tests/test_real_driver.py) runs Debian's non-free user-space
+# driver (libcuda1, libnvidia-ml1, nvidia-smi; no kernel module, no GPU) from build/ without
+# installing it: tests/fetch_real_driver.sh downloads and unpacks the packages once, with
+# apt on private lists. Where it cannot, it says why in build/real-driver/unavailable, the
+# tier is skipped with that reason, and the next run tries again.
+REAL_DRIVER := build/real-driver
+
+real-driver:
+	@sh tests/fetch_real_driver.sh $(REAL_DRIVER)
+
 run: install
 	@if nvidia-smi -L >/dev/null 2>&1; then cfg=configs/nodemgr.toml; \
 	else cfg=configs/sim.toml; echo "no NVIDIA driver found: simulated GPUs ($$cfg)"; fi; \
@@ -75,8 +85,9 @@ format: install
 	$(BIN)/ruff format .
 
 # pytest exits 5 when it collects nothing; that is a failure here, said aloud.
-pytest: install torch-env
-	@GPUSHARE_TEST_TORCH_PYTHON=$(CURDIR)/$(TORCH_VENV)/bin/python $(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
+pytest: install torch-env real-driver
+	@GPUSHARE_TEST_TORCH_PYTHON=$(CURDIR)/$(TORCH_VENV)/bin/python \
+	GPUSHARE_TEST_REAL_DRIVER=$(CURDIR)/$(REAL_DRIVER) $(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests - failing" >&2; fi; exit $$rc
 
 test: lint pytest

@@ -8,7 +8,8 @@
  *  - cuGetProcAddress (v1 and v2) hands out the shim's wrappers, itself
  *    included, so a runtime that re-fetches cuGetProcAddress stays caught;
  *  - dlsym on libcuda's handle (libcudart's way in) goes through the dlsym
- *    trampoline in dlsym_x86_64.S, which leaves RTLD_NEXT/RTLD_DEFAULT alone.
+ *    trampoline in dlsym_x86_64.S, which leaves RTLD_NEXT alone and lets
+ *    RTLD_DEFAULT find a hooked name only where the driver has it.
  * NVML's memory queries are answered the same two ways (export and dlsym),
  * so nvidia-smi inside a task shows the environment's share.
  *
@@ -375,7 +376,7 @@ static const struct gs_hook *variant_for(const char *base, int version, cuuint64
 GS_UNINSTRUMENTED static int maybe_hooked(void *handle, const char *name)
 {
 	resolve_real_dlsym();
-	if (handle == RTLD_NEXT || handle == RTLD_DEFAULT || name == NULL)
+	if (handle == RTLD_NEXT || name == NULL)
 		return 0;
 	if (name[0] == 'c' && name[1] == 'u')
 		return 1;
@@ -419,10 +420,58 @@ static void *gs_dlsym_wrapper(void *handle, const char *name)
 	return h->wrapper;
 }
 
-/* Called by the dlsym trampoline: a wrapper to hand out, or NULL. */
+/* What gs_dlsym_hook returns for "answer NULL": never a function's address. */
+#define GS_DLSYM_NONE ((void *)1)
+
+/*
+ * A global lookup (RTLD_DEFAULT) of a cu* or nvml* name. glibc would find
+ * the shim's export of every hooked name, even one the installed driver
+ * lacks (cuCtxCreate_v4 on a 535 driver), and calling that returns
+ * CUDA_ERROR_NOT_FOUND: a program probing for an entry point would think it
+ * there. Without the shim such a lookup finds nothing, so it answers NULL
+ * when the library the name belongs to is loaded but lacks it, or is not
+ * loaded and nothing after the shim in the global scope defines the name.
+ * dlerror() then holds the message of a lookup past the shim that failed
+ * here, naming the shim rather than the caller. Every other lookup
+ * reaches glibc untouched.
+ */
+static void *gs_dlsym_global(const char *name)
+{
+	const struct gs_hook *h;
+	void *lib, *theirs;
+
+	h = hook_by_abi(name);
+	if (h == NULL || gs_real_dlsym == NULL)
+		return NULL;
+	/* Someone before the shim in the global scope (the program) defines it. */
+	if (gs_real_dlsym(RTLD_DEFAULT, name) != h->wrapper)
+		return NULL;
+	/* Only the program loads these libraries; never load one from here. */
+	lib = dlopen(h->lib == GS_LIB_CUDA ? "libcuda.so.1" : "libnvidia-ml.so.1",
+		     RTLD_NOW | RTLD_NOLOAD);
+	if (lib != NULL) {
+		theirs = gs_real_dlsym(lib, name);
+		dlclose(lib); /* NOLOAD still took a reference */
+		if (theirs != NULL)
+			return NULL;
+	}
+	/*
+	 * Also the last dl call, so that dlerror() reports its failure (dlclose
+	 * cleared the error state).
+	 */
+	theirs = gs_real_dlsym(RTLD_NEXT, name);
+	return lib != NULL || theirs == NULL ? GS_DLSYM_NONE : NULL;
+}
+
+/*
+ * Called by the dlsym trampoline: a wrapper to hand out, GS_DLSYM_NONE to
+ * answer NULL, or NULL to let glibc answer.
+ */
 GS_HIDDEN GS_UNINSTRUMENTED void *gs_dlsym_hook(void *handle, const char *name)
 {
-	return maybe_hooked(handle, name) ? gs_dlsym_wrapper(handle, name) : NULL;
+	if (!maybe_hooked(handle, name))
+		return NULL;
+	return handle == RTLD_DEFAULT ? gs_dlsym_global(name) : gs_dlsym_wrapper(handle, name);
 }
 
 /* --- ledger attachment ------------------------------------------------------ */

@@ -27,6 +27,11 @@ dlsym:
 	.cfi_adjust_cfa_offset -8
 	testq	%rax, %rax
 	jz	1f
+	/* 1 (GS_DLSYM_NONE in cuda_hook.c): the answer is "no symbol". */
+	cmpq	$1, %rax
+	jne	3f
+	xorl	%eax, %eax
+3:
 	ret
 1:
 	/* glibc's dlsym could not be found: answer "no symbol" rather than jump to 0. */

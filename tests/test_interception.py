@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from client_plugin import libs
-from tests.conftest import ROOT, hook_table, shim_preload
+from tests.conftest import CSRC, ROOT, Result, cc, driver_env, hook_table, run_ways, shim_preload
 
 GPUSHARE_H = ROOT / "shim" / "gpushare.h"
 
@@ -102,3 +102,86 @@ def test_real_libcudart_startup_goes_through_the_shim(
     # ... and its own start-up calls into the driver went through the shim.
     for name in ("cuInit", "cuDeviceGetCount", "cuDeviceTotalMem_v2"):
         assert int(hooks[name]["calls"]) >= 1, (name, out)
+
+
+# --- global lookups of hooked names ----------------------------------------------------
+
+SHIM = "libgpushare.so"  # the file name of every build of the shim
+DRIVER = "libcuda.so.1"
+
+
+def hooked_abis() -> list[str]:
+    """Every name the shim exports as a hook, CUDA's and NVML's."""
+    return sorted(e.abi for e in hook_table() if e.kind in ("GS_HOOK", "GS_NVML_HOOK"))
+
+
+def lookups(out: str) -> dict[tuple[str, str], str]:
+    """(kind, name) -> answer, for the probe's sym and hsym lines."""
+    found = {}
+    for line in out.splitlines():
+        kind, name, *answer = line.split()
+        if kind in ("sym", "hsym"):
+            found[(kind, name)] = " ".join(answer)
+    return found
+
+
+def check_global_lookups(runs: dict[str, Result], how: str, has: set[str]) -> None:
+    """A global lookup finds the shim's wrapper of a name the driver has (the driver's own
+    definition without the shim, where it is global), and nothing where the driver lacks
+    the name, with dlerror() set, as without the shim."""
+    for way, r in runs.items():
+        assert r.rc == 0 and r.err == "", (way, r.err)
+        got = lookups(r.out)
+        for name in hooked_abis():
+            if name not in has:
+                want = "- err"
+            elif way == "plain":
+                want = f"{DRIVER}:{name} ok" if how == "global" else "- err"
+            else:
+                want = f"{SHIM}:{name} ok"
+            assert got[("sym", name)] == want, (way, how, name)
+
+
+def driver_has(runs: dict[str, Result]) -> set[str]:
+    """The hooked names the driver defines, from the run without the shim."""
+    got = lookups(runs["plain"].out)
+    return {n for n in hooked_abis() if got[("hsym", n)] == f"{DRIVER}:{n}"}
+
+
+@pytest.fixture(scope="module")
+def partial_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder whose libcuda.so.1 has only cuInit and cuCtxCreate_v2."""
+    d = tmp_path_factory.mktemp("partial")
+    cc(d / DRIVER, "-shared", "-fPIC", f"-Wl,-soname,{DRIVER}", str(CSRC / "partial_driver.c"))
+    return d
+
+
+@pytest.mark.parametrize("how", ["local", "global", "none"])
+def test_a_hooked_name_the_driver_lacks_is_not_found_globally(
+    partial_driver: Path, driver_probe: Path, daemon: Any, run_task: Any, how: str
+) -> None:
+    stdin = "".join(f"hsym {n}\nsym {n}\n" for n in hooked_abis())
+    runs = run_ways(daemon, run_task, partial_driver, [str(driver_probe), how], stdin)
+    has = driver_has(runs)
+    assert has == (set() if how == "none" else {"cuInit", "cuCtxCreate_v2"})
+    check_global_lookups(runs, how, has)
+
+
+def test_a_program_linked_with_a_name_the_driver_lacks_gets_not_found(
+    partial_driver: Path, tmp_path: Path
+) -> None:
+    """The documented limit: a direct reference binds to the shim's export when the program
+    loads, so where it would stop with an undefined symbol without the shim, it runs and
+    the call returns CUDA_ERROR_NOT_FOUND (500)."""
+    sim = libs.sim_driver_dir()
+    prog = cc(tmp_path / "linked_v4", str(CSRC / "linked_v4.c"), f"-L{sim}", "-l:libcuda.so.1")
+    plain = subprocess.run([prog], capture_output=True, text=True, env=driver_env(partial_driver))
+    assert plain.returncode != 0
+    assert "undefined symbol: cuCtxCreate_v4" in plain.stderr
+    shim = subprocess.run(
+        [prog],
+        capture_output=True,
+        text=True,
+        env=driver_env(partial_driver, LD_PRELOAD=shim_preload()),
+    )
+    assert (shim.returncode, shim.stdout, shim.stderr) == (0, "cuCtxCreate_v4 500\n", "")
