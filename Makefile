@@ -8,7 +8,7 @@ SOURCES := setup.py pyproject.toml gpushare-autoload.pth $(wildcard shim/*) $(wi
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all install torch-env real-driver run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-gpu bench-gpu-timeslice debug \
+.PHONY: all install torch-env real-driver run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-torch bench-gpu bench-gpu-timeslice debug \
 	debug-test demo clean
 
 all: install
@@ -97,18 +97,24 @@ test: lint pytest
 # against the simulated driver). A missed target is reported there, not failed
 # on; BENCH_ARGS=--check makes it a failure, --quick a smoke run. Both scripts
 # run even if the first fails; the worse status is make's. --only NAME belongs
-# to one script: use bench-nodemgr, bench-shim, bench-client or bench-timeslice for it.
-BENCHES := nodemgr shim client timeslice
+# to one script: use bench-nodemgr, bench-shim, bench-client, bench-timeslice or
+# bench-torch for it. The torch script runs the torch venv's PyTorch on the simulated
+# driver, with gpushare and without; it gets that Python in GPUSHARE_TORCH_PYTHON.
+BENCHES := nodemgr shim client timeslice torch
+BENCH_ENV := GPUSHARE_TORCH_PYTHON=$(CURDIR)/$(TORCH_VENV)/bin/python
 
-bench: install
+bench: install torch-env
 	@status=0; for b in $(BENCHES); do echo "make: benchmarks/$${b}_bench.py" >&2; \
-		$(BIN)/python benchmarks/$${b}_bench.py --out build/bench/$$b.json $(BENCH_ARGS); \
+		$(BENCH_ENV) $(BIN)/python benchmarks/$${b}_bench.py --out build/bench/$$b.json $(BENCH_ARGS); \
 		rc=$$?; if [ $$rc -ge 128 ]; then exit $$rc; fi; \
 		if [ $$rc -gt $$status ]; then status=$$rc; fi; \
 	done; exit $$status
 
-$(addprefix bench-,$(BENCHES)): bench-%: install
+$(addprefix bench-,$(filter-out torch,$(BENCHES))): bench-%: install
 	$(BIN)/python benchmarks/$*_bench.py --out build/bench/$*.json $(BENCH_ARGS)
+
+bench-torch: install torch-env
+	$(BENCH_ENV) $(BIN)/python benchmarks/torch_bench.py --out build/bench/torch.json $(BENCH_ARGS)
 
 # The shim's cost to a PyTorch program on a real NVIDIA GPU (exits 2 without one, or
 # without PyTorch): JSON on stdout and in build/bench/gpu.json. Not part of `bench`,

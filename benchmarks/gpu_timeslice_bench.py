@@ -6,7 +6,9 @@
 Run it with a Python that has both PyTorch (with CUDA) and gpushare installed (a
 virtual environment made with ``--system-site-packages`` over PyTorch's, say), so
 gpushare's hooks go into the training processes. It starts its own ``nodemgr serve``
-on the node's NVML GPUs, with GPU 0 time-sliced, and runs the training loop of this
+on the node's NVML GPUs, with one GPU time-sliced (the one with the most free memory:
+every job is pinned to it, so that on a node of several GPUs the two jobs share one),
+and runs the training loop of this
 file (``--worker train``: an MLP on a large batch under Adam, with a large parameter
 besides, so that it keeps ~10 GiB from one step to the next and uses ~40 GiB within a
 step) under ``gpushare-run``:
@@ -104,14 +106,14 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return [x for x in harness.read_jsonl(path) if "te" in x]
 
 
-def _watch_shape(d: Any, env: str, proc: subprocess.Popen[bytes]) -> dict[str, int]:
-    """The task's regions on GPU 0 as nodemgr last saw them before it ended: its
-    settled persistent bytes and its temporary peak."""
+def _watch_shape(d: Any, env: str, gpu: int, proc: subprocess.Popen[bytes]) -> dict[str, int]:
+    """The task's regions on nodemgr's GPU ``gpu`` as nodemgr last saw them before it
+    ended: its settled persistent bytes and its temporary peak."""
     seen: dict[str, int] = {}
     while proc.poll() is None:
         for t in d.admin("tasks", env=env)["tasks"]:
             for reg in t.get("regions") or []:
-                if reg["gpu"] == 0 and reg["settled"]:
+                if reg["gpu"] == gpu and reg["settled"]:
                     seen = {k: int(reg[k]) for k in ("settled", "temporary_peak", "persistent")}
         time.sleep(0.2)
     if not seen:
@@ -119,11 +121,11 @@ def _watch_shape(d: Any, env: str, proc: subprocess.Popen[bytes]) -> dict[str, i
     return seen
 
 
-def _gpu_used_sampler(stop: threading.Event, peak: list[int]) -> None:
+def _gpu_used_sampler(stop: threading.Event, uuid: str, peak: list[int]) -> None:
     import pynvml
 
     pynvml.nvmlInit()
-    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
     while not stop.is_set():
         peak[0] = max(peak[0], int(pynvml.nvmlDeviceGetMemoryInfo(h).used))
         stop.wait(0.05)
@@ -135,19 +137,25 @@ def run(quick: bool) -> dict[str, Any]:
     iterations = 12 if quick else 40
     quantum = 4
     run_bin = Path(sys.executable).parent / "gpushare-run"
+    gpu = harness.pick_gpu(harness.nvml_gpus(), need=QUOTA)
+    if gpu is None:
+        raise harness.BenchError(f"no GPU has {QUOTA // GiB} GiB free for a job's quota")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSHARE_", "CUDA_"))}
     env.pop("LD_PRELOAD", None)
+    env.update(harness.pinned(gpu))  # both jobs on the one time-sliced GPU
     r: dict[str, Any] = {"iterations": iterations, "quantum": quantum, "quota": QUOTA}
+    r["gpu"] = {"nvml_index": gpu.index, "uuid": gpu.uuid, "free_before": gpu.free}
     with (
         tempfile.TemporaryDirectory(prefix="gsgt-") as tmp,
         daemon(
             gpus={"source": "nvml"},
             scheduler={"task_threshold": 8},
-            timeslice={"gpus": "all", "quantum": quantum, "turn_timeout": 30.0},
+            timeslice={"gpus": [gpu.uuid], "quantum": quantum, "turn_timeout": 30.0},
             node={"heartbeat_interval": 1.0, "heartbeat_timeout": 30.0},
         ) as d,
     ):
         eps = {n: d.env(n, 1, QUOTA) for n in ("a", "b")}
+        [index] = [g["index"] for g in d.admin("status")["gpus"] if g["uuid"] == gpu.uuid]
 
         def job(name: str, env_name: str, out: Path, *opts: str) -> subprocess.Popen[bytes]:
             argv = [str(run_bin), "--endpoint", eps[env_name], *opts, "--", sys.executable]
@@ -162,7 +170,7 @@ def run(quick: bool) -> dict[str, Any]:
         say("alone")
         alone = Path(tmp) / "alone.jsonl"
         p = job("alone", "a", alone)
-        shape = _watch_shape(d, "a", p)
+        shape = _watch_shape(d, "a", index, p)
         finish(p, "the job alone")
         # The first step pays for start-up.
         r["alone_iterations_per_s"] = round(harness.steps_per_s(_rows(alone), skip=1), 3)
@@ -177,7 +185,7 @@ def run(quick: bool) -> dict[str, Any]:
         r["estimate"] = estimate
 
         say("shared: a second job must be refused")
-        d.admin("mode", gpu=0, mode="shared")
+        d.admin("mode", gpu=index, mode="shared")
         first = job("shared", "a", Path(tmp) / "shared.jsonl")
         deadline = time.monotonic() + 120
         while not d.admin("tasks", env="a")["tasks"]:
@@ -187,19 +195,21 @@ def run(quick: bool) -> dict[str, Any]:
         second = job("refused", "b", Path(tmp) / "refused.jsonl", "--no-wait")
         r["shared_second_job_exit"] = second.wait(120)
         harness.finish(first)
-        d.admin("mode", gpu=0, mode="timesliced")
+        d.admin("mode", gpu=index, mode="timesliced")
 
         say("time-sliced: two jobs")
         outs = {n: Path(tmp) / f"{n}.jsonl" for n in ("a", "b")}
         stop, peak = threading.Event(), [0]
-        sampler = threading.Thread(target=_gpu_used_sampler, args=(stop, peak), daemon=True)
+        sampler = threading.Thread(
+            target=_gpu_used_sampler, args=(stop, gpu.uuid, peak), daemon=True
+        )
         sampler.start()
         start = time.monotonic()
         procs = {n: job(n, n, outs[n], *estimate) for n in ("a", "b")}
         turn: dict[str, Any] = {}
         try:
             while any(p.poll() is None for p in procs.values()):
-                turn = d.admin("status")["gpus"][0].get("turn") or turn
+                turn = d.admin("status")["gpus"][index].get("turn") or turn
                 time.sleep(0.1)
             for n, p in procs.items():
                 finish(p, f"time-sliced job {n}")
@@ -261,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ImportError("torch has no CUDA device")
     except ImportError as e:
         say(f"cannot run: {e}")
+        return 2
+    if harness.installed_origin(sys.executable) is None:
+        say(f"cannot run: {sys.executable} has no gpushare installed (its hooks are needed)")
         return 2
     benches: dict[str, Callable[[bool], dict[str, Any]]] = {"timeslice_torch": run}
     return harness.main(

@@ -22,7 +22,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,89 @@ def run_one(
         kill_all()
     say(f"{name}: {verdict(results[name])} [{time.monotonic() - start:.1f}s]")
     return broken
+
+
+# --- the GPU benchmarks' and tests' choices ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NvmlGpu:
+    """One GPU as NVML reports it, with what choosing a GPU looks at."""
+
+    index: int
+    uuid: str
+    total: int
+    used: int
+
+    @property
+    def free(self) -> int:
+        return self.total - self.used
+
+
+def nvml_gpus() -> list[NvmlGpu]:
+    """The node's GPUs as NVML reports them now (pynvml: the main venv's, not the torch one's)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+            gpus.append(NvmlGpu(i, uuid, int(mem.total), int(mem.used)))
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def pick_gpu(gpus: Sequence[NvmlGpu], need: int = 0) -> NvmlGpu | None:
+    """The one GPU that two jobs meant to take turns are pinned to: the one with the most
+    free memory, the lowest index among equals; None when none has ``need`` bytes free.
+
+    On a node of several GPUs nodemgr grants two one-GPU tasks of two environments two
+    different GPUs (most free memory first), and they never take turns. So the choice is
+    made here: that GPU alone is time-sliced (``timeslice.gpus``) and each job is started
+    with :func:`pinned` (``CUDA_VISIBLE_DEVICES``, which nodemgr honours as a restriction).
+    """
+    fit = [g for g in gpus if g.free >= need]
+    return max(fit, key=lambda g: (g.free, -g.index)) if fit else None
+
+
+def pinned(gpu: NvmlGpu) -> dict[str, str]:
+    """The environment that restricts a gpushare-run task to ``gpu``: by UUID, which means
+    the same GPU to nodemgr and to NVML whatever order CUDA would number them in."""
+    return {"CUDA_VISIBLE_DEVICES": gpu.uuid}
+
+
+# A job's Python is asked where it imports gpushare from, from the root directory and
+# without PYTHONPATH: a `-c` run from a checkout would otherwise find the source tree.
+_FIND_SPEC = (
+    "import importlib.util, sys\n"
+    "spec = importlib.util.find_spec(sys.argv[1])\n"
+    "print(spec.origin if spec and spec.origin else '')"
+)
+
+
+def installed_origin(python: str, module: str = "client_plugin.iterations") -> str | None:
+    """The file ``python`` imports ``module`` from when it starts a job (gpushare's
+    iteration hooks, by default), or None when that Python has no installed gpushare."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    try:
+        r = subprocess.run(
+            [python, "-c", _FIND_SPEC, module],
+            cwd="/",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    origin = r.stdout.strip()
+    return origin if r.returncode == 0 and origin else None
 
 
 # --- the command line and the JSON document ---------------------------------------------------
