@@ -236,41 +236,55 @@ def test_dataloader_workers_share_the_task_and_pinned_memory_is_not_charged(
     assert rec["reason"] == "done" and rec["exit_code"] == 0
 
 
+@pytest.mark.parametrize("launch", ["gpushare-run", "autoload"])
 def test_kill9_of_the_main_process_reclaims_while_its_workers_live(
     daemon: Daemon,
     run_task: Any,
+    container: Any,
     torch_python: str,  # noqa: F811 (the fixture imported above)
     wait_for: Any,
     tmp_path: Path,
+    launch: str,
 ) -> None:
-    """The forked workers inherited the main process's descriptors, the ledger's among
-    them; one of them is held in a slow sample, so it certainly outlives the main process:
-    the memory comes back all the same, within the reclaim target, and the workers end by
-    themselves once the sample is done."""
+    """The forked workers inherited the main process's descriptors (the ledger's, and with
+    auto-load the heartbeat's connection); one of them is held in a slow sample, so it
+    certainly outlives the main process: the memory comes back all the same, within the
+    reclaim target, and the workers end by themselves once the sample is done."""
     endpoint = daemon.env("alice", gpus=1, memory=QUOTA)
     hold = tmp_path / "hold"
-    env = {"PYTORCH_CUDA_ALLOC_CONF": "", "HOLD": str(hold)}
-    p = run_task(endpoint, torch_python, str(DATALOADER), env=env, stdin=subprocess.PIPE)
+    if launch == "gpushare-run":
+        env = {"PYTORCH_CUDA_ALLOC_CONF": "", "HOLD": str(hold)}
+        p = run_task(endpoint, torch_python, str(DATALOADER), env=env, stdin=subprocess.PIPE)
+    else:
+        env = container_env(endpoint, LD_PRELOAD=shim_preload(), HOLD=str(hold))
+        p = container([torch_python, str(DATALOADER)], env)
     running = read_stage(p, "running")
     [task] = daemon.tasks()
     gpu = task["gpus"][0]
     assert task["memory_used"] >= 256 * MIB
     hold.touch()
-    go_on(p)  # the main process asks for more batches; a worker starts on a sample
-    wait_for(lambda: any(tmp_path.glob("hold.*")), 30)
-    held = int(next(tmp_path.glob("hold.*")).suffix[1:])
-    assert held in running["workers"]
+    try:
+        go_on(p)  # the main process asks for more batches; a worker starts on a sample
+        wait_for(lambda: any(tmp_path.glob("hold.*")), 30)
+        held = int(next(tmp_path.glob("hold.*")).suffix[1:])
+        assert held in running["workers"]
 
-    os.kill(running["pid"], signal.SIGKILL)
-    took = wait_for(lambda: daemon.tasks() == [] and daemon.gpu_used(gpu) == 0, 5)
-    assert not gone(held)  # it still holds what it inherited
-    assert took < RECLAIM
-    assert p.wait(10) == 128 + signal.SIGKILL
-    hold.unlink()
+        os.kill(running["pid"], signal.SIGKILL)
+        took = wait_for(lambda: daemon.tasks() == [] and daemon.gpu_used(gpu) == 0, 5)
+        assert not gone(held)  # it still holds what it inherited
+        assert took < RECLAIM
+        # gpushare-run exits as its command did; the auto-loaded process is the one killed.
+        killed = 128 + signal.SIGKILL if launch == "gpushare-run" else -signal.SIGKILL
+        assert p.wait(10) == killed
+    finally:
+        hold.unlink()  # else the held worker (outside gpushare-run's group) never ends
     # torch's workers watch their parent and leave when it is gone.
     wait_for(lambda: all(gone(w) for w in running["workers"]), 20)
     [rec] = records(daemon, "alice")
-    assert rec["reason"] == "killed" and rec["exit_code"] == 128 + signal.SIGKILL, rec
+    if launch == "gpushare-run":  # it saw its command killed, and said so
+        assert rec["reason"] == "killed" and rec["exit_code"] == 128 + signal.SIGKILL, rec
+    else:  # the holder itself was killed: nodemgr saw it end
+        assert rec["reason"] == "exited", rec
 
 
 # Ranks ----------------------------------------------------------------------------------
