@@ -116,8 +116,8 @@ def start(module: str, cwd: str | None, started: int) -> None:
     except QuotaZero as e:
         if s.zero_quota == "error":
             raise GpushareError(
-                f"gpushare: this environment's GPU quota is 0 ({e.message}); "
-                f"GPUSHARE_ZERO_QUOTA=error makes that an error (warn: run {module} on the CPU)"
+                f"gpushare: {e.message}; GPUSHARE_ZERO_QUOTA=error makes that an error "
+                f"(GPUSHARE_ZERO_QUOTA=warn runs {module} on the CPU)"
             ) from None
         _no_gpu(f"this environment's GPU quota is 0: {module} runs without a GPU")
         return

@@ -232,6 +232,7 @@ def test_zero_quota_can_be_an_error(daemon: Any, standin: Path) -> None:
     assert p.returncode == 1
     assert out == ""  # the framework's body never ran
     assert "GpushareError" in err and "GPUSHARE_ZERO_QUOTA=error" in err
+    assert err.count("GPU quota is 0") == 1  # said once, with nodemgr's advice
 
 
 def test_waits_for_a_gpu_with_progress_on_stderr(

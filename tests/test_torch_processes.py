@@ -173,6 +173,7 @@ def test_autoload_with_a_zero_quota_runs_torch_on_the_cpu_or_fails_clearly(
         assert p.returncode == 1
         assert "@@stage imported" not in out  # the import never finished
         assert "GpushareError" in err and "GPUSHARE_ZERO_QUOTA=error" in err
+        assert err.count("GPU quota is 0") == 1, err
     else:
         imported = read_stage(p, "imported")
         # The preloaded shim stays inert; the driver is there, but no GPU is visible.
