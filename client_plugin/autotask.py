@@ -116,8 +116,8 @@ def start(module: str, cwd: str | None, started: int) -> None:
     except QuotaZero as e:
         if s.zero_quota == "error":
             raise GpushareError(
-                f"gpushare: this environment's GPU quota is 0 ({e.message}); "
-                f"GPUSHARE_ZERO_QUOTA=error makes that an error (warn: run {module} on the CPU)"
+                f"gpushare: {e.message}; GPUSHARE_ZERO_QUOTA=error makes that an error "
+                f"(GPUSHARE_ZERO_QUOTA=warn runs {module} on the CPU)"
             ) from None
         _no_gpu(f"this environment's GPU quota is 0: {module} runs without a GPU")
         return
@@ -150,6 +150,7 @@ def _enter(endpoint: str, grant: Grant, cwd: str | None, started: int) -> None:
 
     global _task
     pid = os.getpid()
+    too_late = False
     if shim.loaded():
         saved = dict(os.environ)
         try:
@@ -161,18 +162,20 @@ def _enter(endpoint: str, grant: Grant, cwd: str | None, started: int) -> None:
                 for lib in ("libcuda.so.1", "libnvidia-ml.so.1"):
                     ctypes.CDLL(str(sim / lib), mode=ctypes.RTLD_GLOBAL)
             shim.attach(grant.ledger, grant.task_id)
-        except shim.ShimTooLate:
-            pass  # CUDA was used before the grant: only a restart can charge it all
         except (shim.ShimError, OSError) as e:
+            # The process goes on unenforced, or restarts from its own environment:
+            # nothing of a grant it does not hold here may reach its children.
             os.environ.clear()
             os.environ.update(saved)
-            release(endpoint, grant.task_id)
-            raise GpushareError(f"gpushare: {e}") from None
+            if not isinstance(e, shim.ShimTooLate):
+                release(endpoint, grant.task_id)
+                raise GpushareError(f"gpushare: {e}") from None
+            too_late = True  # CUDA was used before the grant: only a restart charges it all
         else:
             os.environ[HOLDER_ENV] = f"{pid},{grant.heartbeat_interval}"
             _task = Task(endpoint, grant.task_id, grant.heartbeat_interval)
             return
-    _restart(endpoint, grant, cwd, started)
+    _restart(endpoint, grant, cwd, started, too_late)
 
 
 def _restartable(started: int) -> bool:
@@ -185,15 +188,27 @@ def _restartable(started: int) -> bool:
     )
 
 
-def _restart(endpoint: str, grant: Grant, cwd: str | None, started: int) -> None:
-    """Run this interpreter again from the start, with the shim preloaded."""
+def _restart(
+    endpoint: str, grant: Grant, cwd: str | None, started: int, too_late: bool = False
+) -> None:
+    """Run this interpreter again from the start, with the shim preloaded (``too_late``:
+    it is, but the process used CUDA before the grant)."""
     pid = os.getpid()
     argv = getattr(sys, "orig_argv", [])
     if not _restartable(started):
         release(endpoint, grant.task_id)
+        no_restart = (
+            "an interactive session, a script read from stdin or a forked process cannot be "
+            "restarted with it"
+        )
+        if too_late:
+            raise GpushareError(
+                "gpushare: this process used CUDA before the framework's import asked for "
+                f"its GPUs, so the shim cannot enforce the grant here, and {no_restart}: "
+                "import the framework before anything uses CUDA, or run under gpushare-run"
+            )
         raise GpushareError(
-            "gpushare: the shim is not loaded in this process, and an interactive session, "
-            "a script read from stdin or a forked process cannot be restarted with it: "
+            f"gpushare: the shim is not loaded in this process, and {no_restart}: "
             "preload it (LD_PRELOAD=$(python -c 'import client_plugin.libs as l; "
             "print(l.shim_path())')) or run under gpushare-run"
         )

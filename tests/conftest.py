@@ -394,11 +394,29 @@ def _wait_for(predicate: Any, timeout: float, interval: float = 0.01) -> float:
     return time.monotonic() - start
 
 
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid``, whatever its process group."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                # After the command's name: state, ppid, pgrp, session, ...
+                session = int(f.read().rsplit(")", 1)[1].split()[3])
+        except (OSError, IndexError, ValueError):
+            continue
+        if session == sid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry), signal.SIGKILL)
+
+
 @pytest.fixture
 def run_task() -> Iterator[Any]:
     """Start ``gpushare-run --endpoint E --gpus N -- CMD...`` as a real child process.
 
-    Whatever a test leaves running is killed and its pipes closed afterwards.
+    Whatever a test leaves running is killed and its pipes closed afterwards: the whole
+    session, since CMD runs in a process group of its own, and its children (a DataLoader's
+    workers, a spawned child) may outlive it holding the pipes.
     """
     started: list[subprocess.Popen[str]] = []
 
@@ -409,8 +427,7 @@ def run_task() -> Iterator[Any]:
 
     yield start
     for p in started:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGKILL)
+        kill_session(p.pid)
         p.communicate()
 
 

@@ -232,6 +232,7 @@ def test_zero_quota_can_be_an_error(daemon: Any, standin: Path) -> None:
     assert p.returncode == 1
     assert out == ""  # the framework's body never ran
     assert "GpushareError" in err and "GPUSHARE_ZERO_QUOTA=error" in err
+    assert err.count("GPU quota is 0") == 1  # said once, with nodemgr's advice
 
 
 def test_waits_for_a_gpu_with_progress_on_stderr(
@@ -349,6 +350,38 @@ def test_a_preloaded_shim_is_attached_without_a_restart(daemon: Any, standin: Pa
     assert p.returncode == 0, err
     assert out.count("once") == 1  # no restart
     assert out.splitlines()[-1] == "0 2"
+
+
+def test_cuda_used_before_the_import_fails_it_clearly_where_no_restart_can_help(
+    daemon: Any, standin: Path
+) -> None:
+    """A preloaded shim that saw the driver used before the framework import cannot enforce
+    a grant in place, and a script read from stdin cannot be restarted with it: the import
+    says so, gives the grant back, and leaves the environment as it was, so that no child
+    process inherits the GPUs or the task id of a grant that is gone."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    code = textwrap.dedent(
+        f"""
+        import ctypes, os
+        print("cuInit", ctypes.CDLL({str(libs.sim_driver_dir() / "libcuda.so.1")!r}).cuInit(0))
+        try:
+            import torch
+        except RuntimeError as e:
+            print(type(e).__name__, e)
+        print(sorted(k for k in os.environ if k.startswith(("GPUSHARE_", "CUDA_"))))
+        """
+    )
+    p = python(["-"], standin, ep, env={"LD_PRELOAD": str(libs.shim_path())}, stdin=subprocess.PIPE)
+    out, err = p.communicate(code, timeout=60)
+    assert p.returncode == 0, err
+    cuinit, refused, left = out.splitlines()
+    assert cuinit == "cuInit 0"
+    assert refused.startswith("GpushareError gpushare: ")
+    assert "before" in refused and "CUDA" in refused and "not loaded" not in refused, refused
+    assert left == "['GPUSHARE_AUTOLOAD', 'GPUSHARE_ENDPOINT']"
+    [rec] = records(daemon, "alice")
+    assert rec["reason"] == "done"  # given back at once
+    assert daemon.tasks() == []
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
