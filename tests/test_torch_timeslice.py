@@ -8,7 +8,8 @@ They take turns of a quantum of steps and their steps never overlap (their times
 the shape nodemgr learns is what torch's allocator held: persistent, what was left after a
 release (parameters, gradients, optimizer state, the batch, cuBLAS' workspaces, which torch
 keeps in its allocator, and the memory cuBLAS' handles allocate themselves); temporary,
-the most a step grew the allocator's reserve.
+the most a step grew the allocator's reserve. A step captured in a CUDA graph ends an
+iteration at each replay, not at its capture.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ MIB = 1 << 20
 QUANTUM = 3
 STEPS = 5 * QUANTUM  # five turns each; the last step of each yields
 OPTIMIZERS = {"a": "SGD", "b": "Adam"}
+WARMUP = 3  # torch_timeslice_case.py's eager steps before it captures one
 
 
 def rows(path: Path) -> list[dict[str, Any]]:
@@ -169,3 +171,18 @@ def test_two_real_training_loops_take_turns(
         growth = max(x["peak"] - before["reserved"] for before, x in itertools.pairwise(steps))
         assert region["temporary_peak"] == growth, (n, region)
         assert growth >= 64 * MIB  # a step's activations and gradients, at least
+
+
+def test_steps_captured_in_a_cuda_graph_take_turns(
+    daemon_factory: Any,
+    run_task: Any,
+    torch_python: str,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    """Loops that capture a whole training step in a CUDA graph after a few eager steps, as
+    PyTorch's documentation shows, and replay it: the optimizer step captured is no boundary
+    (nothing ran; a release there would synchronise inside the capture), each replay of it
+    is one, so the replays take turns like eager steps."""
+    run = run_loops(daemon_factory, run_task, torch_python, tmp_path, "native", "graph")
+    assert run.captured == dict.fromkeys(OPTIMIZERS, WARMUP)
+    check_turns(run)
