@@ -205,7 +205,8 @@ def framework_loaded(name: str, module: ModuleType) -> None:
 
 
 def install_torch(torch: ModuleType) -> None:
-    """A global optimizer step post-hook: every ``optimizer.step()`` ends an iteration."""
+    """A global optimizer step post-hook: every ``optimizer.step()`` ends an iteration, but
+    one captured in a CUDA graph, which ends one at each replay of that graph instead."""
     optimizer = sys.modules.get("torch.optim.optimizer")
     if optimizer is None:
         import importlib
@@ -213,13 +214,58 @@ def install_torch(torch: ModuleType) -> None:
         optimizer = importlib.import_module("torch.optim.optimizer")
     if getattr(torch, "_gpushare_hooked", False):
         return
-    optimizer.register_optimizer_step_post_hook(_torch_step)
+    optimizer.register_optimizer_step_post_hook(functools.partial(_torch_step, torch))
     register_release(functools.partial(_torch_release, torch))
+    graphs = getattr(torch.cuda, "graphs", None)
+    # PyTorch's global graph hooks (newer releases): without them a captured step ends
+    # no iteration, at its capture or its replays.
+    hooks = ("capture_start", "capture_end", "replay_end")
+    if graphs is not None and all(hasattr(graphs, f"register_graph_{h}_hook") for h in hooks):
+        graphs.register_graph_capture_start_hook(_graph_capture_start)
+        graphs.register_graph_capture_end_hook(_graph_capture_end)
+        graphs.register_graph_replay_end_hook(_graph_replayed)
     torch._gpushare_hooked = True  # type: ignore[attr-defined]
 
 
-def _torch_step(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
+# The CUDA graph this thread is capturing (torch's capture start hook says which).
+_capturing = threading.local()
+
+
+def _torch_step(torch: Any, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+    if _capturing_now(torch):
+        # Captured, not run: it ends an iteration each time the graph is replayed. Nothing
+        # may synchronise inside a capture, so there is no boundary here either.
+        graph = getattr(_capturing, "graph", None)
+        if graph is not None:
+            with contextlib.suppress(AttributeError, TypeError):
+                graph._gpushare_steps = getattr(graph, "_gpushare_steps", 0) + 1
+        return
     iteration_boundary()
+
+
+def _capturing_now(torch: Any) -> bool:
+    """Whether this thread's current CUDA stream is capturing a graph (without starting
+    CUDA in a process that has not)."""
+    capturing = getattr(torch.cuda, "is_current_stream_capturing", None)
+    try:
+        return bool(torch.cuda.is_initialized() and capturing is not None and capturing())
+    except Exception:  # a CUDA error of the program's own: its next call will say it
+        return False
+
+
+def _graph_capture_start(graph: Any) -> None:
+    _capturing.graph = graph
+
+
+def _graph_capture_end(_graph: Any) -> None:
+    _capturing.graph = None
+
+
+def _graph_replayed(graph: Any) -> None:
+    # Once per optimizer step captured in it (most graphs have none). The replay is only
+    # enqueued: a release synchronises first.
+    for _ in range(getattr(graph, "_gpushare_steps", 0)):
+        iteration_boundary()
 
 
 def _torch_release(torch: Any) -> None:
