@@ -993,6 +993,7 @@ enum gs_kind {
 	GS_K_MAP,     /* a cuMemMap of a handle: no charge of its own */
 	GS_K_ARRAY,
 	GS_K_MIPMAP,
+	GS_K_LIMIT, /* a context's heap and stacks beyond their defaults; keyed by the context */
 };
 
 /* A pool of host or managed memory: allocations from it take no device memory. */
@@ -1227,7 +1228,8 @@ struct gs_taken {
 static int owned_by(const struct gs_alloc *a, uint64_t owner)
 {
 	return a->key != 0 && a->owner == owner &&
-	       (a->kind == GS_K_PTR || a->kind == GS_K_ARRAY || a->kind == GS_K_MIPMAP);
+	       (a->kind == GS_K_PTR || a->kind == GS_K_ARRAY || a->kind == GS_K_MIPMAP ||
+		a->kind == GS_K_LIMIT);
 }
 
 static void take_context(CUcontext ctx, struct gs_taken *t)
@@ -1660,6 +1662,95 @@ TEARDOWN_WRAPPER(cuDevicePrimaryCtxRelease, CUdevice, dev, teardown(NULL, NULL, 
 TEARDOWN_WRAPPER(cuDevicePrimaryCtxRelease_v2, CUdevice, dev, teardown(NULL, NULL, fn, dev, 1))
 TEARDOWN_WRAPPER(cuDevicePrimaryCtxReset, CUdevice, dev, teardown(NULL, NULL, fn, dev, 0))
 TEARDOWN_WRAPPER(cuDevicePrimaryCtxReset_v2, CUdevice, dev, teardown(NULL, NULL, fn, dev, 0))
+
+/*
+ * cuCtxSetLimit: the device malloc heap (CU_LIMIT_MALLOC_HEAP_SIZE) and the
+ * per-thread stack (CU_LIMIT_STACK_SIZE, reserved for every thread the
+ * device can hold at once: SMs x threads per SM) are device memory the
+ * context takes when they are set. What a new value takes beyond the one it
+ * replaces is charged first, refused beyond the limit with the driver's own
+ * CUDA_ERROR_OUT_OF_MEMORY; what a smaller value gives back is uncharged,
+ * and the context's end gives back the rest. The defaults are part of the
+ * per-process context charge. One record per context holds the charge.
+ */
+static pthread_mutex_t limit_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t limit_bytes(int limit, size_t value)
+{
+	gs_fn_cuDeviceGetAttribute attr = R(real, cuDeviceGetAttribute);
+	gs_fn_cuCtxGetDevice get_dev = R(real, cuCtxGetDevice);
+	int sms = 0, threads = 0;
+	CUdevice dev;
+
+	if (limit == CU_LIMIT_MALLOC_HEAP_SIZE)
+		return value;
+	if (attr == NULL || get_dev == NULL || get_dev(&dev) != CUDA_SUCCESS ||
+	    attr(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
+	    attr(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) != CUDA_SUCCESS ||
+	    sms <= 0 || threads <= 0)
+		return 0;
+	return mul_sat(value, (uint64_t)sms * (uint64_t)threads);
+}
+
+GS_EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
+{
+	gs_fn_cuCtxGetLimit get = R(real, cuCtxGetLimit);
+	uint64_t before, after, grow = 0, shrink = 0;
+	struct gs_alloc rec;
+	struct gs_charge c;
+	CUcontext ctx;
+	size_t old;
+	CUresult rc;
+	int gpu, had;
+
+	TRACE(GS_ID_cuCtxSetLimit, calls);
+	GET_REAL(cuCtxSetLimit, fn);
+	if (g.mode != GS_ENFORCE ||
+	    (limit != CU_LIMIT_STACK_SIZE && limit != CU_LIMIT_MALLOC_HEAP_SIZE))
+		return fn(limit, value);
+	if (get == NULL || current_ctx(&ctx, &gpu) != CUDA_SUCCESS || gpu < 0 ||
+	    get(&old, limit) != CUDA_SUCCESS)
+		return fn(limit, value);
+	before = limit_bytes(limit, old);
+	after = limit_bytes(limit, value);
+	if (after > before)
+		grow = footprint(after - before);
+	pthread_mutex_lock(&limit_mu);
+	if (grow != 0) {
+		alloc_gate();
+		if (charge_gpu(gpu, grow, &c) != CUDA_SUCCESS) {
+			pthread_mutex_unlock(&limit_mu);
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		}
+	}
+	rc = fn(limit, value);
+	had = alloc_untrack((uint64_t)(uintptr_t)ctx, GS_K_LIMIT, &rec) == 0;
+	if (!had)
+		rec = (struct gs_alloc){ .key = (uint64_t)(uintptr_t)ctx,
+					 .kind = GS_K_LIMIT,
+					 .gpu = gpu,
+					 .owner = (uint64_t)(uintptr_t)ctx,
+					 .refs = 1,
+					 .epoch = epoch_now() };
+	if (rc != CUDA_SUCCESS) {
+		if (grow != 0)
+			uncharge(&c);
+	} else if (grow != 0) {
+		rec.size += grow;
+	} else if (before > after) {
+		shrink = footprint(before - after);
+		shrink = shrink < rec.size ? shrink : rec.size;
+		rec.size -= shrink;
+	}
+	if (shrink != 0)
+		give_back(__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), rec.gpu, shrink, rec.epoch,
+			  rec.pinned);
+	/* Out of memory for the record: the charge goes, as for any allocation. */
+	if (rec.size != 0 && alloc_put(rec) != 0)
+		uncharge_record(&rec);
+	pthread_mutex_unlock(&limit_mu);
+	return rc;
+}
 
 /* --- wrappers: allocations -------------------------------------------------------- */
 

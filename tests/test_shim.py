@@ -644,6 +644,43 @@ def test_stream_ordered_memory_outlives_its_context(
     ]
 
 
+def test_a_contexts_heap_and_stacks_are_charged_as_they_are_set(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    """cuCtxSetLimit's device malloc heap (8 MiB by default) and per-thread stack (1 KiB by
+    default, reserved for every thread the device holds at once: the simulated H100's 132
+    SMs x 2048) are device memory: charged beyond their defaults, refused beyond the quota,
+    given back by a smaller value and by the context's end."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    stack = 1024 * 132 * 2048  # 1 KiB more per thread: 264 MiB
+    steps = ["heap", "264", "info", "stack", "2048", "info", "heap", "8", "info", "heap", "2000"]
+    out = run(run_task, ep, str(cbin["client"]), *steps, "info", "stack", "1024", "info")
+    assert out == [
+        "heap ok",
+        f"info free={GiB - 256 * MiB} total={GiB}",
+        "stack ok",
+        f"info free={GiB - 256 * MiB - stack} total={GiB}",
+        "heap ok",
+        f"info free={GiB - stack} total={GiB}",
+        "heap err 2",  # the driver's CUDA_ERROR_OUT_OF_MEMORY
+        f"info free={GiB - stack} total={GiB}",
+        "stack ok",
+        f"info free={GiB} total={GiB}",
+    ]
+    out = run(run_task, ep, str(cbin["client"]), "ctx", "0", "heap", "520", "info", "ctxdestroy")
+    out += run(run_task, ep, str(cbin["client"]), "ctx", "0", "heap", "520", "ctxdestroy", "info")
+    assert out == [
+        "ctx ok",
+        "heap ok",
+        f"info free={GiB - 512 * MiB} total={GiB}",
+        "ctxdestroy ok",
+        "ctx ok",
+        "heap ok",
+        "ctxdestroy ok",
+        f"info free={GiB} total={GiB}",
+    ]
+
+
 def test_releasing_the_last_primary_retain_uncharges_its_memory(
     daemon: Any, run_task: Any, cbin: dict[str, Path]
 ) -> None:

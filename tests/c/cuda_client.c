@@ -35,6 +35,8 @@
  *   newpool        cuMemPoolCreate on the device; setpool, setlocpool: make it the
  *                  device's current pool (cuDeviceSetMemPool, cuMemSetMemPool);
  *                  pooldestroy: cuMemPoolDestroy of it (or of poolon's): "NAME ok"
+ *   heap MIB       cuCtxSetLimit of the device malloc heap: "heap ok" | "heap err CODE"
+ *   stack BYTES    cuCtxSetLimit of the per-thread stack: "stack ok" | "stack err CODE"
  *   edge           driver answers to bad arguments, one "edge NAME CODE" line each
  *   gpa NAME VER FLAGS   cuGetProcAddress: "gpa NAME VER FLAGS rc=RC status=S LIB:SYMBOL"
  *   threads T N MIB      T threads each make N random allocations/frees of up to MIB:
@@ -151,6 +153,7 @@ static struct {
 	CUresult (*pool_set)(CUmemoryPool, int, void *);
 	CUresult (*pool_get)(CUmemoryPool, int, void *);
 	CUresult (*pool_destroy)(CUmemoryPool);
+	CUresult (*set_limit)(int, size_t);
 } cu;
 
 static gpa_v2_t gpa;
@@ -218,6 +221,7 @@ static void bind_optional(void)
 	cu.pool_set = fetch_flags("cuMemPoolSetAttribute", 11020, 0, 0);
 	cu.pool_get = fetch_flags("cuMemPoolGetAttribute", 11020, 0, 0);
 	cu.pool_destroy = fetch_flags("cuMemPoolDestroy", 11020, 0, 0);
+	cu.set_limit = fetch_flags("cuCtxSetLimit", 3010, 0, 0);
 }
 
 #ifdef LINKED
@@ -1089,6 +1093,14 @@ int main(int argc, char **argv)
 				printf("%s err %d\n", op, rc);
 			else
 				printf(strcmp(op, "vmmretain") == 0 ? "%s ok same\n" : "%s ok\n", op);
+		} else if (strcmp(op, "heap") == 0 || strcmp(op, "stack") == 0) {
+			int heap = op[0] == 'h';
+
+			i++;
+			rc = cu.set_limit == NULL ? CUDA_ERROR_NOT_FOUND :
+			     cu.set_limit(heap ? CU_LIMIT_MALLOC_HEAP_SIZE : CU_LIMIT_STACK_SIZE,
+					  strtoull(arg, NULL, 10) << (heap ? 20 : 0));
+			printf(rc == CUDA_SUCCESS ? "%s ok\n" : "%s err %d\n", op, rc);
 		} else if (is_pool_step(op)) {
 			rc = pool_step(op, arg);
 			i += pool_step_args(op);
