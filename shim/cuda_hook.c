@@ -2000,47 +2000,54 @@ static CUresult pool_take(struct gs_pool *p, uint64_t bytes, struct gs_charge *c
 	return rc;
 }
 
-/* With p->mu held: charge what the pool reserves beyond its charge, if the limit has room. */
-static int pool_charge_to(struct gs_pool *p, uint64_t reserved, int slot)
+/*
+ * With p->mu held: charge what the pool reserves beyond its charge, if the
+ * limit has room. 1 if it fits (*more: whether anything was charged).
+ */
+static int pool_charge_to(struct gs_pool *p, uint64_t reserved, int slot, int *more)
 {
 	if (reserved <= p->charged)
 		return 1;
 	if (gs_ledger_charge(g.ledger, (uint32_t)slot, (uint32_t)p->gpu, reserved - p->charged) != 0)
 		return 0;
 	__atomic_store_n(&p->charged, reserved, __ATOMIC_RELAXED);
+	*more = 1;
 	return 1;
 }
 
 /*
- * The pool grew by more than the footprints: the driver reserves in its
- * own chunks, and a kept chunk too small for a request stays beside the
- * new one. The rest is charged too while the limit has room for it; where
- * it has not, the pool gives back its idle chunks, as the driver does when
- * the device is full, and what it still reserves beyond is charged if it
- * fits. Only what cannot be given back and does not fit goes uncharged.
+ * After an allocation, the pool may have grown by more than the footprints:
+ * the driver reserves in its own chunks, and kept chunks too small or too
+ * scattered for a request stay beside a new one (even when what the pool
+ * keeps adds up to the request). The rest is charged too while the limit
+ * has room for it; where it has not, the pool gives back its idle chunks,
+ * as the driver does when the device is full, and what it still reserves
+ * beyond is charged if it fits. Only what cannot be given back and does
+ * not fit goes uncharged. Returns 1 if the charge grew.
  */
-static void pool_grow(struct gs_pool *p)
+static int pool_grow(struct gs_pool *p)
 {
 	gs_fn_cuMemPoolTrimTo trim = R(real, cuMemPoolTrimTo);
 	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
 	uint64_t reserved, keep;
-	int known, fits;
+	int known, fits, more = 0;
 
 	reserved = pool_reserved(p, &known);
 	if (!known || slot < 0)
-		return;
+		return 0;
 	pthread_mutex_lock(&p->mu);
-	fits = pool_charge_to(p, reserved, slot);
+	fits = pool_charge_to(p, reserved, slot, &more);
 	keep = p->charged;
 	pthread_mutex_unlock(&p->mu);
 	if (fits || trim == NULL || trim((CUmemoryPool)(uintptr_t)p->handle, keep) != CUDA_SUCCESS)
-		return;
+		return more;
 	reserved = pool_reserved(p, &known);
 	if (!known)
-		return;
+		return more;
 	pthread_mutex_lock(&p->mu);
-	pool_charge_to(p, reserved, slot);
+	pool_charge_to(p, reserved, slot, &more);
 	pthread_mutex_unlock(&p->mu);
+	return more;
 }
 
 /* A record of pool memory was freed: its bytes stay charged, to the pool. */
@@ -2072,8 +2079,9 @@ static CUresult pool_settle(CUresult rc, CUdeviceptr key, struct gs_pool *p,
 		pool_sync(p);
 		return rc;
 	}
-	if (grew != 0)
-		pool_grow(p);
+	/* One query of the pool per allocation: the price of charging what it really holds. */
+	if (pool_grow(p))
+		grew = 1;
 	if (alloc_track(key, GS_K_PTR, c) != 0) {
 		undo_ptr(key);
 		pool_give(&a);

@@ -219,6 +219,15 @@ def test_a_pool_takes_from_what_it_keeps_and_never_holds_beyond_the_quota(
         f"info free={GiB - 900 * MiB} total={GiB}",
         f"reserved {900 * MiB}",  # not 1500: the idle 600 MiB chunk went back
     ]
+    # What the pool keeps adds up to the request but no kept chunk holds it: the pool
+    # reserves a new one beside them, and holds, and is charged, both.
+    frag = ["keep", "max", "async", "32", "async", "64", "free", "free", "async", "96"]
+    out = run(run_task, ep, client, *frag, "info", "reserved")
+    assert out[-3:] == [
+        "async ok",
+        f"info free={GiB - 192 * MiB} total={GiB}",
+        f"reserved {192 * MiB}",
+    ]
 
 
 @pytest.mark.parametrize("setter", ["setpool", "setlocpool"])

@@ -1,7 +1,7 @@
 """Time slicing with real PyTorch: two real training loops (tests/torch_timeslice_case.py,
 real ``torch.optim`` optimizers, the boundaries from gpushare's global optimizer step hook)
-under real gpushare-run on one time-sliced simulated GPU of a real nodemgr, in torch's
-native allocator mode and with expandable segments.
+under real gpushare-run on one time-sliced simulated GPU of a real nodemgr, in each of
+torch's allocator modes (native, expandable segments, cudaMallocAsync).
 
 They take turns of a quantum of steps and their steps never overlap (their times are
 ``time.monotonic()``, one clock for every process); each release empties torch's cache, and
@@ -136,7 +136,7 @@ def check_turns(run: Run) -> None:
         assert released == [0, *range(QUANTUM - 1, STEPS, QUANTUM)], (n, released)
 
 
-@pytest.mark.parametrize("mode", ["native", "expandable"])
+@pytest.mark.parametrize("mode", ["native", "expandable", "async"])
 def test_two_real_training_loops_take_turns(
     daemon_factory: Any,
     run_task: Any,
