@@ -34,10 +34,11 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 
 install: $(VENV)/.installed
 
-# The real-PyTorch tiers (tests/test_torch_sim.py, tests/test_torch_gpushare.py) run a
-# pinned PyTorch on the simulated driver from a venv of its own (the main venv's tests
-# import a stand-in `torch`). Made once: pip downloads about 3 GB (torch and its nvidia-* CUDA 13.0 libraries)
-# where it has no local copy, and the venv takes 5.4 GB. The stamp names the version, so a
+# The real-PyTorch tiers (tests/test_torch_sim.py, and under gpushare
+# test_torch_gpushare.py, test_torch_processes.py, test_torch_timeslice.py) run a pinned
+# PyTorch on the simulated driver from a venv of its own (the main venv's tests import a
+# stand-in `torch`). Made once: pip downloads about 3 GB (torch and its nvidia-* CUDA 13.0
+# libraries) where it has no local copy, and the venv takes 5.4 GB. The stamp names the version, so a
 # new pin makes the venv again. The tier gets the venv's Python in GPUSHARE_TEST_TORCH_PYTHON.
 TORCH_VERSION := 2.14.1
 TORCH_VENV    := .venv-torch
