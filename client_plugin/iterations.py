@@ -269,11 +269,16 @@ def _graph_replayed(graph: Any) -> None:
 
 
 def _torch_release(torch: Any) -> None:
-    # Unfinished kernels still use the blocks; and the next task's turn starts
-    # only once this one's work is done.
-    if torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+    # Unfinished kernels still use the blocks; and the next task's turn starts only once
+    # this one's work is done, on every GPU the process holds memory on, not only the
+    # current one. A GPU it never used is left alone: synchronising would make a context.
+    if not torch.cuda.is_initialized():
+        return
+    current = torch.cuda.current_device()
+    for device in range(torch.cuda.device_count()):
+        if device == current or torch.cuda.memory_reserved(device) > 0:
+            torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
 
 
 # Model.fit(x, y, batch_size, epochs, verbose, callbacks, ...): callbacks' position.

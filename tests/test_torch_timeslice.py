@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import _wait_for, turns_changed
-from tests.test_torch_sim import MODES, torch_python  # noqa: F401 (a fixture)
+from tests.test_torch_sim import MODES, torch_env, torch_python  # noqa: F401 (a fixture)
 
 HERE = Path(__file__).resolve().parent
 CASE = HERE / "torch_timeslice_case.py"
@@ -186,3 +186,46 @@ def test_steps_captured_in_a_cuda_graph_take_turns(
     run = run_loops(daemon_factory, run_task, torch_python, tmp_path, "native", "graph")
     assert run.captured == dict.fromkeys(OPTIMIZERS, WARMUP)
     check_turns(run)
+
+
+RELEASE = """
+import sys
+import torch
+from client_plugin import iterations
+
+held = [torch.ones(1 << 20, device=f"cuda:{d}") for d in map(int, sys.argv[1].split(","))]
+torch.cuda.set_device(0)
+held.clear()  # cached by torch, reserved still
+torch.cuda.mem_get_info()  # marks the trace: the release starts
+iterations._torch_release(torch)
+torch.cuda.mem_get_info()  # and ends
+print(torch.cuda.memory_reserved(0), torch.cuda.memory_reserved(1))
+"""
+
+
+@pytest.mark.parametrize(("devices", "synced"), [("0", 1), ("1", 2), ("0,1", 2)])
+def test_a_release_waits_for_every_gpu_the_process_holds_memory_on(
+    torch_python: str,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+    devices: str,
+    synced: int,
+) -> None:
+    """A turn ends once the task's work is done on each GPU it holds memory on, so the
+    release synchronises each of them (and the current one), then empties the cache; a GPU
+    the process never used gets no synchronisation, which would make a context there."""
+    trace = tmp_path / "trace"
+    env = torch_env(None) | {"GPUSHARE_SIM_TRACE": str(trace)}
+    p = subprocess.run(
+        [torch_python, "-c", RELEASE, devices],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert p.stdout.split() == ["0", "0"]  # the cache emptied on both
+    calls = [line.split()[2] for line in trace.read_text().splitlines()]
+    marks = [i for i, c in enumerate(calls) if c.startswith("cuMemGetInfo")]
+    during = calls[marks[-2] : marks[-1]]
+    assert sum(c.startswith("cuCtxSynchronize") for c in during) == synced, during
+    assert not any(c.startswith("cuDevicePrimaryCtxRetain") for c in during), during
