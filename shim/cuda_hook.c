@@ -2094,41 +2094,7 @@ static CUresult pool_settle(CUresult rc, CUdeviceptr key, struct gs_pool *p,
 	return CUDA_SUCCESS;
 }
 
-/*
- * An allocation from pool p (NULL: not one the shim can follow, charged as
- * plain memory on the stream's device), in the shape of ALLOC_PTR.
- */
-#define ALLOC_POOL(call, dptr, bytes, pool_expr, stream)                          \
-	do {                                                                     \
-		struct gs_charge c_;                                             \
-		struct gs_pool *p_;                                              \
-		uint64_t grew_;                                                  \
-		CUresult rc_;                                                    \
-		if (g.mode == GS_INERT)                                          \
-			return call;                                             \
-		if (g.mode == GS_BROKEN)                                         \
-			return CUDA_ERROR_NOT_PERMITTED;                         \
-		if ((dptr) == NULL || (bytes) == 0)                              \
-			return call;                                             \
-		p_ = (pool_expr);                                                \
-		if (p_ != NULL && p_->gpu == GS_POOL_HOST)                       \
-			return call;                                             \
-		if (p_ == NULL) {                                                \
-			rc_ = charge_stream((stream), footprint(bytes), &c_);    \
-			if (rc_ != CUDA_SUCCESS)                                 \
-				return rc_;                                      \
-			rc_ = call;                                              \
-			return settle(rc_, *(dptr), GS_K_PTR, &c_, undo_ptr);    \
-		}                                                                \
-		alloc_gate();                                                    \
-		rc_ = pool_take(p_, footprint(bytes), &c_, &grew_);              \
-		if (rc_ != CUDA_SUCCESS)                                         \
-			return rc_;                                              \
-		rc_ = call;                                                      \
-		return pool_settle(rc_, *(dptr), p_, &c_, grew_);                \
-	} while (0)
-
-/* The pool of the stream's device that cuMemAllocAsync takes from. */
+/* The pool cuMemAllocAsync takes from: the current pool of the stream's device. */
 static struct gs_pool *stream_pool(CUstream stream)
 {
 	CUcontext ctx;
@@ -2154,37 +2120,78 @@ static struct gs_pool *named_pool(CUmemoryPool pool, CUstream stream)
 	return pool_note(pool, gpu);
 }
 
-GS_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+/* How a stream-ordered allocation is accounted. */
+struct gs_pool_alloc {
+	enum {
+		GS_PASS,   /* straight to the driver: inert, its own answer to bad arguments, host pool */
+		GS_PLAIN,  /* a pool the shim cannot follow: charged as plain memory */
+		GS_POOLED, /* charged to its pool */
+	} how;
+	struct gs_charge c;
+	struct gs_pool *p;
+	uint64_t grew;
+};
+
+/*
+ * Before the driver call of a stream-ordered allocation from `pool` (NULL:
+ * the stream's device's current pool): an error to answer, or op->how and
+ * its charge. The mode decides as for every allocation (ALLOC_PTR).
+ */
+static CUresult pool_alloc_begin(struct gs_pool_alloc *op, const CUdeviceptr *dptr, size_t bytes,
+				 CUmemoryPool pool, CUstream stream)
 {
-	TRACE(GS_ID_cuMemAllocAsync, calls);
-	GET_REAL(cuMemAllocAsync, fn);
-	ALLOC_POOL(fn(dptr, bytesize, stream), dptr, bytesize, stream_pool(stream), stream);
+	op->how = GS_PASS;
+	if (g.mode == GS_INERT)
+		return CUDA_SUCCESS;
+	if (g.mode == GS_BROKEN)
+		return CUDA_ERROR_NOT_PERMITTED;
+	if (dptr == NULL || bytes == 0)
+		return CUDA_SUCCESS;
+	op->p = pool != NULL ? named_pool(pool, stream) : stream_pool(stream);
+	if (op->p != NULL && op->p->gpu == GS_POOL_HOST)
+		return CUDA_SUCCESS;
+	if (op->p == NULL) {
+		op->how = GS_PLAIN;
+		return charge_stream(stream, footprint(bytes), &op->c);
+	}
+	op->how = GS_POOLED;
+	alloc_gate();
+	return pool_take(op->p, footprint(bytes), &op->c, &op->grew);
 }
 
-GS_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+/* After the driver's answer to an allocation pool_alloc_begin() charged. */
+static CUresult pool_alloc_end(const struct gs_pool_alloc *op, CUresult rc, const CUdeviceptr *dptr)
 {
-	TRACE(GS_ID_cuMemAllocAsync_ptsz, calls);
-	GET_REAL(cuMemAllocAsync_ptsz, fn);
-	ALLOC_POOL(fn(dptr, bytesize, stream), dptr, bytesize, stream_pool(stream), stream);
+	if (op->how == GS_PLAIN)
+		return settle(rc, *dptr, GS_K_PTR, &op->c, undo_ptr);
+	return pool_settle(rc, *dptr, op->p, &op->c, op->grew);
 }
 
-GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-					   CUstream stream)
-{
-	TRACE(GS_ID_cuMemAllocFromPoolAsync, calls);
-	GET_REAL(cuMemAllocFromPoolAsync, fn);
-	ALLOC_POOL(fn(dptr, bytesize, pool, stream), dptr, bytesize, named_pool(pool, stream),
-		   stream);
-}
+#define ASYNC_WRAPPER(abi, params, pool, args)                                  \
+	GS_EXPORT CUresult abi params                                            \
+	{                                                                        \
+		struct gs_pool_alloc op;                                         \
+		CUresult rc;                                                     \
+		TRACE(GS_ID_##abi, calls);                                       \
+		GET_REAL(abi, fn);                                               \
+		rc = pool_alloc_begin(&op, dptr, bytesize, (pool), stream);      \
+		if (rc != CUDA_SUCCESS)                                          \
+			return rc;                                               \
+		if (op.how == GS_PASS)                                           \
+			return fn args;                                          \
+		return pool_alloc_end(&op, fn args, dptr);                       \
+	}
 
-GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-						CUmemoryPool pool, CUstream stream)
-{
-	TRACE(GS_ID_cuMemAllocFromPoolAsync_ptsz, calls);
-	GET_REAL(cuMemAllocFromPoolAsync_ptsz, fn);
-	ALLOC_POOL(fn(dptr, bytesize, pool, stream), dptr, bytesize, named_pool(pool, stream),
-		   stream);
-}
+ASYNC_WRAPPER(cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize, CUstream stream), NULL,
+	      (dptr, bytesize, stream))
+ASYNC_WRAPPER(cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream stream), NULL,
+	      (dptr, bytesize, stream))
+ASYNC_WRAPPER(cuMemAllocFromPoolAsync,
+	      (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream), pool,
+	      (dptr, bytesize, pool, stream))
+ASYNC_WRAPPER(cuMemAllocFromPoolAsync_ptsz,
+	      (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream), pool,
+	      (dptr, bytesize, pool, stream))
 
 /* Device memory pools (pinned allocations at a device) are charged; host and managed ones not. */
 static int pool_gpu(const CUmemLocation *location, int type)
