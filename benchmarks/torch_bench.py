@@ -104,6 +104,7 @@ def _worker(spec_json: str) -> int:
                 "visible": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                 "sim_gpus": os.environ.get("GPUSHARE_SIM_GPUS", ""),
                 "torch": str(torch.__version__),
+                "backend": str(torch.cuda.get_allocator_backend()),
             }
         ),
         flush=True,
@@ -235,10 +236,13 @@ def interleaved(pairs: int, run: Callable[[bool, int], None]) -> None:
             run(shim, i)
 
 
-def bench_train_step(sides: Sides, quick: bool) -> dict[str, Any]:
+def bench_train_step(sides: Sides, quick: bool, backend: str = "native") -> dict[str, Any]:
     spec = {"width": 512, "batch": 128, "warmup": 20, "steps": 30, "blocks": 3 if quick else 10}
     pairs = 2 if quick else 6
     program = [sides.python, str(SELF), "--worker", json.dumps(spec)]
+    # torch's allocator: its own cache (native), or the driver's stream-ordered pool, where
+    # each allocation and free reaches the shim (and costs it one query of the pool).
+    alloc = {} if backend == "native" else {"PYTORCH_CUDA_ALLOC_CONF": f"backend:{backend}"}
     blocks: dict[bool, list[float]] = {True: [], False: []}
     medians: dict[bool, list[float]] = {True: [], False: []}
     hooks: set[bool] = set()
@@ -246,9 +250,11 @@ def bench_train_step(sides: Sides, quick: bool) -> dict[str, Any]:
     def run(shim: bool, i: int) -> None:
         what = f"train_step pair {i + 1}/{pairs} {'with' if shim else 'without'} gpushare"
         say(what)
-        _, out = _run(sides.argv(shim, program), sides.env(shim), what)
+        _, out = _run(sides.argv(shim, program), {**sides.env(shim), **alloc}, what)
         doc = _parse(out, what)
         sides.check(doc, shim, what)
+        if doc["backend"] != backend:
+            raise BenchError(f"{what}: torch's allocator is {doc['backend']}, not {backend}")
         if shim:
             hooks.add(bool(doc["hooks"]))
         blocks[shim] += doc["step_ms"]
@@ -268,7 +274,8 @@ def bench_train_step(sides: Sides, quick: bool) -> dict[str, Any]:
         "setup": (
             f"ms per step of Linear({spec['width']},{spec['width']})-ReLU-"
             f"Linear({spec['width']},{spec['width']})-ReLU-Linear({spec['width']},10), batch "
-            f"{spec['batch']}, cross-entropy, torch.optim.Adam; per process {spec['warmup']} "
+            f"{spec['batch']}, cross-entropy, torch.optim.Adam, torch's {backend} allocator; "
+            f"per process {spec['warmup']} "
             f"warm-up steps, then {spec['blocks']} blocks of {spec['steps']} steps each ending "
             f"in a synchronize (one sample per block); {pairs} processes per side, alternating; "
             "median and p90 over all blocks of a side; ratio = with / without medians"
@@ -315,6 +322,7 @@ def bench_startup(sides: Sides, quick: bool) -> dict[str, Any]:
 
 BENCHMARKS: dict[str, Callable[[Sides, bool], dict[str, Any]]] = {
     "train_step": bench_train_step,
+    "train_step_async": functools.partial(bench_train_step, backend="cudaMallocAsync"),
     "startup": bench_startup,
 }
 
