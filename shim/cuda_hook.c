@@ -1911,12 +1911,33 @@ static void pool_shrink(struct gs_pool *p, uint64_t target)
 		gs_ledger_unpersist(g.ledger, (uint32_t)slot, (uint32_t)p->gpu, unpersist);
 }
 
+/*
+ * A device's graph memory pool (see "graph memory" below) is an entry of the
+ * table too, under a handle no driver pool has: so boundaries classify its
+ * charge as they do a pool's.
+ */
+#define GS_GRAPH_POOL(gpu) (UINT64_MAX - (uint64_t)(gpu))
+#define GS_GRAPH_RESERVED_CURRENT 2 /* CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT */
+
+static inline int is_graph_pool(const struct gs_pool *p)
+{
+	return p->handle > UINT64_MAX - GS_MAX_GPUS;
+}
+
 /* What the driver says the pool reserves; 0 with *known 0 when it cannot say. */
 static uint64_t pool_reserved(const struct gs_pool *p, int *known)
 {
 	gs_fn_cuMemPoolGetAttribute get = R(real, cuMemPoolGetAttribute);
+	gs_fn_cuDeviceGetGraphMemAttribute get_graph = R(real, cuDeviceGetGraphMemAttribute);
 	cuuint64_t bytes = 0;
+	CUdevice dev;
 
+	if (is_graph_pool(p)) {
+		dev = gpu_device(p->gpu);
+		*known = dev >= 0 && get_graph != NULL &&
+			 get_graph(dev, GS_GRAPH_RESERVED_CURRENT, &bytes) == CUDA_SUCCESS;
+		return bytes;
+	}
 	*known = get != NULL && get((CUmemoryPool)(uintptr_t)p->handle, GS_POOL_RESERVED_CURRENT,
 				    &bytes) == CUDA_SUCCESS;
 	return bytes;
@@ -1948,6 +1969,9 @@ static void pools_after_sync(void)
 		struct gs_pool *p = &pools[i];
 		uint64_t charged = __atomic_load_n(&p->charged, __ATOMIC_RELAXED);
 
+		/* The graph memory pool keeps what it holds across synchronisations. */
+		if (is_graph_pool(p))
+			continue;
 		if (charged > __atomic_load_n(&p->in_use, __ATOMIC_RELAXED) &&
 		    charged > __atomic_load_n(&p->threshold, __ATOMIC_RELAXED))
 			pool_sync(p);
@@ -2095,10 +2119,54 @@ static CUresult pool_settle(CUresult rc, CUdeviceptr key, struct gs_pool *p,
 }
 
 /*
- * An allocation from pool p (NULL: not one the shim can follow, charged as
- * plain memory on the stream's device), in the shape of ALLOC_PTR.
+ * Graph memory. A stream-ordered allocation on a capturing stream takes no
+ * memory from its pool: it becomes an allocation node of the graph, whose
+ * memory the device's graph memory pool maps when an executable graph
+ * holding the node is uploaded or launched, and keeps (for later launches)
+ * after the graph frees it, until cuDeviceGraphMemTrim. So a captured
+ * allocation is not charged; the device's graph pool is, following what
+ * the driver says it reserves (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT):
+ * up after a launch or an upload, down after a trim or an executable
+ * graph's destruction. The memory is taken by the time the shim learns of
+ * it (the driver says nothing of a graph's needs beforehand): where the
+ * limit has no room for it, the pool is trimmed and what it still holds
+ * charged if that fits; what does not stays uncharged until a later
+ * launch finds room or a trim gives it back.
+ *
+ * A process that never made graph memory pays one relaxed load per graph
+ * launch. Captures in progress are counted (cuStreamBeginCapture* and
+ * cuStreamEndCapture*), so a stream-ordered allocation asks the driver
+ * whether its stream captures only while some capture is under way. A
+ * capture its stream's destruction ended keeps the count up: the price is
+ * that question on each later stream-ordered allocation.
  */
-#define ALLOC_POOL(call, dptr, bytes, pool_expr, stream)                          \
+static uint32_t captures;  /* begun and not ended in this process */
+static uint32_t graph_mem; /* 1 once this process made graph memory */
+
+/* Whether a stream captures; only asked while captures is nonzero. */
+static int stream_captures(CUstream stream)
+{
+	gs_fn_cuStreamIsCapturing is = R(real, cuStreamIsCapturing);
+	int status = 0;
+
+	return is != NULL && is(stream, &status) == CUDA_SUCCESS && status != 0;
+}
+
+/* A graph's allocation node: the driver's answer, uncharged. */
+static CUresult graph_node_made(CUresult rc)
+{
+	if (rc == CUDA_SUCCESS)
+		__atomic_store_n(&graph_mem, 1, __ATOMIC_RELEASE);
+	return rc;
+}
+
+/*
+ * An allocation from pool p (NULL: not one the shim can follow, charged as
+ * plain memory on the stream's device), in the shape of ALLOC_PTR. On a
+ * capturing stream (cap_stream: the stream as the driver names it to
+ * cuStreamIsCapturing) it is a graph's allocation node, charged at launch.
+ */
+#define ALLOC_POOL(call, dptr, bytes, pool_expr, stream, cap_stream)              \
 	do {                                                                     \
 		struct gs_charge c_;                                             \
 		struct gs_pool *p_;                                              \
@@ -2110,6 +2178,9 @@ static CUresult pool_settle(CUresult rc, CUdeviceptr key, struct gs_pool *p,
 			return CUDA_ERROR_NOT_PERMITTED;                         \
 		if ((dptr) == NULL || (bytes) == 0)                              \
 			return call;                                             \
+		if (__atomic_load_n(&captures, __ATOMIC_RELAXED) != 0 &&        \
+		    stream_captures(cap_stream))                                 \
+			return graph_node_made(call);                            \
 		p_ = (pool_expr);                                                \
 		if (p_ != NULL && p_->gpu == GS_POOL_HOST)                       \
 			return call;                                             \
@@ -2158,14 +2229,18 @@ GS_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream 
 {
 	TRACE(GS_ID_cuMemAllocAsync, calls);
 	GET_REAL(cuMemAllocAsync, fn);
-	ALLOC_POOL(fn(dptr, bytesize, stream), dptr, bytesize, stream_pool(stream), stream);
+	ALLOC_POOL(fn(dptr, bytesize, stream), dptr, bytesize, stream_pool(stream), stream, stream);
 }
+
+/* The per-thread flavours' NULL stream is the per-thread default stream, which may capture. */
+#define PTSZ_STREAM(stream) ((stream) == NULL ? GS_STREAM_PER_THREAD : (stream))
 
 GS_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
 	TRACE(GS_ID_cuMemAllocAsync_ptsz, calls);
 	GET_REAL(cuMemAllocAsync_ptsz, fn);
-	ALLOC_POOL(fn(dptr, bytesize, stream), dptr, bytesize, stream_pool(stream), stream);
+	ALLOC_POOL(fn(dptr, bytesize, stream), dptr, bytesize, stream_pool(stream), stream,
+		   PTSZ_STREAM(stream));
 }
 
 GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -2174,7 +2249,7 @@ GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, C
 	TRACE(GS_ID_cuMemAllocFromPoolAsync, calls);
 	GET_REAL(cuMemAllocFromPoolAsync, fn);
 	ALLOC_POOL(fn(dptr, bytesize, pool, stream), dptr, bytesize, named_pool(pool, stream),
-		   stream);
+		   stream, stream);
 }
 
 GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
@@ -2183,7 +2258,7 @@ GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesi
 	TRACE(GS_ID_cuMemAllocFromPoolAsync_ptsz, calls);
 	GET_REAL(cuMemAllocFromPoolAsync_ptsz, fn);
 	ALLOC_POOL(fn(dptr, bytesize, pool, stream), dptr, bytesize, named_pool(pool, stream),
-		   stream);
+		   stream, PTSZ_STREAM(stream));
 }
 
 /* Device memory pools (pinned allocations at a device) are charged; host and managed ones not. */
@@ -2351,6 +2426,189 @@ SYNC_WRAPPER(cuCtxSynchronize_v2, (CUcontext ctx), (ctx))
 SYNC_WRAPPER(cuStreamSynchronize, (CUstream stream), (stream))
 SYNC_WRAPPER(cuStreamSynchronize_ptsz, (CUstream stream), (stream))
 SYNC_WRAPPER(cuEventSynchronize, (CUevent event), (event))
+
+/* --- graph memory (see above ALLOC_POOL) ----------------------------------------- */
+
+static struct gs_pool *graph_pools[GS_MAX_GPUS];
+
+/* Ledger GPU gpu's graph memory pool entry; NULL when the table is full. */
+static struct gs_pool *graph_pool(int gpu)
+{
+	struct gs_pool *p;
+
+	if (gpu < 0 || gpu >= GS_MAX_GPUS)
+		return NULL;
+	p = __atomic_load_n(&graph_pools[gpu], __ATOMIC_ACQUIRE);
+	if (p == NULL) {
+		p = pool_note((CUmemoryPool)(uintptr_t)GS_GRAPH_POOL(gpu), gpu);
+		__atomic_store_n(&graph_pools[gpu], p, __ATOMIC_RELEASE);
+	}
+	return p;
+}
+
+/*
+ * After a launch or an upload on a stream: the charge of its device's graph
+ * pool up to what the pool reserves, if the limit has room; if not, after
+ * a trim, up to what the pool still reserves, if that fits.
+ */
+static __attribute__((noinline, cold)) void graph_launched(CUstream stream)
+{
+	gs_fn_cuDeviceGraphMemTrim trim = R(real, cuDeviceGraphMemTrim);
+	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	int known, fits, more = 0, gpu;
+	struct gs_pool *p;
+	uint64_t reserved;
+	CUcontext ctx;
+
+	if (g.mode != GS_ENFORCE || slot < 0 || stream_ctx(stream, &ctx, &gpu) != CUDA_SUCCESS ||
+	    (p = graph_pool(gpu)) == NULL)
+		return;
+	reserved = pool_reserved(p, &known);
+	if (!known)
+		return;
+	pthread_mutex_lock(&p->mu);
+	fits = pool_charge_to(p, reserved, slot, &more);
+	pthread_mutex_unlock(&p->mu);
+	if (!fits && trim != NULL && trim(gpu_device(gpu)) == CUDA_SUCCESS) {
+		reserved = pool_reserved(p, &known);
+		if (known) {
+			pthread_mutex_lock(&p->mu);
+			pool_shrink(p, reserved);
+			pool_charge_to(p, reserved, slot, &more);
+			pthread_mutex_unlock(&p->mu);
+		}
+	}
+	/* What a process takes before its first boundary is set-up, not temporary. */
+	if (more && epoch_now() >= 1)
+		gs_ledger_note_temp(g.ledger, (uint32_t)slot, (uint32_t)gpu);
+}
+
+/* Every graph pool's charge down to what it reserves now. */
+static void graph_pools_sync(void)
+{
+	for (int gpu = 0; gpu < GS_MAX_GPUS; gpu++) {
+		struct gs_pool *p = __atomic_load_n(&graph_pools[gpu], __ATOMIC_ACQUIRE);
+
+		if (p != NULL)
+			pool_sync(p);
+	}
+}
+
+#define BEGIN_CAPTURE_WRAPPER(abi, params, args)                         \
+	GS_EXPORT CUresult abi params                                    \
+	{                                                                \
+		CUresult rc;                                             \
+		TRACE(GS_ID_##abi, calls);                               \
+		GET_REAL(abi, fn);                                       \
+		rc = fn args;                                            \
+		if (rc == CUDA_SUCCESS)                                  \
+			__atomic_add_fetch(&captures, 1, __ATOMIC_RELAXED); \
+		return rc;                                               \
+	}
+
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture, (CUstream stream), (stream))
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture_ptsz, (CUstream stream), (stream))
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture_v2, (CUstream stream, int mode), (stream, mode))
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture_v2_ptsz, (CUstream stream, int mode), (stream, mode))
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCaptureToGraph,
+		      (CUstream stream, void *graph, const void *deps, const void *edges,
+		       size_t ndeps, int mode),
+		      (stream, graph, deps, edges, ndeps, mode))
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCaptureToGraph_ptsz,
+		      (CUstream stream, void *graph, const void *deps, const void *edges,
+		       size_t ndeps, int mode),
+		      (stream, graph, deps, edges, ndeps, mode))
+
+#define GS_CAPTURE_INVALIDATED 901 /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: ended all the same */
+
+/* A capture ends with success, or invalidated; the count never goes below 0. */
+static void capture_ended(CUresult rc)
+{
+	uint32_t n = __atomic_load_n(&captures, __ATOMIC_RELAXED);
+
+	if (rc != CUDA_SUCCESS && rc != GS_CAPTURE_INVALIDATED)
+		return;
+	while (n != 0 && !__atomic_compare_exchange_n(&captures, &n, n - 1, 1, __ATOMIC_RELAXED,
+						      __ATOMIC_RELAXED))
+		;
+}
+
+GS_EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph)
+{
+	CUresult rc;
+
+	TRACE(GS_ID_cuStreamEndCapture, calls);
+	GET_REAL(cuStreamEndCapture, fn);
+	rc = fn(stream, graph);
+	capture_ended(rc);
+	return rc;
+}
+
+GS_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, void **graph)
+{
+	CUresult rc;
+
+	TRACE(GS_ID_cuStreamEndCapture_ptsz, calls);
+	GET_REAL(cuStreamEndCapture_ptsz, fn);
+	rc = fn(stream, graph);
+	capture_ended(rc);
+	return rc;
+}
+
+GS_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *deps,
+					  size_t ndeps, void *params)
+{
+	TRACE(GS_ID_cuGraphAddMemAllocNode, calls);
+	GET_REAL(cuGraphAddMemAllocNode, fn);
+	if (g.mode != GS_ENFORCE)
+		return fn(node, graph, deps, ndeps, params);
+	return graph_node_made(fn(node, graph, deps, ndeps, params));
+}
+
+/* An upload maps the graph's memory as its launch would. */
+#define UPLOAD_WRAPPER(abi)                                                          \
+	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                    \
+	{                                                                            \
+		CUresult rc;                                                         \
+		TRACE(GS_ID_##abi, calls);                                           \
+		GET_REAL(abi, fn);                                                   \
+		rc = fn(exec, stream);                                               \
+		if (rc == CUDA_SUCCESS && __atomic_load_n(&graph_mem, __ATOMIC_ACQUIRE)) \
+			graph_launched(stream);                                      \
+		return rc;                                                           \
+	}
+
+UPLOAD_WRAPPER(cuGraphUpload)
+UPLOAD_WRAPPER(cuGraphUpload_ptsz)
+
+GS_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+	struct gs_pool *p;
+	CUresult rc;
+	int gpu;
+
+	TRACE(GS_ID_cuDeviceGraphMemTrim, calls);
+	GET_REAL(cuDeviceGraphMemTrim, fn);
+	rc = fn(dev);
+	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE && (gpu = ledger_gpu(dev)) >= 0 &&
+	    gpu < GS_MAX_GPUS && (p = __atomic_load_n(&graph_pools[gpu], __ATOMIC_ACQUIRE)) != NULL)
+		pool_sync(p);
+	return rc;
+}
+
+/* The driver may give back the memory only that executable graph's launches used. */
+GS_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
+{
+	CUresult rc;
+
+	TRACE(GS_ID_cuGraphExecDestroy, calls);
+	GET_REAL(cuGraphExecDestroy, fn);
+	rc = fn(exec);
+	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE &&
+	    __atomic_load_n(&graph_mem, __ATOMIC_ACQUIRE))
+		graph_pools_sync();
+	return rc;
+}
 
 /*
  * The pitch the driver picks is known only afterwards: charge for the width
@@ -2793,8 +3051,24 @@ LAUNCH_WRAPPER(cuLaunchCooperativeKernel, GS_COOP_PARAMS,
 	       (f, gx, gy, gz, bx, by, bz, shmem, stream, params))
 LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, GS_COOP_PARAMS,
 	       (f, gx, gy, gz, bx, by, bz, shmem, stream, params))
-LAUNCH_WRAPPER(cuGraphLaunch, (CUgraphExec exec, CUstream stream), (exec, stream))
-LAUNCH_WRAPPER(cuGraphLaunch_ptsz, (CUgraphExec exec, CUstream stream), (exec, stream))
+
+/* A graph launch may map graph memory: one flag read unless the process ever made some. */
+#define GRAPH_LAUNCH_WRAPPER(abi)                                                  \
+	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                  \
+	{                                                                          \
+		CUresult rc;                                                       \
+		TRACE(GS_ID_##abi, calls);                                         \
+		GET_REAL(abi, fn);                                                 \
+		launch_gate();                                                     \
+		rc = fn(exec, stream);                                             \
+		if (unlikely(__atomic_load_n(&graph_mem, __ATOMIC_RELAXED) != 0) && \
+		    rc == CUDA_SUCCESS)                                            \
+			graph_launched(stream);                                    \
+		return rc;                                                         \
+	}
+
+GRAPH_LAUNCH_WRAPPER(cuGraphLaunch)
+GRAPH_LAUNCH_WRAPPER(cuGraphLaunch_ptsz)
 
 /* --- wrappers: lookup ------------------------------------------------------------------- */
 
