@@ -1911,12 +1911,33 @@ static void pool_shrink(struct gs_pool *p, uint64_t target)
 		gs_ledger_unpersist(g.ledger, (uint32_t)slot, (uint32_t)p->gpu, unpersist);
 }
 
+/*
+ * A device's graph memory pool (see "graph memory" below) is an entry of the
+ * table too, under a handle no driver pool has: so boundaries classify its
+ * charge as they do a pool's.
+ */
+#define GS_GRAPH_POOL(gpu) (UINT64_MAX - (uint64_t)(gpu))
+#define GS_GRAPH_RESERVED_CURRENT 2 /* CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT */
+
+static inline int is_graph_pool(const struct gs_pool *p)
+{
+	return p->handle > UINT64_MAX - GS_MAX_GPUS;
+}
+
 /* What the driver says the pool reserves; 0 with *known 0 when it cannot say. */
 static uint64_t pool_reserved(const struct gs_pool *p, int *known)
 {
 	gs_fn_cuMemPoolGetAttribute get = R(real, cuMemPoolGetAttribute);
+	gs_fn_cuDeviceGetGraphMemAttribute get_graph = R(real, cuDeviceGetGraphMemAttribute);
 	cuuint64_t bytes = 0;
+	CUdevice dev;
 
+	if (is_graph_pool(p)) {
+		dev = gpu_device(p->gpu);
+		*known = dev >= 0 && get_graph != NULL &&
+			 get_graph(dev, GS_GRAPH_RESERVED_CURRENT, &bytes) == CUDA_SUCCESS;
+		return bytes;
+	}
 	*known = get != NULL && get((CUmemoryPool)(uintptr_t)p->handle, GS_POOL_RESERVED_CURRENT,
 				    &bytes) == CUDA_SUCCESS;
 	return bytes;
@@ -1948,6 +1969,9 @@ static void pools_after_sync(void)
 		struct gs_pool *p = &pools[i];
 		uint64_t charged = __atomic_load_n(&p->charged, __ATOMIC_RELAXED);
 
+		/* The graph memory pool keeps what it holds across synchronisations. */
+		if (is_graph_pool(p))
+			continue;
 		if (charged > __atomic_load_n(&p->in_use, __ATOMIC_RELAXED) &&
 		    charged > __atomic_load_n(&p->threshold, __ATOMIC_RELAXED))
 			pool_sync(p);
@@ -2094,6 +2118,48 @@ static CUresult pool_settle(CUresult rc, CUdeviceptr key, struct gs_pool *p,
 	return CUDA_SUCCESS;
 }
 
+/*
+ * Graph memory. A stream-ordered allocation on a capturing stream takes no
+ * memory from its pool: it becomes an allocation node of the graph, whose
+ * memory the device's graph memory pool maps when an executable graph
+ * holding the node is uploaded or launched, and keeps (for later launches)
+ * after the graph frees it, until cuDeviceGraphMemTrim. So a captured
+ * allocation is not charged; the device's graph pool is, following what
+ * the driver says it reserves (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT):
+ * up after a launch or an upload, down after a trim or an executable
+ * graph's destruction. The memory is taken by the time the shim learns of
+ * it (the driver says nothing of a graph's needs beforehand): where the
+ * limit has no room for it, the pool is trimmed and what it still holds
+ * charged if that fits; what does not stays uncharged until a later
+ * launch finds room or a trim gives it back.
+ *
+ * A process that never made graph memory pays one relaxed load per graph
+ * launch. Captures in progress are counted (cuStreamBeginCapture* and
+ * cuStreamEndCapture*), so a stream-ordered allocation asks the driver
+ * whether its stream captures only while some capture is under way. A
+ * capture its stream's destruction ended keeps the count up: the price is
+ * that question on each later stream-ordered allocation.
+ */
+static uint32_t captures;  /* begun and not ended in this process */
+static uint32_t graph_mem; /* 1 once this process made graph memory */
+
+/* Whether a stream captures; only asked while captures is nonzero. */
+static int stream_captures(CUstream stream)
+{
+	gs_fn_cuStreamIsCapturing is = R(real, cuStreamIsCapturing);
+	int status = 0;
+
+	return is != NULL && is(stream, &status) == CUDA_SUCCESS && status != 0;
+}
+
+/* A graph's allocation node: the driver's answer, uncharged. */
+static CUresult graph_node_made(CUresult rc)
+{
+	if (rc == CUDA_SUCCESS)
+		__atomic_store_n(&graph_mem, 1, __ATOMIC_RELEASE);
+	return rc;
+}
+
 /* The pool cuMemAllocAsync takes from: the current pool of the stream's device. */
 static struct gs_pool *stream_pool(CUstream stream)
 {
@@ -2126,6 +2192,7 @@ struct gs_pool_alloc {
 		GS_PASS,   /* straight to the driver: inert, its own answer to bad arguments, host pool */
 		GS_PLAIN,  /* a pool the shim cannot follow: charged as plain memory */
 		GS_POOLED, /* charged to its pool */
+		GS_NODE,   /* on a capturing stream: a graph's allocation node, charged at launch */
 	} how;
 	struct gs_charge c;
 	struct gs_pool *p;
@@ -2135,10 +2202,11 @@ struct gs_pool_alloc {
 /*
  * Before the driver call of a stream-ordered allocation from `pool` (NULL:
  * the stream's device's current pool): an error to answer, or op->how and
- * its charge. The mode decides as for every allocation (ALLOC_PTR).
+ * its charge. The mode decides as for every allocation (ALLOC_PTR). `cap`
+ * is the stream as the driver names it to cuStreamIsCapturing.
  */
 static CUresult pool_alloc_begin(struct gs_pool_alloc *op, const CUdeviceptr *dptr, size_t bytes,
-				 CUmemoryPool pool, CUstream stream)
+				 CUmemoryPool pool, CUstream stream, CUstream cap)
 {
 	op->how = GS_PASS;
 	if (g.mode == GS_INERT)
@@ -2147,6 +2215,10 @@ static CUresult pool_alloc_begin(struct gs_pool_alloc *op, const CUdeviceptr *dp
 		return CUDA_ERROR_NOT_PERMITTED;
 	if (dptr == NULL || bytes == 0)
 		return CUDA_SUCCESS;
+	if (__atomic_load_n(&captures, __ATOMIC_RELAXED) != 0 && stream_captures(cap)) {
+		op->how = GS_NODE;
+		return CUDA_SUCCESS;
+	}
 	op->p = pool != NULL ? named_pool(pool, stream) : stream_pool(stream);
 	if (op->p != NULL && op->p->gpu == GS_POOL_HOST)
 		return CUDA_SUCCESS;
@@ -2162,19 +2234,24 @@ static CUresult pool_alloc_begin(struct gs_pool_alloc *op, const CUdeviceptr *dp
 /* After the driver's answer to an allocation pool_alloc_begin() charged. */
 static CUresult pool_alloc_end(const struct gs_pool_alloc *op, CUresult rc, const CUdeviceptr *dptr)
 {
+	if (op->how == GS_NODE)
+		return graph_node_made(rc);
 	if (op->how == GS_PLAIN)
 		return settle(rc, *dptr, GS_K_PTR, &op->c, undo_ptr);
 	return pool_settle(rc, *dptr, op->p, &op->c, op->grew);
 }
 
-#define ASYNC_WRAPPER(abi, params, pool, args)                                  \
+/* The per-thread flavours' NULL stream is the per-thread default stream, which may capture. */
+#define PTSZ_STREAM(stream) ((stream) == NULL ? GS_STREAM_PER_THREAD : (stream))
+
+#define ASYNC_WRAPPER(abi, params, pool, cap, args)                             \
 	GS_EXPORT CUresult abi params                                            \
 	{                                                                        \
 		struct gs_pool_alloc op;                                         \
 		CUresult rc;                                                     \
 		TRACE(GS_ID_##abi, calls);                                       \
 		GET_REAL(abi, fn);                                               \
-		rc = pool_alloc_begin(&op, dptr, bytesize, (pool), stream);      \
+		rc = pool_alloc_begin(&op, dptr, bytesize, (pool), stream, cap); \
 		if (rc != CUDA_SUCCESS)                                          \
 			return rc;                                               \
 		if (op.how == GS_PASS)                                           \
@@ -2183,15 +2260,15 @@ static CUresult pool_alloc_end(const struct gs_pool_alloc *op, CUresult rc, cons
 	}
 
 ASYNC_WRAPPER(cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize, CUstream stream), NULL,
-	      (dptr, bytesize, stream))
+	      stream, (dptr, bytesize, stream))
 ASYNC_WRAPPER(cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream stream), NULL,
-	      (dptr, bytesize, stream))
+	      PTSZ_STREAM(stream), (dptr, bytesize, stream))
 ASYNC_WRAPPER(cuMemAllocFromPoolAsync,
 	      (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream), pool,
-	      (dptr, bytesize, pool, stream))
+	      stream, (dptr, bytesize, pool, stream))
 ASYNC_WRAPPER(cuMemAllocFromPoolAsync_ptsz,
 	      (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream), pool,
-	      (dptr, bytesize, pool, stream))
+	      PTSZ_STREAM(stream), (dptr, bytesize, pool, stream))
 
 /* Device memory pools (pinned allocations at a device) are charged; host and managed ones not. */
 static int pool_gpu(const CUmemLocation *location, int type)
@@ -2358,6 +2435,189 @@ SYNC_WRAPPER(cuCtxSynchronize_v2, (CUcontext ctx), (ctx))
 SYNC_WRAPPER(cuStreamSynchronize, (CUstream stream), (stream))
 SYNC_WRAPPER(cuStreamSynchronize_ptsz, (CUstream stream), (stream))
 SYNC_WRAPPER(cuEventSynchronize, (CUevent event), (event))
+
+/* --- graph memory (see "Graph memory" above) ----------------------------------------- */
+
+static struct gs_pool *graph_pools[GS_MAX_GPUS];
+
+/* Ledger GPU gpu's graph memory pool entry; NULL when the table is full. */
+static struct gs_pool *graph_pool(int gpu)
+{
+	struct gs_pool *p;
+
+	if (gpu < 0 || gpu >= GS_MAX_GPUS)
+		return NULL;
+	p = __atomic_load_n(&graph_pools[gpu], __ATOMIC_ACQUIRE);
+	if (p == NULL) {
+		p = pool_note((CUmemoryPool)(uintptr_t)GS_GRAPH_POOL(gpu), gpu);
+		__atomic_store_n(&graph_pools[gpu], p, __ATOMIC_RELEASE);
+	}
+	return p;
+}
+
+/*
+ * After a launch or an upload on a stream: the charge of its device's graph
+ * pool up to what the pool reserves, if the limit has room; if not, after
+ * a trim, up to what the pool still reserves, if that fits.
+ */
+static __attribute__((noinline, cold)) void graph_launched(CUstream stream)
+{
+	gs_fn_cuDeviceGraphMemTrim trim = R(real, cuDeviceGraphMemTrim);
+	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	int known, fits, more = 0, gpu;
+	struct gs_pool *p;
+	uint64_t reserved;
+	CUcontext ctx;
+
+	if (g.mode != GS_ENFORCE || slot < 0 || stream_ctx(stream, &ctx, &gpu) != CUDA_SUCCESS ||
+	    (p = graph_pool(gpu)) == NULL)
+		return;
+	reserved = pool_reserved(p, &known);
+	if (!known)
+		return;
+	pthread_mutex_lock(&p->mu);
+	fits = pool_charge_to(p, reserved, slot, &more);
+	pthread_mutex_unlock(&p->mu);
+	if (!fits && trim != NULL && trim(gpu_device(gpu)) == CUDA_SUCCESS) {
+		reserved = pool_reserved(p, &known);
+		if (known) {
+			pthread_mutex_lock(&p->mu);
+			pool_shrink(p, reserved);
+			pool_charge_to(p, reserved, slot, &more);
+			pthread_mutex_unlock(&p->mu);
+		}
+	}
+	/* What a process takes before its first boundary is set-up, not temporary. */
+	if (more && epoch_now() >= 1)
+		gs_ledger_note_temp(g.ledger, (uint32_t)slot, (uint32_t)gpu);
+}
+
+/* Every graph pool's charge down to what it reserves now. */
+static void graph_pools_sync(void)
+{
+	for (int gpu = 0; gpu < GS_MAX_GPUS; gpu++) {
+		struct gs_pool *p = __atomic_load_n(&graph_pools[gpu], __ATOMIC_ACQUIRE);
+
+		if (p != NULL)
+			pool_sync(p);
+	}
+}
+
+#define BEGIN_CAPTURE_WRAPPER(abi, params, args)                         \
+	GS_EXPORT CUresult abi params                                    \
+	{                                                                \
+		CUresult rc;                                             \
+		TRACE(GS_ID_##abi, calls);                               \
+		GET_REAL(abi, fn);                                       \
+		rc = fn args;                                            \
+		if (rc == CUDA_SUCCESS)                                  \
+			__atomic_add_fetch(&captures, 1, __ATOMIC_RELAXED); \
+		return rc;                                               \
+	}
+
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture, (CUstream stream), (stream))
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture_ptsz, (CUstream stream), (stream))
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture_v2, (CUstream stream, int mode), (stream, mode))
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture_v2_ptsz, (CUstream stream, int mode), (stream, mode))
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCaptureToGraph,
+		      (CUstream stream, void *graph, const void *deps, const void *edges,
+		       size_t ndeps, int mode),
+		      (stream, graph, deps, edges, ndeps, mode))
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCaptureToGraph_ptsz,
+		      (CUstream stream, void *graph, const void *deps, const void *edges,
+		       size_t ndeps, int mode),
+		      (stream, graph, deps, edges, ndeps, mode))
+
+#define GS_CAPTURE_INVALIDATED 901 /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: ended all the same */
+
+/* A capture ends with success, or invalidated; the count never goes below 0. */
+static void capture_ended(CUresult rc)
+{
+	uint32_t n = __atomic_load_n(&captures, __ATOMIC_RELAXED);
+
+	if (rc != CUDA_SUCCESS && rc != GS_CAPTURE_INVALIDATED)
+		return;
+	while (n != 0 && !__atomic_compare_exchange_n(&captures, &n, n - 1, 1, __ATOMIC_RELAXED,
+						      __ATOMIC_RELAXED))
+		;
+}
+
+GS_EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph)
+{
+	CUresult rc;
+
+	TRACE(GS_ID_cuStreamEndCapture, calls);
+	GET_REAL(cuStreamEndCapture, fn);
+	rc = fn(stream, graph);
+	capture_ended(rc);
+	return rc;
+}
+
+GS_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, void **graph)
+{
+	CUresult rc;
+
+	TRACE(GS_ID_cuStreamEndCapture_ptsz, calls);
+	GET_REAL(cuStreamEndCapture_ptsz, fn);
+	rc = fn(stream, graph);
+	capture_ended(rc);
+	return rc;
+}
+
+GS_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *deps,
+					  size_t ndeps, void *params)
+{
+	TRACE(GS_ID_cuGraphAddMemAllocNode, calls);
+	GET_REAL(cuGraphAddMemAllocNode, fn);
+	if (g.mode != GS_ENFORCE)
+		return fn(node, graph, deps, ndeps, params);
+	return graph_node_made(fn(node, graph, deps, ndeps, params));
+}
+
+/* An upload maps the graph's memory as its launch would. */
+#define UPLOAD_WRAPPER(abi)                                                          \
+	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                    \
+	{                                                                            \
+		CUresult rc;                                                         \
+		TRACE(GS_ID_##abi, calls);                                           \
+		GET_REAL(abi, fn);                                                   \
+		rc = fn(exec, stream);                                               \
+		if (rc == CUDA_SUCCESS && __atomic_load_n(&graph_mem, __ATOMIC_ACQUIRE)) \
+			graph_launched(stream);                                      \
+		return rc;                                                           \
+	}
+
+UPLOAD_WRAPPER(cuGraphUpload)
+UPLOAD_WRAPPER(cuGraphUpload_ptsz)
+
+GS_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+	struct gs_pool *p;
+	CUresult rc;
+	int gpu;
+
+	TRACE(GS_ID_cuDeviceGraphMemTrim, calls);
+	GET_REAL(cuDeviceGraphMemTrim, fn);
+	rc = fn(dev);
+	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE && (gpu = ledger_gpu(dev)) >= 0 &&
+	    gpu < GS_MAX_GPUS && (p = __atomic_load_n(&graph_pools[gpu], __ATOMIC_ACQUIRE)) != NULL)
+		pool_sync(p);
+	return rc;
+}
+
+/* The driver may give back the memory only that executable graph's launches used. */
+GS_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
+{
+	CUresult rc;
+
+	TRACE(GS_ID_cuGraphExecDestroy, calls);
+	GET_REAL(cuGraphExecDestroy, fn);
+	rc = fn(exec);
+	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE &&
+	    __atomic_load_n(&graph_mem, __ATOMIC_ACQUIRE))
+		graph_pools_sync();
+	return rc;
+}
 
 /*
  * The pitch the driver picks is known only afterwards: charge for the width
@@ -2800,8 +3060,24 @@ LAUNCH_WRAPPER(cuLaunchCooperativeKernel, GS_COOP_PARAMS,
 	       (f, gx, gy, gz, bx, by, bz, shmem, stream, params))
 LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, GS_COOP_PARAMS,
 	       (f, gx, gy, gz, bx, by, bz, shmem, stream, params))
-LAUNCH_WRAPPER(cuGraphLaunch, (CUgraphExec exec, CUstream stream), (exec, stream))
-LAUNCH_WRAPPER(cuGraphLaunch_ptsz, (CUgraphExec exec, CUstream stream), (exec, stream))
+
+/* A graph launch may map graph memory: one flag read unless the process ever made some. */
+#define GRAPH_LAUNCH_WRAPPER(abi)                                                  \
+	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                  \
+	{                                                                          \
+		CUresult rc;                                                       \
+		TRACE(GS_ID_##abi, calls);                                         \
+		GET_REAL(abi, fn);                                                 \
+		launch_gate();                                                     \
+		rc = fn(exec, stream);                                             \
+		if (unlikely(__atomic_load_n(&graph_mem, __ATOMIC_RELAXED) != 0) && \
+		    rc == CUDA_SUCCESS)                                            \
+			graph_launched(stream);                                    \
+		return rc;                                                         \
+	}
+
+GRAPH_LAUNCH_WRAPPER(cuGraphLaunch)
+GRAPH_LAUNCH_WRAPPER(cuGraphLaunch_ptsz)
 
 /* --- wrappers: lookup ------------------------------------------------------------------- */
 

@@ -36,6 +36,7 @@ struct sim_extent {
 	size_t maps;		/* SIM_MEM_HANDLE: mappings of it (cuMemMap) */
 	struct CUmemPoolHandle_st *pool;	/* stream-ordered: the pool it is from */
 	bool idle;		/* in a pool: freed to it, kept reserved for reuse */
+	struct sim_galloc *graph;	/* a graph allocation's address range (sim_memory.c) */
 };
 
 /*
@@ -208,7 +209,14 @@ void sim_atfork_child(void);
  * One operation of a stream: done at once, or recorded into the graph the
  * stream is capturing, to be done at each launch of it.
  */
-enum sim_op_kind { SIM_OP_COPY = 1, SIM_OP_SET, SIM_OP_HOST, SIM_OP_KERNEL };
+enum sim_op_kind {
+	SIM_OP_COPY = 1,
+	SIM_OP_SET,
+	SIM_OP_HOST,
+	SIM_OP_KERNEL,
+	SIM_OP_GALLOC,	/* a graph's memory allocation node */
+	SIM_OP_GFREE,	/* a graph's memory free node */
+};
 
 struct sim_op {
 	enum sim_op_kind kind;
@@ -220,8 +228,24 @@ struct sim_op {
 	unsigned int elem;	/* memset element size: 1, 2 or 4 */
 	CUhostFn fn;
 	void *data;
+	struct sim_galloc *ga;	/* SIM_OP_GALLOC, SIM_OP_GFREE: holds a reference to it */
 };
 
+/*
+ * sim_memory.c: graph memory. A graph allocation is an address range of
+ * its device's arena, made when the allocation node is, and kept while a
+ * graph, an executable graph or a launch (until its free) refers to it.
+ */
+struct sim_galloc *sim_galloc_new(int dev, size_t bytes, CUdeviceptr *out);
+struct sim_galloc *sim_galloc_at(CUdeviceptr addr);
+void sim_galloc_ref(struct sim_galloc *ga);
+void sim_galloc_unref(struct sim_galloc *ga);
+void sim_galloc_run(const struct sim_op *op);
+void sim_gmem_launch(const struct sim_op *ops, size_t n, bool autofree, bool upload);
+
+CUresult sim_capture_alloc(CUstream stream, int dev, size_t bytes, CUdeviceptr *out,
+			   bool *captured);
+CUresult sim_capture_free(CUstream stream, CUdeviceptr addr, bool *captured);
 CUresult sim_stream_slot(CUstream stream, struct sim_ctx_slot *slot);
 CUresult sim_stream_do(CUstream stream, const struct sim_op *op);
 struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s);

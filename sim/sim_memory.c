@@ -488,11 +488,289 @@ static CUresult sim_alloc_current(CUdeviceptr *dptr, size_t bytes, enum sim_mem_
 }
 
 /* Frees addr if a heap holds a live allocation of this kind starting there. */
+/*
+ * Graph memory, as the driver models it. An allocation node (a
+ * cuMemAllocAsync captured into a graph) gets a fixed address when it is
+ * made, but no memory from any pool: the device's graph memory pool
+ * provides it when a launch (or an upload) of an executable graph that
+ * holds the node needs it. The pool keeps what it reserved after a graph
+ * frees it, for later launches to reuse, until cuDeviceGraphMemTrim gives
+ * back what no live graph allocation uses. The simulation has one address
+ * space per device, its arena: a node's address range is taken from the
+ * arena when the node is made (so it counts as used device memory from
+ * then, see docs/simulator.md), while the graph pool's figures count what a
+ * real driver maps. Reuse between allocations whose lifetimes do not
+ * overlap is by bytes: the pool reserves the peak of what is live at once.
+ *
+ * Under sim_gmem_lock (after sim_obj_lock, before a heap lock): every
+ * sim_galloc's fields and the pools' figures.
+ */
+struct sim_galloc {
+	int dev;
+	size_t off, len;	/* its extent of the device's arena */
+	size_t refs;		/* ops of graphs and executable graphs, and 1 while live */
+	bool live;		/* allocated by a launch, not freed since */
+	bool mark;		/* scratch for sim_gmem_launch's dry run */
+};
+
+static pthread_mutex_t sim_gmem_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+	uint64_t used, used_high;	/* bytes of live graph allocations */
+	uint64_t reserved, reserved_high;	/* bytes the pool holds */
+} sim_gpool[SIM_MAX_GPUS];
+/* Graph allocations in existence: frees look for one only when there are some. */
+static size_t sim_gallocs;	/* atomic */
+
+struct sim_galloc *sim_galloc_new(int dev, size_t bytes, CUdeviceptr *out)
+{
+	struct sim_device *d = &sim_devs[dev];
+	struct sim_galloc *ga;
+	size_t size, at;
+	CUresult rc;
+
+	if (!sim_round(bytes, &size) || !(ga = calloc(1, sizeof(*ga))))
+		return NULL;
+	pthread_mutex_lock(&d->heap.lock);
+	rc = sim_heap_take(d, size, SIM_ALIGN, SIM_MEM_PTR, 0, &at);
+	if (rc == CUDA_SUCCESS) {
+		d->heap.live[at].graph = ga;
+		ga->off = d->heap.live[at].off;
+		*out = (CUdeviceptr)(d->heap.base + ga->off);
+	}
+	pthread_mutex_unlock(&d->heap.lock);
+	if (rc != CUDA_SUCCESS) {
+		free(ga);
+		return NULL;
+	}
+	ga->dev = dev;
+	ga->len = size;
+	ga->refs = 1;	/* the node's */
+	__atomic_add_fetch(&sim_gallocs, 1, __ATOMIC_RELAXED);
+	return ga;
+}
+
+void sim_galloc_ref(struct sim_galloc *ga)
+{
+	pthread_mutex_lock(&sim_gmem_lock);
+	ga->refs++;
+	pthread_mutex_unlock(&sim_gmem_lock);
+}
+
+/* With sim_gmem_lock held: the last reference gone, its address range goes back. */
+static void sim_galloc_unref_locked(struct sim_galloc *ga)
+{
+	struct sim_heap *h = &sim_devs[ga->dev].heap;
+	struct sim_extent *e;
+
+	if (--ga->refs)
+		return;
+	pthread_mutex_lock(&h->lock);
+	e = sim_heap_find(h, ga->off, SIM_MEM_PTR);
+	if (e && e->graph == ga)
+		sim_heap_drop(h, e);
+	pthread_mutex_unlock(&h->lock);
+	__atomic_sub_fetch(&sim_gallocs, 1, __ATOMIC_RELAXED);
+	free(ga);
+}
+
+void sim_galloc_unref(struct sim_galloc *ga)
+{
+	pthread_mutex_lock(&sim_gmem_lock);
+	sim_galloc_unref_locked(ga);
+	pthread_mutex_unlock(&sim_gmem_lock);
+}
+
+/* The graph allocation at addr, with a reference for the caller; NULL if none. */
+struct sim_galloc *sim_galloc_at(CUdeviceptr addr)
+{
+	struct sim_galloc *ga = NULL;
+	struct sim_extent *e;
+	struct sim_heap *h;
+	size_t off;
+
+	if (!__atomic_load_n(&sim_gallocs, __ATOMIC_RELAXED) || !(h = sim_heap_of(addr, &off)))
+		return NULL;
+	pthread_mutex_lock(&sim_gmem_lock);
+	pthread_mutex_lock(&h->lock);
+	e = sim_heap_find(h, off, SIM_MEM_PTR);
+	if (e && e->graph) {
+		ga = e->graph;
+		ga->refs++;
+	}
+	pthread_mutex_unlock(&h->lock);
+	pthread_mutex_unlock(&sim_gmem_lock);
+	return ga;
+}
+
+/* With sim_gmem_lock held: a launch reaches ga's allocation node. */
+static void sim_galloc_alloc_locked(struct sim_galloc *ga)
+{
+	typeof(sim_gpool[0]) *p = &sim_gpool[ga->dev];
+
+	/* Live still (no free and no auto-free since the last launch): nothing new is taken. */
+	if (ga->live)
+		return;
+	ga->live = true;
+	ga->refs++;
+	p->used += ga->len;
+	if (p->used > p->used_high)
+		p->used_high = p->used;
+	if (p->used > p->reserved)
+		p->reserved = p->used;
+	if (p->reserved > p->reserved_high)
+		p->reserved_high = p->reserved;
+}
+
+/* With sim_gmem_lock held: ga's lifetime ends; its bytes stay reserved by the pool. */
+static void sim_galloc_free_locked(struct sim_galloc *ga)
+{
+	if (!ga->live)
+		return;
+	ga->live = false;
+	sim_gpool[ga->dev].used -= ga->len;
+	sim_galloc_unref_locked(ga);
+}
+
+void sim_galloc_run(const struct sim_op *op)
+{
+	pthread_mutex_lock(&sim_gmem_lock);
+	if (op->kind == SIM_OP_GALLOC)
+		sim_galloc_alloc_locked(op->ga);
+	else
+		sim_galloc_free_locked(op->ga);
+	pthread_mutex_unlock(&sim_gmem_lock);
+}
+
+/*
+ * Before a launch (or for an upload) of an executable graph's ops: with
+ * autofree (CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) what its
+ * allocation nodes left live is freed first; then the pool reserves the
+ * peak of what the ops will hold at once, as a dry run of them finds.
+ */
+void sim_gmem_launch(const struct sim_op *ops, size_t n, bool autofree, bool upload)
+{
+	uint64_t cur[SIM_MAX_GPUS], peak[SIM_MAX_GPUS];
+	size_t i;
+	int d;
+
+	pthread_mutex_lock(&sim_gmem_lock);
+	for (i = 0; i < n; i++)
+		if (autofree && !upload && ops[i].kind == SIM_OP_GALLOC)
+			sim_galloc_free_locked(ops[i].ga);
+	for (d = 0; d < sim_ndevs; d++)
+		cur[d] = sim_gpool[d].used;
+	for (i = 0; i < n; i++)
+		if (ops[i].ga)
+			ops[i].ga->mark = ops[i].ga->live;
+	/* An upload sees what the launch after it will auto-free as free already. */
+	for (i = 0; i < n; i++) {
+		struct sim_galloc *ga = ops[i].ga;
+
+		if (autofree && upload && ops[i].kind == SIM_OP_GALLOC && ga->mark) {
+			ga->mark = false;
+			cur[ga->dev] -= ga->len;
+		}
+	}
+	for (d = 0; d < sim_ndevs; d++)
+		peak[d] = cur[d];
+	for (i = 0; i < n; i++) {
+		struct sim_galloc *ga = ops[i].ga;
+
+		if (ops[i].kind == SIM_OP_GALLOC && !ga->mark) {
+			ga->mark = true;
+			cur[ga->dev] += ga->len;
+			if (cur[ga->dev] > peak[ga->dev])
+				peak[ga->dev] = cur[ga->dev];
+		} else if (ops[i].kind == SIM_OP_GFREE && ga->mark) {
+			ga->mark = false;
+			cur[ga->dev] -= ga->len;
+		}
+	}
+	for (d = 0; d < sim_ndevs; d++) {
+		if (peak[d] > sim_gpool[d].reserved)
+			sim_gpool[d].reserved = peak[d];
+		if (sim_gpool[d].reserved > sim_gpool[d].reserved_high)
+			sim_gpool[d].reserved_high = sim_gpool[d].reserved;
+	}
+	pthread_mutex_unlock(&sim_gmem_lock);
+}
+
+/*
+ * A graph allocation freed outside its graphs (cuMemFree, cuMemFreeAsync):
+ * its lifetime ends. One that is not live (never launched, or freed
+ * already) is left as it is.
+ */
+static bool sim_graph_free_addr(CUdeviceptr addr)
+{
+	struct sim_galloc *ga = sim_galloc_at(addr);
+
+	if (!ga)
+		return false;
+	pthread_mutex_lock(&sim_gmem_lock);
+	sim_galloc_free_locked(ga);
+	sim_galloc_unref_locked(ga);
+	pthread_mutex_unlock(&sim_gmem_lock);
+	return true;
+}
+
+CUresult sim_impl_cuDeviceGraphMemTrim(CUdevice dev)
+{
+	CUresult rc = sim_check_dev(dev);
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&sim_gmem_lock);
+	sim_gpool[dev].reserved = sim_gpool[dev].used;
+	pthread_mutex_unlock(&sim_gmem_lock);
+	return CUDA_SUCCESS;
+}
+
+/* CUgraphMem_attribute: USED_MEM_CURRENT, USED_MEM_HIGH, RESERVED_MEM_CURRENT, _HIGH. */
+CUresult sim_impl_cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value)
+{
+	CUresult rc = sim_check(value, dev);
+	uint64_t v[4];
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (attr < 0 || attr > 3)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&sim_gmem_lock);
+	v[0] = sim_gpool[dev].used;
+	v[1] = sim_gpool[dev].used_high;
+	v[2] = sim_gpool[dev].reserved;
+	v[3] = sim_gpool[dev].reserved_high;
+	pthread_mutex_unlock(&sim_gmem_lock);
+	*(uint64_t *)value = v[attr];
+	return CUDA_SUCCESS;
+}
+
+/* Only the high-water marks can be set, and only to 0, which restarts them at current. */
+CUresult sim_impl_cuDeviceSetGraphMemAttribute(CUdevice dev, int attr, void *value)
+{
+	CUresult rc = sim_check(value, dev);
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if ((attr != 1 && attr != 3) || *(uint64_t *)value != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&sim_gmem_lock);
+	if (attr == 1)
+		sim_gpool[dev].used_high = sim_gpool[dev].used;
+	else
+		sim_gpool[dev].reserved_high = sim_gpool[dev].reserved;
+	pthread_mutex_unlock(&sim_gmem_lock);
+	return CUDA_SUCCESS;
+}
+
 CUresult sim_mem_free(CUdeviceptr addr, enum sim_mem_kind kind)
 {
 	size_t off;
-	struct sim_heap *h = sim_heap_of(addr, &off);
+	struct sim_heap *h;
 
+	if (kind == SIM_MEM_PTR && sim_graph_free_addr(addr))
+		return CUDA_SUCCESS;
+	h = sim_heap_of(addr, &off);
 	return h ? sim_heap_free(h, off, kind) : CUDA_ERROR_INVALID_VALUE;
 }
 
@@ -756,6 +1034,7 @@ static CUresult sim_alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream str
 {
 	struct CUmemPoolHandle_st *pool;
 	struct sim_ctx_slot slot;
+	bool captured;
 	CUresult rc;
 
 	SIM_REQUIRE_INIT();
@@ -763,6 +1042,9 @@ static CUresult sim_alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream str
 		return CUDA_ERROR_INVALID_VALUE;
 	rc = sim_stream_slot(stream, &slot);
 	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = sim_capture_alloc(stream, slot.dev, bytesize, dptr, &captured);
+	if (captured)
 		return rc;
 	/* Held throughout, so that the pool cannot be destroyed while it is used. */
 	pthread_mutex_lock(&sim_obj_lock);
@@ -787,6 +1069,7 @@ static CUresult sim_alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemory
 				    CUstream stream)
 {
 	struct sim_ctx_slot slot;
+	bool captured;
 	CUresult rc;
 	int dev;
 
@@ -797,6 +1080,12 @@ static CUresult sim_alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemory
 		return CUDA_ERROR_INVALID_VALUE;
 	rc = sim_stream_slot(stream, &slot);
 	if (rc != CUDA_SUCCESS)
+		return rc;
+	/* Captured: a node of the graph, on the pool's device (its properties are the node's). */
+	dev = sim_pool_device(pool);
+	rc = dev < 0 ? CUDA_ERROR_INVALID_VALUE
+		     : sim_capture_alloc(stream, dev, bytesize, dptr, &captured);
+	if (dev < 0 || captured)
 		return rc;
 	/* Held throughout, so that the pool cannot be destroyed while it is used. */
 	pthread_mutex_lock(&sim_obj_lock);
@@ -822,11 +1111,16 @@ CUresult sim_impl_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesiz
 static CUresult sim_free_async(CUdeviceptr dptr, CUstream stream)
 {
 	struct sim_ctx_slot slot;
+	bool captured;
 	CUresult rc;
 
 	SIM_REQUIRE_INIT();
 	rc = sim_stream_slot(stream, &slot);
-	return rc == CUDA_SUCCESS ? sim_mem_free(dptr, SIM_MEM_PTR) : rc;
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	/* A graph allocation freed in a capture: a free node of the graph. */
+	rc = sim_capture_free(stream, dptr, &captured);
+	return captured ? rc : sim_mem_free(dptr, SIM_MEM_PTR);
 }
 
 CUresult sim_impl_cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)

@@ -319,7 +319,10 @@ struct CUgraphExec_st {
 	struct sim_obj obj;
 	struct sim_op *ops;
 	size_t nops;
+	bool autofree;	/* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
 };
+
+#define SIM_INSTANTIATE_AUTO_FREE_ON_LAUNCH 1ULL
 
 static void sim_op_run(const struct sim_op *op)
 {
@@ -353,7 +356,37 @@ static void sim_op_run(const struct sim_op *op)
 	case SIM_OP_KERNEL:
 		/* Kernels do not execute: what they would compute stays as it was. */
 		break;
+	case SIM_OP_GALLOC:
+	case SIM_OP_GFREE:
+		sim_galloc_run(op);
+		break;
 	}
+}
+
+/* Copies of n ops, each holding its own reference to its graph allocation; NULL if none. */
+static struct sim_op *sim_ops_copy(const struct sim_op *ops, size_t n, bool *failed)
+{
+	struct sim_op *v = n ? malloc(n * sizeof(*v)) : NULL;
+	size_t i;
+
+	*failed = n && !v;
+	if (!v)
+		return NULL;
+	memcpy(v, ops, n * sizeof(*v));
+	for (i = 0; i < n; i++)
+		if (v[i].ga)
+			sim_galloc_ref(v[i].ga);
+	return v;
+}
+
+static void sim_ops_free(struct sim_op *ops, size_t n)
+{
+	size_t i;
+
+	for (i = 0; ops && i < n; i++)
+		if (ops[i].ga)
+			sim_galloc_unref(ops[i].ga);
+	free(ops);
 }
 
 static bool sim_graph_add(struct CUgraph_st *g, const struct sim_op *op)
@@ -368,6 +401,8 @@ static bool sim_graph_add(struct CUgraph_st *g, const struct sim_op *op)
 		g->cap = cap;
 	}
 	g->ops[g->nops++] = *op;
+	if (op->ga)
+		sim_galloc_ref(op->ga);
 	return true;
 }
 
@@ -407,6 +442,58 @@ CUresult sim_stream_do(CUstream stream, const struct sim_op *op)
 	pthread_mutex_unlock(&sim_obj_lock);
 	if (!recorded)
 		sim_op_run(op);
+	return rc;
+}
+
+/*
+ * cuMemAllocAsync on a capturing stream: an allocation node of the graph,
+ * with its address on dev, and nothing taken from a pool (*captured). A
+ * stream that is not capturing: nothing done.
+ */
+CUresult sim_capture_alloc(CUstream stream, int dev, size_t bytes, CUdeviceptr *out,
+			   bool *captured)
+{
+	struct sim_op op = { .kind = SIM_OP_GALLOC };
+	struct CUstream_st *s;
+	CUresult rc = CUDA_SUCCESS;
+
+	*captured = false;
+	pthread_mutex_lock(&sim_obj_lock);
+	s = sim_stream_locked(stream);
+	if (s && s->capture_status == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+		*captured = true;
+		op.ga = sim_galloc_new(dev, bytes, out);
+		if (!op.ga) {
+			rc = CUDA_ERROR_OUT_OF_MEMORY;
+		} else {
+			if (!sim_graph_add(s->capture, &op))
+				rc = CUDA_ERROR_OUT_OF_MEMORY;
+			sim_galloc_unref(op.ga);	/* the graph's op holds it now */
+		}
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	return rc;
+}
+
+/* cuMemFreeAsync of a graph allocation on a capturing stream: a free node (*captured). */
+CUresult sim_capture_free(CUstream stream, CUdeviceptr addr, bool *captured)
+{
+	struct sim_op op = { .kind = SIM_OP_GFREE };
+	struct CUstream_st *s;
+	CUresult rc = CUDA_SUCCESS;
+
+	*captured = false;
+	if (sim_default_stream(stream) || !(op.ga = sim_galloc_at(addr)))
+		return rc;
+	pthread_mutex_lock(&sim_obj_lock);
+	s = sim_stream_locked(stream);
+	if (s && s->capture_status == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+		*captured = true;
+		if (!sim_graph_add(s->capture, &op))
+			rc = CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	sim_galloc_unref(op.ga);
 	return rc;
 }
 
@@ -963,7 +1050,7 @@ CUresult sim_impl_cuGraphCreate(CUgraph *pg, unsigned int flags)
 void sim_graph_free(struct CUgraph_st *g)
 {
 	if (g)
-		free(g->ops);
+		sim_ops_free(g->ops, g->nops);
 	free(g);
 }
 
@@ -1001,7 +1088,7 @@ CUresult sim_impl_cuGraphGetNodes(CUgraph g, void **nodes, size_t *n)
 	return CUDA_SUCCESS;
 }
 
-static CUresult sim_instantiate(CUgraphExec *pe, CUgraph g)
+static CUresult sim_instantiate(CUgraphExec *pe, CUgraph g, uint64_t flags)
 {
 	struct CUgraphExec_st *e;
 	struct sim_obj **pp;
@@ -1014,23 +1101,22 @@ static CUresult sim_instantiate(CUgraphExec *pe, CUgraph g)
 	if (!e)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	e->obj.kind = SIM_OBJ_EXEC;
+	e->autofree = flags & SIM_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
 	pthread_mutex_lock(&sim_obj_lock);
 	pp = sim_obj_find(g, SIM_OBJ_GRAPH);
 	if (!pp) {
 		rc = CUDA_ERROR_INVALID_VALUE;
 	} else {
 		const struct CUgraph_st *src = (const struct CUgraph_st *)*pp;
+		bool failed;
 
 		e->nops = src->nops;
-		e->ops = src->nops ? malloc(src->nops * sizeof(*e->ops)) : NULL;
-		if (src->nops && !e->ops)
+		e->ops = sim_ops_copy(src->ops, src->nops, &failed);
+		if (failed)
 			rc = CUDA_ERROR_OUT_OF_MEMORY;
-		else if (src->nops)
-			memcpy(e->ops, src->ops, src->nops * sizeof(*e->ops));
 	}
 	pthread_mutex_unlock(&sim_obj_lock);
 	if (rc != CUDA_SUCCESS) {
-		free(e->ops);
 		free(e);
 		return rc;
 	}
@@ -1042,8 +1128,7 @@ static CUresult sim_instantiate(CUgraphExec *pe, CUgraph g)
 CUresult sim_impl_cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g,
 					      unsigned long long flags)
 {
-	(void)flags;
-	return sim_instantiate(pe, g);
+	return sim_instantiate(pe, g, flags);
 }
 
 CUresult sim_impl_cuGraphInstantiate(CUgraphExec *pe, CUgraph g, void *err_node, char *log,
@@ -1052,7 +1137,7 @@ CUresult sim_impl_cuGraphInstantiate(CUgraphExec *pe, CUgraph g, void *err_node,
 	(void)err_node;
 	if (log && log_size)
 		log[0] = '\0';
-	return sim_instantiate(pe, g);
+	return sim_instantiate(pe, g, 0);
 }
 
 CUresult sim_impl_cuGraphInstantiate_v2(CUgraphExec *pe, CUgraph g, void *err_node, char *log,
@@ -1072,7 +1157,7 @@ struct sim_instantiate_params {
 CUresult sim_impl_cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g,
 					       struct sim_instantiate_params *params)
 {
-	CUresult rc = sim_instantiate(pe, g);
+	CUresult rc = sim_instantiate(pe, g, params ? params->flags : 0);
 
 	if (params)
 		params->result = rc == CUDA_SUCCESS ? 0 : 1;
@@ -1087,19 +1172,38 @@ CUresult sim_impl_cuGraphExecDestroy(CUgraphExec e)
 	o = sim_obj_lookup(e, SIM_OBJ_EXEC, true, &seen);
 	if (!o)
 		return CUDA_ERROR_INVALID_VALUE;
-	free(((struct CUgraphExec_st *)o)->ops);
+	sim_ops_free(((struct CUgraphExec_st *)o)->ops, ((struct CUgraphExec_st *)o)->nops);
 	free(o);
 	return CUDA_SUCCESS;
 }
 
-CUresult sim_impl_cuGraphUpload(CUgraphExec e, CUstream stream)
+/* An upload maps the memory the graph's allocation nodes will use at its launches. */
+CUresult sim_impl_cuGraphUpload(CUgraphExec exec, CUstream stream)
 {
-	struct sim_obj seen;
+	struct sim_op *ops = NULL;
+	struct sim_obj **pp;
+	bool autofree = false, failed = false;
+	size_t n = 0;
 
 	(void)stream;
 	SIM_REQUIRE_INIT();
-	return sim_obj_lookup(e, SIM_OBJ_EXEC, false, &seen) ? CUDA_SUCCESS
-							     : CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(exec, SIM_OBJ_EXEC);
+	if (pp) {
+		const struct CUgraphExec_st *e = (const struct CUgraphExec_st *)*pp;
+
+		ops = sim_ops_copy(e->ops, e->nops, &failed);
+		n = ops ? e->nops : 0;
+		autofree = e->autofree;
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	if (!pp)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (failed)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	sim_gmem_launch(ops, n, autofree, true);
+	sim_ops_free(ops, n);
+	return CUDA_SUCCESS;
 }
 
 /*
@@ -1116,6 +1220,7 @@ static CUresult sim_graph_run(CUgraphExec exec, CUstream stream)
 	struct CUstream_st *s;
 	struct sim_obj **pp;
 	size_t n = 0, i;
+	bool autofree = false;
 	CUresult rc = CUDA_SUCCESS;
 
 	pthread_mutex_lock(&sim_obj_lock);
@@ -1131,40 +1236,21 @@ static CUresult sim_graph_run(CUgraphExec exec, CUstream stream)
 	}
 	if (pp) {
 		const struct CUgraphExec_st *e = (const struct CUgraphExec_st *)*pp;
+		bool failed;
 
-		ops = e->nops ? malloc(e->nops * sizeof(*ops)) : NULL;
-		if (ops) {
-			memcpy(ops, e->ops, e->nops * sizeof(*ops));
-			n = e->nops;
-		}
+		ops = sim_ops_copy(e->ops, e->nops, &failed);
+		n = ops ? e->nops : 0;
+		autofree = e->autofree;
+		if (failed)
+			rc = CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	pthread_mutex_unlock(&sim_obj_lock);
+	if (n)
+		sim_gmem_launch(ops, n, autofree, false);
 	for (i = 0; i < n; i++)
 		sim_op_run(&ops[i]);
-	free(ops);
+	sim_ops_free(ops, n);
 	return rc;
-}
-
-/* Graph memory (cudaMallocAsync inside captures) is plain pool memory here. */
-CUresult sim_impl_cuDeviceGraphMemTrim(CUdevice dev)
-{
-	return sim_check_dev(dev);
-}
-
-CUresult sim_impl_cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value)
-{
-	CUresult rc = sim_check(value, dev);
-
-	(void)attr;
-	if (rc == CUDA_SUCCESS)
-		*(uint64_t *)value = 0;
-	return rc;
-}
-
-CUresult sim_impl_cuDeviceSetGraphMemAttribute(CUdevice dev, int attr, void *value)
-{
-	(void)attr;
-	return sim_check(value, dev);
 }
 
 /* The per-thread default stream variants (SIM_SAME_AS). */

@@ -720,3 +720,67 @@ def test_stream_ordered_memory_is_charged_where_it_lives(
     assert used == {task["gpus"][0]: 0, task["gpus"][1]: 100 * MiB}
     go.touch()
     assert p.wait(30) == 0
+
+
+def test_graph_memory_is_charged_when_the_graph_pool_maps_it(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    """A captured cuMemAllocAsync is a graph's allocation node: nothing is charged at
+    capture. The device's graph memory pool maps it at the upload, keeps it for every later
+    launch (charged once), and keeps it after the executable graph goes, until a trim."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    steps = ["gcapture", "256", "info", "greserved", "gupload", "info", "glaunch", "3", "info"]
+    steps += ["greserved", "gdestroy", "info", "gtrim", "info", "greserved"]
+    out = run(run_task, ep, str(cbin["client"]), *steps)
+    held = f"info free={GiB - 256 * MiB} total={GiB}"
+    assert out == [
+        "gcapture ok",
+        f"info free={GiB} total={GiB}",  # a node, not pool memory
+        "greserved 0",
+        "gupload ok",
+        held,
+        "glaunch ok",
+        held,  # three launches reuse what the upload mapped
+        f"greserved {256 * MiB}",
+        "gdestroy ok",
+        held,  # the pool keeps it
+        "gtrim ok",
+        f"info free={GiB} total={GiB}",
+        "greserved 0",
+    ]
+
+
+def test_graph_memory_beyond_the_quota_is_trimmed_or_left_uncharged_until_it_fits(
+    daemon: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    """A launch has taken its graph memory by the time the shim learns of it. Where the
+    quota has no room, the shim trims the graph pool: memory the graph freed goes back.
+    Memory a launch left allocated cannot: it stays uncharged until a later launch finds
+    room for it, and is charged from then on."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    client = str(cbin["client"])
+    rest = ["info", "greserved", "free", "glaunch", "1", "info"]
+    out = run(run_task, ep, client, "alloc", "700", "gcapture", "512", "glaunch", "1", *rest)
+    assert out == [
+        "alloc ok",
+        "gcapture ok",
+        "glaunch ok",
+        f"info free={GiB - 700 * MiB} total={GiB}",
+        "greserved 0",  # freed in the graph: trimmed
+        "free ok",
+        "glaunch ok",
+        f"info free={GiB - 512 * MiB} total={GiB}",
+    ]
+    kept = ["alloc", "700", "gkeep", "512", "glaunch", "1", *rest, "async", "600"]
+    out = run(run_task, ep, client, *kept)
+    assert out == [
+        "alloc ok",
+        "gkeep ok",
+        "glaunch ok",
+        f"info free={GiB - 700 * MiB} total={GiB}",
+        f"greserved {512 * MiB}",  # still allocated: no trim gives it back
+        "free ok",
+        "glaunch ok",  # auto-frees the last launch's allocation and takes it again
+        f"info free={GiB - 512 * MiB} total={GiB}",
+        "async err 2",  # charged now: 512 + 600 MiB is beyond the quota
+    ]

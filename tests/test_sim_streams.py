@@ -90,3 +90,123 @@ def test_capture_records_forks_onto_other_streams_and_replays() -> None:
     assert out["nested"] == "C"
     assert out["never_recorded"] == 400  # CUDA_ERROR_INVALID_HANDLE
     assert out["orphan"] == 0
+
+
+GRAPH_MEMORY = """
+RELAXED, AUTO_FREE = 2, 1
+USED, USED_HIGH, RESERVED, RESERVED_HIGH = 0, 1, 2, 3
+s = vp()
+check(cu.cuStreamCreate(ctypes.byref(s), 0), "stream")
+def attrs():
+    v = []
+    for a in (USED, USED_HIGH, RESERVED, RESERVED_HIGH):
+        x = u64()
+        check(cu.cuDeviceGetGraphMemAttribute(0, a, ctypes.byref(x)), f"attr {a}")
+        v.append(x.value // MIB)
+    return v
+def pool_reserved():
+    pool, x = vp(), u64()
+    check(cu.cuDeviceGetMemPool(ctypes.byref(pool), 0), "pool")
+    check(cu.cuMemPoolGetAttribute(pool, 5, ctypes.byref(x)), "pool reserved")
+    return x.value // MIB
+def capture(*steps):
+    # steps: ("a", MIB) allocates, ("f", i) frees the i-th allocation of this capture
+    g, ex, ptrs = vp(), vp(), []
+    check(cu.cuStreamBeginCapture_v2(s, RELAXED), "begin")
+    for op, n in steps:
+        if op == "a":
+            p = u64()
+            check(cu.cuMemAllocAsync(ctypes.byref(p), sz(n * MIB), s), "captured alloc")
+            ptrs.append(p.value)
+        else:
+            check(cu.cuMemFreeAsync(u64(ptrs[n]), s), "captured free")
+    check(cu.cuStreamEndCapture(s, ctypes.byref(g)), "end")
+    return g, ptrs
+def instantiate(g, flags=0):
+    ex = vp()
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(ex), g, u64(flags)), "instantiate")
+    return ex
+free0 = free_bytes()
+# 64 MiB allocated and freed in the graph, then 32 MiB kept past it: the pool reserves
+# the peak of what is live at once, not the sum.
+g, ptrs = capture(("a", 64), ("f", 0), ("a", 32), ("a", 16), ("f", 2))
+out["captured"] = [attrs(), pool_reserved()]
+out["address_taken"] = (free0 - free_bytes()) // MIB
+ex = instantiate(g)
+out["instantiated"] = attrs()
+check(cu.cuGraphUpload(ex, s), "upload")
+out["uploaded"] = attrs()
+check(cu.cuGraphLaunch(ex, s), "launch")
+out["launched"] = attrs()
+check(h2d(ptrs[1], b"G" * 4096), "write graph memory")
+out["usable"] = d2h(ptrs[1], 4096)[1] == b"G" * 4096
+check(cu.cuMemFreeAsync(u64(ptrs[1]), s), "free outside the graph")
+out["freed"] = attrs()
+check(cu.cuGraphLaunch(ex, s), "relaunch")
+check(cu.cuMemFree_v2(u64(ptrs[1])), "free again outside")
+out["relaunched"] = attrs()
+check(cu.cuDeviceGraphMemTrim(0), "trim")
+out["trimmed"] = attrs()
+check(cu.cuGraphLaunch(ex, s), "launch after trim")
+out["after_trim"] = attrs()
+# A high-water mark restarts at current when set to 0; other values and attributes refuse.
+zero = u64(0)
+check(cu.cuDeviceSetGraphMemAttribute(0, USED_HIGH, ctypes.byref(zero)), "reset used high")
+out["reset"] = [
+    attrs(),
+    cu.cuDeviceSetGraphMemAttribute(0, RESERVED, ctypes.byref(zero)),
+    cu.cuDeviceSetGraphMemAttribute(0, RESERVED_HIGH, ctypes.byref(u64(1))),
+    cu.cuDeviceGetGraphMemAttribute(0, 4, ctypes.byref(zero)),
+]
+# Graph and executable graph gone: the live allocation stays (it is freed on its own),
+# and the pool holds its memory until a trim.
+check(cu.cuGraphExecDestroy(ex), "exec destroy")
+check(cu.cuGraphDestroy(g), "graph destroy")
+out["destroyed"] = attrs()
+check(cu.cuMemFreeAsync(u64(ptrs[1]), s), "last free")
+check(cu.cuDeviceGraphMemTrim(0), "trim 2")
+out["all_gone"] = [attrs(), (free0 - free_bytes()) // MIB]
+# Auto-free on launch: each launch frees what the last one left live, so it is reused.
+g, ptrs = capture(("a", 8))
+ex = instantiate(g, AUTO_FREE)
+for _ in range(3):
+    check(cu.cuGraphLaunch(ex, s), "auto-free launch")
+out["auto_free"] = attrs()
+check(cu.cuGraphExecDestroy(ex), "exec destroy 2")
+check(cu.cuGraphDestroy(g), "graph destroy 2")
+check(cu.cuMemFree_v2(u64(ptrs[0])), "free auto")
+check(cu.cuDeviceGraphMemTrim(0), "trim 3")
+out["end"] = [attrs()[0], attrs()[2], (free0 - free_bytes()) // MIB]
+"""
+
+
+def test_graph_memory_is_the_graph_pools_from_launch_until_trimmed() -> None:
+    """A captured cuMemAllocAsync is an allocation node: an address now, no pool memory;
+    the device's graph pool reserves the peak of what a launch (or an upload) holds at
+    once, keeps it for later launches after the graph frees it, and gives back at a trim
+    what no live allocation uses. The four graph-memory attributes say so."""
+    out = run_sim_json(
+        [
+            sys.executable,
+            "-c",
+            PRELUDE + GRAPH_MEMORY + "\nprint(json.dumps(out))",
+            str(libs.sim_driver_dir() / "libcuda.so.1"),
+        ],
+        str(libs.sim_driver_dir()),
+    )
+    # [used, used high, reserved, reserved high] in MiB
+    assert out["captured"] == [[0, 0, 0, 0], 0]  # nothing from the pool, nothing mapped
+    assert out["address_taken"] == 64 + 32 + 16  # the simulator's one address space
+    assert out["instantiated"] == [0, 0, 0, 0]
+    assert out["uploaded"] == [0, 0, 64, 64]  # max(64, 32 + 16): reused inside the graph
+    assert out["launched"] == [32, 64, 64, 64]  # 32 MiB outlive the launch
+    assert out["usable"] is True
+    assert out["freed"] == [0, 64, 64, 64]  # kept by the pool
+    assert out["relaunched"] == [0, 64, 64, 64]  # reused: nothing more reserved
+    assert out["trimmed"] == [0, 64, 0, 64]
+    assert out["after_trim"] == [32, 64, 64, 64]
+    assert out["reset"] == [[32, 32, 64, 64], 1, 1, 1]  # 1: CUDA_ERROR_INVALID_VALUE
+    assert out["destroyed"] == [32, 32, 64, 64]
+    assert out["all_gone"] == [[0, 32, 0, 64], 0]
+    assert out["auto_free"] == [8, 32, 8, 64]
+    assert out["end"] == [0, 0, 0]

@@ -216,3 +216,41 @@ def test_a_tasks_processes_share_one_pool_and_ipc_is_charged_once(
     assert GIB + 768 * MIB <= memory_used(daemon) <= GIB + 768 * MIB + 2 * SLACK
     go_on(p)
     assert p.wait(60) == 0
+
+
+GRAPH_MEMORY = HERE / "torch_graph_memory_case.py"
+
+
+def test_graph_memory_of_a_cudamallocasync_capture_is_charged_while_mapped(
+    daemon: Daemon,
+    run_task: Any,
+    torch_python: str,  # noqa: F811 (the fixture imported above)
+) -> None:
+    """With backend:cudaMallocAsync a capture's allocations are graph memory, which the
+    driver's graph pool maps at replay: nodemgr's charge covers it from the first replay,
+    not before. Torch's reset and empty_cache free the graph's allocations but do not trim
+    the graph pool (cudaDeviceGraphMemTrim), so the driver keeps the memory: so does the
+    charge."""
+    endpoint = daemon.env("alice", gpus=1, memory=QUOTA)
+    p = start_torch(run_task, endpoint, torch_python, GRAPH_MEMORY, "async", stdin=subprocess.PIPE)
+
+    captured = read_stage(p, "captured")
+    assert captured["graph_reserved"] == 0  # nodes only: nothing mapped yet
+    assert memory_used(daemon) <= captured["pool_reserved"] + SLACK  # not the 256 MiB
+    go_on(p)
+
+    replayed = read_stage(p, "replayed")
+    assert replayed["out_shape"] == [MIB]
+    assert replayed["graph_reserved"] >= 256 * MIB
+    charged = memory_used(daemon)
+    assert charged >= replayed["graph_reserved"] + replayed["pool_reserved"]
+    assert charged <= replayed["graph_reserved"] + replayed["pool_reserved"] + SLACK
+    go_on(p)
+
+    reset = read_stage(p, "reset")
+    assert reset["graph_reserved"] == replayed["graph_reserved"]
+    charged = memory_used(daemon)
+    assert reset["graph_reserved"] + reset["pool_reserved"] <= charged
+    assert charged <= reset["graph_reserved"] + reset["pool_reserved"] + SLACK
+    go_on(p)
+    assert p.wait(60) == 0

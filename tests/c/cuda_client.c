@@ -37,6 +37,13 @@
  *                  pooldestroy: cuMemPoolDestroy of it (or of poolon's): "NAME ok"
  *   heap MIB       cuCtxSetLimit of the device malloc heap: "heap ok" | "heap err CODE"
  *   stack BYTES    cuCtxSetLimit of the per-thread stack: "stack ok" | "stack err CODE"
+ *   gcapture MIB   on a stream of its own, a capture of cuMemAllocAsync of MIB and its
+ *                  cuMemFreeAsync, instantiated (gkeep MIB: the allocation outlives the
+ *                  graph, instantiated to auto-free it at the next launch)
+ *   glaunch N      N cuGraphLaunch of it on that stream; gupload: cuGraphUpload of it
+ *   gtrim          cuDeviceGraphMemTrim of the device; gdestroy: cuGraphExecDestroy of it
+ *                  each: "NAME ok" | "NAME err CODE"
+ *   greserved      the device's CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: "greserved BYTES"
  *   edge           driver answers to bad arguments, one "edge NAME CODE" line each
  *   gpa NAME VER FLAGS   cuGetProcAddress: "gpa NAME VER FLAGS rc=RC status=S LIB:SYMBOL"
  *   threads T N MIB      T threads each make N random allocations/frees of up to MIB:
@@ -154,6 +161,13 @@ static struct {
 	CUresult (*pool_get)(CUmemoryPool, int, void *);
 	CUresult (*pool_destroy)(CUmemoryPool);
 	CUresult (*set_limit)(int, size_t);
+	CUresult (*begin_capture)(CUstream, int);
+	CUresult (*end_capture)(CUstream, void **);
+	CUresult (*instantiate)(CUgraphExec *, void *, unsigned long long);
+	CUresult (*upload)(CUgraphExec, CUstream);
+	CUresult (*exec_destroy)(CUgraphExec);
+	CUresult (*graph_trim)(CUdevice);
+	CUresult (*graph_attr)(CUdevice, int, void *);
 } cu;
 
 static gpa_v2_t gpa;
@@ -222,6 +236,13 @@ static void bind_optional(void)
 	cu.pool_get = fetch_flags("cuMemPoolGetAttribute", 11020, 0, 0);
 	cu.pool_destroy = fetch_flags("cuMemPoolDestroy", 11020, 0, 0);
 	cu.set_limit = fetch_flags("cuCtxSetLimit", 3010, 0, 0);
+	cu.begin_capture = fetch_flags("cuStreamBeginCapture", 10010, 0, 0);
+	cu.end_capture = fetch_flags("cuStreamEndCapture", 10000, 0, 0);
+	cu.instantiate = fetch_flags("cuGraphInstantiateWithFlags", 11040, 0, 0);
+	cu.upload = fetch_flags("cuGraphUpload", 11010, 0, 0);
+	cu.exec_destroy = fetch_flags("cuGraphExecDestroy", 10000, 0, 0);
+	cu.graph_trim = fetch_flags("cuDeviceGraphMemTrim", 11040, 0, 0);
+	cu.graph_attr = fetch_flags("cuDeviceGetGraphMemAttribute", 11040, 0, 0);
 }
 
 #ifdef LINKED
@@ -590,6 +611,93 @@ static CUresult pool_step(const char *op, const char *arg)
 	rc = cu.pool_get(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &bytes);
 	if (rc == CUDA_SUCCESS)
 		printf("reserved %llu\n", (unsigned long long)bytes);
+	return rc;
+}
+
+/* --- graph memory ---------------------------------------------------------------- */
+
+#define CU_STREAM_CAPTURE_MODE_RELAXED 2
+#define CU_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH 1
+#define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
+
+static CUstream gstream; /* the stream graph steps capture on and launch on */
+static CUgraphExec gexec;
+
+static int is_graph_step(const char *op)
+{
+	static const char *const ops[] = { "gcapture", "gkeep",	   "glaunch",  "gupload",
+					   "gtrim",    "gdestroy", "greserved" };
+
+	for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++)
+		if (strcmp(op, ops[k]) == 0)
+			return 1;
+	return 0;
+}
+
+static int graph_step_args(const char *op)
+{
+	return strcmp(op, "gcapture") == 0 || strcmp(op, "gkeep") == 0 ||
+	       strcmp(op, "glaunch") == 0;
+}
+
+/* A capture of an allocation of MIB, freed in the graph unless keep. */
+static CUresult graph_capture(size_t bytes, int keep)
+{
+	CUdeviceptr p = 0;
+	void *graph = NULL;
+	CUresult rc, end;
+
+	NEED(cu.begin_capture);
+	NEED(cu.end_capture);
+	NEED(cu.instantiate);
+	NEED(cu.async);
+	NEED(cu.free_async);
+	if (gstream == NULL) {
+		NEED(cu.stream_create);
+		if ((rc = cu.stream_create(&gstream, 0)) != CUDA_SUCCESS)
+			return rc;
+	}
+	if ((rc = cu.begin_capture(gstream, CU_STREAM_CAPTURE_MODE_RELAXED)) != CUDA_SUCCESS)
+		return rc;
+	rc = cu.async(&p, bytes, gstream);
+	if (rc == CUDA_SUCCESS && !keep)
+		rc = cu.free_async(p, gstream);
+	end = cu.end_capture(gstream, &graph);
+	if (rc != CUDA_SUCCESS || (rc = end) != CUDA_SUCCESS)
+		return rc;
+	return cu.instantiate(&gexec, graph,
+			      keep ? CU_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0);
+}
+
+static CUresult graph_step(const char *op, const char *arg)
+{
+	cuuint64_t bytes = 0;
+	CUresult rc = CUDA_SUCCESS;
+
+	if (strcmp(op, "gcapture") == 0 || strcmp(op, "gkeep") == 0)
+		return graph_capture(strtoull(arg, NULL, 10) << 20, op[1] == 'k');
+	if (strcmp(op, "glaunch") == 0) {
+		NEED(cu.graph);
+		for (long k = strtol(arg, NULL, 10); k > 0 && rc == CUDA_SUCCESS; k--)
+			rc = cu.graph(gexec, gstream);
+		return rc;
+	}
+	if (strcmp(op, "gupload") == 0) {
+		NEED(cu.upload);
+		return cu.upload(gexec, gstream);
+	}
+	if (strcmp(op, "gtrim") == 0) {
+		NEED(cu.graph_trim);
+		return cu.graph_trim(cur_dev);
+	}
+	if (strcmp(op, "gdestroy") == 0) {
+		NEED(cu.exec_destroy);
+		return cu.exec_destroy(gexec);
+	}
+	NEED(cu.graph_attr);
+	rc = cu.graph_attr(cur_dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &bytes);
+	if (rc == CUDA_SUCCESS)
+		printf("greserved %llu\n", (unsigned long long)bytes);
 	return rc;
 }
 
@@ -1107,6 +1215,13 @@ int main(int argc, char **argv)
 			if (rc != CUDA_SUCCESS)
 				printf("%s err %d\n", op, rc);
 			else if (strcmp(op, "reserved") != 0)
+				printf("%s ok\n", op);
+		} else if (is_graph_step(op)) {
+			rc = graph_step(op, arg);
+			i += graph_step_args(op);
+			if (rc != CUDA_SUCCESS)
+				printf("%s err %d\n", op, rc);
+			else if (strcmp(op, "greserved") != 0)
 				printf("%s ok\n", op);
 		} else if (strcmp(op, "unmapat") == 0 && i + 2 < argc) {
 			size_t off = strtoull(argv[i + 1], NULL, 10) << 20;
