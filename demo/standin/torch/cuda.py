@@ -64,7 +64,22 @@ def launch() -> None:
     )
 
 
-def synchronize() -> None:
+def current_device() -> int:
+    return 0  # the stand-in uses device 0 only
+
+
+def device_count() -> int:
+    return 1
+
+
+def memory_reserved(device: int | None = None) -> int:
+    """What the allocator holds from the driver: live blocks and cached ones."""
+    del device  # one device
+    return sum(_sizes.values()) + sum(size * len(ptrs) for size, ptrs in _cache.items())
+
+
+def synchronize(device: int | None = None) -> None:
+    del device  # one device
     _check("cuCtxSynchronize", _driver().cuCtxSynchronize())
 
 
@@ -76,7 +91,3 @@ def empty_cache() -> None:
         for ptr in ptrs:
             _check("cuMemFree", _cu.cuMemFree_v2(ctypes.c_uint64(ptr)))
     _cache.clear()
-
-
-def memory_reserved() -> int:
-    return sum(_sizes.values()) + sum(size * len(p) for size, p in _cache.items())
