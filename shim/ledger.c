@@ -214,6 +214,22 @@ uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu)
 	return total;
 }
 
+/* Bytes granted and being checked on `gpu`, all slots (saturating): what a charge must fit beside. */
+static uint64_t claimed(const struct gs_ledger *l, uint32_t gpu)
+{
+	uint32_t hwm = slots_seen(l);
+	uint64_t total = 0;
+
+	for (uint32_t i = 0; i < hwm; i++) {
+		uint64_t v = LOAD(&l->slot[i].used[gpu]), p = LOAD(&l->slot[i].pending[gpu]);
+
+		if (total + v < total || total + v + p < total + v)
+			return UINT64_MAX;
+		total += v + p;
+	}
+	return total;
+}
+
 int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
 			 uint64_t *used, uint64_t *launches, uint64_t *peak)
 {
@@ -344,6 +360,7 @@ static void slot_clear(struct gs_slot *s)
 {
 	for (int g = 0; g < GS_MAX_GPUS; g++) {
 		STORE(&s->used[g], 0);
+		STORE(&s->pending[g], 0);
 		STORE(&s->persistent[g], 0);
 		STORE(&s->temp_peak[g], 0);
 		STORE(&s->settled[g], 0);
@@ -441,11 +458,20 @@ int gs_ledger_charge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t 
 	limit = LOAD(&l->gpu[gpu].limit);
 	if (bytes > limit)
 		return -ENOSPC;
-	__atomic_fetch_add(&l->slot[slot].used[gpu], bytes, __ATOMIC_SEQ_CST);
-	if (gs_ledger_used(l, gpu) > limit) {
-		__atomic_fetch_sub(&l->slot[slot].used[gpu], bytes, __ATOMIC_SEQ_CST);
+	/*
+	 * Announced as pending first, then everything granted and pending is
+	 * summed: of two racing charges each sees the other's (all SEQ_CST), so
+	 * both may fail but never both pass beyond the limit. Granted, the bytes
+	 * move into `used`, added there before they leave `pending`, so a racing
+	 * check counts them twice for a moment (on the safe side) and never not.
+	 */
+	__atomic_fetch_add(&l->slot[slot].pending[gpu], bytes, __ATOMIC_SEQ_CST);
+	if (claimed(l, gpu) > limit) {
+		__atomic_fetch_sub(&l->slot[slot].pending[gpu], bytes, __ATOMIC_SEQ_CST);
 		return -ENOSPC;
 	}
+	__atomic_fetch_add(&l->slot[slot].used[gpu], bytes, __ATOMIC_SEQ_CST);
+	__atomic_fetch_sub(&l->slot[slot].pending[gpu], bytes, __ATOMIC_SEQ_CST);
 	note_peak(&l->slot[slot]);
 	return 0;
 }

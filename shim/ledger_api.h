@@ -54,7 +54,7 @@ int gs_ledger_task_find(const struct gs_ledger *l, const char *task_id);
  */
 void gs_ledger_stamp_launches(struct gs_ledger *l, uint64_t now_ns);
 
-/* Bytes charged on `gpu` by all slots (saturating). */
+/* Bytes charged on `gpu` by all slots (saturating); a charge still being checked is not. */
 uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu);
 
 /*
@@ -126,9 +126,10 @@ int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_i
 /*
  * A process: charge `bytes` on `gpu` to slot `slot` if the environment stays
  * within the GPU's limit. Returns 0, or -ENOSPC when over the limit (then
- * nothing stays charged). Never check-then-add: the slot is charged first
- * and the total read after, so racing processes can both fail but never
- * both pass beyond the limit.
+ * nothing stays charged). Never check-then-add: the bytes are announced as
+ * the slot's pending first and the total read after, so racing processes
+ * can both fail but never both pass beyond the limit; what is reported
+ * (gs_ledger_used, usage, summaries, peaks) never counts a pending charge.
  */
 int gs_ledger_charge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes);
 void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes);

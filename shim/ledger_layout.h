@@ -83,7 +83,13 @@ struct gs_slot {
 	uint64_t iterations; /* iteration boundaries this process reported */
 	uint64_t releases;   /* times it released its temporary memory (settled is valid when > 0) */
 	uint64_t boundary_ns; /* CLOCK_MONOTONIC of the last boundary; 0: none yet */
-	uint64_t reserved[20];
+	/*
+	 * Charges being checked against the limit (gs_ledger_charge): counted
+	 * by the check, never by what is reported, since a refused one never
+	 * happened. Moved into `used` once granted.
+	 */
+	uint64_t pending[GS_MAX_GPUS];
+	uint64_t reserved[4];
 };
 
 struct gs_ledger {

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.conftest import CSRC, ROOT, cc
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -114,3 +117,17 @@ def test_processes_of_one_environment_never_exceed_the_pool(
         stop.touch()
         for t in tasks:
             assert t.wait(30) == 0
+
+
+def test_a_refused_charge_is_never_reported(tmp_path: Path) -> None:
+    """Charges racing at the limit, on the ledger code the shim and nodemgr share: a reader
+    (what nodemgr reports in status, tasks, metrics and peaks) never sees more than the
+    limit, however many charges are being checked and refused meanwhile."""
+    race = cc(tmp_path / "ledger_race", str(CSRC / "ledger_race.c"), str(ROOT / "shim/ledger.c"))
+    out = subprocess.run([str(race), "4", "200000"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    seen = dict(kv.split("=") for kv in out.stdout.split())
+    limit = int(seen["limit"])
+    assert int(seen["refused"]) > 0 and int(seen["granted"]) > 0  # it did race at the limit
+    for key in ("max_used", "max_summary", "max_peak"):
+        assert 0 < int(seen[key]) <= limit, (key, seen)
