@@ -571,7 +571,8 @@ class Server:
         if kind == "quota_set":
             env = node.set_quota(body["env"], body["gpus"], body["memory"])
             self._open_env(env)
-            return protocol.reply("quota", msg_id, **node.quota_view(env))
+            over = [{"gpu": i, "used": used} for i, used in node.over_quota(env).items()]
+            return protocol.reply("quota", msg_id, **node.quota_view(env), over=over)
         if kind == "quota_delete":
             return self._delete_env(body["env"], bool(body["force"]), msg_id)
         if kind == "reclaim":

@@ -341,8 +341,15 @@ class Node:
         return env
 
     def set_quota(self, name: str, gpus: int, memory: int) -> Env:
-        self.store.put_env(name, gpus, memory, time.time())
+        """Create or change an environment's quota. A change applies at once to the GPUs
+        it holds, where it fits: a raise that would promise a GPU more than its capacity is
+        refused (ProtocolError, nothing changed); a lowered one stops new allocations there
+        while the environment holds more, and it is charged what it holds until it frees it
+        (charged()), so no GPU is ever promised beyond its capacity."""
         env = self.envs.get(name)
+        if env is not None and memory > env.memory:
+            self._check_raise(env, memory)
+        self.store.put_env(name, gpus, memory, time.time())
         if env is None:
             env = self._open_env(name, gpus, memory, adopt=False)
         env.gpus = gpus
@@ -352,6 +359,37 @@ class Node:
         self.queue_dirty = True
         log.info("quota %s: %d GPUs x %d bytes", name, gpus, memory)
         return env
+
+    def over_quota(self, env: Env) -> dict[int, int]:
+        """The GPUs where ``env`` holds more than its memory quota, and what it holds."""
+        held = {i: env.ledger.used(i) for i in sorted(env.held)}
+        return {i: used for i, used in held.items() if used > env.memory}
+
+    def _check_raise(self, env: Env, memory: int) -> None:
+        old = env.memory
+        env.memory = memory
+        try:
+            over = [
+                (i, self.charged(i), self.capacity(i))
+                for i in sorted(env.held)
+                if self.charged(i) > self.capacity(i)
+            ]
+        finally:
+            env.memory = old
+        if over:
+            where = "; ".join(
+                f"GPU {i} would be promised {promised} of its {cap} bytes"
+                for i, promised, cap in over
+            )
+            raise ProtocolError(
+                Err.NO_RESOURCES,
+                f"environment {env.name} cannot have {memory} bytes per GPU while it runs: "
+                f"{where}. Raise it by less, or once its tasks there have ended",
+            )
+
+    def capacity(self, index: int) -> int:
+        """What GPU ``index`` may be promised: its memory less the configured reserve."""
+        return max(0, self.gpus[index].memory - self.config.memory_reserve)
 
     def delete_quota(self, name: str) -> Env:
         """Forget an environment; the caller has ended its tasks and waiters."""
@@ -377,18 +415,20 @@ class Node:
     # --- grants ------------------------------------------------------------------------
 
     def charged(self, index: int) -> int:
-        """Memory promised on a GPU: each holding environment's per-GPU quota (on a
-        time-sliced GPU, its regions' charge instead), and what draining environments
-        still hold there."""
+        """Memory promised on a GPU: each holding environment's per-GPU quota, or what it
+        holds there when that is more (its quota was lowered below it); on a time-sliced
+        GPU, the regions' charge instead, and never less than what is held there; and what
+        draining environments still hold there."""
         if self.timesliced(index):
             draining = sum(
                 e.ledger.used(index)
                 for e in self.envs.values()
                 if index in e.draining and index not in e.held
             )
-            return self.region_charge(index).total + draining
+            held = sum(e.ledger.used(index) for e in self.envs.values() if index in e.held)
+            return max(self.region_charge(index).total, held) + draining
         return sum(
-            e.memory if index in e.held else e.ledger.used(index)
+            max(e.memory, e.ledger.used(index)) if index in e.held else e.ledger.used(index)
             for e in self.envs.values()
             if index in e.held or index in e.draining
         )
@@ -670,7 +710,7 @@ class Node:
                 # Above capacity after a switch to shared, the tasks there run at once and
                 # may run out of memory: the CLI says so.
                 "charged": self.charged(i),
-                "capacity": max(0, self.gpus[i].memory - self.config.memory_reserve),
+                "capacity": self.capacity(i),
             }
             for i in indices
         ]
@@ -691,7 +731,7 @@ class Node:
         out = []
         quotas = self._quotas()
         for g in self.gpus:
-            capacity = max(0, g.memory - self.config.memory_reserve)
+            capacity = self.capacity(g.index)
             extra = None
             if new is not None and self.timesliced(g.index):
                 extra = timeslice.extra(self.members(g.index), quotas, new)

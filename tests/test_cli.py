@@ -45,7 +45,7 @@ def test_quota_set_and_show(daemon: Any) -> None:
 
     # Changing a quota keeps the environment and its endpoint.
     r = invoke(daemon, "quota", "set", "alice", "--gpus", "1", "--memory", "512MiB", "--json")
-    assert json.loads(r.output) == {**shown, "gpus": 1, "memory": 512 << 20}
+    assert json.loads(r.output) == {**shown, "gpus": 1, "memory": 512 << 20, "over": []}
 
 
 @pytest.mark.parametrize("size", ["12XB", "-1", "lots", "1.5.2G", ""])

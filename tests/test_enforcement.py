@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from nodemgr.client import NoResources
 from tests.conftest import CSRC, ROOT, cc
 
 MiB = 1 << 20
@@ -129,5 +130,67 @@ def test_a_refused_charge_is_never_reported(tmp_path: Path) -> None:
     seen = dict(kv.split("=") for kv in out.stdout.split())
     limit = int(seen["limit"])
     assert int(seen["refused"]) > 0 and int(seen["granted"]) > 0  # it did race at the limit
+    assert int(seen["samples"]) > 0 and int(seen["max_peak"]) > 0  # and was looked at
     for key in ("max_used", "max_summary", "max_peak"):
-        assert 0 < int(seen[key]) <= limit, (key, seen)
+        assert int(seen[key]) <= limit, (key, seen)
+
+
+def _one_gpu(daemon_factory: Any) -> Any:
+    """A node of one 16 GiB GPU, all of it promisable."""
+    return daemon_factory(
+        {
+            "gpus": {"simulated_count": 1, "simulated_memory": "16GiB"},
+            "scheduler": {"memory_reserve": "0"},
+        }
+    )
+
+
+def test_a_lowered_quota_charges_the_gpu_what_the_environment_still_holds(
+    daemon_factory: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path
+) -> None:
+    """Lowered below what a running environment holds, a quota stops its new allocations
+    there, the reply (and the CLI) says so, and the GPU stays charged what it holds: no other
+    environment is let in on the difference."""
+    d = _one_gpu(daemon_factory)
+    go = tmp_path / "go"
+    a = run_task(
+        d.env("a", memory=12 * GiB),
+        str(cbin["client"]),
+        "alloc",
+        "10240",
+        "waitfile",
+        str(go),
+        "alloc",
+        "64",
+    )
+    assert a.stdout.readline() == "alloc ok\n"
+    assert a.stdout.readline() == "waiting\n"
+    reply = d.admin("quota_set", env="a", gpus=1, memory=4 * GiB)
+    assert reply["over"] == [{"gpu": 0, "used": 10 * GiB}]
+    assert d.admin("status")["gpus"][0]["used"] == 10 * GiB
+    b = run_task(d.env("b", memory=8 * GiB), "true", opts=["--no-wait"])
+    _, err = b.communicate(timeout=30)
+    assert b.returncode == 75, err  # 10 GiB held + 8 GiB would be more than the GPU's 16
+    go.touch()
+    out, _ = a.communicate(timeout=30)
+    assert out.splitlines() == ["alloc err 2"]  # nothing more beyond the lowered quota
+
+
+def test_a_raise_that_would_overcommit_a_gpu_is_refused_and_changes_nothing(
+    daemon_factory: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path
+) -> None:
+    d = _one_gpu(daemon_factory)
+    go = tmp_path / "go"
+    hold = ["sh", "-c", f"echo up; while [ ! -e {go} ]; do sleep 0.05; done"]
+    b = run_task(d.env("b", memory=8 * GiB), *hold)
+    assert b.stdout.readline() == "up\n"
+    a_ep = d.env("a", memory=8 * GiB)
+    a = run_task(a_ep, str(cbin["client"]), "waitfile", str(go), "alloc", "9216", "info")
+    assert a.stdout.readline() == "waiting\n"
+    with pytest.raises(NoResources, match="GPU 0 would be promised 21474836480 of its 17179869184"):
+        d.admin("quota_set", env="a", gpus=1, memory=12 * GiB)
+    assert d.admin("quota_show", env="a")["quotas"][0]["memory"] == 8 * GiB
+    go.touch()
+    out, _ = a.communicate(timeout=30)
+    assert out.splitlines()[0] == "alloc err 2"  # the limit is still 8 GiB
+    b.communicate(timeout=30)

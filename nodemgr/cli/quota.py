@@ -40,10 +40,18 @@ def set_(env: str, gpus: int, memory: int, config_path: str | None, as_json: boo
     """Create environment ENV or change its quota."""
     reply = admin_call(config_path, "quota_set", env=env, gpus=gpus, memory=memory)
     view = {k: reply[k] for k in ("env", "gpus", "memory", "endpoint")}
+    over = reply.get("over", [])
     if as_json:
-        print_json(view)
-    else:
-        click.echo(f"{env}: {gpus} GPUs x {format_size(memory)}; task endpoint {view['endpoint']}")
+        print_json({**view, "over": over})
+        return
+    click.echo(f"{env}: {gpus} GPUs x {format_size(memory)}; task endpoint {view['endpoint']}")
+    for o in over:
+        click.echo(
+            f"warning: {env} holds {format_size(o['used'])} on GPU {o['gpu']}, more than its "
+            "new quota: it keeps that memory until it frees it (charged for all of it), and "
+            "allocates nothing more there until it is below the quota",
+            err=True,
+        )
 
 
 @quota.command("show")

@@ -6,8 +6,9 @@
  * GPU whose limit is 8 MiB, so that most attempts race another writer's at the
  * limit and many are refused. A reader meanwhile sums what nodemgr reports:
  * gs_ledger_used, and the used bytes and peaks of gs_ledger_summary. Prints
- * "limit=L max_used=U max_summary=S max_peak=P refused=R granted=G": nothing a
- * reader sees may exceed the limit, since a refused charge never happened.
+ * "limit=L max_used=U max_summary=S max_peak=P refused=R granted=G samples=N"
+ * (N: the reader's looks): nothing a reader sees may exceed the limit, since a
+ * refused charge never happened.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -23,14 +24,16 @@
 
 static struct gs_ledger *ledger;
 static long rounds;
-static int done;
-static unsigned long refused, granted;
+static int done, reading;
+static unsigned long refused, granted, samples;
 
 static void *writer(void *arg)
 {
 	uint32_t slot = (uint32_t)(uintptr_t)arg;
 	unsigned long no = 0, yes = 0;
 
+	while (!__atomic_load_n(&reading, __ATOMIC_ACQUIRE))
+		; /* the reader is looking before anyone charges */
 	for (long i = 0; i < rounds; i++) {
 		if (gs_ledger_charge(ledger, slot, 0, CHUNK) != 0) {
 			no++;
@@ -49,6 +52,7 @@ static void *reader(void *arg)
 	static struct gs_slot_info info[GS_MAX_SLOTS];
 	uint64_t *max = arg;
 
+	__atomic_store_n(&reading, 1, __ATOMIC_RELEASE);
 	while (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
 		uint64_t used = gs_ledger_used(ledger, 0), sum = 0, peak = 0;
 		int n = gs_ledger_summary(ledger, info, GS_MAX_SLOTS);
@@ -60,6 +64,7 @@ static void *reader(void *arg)
 		max[0] = used > max[0] ? used : max[0];
 		max[1] = sum > max[1] ? sum : max[1];
 		max[2] = peak > max[2] ? peak : max[2];
+		samples++;
 	}
 	return NULL;
 }
@@ -91,8 +96,9 @@ int main(int argc, char **argv)
 		pthread_join(w[i], NULL);
 	__atomic_store_n(&done, 1, __ATOMIC_RELEASE);
 	pthread_join(r, NULL);
-	printf("limit=%llu max_used=%llu max_summary=%llu max_peak=%llu refused=%lu granted=%lu\n",
+	printf("limit=%llu max_used=%llu max_summary=%llu max_peak=%llu refused=%lu granted=%lu "
+	       "samples=%lu\n",
 	       LIMIT, (unsigned long long)max[0], (unsigned long long)max[1],
-	       (unsigned long long)max[2], refused, granted);
+	       (unsigned long long)max[2], refused, granted, samples);
 	return 0;
 }
