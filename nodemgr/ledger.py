@@ -9,6 +9,7 @@ cffi.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -30,7 +31,9 @@ SIZE: int = ffi.sizeof("struct gs_ledger")
 class SlotTotals:
     processes: int = 0
     used: int = 0  # bytes now, all GPUs
-    peak: int = 0  # sum of each process's most bytes at once
+    # The most bytes the task's processes held at once (the task entry's count); where the
+    # task has no entry, the sum of each process's own peak, an upper bound.
+    peak: int = 0
     launches: int = 0
 
 
@@ -295,6 +298,11 @@ class Ledger:
             t.used += int(info.used)
             t.peak += int(info.peak)
             t.launches += int(info.launches)
+        for tid, t in out.items():
+            with contextlib.suppress(LedgerError):
+                i = int(lib.gs_ledger_task_find(self._l, _task_key(tid)))
+                if i >= 0 and self._l.task[i].peak:
+                    t.peak = int(self._l.task[i].peak)
         return out
 
     def reap(self) -> int:

@@ -878,10 +878,11 @@ class Node:
         if task is None:
             return None
         env = self.envs[task.env]
+        # Read while the task's entry is there: it holds the task's exact peak.
+        totals = env.ledger.task_usage(task_id)
         # Freeing the entry also lets go of any launch a pause still holds.
         if env.ledger.task_remove(task_id):
             env.tasks_full = False
-        totals = env.ledger.task_usage(task_id)
         task.peak = max(task.peak, totals.peak)
         task.launches = max(task.launches, totals.launches)
         env.launches_done += task.launches

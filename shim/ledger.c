@@ -108,6 +108,8 @@ int gs_ledger_task_add(struct gs_ledger *l, const char *task_id)
 		STORE(&t->iterations, 0);
 		STORE(&t->turn_until, 0);
 		STORE(&t->flags, 0);
+		STORE(&t->used, 0);
+		STORE(&t->peak, 0);
 		/* State last: a process that finds the entry finds it whole. */
 		STORE(&t->state, (uint32_t)GS_SLOT_USED);
 		return i;
@@ -234,7 +236,7 @@ int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
 			 uint64_t *used, uint64_t *launches, uint64_t *peak)
 {
 	uint32_t hwm = slots_seen(l);
-	int n = 0;
+	int n = 0, t;
 
 	memset(used, 0, sizeof(uint64_t) * GS_MAX_GPUS);
 	*launches = 0;
@@ -250,6 +252,10 @@ int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
 		*peak += LOAD(&s->peak);
 		n++;
 	}
+	/* The task's own count is exact; the sum of its processes' peaks is an upper bound. */
+	t = gs_ledger_task_find(l, task_id);
+	if (t >= 0 && LOAD(&l->task[t].peak) != 0)
+		*peak = LOAD(&l->task[t].peak);
 	return n;
 }
 
@@ -356,8 +362,33 @@ static int slot_lock(int fd, uint32_t i, short type)
 	return fcntl(fd, F_OFD_SETLK, &fl) == 0 ? 0 : -errno;
 }
 
-static void slot_clear(struct gs_slot *s)
+static uint64_t sub_sat(uint64_t *p, uint64_t bytes);
+
+/* The task entry slot `s` charges, if it still names the slot's task; NULL if none. */
+static struct gs_task *slot_task(struct gs_ledger *l, const struct gs_slot *s)
 {
+	int32_t t = LOAD(&s->task_index);
+	struct gs_task *entry;
+
+	if (t < 0 || t >= GS_MAX_TASKS)
+		return NULL;
+	entry = &l->task[t];
+	if (LOAD(&entry->state) != GS_SLOT_USED ||
+	    strncmp(entry->task_id, s->task_id, GS_TASK_ID_LEN) != 0)
+		return NULL;
+	return entry;
+}
+
+/* What a cleared slot held leaves its task's count. */
+static void slot_clear(struct gs_ledger *l, struct gs_slot *s)
+{
+	struct gs_task *t = slot_task(l, s);
+	uint64_t held = 0;
+
+	for (int g = 0; g < GS_MAX_GPUS; g++)
+		held += LOAD(&s->used[g]);
+	if (t != NULL && held != 0)
+		sub_sat(&t->used, held);
 	for (int g = 0; g < GS_MAX_GPUS; g++) {
 		STORE(&s->used[g], 0);
 		STORE(&s->pending[g], 0);
@@ -394,7 +425,7 @@ int gs_ledger_reap(struct gs_ledger *l, int fd, struct gs_slot_info *out, uint32
 		/* What the dead process used is reported before it is forgotten. */
 		if (out != NULL && (uint32_t)n < max)
 			slot_info(s, i, &out[n]);
-		slot_clear(s);
+		slot_clear(l, s);
 		STORE(&s->state, (uint32_t)GS_SLOT_FREE);
 		slot_lock(fd, i, F_UNLCK);
 		n++;
@@ -414,7 +445,7 @@ int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_i
 		if (rc != 0)
 			return rc;
 		/* Whoever held this slot before is gone: its charges go with it. */
-		slot_clear(s);
+		slot_clear(l, s);
 		s->pid = pid;
 		memset(s->task_id, 0, sizeof(s->task_id));
 		if (task_id != NULL) {
@@ -433,6 +464,20 @@ int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_i
 }
 
 /* Only this slot's process charges it, so its total can only have grown. */
+/* A granted charge of a task's process: the task's count, and its peak, grow. */
+static void task_charged(struct gs_task *t, uint64_t bytes)
+{
+	uint64_t now, peak;
+
+	if (t == NULL)
+		return;
+	now = __atomic_add_fetch(&t->used, bytes, __ATOMIC_SEQ_CST);
+	peak = LOAD(&t->peak);
+	while (now > peak && !__atomic_compare_exchange_n(&t->peak, &peak, now, 0, __ATOMIC_SEQ_CST,
+							  __ATOMIC_SEQ_CST))
+		;
+}
+
 static void note_peak(struct gs_slot *s)
 {
 	uint64_t total = 0, peak;
@@ -473,23 +518,35 @@ int gs_ledger_charge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t 
 	__atomic_fetch_add(&l->slot[slot].used[gpu], bytes, __ATOMIC_SEQ_CST);
 	__atomic_fetch_sub(&l->slot[slot].pending[gpu], bytes, __ATOMIC_SEQ_CST);
 	note_peak(&l->slot[slot]);
+	task_charged(slot_task(l, &l->slot[slot]), bytes);
 	return 0;
 }
 
-/* Saturate: taking back more than is there never turns a figure into a huge number. */
-static void sub_sat(uint64_t *p, uint64_t bytes)
+/*
+ * Saturate: taking back more than is there never turns a figure into a huge
+ * number. Returns what was taken.
+ */
+static uint64_t sub_sat(uint64_t *p, uint64_t bytes)
 {
 	uint64_t cur = LOAD(p);
 
 	while (!__atomic_compare_exchange_n(p, &cur, cur > bytes ? cur - bytes : 0, 0,
 					    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
 		;
+	return cur > bytes ? bytes : cur;
 }
 
 void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes)
 {
-	if (gpu < GS_MAX_GPUS && slot < GS_MAX_SLOTS)
-		sub_sat(&l->slot[slot].used[gpu], bytes);
+	struct gs_task *t;
+	uint64_t taken;
+
+	if (gpu >= GS_MAX_GPUS || slot >= GS_MAX_SLOTS)
+		return;
+	taken = sub_sat(&l->slot[slot].used[gpu], bytes);
+	t = slot_task(l, &l->slot[slot]);
+	if (t != NULL && taken != 0)
+		sub_sat(&t->used, taken);
 }
 
 /*

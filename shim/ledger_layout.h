@@ -15,7 +15,7 @@
  */
 
 #define GS_LEDGER_MAGIC 0x3152444c53555047
-#define GS_LEDGER_VERSION 3
+#define GS_LEDGER_VERSION 4
 #define GS_MAX_GPUS 16
 #define GS_MAX_SLOTS 1024
 #define GS_MAX_TASKS 1024
@@ -58,6 +58,14 @@ struct gs_task {
 	uint64_t turn_until;
 	uint32_t flags; /* GS_TASK_* bits */
 	uint32_t reserved0;
+	/*
+	 * Written by the task's processes at each granted charge and each
+	 * uncharge, so on a cache line of its own: the first holds the pause
+	 * word every launch reads.
+	 */
+	uint64_t used; /* bytes its processes hold now, all GPUs */
+	uint64_t peak; /* the most they held at once: the task's exact peak */
+	uint64_t reserved[6];
 };
 
 /*

@@ -2,9 +2,11 @@
  * Charges racing at the limit, and what a reader of the ledger sees meanwhile.
  * Usage: ledger_race THREADS ROUNDS
  *
- * THREADS writers, each its own slot, charge and uncharge 3 MiB at a time on a
- * GPU whose limit is 8 MiB, so that most attempts race another writer's at the
- * limit and many are refused. A reader meanwhile sums what nodemgr reports:
+ * Two slots hold 3 MiB each of a GPU whose limit is 8 MiB; THREADS writers,
+ * each its own slot, try to charge 3 MiB more again and again, racing each
+ * other at the limit: every try is refused, as 9 MiB would be over it, and
+ * some of them are being checked at any moment. A reader meanwhile sums what
+ * nodemgr reports:
  * gs_ledger_used, and the used bytes and peaks of gs_ledger_summary. Prints
  * "limit=L max_used=U max_summary=S max_peak=P refused=R granted=G samples=N"
  * (N: the reader's looks): nothing a reader sees may exceed the limit, since a
@@ -76,19 +78,23 @@ int main(int argc, char **argv)
 	uint64_t max[3] = { 0, 0, 0 };
 
 	rounds = argc > 2 ? atol(argv[2]) : 0;
-	if (threads < 2 || threads > 64 || rounds < 1) {
-		fprintf(stderr, "usage: ledger_race THREADS(2-64) ROUNDS\n");
+	if (threads < 1 || threads > 60 || rounds < 1) {
+		fprintf(stderr, "usage: ledger_race THREADS(1-60) ROUNDS\n");
 		return 2;
 	}
 	ledger = calloc(1, sizeof(*ledger));
 	if (ledger == NULL || gs_ledger_init(ledger, 1) != 0)
 		return 1;
 	gs_ledger_set_limit(ledger, 0, LIMIT);
-	for (int i = 0; i < threads; i++) {
+	for (int i = 0; i < threads + 2; i++) {
 		ledger->slot[i].state = GS_SLOT_USED;
+		ledger->slot[i].task_index = -1;
 		snprintf(ledger->slot[i].task_id, sizeof(ledger->slot[i].task_id), "t%d", i);
 	}
-	ledger->slot_hwm = (uint32_t)threads;
+	ledger->slot_hwm = (uint32_t)threads + 2;
+	for (uint32_t i = 0; i < 2; i++)
+		if (gs_ledger_charge(ledger, (uint32_t)threads + i, 0, CHUNK) != 0)
+			return 1;
 	pthread_create(&r, NULL, reader, max);
 	for (int i = 0; i < threads; i++)
 		pthread_create(&w[i], NULL, writer, (void *)(uintptr_t)i);
