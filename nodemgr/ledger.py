@@ -13,6 +13,9 @@ import contextlib
 import errno
 import mmap
 import os
+import secrets
+import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +75,15 @@ class LedgerError(Exception):
     pass
 
 
+@contextlib.contextmanager
+def _dir(path: Path) -> Iterator[int]:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
 class Ledger:
     """One environment's ledger, owned by nodemgr."""
 
@@ -84,17 +96,41 @@ class Ledger:
         self._info = ffi.new("struct gs_slot_info[]", MAX_SLOTS)
 
     @classmethod
-    def create(cls, path: Path, uuids: list[bytes], mode: int = 0o600) -> Ledger:
-        """Write a fresh ledger for GPUs with these 16-byte UUIDs and publish it at ``path``.
+    def create(
+        cls,
+        path: Path,
+        uuids: list[bytes],
+        mode: int = 0o600,
+        owner: tuple[int, int] | None = None,
+        dir_fd: int | None = None,
+    ) -> Ledger:
+        """Write a fresh ledger for GPUs with these 16-byte UUIDs, give it ``owner`` (uid,
+        gid; default: ours) and ``mode`` and publish it at ``path``. ``dir_fd``, when given,
+        is ``path``'s directory, held open.
 
-        Built under a temporary name and renamed into place, so a process
-        never maps a half-written header.
+        Built under a fresh temporary name and renamed into place, so a process
+        never maps a half-written header. The directory may be writable by the
+        environment's user: the file is created with O_EXCL|O_NOFOLLOW (never an
+        entry someone left there) and owner and mode are set through its
+        descriptor, so no link is ever followed.
         """
         if len(uuids) > MAX_GPUS:
             raise LedgerError(f"a ledger holds at most {MAX_GPUS} GPUs, this node has {len(uuids)}")
-        tmp = path.with_name(path.name + ".new")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        if dir_fd is None:
+            with _dir(path.parent) as fd:
+                return cls.create(path, uuids, mode, owner, fd)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        while True:
+            tmp = f"{path.name}.new-{secrets.token_hex(8)}"
+            try:
+                fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+                break
+            except FileExistsError:
+                continue  # someone guessed the name: take another
         try:
+            if owner is not None:
+                os.fchown(fd, *owner)
+            os.fchmod(fd, mode)
             os.ftruncate(fd, SIZE)
             mem = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             ledger = cls(path, fd, mem)
@@ -104,28 +140,33 @@ class Ledger:
             rc = lib.gs_ledger_init(ledger._l, len(uuids))
             if rc != 0:
                 raise LedgerError(f"cannot initialise ledger: {os.strerror(-rc)}")
-            os.replace(tmp, path)
+            os.rename(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
             os.close(fd)
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
             raise
         return ledger
 
     @classmethod
-    def reopen(cls, path: Path, uuids: list[bytes]) -> Ledger | None:
-        """Map the ledger an earlier nodemgr left at ``path``, if it is valid and for these
-        GPUs; None otherwise.
+    def reopen(cls, path: Path, uuids: list[bytes], dir_fd: int | None = None) -> Ledger | None:
+        """Map the ledger an earlier nodemgr left at ``path`` (in the directory ``dir_fd``, when
+        given), if it is valid and for these GPUs; None otherwise.
 
         Running processes have it mapped and charge to it: after a restart
-        nodemgr must adopt that very file, not replace it.
+        nodemgr must adopt that very file, not replace it. Only a regular file
+        with no other name is taken: a link (symbolic or hard) to another file
+        is not a ledger nodemgr made.
         """
+        flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            fd = os.open(path if dir_fd is None else path.name, flags, dir_fd=dir_fd)
         except OSError:
             return None
         try:
-            if os.fstat(fd).st_size != SIZE:
-                raise LedgerError("wrong size")
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size != SIZE:
+                raise LedgerError("not a ledger nodemgr made")
             mem = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except (OSError, LedgerError):
             os.close(fd)

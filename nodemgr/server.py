@@ -14,10 +14,12 @@ import errno
 import fcntl
 import logging
 import os
+import secrets
 import signal
 import socket
 import struct
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,22 @@ def _lock(path: Path, what: str) -> int:
     return fd
 
 
+@contextlib.contextmanager
+def _open_dir(path: Path) -> Iterator[int]:
+    """A descriptor of the directory ``path`` (not of a link there) for the ``with``."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e)
+
+
 class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -112,6 +130,8 @@ class Server:
         self._next_sweep = 0.0
         self._next_health = 0.0
         self.metrics: Any = None
+        self._bind_dir = config.run_dir / ".bind"
+        self._binds = 0
 
     def _unlock(self) -> None:
         for fd in self._lock_fds:
@@ -128,11 +148,17 @@ class Server:
         except OSError as e:
             raise StartupError(f"cannot create run directory {run}: {e.strerror}") from None
         self._lock_fds.append(_lock(run / "nodemgr.lock", f"run directory {run}"))
-        self.admin = self._bind(run / "admin.sock", self.config.admin_access)
+        try:
+            self._prepare_bind_dir()
+            with _open_dir(run) as fd:
+                self.admin = self._bind(fd, run / "admin.sock", self.config.admin_access)
+        except (OSError, zmq.ZMQError) as e:
+            raise StartupError(f"cannot create {run / 'admin.sock'}: {_why(e)}") from None
         for task in self.node.restore():
             self._adopt(task)
         for env in self.node.envs.values():
-            self._open_env(env)
+            with contextlib.suppress(ProtocolError):  # refused: said in the log
+                self._open_env(env)
         if self.config.metrics_port:
             from nodemgr.metrics import Metrics
 
@@ -148,8 +174,28 @@ class Server:
             self.config.admin_endpoint,
         )
 
-    def _bind(self, path: Path, access: Access) -> zmq.Socket[bytes]:
-        path.unlink(missing_ok=True)
+    def _prepare_bind_dir(self) -> None:
+        """Empty nodemgr's private directory for binding sockets (see _bind)."""
+        path = self._bind_dir
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            path.unlink()
+        path.mkdir(mode=0o700, exist_ok=True)
+        os.chown(path, os.geteuid(), os.getegid())
+        os.chmod(path, 0o700)
+        for entry in path.iterdir():
+            entry.unlink()
+
+    def _bind(self, dir_fd: int, path: Path, access: Access) -> zmq.Socket[bytes]:
+        """A ROUTER socket with ``access``, placed at ``path`` in the directory ``dir_fd``.
+
+        An environment's directory is writable by its user, so nothing there is
+        touched by name with privileges: the socket is bound in nodemgr's private
+        directory, given its owner and mode there, and renamed into place through
+        ``dir_fd``; a rename replaces whatever non-directory was there and follows
+        no link. A directory in the way is moved aside. Raises OSError or ZMQError.
+        """
+        self._binds += 1
+        private = self._bind_dir / str(self._binds)
         sock: zmq.Socket[bytes] = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
@@ -158,26 +204,46 @@ class Server:
         # A reply to a client that has gone raises instead of vanishing, so a
         # grant nobody received can be taken back.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # The socket appears with the umask's mode; keep it private from the start.
-        old = os.umask(0o177)
         try:
-            sock.bind(f"ipc://{path}")
-        finally:
-            os.umask(old)
-        try:
-            os.chown(path, access.uid, access.gid)
-            os.chmod(path, access.mode)
-        except OSError as e:
+            # The socket appears with the umask's mode; keep it private from the start.
+            old = os.umask(0o177)
+            try:
+                sock.bind(f"ipc://{private}")
+            finally:
+                os.umask(old)
+            os.chown(private, access.uid, access.gid)
+            os.chmod(private, access.mode)
+            try:
+                os.rename(private, path.name, dst_dir_fd=dir_fd)
+            except OSError as e:
+                if e.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                aside = f"{path.name}.moved-{secrets.token_hex(4)}"
+                os.rename(path.name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                log.warning("%s was a directory: moved it aside to %s", path, path.with_name(aside))
+                os.rename(private, path.name, dst_dir_fd=dir_fd)
+        except BaseException:
             sock.close(linger=0)
-            raise StartupError(f"cannot set owner and mode of {path}: {e.strerror}") from None
+            with contextlib.suppress(OSError):
+                private.unlink()
+            raise
         self.poller.register(sock, zmq.POLLIN)
         return sock
 
     def _open_env(self, env: Env) -> None:
+        """Serve ``env`` on its socket. A socket that cannot be placed refuses this
+        environment only (said in the log and to the operator's ``quota set``); the others
+        go on, and a later ``quota set`` of it tries again."""
         if env.name in self.env_socks.values():
             return
         path = Path(env.endpoint.removeprefix("ipc://"))
-        sock = self._bind(path, self.config.access_for(env.name))
+        try:
+            with _open_dir(path.parent) as fd:
+                sock = self._bind(fd, path, self.config.access_for(env.name))
+        except (OSError, zmq.ZMQError) as e:
+            why = f"environment {env.name} refused: cannot create its socket {path}: {_why(e)}"
+            log.error("%s", why)
+            raise ProtocolError(Err.INTERNAL, why) from None
         self.env_socks[sock] = env.name
 
     def _close_env(self, name: str) -> None:

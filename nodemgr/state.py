@@ -8,6 +8,7 @@ leaves.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -134,18 +135,29 @@ def process_start(pid: int) -> int | None:
         return None
 
 
-def _empty_dir(path: Path) -> None:
-    """Make ``path`` an empty directory, keeping the directory itself if there is one:
-    containers bind-mount it, and a mount keeps showing a replaced directory's old,
-    deleted self."""
+def _open_env_dir(path: Path) -> int:
+    """Make ``path`` an empty directory and return a descriptor of it, keeping the directory
+    itself if there is one: containers bind-mount it, and a mount keeps showing a replaced
+    directory's old, deleted self.
+
+    Its parent is nodemgr's; its entries may be the environment user's doing, so
+    they are removed through the descriptor and no link among them is followed."""
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         path.unlink()
     path.mkdir(parents=True, mode=0o700, exist_ok=True)
-    for entry in path.iterdir():  # left by an earlier run, or made by a mount: not usable
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for name in os.listdir(fd):  # left by an earlier run, or made by a mount: not usable
+            try:
+                os.unlink(name, dir_fd=fd)
+            except IsADirectoryError:
+                shutil.rmtree(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class Node:
@@ -214,7 +226,18 @@ class Node:
         processes still map. Returns the tasks restored; their GPUs stay held, so nothing
         is granted twice while their clients come back."""
         for row in self.store.envs():
-            self._open_env(row.name, row.gpus, row.memory, adopt=True)
+            try:
+                self._open_env(row.name, row.gpus, row.memory, adopt=True)
+            except (OSError, LedgerError) as e:
+                # Its directory holds something nodemgr cannot clear or write: this
+                # environment alone is refused until a `quota set` of it succeeds.
+                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+                log.error(
+                    "environment %s refused: cannot prepare %s: %s",
+                    row.name,
+                    self.config.env_dir(row.name),
+                    why,
+                )
         now = time.monotonic()
         restored = []
         shapes = self.store.task_shapes()
@@ -325,17 +348,32 @@ class Node:
         env_dir = self.config.env_dir(name)
         access = self.config.access_for(name)
         uuids = [g.uuid_bytes for g in self.gpus]
-        ledger = Ledger.reopen(env_dir / "ledger", uuids) if adopt else None
-        if ledger is None:
-            _empty_dir(env_dir)
-            ledger = Ledger.create(env_dir / "ledger", uuids)
-        ledger.chown(access.uid, access.gid, access.mode)
+        path = env_dir / "ledger"
+        # Everything inside the directory goes through a descriptor of it: its owner
+        # may write there, and nodemgr, as root, must follow nothing it left.
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = -1
+        ledger = None
+        if adopt:
+            with contextlib.suppress(OSError):
+                fd = os.open(env_dir, flags)
+            ledger = Ledger.reopen(path, uuids, dir_fd=fd) if fd >= 0 else None
+        try:
+            if ledger is None:
+                if fd >= 0:
+                    os.close(fd)
+                fd = _open_env_dir(env_dir)
+                owner = (access.uid, access.gid)
+                ledger = Ledger.create(path, uuids, access.mode, owner, dir_fd=fd)
+            ledger.chown(access.uid, access.gid, access.mode)
+            # The directory's owner is the environment's user; nodemgr, root or
+            # the same user, keeps its way in either way.
+            os.fchown(fd, access.uid, access.gid)
+            os.fchmod(fd, access.dir_mode)
+        finally:
+            os.close(fd)
         for index in range(len(self.gpus)):
             ledger.set_ctx_charge(index, self.context_memory)
-        os.chown(env_dir, access.uid, access.gid)
-        # The directory's owner is the environment's user; nodemgr, root or
-        # the same user, keeps its way in either way.
-        os.chmod(env_dir, access.dir_mode)
         env = Env(name, gpus, memory, ledger, f"ipc://{env_dir / 'task.sock'}")
         self.envs[name] = env
         return env
