@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -347,3 +349,21 @@ def test_serve_unwritable_state_dir_is_exit_78(tmp_path: Path) -> None:
     assert r.returncode == 78, r.stderr
     assert f"cannot open {tmp_path}/state/nodemgr.lock in state directory" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_admin_socket_permission_denied_says_so(daemon: Any) -> None:
+    # The daemon's admin socket is 0600 root's: the CLI, as nobody, may not connect.
+    with tempfile.TemporaryDirectory(dir="/tmp") as public:
+        os.chmod(public, 0o755)
+        cfg = Path(public) / "c.toml"
+        cfg.write_text(daemon.config.read_text())
+        cfg.chmod(0o644)
+        os.seteuid(65534)
+        try:
+            r = CliRunner().invoke(cli, ["status", "--config", str(cfg)])
+        finally:
+            os.seteuid(0)
+    assert r.exit_code == 69, r.output
+    assert f"permission denied on {daemon.run_dir}/admin.sock: run this as root" in r.output
+    assert "did not answer" not in r.output

@@ -10,6 +10,7 @@ import click
 
 from nodemgr.cli._common import (
     EXIT_UNREACHABLE,
+    check_access,
     config_option,
     fail,
     format_table,
@@ -174,6 +175,7 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
 def top(interval: float, iterations: int | None, config_path: str | None, as_json: bool) -> None:
     """A live view of GPUs, environments, tasks and the wait queue."""
     cfg = load_config(config_path)
+    check_access(cfg)
     count = 0
     try:
         with Connection(cfg.admin_endpoint, timeout=5.0) as conn:
