@@ -30,6 +30,7 @@ from client_plugin.grant import (
     release,
     task_environment,
 )
+from nodemgr.cli.params import CountType, SecondsType
 from nodemgr.client import NodeError, NoResources, QuotaZero, Unreachable
 from nodemgr.protocol import MAX_WAIT
 from nodemgr.sizes import parse_size
@@ -368,7 +369,7 @@ executable; 127 CMD not found; 130 interrupted while waiting for GPUs.
 )
 @click.option(
     "--gpus",
-    type=click.IntRange(1, cfg.MAX_GPUS),
+    type=CountType(1, cfg.MAX_GPUS),
     default=None,
     help="How many GPUs the command needs [default: 1].",
 )
@@ -404,7 +405,7 @@ executable; 127 CMD not found; 130 interrupted while waiting for GPUs.
 )
 @click.option(
     "--wait-timeout",
-    type=click.FloatRange(0, MAX_WAIT),
+    type=SecondsType(0, MAX_WAIT),
     default=None,
     metavar="SECONDS",
     help="Give up waiting after this long (exit 75) [default: no limit].",
@@ -417,7 +418,7 @@ executable; 127 CMD not found; 130 interrupted while waiting for GPUs.
 )
 @click.option(
     "--grace",
-    type=click.FloatRange(0, 3600),
+    type=SecondsType(0, 3600),
     default=None,
     metavar="SECONDS",
     help="After passing on SIGINT/SIGTERM/SIGHUP, kill CMD's process group this much "

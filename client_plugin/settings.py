@@ -6,12 +6,12 @@ value is an error that names the variable, never a silent default.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from nodemgr import sizes
 from nodemgr.protocol import MAX_WAIT
 from nodemgr.sizes import parse_size
 
@@ -81,12 +81,9 @@ def parse_seconds(name: str, value: str, allow_none: bool = False) -> float | No
     if allow_none and v in ("", "none", "inf", "infinity"):
         return None
     try:
-        seconds = float(v)
-    except ValueError:
-        raise SettingsError(f"{name}={value!r}: expected a number of seconds") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise SettingsError(f"{name}={value!r}: expected a number of seconds ≥ 0")
-    return seconds
+        return sizes.parse_seconds(v, 0.0, MAX_WAIT)
+    except ValueError as e:
+        raise SettingsError(f"{name}={value!r}: {e}") from None
 
 
 def parse_gpus(name: str, value: str) -> int:

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nodemgr.sizes import parse_size
+from nodemgr.protocol import MAX_WAIT
+from nodemgr.sizes import format_size, parse_seconds, parse_size
 
 DEFAULT_CONFIG = Path("/etc/gpushare/nodemgr.toml")
 CONFIG_ENV = "GPUSHARE_CONFIG"
@@ -103,6 +104,25 @@ class Config:
         return 0 if simulated else NVML_CONTEXT_MEMORY
 
 
+def check_gpus(config: Config, memories: dict[int, int], simulated: bool) -> None:
+    """The sizes that only the GPUs found can judge (``memories``: bytes per GPU index):
+    the reserve and one context must leave room for something on every GPU."""
+    context = config.context_memory_for(simulated)
+    for index, memory in sorted(memories.items()):
+        if config.memory_reserve >= memory:
+            raise ConfigError(
+                f"scheduler.memory_reserve ({format_size(config.memory_reserve)}) is not "
+                f"less than GPU {index}'s memory ({format_size(memory)})"
+            )
+        room = memory - config.memory_reserve
+        if context >= room:
+            raise ConfigError(
+                f"gpus.context_memory ({format_size(context)}) leaves nothing of GPU "
+                f"{index}'s memory ({format_size(memory)}, less "
+                f"scheduler.memory_reserve {format_size(config.memory_reserve)})"
+            )
+
+
 def default_run_dir() -> Path:
     """Where sockets and ledgers live when the config names no ``run_dir``.
 
@@ -144,6 +164,7 @@ _KEYS: dict[str, set[str]] = {
     "env_defaults": {"owner", "group", "mode"},
 }
 _ACCESS_KEYS = {"owner", "group", "mode"}
+MAX_ID = (1 << 32) - 1
 _MODE = re.compile(r"^0?[0-7]{3}$")
 
 
@@ -166,10 +187,16 @@ def _account(
     if value is None:
         return default
     if isinstance(value, int) and not isinstance(value, bool):
+        # An id need not have an account here (a container's user seldom has one), but it
+        # must be one: -1 and 2^32-1 mean "leave as it is" to chown.
+        if not 0 <= value < MAX_ID:
+            raise ConfigError(f"{where}.{key}: {value} is not a {what} id (0 to {MAX_ID - 1})")
         return value
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}.{key} must be a {what} name or id, not {value!r}")
     try:
-        return int(lookup(str(value)))
-    except KeyError:
+        return int(lookup(value))
+    except (KeyError, ValueError):  # ValueError: a NUL in the name
         raise ConfigError(f"{where}.{key}: no {what} named {value!r} on this node") from None
 
 
@@ -190,11 +217,27 @@ def _access(table: dict[str, Any], where: str, base: Access) -> Access:
     return Access(uid, gid, mode)
 
 
-def _number(table: dict[str, Any], section: str, key: str, default: float, lo: float) -> float:
-    value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < lo:
-        raise ConfigError(f"{section}.{key} must be a number >= {lo}, not {value!r}")
-    return float(value)
+# The longest any interval or timeout may be: a day. TOML takes nan and inf, and a
+# timeout that never expires (a NaN heartbeat timeout) or a sweep that never comes
+# would stop nodemgr from reclaiming anything.
+DAY = 86400.0
+
+
+def _seconds(
+    table: dict[str, Any], section: str, key: str, default: float, lo: float, hi: float = DAY
+) -> float:
+    """A duration key: finite, from ``lo`` to ``hi`` seconds."""
+    try:
+        return parse_seconds(table.get(key, default), lo, hi)
+    except ValueError as e:
+        raise ConfigError(f"{section}.{key}: {e}") from None
+
+
+def _size(table: dict[str, Any], section: str, key: str, default: str | int) -> int:
+    try:
+        return parse_size(table.get(key, default))
+    except ValueError as e:
+        raise ConfigError(f"{section}.{key}: {e}") from None
 
 
 _GPU_NAME = re.compile(r"^(?:[0-9]{1,9}|GPU-[0-9A-Fa-f-]{4,60})$")
@@ -272,10 +315,7 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     count = gpus.get("simulated_count", 4)
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 16:
         raise ConfigError(f"gpus.simulated_count must be an integer 1..16, not {count!r}")
-    try:
-        memory = parse_size(gpus.get("simulated_memory", "16GiB"))
-    except ValueError as e:
-        raise ConfigError(f"gpus.simulated_memory: {e}") from None
+    memory = _size(gpus, "gpus", "simulated_memory", "16GiB")
     if memory <= 0:
         raise ConfigError("gpus.simulated_memory must be positive")
     name = gpus.get("simulated_name", "gpushare Simulated GPU")
@@ -283,18 +323,12 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
         raise ConfigError("gpus.simulated_name must be a non-empty string without | ; or newlines")
     context_memory = None
     if "context_memory" in gpus:
-        try:
-            context_memory = parse_size(gpus["context_memory"])
-        except ValueError as e:
-            raise ConfigError(f"gpus.context_memory: {e}") from None
+        context_memory = _size(gpus, "gpus", "context_memory", 0)
     threshold = sched.get("task_threshold", 4)
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
         raise ConfigError(f"scheduler.task_threshold must be an integer >= 1, not {threshold!r}")
 
-    try:
-        reserve = parse_size(sched.get("memory_reserve", 0))
-    except ValueError as e:
-        raise ConfigError(f"scheduler.memory_reserve: {e}") from None
+    reserve = _size(sched, "scheduler", "memory_reserve", 0)
     bypass = sched.get("queue_max_bypass", 8)
     if isinstance(bypass, bool) or not isinstance(bypass, int) or bypass < 0:
         raise ConfigError(f"scheduler.queue_max_bypass must be an integer >= 0, not {bypass!r}")
@@ -313,20 +347,11 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     quantum = ts.get("quantum", 4)
     if isinstance(quantum, bool) or not isinstance(quantum, int) or quantum < 1:
         raise ConfigError(f"timeslice.quantum must be an integer >= 1, not {quantum!r}")
-    turn_timeout = ts.get("turn_timeout", 30.0)
-    if (
-        isinstance(turn_timeout, bool)
-        or not isinstance(turn_timeout, int | float)
-        or not turn_timeout > 0
-    ):
-        raise ConfigError(f"timeslice.turn_timeout must be a number > 0, not {turn_timeout!r}")
-    try:
-        guard = parse_size(ts.get("guard", "100MiB"))
-    except ValueError as e:
-        raise ConfigError(f"timeslice.guard: {e}") from None
+    turn_timeout = _seconds(ts, "timeslice", "turn_timeout", 30.0, 0.01)
+    guard = _size(ts, "timeslice", "guard", "100MiB")
 
-    interval = _number(node, "node", "heartbeat_interval", 1.0, 0.01)
-    timeout = _number(node, "node", "heartbeat_timeout", 5.0, 0.05)
+    interval = _seconds(node, "node", "heartbeat_interval", 1.0, 0.01, 3600.0)
+    timeout = _seconds(node, "node", "heartbeat_timeout", 5.0, 0.05)
     if timeout <= interval:
         raise ConfigError(
             f"node.heartbeat_timeout ({timeout}) must be longer than "
@@ -338,17 +363,17 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
         state_dir=Path(state_dir) if state_dir else default_state_dir(),
         heartbeat_interval=interval,
         heartbeat_timeout=timeout,
-        sweep_interval=_number(node, "node", "sweep_interval", 0.1, 0.01),
+        sweep_interval=_seconds(node, "node", "sweep_interval", 0.1, 0.01, 60.0),
         gpu_source=source,
         sim_count=count,
         sim_memory=memory,
         sim_name=name,
-        health_interval=_number(gpus, "gpus", "health_interval", 5.0, 0.1),
+        health_interval=_seconds(gpus, "gpus", "health_interval", 5.0, 0.1, 3600.0),
         context_memory=context_memory,
         task_threshold=threshold,
         memory_reserve=reserve,
         queue_max_bypass=bypass,
-        max_wait=_number(sched, "scheduler", "max_wait", 86400.0, 0.0),
+        max_wait=_seconds(sched, "scheduler", "max_wait", 86400.0, 0.0, MAX_WAIT),
         metrics_address=address,
         metrics_port=port,
         admin_access=_access(data.get("admin", {}), "admin", _own_access()),
@@ -356,6 +381,6 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
         env_access=env_access,
         timeslice_gpus=ts_gpus,
         quantum=quantum,
-        turn_timeout=float(turn_timeout),
+        turn_timeout=turn_timeout,
         guard=guard,
     )

@@ -174,11 +174,19 @@ class Metrics:
         self.registry.register(_StateCollector(self))
 
     def start(self) -> None:
+        from nodemgr.server import StartupError  # the server imports this module
+
         cfg = self.server.config
         self.snapshot(force=True)
-        self._http, _ = start_http_server(
-            cfg.metrics_port, addr=cfg.metrics_address, registry=self.registry
-        )
+        try:
+            self._http, _ = start_http_server(
+                cfg.metrics_port, addr=cfg.metrics_address, registry=self.registry
+            )
+        except OSError as e:  # the port in use, an address not on this node
+            raise StartupError(
+                f"metrics.address {cfg.metrics_address!r}, metrics.port {cfg.metrics_port}: "
+                f"cannot listen there: {e.strerror or e}"
+            ) from None
 
     def stop(self) -> None:
         if self._http is not None:

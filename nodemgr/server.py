@@ -66,7 +66,10 @@ ReplyTo = tuple["zmq.Socket[bytes]", list[bytes], int]
 
 
 def _lock(path: Path, what: str) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:  # a read-only or full disk, a directory in the way
+        raise StartupError(f"cannot open {path} in {what}: {e.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

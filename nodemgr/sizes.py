@@ -1,8 +1,12 @@
-"""Byte sizes as operators write them: ``8GiB``, ``512MiB``, ``1.5G``, ``1048576``."""
+"""Byte sizes and durations as operators write them: ``8GiB``, ``512MiB``, ``1.5G``,
+``1048576``; ``2.5`` seconds. The one parser of each, for the config, the CLIs and the
+environment variables alike."""
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import Decimal
 
 _UNITS = {
     "": 1,
@@ -20,8 +24,17 @@ _UNITS = {
     "tb": 1000**4,
     "tib": 1 << 40,
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+# ASCII only: Python's \d and int() also take other scripts' digits (full-width ones).
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*$", re.ASCII)
+_SECONDS = re.compile(r"^\s*(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*$", re.ASCII)
 MAX_SIZE = (1 << 63) - 1
+SIZE_FORMS = "bytes or a number with a unit: 512MiB, 8GiB, 1.5G, 1TB"
+
+
+def _shown(value: object) -> str:
+    """``value`` as an error message quotes it: whole unless very long."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:30]}...({len(text)} characters)"
 
 
 def parse_size(text: str | int) -> int:
@@ -30,22 +43,31 @@ def parse_size(text: str | int) -> int:
     Decimal units (``G``, ``GB``) are powers of 1000 and binary units (``GiB``)
     powers of 1024, as on disk labels and in ``nvidia-smi``.
     """
-    if isinstance(text, bool):
-        raise ValueError(f"not a size: {text!r}")
-    if isinstance(text, int):
+    if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
-        m = _SIZE.match(text)
+        m = _SIZE.match(text) if isinstance(text, str) else None
         unit = m.group(2).lower() if m else ""
         if not m or unit not in _UNITS:
-            raise ValueError(
-                f"not a size: {text!r} (use bytes or a number with a unit: 512MiB, 8GiB, 1.5G, 1TB)"
-            )
-        number = float(m.group(1)) if "." in m.group(1) else int(m.group(1))
-        value = int(number * _UNITS[unit])
+            raise ValueError(f"not a size: {_shown(text)} (use {SIZE_FORMS})")
+        # Decimal, not float: a long number stays a number (float makes it inf) and
+        # 1.5G is exactly 1,500,000,000.
+        value = int(Decimal(m.group(1)) * _UNITS[unit])
     if value < 0 or value > MAX_SIZE:
-        raise ValueError(f"size out of range: {text!r}")
+        raise ValueError(f"size out of range: {_shown(text)} (0 to {MAX_SIZE} bytes)")
     return value
+
+
+def parse_seconds(value: object, low: float, high: float) -> float:
+    """A duration in seconds from ``low`` to ``high``: a number, or a string of one written
+    with ASCII digits (``2``, ``0.5``, ``1e-3``); never NaN or infinite. Raise ValueError
+    saying the accepted range."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    text = isinstance(value, str) and _SECONDS.match(value) is not None
+    seconds = float(value) if number or text else math.nan  # type: ignore[arg-type]
+    if not (math.isfinite(seconds) and low <= seconds <= high):
+        raise ValueError(f"{_shown(value)} is not a number of seconds from {low:g} to {high:g}")
+    return seconds
 
 
 def format_size(n: int) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nodemgr import scheduler, timeslice
-from nodemgr.config import Config, ConfigError
+from nodemgr.config import Config, ConfigError, check_gpus
 from nodemgr.gpus import Gpu, resolve
 from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, Regions, SlotTotals, TaskEntry
 from nodemgr.protocol import Err, ProtocolError
@@ -162,6 +162,7 @@ def _open_env_dir(path: Path) -> int:
 
 class Node:
     def __init__(self, config: Config, gpus: list[Gpu], simulated: bool, store: Store) -> None:
+        check_gpus(config, {g.index: g.memory for g in gpus}, simulated)
         self.config = config
         self.gpus = gpus
         self.simulated = simulated

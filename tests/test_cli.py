@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from nodemgr.cli import cli
+from tests.conftest import BIN
 
 GiB = 1 << 30
 
@@ -260,3 +265,105 @@ def test_shell_completion_as_documented() -> None:
         timeout=30,
     )
     assert "quota" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["top", "--iterations", "0"], "'0' is not a whole number from 1"),
+        (["top", "--interval", "nan"], "'nan' is not a number of seconds from 0.1 to 3600"),
+        (["top", "--interval", "inf"], "is not a number of seconds"),
+        (["quota", "set", "a", "--gpus", "\uff11", "--memory", "1GiB"], "not a whole number"),
+        (["quota", "set", "a", "--gpus", "1", "--memory", "\uff18GiB"], "not a size"),
+        (["quota", "set", "a", "--gpus", "1", "--memory", "1" + "0" * 400 + ".5"], "out of range"),
+        (["history", "--since", "1" + "0" * 400 + "d"], "neither a duration"),
+        (["history", "--since", "\uff17d"], "neither a duration"),
+    ],
+)
+def test_cli_input_errors_are_usage_errors(tmp_path: Path, args: list[str], needle: str) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[node]\nrun_dir = "{tmp_path}"\n')
+    r = CliRunner().invoke(cli, [*args, "--config", str(cfg)])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def serve(tmp_path: Path, extra: str = "", node: str = "", gpus: str = "") -> Any:
+    """`nodemgr serve` on simulated GPUs, ``node`` and ``gpus`` added to those tables and
+    ``extra`` to the config."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[node]\nrun_dir = "{tmp_path}/run"\nstate_dir = "{tmp_path}/state"\n{node}'
+        f'[gpus]\nsource = "simulated"\nsimulated_memory = "16GiB"\n{gpus}{extra}'
+    )
+    return subprocess.run(
+        [str(BIN / "nodemgr"), "serve", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ("[scheduler]\nmax_wait = inf\n", "scheduler.max_wait: inf is not a number of seconds"),
+        (
+            '[scheduler]\nmemory_reserve = "4GiB"\n',
+            "gpus.context_memory (12GiB) leaves nothing of GPU 0",
+        ),
+        ('[scheduler]\nmemory_reserve = "16GiB"\n', "scheduler.memory_reserve (16GiB) is not less"),
+    ],
+)
+def test_serve_refuses_bad_values_with_exit_78(tmp_path: Path, extra: str, needle: str) -> None:
+    r = serve(tmp_path, extra, gpus='context_memory = "12GiB"\n' if "12GiB" in needle else "")
+    assert r.returncode == 78, r.stderr
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_serve_sweep_interval_inf_is_exit_78(tmp_path: Path) -> None:
+    r = serve(tmp_path, node="sweep_interval = inf\n")
+    assert r.returncode == 78, r.stderr
+    assert "node.sweep_interval: inf is not a number of seconds from 0.01 to 60" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_serve_metrics_port_in_use_is_exit_78(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = serve(tmp_path, f"[metrics]\nport = {port}\n")
+    assert r.returncode == 78, r.stderr
+    assert f"metrics.port {port}: cannot listen there" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_serve_unwritable_state_dir_is_exit_78(tmp_path: Path) -> None:
+    # As root no mode makes a directory read-only; a directory where the lock file
+    # goes fails the same open.
+    (tmp_path / "state" / "nodemgr.lock").mkdir(parents=True)
+    r = serve(tmp_path, "")
+    assert r.returncode == 78, r.stderr
+    assert f"cannot open {tmp_path}/state/nodemgr.lock in state directory" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_admin_socket_permission_denied_says_so(daemon: Any) -> None:
+    # The daemon's admin socket is 0600 root's: the CLI, as nobody, may not connect.
+    with tempfile.TemporaryDirectory(dir="/tmp") as public:
+        os.chmod(public, 0o755)
+        cfg = Path(public) / "c.toml"
+        cfg.write_text(daemon.config.read_text())
+        cfg.chmod(0o644)
+        os.seteuid(65534)
+        try:
+            r = CliRunner().invoke(cli, ["status", "--config", str(cfg)])
+        finally:
+            os.seteuid(0)
+    assert r.exit_code == 69, r.output
+    assert f"permission denied on {daemon.run_dir}/admin.sock: run this as root" in r.output
+    assert "did not answer" not in r.output

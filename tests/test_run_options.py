@@ -262,3 +262,22 @@ def test_cpu_fallback_for_cuda_visible_devices_minus_one(node: Any) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert node.admin("history", env="alice")["records"] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--wait-timeout", "nan"], {}, "'nan' is not a number of seconds from 0 to 604800"),
+        (["--wait-timeout", "inf"], {}, "is not a number of seconds"),
+        (["--grace", "nan"], {}, "'nan' is not a number of seconds from 0 to 3600"),
+        (["--gpus", "\uff12"], {}, "is not a whole number from 1"),
+        (["--memory", "1" + "0" * 400 + ".5"], {}, "--memory: size out of range"),
+        ([], {"GPUSHARE_WAIT_TIMEOUT": "1e400"}, "GPUSHARE_WAIT_TIMEOUT='1e400'"),
+        ([], {"GPUSHARE_GRACE": "\uff13"}, "is not a number of seconds"),
+    ],
+)
+def test_bad_numbers_are_usage_errors(args: list[str], env: dict[str, str], needle: str) -> None:
+    r = gpushare_run(*args, "--endpoint", "ipc:///nonexistent/task.sock", "true", env=env)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr

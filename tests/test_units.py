@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import msgpack
@@ -9,7 +10,7 @@ import pytest
 
 from nodemgr import config, protocol
 from nodemgr.protocol import Err, ProtocolError
-from nodemgr.sizes import format_size, parse_size
+from nodemgr.sizes import format_size, parse_seconds, parse_size
 
 
 @pytest.mark.parametrize(
@@ -190,3 +191,91 @@ def test_access_config_names_ids_and_errors(tmp_path: Path) -> None:
         f.write_text(text)
         with pytest.raises(config.ConfigError, match=needle):
             config.load(f)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1" + "0" * 400 + ".5",  # float() makes it inf
+        "\uff18GiB",  # full-width 8
+        "\uff11\uff12",
+        "1\u0661",  # an Arabic-Indic digit
+        1.5,
+        None,
+    ],
+)
+def test_parse_size_takes_only_ascii_numbers_in_range(text: object) -> None:
+    with pytest.raises(ValueError, match=r"not a size|out of range") as e:
+        parse_size(text)  # type: ignore[arg-type]
+    assert len(str(e.value)) < 200
+
+
+@pytest.mark.parametrize(
+    "value", ["nan", "inf", "-1", "1e400", "\uff11", "1_0", "", float("nan"), float("inf"), True]
+)
+def test_parse_seconds_is_finite_and_in_range(value: object) -> None:
+    with pytest.raises(ValueError, match="not a number of seconds from 0 to 60"):
+        parse_seconds(value, 0, 60)
+
+
+def test_parse_seconds_accepts_numbers_and_ascii_strings() -> None:
+    assert parse_seconds(2, 0, 60) == 2.0
+    assert parse_seconds(" 0.5 ", 0, 60) == 0.5
+    assert parse_seconds("5e-1", 0, 60) == 0.5
+    assert parse_seconds(60, 0, 60) == 60.0
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "node.heartbeat_interval",
+        "node.heartbeat_timeout",
+        "node.sweep_interval",
+        "gpus.health_interval",
+        "scheduler.max_wait",
+        "timeslice.turn_timeout",
+    ],
+)
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300"])
+def test_every_duration_is_finite_and_bounded(tmp_path: Path, key: str, value: str) -> None:
+    section, name = key.split(".")
+    f = tmp_path / "c.toml"
+    f.write_text(f"[{section}]\n{name} = {value}\n")
+    with pytest.raises(config.ConfigError, match=f"^{key}: .* is not a number of seconds"):
+        config.load(f)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[admin]\nowner = -1\n", "admin.owner: -1 is not a user id"),
+        ("[env_defaults]\ngroup = 4294967295\n", "env_defaults.group: 4294967295 is not a group"),
+        ('[admin]\nowner = "ro\\u0000ot"\n', "admin.owner: no user named"),
+        ("[admin]\nowner = 1.5\n", "admin.owner must be a user name or id"),
+        ('[env."a"]\nowner = ""\n', "env.a.owner must be a user name or id"),
+        ("[gpus]\ncontext_memory = 1.5\n", "gpus.context_memory: not a size"),
+        ('[scheduler]\nmemory_reserve = "\uff11GiB"\n', "scheduler.memory_reserve: not a size"),
+    ],
+)
+def test_owners_and_sizes_are_checked(tmp_path: Path, text: str, needle: str) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(config.ConfigError, match=re.escape(needle)):
+        config.load(f)
+
+
+def test_context_memory_and_reserve_must_fit_every_gpu(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('[gpus]\ncontext_memory = "16GiB"\n')
+    c = config.load(f)
+    with pytest.raises(config.ConfigError, match=r"gpus.context_memory \(16GiB\) .* GPU 1"):
+        config.check_gpus(c, {0: 32 << 30, 1: 16 << 30}, simulated=True)
+    f.write_text('[scheduler]\nmemory_reserve = "8GiB"\n[gpus]\ncontext_memory = "8GiB"\n')
+    c = config.load(f)
+    with pytest.raises(config.ConfigError, match=r"gpus.context_memory .*GPU 0"):
+        config.check_gpus(c, {0: 16 << 30}, simulated=True)
+    f.write_text('[scheduler]\nmemory_reserve = "16GiB"\n')
+    with pytest.raises(config.ConfigError, match=r"scheduler.memory_reserve \(16GiB\) .*GPU 0"):
+        config.check_gpus(config.load(f), {0: 16 << 30}, simulated=True)
+    f.write_text('[scheduler]\nmemory_reserve = "1GiB"\n[gpus]\ncontext_memory = "14GiB"\n')
+    config.check_gpus(config.load(f), {0: 16 << 30}, simulated=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -46,8 +47,26 @@ def load_config(path: str | None) -> configmod.Config:
         fail(str(e), EXIT_CONFIG)
 
 
+def check_access(cfg: configmod.Config) -> None:
+    """Fail with the cause when the admin socket refuses this user: zmq connects in the
+    background, so a refusal would otherwise read as nodemgr not answering."""
+    path = cfg.run_dir / "admin.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except PermissionError:
+            fail(
+                f"permission denied on {path}: run this as root, or as a user the config's "
+                "[admin] owner/group/mode let in (and log in again after joining the group)",
+                EXIT_UNREACHABLE,
+            )
+        except OSError:
+            pass  # not there or not listening: the call says so
+
+
 def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, Any]:
     cfg = load_config(config_path)
+    check_access(cfg)
     try:
         with Connection(cfg.admin_endpoint, timeout=5.0) as conn:
             return conn.call(kind, **fields)

@@ -11,7 +11,7 @@ import click
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
 from nodemgr.sizes import format_size
 
-_AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$", re.ASCII)
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -28,10 +28,14 @@ class SinceType(click.ParamType):  # type: ignore[type-arg]
         text = str(value).strip()
         m = _AGO.match(text)
         if m:
-            return time.time() - float(m.group(1)) * _UNIT[m.group(2)]
+            ago = float(m.group(1)) * _UNIT[m.group(2)]
+            if ago <= time.time():  # a number so long it is inf, or before 1970
+                return time.time() - ago
         try:
+            if not text.isascii():
+                raise ValueError(text)
             return datetime.fromisoformat(text).timestamp()
-        except ValueError:
+        except (ValueError, OverflowError, OSError):
             self.fail(
                 f"{text!r} is neither a duration (90s, 30m, 12h, 7d, 2w) nor an ISO date "
                 "(2026-11-22 or 2026-11-22T08:00)",

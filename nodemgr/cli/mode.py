@@ -27,7 +27,7 @@ def mode(gpu: str | None, mode: str | None, config_path: str | None, as_json: bo
     """
     fields: dict[str, Any] = {}
     if gpu is not None and gpu != "all":
-        fields["gpu"] = int(gpu) if gpu.isdigit() else gpu
+        fields["gpu"] = int(gpu) if gpu.isascii() and gpu.isdigit() else gpu
     if mode is not None:
         fields["mode"] = mode
     reply = admin_call(config_path, "mode", **fields)

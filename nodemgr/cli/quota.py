@@ -5,19 +5,8 @@ from __future__ import annotations
 import click
 
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
-from nodemgr.sizes import format_size, parse_size
-
-
-class SizeType(click.ParamType):  # type: ignore[type-arg]
-    name = "SIZE"
-
-    def convert(
-        self, value: object, param: click.Parameter | None, ctx: click.Context | None
-    ) -> int:
-        try:
-            return parse_size(value if isinstance(value, int) else str(value))
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
+from nodemgr.cli.params import CountType, SizeType
+from nodemgr.sizes import format_size
 
 
 @click.group()
@@ -27,7 +16,7 @@ def quota() -> None:
 
 @quota.command("set")
 @click.argument("env")
-@click.option("--gpus", type=click.IntRange(0, 64), required=True, help="GPU-count quota.")
+@click.option("--gpus", type=CountType(0, 64), required=True, help="GPU-count quota.")
 @click.option(
     "--memory",
     type=SizeType(),

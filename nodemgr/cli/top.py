@@ -10,6 +10,7 @@ import click
 
 from nodemgr.cli._common import (
     EXIT_UNREACHABLE,
+    check_access,
     config_option,
     fail,
     format_table,
@@ -18,6 +19,7 @@ from nodemgr.cli._common import (
     print_json,
     task_state,
 )
+from nodemgr.cli.params import CountType, SecondsType
 from nodemgr.client import Connection, NodeError, Unreachable
 from nodemgr.sizes import format_size
 
@@ -157,22 +159,23 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
 @click.option(
     "-n",
     "--interval",
-    type=click.FloatRange(0.1),
+    type=SecondsType(0.1, 3600.0),
     default=2.0,
     show_default=True,
     help="Seconds between refreshes.",
 )
 @click.option(
     "--iterations",
-    type=click.IntRange(0),
-    default=0,
+    type=CountType(1),
+    default=None,
     help="Stop after N refreshes (default: run until Ctrl-C).",
 )
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Print one snapshot as JSON and exit.")
-def top(interval: float, iterations: int, config_path: str | None, as_json: bool) -> None:
+def top(interval: float, iterations: int | None, config_path: str | None, as_json: bool) -> None:
     """A live view of GPUs, environments, tasks and the wait queue."""
     cfg = load_config(config_path)
+    check_access(cfg)
     count = 0
     try:
         with Connection(cfg.admin_endpoint, timeout=5.0) as conn:

@@ -1,0 +1,66 @@
+"""Click parameter types shared by ``nodemgr`` and ``gpushare-run``: each refuses a bad
+value with exit 2 and the accepted form, through the one parser of its kind."""
+
+from __future__ import annotations
+
+import re
+
+import click
+
+from nodemgr.sizes import parse_seconds, parse_size
+
+_COUNT = re.compile(r"^\s*[0-9]+\s*$")
+
+
+class SizeType(click.ParamType):  # type: ignore[type-arg]
+    """Bytes, or a number with a unit: 512MiB, 8GiB, 1.5G."""
+
+    name = "SIZE"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
+        try:
+            return parse_size(value if isinstance(value, int) else str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+class SecondsType(click.ParamType):  # type: ignore[type-arg]
+    """A finite number of seconds from ``low`` to ``high`` (click's FloatRange lets nan in)."""
+
+    name = "SECONDS"
+
+    def __init__(self, low: float, high: float) -> None:
+        self.low, self.high = low, high
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            return parse_seconds(value, self.low, self.high)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+class CountType(click.ParamType):  # type: ignore[type-arg]
+    """A whole number from ``low`` to ``high``, in ASCII digits (int() takes others too)."""
+
+    name = "N"
+
+    def __init__(self, low: int, high: int | None = None) -> None:
+        self.low, self.high = low, high
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        elif isinstance(value, str) and _COUNT.match(value):
+            n = int(value)
+        else:
+            n = -1
+        if n < self.low or (self.high is not None and n > self.high):
+            upto = f"{self.high}" if self.high is not None else "more"
+            self.fail(f"{value!r} is not a whole number from {self.low} to {upto}", param, ctx)
+        return n
