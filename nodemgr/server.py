@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import struct
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ from nodemgr.config import Access, Config, ConfigError
 from nodemgr.gpus import discover, lost_gpus, sim_spec
 from nodemgr.protocol import Err, ProtocolError
 from nodemgr.state import Env, Node, Task, process_start
-from nodemgr.store import Store, StoreError
+from nodemgr.store import Store, StoreError, cause, startup_error
 
 log = logging.getLogger("nodemgr")
 
@@ -98,9 +99,11 @@ class Server:
             raise StartupError(str(e)) from None
         try:
             self.node = Node(config, gpus, simulated, store)
-        except ConfigError as e:
+        except (ConfigError, sqlite3.Error) as e:
             store.close()
             self._unlock()
+            if isinstance(e, sqlite3.Error):
+                raise StartupError(str(startup_error(config.database, e))) from None
             raise StartupError(str(e)) from None
         self.ctx = zmq.Context()
         self.poller = zmq.Poller()
@@ -129,7 +132,11 @@ class Server:
             raise StartupError(f"cannot create run directory {run}: {e.strerror}") from None
         self._lock_fds.append(_lock(run / "nodemgr.lock", f"run directory {run}"))
         self.admin = self._bind(run / "admin.sock", self.config.admin_access)
-        for task in self.node.restore():
+        try:
+            restored = self.node.restore()
+        except sqlite3.Error as e:
+            raise StartupError(str(startup_error(self.config.database, e))) from None
+        for task in restored:
             self._adopt(task)
         for env in self.node.envs.values():
             self._open_env(env)
@@ -250,6 +257,8 @@ class Server:
                 if reaped:
                     self.node.note_usage(reaped)
                     log.debug("reaped dead processes' slots in %s", env.name)
+            if self.node.store.pending:
+                self.node.store.flush()
             self.node.settle_draining()
             self.node.sample()
             # Time slicing: learn shapes (a charge that drops retries waiting requests),
@@ -375,6 +384,15 @@ class Server:
             return self._task(env, msg["type"], msg_id, body, frame, origin)
         except ProtocolError as e:
             return protocol.error(e.code, e.message, msg_id)
+        except sqlite3.Error as e:
+            # A quota or mode change is written before it is applied: nothing changed.
+            why = cause(e, self.config.database)
+            log.error("database error serving a request: %s", why)
+            return protocol.error(
+                Err.INTERNAL,
+                f"nodemgr cannot use its database {self.config.database}: {why}",
+                msg_id,
+            )
         except Exception:
             log.exception("internal error serving a request")
             return protocol.error(Err.INTERNAL, "internal error in nodemgr; see its log", msg_id)
