@@ -304,6 +304,12 @@ class Ledger:
             raise LedgerError(f"reaping {self.path}: {os.strerror(-rc)}")
         return rc
 
+    def live_pids(self) -> list[int]:
+        """Free the slots of dead processes; the pids of the processes still using it."""
+        self.reap()
+        n = int(lib.gs_ledger_summary(self._l, self._info, MAX_SLOTS))
+        return sorted({int(self._info[i].pid) for i in range(n)})
+
     def reap_totals(self) -> dict[str, SlotTotals]:
         """Free the slots of processes that have died; per task id, what they had used."""
         rc = self.reap()

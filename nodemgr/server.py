@@ -28,7 +28,7 @@ from nodemgr import __version__, protocol
 from nodemgr.config import Access, Config, ConfigError
 from nodemgr.gpus import discover, lost_gpus, sim_spec
 from nodemgr.protocol import Err, ProtocolError
-from nodemgr.state import Env, Node, Task, process_start
+from nodemgr.state import Env, Node, RestoreError, Task, process_start
 from nodemgr.store import Store, StoreError, cause, startup_error
 
 log = logging.getLogger("nodemgr")
@@ -136,6 +136,8 @@ class Server:
             restored = self.node.restore()
         except sqlite3.Error as e:
             raise StartupError(str(startup_error(self.config.database, e))) from None
+        except RestoreError as e:
+            raise StartupError(str(e)) from None
         for task in restored:
             self._adopt(task)
         for env in self.node.envs.values():

@@ -134,6 +134,11 @@ def process_start(pid: int) -> int | None:
         return None
 
 
+class RestoreError(Exception):
+    """What nodemgr finds at start contradicts its database: serving would lose track of
+    memory in use."""
+
+
 def _empty_dir(path: Path) -> None:
     """Make ``path`` an empty directory, keeping the directory itself if there is one:
     containers bind-mount it, and a mount keeps showing a replaced directory's old,
@@ -213,7 +218,9 @@ class Node:
         """Load quotas and running tasks from the database, adopting the ledgers running
         processes still map. Returns the tasks restored; their GPUs stay held, so nothing
         is granted twice while their clients come back."""
-        for row in self.store.envs():
+        rows = self.store.envs()
+        self._check_unknown_ledgers({row.name for row in rows})
+        for row in rows:
             self._open_env(row.name, row.gpus, row.memory, adopt=True)
         now = time.monotonic()
         restored = []
@@ -255,6 +262,18 @@ class Node:
                         env.draining.add(index)
         if restored:
             log.info("restored %d running tasks; waiting for their clients", len(restored))
+        for env in self.envs.values():
+            env.ledger.reap()
+            unknown = sorted(set(env.ledger.summary()) - set(self.tasks))
+            if unknown:
+                # The database lost their records (a lost WAL, kept records a crash took):
+                # their memory stays charged to the environment until they end.
+                log.error(
+                    "env %s: processes of tasks the database has no running record of "
+                    "(%s) still use its ledger; their memory stays charged to it",
+                    env.name,
+                    ", ".join(unknown),
+                )
         # What the adopted entries say now (an earlier nodemgr may have left tasks gated,
         # holding a turn or flagged): the first plan corrects whatever it must. The turns
         # start from the entries, so the task that held a GPU's turn keeps it.
@@ -270,6 +289,47 @@ class Node:
         self.read_regions()
         self.retime(time.perf_counter())
         return restored
+
+    def _check_unknown_ledgers(self, known: set[str]) -> None:
+        """Refuse to start beside live ledgers of environments the database does not know:
+        it was emptied, replaced or lost its WAL, and creating such an environment again
+        would give it a second quota beside the memory its processes hold."""
+        root = self.config.run_dir / "envs"
+        try:
+            names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+        except OSError:
+            return
+        uuids = [g.uuid_bytes for g in self.gpus]
+        live: dict[str, list[int]] = {}
+        for name in names:
+            if name in known:
+                continue
+            ledger = Ledger.reopen(root / name / "ledger", uuids)
+            if ledger is None:
+                continue
+            try:
+                pids = ledger.live_pids()
+            finally:
+                ledger.close()
+            if pids:
+                live[name] = pids
+            else:
+                log.warning(
+                    "%s is left from environment %s, which the database does not know; "
+                    "it is replaced if that environment is created",
+                    root / name,
+                    name,
+                )
+        if live:
+            what = "; ".join(
+                f"{name} (pids {', '.join(map(str, pids))})" for name, pids in live.items()
+            )
+            raise RestoreError(
+                f"the database {self.store.path} knows no environment {', '.join(live)}, "
+                f"but live processes use their ledgers in {root}: {what}. The database was "
+                "emptied, replaced or lost its -wal file: restore it from a backup with its "
+                "-wal, or end those processes, then start nodemgr again"
+            )
 
     def _adopted_turns(self, entries: dict[str, TaskEntry]) -> timeslice.Turns:
         """The turns the adopted entries show: on each gated GPU, the holder is its task whose

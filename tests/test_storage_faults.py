@@ -153,3 +153,41 @@ def test_malformed_database_exits_78(daemon_factory: Any) -> None:
     assert r.returncode == 78, r.stderr
     assert "malformed" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "lost", [("nodemgr.db", "nodemgr.db-wal", "nodemgr.db-shm"), ("nodemgr.db-wal",)]
+)
+def test_lost_database_beside_live_ledgers_refuses_to_start(
+    daemon_factory: Any,
+    run_task: Any,
+    cbin: dict[str, Path],
+    tmp_path: Path,
+    wait_for: Any,
+    lost: tuple[str, ...],
+) -> None:
+    d = daemon_factory(heartbeat_timeout=30.0)
+    alice = d.env("alice")
+    p = run_task(alice, str(cbin["client"]), "alloc", "64", "waitfile", str(tmp_path / "never"))
+    wait_for(lambda: [t["memory_used"] for t in d.tasks()] == [64 * MiB], 10)
+    d.kill()
+    for name in lost:
+        (d.state_dir / name).unlink()
+    # Started beside the ledger its processes still use, the emptied database would let
+    # `quota set alice` give alice a second, fresh ledger: nodemgr must not start.
+    proc = subprocess.Popen(
+        [str(BIN / "nodemgr"), "serve", "--config", str(d.config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"nodemgr started beside a live ledger it has no record of: {err}")
+    assert proc.returncode == 78, err
+    assert "knows no environment alice" in err
+    assert str(p.pid) in err or "pids" in err
+    assert "Traceback" not in err
