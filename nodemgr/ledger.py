@@ -141,6 +141,16 @@ class Ledger:
         os.fchown(self._fd, uid, gid)
         os.fchmod(self._fd, mode)
 
+    def is_at_path(self) -> bool:
+        """Whether ``path`` still names this very file: a run_dir removed or replaced under
+        nodemgr leaves processes charging a file new processes cannot open."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return False
+        own = os.fstat(self._fd)
+        return own.st_nlink > 0 and (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
     def close(self) -> None:
         self._l = ffi.NULL
         ffi.release(self._buf)

@@ -261,6 +261,7 @@ class Server:
                     log.debug("reaped dead processes' slots in %s", env.name)
             if self.node.store.pending:
                 self.node.store.flush()
+            self._check_run_dir()
             self.node.settle_draining()
             self.node.sample()
             # Time slicing: learn shapes (a charge that drops retries waiting requests),
@@ -281,6 +282,45 @@ class Server:
         """Answer the held `yield` requests whose wait is over (Node.answer_yields)."""
         for to, task_id, passed in self.node.answer_yields():
             self._send_later(to, protocol.reply("turn", to[2], task_id=task_id, passed=passed))
+
+    def _check_run_dir(self) -> None:
+        """Notice sockets, ledgers and the lock removed from run_dir (a tmpfs cleaner, an
+        rm -rf) and make what can be made again: clients' sockets reconnect by themselves."""
+        node = self.node
+        run = self.config.run_dir
+        lock = run / "nodemgr.lock"
+        if not lock.exists():
+            log.error("%s was removed; making run_dir and its sockets again", lock)
+            try:
+                (run / "envs").mkdir(parents=True, exist_ok=True, mode=0o711)
+                os.chmod(run, 0o711)
+                self._lock_fds.append(_lock(lock, f"run directory {run}"))
+            except (OSError, StartupError) as e:
+                log.error("cannot make %s again: %s", lock, e)
+        admin = run / "admin.sock"
+        if self.admin is not None and not admin.is_socket():
+            log.error("%s was removed; binding it again", admin)
+            self.poller.unregister(self.admin)
+            self.admin.close(linger=0)
+            self.admin = None
+            try:
+                self.admin = self._bind(admin, self.config.admin_access)
+            except (StartupError, zmq.ZMQError) as e:
+                log.error("cannot bind %s again: %s", admin, e)
+        node.check_ledgers()
+        for name in node.repair_ledgers():
+            self._close_env(name)
+        for env in node.envs.values():
+            path = Path(env.endpoint.removeprefix("ipc://"))
+            if path.is_socket() and env.name in self.env_socks.values():
+                continue
+            log.error("%s was removed; binding it again", path)
+            self._close_env(env.name)
+            try:
+                node.env_dir_ready(env)
+                self._open_env(env)
+            except (OSError, StartupError, zmq.ZMQError) as e:
+                log.error("cannot bind %s again: %s", path, e)
 
     def _check_health(self) -> None:
         lost = lost_gpus(self.node.gpus)

@@ -51,6 +51,11 @@ class Env:
     launches_done: int = 0  # kernel launches of its ended tasks, since nodemgr started
     # Its ledger's task table was full at the last grant: said once, not per grant.
     tasks_full: bool = False
+    # Why its processes may charge a ledger file other than the one at its path (run_dir
+    # removed or replaced): no task is granted until they end, then a new ledger replaces
+    # it (docs/operations.md, "Storage faults"). None: the ledger is in order.
+    orphaned: str | None = None
+    adopted: bool = False  # its ledger was the one an earlier nodemgr left
 
 
 @dataclass
@@ -263,6 +268,14 @@ class Node:
         if restored:
             log.info("restored %d running tasks; waiting for their clients", len(restored))
         for env in self.envs.values():
+            if not env.adopted and any(t.env == env.name for t in restored):
+                # Their processes charge a ledger file nodemgr can no longer see: a second
+                # quota beside it would overcommit.
+                env.orphaned = (
+                    "its ledger was missing or invalid at start while it had running tasks, "
+                    "whose processes may still charge the old one"
+                )
+                log.error("env %s: %s; no task is granted until they end", env.name, env.orphaned)
             env.ledger.reap()
             unknown = sorted(set(env.ledger.summary()) - set(self.tasks))
             if unknown:
@@ -386,6 +399,7 @@ class Node:
         access = self.config.access_for(name)
         uuids = [g.uuid_bytes for g in self.gpus]
         ledger = Ledger.reopen(env_dir / "ledger", uuids) if adopt else None
+        adopted = ledger is not None
         if ledger is None:
             _empty_dir(env_dir)
             ledger = Ledger.create(env_dir / "ledger", uuids)
@@ -397,6 +411,7 @@ class Node:
         # the same user, keeps its way in either way.
         os.chmod(env_dir, access.dir_mode)
         env = Env(name, gpus, memory, ledger, f"ipc://{env_dir / 'task.sock'}")
+        env.adopted = adopted
         self.envs[name] = env
         return env
 
@@ -735,6 +750,55 @@ class Node:
             for i in indices
         ]
 
+    def check_ledgers(self) -> None:
+        """Notice a ledger whose path no longer names it (run_dir removed or replaced)."""
+        for env in self.envs.values():
+            if env.orphaned is None and not env.ledger.is_at_path():
+                env.orphaned = f"its ledger {env.ledger.path} was removed or replaced while in use"
+                log.error(
+                    "env %s: %s; its running tasks go on, no task is granted until they "
+                    "and their processes end, then a new ledger replaces it",
+                    env.name,
+                    env.orphaned,
+                )
+
+    def repair_ledgers(self) -> list[str]:
+        """Give each orphaned environment whose tasks and processes have all ended a new
+        ledger; returns their names (their sockets went with their old directory)."""
+        repaired = []
+        for env in list(self.envs.values()):
+            if env.orphaned is None or any(t.env == env.name for t in self.tasks.values()):
+                continue
+            if env.ledger.is_at_path():
+                # Made at start beside the lost one: in order once the restored tasks end.
+                env.orphaned = None
+                log.warning(
+                    "env %s: its restored tasks have ended; tasks are granted again", env.name
+                )
+                self.queue_dirty = True
+                continue
+            if env.ledger.live_pids():
+                continue
+            env.ledger.close()
+            new = self._open_env(env.name, env.gpus, env.memory, adopt=False)
+            new.launches_done = env.launches_done
+            log.warning(
+                "env %s: a new ledger replaces the lost one; tasks are granted again", env.name
+            )
+            repaired.append(env.name)
+            self.queue_dirty = True
+        return repaired
+
+    def env_dir_ready(self, env: Env) -> None:
+        """Make an environment's directory again if it went with run_dir."""
+        env_dir = self.config.env_dir(env.name)
+        if env_dir.is_dir():
+            return
+        access = self.config.access_for(env.name)
+        env_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
+        os.chown(env_dir, access.uid, access.gid)
+        os.chmod(env_dir, access.dir_mode)
+
     def settle_draining(self) -> None:
         for env in self.envs.values():
             for index in [i for i in env.draining if env.ledger.used(i) == 0]:
@@ -824,6 +888,11 @@ class Node:
         """
         started = time.perf_counter()
         env = self.env(env_name)
+        if env.orphaned is not None:
+            raise ProtocolError(
+                Err.NO_RESOURCES,
+                f"environment {env.name}: {env.orphaned}; no task is granted until they end",
+            )
         decision = self.decide(env, need, memory, allowed, estimate, guard)
         if isinstance(decision, scheduler.Refusal):
             raise ProtocolError(decision.code, decision.message)

@@ -9,17 +9,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import sqlite3
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from nodemgr.client import Connection, NoResources
 from tests.conftest import BIN, Daemon
 
 MiB = 1 << 20
+GiB = 1 << 30
 
 
 @pytest.fixture
@@ -191,3 +195,55 @@ def test_lost_database_beside_live_ledgers_refuses_to_start(
     assert "knows no environment alice" in err
     assert str(p.pid) in err or "pids" in err
     assert "Traceback" not in err
+
+
+def test_run_dir_removed_under_nodemgr_is_made_again(
+    daemon_factory: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
+) -> None:
+    d = daemon_factory(heartbeat_timeout=2.0)
+    alice = d.env("alice", memory=GiB)
+    go = tmp_path / "go"
+    p = run_task(alice, str(cbin["client"]), "alloc", "512", "waitfile", str(go))
+    wait_for(lambda: [t["memory_used"] for t in d.tasks()] == [512 * MiB], 10)
+    [task] = d.tasks()
+    shutil.rmtree(d.run_dir)
+    # Sockets come back, so the task's heartbeats reach nodemgr again and it is not
+    # killed at the heartbeat timeout.
+    wait_for(lambda: (d.run_dir / "admin.sock").is_socket(), 10)
+    time.sleep(3.0)
+    assert p.poll() is None
+    assert [t["task_id"] for t in d.tasks()] == [task["task_id"]]
+    assert d.tasks()[0]["memory_used"] == 512 * MiB
+    assert "was removed or replaced while in use" in d.logtext()
+    # Its processes charge a ledger new processes cannot open: no second one meanwhile.
+    with Connection(alice) as conn, pytest.raises(NoResources, match="ledger"):
+        conn.call("request", gpus=1)
+    go.touch()
+    assert p.wait(30) == 0
+    wait_for(lambda: "a new ledger replaces the lost one" in d.logtext(), 10)
+    q = run_task(alice, str(cbin["client"]), "alloc", "512")
+    assert q.wait(30) == 0, q.communicate()
+
+
+def test_restart_after_run_dir_lost_never_doubles_a_quota(
+    daemon_factory: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
+) -> None:
+    d = daemon_factory(heartbeat_timeout=5.0)
+    alice = d.env("alice", memory=GiB)
+    go = tmp_path / "go"
+    p = run_task(alice, str(cbin["client"]), "alloc", "900", "waitfile", str(go))
+    wait_for(lambda: [t["memory_used"] for t in d.tasks()] == [900 * MiB], 10)
+    d.kill()
+    shutil.rmtree(d.run_dir)
+    d.start()
+    # The restored task's processes charge the removed ledger, which nodemgr cannot see:
+    # a new task of alice would get a fresh 1 GiB beside its 900 MiB.
+    assert len(d.tasks()) == 1
+    with Connection(alice) as conn, pytest.raises(NoResources, match="ledger"):
+        conn.call("request", gpus=1)
+    assert "no task is granted until they end" in d.logtext()
+    go.touch()
+    assert p.wait(30) == 0
+    wait_for(lambda: d.tasks() == [], 10)
+    q = run_task(alice, str(cbin["client"]), "alloc", "512")
+    assert q.wait(30) == 0, q.communicate()
