@@ -115,6 +115,8 @@ class Server:
         self._next_sweep = 0.0
         self._next_health = 0.0
         self.metrics: Any = None
+        # Environments whose socket could not be bound again (_check_run_dir).
+        self._unbindable: set[str] = set()
 
     def _unlock(self) -> None:
         for fd in self._lock_fds:
@@ -314,13 +316,19 @@ class Server:
             path = Path(env.endpoint.removeprefix("ipc://"))
             if path.is_socket() and env.name in self.env_socks.values():
                 continue
-            log.error("%s was removed; binding it again", path)
+            if env.name not in self._unbindable:
+                log.error("%s was removed; binding it again", path)
             self._close_env(env.name)
             try:
                 node.env_dir_ready(env)
                 self._open_env(env)
-            except (OSError, StartupError, zmq.ZMQError) as e:
-                log.error("cannot bind %s again: %s", path, e)
+            except (OSError, StartupError, ProtocolError, zmq.ZMQError) as e:
+                # Said once; tried again at every sweep.
+                if env.name not in self._unbindable:
+                    log.error("cannot bind %s again: %s", path, e)
+                self._unbindable.add(env.name)
+            else:
+                self._unbindable.discard(env.name)
 
     def _check_health(self) -> None:
         lost = lost_gpus(self.node.gpus)
