@@ -65,7 +65,11 @@ ReplyTo = tuple["zmq.Socket[bytes]", list[bytes], int]
 
 
 def _lock(path: Path, what: str) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        # A read-only or full disk under the state or run directory: say so, exit 78.
+        raise StartupError(f"cannot open the lock file {path}: {e.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

@@ -83,7 +83,7 @@ _MALFORMED = (11, 26)
 
 def _primary(e: sqlite3.Error, path: Path | None) -> int:
     primary = int(getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF
-    if primary == 10 and path is not None:
+    if primary in (10, 14) and path is not None:
         # sqlite reports some writes a full disk refused (its shared-memory index) as
         # I/O errors: the file system says which it was.
         try:
@@ -197,7 +197,13 @@ class Store:
         except (OSError, sqlite3.Error) as e:
             raise StoreError(f"cannot open the database {path}: {e}") from None
         try:
-            os.chmod(path, 0o600)
+            # Only when needed: a database on a read-only disk is still read at start.
+            if os.stat(path).st_mode & 0o777 != 0o600:
+                os.chmod(path, 0o600)
+        except OSError as e:
+            self.db.close()
+            raise StoreError(f"cannot make the database {path} private: {e.strerror}") from None
+        try:
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StoreError(

@@ -140,6 +140,20 @@ def test_start_on_a_full_disk_names_the_cause(
     assert "unreadable" not in r.stderr
 
 
+def test_start_on_a_read_only_disk_names_the_cause(daemon_factory: Any, small_disk: Path) -> None:
+    d = daemon_factory(state_dir=str(small_disk / "state"))
+    d.env("alice")
+    d.stop()
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    try:
+        r = serve(d.config)
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
+    assert r.returncode == 78, r.stderr
+    assert "Read-only file system" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_malformed_database_exits_78(daemon_factory: Any) -> None:
     d = daemon_factory()
     d.env("alice")
