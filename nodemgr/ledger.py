@@ -185,6 +185,16 @@ class Ledger:
         os.fchown(self._fd, uid, gid)
         os.fchmod(self._fd, mode)
 
+    def is_at_path(self) -> bool:
+        """Whether ``path`` still names this very file: a run_dir removed or replaced under
+        nodemgr leaves processes charging a file new processes cannot open."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return False
+        own = os.fstat(self._fd)
+        return own.st_nlink > 0 and (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
     def close(self) -> None:
         self._l = ffi.NULL
         ffi.release(self._buf)
@@ -352,6 +362,12 @@ class Ledger:
         if rc < 0:
             raise LedgerError(f"reaping {self.path}: {os.strerror(-rc)}")
         return rc
+
+    def live_pids(self) -> list[int]:
+        """Free the slots of dead processes; the pids of the processes still using it."""
+        self.reap()
+        n = int(lib.gs_ledger_summary(self._l, self._info, MAX_SLOTS))
+        return sorted({int(self._info[i].pid) for i in range(n)})
 
     def reap_totals(self) -> dict[str, SlotTotals]:
         """Free the slots of processes that have died; per task id, what they had used."""

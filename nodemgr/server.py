@@ -17,6 +17,7 @@ import os
 import secrets
 import signal
 import socket
+import sqlite3
 import struct
 import time
 from collections.abc import Iterator
@@ -29,8 +30,8 @@ from nodemgr import __version__, protocol
 from nodemgr.config import Access, Config, ConfigError
 from nodemgr.gpus import discover, lost_gpus, sim_spec
 from nodemgr.protocol import Err, ProtocolError
-from nodemgr.state import Env, Node, Task, process_start
-from nodemgr.store import Store, StoreError
+from nodemgr.state import Env, Node, RestoreError, Task, process_start
+from nodemgr.store import Store, StoreError, cause, startup_error
 
 log = logging.getLogger("nodemgr")
 
@@ -119,9 +120,11 @@ class Server:
             raise StartupError(str(e)) from None
         try:
             self.node = Node(config, gpus, simulated, store)
-        except ConfigError as e:
+        except (ConfigError, sqlite3.Error) as e:
             store.close()
             self._unlock()
+            if isinstance(e, sqlite3.Error):
+                raise StartupError(str(startup_error(config.database, e))) from None
             raise StartupError(str(e)) from None
         self.ctx = zmq.Context()
         self.poller = zmq.Poller()
@@ -135,6 +138,8 @@ class Server:
         self.metrics: Any = None
         self._bind_dir = config.run_dir / ".bind"
         self._binds = 0
+        # Environments whose socket could not be bound again (_check_run_dir).
+        self._unbindable: set[str] = set()
 
     def _unlock(self) -> None:
         for fd in self._lock_fds:
@@ -157,7 +162,13 @@ class Server:
                 self.admin = self._bind(fd, run / "admin.sock", self.config.admin_access)
         except (OSError, zmq.ZMQError) as e:
             raise StartupError(f"cannot create {run / 'admin.sock'}: {_why(e)}") from None
-        for task in self.node.restore():
+        try:
+            restored = self.node.restore()
+        except sqlite3.Error as e:
+            raise StartupError(str(startup_error(self.config.database, e))) from None
+        except RestoreError as e:
+            raise StartupError(str(e)) from None
+        for task in restored:
             self._adopt(task)
         for env in self.node.envs.values():
             with contextlib.suppress(ProtocolError):  # refused: said in the log
@@ -319,6 +330,9 @@ class Server:
                 if reaped:
                     self.node.note_usage(reaped)
                     log.debug("reaped dead processes' slots in %s", env.name)
+            if self.node.store.pending:
+                self.node.store.flush()
+            self._check_run_dir()
             self.node.settle_draining()
             self.node.sample()
             # Time slicing: learn shapes (a charge that drops retries waiting requests),
@@ -339,6 +353,53 @@ class Server:
         """Answer the held `yield` requests whose wait is over (Node.answer_yields)."""
         for to, task_id, passed in self.node.answer_yields():
             self._send_later(to, protocol.reply("turn", to[2], task_id=task_id, passed=passed))
+
+    def _check_run_dir(self) -> None:
+        """Notice sockets, ledgers and the lock removed from run_dir (a tmpfs cleaner, an
+        rm -rf) and make what can be made again: clients' sockets reconnect by themselves."""
+        node = self.node
+        run = self.config.run_dir
+        lock = run / "nodemgr.lock"
+        if not lock.exists():
+            log.error("%s was removed; making run_dir and its sockets again", lock)
+            try:
+                (run / "envs").mkdir(parents=True, exist_ok=True, mode=0o711)
+                os.chmod(run, 0o711)
+                self._lock_fds.append(_lock(lock, f"run directory {run}"))
+            except (OSError, StartupError) as e:
+                log.error("cannot make %s again: %s", lock, e)
+        admin = run / "admin.sock"
+        if self.admin is not None and not admin.is_socket():
+            log.error("%s was removed; binding it again", admin)
+            self.poller.unregister(self.admin)
+            self.admin.close(linger=0)
+            self.admin = None
+            try:
+                self._prepare_bind_dir()
+                with _open_dir(run) as fd:
+                    self.admin = self._bind(fd, admin, self.config.admin_access)
+            except (OSError, StartupError, zmq.ZMQError) as e:
+                log.error("cannot bind %s again: %s", admin, _why(e))
+        node.check_ledgers()
+        for name in node.repair_ledgers():
+            self._close_env(name)
+        for env in node.envs.values():
+            path = Path(env.endpoint.removeprefix("ipc://"))
+            if path.is_socket() and env.name in self.env_socks.values():
+                continue
+            if env.name not in self._unbindable:
+                log.error("%s was removed; binding it again", path)
+            self._close_env(env.name)
+            try:
+                node.env_dir_ready(env)
+                self._open_env(env)
+            except (OSError, StartupError, ProtocolError, zmq.ZMQError) as e:
+                # Said once; tried again at every sweep.
+                if env.name not in self._unbindable:
+                    log.error("cannot bind %s again: %s", path, e)
+                self._unbindable.add(env.name)
+            else:
+                self._unbindable.discard(env.name)
 
     def _check_health(self) -> None:
         lost = lost_gpus(self.node.gpus)
@@ -444,6 +505,15 @@ class Server:
             return self._task(env, msg["type"], msg_id, body, frame, origin)
         except ProtocolError as e:
             return protocol.error(e.code, e.message, msg_id)
+        except sqlite3.Error as e:
+            # A quota or mode change is written before it is applied: nothing changed.
+            why = cause(e, self.config.database)
+            log.error("database error serving a request: %s", why)
+            return protocol.error(
+                Err.INTERNAL,
+                f"nodemgr cannot use its database {self.config.database}: {why}",
+                msg_id,
+            )
         except Exception:
             log.exception("internal error serving a request")
             return protocol.error(Err.INTERNAL, "internal error in nodemgr; see its log", msg_id)

@@ -52,6 +52,11 @@ class Env:
     launches_done: int = 0  # kernel launches of its ended tasks, since nodemgr started
     # Its ledger's task table was full at the last grant: said once, not per grant.
     tasks_full: bool = False
+    # Why its processes may charge a ledger file other than the one at its path (run_dir
+    # removed or replaced): no task is granted until they end, then a new ledger replaces
+    # it (docs/operations.md, "Storage faults"). None: the ledger is in order.
+    orphaned: str | None = None
+    adopted: bool = False  # its ledger was the one an earlier nodemgr left
 
 
 @dataclass
@@ -133,6 +138,11 @@ def process_start(pid: int) -> int | None:
         return int(fields[19])
     except (IndexError, ValueError):
         return None
+
+
+class RestoreError(Exception):
+    """What nodemgr finds at start contradicts its database: serving would lose track of
+    memory in use."""
 
 
 def _open_env_dir(path: Path) -> int:
@@ -226,7 +236,9 @@ class Node:
         """Load quotas and running tasks from the database, adopting the ledgers running
         processes still map. Returns the tasks restored; their GPUs stay held, so nothing
         is granted twice while their clients come back."""
-        for row in self.store.envs():
+        rows = self.store.envs()
+        self._check_unknown_ledgers({row.name for row in rows})
+        for row in rows:
             try:
                 self._open_env(row.name, row.gpus, row.memory, adopt=True)
             except (OSError, LedgerError) as e:
@@ -279,6 +291,26 @@ class Node:
                         env.draining.add(index)
         if restored:
             log.info("restored %d running tasks; waiting for their clients", len(restored))
+        for env in self.envs.values():
+            if not env.adopted and any(t.env == env.name for t in restored):
+                # Their processes charge a ledger file nodemgr can no longer see: a second
+                # quota beside it would overcommit.
+                env.orphaned = (
+                    "its ledger was missing or invalid at start while it had running tasks, "
+                    "whose processes may still charge the old one"
+                )
+                log.error("env %s: %s; no task is granted until they end", env.name, env.orphaned)
+            env.ledger.reap()
+            unknown = sorted(set(env.ledger.summary()) - set(self.tasks))
+            if unknown:
+                # The database lost their records (a lost WAL, kept records a crash took):
+                # their memory stays charged to the environment until they end.
+                log.error(
+                    "env %s: processes of tasks the database has no running record of "
+                    "(%s) still use its ledger; their memory stays charged to it",
+                    env.name,
+                    ", ".join(unknown),
+                )
         # What the adopted entries say now (an earlier nodemgr may have left tasks gated,
         # holding a turn or flagged): the first plan corrects whatever it must. The turns
         # start from the entries, so the task that held a GPU's turn keeps it.
@@ -294,6 +326,47 @@ class Node:
         self.read_regions()
         self.retime(time.perf_counter())
         return restored
+
+    def _check_unknown_ledgers(self, known: set[str]) -> None:
+        """Refuse to start beside live ledgers of environments the database does not know:
+        it was emptied, replaced or lost its WAL, and creating such an environment again
+        would give it a second quota beside the memory its processes hold."""
+        root = self.config.run_dir / "envs"
+        try:
+            names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+        except OSError:
+            return
+        uuids = [g.uuid_bytes for g in self.gpus]
+        live: dict[str, list[int]] = {}
+        for name in names:
+            if name in known:
+                continue
+            ledger = Ledger.reopen(root / name / "ledger", uuids)
+            if ledger is None:
+                continue
+            try:
+                pids = ledger.live_pids()
+            finally:
+                ledger.close()
+            if pids:
+                live[name] = pids
+            else:
+                log.warning(
+                    "%s is left from environment %s, which the database does not know; "
+                    "it is replaced if that environment is created",
+                    root / name,
+                    name,
+                )
+        if live:
+            what = "; ".join(
+                f"{name} (pids {', '.join(map(str, pids))})" for name, pids in live.items()
+            )
+            raise RestoreError(
+                f"the database {self.store.path} knows no environment {', '.join(live)}, "
+                f"but live processes use their ledgers in {root}: {what}. The database was "
+                "emptied, replaced or lost its -wal file: restore it from a backup with its "
+                "-wal, or end those processes, then start nodemgr again"
+            )
 
     def _adopted_turns(self, entries: dict[str, TaskEntry]) -> timeslice.Turns:
         """The turns the adopted entries show: on each gated GPU, the holder is its task whose
@@ -359,6 +432,7 @@ class Node:
             with contextlib.suppress(OSError):
                 fd = os.open(env_dir, flags)
             ledger = Ledger.reopen(path, uuids, dir_fd=fd) if fd >= 0 else None
+        adopted = ledger is not None
         try:
             if ledger is None:
                 if fd >= 0:
@@ -376,6 +450,7 @@ class Node:
         for index in range(len(self.gpus)):
             ledger.set_ctx_charge(index, self.context_memory)
         env = Env(name, gpus, memory, ledger, f"ipc://{env_dir / 'task.sock'}")
+        env.adopted = adopted
         self.envs[name] = env
         return env
 
@@ -754,6 +829,55 @@ class Node:
             for i in indices
         ]
 
+    def check_ledgers(self) -> None:
+        """Notice a ledger whose path no longer names it (run_dir removed or replaced)."""
+        for env in self.envs.values():
+            if env.orphaned is None and not env.ledger.is_at_path():
+                env.orphaned = f"its ledger {env.ledger.path} was removed or replaced while in use"
+                log.error(
+                    "env %s: %s; its running tasks go on, no task is granted until they "
+                    "and their processes end, then a new ledger replaces it",
+                    env.name,
+                    env.orphaned,
+                )
+
+    def repair_ledgers(self) -> list[str]:
+        """Give each orphaned environment whose tasks and processes have all ended a new
+        ledger; returns their names (their sockets went with their old directory)."""
+        repaired = []
+        for env in list(self.envs.values()):
+            if env.orphaned is None or any(t.env == env.name for t in self.tasks.values()):
+                continue
+            if env.ledger.is_at_path():
+                # Made at start beside the lost one: in order once the restored tasks end.
+                env.orphaned = None
+                log.warning(
+                    "env %s: its restored tasks have ended; tasks are granted again", env.name
+                )
+                self.queue_dirty = True
+                continue
+            if env.ledger.live_pids():
+                continue
+            env.ledger.close()
+            new = self._open_env(env.name, env.gpus, env.memory, adopt=False)
+            new.launches_done = env.launches_done
+            log.warning(
+                "env %s: a new ledger replaces the lost one; tasks are granted again", env.name
+            )
+            repaired.append(env.name)
+            self.queue_dirty = True
+        return repaired
+
+    def env_dir_ready(self, env: Env) -> None:
+        """Make an environment's directory again if it went with run_dir."""
+        env_dir = self.config.env_dir(env.name)
+        if env_dir.is_dir():
+            return
+        access = self.config.access_for(env.name)
+        env_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
+        os.chown(env_dir, access.uid, access.gid)
+        os.chmod(env_dir, access.dir_mode)
+
     def settle_draining(self) -> None:
         for env in self.envs.values():
             for index in [i for i in env.draining if env.ledger.used(i) == 0]:
@@ -843,6 +967,11 @@ class Node:
         """
         started = time.perf_counter()
         env = self.env(env_name)
+        if env.orphaned is not None:
+            raise ProtocolError(
+                Err.NO_RESOURCES,
+                f"environment {env.name}: {env.orphaned}; no task is granted until they end",
+            )
         decision = self.decide(env, need, memory, allowed, estimate, guard)
         if isinstance(decision, scheduler.Refusal):
             raise ProtocolError(decision.code, decision.message)

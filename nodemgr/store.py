@@ -4,16 +4,24 @@ The database is written in WAL mode. Quota changes are committed with a full
 sync before nodemgr answers; task records with the WAL's normal sync, which
 survives any crash of nodemgr itself (a power loss may take the last few
 records, never a quota). Heartbeats never touch it.
+
+A record that cannot be written (a full or read-only disk) is kept in memory,
+in order, and written at the next flush that succeeds: nodemgr keeps serving
+meanwhile (docs/operations.md, "Faults").
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("nodemgr")
 
 SCHEMA_VERSION = 1
 
@@ -57,6 +65,66 @@ CREATE INDEX IF NOT EXISTS tasks_started ON tasks (started);
 
 class StoreError(Exception):
     """The database cannot be opened or is not one this nodemgr understands."""
+
+
+# sqlite's primary result codes (https://sqlite.org/rescode.html) that name a cause
+# an operator can act on.
+_CAUSES = {
+    3: "nodemgr may not access it (permissions)",  # SQLITE_PERM
+    8: "it is read-only (a read-only file system, or a file nodemgr may not write)",
+    10: "the disk reported an I/O error",  # SQLITE_IOERR
+    11: "it is malformed (a damaged page)",  # SQLITE_CORRUPT
+    13: "the disk holding it is full",  # SQLITE_FULL
+    14: "it cannot be opened (its directory or permissions)",  # SQLITE_CANTOPEN
+    26: "it is malformed (not a database)",  # SQLITE_NOTADB
+}
+_MALFORMED = (11, 26)
+
+
+def _primary(e: sqlite3.Error, path: Path | None) -> int:
+    primary = int(getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF
+    if primary in (10, 14) and path is not None:
+        # sqlite reports some writes a full disk refused (its shared-memory index) as
+        # I/O errors: the file system says which it was.
+        try:
+            st = os.statvfs(path.parent)
+        except OSError:
+            return primary
+        if st.f_flag & os.ST_RDONLY:
+            return 8
+        if st.f_bavail * st.f_frsize < _NEARLY_FULL:
+            return 13
+    return primary
+
+
+# Less free space than this where the database lives: full, for sqlite's purposes.
+_NEARLY_FULL = 64 << 10
+
+
+def cause(e: sqlite3.Error, path: Path | None = None) -> str:
+    """What went wrong with the database at ``path``, in an operator's words, with
+    sqlite's own message."""
+    what = _CAUSES.get(_primary(e, path))
+    return f"{what} ({e})" if what else str(e)
+
+
+def advice(e: sqlite3.Error, path: Path | None = None) -> str:
+    """What to do about ``e`` at start-up."""
+    primary = _primary(e, path)
+    if primary in _MALFORMED:
+        return (
+            "restore it from a backup, or move it away with its -wal and -shm files "
+            "to start afresh (quotas and records are then lost)"
+        )
+    if primary == 13:
+        return "free space on that file system and start nodemgr again"
+    if primary in (3, 8, 14):
+        return "make it and its directory writable by nodemgr and start nodemgr again"
+    return "fix the disk and start nodemgr again"
+
+
+def startup_error(path: Path, e: sqlite3.Error) -> StoreError:
+    return StoreError(f"the database {path} cannot be used: {cause(e, path)}; {advice(e, path)}")
 
 
 @dataclass(frozen=True)
@@ -129,25 +197,45 @@ class Store:
         except (OSError, sqlite3.Error) as e:
             raise StoreError(f"cannot open the database {path}: {e}") from None
         try:
-            os.chmod(path, 0o600)
+            # Only when needed: a database on a read-only disk is still read at start.
+            if os.stat(path).st_mode & 0o777 != 0o600:
+                os.chmod(path, 0o600)
+        except OSError as e:
+            self.db.close()
+            raise StoreError(f"cannot make the database {path} private: {e.strerror}") from None
+        try:
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StoreError(
                     f"the database {path} was written by a newer nodemgr (schema {version}); "
                     "run that version, or move the file away to start afresh"
                 )
-            self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(_SCHEMA)
-            self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            mode = self.db.execute("PRAGMA journal_mode").fetchone()[0]
+            # A database already in shape is only read here: nodemgr starts on a full
+            # disk, serves, and keeps its records until they can be written.
+            if mode != "wal":
+                self.db.execute("PRAGMA journal_mode=WAL")
+            if version != SCHEMA_VERSION:
+                self.db.executescript(_SCHEMA)
+                self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.DatabaseError as e:
             self.db.close()
-            raise StoreError(f"the database {path} is unreadable: {e}") from None
+            raise startup_error(path, e) from None
         except BaseException:
             self.db.close()
             raise
+        # Record writes not yet in the database, oldest first, and why the last failed.
+        self.pending: deque[Callable[[sqlite3.Connection], None]] = deque()
+        self.failing: str | None = None
 
     def close(self) -> None:
+        if not self.flush():
+            log.error(
+                "%d records could not be written to the database %s and are lost",
+                len(self.pending),
+                self.path,
+            )
         self.db.close()
 
     @contextmanager
@@ -202,8 +290,9 @@ class Store:
         self, r: Record, estimate: tuple[int, int] | None = None, guard: int | None = None
     ) -> None:
         """A task began; with ``guard``, its time-slicing shape is kept until it ends."""
-        with self.db:
-            self.db.execute(
+
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
                 f"INSERT INTO tasks ({_COLUMNS}) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, 0, NULL)",
                 (
@@ -218,11 +307,13 @@ class Store:
                 ),
             )
             if guard is not None:
-                self.db.execute(
+                db.execute(
                     "INSERT OR REPLACE INTO task_shapes (task_id, persistent, temporary, guard) "
                     "VALUES (?, ?, ?, ?)",
                     (r.task_id, *(estimate or (None, None)), guard),
                 )
+
+        self._write(op)
 
     def task_shapes(self) -> dict[str, tuple[tuple[int, int] | None, int]]:
         """Per running task with a kept shape: its estimate (or None) and its guard."""
@@ -239,21 +330,71 @@ class Store:
     def task_ended(
         self, task_id: str, ended: float, reason: str, peak: int, exit_code: int | None
     ) -> None:
-        with self.db:
-            self.db.execute(
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
                 "UPDATE tasks SET ended = ?, reason = ?, peak = MAX(peak, ?), exit_code = ? "
                 "WHERE task_id = ? AND ended IS NULL",
                 (ended, reason, peak, exit_code, task_id),
             )
-            self.db.execute("DELETE FROM task_shapes WHERE task_id = ?", (task_id,))
+            db.execute("DELETE FROM task_shapes WHERE task_id = ?", (task_id,))
+
+        self._write(op)
 
     def task_attached(self, task_id: str, pid: int | None, pid_start: int | None) -> None:
         """A restored task's client came back, possibly seen under a new pid."""
-        with self.db:
-            self.db.execute(
+
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
                 "UPDATE tasks SET pid = ?, pid_start = ? WHERE task_id = ?",
                 (pid, pid_start, task_id),
             )
+
+        self._write(op)
+
+    def _write(self, op: Callable[[sqlite3.Connection], None]) -> None:
+        """Write a record now, or keep it (after those already kept) for flush()."""
+        self.pending.append(op)
+        self.flush()
+
+    def flush(self) -> bool:
+        """Write the kept records in order; True when none is left. A failure is logged
+        once until a write succeeds again: the records stay kept, nodemgr serves on."""
+        written = 0
+        while self.pending:
+            try:
+                self._transaction(self.pending[0])
+            except sqlite3.Error as e:
+                if self.failing is None:
+                    log.error(
+                        "cannot write records to the database %s: %s; keeping them in memory "
+                        "and retrying at every sweep",
+                        self.path,
+                        cause(e, self.path),
+                    )
+                self.failing = cause(e, self.path)
+                return False
+            self.pending.popleft()
+            written += 1
+        if self.failing is not None:
+            log.warning(
+                "the database %s takes records again: %d kept records written",
+                self.path,
+                written,
+            )
+            self.failing = None
+        return True
+
+    def _transaction(self, op: Callable[[sqlite3.Connection], None]) -> None:
+        db = self.db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            op(db)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                with suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise
 
     def running(self) -> list[Record]:
         rows = self.db.execute(
