@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import json
 import os
@@ -16,7 +17,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -248,8 +249,25 @@ def _toml(v: Any) -> str:
     return repr(v)
 
 
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_test_run() -> Callable[[], None]:
+    """A ``preexec_fn`` for a process that must never outlive the test run, even when
+    pytest is killed: the kernel sends it SIGKILL when this process dies."""
+    parent = os.getpid()
+
+    def arm() -> None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the line above
+            os._exit(1)
+
+    return arm
+
+
 class Daemon:
-    """A nodemgr process serving from its own run directory."""
+    """A nodemgr process serving from its own run directory; it dies with the test run."""
 
     def __init__(
         self, root: Path, sections: dict[str, dict[str, Any]] | None = None, **node: Any
@@ -283,6 +301,7 @@ class Daemon:
             [str(BIN / "nodemgr"), "serve", "--config", str(self.config)],
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            preexec_fn=die_with_test_run(),
         )
         deadline = time.monotonic() + 15
         while True:
@@ -432,15 +451,29 @@ def run_task() -> Iterator[Any]:
 
 
 class Holder:
-    """A task held by the test process itself, over its own connection, until close()."""
+    """A task of one GPU held until close() by a child process (tests/grant_holder.py) that
+    heartbeats: nodemgr's reclaim of a silent task can never hit the test process."""
 
     def __init__(self, endpoint: str) -> None:
-        self.conn = Connection(endpoint)
-        self.task_id = self.conn.call("request", gpus=1)["task_id"]
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("grant_holder.py")), endpoint],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=die_with_test_run(),
+        )
+        assert self.proc.stdout is not None
+        grant = json.loads(self.proc.stdout.readline() or "{}")
+        if "task_id" not in grant:
+            self.proc.communicate(timeout=15)
+            raise AssertionError(f"the holder got no grant: {grant}")
+        self.task_id = str(grant["task_id"])
+        self.pid = self.proc.pid
 
     def close(self) -> None:
-        self.conn.call("done", task_id=self.task_id)
-        self.conn.close()
+        """Say done and wait for it; the task is gone from nodemgr on return."""
+        self.proc.communicate(timeout=15)
+        assert self.proc.returncode == 0, f"the holder failed: {self.proc.returncode}"
 
 
 class Waiting(threading.Thread):
