@@ -16,7 +16,14 @@ from typing import Any, TextIO
 
 from client_plugin import libs
 from client_plugin.settings import ENDPOINT, TASK_OWNER, TIMESLICED, Settings, wait_seconds
-from nodemgr.client import Connection, NodeError, NoResources, QuotaExceeded, Unreachable
+from nodemgr.client import (
+    FIRST_ANSWER,
+    Connection,
+    NodeError,
+    NoResources,
+    QuotaExceeded,
+    Unreachable,
+)
 from nodemgr.gpus import names_gpu
 
 MAX_COMMAND = 4096  # what nodemgr keeps of a command line, for display
@@ -98,6 +105,14 @@ class Progress:
             self._write(f"{self.prefix}: granted after waiting {took}\n")
 
 
+def cancelled(endpoint: str, progress: Progress) -> str:
+    """What to say when the user interrupts the wait for a grant: before nodemgr answered
+    at all, that is what was being waited for."""
+    if progress.position is None:
+        return f"cancelled before nodemgr answered at {endpoint} (is it running?)"
+    return "cancelled while waiting for GPUs"
+
+
 @dataclass(frozen=True)
 class Grant:
     task_id: str
@@ -134,6 +149,7 @@ def _request_once(
             timeout=REQUEST_TIMEOUT + wait,
             on_queued=progress.queued,
             on_tick=progress.tick if wait else None,
+            first_answer=FIRST_ANSWER,
             gpus=s.gpus,
             memory=s.memory,
             command=command[:MAX_COMMAND],

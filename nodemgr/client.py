@@ -12,6 +12,11 @@ import zmq
 
 from nodemgr import protocol
 
+# Seconds a client waits for nodemgr's first answer to a request, however long the request
+# may then wait (a `queued` or `held` answer comes at once): nodemgr gone while its socket
+# stays is reported this soon (docs/protocol.md).
+FIRST_ANSWER = 5.0
+
 
 class NodeError(Exception):
     """nodemgr answered with an error reply."""
@@ -85,13 +90,17 @@ class Connection:
         on_queued: Callable[[dict[str, Any]], None] | None = None,
         on_tick: Callable[[], None] | None = None,
         tick: float = 1.0,
+        first_answer: float | None = None,
         **fields: Any,
     ) -> dict[str, Any]:
         """Send a request and return its reply; raise NodeError (a subclass by code) or
         Unreachable. ``queued`` updates to a waiting request, and the ``held`` answer to a
         `yield` that waits for the task's other processes, go to ``on_queued`` (the call
         keeps waiting for the final reply within ``timeout``);
-        ``on_tick`` is called every ``tick`` seconds without a message (a progress display)."""
+        ``on_tick`` is called every ``tick`` seconds without a message (a progress display).
+        With ``first_answer``, no answer at all within that many seconds is Unreachable
+        however long ``timeout`` is: a nodemgr that is gone while its socket stays is
+        found out then, not at the end of a long wait."""
         if self.endpoint.startswith("ipc://"):
             path = self.endpoint[len("ipc://") :]
             try:
@@ -112,9 +121,19 @@ class Connection:
         except zmq.Again:
             raise Unreachable(f"nodemgr is not accepting messages at {self.endpoint}") from None
         limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        sent = time.monotonic()
+        deadline = sent + limit
+        unanswered = first_answer is not None and first_answer < limit
         while True:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
+            if unanswered:
+                assert first_answer is not None
+                if now - sent >= first_answer:
+                    raise Unreachable(
+                        f"nodemgr did not answer at {self.endpoint} within {first_answer:g}s"
+                    )
+                left = min(left, sent + first_answer - now)
             if left <= 0:
                 break
             step = min(left, tick) if on_tick is not None else left
@@ -128,6 +147,7 @@ class Connection:
                 raise NodeError(e.code, f"unreadable reply from nodemgr: {e.message}") from None
             if msg.get("id") != msg_id:
                 continue  # a late reply to an earlier request that timed out
+            unanswered = False
             if msg["type"] == "error":
                 raise error_for(
                     str(msg.get("error")), str(msg.get("message")), bool(msg.get("retryable"))
