@@ -86,6 +86,17 @@ class Progress:
         else:
             self._write(self._status() + "\n")
 
+    def lost(self, endpoint: str, lost: bool) -> None:
+        """nodemgr's connection broke (``lost``), or is back and the request sent again."""
+        self.clear()
+        if lost:
+            self._write(
+                f"{self.prefix}: nodemgr is not answering at {endpoint}; the request is "
+                "sent again when it is back, and keeps waiting\n"
+            )
+        else:
+            self._write(f"{self.prefix}: nodemgr is back; the request was sent again\n")
+
     def tick(self) -> None:
         if self.tty and self.position is not None:
             self._write("\r" + self._status() + "\x1b[K")
@@ -143,21 +154,41 @@ def local_ledger(granted: str, endpoint: str) -> str:
 def _request_once(
     s: Settings, endpoint: str, command: str, wait: float, progress: Progress
 ) -> Grant:
+    fields: dict[str, Any] = {
+        "gpus": s.gpus,
+        "memory": s.memory,
+        "command": command[:MAX_COMMAND],
+        "wait": wait or None,
+        "devices": list(s.devices) if s.devices else None,
+        "persistent": s.persistent,
+        "temporary": s.temporary,
+        "guard": s.guard,
+    }
+    asked = time.monotonic()
+    queued_at: list[float] = []
+
+    def queued(update: Mapping[str, Any]) -> None:
+        if not queued_at:
+            queued_at.append(time.monotonic())
+        progress.queued(update)
+
+    def resend() -> dict[str, Any]:
+        """The same request to a restarted nodemgr: the wait left, and how long it waited
+        (docs/protocol.md, "Restarts"), so it keeps its place."""
+        now = time.monotonic()
+        waited = now - queued_at[0] if queued_at else 0.0
+        return {**fields, "wait": max(0.0, wait - (now - asked)) or None, "waited": waited}
+
     with Connection(endpoint, timeout=REQUEST_TIMEOUT) as conn:
         reply = conn.call(
             "request",
             timeout=REQUEST_TIMEOUT + wait,
-            on_queued=progress.queued,
+            on_queued=queued,
             on_tick=progress.tick if wait else None,
             first_answer=FIRST_ANSWER,
-            gpus=s.gpus,
-            memory=s.memory,
-            command=command[:MAX_COMMAND],
-            wait=wait or None,
-            devices=list(s.devices) if s.devices else None,
-            persistent=s.persistent,
-            temporary=s.temporary,
-            guard=s.guard,
+            resend=resend if wait else None,
+            on_lost=lambda lost: progress.lost(endpoint, lost),
+            **fields,
         )
     return Grant(
         task_id=str(reply["task_id"]),
