@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from client_plugin import libs
-from nodemgr.client import Connection, Unreachable
+from nodemgr.client import Connection, NodeError, Unreachable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -266,8 +266,50 @@ def die_with_test_run() -> Callable[[], None]:
     return arm
 
 
+class Keeper(threading.Thread):
+    """Heartbeats every task the test process itself holds on a daemon (a test that sends
+    ``request`` on a Connection of its own). nodemgr reclaims a silent task by killing its
+    client, and at a test daemon's 1 s timeout a slow moment would kill the test run."""
+
+    def __init__(self, daemon: Daemon, interval: float) -> None:
+        super().__init__(daemon=True, name="grant-keeper")
+        self.node = daemon
+        self.interval = interval
+        self.stopped = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        conns: dict[str, Connection] = {}
+        try:
+            while not self.stopped.wait(self.interval):
+                try:
+                    tasks = self.node.admin("tasks", timeout=max(self.interval, 0.5))["tasks"]
+                except (Unreachable, NodeError):
+                    continue  # stopped or restarting
+                for t in tasks:
+                    if t["pid"] != os.getpid():
+                        continue
+                    env = str(t["env"])
+                    try:
+                        if env not in conns:
+                            sock = self.node.run_dir / "envs" / env / "task.sock"
+                            conns[env] = Connection(f"ipc://{sock}", timeout=0.5)
+                        conns[env].call("heartbeat", task_id=t["task_id"])
+                    except (Unreachable, NodeError):
+                        if env in conns:
+                            conns.pop(env).close()
+        finally:
+            for conn in conns.values():
+                conn.close()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(10)
+
+
 class Daemon:
-    """A nodemgr process serving from its own run directory; it dies with the test run."""
+    """A nodemgr process serving from its own run directory; it dies with the test run, and
+    grants the test process holds on it are kept alive (Keeper)."""
 
     def __init__(
         self, root: Path, sections: dict[str, dict[str, Any]] | None = None, **node: Any
@@ -295,6 +337,7 @@ class Daemon:
         self.config.write_text("\n".join(lines) + "\n")
         self.log = open(root / "nodemgr.log", "a")  # noqa: SIM115
         self.start()
+        self.keeper = Keeper(self, float(settings["heartbeat_interval"]))
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
@@ -337,6 +380,7 @@ class Daemon:
         self.proc.wait()
 
     def stop(self) -> None:
+        self.keeper.stop()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -62,3 +62,37 @@ def test_a_daemon_dies_with_the_test_run(wait_for: Any) -> None:
         if _alive(nodemgr):
             os.kill(nodemgr, signal.SIGKILL)
         subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+def test_a_grant_the_test_process_holds_is_kept_alive() -> None:
+    # A test process (a child here, so that a failure cannot end this run) holds a grant on
+    # a Connection of its own and heartbeats nothing, past the daemon's 1 s timeout.
+    root = Path(os.environ.get("TMPDIR", "/tmp")) / f"gs-k{os.getpid()}"
+    script = textwrap.dedent(
+        f"""
+        import os, sys, time
+        sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+        from pathlib import Path
+        from nodemgr.client import Connection
+        from tests.conftest import Daemon
+        d = Daemon(Path({str(root)!r}))
+        try:
+            with Connection(d.env("a")) as c:
+                task = c.call("request", gpus=1)["task_id"]
+            time.sleep(3.0)
+            assert [t["pid"] for t in d.tasks()] == [os.getpid()]
+            with Connection(d.env("a")) as c:
+                c.call("done", task_id=task)
+            print("alive", flush=True)
+        finally:
+            d.stop()
+        """
+    )
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "alive\n"
