@@ -26,7 +26,15 @@ from collections.abc import Callable
 from client_plugin import libs
 from client_plugin import settings as cfg
 from client_plugin.autoload import HOLDER_ENV
-from client_plugin.grant import Grant, Heartbeat, Progress, acquire, release, task_environment
+from client_plugin.grant import (
+    Grant,
+    Heartbeat,
+    Progress,
+    acquire,
+    cancelled,
+    release,
+    task_environment,
+)
 from nodemgr.client import NodeError, NoResources, QuotaZero, Unreachable
 
 _task: Task | None = None
@@ -111,8 +119,17 @@ def start(module: str, cwd: str | None, started: int) -> None:
             "without a GPU (set it to the environment's endpoint, or GPUSHARE_AUTOLOAD=0)"
         )
         return
+    progress = Progress("gpushare", s.gpus)
     try:
-        grant = acquire(s, _command(), Progress("gpushare", s.gpus))
+        grant = acquire(s, _command(), progress)
+    except KeyboardInterrupt:
+        # Interrupted inside an import: a traceback through the import system would bury
+        # the one thing to say. A script ends as gpushare-run's wait does (130); an
+        # interactive session keeps going, without the framework.
+        _say(f"{cancelled(s.endpoint, progress)}; {module} was not imported")
+        if sys.flags.interactive or hasattr(sys, "ps1"):
+            raise KeyboardInterrupt from None
+        raise SystemExit(130) from None
     except QuotaZero as e:
         if s.zero_quota == "error":
             raise GpushareError(

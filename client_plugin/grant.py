@@ -16,7 +16,14 @@ from typing import Any, TextIO
 
 from client_plugin import libs
 from client_plugin.settings import ENDPOINT, TASK_OWNER, TIMESLICED, Settings, wait_seconds
-from nodemgr.client import Connection, NodeError, NoResources, QuotaExceeded, Unreachable
+from nodemgr.client import (
+    FIRST_ANSWER,
+    Connection,
+    NodeError,
+    NoResources,
+    QuotaExceeded,
+    Unreachable,
+)
 from nodemgr.gpus import names_gpu
 
 MAX_COMMAND = 4096  # what nodemgr keeps of a command line, for display
@@ -79,6 +86,17 @@ class Progress:
         else:
             self._write(self._status() + "\n")
 
+    def lost(self, endpoint: str, lost: bool) -> None:
+        """nodemgr's connection broke (``lost``), or is back and the request sent again."""
+        self.clear()
+        if lost:
+            self._write(
+                f"{self.prefix}: nodemgr is not answering at {endpoint}; the request is "
+                "sent again when it is back, and keeps waiting\n"
+            )
+        else:
+            self._write(f"{self.prefix}: nodemgr is back; the request was sent again\n")
+
     def tick(self) -> None:
         if self.tty and self.position is not None:
             self._write("\r" + self._status() + "\x1b[K")
@@ -96,6 +114,14 @@ class Progress:
         if granted and waited:
             took = _clock(time.monotonic() - self.started)
             self._write(f"{self.prefix}: granted after waiting {took}\n")
+
+
+def cancelled(endpoint: str, progress: Progress) -> str:
+    """What to say when the user interrupts the wait for a grant: before nodemgr answered
+    at all, that is what was being waited for."""
+    if progress.position is None:
+        return f"cancelled before nodemgr answered at {endpoint} (is it running?)"
+    return "cancelled while waiting for GPUs"
 
 
 @dataclass(frozen=True)
@@ -128,20 +154,41 @@ def local_ledger(granted: str, endpoint: str) -> str:
 def _request_once(
     s: Settings, endpoint: str, command: str, wait: float, progress: Progress
 ) -> Grant:
+    fields: dict[str, Any] = {
+        "gpus": s.gpus,
+        "memory": s.memory,
+        "command": command[:MAX_COMMAND],
+        "wait": wait or None,
+        "devices": list(s.devices) if s.devices else None,
+        "persistent": s.persistent,
+        "temporary": s.temporary,
+        "guard": s.guard,
+    }
+    asked = time.monotonic()
+    queued_at: list[float] = []
+
+    def queued(update: Mapping[str, Any]) -> None:
+        if not queued_at:
+            queued_at.append(time.monotonic())
+        progress.queued(update)
+
+    def resend() -> dict[str, Any]:
+        """The same request to a restarted nodemgr: the wait left, and how long it waited
+        (docs/protocol.md, "Restarts"), so it keeps its place."""
+        now = time.monotonic()
+        waited = now - queued_at[0] if queued_at else 0.0
+        return {**fields, "wait": max(0.0, wait - (now - asked)) or None, "waited": waited}
+
     with Connection(endpoint, timeout=REQUEST_TIMEOUT) as conn:
         reply = conn.call(
             "request",
             timeout=REQUEST_TIMEOUT + wait,
-            on_queued=progress.queued,
+            on_queued=queued,
             on_tick=progress.tick if wait else None,
-            gpus=s.gpus,
-            memory=s.memory,
-            command=command[:MAX_COMMAND],
-            wait=wait or None,
-            devices=list(s.devices) if s.devices else None,
-            persistent=s.persistent,
-            temporary=s.temporary,
-            guard=s.guard,
+            first_answer=FIRST_ANSWER,
+            resend=resend if wait else None,
+            on_lost=lambda lost: progress.lost(endpoint, lost),
+            **fields,
         )
     return Grant(
         task_id=str(reply["task_id"]),

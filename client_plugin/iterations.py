@@ -39,7 +39,6 @@ TIMESLICED_ENV = "GPUSHARE_TIMESLICED"
 # processes to reach the end of their turn too: allow for their longest step. nodemgr
 # says at once when it holds a yield; with no word from it at all the wait is short.
 YIELD_TIMEOUT = 120.0
-FIRST_ANSWER = 5.0
 YIELD_BACKOFF = 30.0  # seconds without yields after nodemgr did not answer one
 
 _release: list[Callable[[], None]] = []
@@ -133,19 +132,14 @@ def _yield_turn() -> None:
             "not set, so nodemgr cannot be told; it passes the turn on after its timeout"
         )
         return
-    from nodemgr.client import NodeError, Unreachable
+    from nodemgr.client import FIRST_ANSWER, NodeError, Unreachable
 
     mem = shim.memory()
-    started = time.monotonic()
     held = False
 
     def on_held(_msg: dict[str, Any]) -> None:
         nonlocal held
         held = True
-
-    def on_tick() -> None:
-        if not held and time.monotonic() - started > FIRST_ANSWER:
-            raise Unreachable(f"nodemgr did not answer a yield within {FIRST_ANSWER:g}s")
 
     try:
         # The process's own boundary count: nodemgr ignores a yield from an earlier turn.
@@ -155,8 +149,7 @@ def _yield_turn() -> None:
             "yield",
             timeout=YIELD_TIMEOUT,
             on_queued=on_held,
-            on_tick=on_tick,
-            tick=0.5,
+            first_answer=FIRST_ANSWER,
             task_id=task_id,
             iterations=mem.iterations if mem else None,
         )

@@ -25,6 +25,7 @@ from client_plugin.grant import (
     Heartbeat,
     Progress,
     acquire,
+    cancelled,
     cpu_environment,
     inherited_owner,
     release,
@@ -284,10 +285,11 @@ def run(s: cfg.Settings, cmd: list[str]) -> int:
     if s.devices == () and s.cpu_fallback:
         _say("CUDA_VISIBLE_DEVICES allows no GPU: running without one")
         return _supervise(s, cmd, None)
+    progress = Progress("gpushare-run", s.gpus)
     try:
-        grant = acquire(s, " ".join(cmd), Progress("gpushare-run", s.gpus))
+        grant = acquire(s, " ".join(cmd), progress)
     except KeyboardInterrupt:
-        _say("cancelled while waiting for GPUs")
+        _say(cancelled(s.endpoint, progress))
         return EXIT_CANCELLED
     except Unreachable as e:
         _say(
@@ -465,6 +467,8 @@ def main(
                 sys.exit(EXIT_USAGE)
     s = s.but(**sizes)
     try:
+        if endpoint is not None:
+            endpoint = cfg.parse_endpoint("--endpoint", endpoint)
         cfg.check_shape(s)
     except cfg.SettingsError as e:
         _say(str(e))

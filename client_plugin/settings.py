@@ -86,6 +86,16 @@ def parse_seconds(name: str, value: str, allow_none: bool = False) -> float | No
         raise SettingsError(f"{name}={value!r}: {e}") from None
 
 
+def parse_endpoint(name: str, value: str) -> str:
+    """An environment's task endpoint: nodemgr serves ``ipc://`` sockets only."""
+    if not value.startswith("ipc://") or len(value) == len("ipc://"):
+        raise SettingsError(
+            f"{name}={value!r}: expected ipc://PATH, the environment's task socket "
+            "(nodemgr quota show ENV prints it)"
+        )
+    return value
+
+
 def parse_gpus(name: str, value: str) -> int:
     try:
         n = int(value.strip())
@@ -127,7 +137,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
     s = Settings()
     if env.get(ENDPOINT):
-        s = s.but(endpoint=env[ENDPOINT])
+        s = s.but(endpoint=parse_endpoint(ENDPOINT, env[ENDPOINT]))
     if env.get(GPUS):
         s = s.but(gpus=parse_gpus(GPUS, env[GPUS]))
     if env.get(MEMORY):

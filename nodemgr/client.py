@@ -9,8 +9,14 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from nodemgr import protocol
+
+# Seconds a client waits for nodemgr's first answer to a request, however long the request
+# may then wait (a `queued` or `held` answer comes at once): nodemgr gone while its socket
+# stays is reported this soon (docs/protocol.md).
+FIRST_ANSWER = 5.0
 
 
 class NodeError(Exception):
@@ -85,13 +91,25 @@ class Connection:
         on_queued: Callable[[dict[str, Any]], None] | None = None,
         on_tick: Callable[[], None] | None = None,
         tick: float = 1.0,
+        first_answer: float | None = None,
+        resend: Callable[[], dict[str, Any]] | None = None,
+        on_lost: Callable[[bool], None] | None = None,
         **fields: Any,
     ) -> dict[str, Any]:
         """Send a request and return its reply; raise NodeError (a subclass by code) or
         Unreachable. ``queued`` updates to a waiting request, and the ``held`` answer to a
         `yield` that waits for the task's other processes, go to ``on_queued`` (the call
         keeps waiting for the final reply within ``timeout``);
-        ``on_tick`` is called every ``tick`` seconds without a message (a progress display)."""
+        ``on_tick`` is called every ``tick`` seconds without a message (a progress display).
+        With ``first_answer``, no answer at all within that many seconds is Unreachable
+        however long ``timeout`` is: a nodemgr that is gone while its socket stays is
+        found out then, not at the end of a long wait.
+
+        With ``resend``, a request that nodemgr has answered survives a restart of nodemgr:
+        when the connection breaks, ``on_lost(True)`` is called and the call keeps waiting;
+        when it is made again (a new nodemgr bound the socket), the request is sent again
+        with the fields ``resend`` returns, ``on_lost(False)`` is called, and the first
+        answer to it is awaited as above (docs/protocol.md, "Restarts")."""
         if self.endpoint.startswith("ipc://"):
             path = self.endpoint[len("ipc://") :]
             try:
@@ -111,14 +129,87 @@ class Connection:
             self._sock.send(protocol.encode(protocol.request(kind, msg_id, **fields)), zmq.NOBLOCK)
         except zmq.Again:
             raise Unreachable(f"nodemgr is not accepting messages at {self.endpoint}") from None
+        monitor = None
+        if resend is not None:
+            monitor = self._sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        try:
+            return self._wait(
+                kind,
+                msg_id,
+                timeout,
+                on_queued,
+                on_tick,
+                tick,
+                first_answer,
+                resend,
+                on_lost,
+                monitor,
+            )
+        finally:
+            if monitor is not None:
+                self._sock.disable_monitor()
+                monitor.close(linger=0)
+
+    def _wait(
+        self,
+        kind: str,
+        msg_id: int,
+        timeout: float | None,
+        on_queued: Callable[[dict[str, Any]], None] | None,
+        on_tick: Callable[[], None] | None,
+        tick: float,
+        first_answer: float | None,
+        resend: Callable[[], dict[str, Any]] | None,
+        on_lost: Callable[[bool], None] | None,
+        monitor: zmq.Socket[bytes] | None,
+    ) -> dict[str, Any]:
         limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        sent = time.monotonic()
+        deadline = sent + limit
+        unanswered = first_answer is not None and first_answer < limit
+        lost = False
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        if monitor is not None:
+            poller.register(monitor, zmq.POLLIN)
         while True:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
+            if unanswered:
+                assert first_answer is not None
+                if now - sent >= first_answer:
+                    raise Unreachable(
+                        f"nodemgr did not answer at {self.endpoint} within {first_answer:g}s"
+                    )
+                left = min(left, sent + first_answer - now)
             if left <= 0:
                 break
             step = min(left, tick) if on_tick is not None else left
-            if not self._sock.poll(max(1, int(step * 1000)), zmq.POLLIN):
+            ready = dict(poller.poll(max(1, int(step * 1000))))
+            if monitor is not None and monitor in ready:
+                event = recv_monitor_message(monitor)["event"]
+                if event == zmq.EVENT_DISCONNECTED and not lost:
+                    # nodemgr went away (a restart): whatever it knew of the request is gone.
+                    lost, unanswered = True, False
+                    if on_lost is not None:
+                        on_lost(True)
+                elif event == zmq.EVENT_CONNECTED and lost:
+                    assert resend is not None
+                    lost = False
+                    try:
+                        self._sock.send(
+                            protocol.encode(protocol.request(kind, msg_id, **resend())),
+                            zmq.NOBLOCK,
+                        )
+                    except zmq.Again:
+                        raise Unreachable(
+                            f"nodemgr is not accepting messages at {self.endpoint}"
+                        ) from None
+                    sent, unanswered = time.monotonic(), first_answer is not None
+                    if on_lost is not None:
+                        on_lost(False)
+                continue
+            if self._sock not in ready:
                 if on_tick is not None and left > step:
                     on_tick()
                 continue
@@ -128,6 +219,7 @@ class Connection:
                 raise NodeError(e.code, f"unreadable reply from nodemgr: {e.message}") from None
             if msg.get("id") != msg_id:
                 continue  # a late reply to an earlier request that timed out
+            unanswered = False
             if msg["type"] == "error":
                 raise error_for(
                     str(msg.get("error")), str(msg.get("message")), bool(msg.get("retryable"))

@@ -571,6 +571,12 @@ class Server:
         estimate = None
         if body["persistent"] is not None:
             estimate = (body["persistent"], body["temporary"] or 0)
+        earlier = None
+        if body["waited"] is not None:
+            # Sent again by a client that lost its connection: never wait twice.
+            earlier = node.take_waiter(env, pid)
+            if earlier is not None:
+                self._unwatch(("wait", earlier.wid))
         try:
             task = node.grant(
                 env,
@@ -600,6 +606,8 @@ class Server:
                 allowed,
                 estimate,
                 body["guard"],
+                body["waited"],
+                earlier,
             )
             if pid is not None:
                 try:

@@ -92,6 +92,12 @@ class HeldYield:
     reply_to: list[Any] = field(default_factory=list)  # the server's handles
 
 
+# Seconds after nodemgr starts in which a request sent again by its client (`waited`:
+# how long it had waited before the restart) is placed by that wait rather than last:
+# clients reconnect within a second of the restart, and a later claim is not believed.
+RESEND_GRACE = 30.0
+
+
 @dataclass
 class Waiter:
     """A request waiting for GPUs (docs/scheduling.md, "Wait queue")."""
@@ -1128,10 +1134,22 @@ class Node:
         allowed: frozenset[int] | None = None,
         estimate: tuple[int, int] | None = None,
         guard: int | None = None,
+        waited: float | None = None,
+        earlier: Waiter | None = None,
     ) -> Waiter:
-        """Put a request at the end of the queue; it is told its position at once."""
+        """Put a request at the end of the queue; it is told its position at once.
+
+        A request its client sent again (``waited`` set; docs/scheduling.md, "Wait queue")
+        takes the place of ``earlier``, the same client's request still waiting here, or
+        just after start the place its ``waited`` gives it; else it goes last."""
         self._wids += 1
         now = time.monotonic()
+        enqueued, bypassed = now, 0
+        if earlier is not None:
+            enqueued, bypassed = earlier.enqueued, earlier.bypassed
+        elif waited is not None and time.time() - self.started < RESEND_GRACE:
+            enqueued = now - min(waited, self.config.max_wait)
+        at = next((i for i, q in enumerate(self.queue) if q.enqueued > enqueued), len(self.queue))
         w = Waiter(
             self._wids,
             env,
@@ -1140,16 +1158,25 @@ class Node:
             pid,
             pid_start,
             command,
-            enqueued=now,
+            enqueued=enqueued,
             deadline=now + wait,
             reply_to=reply_to,
             allowed=allowed,
-            told=len(self.queue) + 1,
+            bypassed=bypassed,
+            told=at + 1,
             estimate=estimate,
             guard=guard,
         )
-        self.queue.append(w)
+        self.queue.insert(at, w)
         return w
+
+    def take_waiter(self, env: str, pid: int | None) -> Waiter | None:
+        """Take out the request client ``pid`` has waiting in ``env``, if any: it is being
+        sent again."""
+        for i, w in enumerate(self.queue):
+            if pid is not None and w.pid == pid and w.env == env:
+                return self.queue.pop(i)
+        return None
 
     def serve_queue(self) -> tuple[list[tuple[Waiter, Task]], list[tuple[Waiter, ProtocolError]]]:
         """Grant waiting requests in order as far as the policy allows.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import json
 import os
@@ -16,7 +17,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 
 from client_plugin import libs
-from nodemgr.client import Connection, Unreachable
+from nodemgr.client import Connection, NodeError, Unreachable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -248,8 +249,67 @@ def _toml(v: Any) -> str:
     return repr(v)
 
 
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_test_run() -> Callable[[], None]:
+    """A ``preexec_fn`` for a process that must never outlive the test run, even when
+    pytest is killed: the kernel sends it SIGKILL when this process dies."""
+    parent = os.getpid()
+
+    def arm() -> None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the line above
+            os._exit(1)
+
+    return arm
+
+
+class Keeper(threading.Thread):
+    """Heartbeats every task the test process itself holds on a daemon (a test that sends
+    ``request`` on a Connection of its own). nodemgr reclaims a silent task by killing its
+    client, and at a test daemon's 1 s timeout a slow moment would kill the test run."""
+
+    def __init__(self, daemon: Daemon, interval: float) -> None:
+        super().__init__(daemon=True, name="grant-keeper")
+        self.node = daemon
+        self.interval = interval
+        self.stopped = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        conns: dict[str, Connection] = {}
+        try:
+            while not self.stopped.wait(self.interval):
+                try:
+                    tasks = self.node.admin("tasks", timeout=max(self.interval, 0.5))["tasks"]
+                except (Unreachable, NodeError):
+                    continue  # stopped or restarting
+                for t in tasks:
+                    if t["pid"] != os.getpid():
+                        continue
+                    env = str(t["env"])
+                    try:
+                        if env not in conns:
+                            sock = self.node.run_dir / "envs" / env / "task.sock"
+                            conns[env] = Connection(f"ipc://{sock}", timeout=0.5)
+                        conns[env].call("heartbeat", task_id=t["task_id"])
+                    except (Unreachable, NodeError):
+                        if env in conns:
+                            conns.pop(env).close()
+        finally:
+            for conn in conns.values():
+                conn.close()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(10)
+
+
 class Daemon:
-    """A nodemgr process serving from its own run directory."""
+    """A nodemgr process serving from its own run directory; it dies with the test run, and
+    grants the test process holds on it are kept alive (Keeper)."""
 
     def __init__(
         self, root: Path, sections: dict[str, dict[str, Any]] | None = None, **node: Any
@@ -277,12 +337,14 @@ class Daemon:
         self.config.write_text("\n".join(lines) + "\n")
         self.log = open(root / "nodemgr.log", "a")  # noqa: SIM115
         self.start()
+        self.keeper = Keeper(self, float(settings["heartbeat_interval"]))
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [str(BIN / "nodemgr"), "serve", "--config", str(self.config)],
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            preexec_fn=die_with_test_run(),
         )
         deadline = time.monotonic() + 15
         while True:
@@ -318,6 +380,7 @@ class Daemon:
         self.proc.wait()
 
     def stop(self) -> None:
+        self.keeper.stop()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -432,15 +495,29 @@ def run_task() -> Iterator[Any]:
 
 
 class Holder:
-    """A task held by the test process itself, over its own connection, until close()."""
+    """A task of one GPU held until close() by a child process (tests/grant_holder.py) that
+    heartbeats: nodemgr's reclaim of a silent task can never hit the test process."""
 
     def __init__(self, endpoint: str) -> None:
-        self.conn = Connection(endpoint)
-        self.task_id = self.conn.call("request", gpus=1)["task_id"]
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("grant_holder.py")), endpoint],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=die_with_test_run(),
+        )
+        assert self.proc.stdout is not None
+        grant = json.loads(self.proc.stdout.readline() or "{}")
+        if "task_id" not in grant:
+            self.proc.communicate(timeout=15)
+            raise AssertionError(f"the holder got no grant: {grant}")
+        self.task_id = str(grant["task_id"])
+        self.pid = self.proc.pid
 
     def close(self) -> None:
-        self.conn.call("done", task_id=self.task_id)
-        self.conn.close()
+        """Say done and wait for it; the task is gone from nodemgr on return."""
+        self.proc.communicate(timeout=15)
+        assert self.proc.returncode == 0, f"the holder failed: {self.proc.returncode}"
 
 
 class Waiting(threading.Thread):

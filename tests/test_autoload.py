@@ -9,12 +9,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from client_plugin import libs
+from nodemgr.client import FIRST_ANSWER
 from tests.conftest import Holder
 
 GiB = 1 << 30
@@ -93,6 +95,35 @@ def finish(p: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
 
 def records(daemon: Any, env: str) -> list[dict[str, Any]]:
     return list(daemon.admin("history", env=env)["records"])
+
+
+def test_a_dead_nodemgr_fails_the_import_soon(daemon: Any, standin: Path) -> None:
+    ep = daemon.env("alice")
+    daemon.kill()  # its socket file stays: a connect succeeds, nothing answers
+    start = time.monotonic()
+    p = python("import torch", standin, ep)
+    _, err = finish(p, timeout=FIRST_ANSWER + 20)
+    took = time.monotonic() - start
+    assert p.returncode == 1, err
+    assert "GpushareError: gpushare: cannot reach nodemgr" in err
+    assert f"nodemgr did not answer at {ep} within {FIRST_ANSWER:g}s" in err
+    assert FIRST_ANSWER <= took < FIRST_ANSWER + 10
+
+
+def test_ctrl_c_in_the_wait_is_one_line(daemon: Any, standin: Path) -> None:
+    ep = daemon.env("alice")
+    daemon.kill()
+    code = "import sys\ntry:\n    import torch\nfinally:\n    print('cleaned up')\n"
+    p = python(code, standin, ep)
+    time.sleep(1.5)  # in the wait for nodemgr's first answer
+    os.kill(p.pid, signal.SIGINT)
+    out, err = finish(p)
+    assert p.returncode == 130, err
+    assert out == "cleaned up\n"
+    assert err == (
+        f"gpushare: cancelled before nodemgr answered at {ep} (is it running?); "
+        "torch was not imported\n"
+    )
 
 
 def test_off_nothing_happens(daemon: Any, standin: Path) -> None:

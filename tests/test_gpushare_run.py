@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from client_plugin import libs
+from nodemgr.client import FIRST_ANSWER
 
 GiB = 1 << 30
 PRINT_ENV = (
@@ -128,6 +132,52 @@ def test_unreachable_daemon(tmp_path: Path) -> None:
     )
     assert r.returncode == 69
     assert "cannot reach nodemgr" in r.stderr
+
+
+def test_a_dead_nodemgr_is_reported_not_waited_for(daemon: Any, run_task: Any) -> None:
+    # Killed, nodemgr leaves its socket file: a connect succeeds, nothing ever answers.
+    ep = daemon.env("alice")
+    daemon.kill()
+    assert os.path.exists(ep.removeprefix("ipc://"))
+    for opts in ([], ["--no-wait"], ["--wait-timeout", "600"]):
+        start = time.monotonic()
+        p = run_task(ep, "true", opts=opts)
+        _, err = p.communicate(timeout=FIRST_ANSWER + 20)
+        took = time.monotonic() - start
+        assert p.returncode == 69, (opts, err)
+        assert f"nodemgr did not answer at {ep} within {FIRST_ANSWER:g}s" in err
+        assert FIRST_ANSWER <= took < FIRST_ANSWER + 10, (opts, took)
+
+
+def test_ctrl_c_before_nodemgr_answers_says_so(daemon: Any, run_task: Any) -> None:
+    ep = daemon.env("alice")
+    daemon.kill()
+    p = run_task(ep, "true")
+    time.sleep(1.0)
+    os.kill(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    assert f"cancelled before nodemgr answered at {ep}" in err
+    assert "waiting for GPUs" not in err
+
+
+def test_endpoints_other_than_ipc_are_a_usage_error(tmp_path: Path) -> None:
+    run = Path(sys.executable).parent / "gpushare-run"
+    for ep in ("tcp://127.0.0.1:9", f"{tmp_path}/task.sock", "ipc://", "inproc://x"):
+        r = subprocess.run(
+            [run, "--endpoint", ep, "true"], capture_output=True, text=True, timeout=30
+        )
+        assert r.returncode == 2, (ep, r.stderr)
+        assert f"--endpoint={ep!r}: expected ipc://PATH" in r.stderr
+        r = subprocess.run(
+            [run, "true"],
+            env={**os.environ, "GPUSHARE_ENDPOINT": ep},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert r.returncode == 2, (ep, r.stderr)
+        assert f"GPUSHARE_ENDPOINT={ep!r}: expected ipc://PATH" in r.stderr
 
 
 def test_no_endpoint_is_a_usage_error(tmp_path: Path) -> None:

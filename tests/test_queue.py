@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 import pytest
 
-from nodemgr.client import Connection, NoResources, QuotaExceeded, QuotaZero
+from nodemgr.client import Connection, NoResources, QuotaExceeded, QuotaZero, Unreachable
 from tests.conftest import Waiting
 
 GiB = 1 << 30
@@ -159,4 +160,37 @@ def test_gpushare_run_waits_and_reports_its_position(
     records = node.admin("history", env="c")["records"]
     assert [r["reason"] for r in records] == ["done"]
     for c in (a_conn, hold_b):
+        c.close()
+
+
+def test_a_request_sent_again_keeps_its_place_and_never_waits_twice(
+    node: Any, run_task: Any, wait_for: Any
+) -> None:
+    hold_a, _ = grant(node.env("a"))
+    hold_b, _ = grant(node.env("b"))
+    ep = node.env("c")
+    positions: list[int] = []
+
+    def ask(conn: Connection, **fields: Any) -> None:
+        # No final reply comes while the GPUs are held: only the `queued` answers.
+        with pytest.raises(Unreachable):
+            conn.call(
+                "request",
+                timeout=1.0,
+                on_queued=lambda m: positions.append(int(m["position"])),
+                gpus=1,
+                wait=60,
+                **fields,
+            )
+
+    first, again = Connection(ep), Connection(ep)
+    ask(first)
+    later = run_task(node.env("d"), "true")
+    wait_for(lambda: queue_len(node) == 2, 10)
+    # The same client sends it again on a new connection, as after losing the first; it
+    # claims no wait at all, yet keeps the place it had.
+    ask(again, waited=0.0)
+    assert positions == [1, 1]
+    assert [w["pid"] for w in node.admin("queue")["waiting"]] == [os.getpid(), later.pid]
+    for c in (first, again, hold_a, hold_b):
         c.close()

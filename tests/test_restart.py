@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from nodemgr.client import Connection, NoResources
+from tests.conftest import Holder
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -125,3 +126,32 @@ def test_a_second_nodemgr_on_the_same_state_refuses_to_start(
     r = CliRunner().invoke(cli, ["serve", "--config", str(cfg)])
     assert r.exit_code == 78
     assert "already running with state directory" in r.output
+
+
+def test_waiting_requests_survive_a_restart_in_their_order(
+    daemon_factory: Any, run_task: Any, wait_for: Any
+) -> None:
+    d = daemon_factory(
+        {"gpus": {"simulated_count": 1}}, heartbeat_interval=0.2, heartbeat_timeout=3.0
+    )
+    # Two environments' quotas do not fit on the one GPU together: b's task makes a's wait.
+    ep = d.env("a", gpus=1, memory=12 * GiB)
+    holder = Holder(d.env("b", gpus=1, memory=12 * GiB))
+    first = run_task(ep, "true")
+    wait_for(lambda: len(d.admin("queue")["waiting"]) == 1, 10)
+    second = run_task(ep, "true")
+    wait_for(lambda: len(d.admin("queue")["waiting"]) == 2, 10)
+
+    d.kill()
+    d.start()
+    # Sent again by their clients, in the order they first came, whichever reconnects first.
+    wait_for(lambda: [w["pid"] for w in d.admin("queue")["waiting"]] == [first.pid, second.pid], 10)
+    assert [t["task_id"] for t in d.tasks()] == [holder.task_id]  # restored, still held
+    holder.close()
+    for p in (first, second):
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+        assert f"nodemgr is not answering at {ep}; the request is sent again" in err
+        assert "nodemgr is back; the request was sent again" in err
+        assert "granted after waiting" in err
+    assert d.admin("queue")["waiting"] == []
