@@ -76,6 +76,7 @@ def test_validate_types_ranges_and_unknowns() -> None:
         "persistent": None,
         "temporary": None,
         "guard": None,
+        "waited": None,
     }
     for msg, code in [
         ({"type": "request"}, Err.BAD_REQUEST),
