@@ -192,6 +192,14 @@ def encode(msg: dict[str, Any]) -> bytes:
     return msgpack.packb(msg, use_bin_type=True)  # type: ignore[no-any-return]
 
 
+def envelope_ok(sizes: list[int]) -> bool:
+    """Whether frames of these sizes, as a ROUTER socket receives them, are one message: the
+    routing id, at most an empty REQ delimiter, and one map. Anything more is dropped unread
+    and unanswered, like an oversized frame: a reply echoes the envelope, so many frames
+    would let one message take memory twice over, and keep it while its sender never reads."""
+    return len(sizes) == 2 or (len(sizes) == 3 and sizes[1] == 0)
+
+
 def decode(frame: bytes) -> dict[str, Any]:
     """Unpack one frame into a map with ``v``, ``type`` and ``id``; raise ProtocolError."""
     if len(frame) > MAX_MESSAGE_BYTES:

@@ -468,7 +468,7 @@ class Server:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            if len(frames) < 2:
+            if not protocol.envelope_ok([len(f) for f in frames]):
                 continue
             envelope = [f.bytes for f in frames[:-1]]
             started = time.perf_counter()
