@@ -2542,27 +2542,19 @@ static void capture_ended(CUresult rc)
 		;
 }
 
-GS_EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph)
-{
-	CUresult rc;
+#define END_CAPTURE_WRAPPER(abi)                                     \
+	GS_EXPORT CUresult abi(CUstream stream, void **graph)        \
+	{                                                            \
+		CUresult rc;                                         \
+		TRACE(GS_ID_##abi, calls);                           \
+		GET_REAL(abi, fn);                                   \
+		rc = fn(stream, graph);                              \
+		capture_ended(rc);                                   \
+		return rc;                                           \
+	}
 
-	TRACE(GS_ID_cuStreamEndCapture, calls);
-	GET_REAL(cuStreamEndCapture, fn);
-	rc = fn(stream, graph);
-	capture_ended(rc);
-	return rc;
-}
-
-GS_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, void **graph)
-{
-	CUresult rc;
-
-	TRACE(GS_ID_cuStreamEndCapture_ptsz, calls);
-	GET_REAL(cuStreamEndCapture_ptsz, fn);
-	rc = fn(stream, graph);
-	capture_ended(rc);
-	return rc;
-}
+END_CAPTURE_WRAPPER(cuStreamEndCapture)
+END_CAPTURE_WRAPPER(cuStreamEndCapture_ptsz)
 
 GS_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *deps,
 					  size_t ndeps, void *params)
