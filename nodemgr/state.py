@@ -96,6 +96,11 @@ class HeldYield:
 # how long it had waited before the restart) is placed by that wait rather than last:
 # clients reconnect within a second of the restart, and a later claim is not believed.
 RESEND_GRACE = 30.0
+# The most requests that may wait at once for one environment, and for one client process
+# (each holds a descriptor of its client's process): more are refused with `busy`, so no
+# environment's user can exhaust nodemgr's descriptors through the wait queue.
+MAX_WAITING_PER_ENV = 64
+MAX_WAITING_PER_CLIENT = 4
 
 
 @dataclass
@@ -1121,6 +1126,22 @@ class Node:
 
     # --- wait queue --------------------------------------------------------------------
 
+    def _check_room(self, env: str, pid: int | None) -> None:
+        """Refuse a request beyond MAX_WAITING_PER_ENV or MAX_WAITING_PER_CLIENT."""
+        of_env = [w for w in self.queue if w.env == env]
+        if len(of_env) >= MAX_WAITING_PER_ENV:
+            raise ProtocolError(
+                Err.BUSY,
+                f"environment {env} already has {len(of_env)} requests waiting, the most "
+                "nodemgr keeps for one environment; try again when some have been granted",
+            )
+        if pid is not None and sum(w.pid == pid for w in of_env) >= MAX_WAITING_PER_CLIENT:
+            raise ProtocolError(
+                Err.BUSY,
+                f"process {pid} already has {MAX_WAITING_PER_CLIENT} requests waiting in "
+                f"environment {env}, the most nodemgr keeps for one process",
+            )
+
     def enqueue(
         self,
         env: str,
@@ -1142,6 +1163,7 @@ class Node:
         A request its client sent again (``waited`` set; docs/scheduling.md, "Wait queue")
         takes the place of ``earlier``, the same client's request still waiting here, or
         just after start the place its ``waited`` gives it; else it goes last."""
+        self._check_room(env, pid)
         self._wids += 1
         now = time.monotonic()
         enqueued, bypassed = now, 0

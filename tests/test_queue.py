@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from typing import Any
 
 import pytest
 
-from nodemgr.client import Connection, NoResources, QuotaExceeded, QuotaZero, Unreachable
+from nodemgr.client import (
+    Connection,
+    NodeError,
+    NoResources,
+    QuotaExceeded,
+    QuotaZero,
+    Unreachable,
+)
 from tests.conftest import Waiting
 
 GiB = 1 << 30
@@ -194,3 +203,61 @@ def test_a_request_sent_again_keeps_its_place_and_never_waits_twice(
     assert [w["pid"] for w in node.admin("queue")["waiting"]] == [os.getpid(), later.pid]
     for c in (first, again, hold_a, hold_b):
         c.close()
+
+
+WAITER = """
+import sys, msgpack, zmq
+s = zmq.Context().socket(zmq.DEALER)
+s.connect(sys.argv[1])
+for i in range(int(sys.argv[2])):
+    s.send(msgpack.packb({"v": 1, "type": "request", "id": i + 1, "gpus": 1, "wait": 60}))
+for i in range(int(sys.argv[2])):
+    print(msgpack.unpackb(s.recv())["type"], flush=True)
+sys.stdin.read()
+"""
+
+
+def test_waiting_requests_are_capped_per_client_and_per_environment(
+    node: Any, wait_for: Any
+) -> None:
+    """Each waiting request holds a descriptor of its client process: a client may have 4
+    waiting, an environment 64 (MAX_WAITING_PER_CLIENT, MAX_WAITING_PER_ENV); one more is
+    refused with `busy`, and the queue, and nodemgr, go on."""
+    hold_a, _ = grant(node.env("a"))
+    hold_b, _ = grant(node.env("b"))
+    ep = node.env("c")
+    mine = [Waiting(ep, 60) for _ in range(4)]
+    wait_for(lambda: queue_len(node) == 4, 5)
+    with Connection(ep) as c, pytest.raises(NodeError, match="already has 4 requests waiting"):
+        c.call("request", gpus=1, wait=60)
+    others = [
+        subprocess.Popen(
+            [sys.executable, "-c", WAITER, ep, "4"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(15)
+    ]
+    try:
+        for p in others:
+            assert p.stdout is not None
+            assert [p.stdout.readline().strip() for _ in range(4)] == ["queued"] * 4
+        assert queue_len(node) == 64
+        last = subprocess.run(
+            [sys.executable, "-c", WAITER, ep, "1"], input="", capture_output=True, text=True
+        )
+        assert last.stdout.split() == ["error"]  # busy: 64 already wait
+        assert queue_len(node) == 64
+        assert node.admin("status")["gpus"]  # nodemgr serves on
+    finally:
+        for p in others:
+            p.kill()
+            p.communicate()
+    # Deleting the environment answers its waiting requests (unknown_env): threads end.
+    node.admin("quota_delete", env="c", force=True)
+    for w in mine:
+        w.join(10)
+        w.conn.close()
+    hold_a.close()
+    hold_b.close()
