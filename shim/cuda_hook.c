@@ -2040,18 +2040,35 @@ static int pool_charge_to(struct gs_pool *p, uint64_t reserved, int slot, int *m
 }
 
 /*
- * After an allocation, the pool may have grown by more than the footprints:
- * the driver reserves in its own chunks, and kept chunks too small or too
- * scattered for a request stay beside a new one (even when what the pool
- * keeps adds up to the request). The rest is charged too while the limit
- * has room for it; where it has not, the pool gives back its idle chunks,
- * as the driver does when the device is full, and what it still reserves
- * beyond is charged if it fits. Only what cannot be given back and does
- * not fit goes uncharged. Returns 1 if the charge grew.
+ * Give back the pool's idle memory, keeping at least `keep` bytes: a graph
+ * pool has no such bound (cuDeviceGraphMemTrim). 1 if the driver did.
+ */
+static int pool_trim(const struct gs_pool *p, uint64_t keep)
+{
+	gs_fn_cuMemPoolTrimTo trim = R(real, cuMemPoolTrimTo);
+	gs_fn_cuDeviceGraphMemTrim trim_graph = R(real, cuDeviceGraphMemTrim);
+	CUdevice dev;
+
+	if (is_graph_pool(p)) {
+		dev = gpu_device(p->gpu);
+		return dev >= 0 && trim_graph != NULL && trim_graph(dev) == CUDA_SUCCESS;
+	}
+	return trim != NULL && trim((CUmemoryPool)(uintptr_t)p->handle, keep) == CUDA_SUCCESS;
+}
+
+/*
+ * After an allocation (or a graph launch), the pool may have grown by more
+ * than the footprints: the driver reserves in its own chunks, and kept
+ * chunks too small or too scattered for a request stay beside a new one
+ * (even when what the pool keeps adds up to the request). The rest is
+ * charged too while the limit has room for it; where it has not, the pool
+ * gives back its idle chunks, as the driver does when the device is full,
+ * its charge follows it down, and what it still reserves beyond is charged
+ * if it fits. Only what cannot be given back and does not fit goes
+ * uncharged. Returns 1 if the charge grew.
  */
 static int pool_grow(struct gs_pool *p)
 {
-	gs_fn_cuMemPoolTrimTo trim = R(real, cuMemPoolTrimTo);
 	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
 	uint64_t reserved, keep;
 	int known, fits, more = 0;
@@ -2063,12 +2080,13 @@ static int pool_grow(struct gs_pool *p)
 	fits = pool_charge_to(p, reserved, slot, &more);
 	keep = p->charged;
 	pthread_mutex_unlock(&p->mu);
-	if (fits || trim == NULL || trim((CUmemoryPool)(uintptr_t)p->handle, keep) != CUDA_SUCCESS)
+	if (fits || !pool_trim(p, keep))
 		return more;
 	reserved = pool_reserved(p, &known);
 	if (!known)
 		return more;
 	pthread_mutex_lock(&p->mu);
+	pool_shrink(p, reserved > p->in_use ? reserved : p->in_use);
 	pool_charge_to(p, reserved, slot, &more);
 	pthread_mutex_unlock(&p->mu);
 	return more;
@@ -2462,33 +2480,16 @@ static struct gs_pool *graph_pool(int gpu)
  */
 static __attribute__((noinline, cold)) void graph_launched(CUstream stream)
 {
-	gs_fn_cuDeviceGraphMemTrim trim = R(real, cuDeviceGraphMemTrim);
 	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
-	int known, fits, more = 0, gpu;
 	struct gs_pool *p;
-	uint64_t reserved;
 	CUcontext ctx;
+	int gpu;
 
 	if (g.mode != GS_ENFORCE || slot < 0 || stream_ctx(stream, &ctx, &gpu) != CUDA_SUCCESS ||
 	    (p = graph_pool(gpu)) == NULL)
 		return;
-	reserved = pool_reserved(p, &known);
-	if (!known)
-		return;
-	pthread_mutex_lock(&p->mu);
-	fits = pool_charge_to(p, reserved, slot, &more);
-	pthread_mutex_unlock(&p->mu);
-	if (!fits && trim != NULL && trim(gpu_device(gpu)) == CUDA_SUCCESS) {
-		reserved = pool_reserved(p, &known);
-		if (known) {
-			pthread_mutex_lock(&p->mu);
-			pool_shrink(p, reserved);
-			pool_charge_to(p, reserved, slot, &more);
-			pthread_mutex_unlock(&p->mu);
-		}
-	}
 	/* What a process takes before its first boundary is set-up, not temporary. */
-	if (more && epoch_now() >= 1)
+	if (pool_grow(p) && epoch_now() >= 1)
 		gs_ledger_note_temp(g.ledger, (uint32_t)slot, (uint32_t)gpu);
 }
 
