@@ -151,6 +151,12 @@ class Metrics:
         self.reclaims = Counter(
             "gpushare_reclaims", "Tasks ended, by reason", ["reason"], registry=self.registry
         )
+        self.refusals = Counter(
+            "gpushare_connections_refused",
+            "Connections to an environment's endpoint refused over a cap, by cap",
+            ["cap"],
+            registry=self.registry,
+        )
         self.waits = Histogram(
             "gpushare_queue_wait_seconds",
             "Time requests spent waiting, by how the wait ended",
@@ -204,6 +210,9 @@ class Metrics:
 
     def reclaimed(self, reason: str) -> None:
         self.reclaims.labels(reason).inc()
+
+    def refused(self, cap: str) -> None:
+        self.refusals.labels(cap).inc()
 
     def switched(self, gpu: int, seconds: float) -> None:
         self.switches.labels(str(gpu)).inc()

@@ -17,7 +17,10 @@ from typing import Any
 import msgpack
 
 PROTOCOL_VERSION = 1
+# A message: at most this many bytes in all its frames together, and this many frames.
+# Beyond either, nodemgr drops the sender's connection without reading on (transport.py).
 MAX_MESSAGE_BYTES = 64 * 1024
+MAX_FRAMES = 8
 
 ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TASK_ID = re.compile(r"^[A-Za-z0-9-]{1,23}$")
@@ -193,11 +196,10 @@ def encode(msg: dict[str, Any]) -> bytes:
 
 
 def envelope_ok(sizes: list[int]) -> bool:
-    """Whether frames of these sizes, as a ROUTER socket receives them, are one message: the
-    routing id, at most an empty REQ delimiter, and one map. Anything more is dropped unread
-    and unanswered, like an oversized frame: a reply echoes the envelope, so many frames
-    would let one message take memory twice over, and keep it while its sender never reads."""
-    return len(sizes) == 2 or (len(sizes) == 3 and sizes[1] == 0)
+    """Whether frames of these sizes, as the client sent them, are one request: at most an
+    empty REQ delimiter, then one map. Anything else is dropped unread and unanswered: a
+    reply echoes the envelope, and a request is one map."""
+    return len(sizes) == 1 or (len(sizes) == 2 and sizes[0] == 0)
 
 
 def decode(frame: bytes) -> dict[str, Any]:

@@ -1,30 +1,32 @@
-"""nodemgr's event loop: ZeroMQ sockets, process-exit descriptors and timers.
+"""nodemgr's event loop: its sockets, process-exit descriptors and timers, on one epoll.
 
-One ROUTER socket per environment (its path tells nodemgr which environment
-a request comes from; the client's word is never asked) and one admin
-socket only the operator can reach. The kernel names each task's client
-process (SO_PEERCRED); a pidfd per task wakes the loop the moment that
-process ends.
+One socket per environment (its path tells nodemgr which environment a request comes
+from; the client's word is never asked) and one admin socket only the operator can reach.
+Clients speak ZeroMQ (DEALER sockets); nodemgr accepts and reads the connections itself
+(transport.py), so that each is counted and capped and each message bounded as it arrives.
+The kernel names each connection's client process (SO_PEERCRED); a pidfd per task wakes
+the loop the moment that process ends.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import fcntl
 import logging
 import os
+import resource
 import secrets
+import select
 import signal
 import socket
 import sqlite3
-import struct
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import zmq
 
 from nodemgr import __version__, protocol
 from nodemgr.config import Access, Config, ConfigError
@@ -32,38 +34,57 @@ from nodemgr.gpus import discover, lost_gpus, sim_spec
 from nodemgr.protocol import Err, ProtocolError
 from nodemgr.state import Env, Node, RestoreError, Task, process_start
 from nodemgr.store import Store, StoreError, cause, startup_error
+from nodemgr.transport import Conn, peer_credentials
 
 log = logging.getLogger("nodemgr")
+
+# Connections (docs/protocol.md, "Transport"). An environment may hold at most
+# MAX_CONNECTIONS_PER_ENV, and never more than half of what the descriptor limit leaves for
+# connections, so another environment always gets in; one client process at most
+# MAX_CONNECTIONS_PER_CLIENT (a gpushare-run holds 2 to 3). A connection beyond a cap gets a
+# `busy` answer to its first request and is closed.
+MAX_CONNECTIONS_PER_ENV = 4096
+MAX_CONNECTIONS_PER_CLIENT = 16
+# Connections being refused at once per environment; beyond this one is closed unanswered.
+MAX_REFUSING_PER_ENV = 16
+# Descriptors kept out of the connections' share of the limit: the database, NVML, the
+# metrics server, ledgers being re-made, pidfds opened while connections are at their cap.
+FD_RESERVE = 256
+# Seconds a connection has to finish the ZMTP handshake, and a refused one to be answered.
+HANDSHAKE_TIMEOUT = 10.0
+# Bytes of replies a client may leave unread before its connection is dropped: a task
+# endpoint's replies are a few KiB; the admin's `tasks` or `history` can be megabytes.
+TASK_OUT_LIMIT = 1 << 20
+ADMIN_OUT_LIMIT = 256 << 20
+# Connections accepted per listener per turn of the loop.
+ACCEPT_BATCH = 64
+
+# Errors of accept() that mean "no descriptor or memory for one now", not "a bad peer".
+_ACCEPT_EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class StartupError(Exception):
     pass
 
 
-def peer_pid(frame: zmq.Frame) -> int | None:
-    """The pid of the process on the other end of the ipc connection ``frame`` came in on."""
-    try:
-        fd = frame.get(zmq.SRCFD)
-    except zmq.ZMQError:
-        return None
-    if not isinstance(fd, int) or fd < 0:
-        return None
-    try:
-        with socket.socket(fileno=os.dup(fd)) as s:
-            if s.family != socket.AF_UNIX:
-                return None
-            cred = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except OSError:
-        return None
-    pid = int(struct.unpack("3i", cred)[0])
-    return pid if pid > 0 else None
+@dataclass(eq=False)
+class Listener:
+    """A listening socket: an environment's (env is its name) or the admin's (None)."""
+
+    sock: socket.socket
+    env: str | None
+    path: Path
+
+    @property
+    def fd(self) -> int:
+        return self.sock.fileno()
 
 
 # What a pidfd watches: a task's client, or the client of a waiting request.
 Watched = tuple[str, str | int]
 
-# How a reply reaches a requester later: its socket, routing envelope and message id.
-ReplyTo = tuple["zmq.Socket[bytes]", list[bytes], int]
+# How a reply reaches a requester later: its connection, envelope and message id.
+ReplyTo = tuple[Conn, list[bytes], int]
 
 
 def _lock(path: Path, what: str) -> int:
@@ -99,6 +120,16 @@ def _why(e: BaseException) -> str:
     return str(e)
 
 
+def _raise_nofile() -> int:
+    """Raise the soft descriptor limit to the hard one; return the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
 class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -126,12 +157,25 @@ class Server:
             if isinstance(e, sqlite3.Error):
                 raise StartupError(str(startup_error(config.database, e))) from None
             raise StartupError(str(e)) from None
-        self.ctx = zmq.Context()
-        self.poller = zmq.Poller()
-        self.admin: zmq.Socket[bytes] | None = None
-        self.env_socks: dict[zmq.Socket[bytes], str] = {}
+        self.nofile = _raise_nofile()
+        self.epoll = select.epoll()
+        # Everything the loop polls, by descriptor: listeners, connections, pidfds.
+        self.fds: dict[int, Listener | Conn | Watched] = {}
+        self.admin: Listener | None = None
+        self.listeners: dict[str, Listener] = {}
         self.pidfds: dict[int, Watched] = {}
         self.watched: dict[Watched, int] = {}
+        self.conns = 0
+        self.conns_of_env: collections.Counter[str] = collections.Counter()
+        self.conns_of_client: collections.Counter[tuple[str, int]] = collections.Counter()
+        self.refusing: collections.Counter[str] = collections.Counter()
+        # Connections still in their handshake, or being refused: dropped at their deadline.
+        self._young: set[Conn] = set()
+        # Listeners not polled now: the environments' (connections at the descriptor
+        # budget) or all (accept() found no descriptor); polled again when one is free.
+        self._paused_envs = False
+        self._paused_admin = False
+        self._pause_said = -60.0
         self._stop = False
         self._next_sweep = 0.0
         self._next_health = 0.0
@@ -159,8 +203,8 @@ class Server:
         try:
             self._prepare_bind_dir()
             with _open_dir(run) as fd:
-                self.admin = self._bind(fd, run / "admin.sock", self.config.admin_access)
-        except (OSError, zmq.ZMQError) as e:
+                self.admin = self._bind(fd, run / "admin.sock", self.config.admin_access, None)
+        except OSError as e:
             raise StartupError(f"cannot create {run / 'admin.sock'}: {_why(e)}") from None
         try:
             restored = self.node.restore()
@@ -181,11 +225,12 @@ class Server:
             self.node.on_switch = self.metrics.switched
         kind = "simulated" if self.node.simulated else "NVML"
         log.info(
-            "nodemgr %s serving %d %s GPUs; admin endpoint %s",
+            "nodemgr %s serving %d %s GPUs; admin endpoint %s; up to %d connections",
             __version__,
             len(self.node.gpus),
             kind,
             self.config.admin_endpoint,
+            self._conn_limit(),
         )
 
     def _prepare_bind_dir(self) -> None:
@@ -199,32 +244,28 @@ class Server:
         for entry in path.iterdir():
             entry.unlink()
 
-    def _bind(self, dir_fd: int, path: Path, access: Access) -> zmq.Socket[bytes]:
-        """A ROUTER socket with ``access``, placed at ``path`` in the directory ``dir_fd``.
+    def _bind(self, dir_fd: int, path: Path, access: Access, env: str | None) -> Listener:
+        """A listening socket with ``access``, placed at ``path`` in the directory ``dir_fd``.
 
         An environment's directory is writable by its user, so nothing there is
         touched by name with privileges: the socket is bound in nodemgr's private
         directory, given its owner and mode there, and renamed into place through
         ``dir_fd``; a rename replaces whatever non-directory was there and follows
-        no link. A directory in the way is moved aside. Raises OSError or ZMQError.
+        no link. A directory in the way is moved aside. Raises OSError.
         """
         self._binds += 1
         private = self._bind_dir / str(self._binds)
-        sock: zmq.Socket[bytes] = self.ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        # libzmq drops oversized frames before they are buffered whole.
-        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
-        # A reply to a client that has gone raises instead of vanishing, so a
-        # grant nobody received can be taken back.
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock = socket.socket(
+            socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
+        )
         try:
             # The socket appears with the umask's mode; keep it private from the start.
             old = os.umask(0o177)
             try:
-                sock.bind(f"ipc://{private}")
+                sock.bind(str(private))
             finally:
                 os.umask(old)
+            sock.listen(socket.SOMAXCONN)
             os.chown(private, access.uid, access.gid)
             os.chmod(private, access.mode)
             try:
@@ -237,35 +278,201 @@ class Server:
                 log.warning("%s was a directory: moved it aside to %s", path, path.with_name(aside))
                 os.rename(private, path.name, dst_dir_fd=dir_fd)
         except BaseException:
-            sock.close(linger=0)
+            sock.close()
             with contextlib.suppress(OSError):
                 private.unlink()
             raise
-        self.poller.register(sock, zmq.POLLIN)
-        return sock
+        listener = Listener(sock, env, path)
+        self.fds[listener.fd] = listener
+        paused = self._paused_admin or (env is not None and self._paused_envs)
+        self.epoll.register(listener.fd, 0 if paused else select.EPOLLIN)
+        return listener
+
+    def _unbind(self, listener: Listener) -> None:
+        self.epoll.unregister(listener.fd)
+        del self.fds[listener.fd]
+        listener.sock.close()
 
     def _open_env(self, env: Env) -> None:
         """Serve ``env`` on its socket. A socket that cannot be placed refuses this
         environment only (said in the log and to the operator's ``quota set``); the others
         go on, and a later ``quota set`` of it tries again."""
-        if env.name in self.env_socks.values():
+        if env.name in self.listeners:
             return
         path = Path(env.endpoint.removeprefix("ipc://"))
         try:
             with _open_dir(path.parent) as fd:
-                sock = self._bind(fd, path, self.config.access_for(env.name))
-        except (OSError, zmq.ZMQError) as e:
+                listener = self._bind(fd, path, self.config.access_for(env.name), env.name)
+        except OSError as e:
             why = f"environment {env.name} refused: cannot create its socket {path}: {_why(e)}"
             log.error("%s", why)
             raise ProtocolError(Err.INTERNAL, why) from None
-        self.env_socks[sock] = env.name
+        self.listeners[env.name] = listener
 
     def _close_env(self, name: str) -> None:
-        for sock, env in list(self.env_socks.items()):
-            if env == name:
-                self.poller.unregister(sock)
-                sock.close(linger=0)
-                del self.env_socks[sock]
+        """Stop serving environment ``name``: its socket, and every connection to it."""
+        listener = self.listeners.pop(name, None)
+        if listener is not None:
+            self._unbind(listener)
+        for conn in [c for c in self.fds.values() if isinstance(c, Conn) and c.env == name]:
+            self._drop(conn)
+
+    # --- connections -------------------------------------------------------------
+
+    def _conn_limit(self) -> int:
+        """Connections the descriptor limit leaves room for, beside everything else open."""
+        others = len(self.fds) - self.conns + len(self.node.envs)  # + a ledger per env
+        return max(0, self.nofile - FD_RESERVE - others)
+
+    def _accept(self, listener: Listener) -> None:
+        env = listener.env
+        for _ in range(ACCEPT_BATCH):
+            if env is not None and self.conns >= self._conn_limit():
+                self._pause(admin=False, why=f"{self.conns} connections open")
+                return
+            try:
+                sock, _ = listener.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno in _ACCEPT_EXHAUSTED:
+                    self._pause(admin=True, why=_why(e))
+                    return
+                continue  # ECONNABORTED, EPROTO: that client gave up; the next may not
+            sock.setblocking(False)
+            pid, uid = peer_credentials(sock)
+            now = time.monotonic()
+            out_limit = ADMIN_OUT_LIMIT if env is None else TASK_OUT_LIMIT
+            refusal = self._over_cap(env, pid)
+            if refusal is not None:
+                assert env is not None
+                if self.metrics is not None:
+                    self.metrics.refused(refusal[0])
+                if self.refusing[env] >= MAX_REFUSING_PER_ENV:
+                    sock.close()
+                    continue
+            conn = Conn(sock, env, pid, uid, out_limit, now + HANDSHAKE_TIMEOUT)
+            self.fds[conn.fd] = conn
+            self.conns += 1
+            self._young.add(conn)
+            if refusal is not None:
+                assert env is not None
+                conn.refusal = refusal[1]
+                self.refusing[env] += 1
+            elif env is not None:
+                self.conns_of_env[env] += 1
+                if pid is not None:
+                    self.conns_of_client[env, pid] += 1
+            self.epoll.register(conn.fd, select.EPOLLIN)
+            self._settle(conn)
+
+    def _over_cap(self, env: str | None, pid: int | None) -> tuple[str, str] | None:
+        """(reason, message) when a new connection to ``env`` from ``pid`` is over a cap."""
+        if env is None:
+            return None
+        cap = min(MAX_CONNECTIONS_PER_ENV, max(1, self._conn_limit() // 2))
+        if self.conns_of_env[env] >= cap:
+            return "env", (
+                f"environment {env} already has {self.conns_of_env[env]} connections open to "
+                f"nodemgr, the most one environment may have ({cap}); end processes of it that "
+                "hold connections they do not use"
+            )
+        if pid is not None and self.conns_of_client[env, pid] >= MAX_CONNECTIONS_PER_CLIENT:
+            return "client", (
+                f"process {pid} already has {MAX_CONNECTIONS_PER_CLIENT} connections open to "
+                "nodemgr, the most one process may have; close the ones it does not use"
+            )
+        return None
+
+    def _pause(self, admin: bool, why: str) -> None:
+        """Stop polling the listeners (the environments', or all) until a descriptor frees:
+        a connection waits in its socket's backlog meanwhile, and nothing aborts."""
+        if admin and not self._paused_admin:
+            self._paused_admin = self._paused_envs = True
+            what = f"cannot accept connections ({why}): waiting for one to close"
+        elif not admin and not self._paused_envs:
+            self._paused_envs = True
+            what = (
+                f"environments' connections at their share of the descriptor limit ({why}, "
+                f"limit {self.nofile}): new ones wait until one closes"
+            )
+        else:
+            return
+        for listener in self._all_listeners():
+            if admin or listener.env is not None:
+                self.epoll.modify(listener.fd, 0)
+        # Once a minute at most: accept() is tried again at every sweep while it fails.
+        now = time.monotonic()
+        if now >= self._pause_said + 60:
+            self._pause_said = now
+            log.warning("%s", what)
+
+    def _resume(self) -> None:
+        if not (self._paused_admin or self._paused_envs):
+            return
+        envs = not (self._paused_envs and self.conns >= self._conn_limit())
+        if not envs and not self._paused_admin:
+            return
+        for listener in self._all_listeners():
+            if listener.env is None or envs:
+                self.epoll.modify(listener.fd, select.EPOLLIN)
+        self._paused_admin = False
+        self._paused_envs = not envs
+
+    def _all_listeners(self) -> list[Listener]:
+        return [*self.listeners.values(), *([self.admin] if self.admin is not None else [])]
+
+    def _io(self, conn: Conn, events: int) -> None:
+        if events & select.EPOLLOUT:
+            conn.flush()
+        if events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+            for frames in conn.receive():
+                self._serve(conn, frames)
+                if conn.closed:
+                    break
+        self._settle(conn)
+
+    def _settle(self, conn: Conn) -> None:
+        """Drop ``conn`` if it broke, else poll it for writing exactly while it has output."""
+        if conn.closed:
+            self._drop(conn)
+            return
+        if conn.deadline is None:
+            self._young.discard(conn)
+        if conn.wants_write != conn.watching_out:
+            conn.watching_out = conn.wants_write
+            mask = select.EPOLLIN | (select.EPOLLOUT if conn.watching_out else 0)
+            self.epoll.modify(conn.fd, mask)
+
+    def _drop(self, conn: Conn) -> None:
+        if self.fds.get(conn.fd) is not conn:
+            return
+        self.epoll.unregister(conn.fd)
+        del self.fds[conn.fd]
+        self.conns -= 1
+        self._young.discard(conn)
+        env = conn.env
+        if conn.refusal is not None:
+            assert env is not None
+            self.refusing[env] -= 1
+        elif env is not None:
+            self.conns_of_env[env] -= 1
+            if conn.pid is not None:
+                self.conns_of_client[env, conn.pid] -= 1
+                if not self.conns_of_client[env, conn.pid]:
+                    del self.conns_of_client[env, conn.pid]
+        conn.closed = True
+        conn.close()
+        self._resume()
+
+    def _expire_young(self, now: float) -> None:
+        """Drop connections that did not finish their handshake, or were not answered, in
+        time: a connection that says nothing must not hold a descriptor for long."""
+        for conn in list(self._young):
+            if conn.deadline is None:
+                self._young.discard(conn)
+            elif now >= conn.deadline:
+                self._drop(conn)
 
     def _adopt(self, task: Task) -> None:
         """Watch a task restored from the database whose client may still run."""
@@ -303,24 +510,31 @@ class Server:
     def step(self) -> None:
         now = time.monotonic()
         timeout = max(0.0, min(self._next_sweep - now, self.config.sweep_interval))
-        events = dict(self.poller.poll(int(timeout * 1000)))
-        # Process exits first: serving a message may close a pidfd and open a
-        # new one under the same number, which a stale event must not end.
-        for sock in events:
-            if isinstance(sock, int):
-                self._process_exited(sock)
-        for sock in events:
-            if isinstance(sock, int):
+        # What each descriptor was when the poll returned: serving one event may close a
+        # descriptor and open another under the same number, which a stale event must not
+        # reach (each is checked to be still registered as what it was).
+        events = [(self.fds.get(fd), fd, ev) for fd, ev in self.epoll.poll(timeout)]
+        # Process exits first, for the same reason: serving a message may close a pidfd and
+        # open a new one under the same number.
+        for what, fd, _ in events:
+            if isinstance(what, tuple) and self.fds.get(fd) is what:
+                self._process_exited(fd)
+        for what, fd, ev in events:
+            if what is None or isinstance(what, tuple) or self.fds.get(fd) is not what:
                 continue
-            if sock is self.admin and self.admin is not None:
-                self._serve(self.admin, None)
-            elif sock in self.env_socks:
-                self._serve(sock, self.env_socks[sock])
+            if isinstance(what, Listener):
+                if not (self._paused_admin or (what.env is not None and self._paused_envs)):
+                    self._accept(what)
+            else:
+                self._io(what, ev)
         now = time.monotonic()
         for task in self.node.expired(now):
             self._reclaim_hung(task)
         if now >= self._next_sweep:
             self._next_sweep = now + self.config.sweep_interval
+            if self._young:
+                self._expire_young(now)
+            self._resume()  # after accept() found no descriptor: try again
             wall_ns = time.time_ns()
             for env in self.node.envs.values():
                 # Before reaping, so a process that launched and died since the
@@ -371,21 +585,20 @@ class Server:
         admin = run / "admin.sock"
         if self.admin is not None and not admin.is_socket():
             log.error("%s was removed; binding it again", admin)
-            self.poller.unregister(self.admin)
-            self.admin.close(linger=0)
+            self._unbind(self.admin)
             self.admin = None
             try:
                 self._prepare_bind_dir()
                 with _open_dir(run) as fd:
-                    self.admin = self._bind(fd, admin, self.config.admin_access)
-            except (OSError, StartupError, zmq.ZMQError) as e:
+                    self.admin = self._bind(fd, admin, self.config.admin_access, None)
+            except (OSError, StartupError) as e:
                 log.error("cannot bind %s again: %s", admin, _why(e))
         node.check_ledgers()
         for name in node.repair_ledgers():
             self._close_env(name)
         for env in node.envs.values():
             path = Path(env.endpoint.removeprefix("ipc://"))
-            if path.is_socket() and env.name in self.env_socks.values():
+            if path.is_socket() and env.name in self.listeners:
                 continue
             if env.name not in self._unbindable:
                 log.error("%s was removed; binding it again", path)
@@ -393,7 +606,7 @@ class Server:
             try:
                 node.env_dir_ready(env)
                 self._open_env(env)
-            except (OSError, StartupError, ProtocolError, zmq.ZMQError) as e:
+            except (OSError, StartupError, ProtocolError) as e:
                 # Said once; tried again at every sweep.
                 if env.name not in self._unbindable:
                     log.error("cannot bind %s again: %s", path, e)
@@ -453,56 +666,49 @@ class Server:
                     self._unwatch(("wait", w.wid))
 
     def _send_later(self, to: ReplyTo, msg: dict[str, Any]) -> bool:
-        sock, envelope, _ = to
-        if sock.closed:
-            return False
-        try:
-            sock.send_multipart([*envelope, protocol.encode(msg)], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            return False
-        return True
+        conn, envelope, _ = to
+        sent = conn.send([*envelope, protocol.encode(msg)])
+        self._settle(conn)
+        return sent
 
-    def _serve(self, sock: zmq.Socket[bytes], env: str | None) -> None:
-        while True:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            if not protocol.envelope_ok([len(f) for f in frames]):
-                continue
-            envelope = [f.bytes for f in frames[:-1]]
-            started = time.perf_counter()
-            out = self._dispatch(frames[-1], env, (sock, envelope))
-            if out is None:
-                continue
-            if self.metrics is not None:
-                self.metrics.served(
-                    "admin" if env is None else "task", out, time.perf_counter() - started
-                )
-            try:
-                sock.send_multipart([*envelope, protocol.encode(out)], zmq.NOBLOCK)
-            except zmq.ZMQError as e:
-                log.warning("reply to a vanished client dropped: %s", e)
-                if out["type"] == "grant":
-                    # Its sender is gone, and the pid read for it may already
-                    # name another process: the grant must not stand.
-                    self._release(out["task_id"], "undelivered")
+    def _serve(self, conn: Conn, frames: list[bytes]) -> None:
+        """Answer one message that arrived on ``conn``."""
+        if not protocol.envelope_ok([len(f) for f in frames]):
+            return
+        envelope = frames[:-1]
+        if conn.refusal is not None:
+            # Over a cap (_over_cap): the first request learns why, then the connection ends.
+            msg_id = 0
+            with contextlib.suppress(ProtocolError):
+                msg_id = protocol.decode(frames[-1])["id"]
+            conn.close_when_sent = True
+            conn.send([*envelope, protocol.encode(protocol.error(Err.BUSY, conn.refusal, msg_id))])
+            return
+        started = time.perf_counter()
+        out = self._dispatch(frames[-1], conn, envelope)
+        if out is None:
+            return
+        if self.metrics is not None:
+            self.metrics.served(
+                "admin" if conn.env is None else "task", out, time.perf_counter() - started
+            )
+        if not conn.send([*envelope, protocol.encode(out)]):
+            log.warning("reply to a vanished client dropped")
+            if out["type"] == "grant":
+                # Its sender is gone, and the pid read for it may already
+                # name another process: the grant must not stand.
+                self._release(out["task_id"], "undelivered")
 
-    def _dispatch(
-        self,
-        frame: zmq.Frame,
-        env: str | None,
-        origin: tuple[zmq.Socket[bytes], list[bytes]] | None = None,
-    ) -> dict[str, Any] | None:
+    def _dispatch(self, frame: bytes, conn: Conn, envelope: list[bytes]) -> dict[str, Any] | None:
         msg_id = 0
         try:
-            msg = protocol.decode(frame.bytes)
+            msg = protocol.decode(frame)
             msg_id = msg["id"]
-            if env is None:
+            if conn.env is None:
                 body = protocol.validate(msg, protocol.ADMIN_REQUESTS)
                 return self._admin(msg["type"], msg_id, body)
             body = protocol.validate(msg, protocol.TASK_REQUESTS)
-            return self._task(env, msg["type"], msg_id, body, frame, origin)
+            return self._task(conn.env, msg["type"], msg_id, body, conn, envelope)
         except ProtocolError as e:
             return protocol.error(e.code, e.message, msg_id)
         except sqlite3.Error as e:
@@ -526,24 +732,24 @@ class Server:
         kind: str,
         msg_id: int,
         body: dict[str, Any],
-        frame: zmq.Frame,
-        origin: tuple[zmq.Socket[bytes], list[bytes]] | None,
+        conn: Conn,
+        envelope: list[bytes],
     ) -> dict[str, Any] | None:
         node = self.node
         if kind == "heartbeat":
             task = node.task(env, body["task_id"])
             task.last_seen = time.monotonic()
             if task.restored:
-                self._reattach(task, frame)
+                self._reattach(task, conn)
             return protocol.reply("ack", msg_id, task_id=task.task_id)
         if kind == "request":
-            return self._request(env, msg_id, body, frame, origin)
+            return self._request(env, msg_id, body, conn, envelope)
         if kind == "quota":
             e = node.env(env)
             return protocol.reply("quota", msg_id, env=e.name, gpus=e.gpus, memory=e.memory)
         if kind == "yield":
             started = time.perf_counter()
-            to = (origin[0], origin[1], msg_id) if origin is not None else None
+            to = (conn, envelope, msg_id)
             passed = node.yield_turn(env, body["task_id"], started, body["iterations"], to)
             if passed is None:
                 # Held until the task's other processes end the turn too: `held` now, the
@@ -561,12 +767,12 @@ class Server:
         env: str,
         msg_id: int,
         body: dict[str, Any],
-        frame: zmq.Frame,
-        origin: tuple[zmq.Socket[bytes], list[bytes]] | None,
+        conn: Conn,
+        envelope: list[bytes],
     ) -> dict[str, Any]:
         node = self.node
         allowed = node.restriction(body["devices"])
-        pid = peer_pid(frame)
+        pid = conn.pid
         pid_start = process_start(pid) if pid is not None else None
         estimate = None
         if body["persistent"] is not None:
@@ -592,7 +798,7 @@ class Server:
             )
         except ProtocolError as e:
             wait = min(body["wait"] or 0.0, self.config.max_wait)
-            if e.code != Err.NO_RESOURCES or wait <= 0 or origin is None:
+            if e.code != Err.NO_RESOURCES or wait <= 0:
                 raise
             w = node.enqueue(
                 env,
@@ -602,7 +808,7 @@ class Server:
                 pid_start,
                 body["command"],
                 wait,
-                (origin[0], origin[1], msg_id),
+                (conn, envelope, msg_id),
                 allowed,
                 estimate,
                 body["guard"],
@@ -622,10 +828,10 @@ class Server:
         self._watch(task)
         return protocol.reply("grant", msg_id, **self._grant_view(task))
 
-    def _reattach(self, task: Task, frame: zmq.Frame) -> None:
+    def _reattach(self, task: Task, conn: Conn) -> None:
         """A restored task's client is back: from now on it is watched like any other."""
         task.restored = False
-        pid = peer_pid(frame)
+        pid = conn.pid
         if pid is not None and ("task", task.task_id) not in self.watched:
             task.pid = pid
             task.pid_start = process_start(pid)
@@ -656,7 +862,8 @@ class Server:
     def _register(self, what: Watched, fd: int) -> None:
         self.pidfds[fd] = what
         self.watched[what] = fd
-        self.poller.register(fd, zmq.POLLIN)
+        self.fds[fd] = what
+        self.epoll.register(fd, select.EPOLLIN)
 
     def _watch(self, task: Task) -> None:
         if task.pid is None:
@@ -672,8 +879,9 @@ class Server:
     def _unwatch(self, what: Watched) -> None:
         fd = self.watched.pop(what, None)
         if fd is not None:
-            self.poller.unregister(fd)
+            self.epoll.unregister(fd)
             del self.pidfds[fd]
+            del self.fds[fd]
             os.close(fd)
 
     def _release(self, task_id: str, reason: str, exit_code: int | None = None) -> None:
@@ -786,15 +994,19 @@ class Server:
     def close(self) -> None:
         if self.metrics is not None:
             self.metrics.stop()
+        for what in list(self.fds.values()):
+            if isinstance(what, Conn):
+                self._drop(what)
         for fd in list(self.pidfds):
             os.close(fd)
+        for listener in self._all_listeners():
+            listener.sock.close()
+        self.fds.clear()
         self.pidfds.clear()
         self.watched.clear()
-        for sock in [*self.env_socks, *([self.admin] if self.admin else [])]:
-            sock.close(linger=0)
-        self.env_socks.clear()
+        self.listeners.clear()
         self.admin = None
-        self.ctx.term()
+        self.epoll.close()
         self.node.close()
         self._unlock()
         log.info("nodemgr stopped")

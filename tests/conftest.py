@@ -8,6 +8,7 @@ import itertools
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -312,9 +313,14 @@ class Daemon:
     grants the test process holds on it are kept alive (Keeper)."""
 
     def __init__(
-        self, root: Path, sections: dict[str, dict[str, Any]] | None = None, **node: Any
+        self,
+        root: Path,
+        sections: dict[str, dict[str, Any]] | None = None,
+        nofile: int | None = None,
+        **node: Any,
     ) -> None:
         self.root = root
+        self.nofile = nofile  # its descriptor limit (soft and hard), if not the test run's
         root.mkdir(parents=True, exist_ok=True)
         self.run_dir = root / "run"
         self.state_dir = root / "state"
@@ -340,11 +346,19 @@ class Daemon:
         self.keeper = Keeper(self, float(settings["heartbeat_interval"]))
 
     def start(self) -> None:
+        arm = die_with_test_run()
+        nofile = self.nofile
+
+        def prepare() -> None:
+            arm()
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         self.proc = subprocess.Popen(
             [str(BIN / "nodemgr"), "serve", "--config", str(self.config)],
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_test_run(),
+            preexec_fn=prepare,
         )
         deadline = time.monotonic() + 15
         while True:
@@ -398,8 +412,10 @@ def daemon_factory() -> Iterator[Any]:
     # ipc paths must fit in sun_path (108 bytes): keep run directories short.
     root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
 
-    def make(sections: dict[str, dict[str, Any]] | None = None, **node: Any) -> Daemon:
-        d = Daemon(root / str(len(made)) if made else root, sections, **node)
+    def make(
+        sections: dict[str, dict[str, Any]] | None = None, nofile: int | None = None, **node: Any
+    ) -> Daemon:
+        d = Daemon(root / str(len(made)) if made else root, sections, nofile, **node)
         made.append(d)
         return d
 

@@ -143,13 +143,15 @@ class Message:
 
     @property
     def oversize(self) -> bool:
-        return any(len(f) > MAX for f in self.frames)
+        """Over the size of a message in all its frames, or over their number: the
+        sender's connection is dropped."""
+        return sum(map(len, self.frames)) > MAX or len(self.frames) > protocol.MAX_FRAMES
 
     @property
     def unanswered(self) -> bool:
-        """Not one map after at most an empty delimiter (protocol.envelope_ok, once the
-        ROUTER's routing id is added): dropped unread, on a connection that stays."""
-        return not self.oversize and not protocol.envelope_ok([5, *map(len, self.frames)])
+        """Not one map after at most an empty delimiter (protocol.envelope_ok): dropped
+        unread, on a connection that stays."""
+        return not self.oversize and not protocol.envelope_ok(list(map(len, self.frames)))
 
     def describe(self) -> str:
         head = self.frames[-1][:80].hex() if self.frames else ""
