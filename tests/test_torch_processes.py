@@ -161,8 +161,8 @@ def test_autoload_with_a_zero_quota_runs_torch_on_the_cpu_or_fails_clearly(
     torch_python: str,  # noqa: F811 (the fixture imported above)
     setting: str,
 ) -> None:
-    """README, "What a refusal does on import": by default one warning and torch sees no
-    GPU; GPUSHARE_ZERO_QUOTA=error makes the import raise GpushareError."""
+    """docs/client.md, "What a refusal does on import": by default one warning and torch
+    sees no GPU; GPUSHARE_ZERO_QUOTA=error makes the import raise GpushareError."""
     endpoint = daemon.env("zero", gpus=0)
     env = container_env(endpoint, LD_PRELOAD=shim_preload(), GPUSHARE_ZERO_QUOTA=setting)
     p = container([torch_python, str(AUTOLOAD)], env)
