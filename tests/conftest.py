@@ -26,7 +26,9 @@ from typing import Any
 import pytest
 
 from client_plugin import libs
+from nodemgr import config as nodemgr_config
 from nodemgr.client import Connection, NodeError, Unreachable
+from nodemgr.server import Server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -429,6 +431,21 @@ def daemon_factory() -> Iterator[Any]:
 def daemon(daemon_factory: Any) -> Daemon:
     d: Daemon = daemon_factory()
     return d
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    """nodemgr's loop in this process, on 4 simulated GPUs, for a test to step by hand."""
+    root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    (root / "c.toml").write_text(
+        f'[node]\nrun_dir = "{root}/run"\nstate_dir = "{root}/state"\n'
+        '[gpus]\nsource = "simulated"\n'
+    )
+    srv = Server(nodemgr_config.load(root / "c.toml"))
+    srv.start()
+    yield srv
+    srv.close()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _gpushare_run(

@@ -12,12 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-import shutil
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -29,7 +27,7 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from nodemgr import config, protocol
+from nodemgr import protocol
 from nodemgr import server as server_module
 from nodemgr.client import Connection
 from nodemgr.server import Server
@@ -333,20 +331,6 @@ def test_connections_past_the_descriptor_limit_wait_and_nodemgr_stays_up(
 
 
 # --- the loop in this process, stepped by hand -----------------------------------------
-
-
-@pytest.fixture
-def server() -> Iterator[Server]:
-    root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
-    (root / "c.toml").write_text(
-        f'[node]\nrun_dir = "{root}/run"\nstate_dir = "{root}/state"\n'
-        '[gpus]\nsource = "simulated"\n'
-    )
-    srv = Server(config.load(root / "c.toml"))
-    srv.start()
-    yield srv
-    srv.close()
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def step_until(srv: Server, predicate: Any, timeout: float = 5) -> None:

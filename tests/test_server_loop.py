@@ -6,15 +6,9 @@ import os
 import select
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
-from nodemgr import config
 from nodemgr.server import Server
 
 CLIENT = textwrap.dedent(
@@ -36,19 +30,6 @@ CLIENT = textwrap.dedent(
     time.sleep(60)
     """
 )
-
-
-@pytest.fixture
-def server() -> Iterator[Server]:
-    root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
-    (root / "c.toml").write_text(
-        f'[node]\nrun_dir = "{root}/run"\nstate_dir = "{root}/state"\n'
-        '[gpus]\nsource = "simulated"\n'
-    )
-    srv = Server(config.load(root / "c.toml"))
-    srv.start()
-    yield srv
-    srv.close()
 
 
 def test_an_exit_event_never_ends_a_task_granted_in_the_same_step(server: Server) -> None:
