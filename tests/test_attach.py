@@ -264,7 +264,8 @@ def test_the_cdef_and_the_header_agree(tmp_path: Path) -> None:
     assert "GPUSHARE_E_TOO_LATE" in names
     prototypes = [ln for ln in CDEF.splitlines() if re.match(r"(int|void) gpushare_", ln)]
     declared = re.compile(r"^(?:int|void) (gpushare_\w+)\(", flags=re.M)
-    assert {declared.match(ln)[1] for ln in prototypes} == set(declared.findall(header))
+    assert {m[1] for ln in prototypes if (m := declared.match(ln))} == set(declared.findall(header))
+    assert all(declared.match(ln) for ln in prototypes)
     ffi = FFI()
     ffi.cdef(CDEF)
     fields = [f for f, _ in ffi.typeof("struct gpushare_memory").fields]

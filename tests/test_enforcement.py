@@ -213,7 +213,8 @@ def test_a_tasks_peak_is_what_its_processes_held_at_once(
 
     def until(line: str, count: int) -> None:
         while seen.count(line) < count:
-            seen.append(t.stdout.readline().strip())  # type: ignore[union-attr]
+            assert t.stdout is not None
+            seen.append(t.stdout.readline().strip())
 
     until("free ok", 1)  # the first process held and freed its 512 MiB
     f0.touch()

@@ -508,7 +508,7 @@ def blast(lanes: list[Lane]) -> tuple[list[str], int]:
                         problems.append(f"{lane.name}: no reply to {m.describe()}")
                 break
             for lane in lanes:
-                if lane.sock not in events:
+                if lane.sock is None or lane.sock not in events:
                     continue
                 while True:
                     try:

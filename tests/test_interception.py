@@ -65,7 +65,7 @@ def test_shim_exports_only_its_hooks_and_api_and_needs_no_libpython() -> None:
 
 
 def _cudart() -> str:
-    import nvidia
+    import nvidia  # type: ignore[import-untyped]
 
     found = []
     for base in nvidia.__path__:

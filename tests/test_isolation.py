@@ -46,7 +46,7 @@ def test_an_environment_cannot_reach_another_environments_tasks_or_quota(daemon:
         assert error_code(a, "done", task_id=b_task) == "unknown_task"
         # Admin requests do not exist on a task endpoint: no quota changes, no
         # listing, no reclaim or pause, no history.
-        for kind, fields in [
+        requests: list[tuple[str, dict[str, Any]]] = [
             ("quota_set", {"env": "A", "gpus": 4, "memory": GiB}),
             ("quota_delete", {"env": "B", "force": True}),
             ("quota_show", {"env": "B"}),
@@ -56,7 +56,8 @@ def test_an_environment_cannot_reach_another_environments_tasks_or_quota(daemon:
             ("resume", {"task_id": b_task}),
             ("history", {}),
             ("status", {}),
-        ]:
+        ]
+        for kind, fields in requests:
             assert error_code(a, kind, **fields) == "unknown_type", kind
         # B's task is untouched and still B's.
         tasks = daemon.tasks()

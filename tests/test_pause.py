@@ -53,7 +53,7 @@ def start_sleeper(daemon: Any, run_task: Any, wait_for: Any, env: str = "alice")
     before = {t["task_id"] for t in daemon.tasks()}
     run_task(ep, "sleep", "60")
     wait_for(lambda: len(daemon.tasks()) == len(before) + 1, 10)
-    [task_id] = [t["task_id"] for t in daemon.tasks() if t["task_id"] not in before]
+    [task_id] = [str(t["task_id"]) for t in daemon.tasks() if t["task_id"] not in before]
     return task_id
 
 

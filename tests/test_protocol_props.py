@@ -85,7 +85,7 @@ def message_like(draw: st.DrawFn) -> dict[str, Any]:
         msg["type"] = mostly(st.sampled_from(TYPES), objects)
     if draw(st.booleans()):
         msg["id"] = mostly(st.integers(0, (1 << 63) - 1), objects)
-    return msg
+    return dict(msg)
 
 
 def accepts(check: Any, value: Any) -> bool:
@@ -228,11 +228,12 @@ def test_huge_version_makes_a_short_message() -> None:
 def test_names_with_a_trailing_newline_are_refused(name: str) -> None:
     # Regression: ENV_NAME/TASK_ID end in "$", which re.match lets match before a
     # final "\n", so quota_set created an environment (and directory) "alice\n".
-    for fields, schemas in [
+    cases: list[tuple[dict[str, Any], dict[str, protocol.Schema]]] = [
         ({"type": "quota_set", "env": name, "gpus": 1, "memory": 1}, protocol.ADMIN_REQUESTS),
         ({"type": "quota_show", "env": name}, protocol.ADMIN_REQUESTS),
         ({"type": "heartbeat", "task_id": name}, protocol.TASK_REQUESTS),
-    ]:
+    ]
+    for fields, schemas in cases:
         with pytest.raises(ProtocolError) as e:
             protocol.validate({"v": 1, "id": 0, **fields}, schemas)
         assert e.value.code == Err.BAD_REQUEST

@@ -49,9 +49,9 @@ def test_an_exit_event_never_ends_a_task_granted_in_the_same_step(server: Server
             text=True,
         )
         procs[env] = p
+        assert p.stdout is not None
         while not select.select([p.stdout], [], [], 0.02)[0]:
             server.step()
-        assert p.stdout is not None
         p.stdout.readline()
     try:
         a, b = procs["A"], procs["B"]

@@ -206,12 +206,12 @@ def test_get_proc_address_answers_like_the_driver(sim_probe: Path) -> None:
         queries += [(name, v, f) for v in (2000, DRIVER_VERSION) for f in (0, 2)]
 
     stdin = "".join(f"gpa {b} {v} {f}\ngpa1 {b} {v} {f}\n" for b, v, f in queries)
-    found = {}
+    found: dict[tuple[str, str, int, int], tuple[str, ...]] = {}
     for line in _resolve(sim_probe, stdin):
-        kind, base, version, flags, *answer = line.split()
-        found[(kind, base, int(version), int(flags))] = tuple(answer)
+        kind, got_base, got_version, got_flags, *answer = line.split()
+        found[(kind, got_base, int(got_version), int(got_flags))] = tuple(answer)
 
-    expected = {}
+    expected: dict[tuple[str, str, int, int], tuple[str, ...]] = {}
     for base, version, flags in queries:
         status, abi = driver_answer(by_base.get(base, []), version, flags)
         expected[("gpa", base, version, flags)] = (str(SUCCESS), str(status), abi or "-")

@@ -464,8 +464,8 @@ def test_get_proc_address_resolves_hooks_def_like_the_driver(sim_probe: Path) ->
 
     found = {}
     for line in lines[1:]:
-        _, base, ver, flags, rc, status, name = line.split()
-        found[(base, int(ver), int(flags))] = (int(rc), int(status), name)
+        _, got_base, got_ver, got_flags, rc, got_status, name = line.split()
+        found[(got_base, int(got_ver), int(got_flags))] = (int(rc), int(got_status), name)
     expected = {}
     for base, ver, flags in queries:
         # cuGetProcAddress_v2 succeeds for every name and version and says in its status

@@ -408,7 +408,7 @@ def test_nvml_lists_the_processes_that_use_each_gpu(sim_node: Node) -> None:
     c = sim_node.use(0, 0)
     listed = sim_node.listed()
     assert [[pid for pid, _ in gpu] for gpu in listed] == [[c.pid], sorted([a.pid, b.pid])]
-    used = dict(listed[1])
+    used = {pid: size for pid, size in listed[1]}
     assert used[a.pid] >= 256 * MIB
     assert used[b.pid] >= 3 * GIB
     assert listed[0][0][1] < 256 * MIB  # a context alone takes little or nothing

@@ -188,6 +188,7 @@ def test_yield_passes_the_turn_round_three_tasks() -> None:
         turn = p.turns.gpus[0]
         expected_next = turn.order()[1]
         now += 1.0
+        assert turn.holder is not None
         p = timeslice.yield_turn(
             p.turns, sit({0: ["a", "b", "c"]}, now, {"a": 4, "b": 4}), turn.holder
         )

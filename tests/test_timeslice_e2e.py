@@ -50,7 +50,7 @@ def job(
     opts: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
 ) -> subprocess.Popen[str]:
-    return run_task(
+    proc = run_task(
         endpoint,
         sys.executable,
         str(JOB),
@@ -60,6 +60,8 @@ def job(
         opts=opts,
         env=job_env(env),
     )
+    assert isinstance(proc, subprocess.Popen)
+    return proc
 
 
 def rows(path: Path) -> list[dict[str, Any]]:
@@ -88,7 +90,7 @@ def test_two_jobs_that_do_not_fit_together_take_turns(
     d = sliced(daemon_factory, quantum=2)
     outs = {n: tmp_path / f"{n}.jsonl" for n in ("a", "b")}
     go = tmp_path / "go"
-    args = ("--persistent", "1024", "--temporary", "8192", "--iterations", "10")
+    args: tuple[str, ...] = ("--persistent", "1024", "--temporary", "8192", "--iterations", "10")
     args += ("--work-ms", "20", "--start-file", str(go))
     procs = {
         n: job(run_task, d.env(n, 1, 10 * GiB), outs[n], "--name", n, *args, opts=SHAPE)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -43,7 +44,7 @@ def test_format_size() -> None:
 
 
 def frame(**msg: object) -> bytes:
-    return msgpack.packb(msg)
+    return bytes(msgpack.packb(msg))
 
 
 def test_decode_validates_envelope() -> None:
@@ -78,7 +79,7 @@ def test_validate_types_ranges_and_unknowns() -> None:
         "guard": None,
         "waited": None,
     }
-    for msg, code in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"type": "request"}, Err.BAD_REQUEST),
         ({"type": "request", "gpus": 1, "persistent": -1}, Err.BAD_REQUEST),
         ({"type": "request", "gpus": 1, "temporary": "1GiB"}, Err.BAD_REQUEST),
@@ -91,7 +92,8 @@ def test_validate_types_ranges_and_unknowns() -> None:
         ({"type": "heartbeat", "task_id": "../x"}, Err.BAD_REQUEST),
         ({"type": "quota_set"}, Err.UNKNOWN_TYPE),  # admin message on a task endpoint
         ({"type": "launch_missiles"}, Err.UNKNOWN_TYPE),
-    ]:
+    ]
+    for msg, code in cases:
         with pytest.raises(ProtocolError) as e:
             protocol.validate(msg, protocol.TASK_REQUESTS)
         assert e.value.code == code

@@ -134,7 +134,9 @@ def main() -> None:
         for i in range(int(steps)):
             if graph is None and style == "graph" and i == WARMUP:
                 graph = capture(x, model, opt, side)
-                f.write(json.dumps({"job": name, "captured": shim.memory().iterations}) + "\n")
+                memory = shim.memory()
+                assert memory is not None
+                f.write(json.dumps({"job": name, "captured": memory.iterations}) + "\n")
             row = step(x, model, opt, graph, side)
             row.update(job=name, i=i)
             f.write(json.dumps(row) + "\n")
