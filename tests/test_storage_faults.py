@@ -72,14 +72,23 @@ def serve(config: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def running_on(
+    daemon_factory: Any, small_disk: Path, run_task: Any, wait_for: Any
+) -> tuple[Any, str, subprocess.Popen[str], str]:
+    """A daemon whose state is on ``small_disk``, environment alice and one task of it
+    running: (daemon, alice's endpoint, the task's process, its task id)."""
+    d = daemon_factory(state_dir=str(small_disk / "state"), heartbeat_timeout=3.0)
+    alice = d.env("alice")
+    p = run_task(alice, "sleep", "60")
+    wait_for(lambda: len(d.tasks()) == 1, 10)
+    [tid] = [t["task_id"] for t in d.tasks()]
+    return d, alice, p, tid
+
+
 def test_full_disk_keeps_records_and_serving(
     daemon_factory: Any, small_disk: Path, run_task: Any, wait_for: Any
 ) -> None:
-    d = daemon_factory(state_dir=str(small_disk / "state"), heartbeat_timeout=3.0)
-    alice = d.env("alice")
-    before = run_task(alice, "sleep", "60")
-    wait_for(lambda: len(d.tasks()) == 1, 10)
-    [first] = [t["task_id"] for t in d.tasks()]
+    d, alice, before, first = running_on(daemon_factory, small_disk, run_task, wait_for)
     filler = fill(small_disk)
 
     # The task's end is seen through its pidfd, in the poll loop: the record cannot be
@@ -109,11 +118,7 @@ def test_full_disk_keeps_records_and_serving(
 def test_restart_on_a_full_disk_serves(
     daemon_factory: Any, small_disk: Path, run_task: Any, wait_for: Any
 ) -> None:
-    d = daemon_factory(state_dir=str(small_disk / "state"), heartbeat_timeout=3.0)
-    alice = d.env("alice")
-    p = run_task(alice, "sleep", "60")
-    wait_for(lambda: len(d.tasks()) == 1, 10)
-    [tid] = [t["task_id"] for t in d.tasks()]
+    d, _, p, tid = running_on(daemon_factory, small_disk, run_task, wait_for)
     filler = fill(small_disk)
     d.kill()
     os.killpg(p.pid, 9)
