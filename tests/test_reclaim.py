@@ -38,7 +38,7 @@ def test_done_releases_at_once(
     assert daemon.admin("status")["gpus"][0]["envs"] == []
 
 
-def test_kill9_of_gpushare_run_frees_bytes_and_gpu_within_1s(
+def test_kill9_of_gpushare_run_frees_bytes_and_gpu(
     daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
 ) -> None:
     ep = daemon.env("alice", gpus=1, memory=GiB)
@@ -46,21 +46,21 @@ def test_kill9_of_gpushare_run_frees_bytes_and_gpu_within_1s(
     [task] = daemon.tasks()
     assert task["memory_used"] == GiB
     os.kill(p.pid, signal.SIGKILL)
-    took = wait_for(
+    # How soon is the benchmarks' (reclaim_kill); here, that it happens at all.
+    wait_for(
         lambda: (
             daemon.tasks() == []
             and daemon.gpu_used(0) == 0
             and daemon.admin("status")["gpus"][0]["envs"] == []
         ),
-        timeout=1.0,
+        timeout=10.0,
     )
-    assert took < 1.0
     # The client process died with gpushare-run (no orphan keeps the memory).
     assert p.wait(5) == -signal.SIGKILL
     assert_pool_usable(run_task, ep, cbin)
 
 
-def test_kill9_of_the_cuda_process_frees_within_1s(
+def test_kill9_of_the_cuda_process_frees_its_memory(
     daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
 ) -> None:
     ep = daemon.env("alice", gpus=1, memory=GiB)
@@ -74,8 +74,7 @@ def test_kill9_of_the_cuda_process_frees_within_1s(
     assert p.stdout.readline() == "fill 16\n"
     assert p.stdout.readline() == "waiting\n"
     os.kill(int(pidfile.read_text()), signal.SIGKILL)
-    took = wait_for(lambda: daemon.tasks() == [] and daemon.gpu_used(0) == 0, timeout=1.0)
-    assert took < 1.0
+    wait_for(lambda: daemon.tasks() == [] and daemon.gpu_used(0) == 0, timeout=10.0)
     assert p.wait(5) == 128 + signal.SIGKILL  # gpushare-run passes the status on
     assert_pool_usable(run_task, ep, cbin)
 
@@ -88,11 +87,11 @@ def test_task_whose_heartbeats_stop_is_reclaimed_after_the_timeout(
     p = start_holder(run_task, ep, cbin, tmp_path / "never")
     os.kill(p.pid, signal.SIGSTOP)  # gpushare-run, the process that heartbeats
     stopped = time.monotonic()
-    time.sleep(1.0)
+    time.sleep(1.0)  # a window to observe: nothing is reclaimed before the timeout
     assert len(daemon.tasks()) == 1, "reclaimed before the timeout"
-    wait_for(lambda: daemon.tasks() == [] and daemon.gpu_used(0) == 0, timeout=2.0)
-    elapsed = time.monotonic() - stopped
-    assert 1.5 <= elapsed <= 1.5 + 1.0
+    # How soon after the timeout is the benchmarks' (reclaim_hang).
+    wait_for(lambda: daemon.tasks() == [] and daemon.gpu_used(0) == 0, timeout=10.0)
+    assert time.monotonic() - stopped >= 1.5
     # nodemgr ended the hung client and, with it, the process holding GPU memory.
     assert p.wait(5) == -signal.SIGKILL
     assert_pool_usable(run_task, ep, cbin)

@@ -7,9 +7,9 @@ import select
 import subprocess
 import sys
 import textwrap
-import time
 
 from nodemgr.server import Server
+from nodemgr.transport import Conn
 
 CLIENT = textwrap.dedent(
     """
@@ -61,7 +61,11 @@ def test_an_exit_event_never_ends_a_task_granted_in_the_same_step(server: Server
         a.wait(10)
         b.stdin.write("\n")
         b.stdin.flush()
-        time.sleep(0.5)  # B's second request is queued by now
+        # Not stepped yet: wait until B's second request is there to read.
+        [b_conn] = [c for c in server.fds.values() if isinstance(c, Conn) and c.env == "B"]
+        ready = select.poll()
+        ready.register(b_conn.fd, select.POLLIN)
+        assert ready.poll(10_000), "B's second request did not arrive"
         # Take every free descriptor below A's pidfd, so that the pidfd B's new task
         # gets is the very number A's had.
         [a_fd] = [
