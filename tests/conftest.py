@@ -589,6 +589,16 @@ class Waiting(threading.Thread):
         return self.result
 
 
+def threads_of(pid: int) -> int:
+    """How many threads process ``pid`` has (0 once it is gone): a client's ZeroMQ context
+    starts its I/O threads just before the client sends its first request and waits."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return int(re.search(r"^Threads:\s+(\d+)", status, re.M)[1])  # type: ignore[index]
+
+
 @pytest.fixture
 def wait_for() -> Any:
     return _wait_for

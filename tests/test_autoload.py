@@ -17,7 +17,7 @@ import pytest
 
 from client_plugin import libs
 from nodemgr.client import FIRST_ANSWER
-from tests.conftest import Holder
+from tests.conftest import Holder, _wait_for, threads_of
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -115,7 +115,7 @@ def test_ctrl_c_in_the_wait_is_one_line(daemon: Any, standin: Path) -> None:
     daemon.kill()
     code = "import sys\ntry:\n    import torch\nfinally:\n    print('cleaned up')\n"
     p = python(code, standin, ep)
-    time.sleep(1.5)  # in the wait for nodemgr's first answer
+    _wait_for(lambda: threads_of(p.pid) > 1, 10)  # in the wait for nodemgr's first answer
     os.kill(p.pid, signal.SIGINT)
     out, err = finish(p)
     assert p.returncode == 130, err

@@ -12,6 +12,7 @@ from typing import Any
 
 from client_plugin import libs
 from nodemgr.client import FIRST_ANSWER
+from tests.conftest import _wait_for, threads_of
 
 GiB = 1 << 30
 PRINT_ENV = (
@@ -153,7 +154,7 @@ def test_ctrl_c_before_nodemgr_answers_says_so(daemon: Any, run_task: Any) -> No
     ep = daemon.env("alice")
     daemon.kill()
     p = run_task(ep, "true")
-    time.sleep(1.0)
+    _wait_for(lambda: threads_of(p.pid) > 1, 10)  # waiting for nodemgr's first answer
     os.kill(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=30)
     assert p.returncode == 130, err
