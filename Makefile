@@ -6,6 +6,9 @@ BIN    := $(VENV)/bin
 SOURCES := setup.py pyproject.toml gpushare-autoload.pth $(wildcard shim/*) $(wildcard sim/*) \
 	$(wildcard nodemgr/*.py nodemgr/cli/*.py client_plugin/*.py)
 PYTEST_ARGS ?=
+# Test files run in parallel, a file's tests on one worker (pytest-xdist); 0 runs them serially.
+PYTEST_WORKERS ?= auto
+PYTEST := $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 BENCH_ARGS ?=
 
 .PHONY: all install torch-env real-driver run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-torch bench-gpu bench-gpu-timeslice debug \
@@ -34,7 +37,7 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 
 install: $(VENV)/.installed
 
-# The real-PyTorch tiers (tests/test_torch_sim.py, and under gpushare
+# The real-PyTorch tiers (tests/real_torch/test_torch_sim.py, and under gpushare
 # test_torch_gpushare.py, test_torch_processes.py, test_torch_timeslice.py) run a pinned
 # PyTorch on the simulated driver from a venv of its own (the main venv's tests import a
 # stand-in `torch`). Made once: pip downloads about 3 GB (torch and its nvidia-* CUDA 13.0
@@ -61,7 +64,7 @@ $(TORCH_GPUSHARE): $(TORCH_STAMP) $(VENV)/.installed
 
 torch-env: $(TORCH_GPUSHARE)
 
-# The real-NVIDIA-driver tier (tests/test_real_driver.py) runs Debian's non-free user-space
+# The real-NVIDIA-driver tier (tests/shim/test_real_driver.py) runs Debian's non-free user-space
 # driver (libcuda1, libnvidia-ml1, nvidia-smi; no kernel module, no GPU) from build/ without
 # installing it: tests/fetch_real_driver.sh downloads and unpacks the packages once, with
 # apt on private lists. Where it cannot, it says why in build/real-driver/unavailable, the
@@ -88,10 +91,10 @@ format: install
 # pytest exits 5 when it collects nothing; that is a failure here, said aloud.
 pytest: install torch-env real-driver
 	@GPUSHARE_TEST_TORCH_PYTHON=$(CURDIR)/$(TORCH_VENV)/bin/python \
-	GPUSHARE_TEST_REAL_DRIVER=$(CURDIR)/$(REAL_DRIVER) $(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
+	GPUSHARE_TEST_REAL_DRIVER=$(CURDIR)/$(REAL_DRIVER) $(PYTEST) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests - failing" >&2; fi; exit $$rc
 
-test: lint pytest
+test: lint pytest debug-test
 
 # Benchmarks: JSON on stdout and in build/bench/NAME.json, one document per
 # script (nodemgr: a real daemon on simulated GPUs; shim: the preload library
@@ -143,11 +146,7 @@ debug: install
 # The tests that drive the shim and the simulated driver, run against their sanitizer
 # builds: ASan+UBSan for all of them, TSan for the threaded one (its client is built with
 # TSan too). Any report fails the test, since the process then exits non-zero.
-SHIM_TESTS := tests/test_shim.py tests/test_enforcement.py tests/test_interception.py \
-	tests/test_reclaim.py tests/test_attach.py tests/test_regions.py
-SIM_TESTS := tests/test_sim_driver.py tests/test_sim_memory.py tests/test_sim_streams.py \
-	tests/test_sim_cudart.py \
-	tests/test_sim_nvml.py
+SANITIZED_TESTS := tests/shim tests/e2e/test_enforcement.py tests/daemon/test_reclaim.py
 debug-test: debug
 	$(BIN)/python shim/build.py --debug thread --out build/tsan
 	$(BIN)/python sim/build.py --debug thread --out build/tsan
@@ -155,11 +154,11 @@ debug-test: debug
 	GPUSHARE_SIM_DIR=$(CURDIR)/build/debug/sim \
 	ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0 \
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	$(BIN)/pytest -p no:cacheprovider $(SHIM_TESTS) $(SIM_TESTS) $(PYTEST_ARGS)
+	$(PYTEST) -p no:cacheprovider $(SANITIZED_TESTS) $(PYTEST_ARGS)
 	GPUSHARE_SHIM=$(CURDIR)/build/tsan/libgpushare.so GPUSHARE_TEST_SANITIZE=thread \
 	GPUSHARE_SIM_DIR=$(CURDIR)/build/tsan/sim \
 	TSAN_OPTIONS=halt_on_error=1 \
-	$(BIN)/pytest -p no:cacheprovider tests/test_shim.py tests/test_attach.py -k threads \
+	$(PYTEST) -p no:cacheprovider tests/shim/test_shim.py tests/shim/test_attach.py -k threads \
 		$(PYTEST_ARGS)
 
 clean:

@@ -1,7 +1,7 @@
 """The shim's public API (shim/gpushare.h) as cffi declarations, for ABI mode.
 
 A copy of the header's declarations, since cffi cannot parse the header's
-preprocessor lines; tests/test_attach.py compiles these declarations against
+preprocessor lines; tests/shim/test_attach.py compiles these declarations against
 the header, so the two cannot drift apart unnoticed.
 """
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "configs" / "container" / "Dockerfile.gpushare"
 FEATURE = ROOT / "configs" / "devcontainer-feature" / "gpushare"
 SHIM_LINK = "/usr/local/lib/gpushare/libgpushare.so"

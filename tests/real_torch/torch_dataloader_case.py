@@ -1,4 +1,4 @@
-"""A PyTorch input pipeline under gpushare-run, for tests/test_torch_processes.py: a real
+"""A PyTorch input pipeline under gpushare-run, for test_torch_processes.py: a real
 DataLoader with two forked workers and pinned memory feeding a model's memory on the GPU.
 
 Stages, each ``@@stage NAME JSON`` and then a line read from stdin, as torch_quota_case.py:

@@ -11,7 +11,7 @@ drops unread) must get exactly one reply, decided by the same decode/validate as
 nodemgr's: a message this process rejects must be answered with that error code; no
 reply may be "internal".
 
-The run is reproducible from its seed: GPUSHARE_FUZZ_SEED=N pytest tests/test_fuzz.py
+The run is reproducible from its seed: GPUSHARE_FUZZ_SEED=N pytest tests/daemon/test_fuzz.py
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Time slicing with real PyTorch: two real training loops (tests/torch_timeslice_case.py,
+"""Time slicing with real PyTorch: two real training loops (torch_timeslice_case.py,
 real ``torch.optim`` optimizers, the boundaries from gpushare's global optimizer step hook)
 under real gpushare-run on one time-sliced simulated GPU of a real nodemgr, in each of
 torch's allocator modes (native, expandable segments, cudaMallocAsync).
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import _wait_for, turns_changed
-from tests.test_torch_sim import MODES, torch_env, torch_python  # noqa: F401 (a fixture)
+from tests.real_torch.test_torch_sim import MODES, torch_env, torch_python  # noqa: F401 (a fixture)
 
 HERE = Path(__file__).resolve().parent
 CASE = HERE / "torch_timeslice_case.py"

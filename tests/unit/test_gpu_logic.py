@@ -1,4 +1,4 @@
-"""The logic of the GPU tier (tests/test_gpu.py) and of the GPU benchmarks, proven without a
+"""The logic of the GPU tier (tests/gpu/test_gpu.py) and of the GPU benchmarks, proven without a
 GPU, so that it is right the first time one is there:
 
 - the one GPU two time-sliced jobs are pinned to (benchmarks/harness.py: ``pick_gpu``,
@@ -24,10 +24,10 @@ import pytest
 from client_plugin import libs
 from nodemgr.gpus import simulated_uuid
 from tests.conftest import Daemon
-from tests.test_gpu import check_against_nvml, read_against_nvml
-from tests.test_torch_sim import torch_python  # noqa: F401 (a fixture)
+from tests.gpu.test_gpu import check_against_nvml, read_against_nvml
+from tests.real_torch.test_torch_sim import torch_python  # noqa: F401 (a fixture)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # last, as the benchmarks do: installed gpushare wins
 from benchmarks.harness import NvmlGpu, installed_origin, pick_gpu, pinned  # noqa: E402

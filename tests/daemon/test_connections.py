@@ -373,7 +373,7 @@ def test_accept_out_of_descriptors_waits_instead_of_aborting(server: Server) -> 
 
 
 def test_the_documented_limits_are_the_code_s() -> None:
-    text = (Path(__file__).parent.parent / "docs" / "protocol.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
     for name, value in (
         ("MAX_CONNECTIONS_PER_CLIENT", str(server_module.MAX_CONNECTIONS_PER_CLIENT)),
         ("MAX_CONNECTIONS_PER_ENV", str(server_module.MAX_CONNECTIONS_PER_ENV)),

@@ -27,7 +27,7 @@ from tests.conftest import (
     run_probe,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GEN_API = ROOT / "sim" / "gen_api.py"
 TABLE = ROOT / "sim" / "cuda_api.gen.h"
 

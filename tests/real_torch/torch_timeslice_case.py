@@ -1,4 +1,4 @@
-"""A real PyTorch training loop for tests/test_torch_timeslice.py: it runs in the pinned
+"""A real PyTorch training loop for test_torch_timeslice.py: it runs in the pinned
 torch venv, on the simulated driver, under gpushare-run (so gpushare's optimizer step hook
 is in: every ``optimizer.step()`` is an iteration boundary).
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from tests.conftest import _wait_for, turns_changed
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "demo" / "ts_job.py"
 STANDIN = REPO / "demo" / "standin"
 GiB = 1 << 30

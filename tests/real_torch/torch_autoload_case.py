@@ -1,4 +1,4 @@
-"""Real PyTorch auto-loaded, for tests/test_torch_processes.py: the pinned torch venv with
+"""Real PyTorch auto-loaded, for test_torch_processes.py: the pinned torch venv with
 gpushare installed, GPUSHARE_AUTOLOAD=1 and no gpushare-run, as in a dev container.
 
 Stages, each ``@@stage NAME JSON`` and then a line read from stdin, as torch_quota_case.py:

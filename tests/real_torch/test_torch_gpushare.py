@@ -1,4 +1,4 @@
-"""Real PyTorch under gpushare: the pinned torch (tests/test_torch_sim.py's venv) run by a
+"""Real PyTorch under gpushare: the pinned torch (test_torch_sim.py's venv) run by a
 real gpushare-run, with the shim preloaded, against a real nodemgr on simulated GPUs.
 
 The environment's memory quota is what torch sees as the device (``mem_get_info``), going
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon
-from tests.test_torch_sim import MODES, torch_python  # noqa: F401 (a fixture)
+from tests.real_torch.test_torch_sim import MODES, torch_python  # noqa: F401 (a fixture)
 
 HERE = Path(__file__).resolve().parent
 CASE = HERE / "torch_quota_case.py"

@@ -1,4 +1,4 @@
-"""The cases of the real-PyTorch tier (tests/test_torch_sim.py), run by the pinned torch
+"""The cases of the real-PyTorch tier (test_torch_sim.py), run by the pinned torch
 venv's Python on the simulated driver, without gpushare.
 
     python torch_cases.py --versions      one JSON line: torch's and its CUDA's versions

@@ -2,10 +2,10 @@
 forked workers with pinned memory, two ranks of torch.distributed.run on two GPUs, and
 kill -9 of a worker and of the process that holds the memory.
 
-The pinned torch (tests/test_torch_sim.py's venv, gpushare installed into it) on the
+The pinned torch (tests/real_torch/test_torch_sim.py's venv, gpushare installed into it) on the
 simulated driver, a real nodemgr, the real shim. Each program reports its stages on stdout
 (``@@stage NAME JSON``, then waits for a line on stdin) so the test reads nodemgr's view of
-the task at each point, as tests/test_torch_gpushare.py does.
+the task at each point, as tests/real_torch/test_torch_gpushare.py does.
 """
 
 from __future__ import annotations
@@ -23,15 +23,23 @@ import pytest
 
 from client_plugin import libs
 from tests.conftest import Daemon, shim_preload
-from tests.test_torch_gpushare import GIB, MIB, QUOTA, SLACK, go_on, read_stage, start_torch
-from tests.test_torch_sim import torch_python  # noqa: F401 (a fixture)
+from tests.real_torch.test_torch_gpushare import (
+    GIB,
+    MIB,
+    QUOTA,
+    SLACK,
+    go_on,
+    read_stage,
+    start_torch,
+)
+from tests.real_torch.test_torch_sim import torch_python  # noqa: F401 (a fixture)
 
 HERE = Path(__file__).resolve().parent
 AUTOLOAD = HERE / "torch_autoload_case.py"
 DATALOADER = HERE / "torch_dataloader_case.py"
 RANKS = HERE / "torch_ranks_case.py"
 # nodemgr sees a process end through its pidfd: the task's memory is back well within this
-# (tests/test_torch_gpushare.py's kill -9 test measures the same; the benchmark's
+# (tests/real_torch/test_torch_gpushare.py's kill -9 test measures the same; the benchmark's
 # reclaim_kill, unloaded, 100 ms).
 RECLAIM = 1.0
 

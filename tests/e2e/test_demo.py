@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-DEMO = Path(__file__).resolve().parent.parent / "demo" / "demo.py"
+DEMO = Path(__file__).resolve().parents[2] / "demo" / "demo.py"
 
 
 def test_the_demo_runs_every_step() -> None:

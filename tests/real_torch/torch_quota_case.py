@@ -1,4 +1,4 @@
-"""A PyTorch program under gpushare-run, for tests/test_torch_gpushare.py: it runs in the
+"""A PyTorch program under gpushare-run, for test_torch_gpushare.py: it runs in the
 pinned torch venv, on the simulated driver, with gpushare's shim preloaded by gpushare-run.
 
 It reports each stage as one line ``@@stage NAME JSON`` and then waits for a line on stdin,

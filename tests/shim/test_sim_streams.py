@@ -10,7 +10,7 @@ import sys
 
 from client_plugin import libs
 from tests.conftest import run_sim_json
-from tests.test_sim_memory import PRELUDE
+from tests.shim.test_sim_memory import PRELUDE
 
 CAPTURE = """
 RELAXED, NONE, ACTIVE = 2, 0, 1

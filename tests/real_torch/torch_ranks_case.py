@@ -1,5 +1,5 @@
 """One rank of a two-rank PyTorch job started by torch.distributed.run, for
-tests/test_torch_processes.py: under gpushare-run with two GPUs granted, each rank on
+tests/real_torch/test_torch_processes.py: under gpushare-run with two GPUs granted, each rank on
 ``cuda:LOCAL_RANK``, the ranks joined by a gloo process group.
 
 Rank R holds (R + 1) * 512 MiB on its GPU, all-reduces a small CUDA tensor with the other

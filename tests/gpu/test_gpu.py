@@ -30,7 +30,7 @@ import pytest
 
 from tests.conftest import turns_changed
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # last, as the benchmarks do: installed gpushare wins
 from benchmarks import harness  # noqa: E402 (the GPU choice and install check, shared)

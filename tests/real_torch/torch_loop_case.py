@@ -1,4 +1,4 @@
-"""A PyTorch training-like loop under gpushare-run, for tests/test_torch_gpushare.py: it runs
+"""A PyTorch training-like loop under gpushare-run, for test_torch_gpushare.py: it runs
 in the pinned torch venv, on the simulated driver, with gpushare's shim preloaded.
 
 It prints ``pid PID`` once it holds 512 MiB and has captured a CUDA graph, then one line

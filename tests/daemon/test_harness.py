@@ -42,7 +42,7 @@ def test_a_daemon_dies_with_the_test_run(wait_for: Any) -> None:
     script = textwrap.dedent(
         f"""
         import sys, time
-        sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from pathlib import Path
         from tests.conftest import Daemon
         d = Daemon(Path({str(root)!r}))
@@ -71,7 +71,7 @@ def test_a_grant_the_test_process_holds_is_kept_alive() -> None:
     script = textwrap.dedent(
         f"""
         import os, sys, time
-        sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from pathlib import Path
         from nodemgr.client import Connection
         from tests.conftest import Daemon

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import hook_table, run_ways
-from tests.test_interception import (
+from tests.shim.test_interception import (
     DRIVER,
     SHIM,
     _cudart,
@@ -30,7 +30,7 @@ from tests.test_interception import (
     driver_has,
     hooked_abis,
 )
-from tests.test_sim_api import table
+from tests.shim.test_sim_api import table
 
 REAL_DRIVER_ENV = "GPUSHARE_TEST_REAL_DRIVER"
 MODE_INERT, MODE_ENFORCE = "0", "1"  # gpushare.h's GPUSHARE_MODE_*

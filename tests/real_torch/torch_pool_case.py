@@ -1,4 +1,4 @@
-"""Processes of one task under gpushare-run share its pool, for tests/test_torch_gpushare.py:
+"""Processes of one task under gpushare-run share its pool, for test_torch_gpushare.py:
 the pinned torch venv, the simulated driver, gpushare's shim preloaded.
 
 Stages, each ``@@stage NAME JSON`` and then a line read from stdin, as torch_quota_case.py:

@@ -6,7 +6,7 @@ LD_PRELOAD, GPUSHARE_SIM_GPUS a small node of two GPUs.
 GPUSHARE_TEST_TORCH_PYTHON. Unset (a plain `pytest`), the tier skips and says so; set to a
 Python that is missing or lacks the pinned torch, every test here fails.
 
-The cases themselves are in tests/torch_cases.py, which runs under that Python. Each
+The cases themselves are in tests/real_torch/torch_cases.py, which runs under that Python. Each
 allocator mode (PYTORCH_CUDA_ALLOC_CONF: native, expandable segments, cudaMallocAsync)
 runs all its cases in one process, since torch's import and CUDA start-up cost seconds a
 process (a process that dies or hangs is resumed after the case it died in). A case that
@@ -43,9 +43,9 @@ from client_plugin import libs
 from nodemgr.gpus import Gpu, sim_spec, simulated_uuid
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = HERE.parents[1]
 CASES_SCRIPT = HERE / "torch_cases.py"
-KERNEL_SRC = HERE / "c" / "cudart_kernel.cu"
+KERNEL_SRC = HERE.parent / "c" / "cudart_kernel.cu"
 
 TORCH_VERSION = "2.14.1"  # the Makefile's TORCH_VERSION (test_pin_matches_the_makefile)
 TORCH_CUDA = "13.0"

@@ -1,4 +1,4 @@
-"""A PyTorch program under gpushare-run, for tests/test_torch_gpushare.py, run with
+"""A PyTorch program under gpushare-run, for test_torch_gpushare.py, run with
 ``backend:cudaMallocAsync``: a CUDA graph whose capture allocates, so that its memory is
 graph memory (allocation nodes), mapped by the driver's graph memory pool at replay.
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from client_plugin import libs
 from tests.conftest import Proc, driver_answer, run_probe
 
-HOOKS_DEF = Path(__file__).resolve().parent.parent / "shim" / "hooks.def"
+HOOKS_DEF = Path(__file__).resolve().parents[2] / "shim" / "hooks.def"
 ENTRY = re.compile(r"^GS_(?:HOOK|VARIANT)\(\s*(\w+),\s*(\w+),\s*(\d+),\s*([01])\s*[,)]", re.M)
 REAL = re.compile(r"^GS_REAL\(\s*(\w+),", re.M)
 
