@@ -1,0 +1,71 @@
+"""Knowledge written down twice, once in code and once in a document or example, stays the
+same in both: each test reads the document and compares it with the definition in code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from nodemgr import config
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+
+def test_configuration_doc_table_is_current() -> None:
+    text = (DOCS / "configuration.md").read_text()
+    table = config.doc_table()
+    assert table in text, (
+        "docs/configuration.md's table of keys differs from nodemgr/config.py's KEYS; "
+        "replace it with:\n" + table
+    )
+
+
+def test_every_key_defaults_to_its_documented_default(tmp_path: Path) -> None:
+    f = tmp_path / "empty.toml"
+    f.write_text("")
+    loaded = config.load(f)
+    for key in config.KEYS:
+        if key.default is not None:
+            assert getattr(loaded, key.attr) == key.parse(key.default, key.path), key.path
+    assert loaded.context_memory is None
+    assert loaded.admin_access.mode == loaded.env_default_access.mode == 0o600
+
+
+def _example_lines() -> dict[tuple[str, str], tuple[bool, str]]:
+    """configs/nodemgr.toml's keys, set or commented out: (section, key) -> (commented,
+    the comment lines just above it)."""
+    found: dict[tuple[str, str], tuple[bool, str]] = {}
+    section = ""
+    comment: list[str] = []
+    for line in (ROOT / "configs" / "nodemgr.toml").read_text().splitlines():
+        header = re.fullmatch(r"\[([a-z_]+)\]", line)
+        setting = re.fullmatch(r"(# )?([a-z_]+) = .*", line)
+        if header:
+            section = header.group(1)
+        elif setting:
+            found.setdefault(
+                (section, setting.group(2)), (bool(setting.group(1)), " ".join(comment))
+            )
+        if line.startswith("#") and not setting:
+            comment.append(line)
+        elif not setting:
+            comment = []
+    return found
+
+
+def test_example_config_has_every_key_and_says_where_it_differs() -> None:
+    example = config.load(ROOT / "configs" / "nodemgr.toml")
+    lines = _example_lines()
+    for key in config.KEYS:
+        assert (key.section, key.name) in lines, f"configs/nodemgr.toml lacks {key.path}"
+        commented, comment = lines[(key.section, key.name)]
+        if commented or key.default is None:
+            continue
+        if getattr(example, key.attr) != key.parse(key.default, key.path):
+            # A value other than the default says so, and what the default is.
+            shown = key.shown_default().strip("`")
+            assert "Default" in comment and shown in comment, key.path
+    for table, _ in config.ACCESS_TABLES:
+        for name, _, _ in config.ACCESS_KEYS:
+            assert (table, name) in lines, f"configs/nodemgr.toml lacks {table}.{name}"
