@@ -14,11 +14,13 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterable, Mapping
 
 import click
 
+from client_plugin import envvars
 from client_plugin import settings as cfg
 from client_plugin.grant import (
     Grant,
@@ -338,19 +340,17 @@ def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> int:
         term.close()
 
 
-EPILOG = """\b
+EPILOG = f"""\b
 Examples:
   gpushare-run python train.py
   gpushare-run --gpus 2 -- torchrun --nproc-per-node 2 train.py
   gpushare-run --no-wait --cpu-fallback -- python evaluate.py
-  GPUSHARE_WAIT_TIMEOUT=600 gpushare-run python train.py
+  {envvars.WAIT_TIMEOUT}=600 gpushare-run python train.py
   gpushare-run --persistent 6GiB --temporary 20GiB python train.py
 
 \b
 Every option has an environment variable, used when the option is not given:
-GPUSHARE_ENDPOINT, GPUSHARE_GPUS, GPUSHARE_MEMORY, GPUSHARE_WAIT (1/0),
-GPUSHARE_WAIT_TIMEOUT, GPUSHARE_CPU_FALLBACK (1/0), GPUSHARE_GRACE,
-GPUSHARE_PERSISTENT, GPUSHARE_TEMPORARY, GPUSHARE_GUARD.
+{textwrap.fill(envvars.run_help(), 72)}
 A CUDA_VISIBLE_DEVICES already set restricts the GPUs nodemgr may grant.
 
 \b
@@ -430,7 +430,7 @@ executable; 127 CMD not found; 130 interrupted while waiting for GPUs.
     "--endpoint",
     metavar="URL",
     default=None,
-    help="The environment's nodemgr endpoint [default: $GPUSHARE_ENDPOINT].",
+    help=f"The environment's nodemgr endpoint [default: ${envvars.ENDPOINT}].",
 )
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def main(
@@ -483,7 +483,7 @@ def main(
     )
     if not s.endpoint:
         _say(
-            f"no nodemgr endpoint: pass --endpoint or set {cfg.ENDPOINT} "
+            f"no nodemgr endpoint: pass --endpoint or set {envvars.ENDPOINT} "
             "(nodemgr quota show ENV prints it)"
         )
         sys.exit(EXIT_USAGE)

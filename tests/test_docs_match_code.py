@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from client_plugin import envvars
 from nodemgr import config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,3 +70,20 @@ def test_example_config_has_every_key_and_says_where_it_differs() -> None:
     for table, _ in config.ACCESS_TABLES:
         for name, _, _ in config.ACCESS_KEYS:
             assert (table, name) in lines, f"configs/nodemgr.toml lacks {table}.{name}"
+
+
+def test_client_doc_lists_exactly_the_client_variables() -> None:
+    text = (DOCS / "client.md").read_text()
+    table = envvars.doc_table()
+    assert table in text, (
+        "docs/client.md's table of variables differs from client_plugin/envvars.py; "
+        "replace it with:\n" + table
+    )
+    defined = {name for name, *_ in envvars.SETTINGS} | {n for n, _ in envvars.TASK_VARIABLES}
+    module = {v for k, v in vars(envvars).items() if k.isupper() and isinstance(v, str)}
+    assert module == defined, "every name in client_plugin/envvars.py is in its tables"
+    assert set(re.findall(r"GPUSHARE_[A-Z_]+", text)) == defined | {config.CONFIG_ENV}
+    # gpushare-run's option table: one row per option, with its variable.
+    rows = re.findall(r"^\| `(--[a-z-]+)[^|]*\| `(GPUSHARE_[A-Z_]+)`", text, re.M)
+    options = {name: option.split()[0] for name, option, _, _ in envvars.SETTINGS if option}
+    assert {name: option for option, name in rows} == options
