@@ -36,6 +36,7 @@ from client_plugin.grant import (
     task_environment,
 )
 from nodemgr.client import NodeError, NoResources, QuotaZero, Unreachable
+from nodemgr.exitcodes import EXIT_CANCELLED
 
 _task: Task | None = None
 
@@ -129,7 +130,7 @@ def start(module: str, cwd: str | None, started: int) -> None:
         _say(f"{cancelled(s.endpoint, progress)}; {module} was not imported")
         if sys.flags.interactive or hasattr(sys, "ps1"):
             raise KeyboardInterrupt from None
-        raise SystemExit(130) from None
+        raise SystemExit(EXIT_CANCELLED) from None
     except QuotaZero as e:
         if s.zero_quota == "error":
             raise GpushareError(

@@ -35,17 +35,18 @@ from client_plugin.grant import (
 )
 from nodemgr.cli.params import CountType, SecondsType
 from nodemgr.client import NodeError, NoResources, QuotaZero, Unreachable
-from nodemgr.protocol import MAX_WAIT
+from nodemgr.exitcodes import (
+    EXIT_CANCELLED,
+    EXIT_INTERNAL,
+    EXIT_NO_RESOURCES,
+    EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+)
+from nodemgr.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
 from nodemgr.sizes import parse_size
-
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 69
-EXIT_NO_RESOURCES = 75
-EXIT_REFUSED = 77
-EXIT_INTERNAL = 125
-EXIT_NOT_EXECUTABLE = 126
-EXIT_NOT_FOUND = 127
-EXIT_CANCELLED = 128 + signal.SIGINT
 
 _PR_SET_PDEATHSIG = 1
 # Passed on to the command. Held blocked while the command runs and taken with
@@ -340,6 +341,17 @@ def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> int:
         term.close()
 
 
+EXIT_HELP = (
+    f"Exit codes: CMD's own (128+N if killed by signal N); {EXIT_USAGE} bad usage;\n"
+    f"{EXIT_UNREACHABLE} nodemgr unreachable; "
+    f"{EXIT_NO_RESOURCES} no GPUs free (now, or within the wait);\n"
+    f"{EXIT_REFUSED} request refused (zero or exceeded quota, CUDA_VISIBLE_DEVICES no GPU\n"
+    f"can satisfy, unknown environment); {EXIT_INTERNAL} gpushare-run failed; "
+    f"{EXIT_NOT_EXECUTABLE} CMD not\n"
+    f"executable; {EXIT_NOT_FOUND} CMD not found; "
+    f"{EXIT_CANCELLED} interrupted while waiting for GPUs."
+)
+
 EPILOG = f"""\b
 Examples:
   gpushare-run python train.py
@@ -354,11 +366,7 @@ Every option has an environment variable, used when the option is not given:
 A CUDA_VISIBLE_DEVICES already set restricts the GPUs nodemgr may grant.
 
 \b
-Exit codes: CMD's own (128+N if killed by signal N); 2 bad usage;
-69 nodemgr unreachable; 75 no GPUs free (now, or within the wait);
-77 request refused (zero or exceeded quota, CUDA_VISIBLE_DEVICES no GPU
-can satisfy, unknown environment); 125 gpushare-run failed; 126 CMD not
-executable; 127 CMD not found; 130 interrupted while waiting for GPUs.
+{EXIT_HELP}
 """
 
 
@@ -371,7 +379,7 @@ executable; 127 CMD not found; 130 interrupted while waiting for GPUs.
 )
 @click.option(
     "--gpus",
-    type=CountType(1, cfg.MAX_GPUS),
+    type=CountType(1, MAX_GPUS_PER_REQUEST),
     default=None,
     help="How many GPUs the command needs [default: 1].",
 )

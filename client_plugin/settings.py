@@ -26,10 +26,9 @@ from client_plugin.envvars import (
     ZERO_QUOTA,
 )
 from nodemgr import sizes
-from nodemgr.protocol import MAX_WAIT
+from nodemgr.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
 from nodemgr.sizes import parse_size
 
-MAX_GPUS = 64
 DEFAULT_GRACE = 10.0
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -94,8 +93,8 @@ def parse_gpus(name: str, value: str) -> int:
         n = int(value.strip())
     except ValueError:
         raise SettingsError(f"{name}={value!r}: expected a whole number of GPUs") from None
-    if not 1 <= n <= MAX_GPUS:
-        raise SettingsError(f"{name}={value!r}: expected 1 to {MAX_GPUS} GPUs")
+    if not 1 <= n <= MAX_GPUS_PER_REQUEST:
+        raise SettingsError(f"{name}={value!r}: expected 1 to {MAX_GPUS_PER_REQUEST} GPUs")
     return n
 
 

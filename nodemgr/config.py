@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nodemgr.protocol import MAX_WAIT
+from nodemgr.protocol import DEVICE_NAME, MAX_WAIT
 from nodemgr.sizes import format_size, parse_seconds, parse_size
 
 DEFAULT_CONFIG = Path("/etc/gpushare/nodemgr.toml")
@@ -28,6 +28,10 @@ NVML_CONTEXT_MEMORY = 512 << 20
 # The mode of the admin socket and of every environment's socket and ledger unless the
 # config says otherwise.
 DEFAULT_MODE = "0600"
+# The most simulated GPUs: all a ledger holds (nodemgr.ledger.MAX_GPUS, shim/ledger_layout.h's
+# GS_MAX_GPUS; a test checks they agree). Not imported from there: the client imports this
+# module, and nodemgr.ledger loads the compiled ledger bindings.
+MAX_SIMULATED = 16
 
 
 class ConfigError(Exception):
@@ -129,9 +133,6 @@ class Text(Parser):
         return value
 
 
-_GPU_NAME = re.compile(r"^(?:[0-9]{1,9}|GPU-[0-9A-Fa-f-]{4,60})$")
-
-
 class GpuList(Parser):
     """timeslice.gpus: "all", or a list of GPU indices (integers or digit strings) and
     UUIDs (or unique prefixes of them); which GPUs they name is checked at start-up."""
@@ -147,7 +148,7 @@ class GpuList(Parser):
         for v in value:
             if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
                 names.append(str(v))
-            elif isinstance(v, str) and _GPU_NAME.match(v):
+            elif isinstance(v, str) and DEVICE_NAME.fullmatch(v):
                 names.append(v)
             else:
                 raise ConfigError(f"{where}: {v!r} is neither a GPU index nor a GPU UUID (GPU-...)")
@@ -214,7 +215,7 @@ KEYS: tuple[Key, ...] = (
         "seconds between NVML checks for lost GPUs",
     ),
     Key(
-        "gpus", "simulated_count", "sim_count", Integer(1, 16), 4, "simulated GPUs",
+        "gpus", "simulated_count", "sim_count", Integer(1, MAX_SIMULATED), 4, "simulated GPUs",
     ),
     Key(
         "gpus", "simulated_memory", "sim_memory", Size(positive=True), "16GiB",

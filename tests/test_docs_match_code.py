@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from client_plugin import envvars
-from nodemgr import config
+from nodemgr import config, exitcodes, ledger, protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -87,3 +87,45 @@ def test_client_doc_lists_exactly_the_client_variables() -> None:
     rows = re.findall(r"^\| `(--[a-z-]+)[^|]*\| `(GPUSHARE_[A-Z_]+)`", text, re.M)
     options = {name: option.split()[0] for name, option, _, _ in envvars.SETTINGS if option}
     assert {name: option for option, name in rows} == options
+
+
+def _markdown() -> str:
+    """README.md and every page of docs/: where a copy of a constant may be written."""
+    pages = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    return "\n".join(p.read_text() for p in pages)
+
+
+def test_gpu_counts_in_docs_are_the_protocols() -> None:
+    most = protocol.MAX_GPUS_PER_REQUEST
+    forms = {name: form for name, _, form, _ in envvars.SETTINGS}
+    assert forms[envvars.GPUS] == f"N, 1 to {most}"
+    assert f"GPUs CMD needs (1\u2013{most})" in (DOCS / "client.md").read_text()
+    assert protocol.MAX_TASK_ID + 1 == ledger.lib.GS_TASK_ID_LEN
+    assert config.MAX_SIMULATED == ledger.MAX_GPUS
+
+
+def test_exit_code_tables_are_the_defined_codes() -> None:
+    text = _markdown()
+    # gpushare-run's table of exit codes: | code | meaning |, one row per code.
+    tables = re.findall(r"^\| code \| meaning \|\n\|---\|---\|\n((?:\|.*\n)+)", text, re.M)
+    assert len(tables) == 1
+    documented = {int(c) for c in re.findall(r"^\| (\d+) \|", tables[0], re.M)}
+    assert documented == {
+        exitcodes.EXIT_USAGE,
+        exitcodes.EXIT_UNREACHABLE,
+        exitcodes.EXIT_NO_RESOURCES,
+        exitcodes.EXIT_REFUSED,
+        exitcodes.EXIT_INTERNAL,
+        exitcodes.EXIT_NOT_EXECUTABLE,
+        exitcodes.EXIT_NOT_FOUND,
+        exitcodes.EXIT_CANCELLED,
+    }
+    # nodemgr's, in a sentence: "Exit codes: 0 success; 1 ...; 78 ...".
+    sentence = re.search(r"Exit codes: 0 success(;.*?)\n\n", text, re.S)
+    assert sentence is not None
+    assert {int(c) for c in re.findall(r"(?:^|; |\n)(\d+) ", sentence.group(1))} == {
+        exitcodes.EXIT_ADMIN_REFUSED,
+        exitcodes.EXIT_USAGE,
+        exitcodes.EXIT_UNREACHABLE,
+        exitcodes.EXIT_CONFIG,
+    }
