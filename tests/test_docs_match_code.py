@@ -129,3 +129,56 @@ def test_exit_code_tables_are_the_defined_codes() -> None:
         exitcodes.EXIT_UNREACHABLE,
         exitcodes.EXIT_CONFIG,
     }
+
+
+# A field as docs/protocol.md writes it: `name` (type...), the type in balanced parentheses.
+_FIELD = re.compile(r"`(\w+)` \(((?:[^()]|\([^()]*\))*)\)")
+
+
+def _fields(text: str) -> dict[str, str]:
+    """The leading list of fields of a paragraph or table cell: name -> type."""
+    fields: dict[str, str] = {}
+    pos = 0
+    while m := _FIELD.match(text, pos):
+        fields[m.group(1)] = m.group(2)
+        pos = m.end()
+        if not text.startswith(", ", pos):
+            break
+        pos += 2
+    return fields
+
+
+def _check_fields(where: str, schema: protocol.Schema, fields: dict[str, str]) -> None:
+    assert set(fields) == set(schema), f"{where}: fields {sorted(fields)} != {sorted(schema)}"
+    for name, (required, _) in schema.items():
+        # An optional field is one that may be nil, and the doc says so.
+        assert ("nil" not in fields[name]) == required, f"{where}.{name}: {fields[name]!r}"
+
+
+def test_protocol_doc_has_every_message_field_and_error() -> None:
+    text = (DOCS / "protocol.md").read_text()
+    for kind, schema in protocol.TASK_REQUESTS.items():
+        section = re.search(rf"^### `{kind}` → `\w+`\n\n(.*?)(?=\n### |\n## )", text, re.M | re.S)
+        assert section, f"docs/protocol.md has no section for task message {kind!r}"
+        body = section.group(1)
+        rows = re.findall(r"^\| `(\w+)` \| ([^|]*) \| (yes|no) \|", body, re.M)
+        if rows:  # a table with a required column
+            _check_fields(kind, schema, {name: kind_ for name, kind_, _ in rows})
+            for name, _, required in rows:
+                assert (required == "yes") == schema[name][0], f"{kind}.{name}: required"
+        elif not schema:
+            assert body.startswith("No fields."), kind
+        else:
+            _check_fields(kind, schema, _fields(body))
+    for kind, schema in protocol.ADMIN_REQUESTS.items():
+        row = re.search(rf"^\| `{kind}` \| ([^|]*) \|", text, re.M)
+        assert row, f"docs/protocol.md's admin table has no row for {kind!r}"
+        if not schema:
+            assert row.group(1) == "—", kind
+        else:
+            _check_fields(kind, schema, _fields(row.group(1)))
+    codes = {v for k, v in vars(protocol.Err).items() if k.isupper() and isinstance(v, str)}
+    table = dict(re.findall(r"^\| `([a-z_]+)` \| [^\n]* \| (yes|no) \|$", text, re.M))
+    assert set(table) == codes, "docs/protocol.md's error table lists exactly Err's codes"
+    for code, retryable in table.items():
+        assert (retryable == "yes") == (code in protocol.Err.RETRYABLE), code
