@@ -14,6 +14,8 @@ import _thread
 import os
 import sys
 
+from client_plugin import envvars
+
 # Not typing.TYPE_CHECKING: importing typing alone would cost more than the rest.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -22,22 +24,15 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-FRAMEWORKS_ENV = "GPUSHARE_FRAMEWORKS"
-TASK_ENV = "GPUSHARE_TASK_ID"  # set in every process of a task
-HOOKS_ENV = "GPUSHARE_ITERATION_HOOKS"  # iteration hooks (client_plugin.iterations): 0 for none
 # Frameworks whose import puts in iteration hooks (client_plugin.iterations).
 HOOKED = ("torch", "keras")
-OWNER_ENV = "GPUSHARE_TASK_OWNER"  # client_plugin.settings.TASK_OWNER
-# "PID,HEARTBEAT_INTERVAL" of the process that holds an auto-loaded task, so that the
-# same process, restarted with the shim or exec'ing another program, keeps it alive.
-HOLDER_ENV = "GPUSHARE_AUTOLOAD_HOLDER"
 DEFAULT_FRAMEWORKS = ("torch", "tensorflow", "jax", "jaxlib", "paddle", "mxnet", "cupy")
 
 
 def frameworks(environ: Mapping[str, str] | None = None) -> frozenset[str]:
     """Top-level module names whose first import starts a task."""
     env = os.environ if environ is None else environ
-    extra = (n.strip() for n in env.get(FRAMEWORKS_ENV, "").split(","))
+    extra = (n.strip() for n in env.get(envvars.FRAMEWORKS, "").split(","))
     return frozenset(DEFAULT_FRAMEWORKS).union(n for n in extra if n)
 
 
@@ -49,7 +44,12 @@ def _on(value: str | None, default: bool) -> bool:
 
 def hooks_wanted(environ: Mapping[str, str]) -> bool:
     """GPUSHARE_ITERATION_HOOKS: on unless it says off (unset or empty: on)."""
-    return environ.get(HOOKS_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+    return environ.get(envvars.ITERATION_HOOKS, "").strip().lower() not in (
+        "0",
+        "false",
+        "no",
+        "off",
+    )
 
 
 class FrameworkFinder:
@@ -160,18 +160,18 @@ def install() -> None:
         return  # the start-up hook ran twice (site-packages reached by two paths)
     _installed = True
     env = os.environ
-    grant = _on(env.get("GPUSHARE_AUTOLOAD"), False)
+    grant = _on(env.get(envvars.AUTOLOAD), False)
     hooks = frozenset(HOOKED) if hooks_wanted(env) else frozenset()
-    if env.get(HOLDER_ENV, "").partition(",")[0] == str(os.getpid()):
+    if env.get(envvars.AUTOLOAD_HOLDER, "").partition(",")[0] == str(os.getpid()):
         # This process holds a task and was restarted with the shim (or exec'd another
         # program image): keep the task alive.
         from client_plugin import autotask
 
         autotask.resume()
         grant = False
-    elif env.get(OWNER_ENV):
+    elif env.get(envvars.TASK_OWNER):
         grant = False  # a process of a task (or of a CPU-only run): it shares that grant
-    if not grant and not (hooks and env.get(TASK_ENV)):
+    if not grant and not (hooks and env.get(envvars.TASK_ID)):
         return
     try:
         cwd: str | None = os.getcwd()

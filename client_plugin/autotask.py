@@ -23,9 +23,9 @@ import threading
 import types
 from collections.abc import Callable
 
-from client_plugin import libs
+from client_plugin import envvars, libs
 from client_plugin import settings as cfg
-from client_plugin.autoload import HOLDER_ENV
+from client_plugin.envvars import AUTOLOAD_HOLDER as HOLDER_ENV
 from client_plugin.grant import (
     Grant,
     Heartbeat,
@@ -36,6 +36,7 @@ from client_plugin.grant import (
     task_environment,
 )
 from nodemgr.client import NodeError, NoResources, QuotaZero, Unreachable
+from nodemgr.exitcodes import EXIT_CANCELLED
 
 _task: Task | None = None
 
@@ -97,7 +98,7 @@ def _no_gpu(message: str) -> None:
     for none either."""
     _say(message)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    os.environ[cfg.TASK_OWNER] = str(os.getpid())
+    os.environ[envvars.TASK_OWNER] = str(os.getpid())
 
 
 def _command() -> str:
@@ -115,8 +116,8 @@ def start(module: str, cwd: str | None, started: int) -> None:
         return  # CUDA_VISIBLE_DEVICES="": the user wants no GPU here
     if not s.endpoint:
         _no_gpu(
-            f"GPUSHARE_AUTOLOAD is on but {cfg.ENDPOINT} is not set, so {module} runs "
-            "without a GPU (set it to the environment's endpoint, or GPUSHARE_AUTOLOAD=0)"
+            f"{envvars.AUTOLOAD} is on but {envvars.ENDPOINT} is not set, so {module} runs "
+            f"without a GPU (set it to the environment's endpoint, or {envvars.AUTOLOAD}=0)"
         )
         return
     progress = Progress("gpushare", s.gpus)
@@ -129,12 +130,12 @@ def start(module: str, cwd: str | None, started: int) -> None:
         _say(f"{cancelled(s.endpoint, progress)}; {module} was not imported")
         if sys.flags.interactive or hasattr(sys, "ps1"):
             raise KeyboardInterrupt from None
-        raise SystemExit(130) from None
+        raise SystemExit(EXIT_CANCELLED) from None
     except QuotaZero as e:
         if s.zero_quota == "error":
             raise GpushareError(
-                f"gpushare: {e.message}; GPUSHARE_ZERO_QUOTA=error makes that an error "
-                f"(GPUSHARE_ZERO_QUOTA=warn runs {module} on the CPU)"
+                f"gpushare: {e.message}; {envvars.ZERO_QUOTA}=error makes that an error "
+                f"({envvars.ZERO_QUOTA}=warn runs {module} on the CPU)"
             ) from None
         _no_gpu(f"this environment's GPU quota is 0: {module} runs without a GPU")
         return
@@ -143,18 +144,18 @@ def start(module: str, cwd: str | None, started: int) -> None:
             _no_gpu(f"no GPU free ({e.message}): {module} runs without a GPU")
             return
         fix = (
-            "GPUSHARE_WAIT=1 waits for one"
+            f"{envvars.WAIT}=1 waits for one"
             if not s.wait
-            else "a longer GPUSHARE_WAIT_TIMEOUT waits longer"
+            else f"a longer {envvars.WAIT_TIMEOUT} waits longer"
         )
         raise GpushareError(
-            f"gpushare: no GPU for {module}: {e.message} ({fix}; GPUSHARE_CPU_FALLBACK=1 "
+            f"gpushare: no GPU for {module}: {e.message} ({fix}; {envvars.CPU_FALLBACK}=1 "
             "runs without a GPU)"
         ) from None
     except Unreachable as e:
         raise GpushareError(
             f"gpushare: cannot reach nodemgr: {e} (is nodemgr running, and is "
-            f"{cfg.ENDPOINT} the environment's endpoint? GPUSHARE_AUTOLOAD=0 turns "
+            f"{envvars.ENDPOINT} the environment's endpoint? {envvars.AUTOLOAD}=0 turns "
             "auto-load off)"
         ) from None
     except NodeError as e:
@@ -235,7 +236,7 @@ def _restart(
         release(endpoint, grant.task_id)
         raise GpushareError(f"gpushare: {e}") from None
     env[HOLDER_ENV] = f"{pid},{grant.heartbeat_interval}"
-    env[cfg.ENDPOINT] = endpoint
+    env[envvars.ENDPOINT] = endpoint
     with contextlib.suppress(OSError):
         if cwd is not None:
             os.chdir(cwd)
@@ -255,8 +256,8 @@ def resume() -> None:
     raw = os.environ.get(HOLDER_ENV, "")
     try:
         interval = float(raw.split(",")[1])
-        endpoint = os.environ[cfg.ENDPOINT]
-        task_id = os.environ["GPUSHARE_TASK_ID"]
+        endpoint = os.environ[envvars.ENDPOINT]
+        task_id = os.environ[envvars.TASK_ID]
     except (IndexError, ValueError, KeyError):
         _say(f"ignoring a malformed {HOLDER_ENV}={raw!r}")
         return

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from client_plugin import libs
-from client_plugin.settings import ENDPOINT, TASK_OWNER, TIMESLICED, Settings, wait_seconds
+from client_plugin.envvars import ENDPOINT, LEDGER, SIM_GPUS, TASK_ID, TASK_OWNER, TIMESLICED
+from client_plugin.settings import Settings, wait_seconds
 from nodemgr.client import (
     FIRST_ANSWER,
     Connection,
@@ -265,8 +266,8 @@ def task_environment(
         if shim not in present:
             env["LD_PRELOAD"] = " ".join([shim, *present])
     env["CUDA_VISIBLE_DEVICES"] = grant.uuids
-    env["GPUSHARE_LEDGER"] = grant.ledger
-    env["GPUSHARE_TASK_ID"] = grant.task_id
+    env[LEDGER] = grant.ledger
+    env[TASK_ID] = grant.task_id
     if grant.endpoint:
         # A process of the task tells nodemgr itself when its turn on a time-sliced GPU ends.
         env[ENDPOINT] = grant.endpoint
@@ -280,7 +281,7 @@ def task_environment(
         if env.get("LD_LIBRARY_PATH"):
             paths.append(env["LD_LIBRARY_PATH"])
         env["LD_LIBRARY_PATH"] = ":".join(paths)
-        env["GPUSHARE_SIM_GPUS"] = grant.sim_gpus or ""
+        env[SIM_GPUS] = grant.sim_gpus or ""
     return env
 
 
@@ -289,7 +290,7 @@ def cpu_environment(base: Mapping[str, str], owner: int) -> dict[str, str]:
     env = dict(base)
     env["CUDA_VISIBLE_DEVICES"] = ""
     env[TASK_OWNER] = str(owner)
-    for key in ("GPUSHARE_LEDGER", "GPUSHARE_TASK_ID"):
+    for key in (LEDGER, TASK_ID):
         env.pop(key, None)
     return env
 

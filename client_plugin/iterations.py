@@ -29,12 +29,11 @@ from types import ModuleType
 from typing import Any
 
 from client_plugin import shim
-from client_plugin.autoload import TASK_ENV, hooks_wanted
+from client_plugin.autoload import hooks_wanted
+from client_plugin.envvars import ENDPOINT as ENDPOINT_ENV
+from client_plugin.envvars import TASK_ID as TASK_ENV
+from client_plugin.envvars import TIMESLICED as TIMESLICED_ENV
 
-# client_plugin.settings' names, not imported from there: that module brings in the wire
-# code, which a process that imports a framework need not pay for before its first yield.
-ENDPOINT_ENV = "GPUSHARE_ENDPOINT"
-TIMESLICED_ENV = "GPUSHARE_TIMESLICED"
 # A yield is answered once the turn has passed, which waits for the task's other
 # processes to reach the end of their turn too: allow for their longest step. nodemgr
 # says at once when it holds a yield; with no word from it at all the wait is short.

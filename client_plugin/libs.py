@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from client_plugin.envvars import SHIM as SHIM_ENV
+from client_plugin.envvars import SIM_DIR as SIM_DIR_ENV
+
 LIB_DIR = Path(__file__).resolve().parent / "lib"
-SHIM_ENV = "GPUSHARE_SHIM"
-SIM_DIR_ENV = "GPUSHARE_SIM_DIR"
 
 
 def shim_path() -> Path:

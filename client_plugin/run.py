@@ -14,11 +14,13 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterable, Mapping
 
 import click
 
+from client_plugin import envvars
 from client_plugin import settings as cfg
 from client_plugin.grant import (
     Grant,
@@ -33,17 +35,18 @@ from client_plugin.grant import (
 )
 from nodemgr.cli.params import CountType, SecondsType
 from nodemgr.client import NodeError, NoResources, QuotaZero, Unreachable
-from nodemgr.protocol import MAX_WAIT
+from nodemgr.exitcodes import (
+    EXIT_CANCELLED,
+    EXIT_INTERNAL,
+    EXIT_NO_RESOURCES,
+    EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+)
+from nodemgr.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
 from nodemgr.sizes import parse_size
-
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 69
-EXIT_NO_RESOURCES = 75
-EXIT_REFUSED = 77
-EXIT_INTERNAL = 125
-EXIT_NOT_EXECUTABLE = 126
-EXIT_NOT_FOUND = 127
-EXIT_CANCELLED = 128 + signal.SIGINT
 
 _PR_SET_PDEATHSIG = 1
 # Passed on to the command. Held blocked while the command runs and taken with
@@ -338,27 +341,32 @@ def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> int:
         term.close()
 
 
-EPILOG = """\b
+EXIT_HELP = (
+    f"Exit codes: CMD's own (128+N if killed by signal N); {EXIT_USAGE} bad usage;\n"
+    f"{EXIT_UNREACHABLE} nodemgr unreachable; "
+    f"{EXIT_NO_RESOURCES} no GPUs free (now, or within the wait);\n"
+    f"{EXIT_REFUSED} request refused (zero or exceeded quota, CUDA_VISIBLE_DEVICES no GPU\n"
+    f"can satisfy, unknown environment); {EXIT_INTERNAL} gpushare-run failed; "
+    f"{EXIT_NOT_EXECUTABLE} CMD not\n"
+    f"executable; {EXIT_NOT_FOUND} CMD not found; "
+    f"{EXIT_CANCELLED} interrupted while waiting for GPUs."
+)
+
+EPILOG = f"""\b
 Examples:
   gpushare-run python train.py
   gpushare-run --gpus 2 -- torchrun --nproc-per-node 2 train.py
   gpushare-run --no-wait --cpu-fallback -- python evaluate.py
-  GPUSHARE_WAIT_TIMEOUT=600 gpushare-run python train.py
+  {envvars.WAIT_TIMEOUT}=600 gpushare-run python train.py
   gpushare-run --persistent 6GiB --temporary 20GiB python train.py
 
 \b
 Every option has an environment variable, used when the option is not given:
-GPUSHARE_ENDPOINT, GPUSHARE_GPUS, GPUSHARE_MEMORY, GPUSHARE_WAIT (1/0),
-GPUSHARE_WAIT_TIMEOUT, GPUSHARE_CPU_FALLBACK (1/0), GPUSHARE_GRACE,
-GPUSHARE_PERSISTENT, GPUSHARE_TEMPORARY, GPUSHARE_GUARD.
+{textwrap.fill(envvars.run_help(), 72)}
 A CUDA_VISIBLE_DEVICES already set restricts the GPUs nodemgr may grant.
 
 \b
-Exit codes: CMD's own (128+N if killed by signal N); 2 bad usage;
-69 nodemgr unreachable; 75 no GPUs free (now, or within the wait);
-77 request refused (zero or exceeded quota, CUDA_VISIBLE_DEVICES no GPU
-can satisfy, unknown environment); 125 gpushare-run failed; 126 CMD not
-executable; 127 CMD not found; 130 interrupted while waiting for GPUs.
+{EXIT_HELP}
 """
 
 
@@ -371,7 +379,7 @@ executable; 127 CMD not found; 130 interrupted while waiting for GPUs.
 )
 @click.option(
     "--gpus",
-    type=CountType(1, cfg.MAX_GPUS),
+    type=CountType(1, MAX_GPUS_PER_REQUEST),
     default=None,
     help="How many GPUs the command needs [default: 1].",
 )
@@ -430,7 +438,7 @@ executable; 127 CMD not found; 130 interrupted while waiting for GPUs.
     "--endpoint",
     metavar="URL",
     default=None,
-    help="The environment's nodemgr endpoint [default: $GPUSHARE_ENDPOINT].",
+    help=f"The environment's nodemgr endpoint [default: ${envvars.ENDPOINT}].",
 )
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def main(
@@ -483,7 +491,7 @@ def main(
     )
     if not s.endpoint:
         _say(
-            f"no nodemgr endpoint: pass --endpoint or set {cfg.ENDPOINT} "
+            f"no nodemgr endpoint: pass --endpoint or set {envvars.ENDPOINT} "
             "(nodemgr quota show ENV prints it)"
         )
         sys.exit(EXIT_USAGE)

@@ -1,4 +1,5 @@
-"""The client's settings: one ``GPUSHARE_*`` environment variable each.
+"""The client's settings: one ``GPUSHARE_*`` environment variable each (their names in
+client_plugin.envvars).
 
 ``gpushare-run`` options override them; the auto-loader reads only these. A bad
 value is an error that names the variable, never a silent default.
@@ -11,32 +12,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from client_plugin.envvars import (
+    CPU_FALLBACK,
+    ENDPOINT,
+    GPUS,
+    GRACE,
+    GUARD,
+    MEMORY,
+    PERSISTENT,
+    TEMPORARY,
+    WAIT,
+    WAIT_TIMEOUT,
+    ZERO_QUOTA,
+)
 from nodemgr import sizes
-from nodemgr.protocol import MAX_WAIT
+from nodemgr.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
 from nodemgr.sizes import parse_size
 
-ENDPOINT = "GPUSHARE_ENDPOINT"
-GPUS = "GPUSHARE_GPUS"
-MEMORY = "GPUSHARE_MEMORY"
-WAIT = "GPUSHARE_WAIT"
-WAIT_TIMEOUT = "GPUSHARE_WAIT_TIMEOUT"
-CPU_FALLBACK = "GPUSHARE_CPU_FALLBACK"
-GRACE = "GPUSHARE_GRACE"
-ZERO_QUOTA = "GPUSHARE_ZERO_QUOTA"
-# Time-sliced GPUs (docs/timeslicing.md): the task's estimated shape, and the space
-# nodemgr keeps after its persistent slice.
-PERSISTENT = "GPUSHARE_PERSISTENT"
-TEMPORARY = "GPUSHARE_TEMPORARY"
-GUARD = "GPUSHARE_GUARD"
-# Set for a task's processes when some of its GPUs were time-sliced at the grant: the node
-# indices. A hint only (a GPU's mode can change later): it has the iteration hooks connect
-# to nodemgr up front rather than in the task's first turn switch.
-TIMESLICED = "GPUSHARE_TIMESLICED"
-# Set for every process of a task (or of a CPU-only run): the pid of the process
-# that holds it. Any other process seeing it shares that grant and asks for none.
-TASK_OWNER = "GPUSHARE_TASK_OWNER"
-
-MAX_GPUS = 64
 DEFAULT_GRACE = 10.0
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -101,8 +93,8 @@ def parse_gpus(name: str, value: str) -> int:
         n = int(value.strip())
     except ValueError:
         raise SettingsError(f"{name}={value!r}: expected a whole number of GPUs") from None
-    if not 1 <= n <= MAX_GPUS:
-        raise SettingsError(f"{name}={value!r}: expected 1 to {MAX_GPUS} GPUs")
+    if not 1 <= n <= MAX_GPUS_PER_REQUEST:
+        raise SettingsError(f"{name}={value!r}: expected 1 to {MAX_GPUS_PER_REQUEST} GPUs")
     return n
 
 

@@ -1,4 +1,9 @@
-"""nodemgr's TOML configuration: one place that knows every key and its default."""
+"""nodemgr's TOML configuration: one place that knows every key and its default.
+
+``KEYS`` (and ``ACCESS_KEYS`` for the owner/group/mode tables) is the one table of them:
+``Config``'s defaults, ``load()``'s parsing and checks and the table in
+docs/configuration.md (``doc_table()``) all come from it.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,12 @@ import os
 import pwd
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nodemgr.protocol import MAX_WAIT
+from nodemgr.protocol import DEVICE_NAME, MAX_WAIT
 from nodemgr.sizes import format_size, parse_seconds, parse_size
 
 DEFAULT_CONFIG = Path("/etc/gpushare/nodemgr.toml")
@@ -19,10 +25,288 @@ CONFIG_ENV = "GPUSHARE_CONFIG"
 # gpus.context_memory on NVML GPUs when the config names none: an estimate of
 # what one process's CUDA context takes on a GPU, not yet measured.
 NVML_CONTEXT_MEMORY = 512 << 20
+# The mode of the admin socket and of every environment's socket and ledger unless the
+# config says otherwise.
+DEFAULT_MODE = "0600"
+# The most simulated GPUs: all a ledger holds (nodemgr.ledger.MAX_GPUS, shim/ledger_layout.h's
+# GS_MAX_GPUS; a test checks they agree). Not imported from there: the client imports this
+# module, and nodemgr.ledger loads the compiled ledger bindings.
+MAX_SIMULATED = 16
 
 
 class ConfigError(Exception):
     """The configuration file is missing, unreadable or wrong; the message names the key."""
+
+
+# The longest any interval or timeout may be: a day. TOML takes nan and inf, and a
+# timeout that never expires (a NaN heartbeat timeout) or a sweep that never comes
+# would stop nodemgr from reclaiming anything.
+DAY = 86400.0
+
+
+class Parser:
+    """How one key's value is read: ``parse(value, "section.key")`` returns it, or raises
+    ConfigError naming the key; ``accepts`` says in words what it takes (for the docs)."""
+
+    accepts = ""
+
+    def __call__(self, value: Any, where: str) -> Any:
+        raise NotImplementedError
+
+
+class Seconds(Parser):
+    """A duration: finite, from ``lo`` to ``hi`` seconds."""
+
+    def __init__(self, lo: float, hi: float = DAY) -> None:
+        self.lo, self.hi = lo, hi
+        self.accepts = f"seconds, {lo:g} to {hi:g}"
+
+    def __call__(self, value: Any, where: str) -> float:
+        try:
+            return parse_seconds(value, self.lo, self.hi)
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+
+
+class Size(Parser):
+    """A size in bytes (``parse_size``'s forms); ``positive``: 0 is refused."""
+
+    def __init__(self, positive: bool = False) -> None:
+        self.positive = positive
+        self.accepts = "a size above 0" if positive else "a size"
+
+    def __call__(self, value: Any, where: str) -> int:
+        try:
+            size = parse_size(value)
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        if self.positive and size <= 0:
+            raise ConfigError(f"{where} must be positive")
+        return size
+
+
+class Integer(Parser):
+    """A whole number from ``lo`` (to ``hi`` when given); ``note`` follows the range in
+    the error message."""
+
+    def __init__(self, lo: int, hi: int | None = None, note: str = "") -> None:
+        self.lo, self.hi = lo, hi
+        self.range = f">= {lo}" if hi is None else f"{lo}..{hi}"
+        self.note = note
+        self.accepts = f"an integer {self.range}"
+
+    def __call__(self, value: Any, where: str) -> int:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < self.lo
+            or (self.hi is not None and value > self.hi)
+        ):
+            raise ConfigError(f"{where} must be an integer {self.range}{self.note}, not {value!r}")
+        return value
+
+
+class Choice(Parser):
+    """One of a few words."""
+
+    def __init__(self, *words: str) -> None:
+        self.words = words
+        self.accepts = ", ".join(words[:-1]) + " or " + words[-1]
+
+    def __call__(self, value: Any, where: str) -> str:
+        if value not in self.words:
+            raise ConfigError(f"{where} must be {self.accepts}, not {value!r}")
+        return str(value)
+
+
+class Text(Parser):
+    """A non-empty string without any of ``forbidden``; ``what`` names it in errors."""
+
+    def __init__(self, what: str, forbidden: str = "", quote: bool = True) -> None:
+        self.what, self.forbidden, self.quote = what, forbidden, quote
+        self.accepts = what
+
+    def __call__(self, value: Any, where: str) -> str:
+        if not isinstance(value, str) or not value or any(c in value for c in self.forbidden):
+            shown = f", not {value!r}" if self.quote else ""
+            raise ConfigError(f"{where} must be {self.what}{shown}")
+        return value
+
+
+class GpuList(Parser):
+    """timeslice.gpus: "all", or a list of GPU indices (integers or digit strings) and
+    UUIDs (or unique prefixes of them); which GPUs they name is checked at start-up."""
+
+    accepts = '"all" or a list of GPU indices or UUIDs'
+
+    def __call__(self, value: Any, where: str) -> tuple[str, ...] | str:
+        if value == "all":
+            return "all"
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be {self.accepts}, not {value!r}")
+        names = []
+        for v in value:
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                names.append(str(v))
+            elif isinstance(v, str) and DEVICE_NAME.fullmatch(v):
+                names.append(v)
+            else:
+                raise ConfigError(f"{where}: {v!r} is neither a GPU index nor a GPU UUID (GPU-...)")
+        return tuple(names)
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of the config file and the ``Config`` field it sets."""
+
+    section: str
+    name: str
+    attr: str
+    parse: Parser
+    # The default as the file would write it; None: it depends on the node, and
+    # ``default_doc`` says how.
+    default: Any
+    doc: str
+    default_doc: str = ""
+
+    @property
+    def path(self) -> str:
+        return f"{self.section}.{self.name}"
+
+    def shown_default(self) -> str:
+        """The default as docs/configuration.md's table shows it."""
+        if self.default is None:
+            return self.default_doc
+        if isinstance(self.default, str):
+            return f'`"{self.default}"`'
+        if isinstance(self.default, list):
+            return f"`{self.default!r}`"
+        return str(self.default)
+
+
+# fmt: off
+KEYS: tuple[Key, ...] = (
+    Key(
+        "node", "run_dir", "run_dir", Text("a path"), None,
+        "sockets (`admin.sock`, `envs/ENV/task.sock`) and ledgers", default_doc="see below",
+    ),
+    Key(
+        "node", "state_dir", "state_dir", Text("a path"), None,
+        "the sqlite database (`nodemgr.db`) of quotas and records", default_doc="see below",
+    ),
+    Key(
+        "node", "heartbeat_interval", "heartbeat_interval", Seconds(0.01, 3600.0), 1.0,
+        "seconds between a task's heartbeats (told to clients)",
+    ),
+    Key(
+        "node", "heartbeat_timeout", "heartbeat_timeout", Seconds(0.05), 5.0,
+        "seconds of silence after which a task is ended and reclaimed (longer than the interval)",
+    ),
+    Key(
+        "node", "sweep_interval", "sweep_interval", Seconds(0.01, 60.0), 0.1,
+        "seconds between sweeps for dead processes' ledger slots",
+    ),
+    Key(
+        "gpus", "source", "gpu_source", Choice("auto", "nvml", "simulated"), "auto",
+        "`nvml`, `simulated`, or `auto` (NVML if a driver answers)",
+    ),
+    Key(
+        "gpus", "health_interval", "health_interval", Seconds(0.1, 3600.0), 5.0,
+        "seconds between NVML checks for lost GPUs",
+    ),
+    Key(
+        "gpus", "simulated_count", "sim_count", Integer(1, MAX_SIMULATED), 4, "simulated GPUs",
+    ),
+    Key(
+        "gpus", "simulated_memory", "sim_memory", Size(positive=True), "16GiB",
+        "memory of each simulated GPU",
+    ),
+    Key(
+        "gpus", "simulated_name", "sim_name",
+        Text("a non-empty string without | ; or newlines", "|;\n", quote=False),
+        "gpushare Simulated GPU", "their name",
+    ),
+    Key(
+        "gpus", "context_memory", "context_memory", Size(), None,
+        "charged per process per GPU for its CUDA context"
+        " ([operations.md](operations.md#context-memory))",
+        default_doc=f'`"0"` simulated, `"{format_size(NVML_CONTEXT_MEMORY)}"` NVML',
+    ),
+    Key(
+        "scheduler", "task_threshold", "task_threshold", Integer(1), 4,
+        "tasks on a GPU beyond which it is not chosen as a new GPU",
+    ),
+    Key(
+        "scheduler", "memory_reserve", "memory_reserve", Size(), "0",
+        "memory per GPU never granted (driver and overheads the shim does not charge)",
+    ),
+    Key(
+        "scheduler", "queue_max_bypass", "queue_max_bypass", Integer(0), 8,
+        "times a waiting request may be overtaken before it blocks the queue",
+    ),
+    Key(
+        "scheduler", "max_wait", "max_wait", Seconds(0.0, MAX_WAIT), 86400.0,
+        "the longest a request may wait, seconds",
+    ),
+    Key(
+        "metrics", "address", "metrics_address", Text("an address to listen on"), "127.0.0.1",
+        "where Prometheus metrics are served",
+    ),
+    Key(
+        "metrics", "port", "metrics_port", Integer(0, 65535, " (0: off)"), 0,
+        "their port; 0 turns them off",
+    ),
+    Key(
+        "timeslice", "gpus", "timeslice_gpus", GpuList(), [],
+        "GPUs that start time-sliced ([timeslicing.md](timeslicing.md))",
+    ),
+    Key(
+        "timeslice", "quantum", "quantum", Integer(1), 4,
+        "iterations per turn on a time-sliced GPU",
+    ),
+    Key(
+        "timeslice", "turn_timeout", "turn_timeout", Seconds(0.01), 30.0,
+        "seconds a holder may go without an iteration boundary (without yielding, if it"
+        " reports none) before its turn is taken",
+    ),
+    Key(
+        "timeslice", "guard", "guard", Size(), "100MiB",
+        "memory kept free after each task's persistent slice",
+    ),
+)
+# fmt: on
+
+# The keys of [admin], [env_defaults] and each [env."NAME"]: (key, default, meaning).
+ACCESS_KEYS: tuple[tuple[str, str, str], ...] = (
+    ("owner", "nodemgr's user", "a user name or id"),
+    ("group", "nodemgr's group", "a group name or id"),
+    ("mode", f'`"{DEFAULT_MODE}"`', 'an octal string like "0660"; the owner reads and writes'),
+)
+# The access tables: (table, what it sets).
+ACCESS_TABLES: tuple[tuple[str, str], ...] = (
+    ("admin", "the admin socket's"),
+    ("env_defaults", "every environment's socket and ledger"),
+)
+
+
+def doc_table() -> str:
+    """docs/configuration.md's table of keys, made from KEYS and ACCESS_KEYS."""
+    rows = ["| key | default | accepts | meaning |", "|---|---|---|---|"]
+    for k in KEYS:
+        accepts = k.parse.accepts.replace("|", "\\|")
+        rows.append(f"| `{k.path}` | {k.shown_default()} | {accepts} | {k.doc} |")
+    for table, what in ACCESS_TABLES:
+        for name, default, accepts in ACCESS_KEYS:
+            rows.append(f"| `{table}.{name}` | {default} | {accepts} | {what} {name} |")
+    first, *rest = (name for name, _, _ in ACCESS_KEYS)
+    names = ", ".join([f'`env."NAME".{first}`'] + [f"`.{name}`" for name in rest])
+    rows.append(f"| {names} | `env_defaults` | as above | one environment's |")
+    return "\n".join(rows) + "\n"
+
+
+_DEFAULTS: dict[str, Any] = {
+    k.attr: k.parse(k.default, k.path) for k in KEYS if k.default is not None
+}
 
 
 @dataclass(frozen=True)
@@ -45,42 +329,44 @@ class Access:
         return mode
 
 
-def _own_access(mode: int = 0o600) -> Access:
-    return Access(os.geteuid(), os.getegid(), mode)
+def _own_access() -> Access:
+    return Access(os.geteuid(), os.getegid(), int(DEFAULT_MODE, 8))
 
 
 @dataclass(frozen=True)
 class Config:
+    """The loaded configuration; each default is its key's in KEYS."""
+
     path: Path | None
     run_dir: Path
     state_dir: Path = field(default_factory=lambda: default_state_dir())
-    heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 5.0
-    sweep_interval: float = 0.1
-    gpu_source: str = "auto"
-    sim_count: int = 4
-    sim_memory: int = 16 << 30
-    sim_name: str = "gpushare Simulated GPU"
-    health_interval: float = 5.0
+    heartbeat_interval: float = _DEFAULTS["heartbeat_interval"]
+    heartbeat_timeout: float = _DEFAULTS["heartbeat_timeout"]
+    sweep_interval: float = _DEFAULTS["sweep_interval"]
+    gpu_source: str = _DEFAULTS["gpu_source"]
+    sim_count: int = _DEFAULTS["sim_count"]
+    sim_memory: int = _DEFAULTS["sim_memory"]
+    sim_name: str = _DEFAULTS["sim_name"]
+    health_interval: float = _DEFAULTS["health_interval"]
     # Bytes charged per process per GPU for its CUDA context; None: the
     # default for the GPUs found (context_memory_for).
     context_memory: int | None = None
-    task_threshold: int = 4
-    memory_reserve: int = 0
-    queue_max_bypass: int = 8
-    max_wait: float = 86400.0
-    metrics_address: str = "127.0.0.1"
-    metrics_port: int = 0
+    task_threshold: int = _DEFAULTS["task_threshold"]
+    memory_reserve: int = _DEFAULTS["memory_reserve"]
+    queue_max_bypass: int = _DEFAULTS["queue_max_bypass"]
+    max_wait: float = _DEFAULTS["max_wait"]
+    metrics_address: str = _DEFAULTS["metrics_address"]
+    metrics_port: int = _DEFAULTS["metrics_port"]
     admin_access: Access = field(default_factory=_own_access)
     env_default_access: Access = field(default_factory=_own_access)
     env_access: dict[str, Access] = field(default_factory=dict)
     # [timeslice] (docs/timeslicing.md): the GPUs that start time-sliced, by index or
     # UUID as written ("all": every GPU), iterations per turn, the longest a holder keeps
     # the turn without yielding, and the default guard after each persistent slice.
-    timeslice_gpus: tuple[str, ...] | str = ()
-    quantum: int = 4
-    turn_timeout: float = 30.0
-    guard: int = 100 << 20
+    timeslice_gpus: tuple[str, ...] | str = _DEFAULTS["timeslice_gpus"]
+    quantum: int = _DEFAULTS["quantum"]
+    turn_timeout: float = _DEFAULTS["turn_timeout"]
+    guard: int = _DEFAULTS["guard"]
 
     @property
     def admin_endpoint(self) -> str:
@@ -147,40 +433,23 @@ def default_state_dir() -> Path:
     return Path.home() / ".local" / "state" / "gpushare"
 
 
-_KEYS: dict[str, set[str]] = {
-    "node": {"run_dir", "state_dir", "heartbeat_interval", "heartbeat_timeout", "sweep_interval"},
-    "gpus": {
-        "source",
-        "simulated_count",
-        "simulated_memory",
-        "simulated_name",
-        "health_interval",
-        "context_memory",
-    },
-    "scheduler": {"task_threshold", "memory_reserve", "queue_max_bypass", "max_wait"},
-    "metrics": {"address", "port"},
-    "timeslice": {"gpus", "quantum", "turn_timeout", "guard"},
-    "admin": {"owner", "group", "mode"},
-    "env_defaults": {"owner", "group", "mode"},
-}
-_ACCESS_KEYS = {"owner", "group", "mode"}
+_ACCESS_NAMES = {name for name, _, _ in ACCESS_KEYS}
+_SECTIONS: dict[str, set[str]] = {}
+for _k in KEYS:
+    _SECTIONS.setdefault(_k.section, set()).add(_k.name)
+for _table, _ in ACCESS_TABLES:
+    _SECTIONS[_table] = _ACCESS_NAMES
 MAX_ID = (1 << 32) - 1
 _MODE = re.compile(r"^0?[0-7]{3}$")
 
 
-def _path(table: dict[str, Any], key: str, file: Path | None) -> str | None:
-    value = table.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"node.{key} must be a path, not {value!r}")
-    if file is not None and not os.path.isabs(value):
-        value = str(file.parent / value)
-    return value
-
-
 def _account(
-    table: dict[str, Any], where: str, key: str, lookup: Any, what: str, default: int
+    table: dict[str, Any],
+    where: str,
+    key: str,
+    lookup: Callable[[str], int],
+    what: str,
+    default: int,
 ) -> int:
     """A user or group given by name or id; KeyError from ``lookup`` means no such name."""
     value = table.get(key)
@@ -217,54 +486,6 @@ def _access(table: dict[str, Any], where: str, base: Access) -> Access:
     return Access(uid, gid, mode)
 
 
-# The longest any interval or timeout may be: a day. TOML takes nan and inf, and a
-# timeout that never expires (a NaN heartbeat timeout) or a sweep that never comes
-# would stop nodemgr from reclaiming anything.
-DAY = 86400.0
-
-
-def _seconds(
-    table: dict[str, Any], section: str, key: str, default: float, lo: float, hi: float = DAY
-) -> float:
-    """A duration key: finite, from ``lo`` to ``hi`` seconds."""
-    try:
-        return parse_seconds(table.get(key, default), lo, hi)
-    except ValueError as e:
-        raise ConfigError(f"{section}.{key}: {e}") from None
-
-
-def _size(table: dict[str, Any], section: str, key: str, default: str | int) -> int:
-    try:
-        return parse_size(table.get(key, default))
-    except ValueError as e:
-        raise ConfigError(f"{section}.{key}: {e}") from None
-
-
-_GPU_NAME = re.compile(r"^(?:[0-9]{1,9}|GPU-[0-9A-Fa-f-]{4,60})$")
-
-
-def _timeslice_gpus(value: Any) -> tuple[str, ...] | str:
-    """timeslice.gpus: "all", or a list of GPU indices (integers or digit strings) and
-    UUIDs (or unique prefixes of them); which GPUs they name is checked at start-up."""
-    if value == "all":
-        return "all"
-    if not isinstance(value, list):
-        raise ConfigError(
-            f'timeslice.gpus must be "all" or a list of GPU indices or UUIDs, not {value!r}'
-        )
-    names = []
-    for v in value:
-        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-            names.append(str(v))
-        elif isinstance(v, str) and _GPU_NAME.match(v):
-            names.append(v)
-        else:
-            raise ConfigError(
-                f"timeslice.gpus: {v!r} is neither a GPU index nor a GPU UUID (GPU-...)"
-            )
-    return tuple(names)
-
-
 def load(path: str | os.PathLike[str] | None = None) -> Config:
     """Load ``path``, or $GPUSHARE_CONFIG, or /etc/gpushare/nodemgr.toml if present.
 
@@ -292,95 +513,41 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
                 if not isinstance(sub, dict):
                     raise ConfigError(f"[env.{name}] must be a table of owner, group, mode")
                 for key in sub:
-                    if key not in _ACCESS_KEYS:
+                    if key not in _ACCESS_NAMES:
                         raise ConfigError(f"unknown key env.{name}.{key} in {file}")
             continue
-        if section not in _KEYS or not isinstance(table, dict):
+        if section not in _SECTIONS or not isinstance(table, dict):
             raise ConfigError(f"unknown section [{section}] in {file}")
         for key in table:
-            if key not in _KEYS[section]:
+            if key not in _SECTIONS[section]:
                 raise ConfigError(f"unknown key {section}.{key} in {file}")
-    node = data.get("node", {})
-    gpus = data.get("gpus", {})
-    sched = data.get("scheduler", {})
-    metrics = data.get("metrics", {})
-    ts = data.get("timeslice", {})
-
-    run_dir = _path(node, "run_dir", file)
-    state_dir = _path(node, "state_dir", file)
-
-    source = gpus.get("source", "auto")
-    if source not in ("auto", "nvml", "simulated"):
-        raise ConfigError(f"gpus.source must be auto, nvml or simulated, not {source!r}")
-    count = gpus.get("simulated_count", 4)
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 16:
-        raise ConfigError(f"gpus.simulated_count must be an integer 1..16, not {count!r}")
-    memory = _size(gpus, "gpus", "simulated_memory", "16GiB")
-    if memory <= 0:
-        raise ConfigError("gpus.simulated_memory must be positive")
-    name = gpus.get("simulated_name", "gpushare Simulated GPU")
-    if not isinstance(name, str) or not name or any(c in name for c in "|;\n"):
-        raise ConfigError("gpus.simulated_name must be a non-empty string without | ; or newlines")
-    context_memory = None
-    if "context_memory" in gpus:
-        context_memory = _size(gpus, "gpus", "context_memory", 0)
-    threshold = sched.get("task_threshold", 4)
-    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
-        raise ConfigError(f"scheduler.task_threshold must be an integer >= 1, not {threshold!r}")
-
-    reserve = _size(sched, "scheduler", "memory_reserve", 0)
-    bypass = sched.get("queue_max_bypass", 8)
-    if isinstance(bypass, bool) or not isinstance(bypass, int) or bypass < 0:
-        raise ConfigError(f"scheduler.queue_max_bypass must be an integer >= 0, not {bypass!r}")
-    port = metrics.get("port", 0)
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ConfigError(f"metrics.port must be an integer 0..65535 (0: off), not {port!r}")
-    address = metrics.get("address", "127.0.0.1")
-    if not isinstance(address, str) or not address:
-        raise ConfigError(f"metrics.address must be an address to listen on, not {address!r}")
+    values: dict[str, Any] = {}
+    for k in KEYS:
+        table = data.get(k.section, {})
+        if k.name in table:
+            values[k.attr] = k.parse(table[k.name], k.path)
+        elif k.default is not None:
+            values[k.attr] = _DEFAULTS[k.attr]
+    for attr, default in (("run_dir", default_run_dir), ("state_dir", default_state_dir)):
+        if attr not in values:
+            values[attr] = default()
+        elif file is not None and not os.path.isabs(values[attr]):
+            values[attr] = file.parent / values[attr]
+        else:
+            values[attr] = Path(values[attr])
+    if values["heartbeat_timeout"] <= values["heartbeat_interval"]:
+        raise ConfigError(
+            f"node.heartbeat_timeout ({values['heartbeat_timeout']}) must be longer than "
+            f"node.heartbeat_interval ({values['heartbeat_interval']})"
+        )
     env_default = _access(data.get("env_defaults", {}), "env_defaults", _own_access())
     env_access = {}
     for name, sub in data.get("env", {}).items():
         env_access[name] = _access(sub, f"env.{name}", env_default)
-
-    ts_gpus = _timeslice_gpus(ts.get("gpus", []))
-    quantum = ts.get("quantum", 4)
-    if isinstance(quantum, bool) or not isinstance(quantum, int) or quantum < 1:
-        raise ConfigError(f"timeslice.quantum must be an integer >= 1, not {quantum!r}")
-    turn_timeout = _seconds(ts, "timeslice", "turn_timeout", 30.0, 0.01)
-    guard = _size(ts, "timeslice", "guard", "100MiB")
-
-    interval = _seconds(node, "node", "heartbeat_interval", 1.0, 0.01, 3600.0)
-    timeout = _seconds(node, "node", "heartbeat_timeout", 5.0, 0.05)
-    if timeout <= interval:
-        raise ConfigError(
-            f"node.heartbeat_timeout ({timeout}) must be longer than "
-            f"node.heartbeat_interval ({interval})"
-        )
     return Config(
         path=file,
-        run_dir=Path(run_dir) if run_dir else default_run_dir(),
-        state_dir=Path(state_dir) if state_dir else default_state_dir(),
-        heartbeat_interval=interval,
-        heartbeat_timeout=timeout,
-        sweep_interval=_seconds(node, "node", "sweep_interval", 0.1, 0.01, 60.0),
-        gpu_source=source,
-        sim_count=count,
-        sim_memory=memory,
-        sim_name=name,
-        health_interval=_seconds(gpus, "gpus", "health_interval", 5.0, 0.1, 3600.0),
-        context_memory=context_memory,
-        task_threshold=threshold,
-        memory_reserve=reserve,
-        queue_max_bypass=bypass,
-        max_wait=_seconds(sched, "scheduler", "max_wait", 86400.0, 0.0, MAX_WAIT),
-        metrics_address=address,
-        metrics_port=port,
         admin_access=_access(data.get("admin", {}), "admin", _own_access()),
         env_default_access=env_default,
         env_access=env_access,
-        timeslice_gpus=ts_gpus,
-        quantum=quantum,
-        turn_timeout=turn_timeout,
-        guard=guard,
+        **values,
     )

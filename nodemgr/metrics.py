@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from nodemgr.protocol import TIMESLICED
+
 if TYPE_CHECKING:
     from nodemgr.server import Server
 
@@ -89,7 +91,7 @@ class _StateCollector(Collector):
         for x in snap.gpus:
             lv = [str(x["index"]), x["uuid"]]
             regions = x.get("regions") or {}
-            mode.add_metric(lv, 1 if x.get("mode") == "timesliced" else 0)
+            mode.add_metric(lv, 1 if x.get("mode") == TIMESLICED else 0)
             persistent.add_metric(lv, regions.get("persistent", 0))
             temporary.add_metric(lv, regions.get("temporary", 0))
             temp_used.add_metric(lv, regions.get("temporary_used", 0))

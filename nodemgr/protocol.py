@@ -23,13 +23,18 @@ MAX_MESSAGE_BYTES = 64 * 1024
 MAX_FRAMES = 8
 
 ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-TASK_ID = re.compile(r"^[A-Za-z0-9-]{1,23}$")
+# A task id: what a ledger slot holds (shim/ledger_layout.h: GS_TASK_ID_LEN, less its NUL).
+MAX_TASK_ID = 23
+TASK_ID = re.compile(rf"^[A-Za-z0-9-]{{1,{MAX_TASK_ID}}}$")
 MAX_GPUS_PER_REQUEST = 64
 MAX_BYTES = (1 << 63) - 1
 MAX_WAIT = 7 * 86400.0
 MAX_HISTORY = 10000
 MAX_GUARD = 1 << 40
-MODES = ("shared", "timesliced")
+# A GPU's mode (docs/timeslicing.md).
+SHARED = "shared"
+TIMESLICED = "timesliced"
+MODES = (SHARED, TIMESLICED)
 # request.devices: a GPU index as nodemgr numbers them, or a GPU UUID or a prefix of one
 # (at least "GPU-" and 4 more characters). Which GPU a name means is nodemgr.gpus.resolve's.
 DEVICE_NAME = re.compile(r"[0-9]{1,9}|GPU-[0-9A-Fa-f-]{4,60}")
@@ -140,7 +145,7 @@ def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 _env = _str(ENV_NAME, 64)
-_task = _str(TASK_ID, 23)
+_task = _str(TASK_ID, MAX_TASK_ID)
 _bytes = _int(0, MAX_BYTES)
 
 # type -> {field: (required, validator)}

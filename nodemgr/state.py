@@ -23,7 +23,7 @@ from nodemgr import scheduler, timeslice
 from nodemgr.config import Config, ConfigError, check_gpus
 from nodemgr.gpus import Gpu, resolve
 from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, Regions, SlotTotals, TaskEntry
-from nodemgr.protocol import Err, ProtocolError
+from nodemgr.protocol import MODES, SHARED, TIMESLICED, Err, ProtocolError
 from nodemgr.store import Record, Store
 
 log = logging.getLogger("nodemgr")
@@ -233,12 +233,12 @@ class Node:
         admin = self.store.gpu_modes()
         modes = {}
         for g in self.gpus:
-            if g.uuid in admin and admin[g.uuid] in timeslice.MODES:
+            if g.uuid in admin and admin[g.uuid] in MODES:
                 modes[g.index] = (admin[g.uuid], "admin")
             elif g.index in configured:
-                modes[g.index] = (timeslice.TIMESLICED, "config")
+                modes[g.index] = (TIMESLICED, "config")
             else:
-                modes[g.index] = (timeslice.SHARED, "default")
+                modes[g.index] = (SHARED, "default")
         return modes
 
     # --- start-up ----------------------------------------------------------------
@@ -568,7 +568,7 @@ class Node:
         return self.modes[index][0]
 
     def timesliced(self, index: int) -> bool:
-        return self.modes[index][0] == timeslice.TIMESLICED
+        return self.modes[index][0] == TIMESLICED
 
     def _quotas(self) -> dict[str, int]:
         return {e.name: e.memory for e in self.envs.values()}
@@ -624,7 +624,7 @@ class Node:
         return (
             not self.gates
             and not self.turns.gpus
-            and not any(m == timeslice.TIMESLICED for m, _ in self.modes.values())
+            and not any(m == TIMESLICED for m, _ in self.modes.values())
         )
 
     def _situation(self) -> timeslice.Situation:

@@ -17,10 +17,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-SHARED = "shared"
-TIMESLICED = "timesliced"
-MODES = (SHARED, TIMESLICED)
-
 LEARNED = "learned"
 ESTIMATE = "estimate"
 UNKNOWN = "unknown"

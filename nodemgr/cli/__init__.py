@@ -15,19 +15,22 @@ from nodemgr.cli.serve import serve
 from nodemgr.cli.status import status
 from nodemgr.cli.tasks import tasks
 from nodemgr.cli.top import top
+from nodemgr.exitcodes import EXIT_ADMIN_REFUSED, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_USAGE
+
+HELP = f"""gpushare node manager: grants GPUs to tasks within per-environment quotas.
+
+Exit codes: 0 success; {EXIT_ADMIN_REFUSED} nodemgr refused the request; {EXIT_USAGE} bad usage;
+{EXIT_UNREACHABLE} nodemgr unreachable; {EXIT_CONFIG} bad configuration.
+
+Shell completion (bash; zsh and fish alike):
+eval "$(_NODEMGR_COMPLETE=bash_source nodemgr)"
+"""
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, help=HELP)
 @click.version_option(__version__, prog_name="nodemgr")
 def cli() -> None:
-    """gpushare node manager: grants GPUs to tasks within per-environment quotas.
-
-    Exit codes: 0 success; 1 nodemgr refused the request; 2 bad usage;
-    69 nodemgr unreachable; 78 bad configuration.
-
-    Shell completion (bash; zsh and fish alike):
-    eval "$(_NODEMGR_COMPLETE=bash_source nodemgr)"
-    """
+    """The nodemgr command; its help is HELP."""
 
 
 cli.add_command(serve)

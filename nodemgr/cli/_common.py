@@ -13,10 +13,7 @@ import click
 
 from nodemgr import config as configmod
 from nodemgr.client import Connection, NodeError, Unreachable
-
-EXIT_REFUSED = 1
-EXIT_UNREACHABLE = 69
-EXIT_CONFIG = 78
+from nodemgr.exitcodes import EXIT_ADMIN_REFUSED, EXIT_CONFIG, EXIT_UNREACHABLE
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,7 +74,7 @@ def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, A
             EXIT_UNREACHABLE,
         )
     except NodeError as e:
-        fail(e.message, EXIT_REFUSED)
+        fail(e.message, EXIT_ADMIN_REFUSED)
 
 
 def print_json(value: Any) -> None:

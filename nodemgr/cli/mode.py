@@ -7,9 +7,8 @@ from typing import Any
 import click
 
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
+from nodemgr.protocol import MODES, SHARED
 from nodemgr.sizes import format_size
-
-MODES = ("shared", "timesliced")
 
 
 @click.command()
@@ -40,7 +39,7 @@ def mode(gpu: str | None, mode: str | None, config_path: str | None, as_json: bo
     )
     for g in reply["gpus"]:
         if g.get("charged", 0) > g.get("capacity", g.get("charged", 0)):
-            if g["mode"] == "shared":
+            if g["mode"] == SHARED:
                 hint = "time-slice it again, or end some tasks with nodemgr reclaim"
             else:
                 hint = (

@@ -6,6 +6,7 @@ import click
 
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
 from nodemgr.cli.params import CountType, SizeType
+from nodemgr.protocol import MAX_GPUS_PER_REQUEST
 from nodemgr.sizes import format_size
 
 
@@ -16,7 +17,9 @@ def quota() -> None:
 
 @quota.command("set")
 @click.argument("env")
-@click.option("--gpus", type=CountType(0, 64), required=True, help="GPU-count quota.")
+@click.option(
+    "--gpus", type=CountType(0, MAX_GPUS_PER_REQUEST), required=True, help="GPU-count quota."
+)
 @click.option(
     "--memory",
     type=SizeType(),

@@ -6,7 +6,8 @@ import logging
 
 import click
 
-from nodemgr.cli._common import EXIT_CONFIG, config_option, fail, load_config
+from nodemgr.cli._common import config_option, fail, load_config
+from nodemgr.exitcodes import EXIT_CONFIG
 from nodemgr.gpus import InventoryError
 from nodemgr.server import Server, StartupError
 

@@ -9,7 +9,6 @@ from typing import Any
 import click
 
 from nodemgr.cli._common import (
-    EXIT_UNREACHABLE,
     check_access,
     config_option,
     fail,
@@ -21,6 +20,8 @@ from nodemgr.cli._common import (
 )
 from nodemgr.cli.params import CountType, SecondsType
 from nodemgr.client import Connection, NodeError, Unreachable
+from nodemgr.exitcodes import EXIT_UNREACHABLE
+from nodemgr.protocol import TIMESLICED
 from nodemgr.sizes import format_size
 
 
@@ -39,7 +40,7 @@ def timesliced_lines(gpus: list[dict[str, Any]]) -> list[str]:
     lines: list[str] = []
     for g in gpus:
         regions = g.get("regions")
-        if g.get("mode") != "timesliced" or regions is None:
+        if g.get("mode") != TIMESLICED or regions is None:
             continue
         turn = g.get("turn")
         head = (
