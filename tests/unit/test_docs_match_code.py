@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from nodemgr._ledger import lib as ledger_lib
+
 from client_plugin import envvars
 from nodemgr import config, exitcodes, ledger, protocol
 
@@ -100,7 +102,7 @@ def test_gpu_counts_in_docs_are_the_protocols() -> None:
     forms = {name: form for name, _, form, _ in envvars.SETTINGS}
     assert forms[envvars.GPUS] == f"N, 1 to {most}"
     assert f"GPUs CMD needs (1\u2013{most})" in (DOCS / "client.md").read_text()
-    assert protocol.MAX_TASK_ID + 1 == ledger.lib.GS_TASK_ID_LEN
+    assert protocol.MAX_TASK_ID + 1 == ledger_lib.GS_TASK_ID_LEN
     assert config.MAX_SIMULATED == ledger.MAX_GPUS
 
 
