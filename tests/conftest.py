@@ -26,9 +26,7 @@ from typing import Any
 import pytest
 
 from client_plugin import libs
-from nodemgr import config as nodemgr_config
 from nodemgr.client import Connection, NodeError, Unreachable
-from nodemgr.server import Server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -434,8 +432,14 @@ def daemon(daemon_factory: Any) -> Daemon:
 
 
 @pytest.fixture
-def server() -> Iterator[Server]:
-    """nodemgr's loop in this process, on 4 simulated GPUs, for a test to step by hand."""
+def server() -> Iterator[Any]:
+    """nodemgr's loop in this process, on 4 simulated GPUs, for a test to step by hand (a
+    nodemgr.server.Server). Imported here, not at the top: helper processes import this
+    module with the source tree first on their path, where the ledger bindings are not
+    built."""
+    from nodemgr import config as nodemgr_config
+    from nodemgr.server import Server
+
     root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
     (root / "c.toml").write_text(
         f'[node]\nrun_dir = "{root}/run"\nstate_dir = "{root}/state"\n'

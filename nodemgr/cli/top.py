@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from typing import Any
 
@@ -79,6 +80,7 @@ def timesliced_lines(gpus: list[dict[str, Any]]) -> list[str]:
 
 
 def render(snap: dict[str, Any], width: int = 120) -> str:
+    """One frame of ``top``; lines cut at ``width`` columns (0: not cut)."""
     st, quotas, tasks, queue = snap["status"], snap["quotas"], snap["tasks"], snap["queue"]
     kind = "simulated" if st["simulated"] else "NVML"
     lines = [
@@ -153,7 +155,7 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
                 for w in queue
             ],
         )
-    return "\n".join(line[:width] for line in lines)
+    return "\n".join(line[:width] if width else line for line in lines)
 
 
 @click.command()
@@ -190,7 +192,8 @@ def top(interval: float, iterations: int | None, config_path: str | None, as_jso
                 if as_json:
                     print_json(snap)
                     return
-                width = shutil.get_terminal_size((120, 40)).columns
+                # Cut to a terminal's width; whole lines into a pipe or a file.
+                width = shutil.get_terminal_size((120, 40)).columns if sys.stdout.isatty() else 0
                 # Home and clear: redraw in place, as top does.
                 click.echo("\x1b[H\x1b[2J" + render(snap, width), nl=True)
                 count += 1

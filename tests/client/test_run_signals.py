@@ -182,8 +182,14 @@ def test_interrupting_the_wait_cancels_the_request(daemon_factory: Any, wait_for
         text=True,
     )
     wait_for(lambda: len(node.admin("queue")["waiting"]) == 1, 10)
+    # nodemgr has queued it; interrupt once gpushare-run has its answer, too.
+    assert p.stderr is not None
+    said = [p.stderr.readline()]
+    while said[-1] and "waiting for 1 GPU" not in said[-1]:
+        said.append(p.stderr.readline())
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=30)
+    assert "waiting for 1 GPU" in said[-1], said
     assert p.returncode == 130
     assert "cancelled while waiting" in err
     wait_for(lambda: node.admin("queue")["waiting"] == [], 5)

@@ -91,7 +91,8 @@ def test_task_whose_heartbeats_stop_is_reclaimed_after_the_timeout(
     assert len(daemon.tasks()) == 1, "reclaimed before the timeout"
     # How soon after the timeout is the benchmarks' (reclaim_hang).
     wait_for(lambda: daemon.tasks() == [] and daemon.gpu_used(0) == 0, timeout=10.0)
-    assert time.monotonic() - stopped >= 1.5
+    # The timeout runs from the last heartbeat, up to one interval before the stop.
+    assert time.monotonic() - stopped >= 1.5 - 0.2
     # nodemgr ended the hung client and, with it, the process holding GPU memory.
     assert p.wait(5) == -signal.SIGKILL
     assert_pool_usable(run_task, ep, cbin)
