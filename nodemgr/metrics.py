@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from nodemgr import views
+
 if TYPE_CHECKING:
     from nodemgr.server import Server
 
@@ -227,7 +229,7 @@ class Metrics:
             return
         self._next = now + 1.0
         node = self.server.node
-        status = node.status_view()
+        status = views.status(node)
         envs = []
         for env in node.envs.values():
             live = env.usage
@@ -245,9 +247,9 @@ class Metrics:
                 }
             )
         gpus = []
-        for x in status["gpus"]:  # type: ignore[attr-defined]
-            turn = x["turn"] or {"order": [], "holder": None}
-            gated = len(turn["order"]) - (turn["holder"] is not None)
+        for x in status["gpus"]:
+            turn = x["turn"]
+            gated = 0 if turn is None else len(turn["order"]) - (turn["holder"] is not None)
             gpus.append({**x, "gated": gated})
         self.last = Snapshot(
             gpus=gpus,

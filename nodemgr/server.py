@@ -28,11 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodemgr import __version__, protocol
+from nodemgr import __version__, envdirs, protocol, views
 from nodemgr.config import Access, Config, ConfigError
-from nodemgr.gpus import discover, lost_gpus, sim_spec
+from nodemgr.envdirs import RestoreError
+from nodemgr.gpus import discover, lost_gpus
+from nodemgr.model import Env, Task
 from nodemgr.protocol import Err, ProtocolError
-from nodemgr.state import Env, Node, RestoreError, Task, process_start
+from nodemgr.state import Node, process_start
 from nodemgr.store import Store, StoreError, cause, startup_error
 from nodemgr.transport import Conn, peer_credentials
 
@@ -222,7 +224,7 @@ class Server:
 
             self.metrics = Metrics(self)
             self.metrics.start()
-            self.node.on_switch = self.metrics.switched
+            self.node.slicing.on_switch = self.metrics.switched
         kind = "simulated" if self.node.simulated else "NVML"
         log.info(
             "nodemgr %s serving %d %s GPUs; admin endpoint %s; up to %d connections",
@@ -552,7 +554,7 @@ class Server:
             # Time slicing: learn shapes (a charge that drops retries waiting requests),
             # and take the turn from a holder past timeslice.turn_timeout.
             self.node.read_regions()
-            self.node.expire_turns()
+            self.node.slicing.expire_turns()
             if not self.node.simulated and now >= self._next_health:
                 self._next_health = now + self.config.health_interval
                 self._check_health()
@@ -560,12 +562,12 @@ class Server:
                 self.metrics.snapshot()
         if self.node.queue:
             self._run_queue(now)
-        if self.node.held_yields:
+        if self.node.slicing.held_yields:
             self._answer_yields()
 
     def _answer_yields(self) -> None:
-        """Answer the held `yield` requests whose wait is over (Node.answer_yields)."""
-        for to, task_id, passed in self.node.answer_yields():
+        """Answer the held `yield` requests whose wait is over (Slicing.answer_yields)."""
+        for to, task_id, passed in self.node.slicing.answer_yields():
             self._send_later(to, protocol.reply("turn", to[2], task_id=task_id, passed=passed))
 
     def _check_run_dir(self) -> None:
@@ -604,7 +606,7 @@ class Server:
                 log.error("%s was removed; binding it again", path)
             self._close_env(env.name)
             try:
-                node.env_dir_ready(env)
+                envdirs.ready(self.config, env.name)
                 self._open_env(env)
             except (OSError, StartupError, ProtocolError) as e:
                 # Said once; tried again at every sweep.
@@ -628,7 +630,7 @@ class Server:
 
     def _run_queue(self, now: float) -> None:
         node = self.node
-        for w in node.expired_waiters(now):
+        for w in node.queue.expired(now):
             self._unwatch(("wait", w.wid))
             waited = now - w.enqueued
             self._send_later(
@@ -649,7 +651,8 @@ class Server:
                     self.metrics.waited(now - w.enqueued, "granted")
                 self._watch(task)
                 if task.task_id in node.tasks and not self._send_later(
-                    w.reply_to, protocol.reply("grant", w.reply_to[2], **self._grant_view(task))
+                    w.reply_to,
+                    protocol.reply("grant", w.reply_to[2], **views.grant(self.node, task)),
                 ):
                     self._release(task.task_id, "undelivered")
             for w, e in failed:
@@ -662,7 +665,7 @@ class Server:
                     "queued", w.reply_to[2], position=pos, waiting=len(node.queue)
                 )
                 if not self._send_later(w.reply_to, update):
-                    node.drop_waiter(w.wid)
+                    node.queue.drop(w.wid)
                     self._unwatch(("wait", w.wid))
 
     def _send_later(self, to: ReplyTo, msg: dict[str, Any]) -> bool:
@@ -750,7 +753,8 @@ class Server:
         if kind == "yield":
             started = time.perf_counter()
             to = (conn, envelope, msg_id)
-            passed = node.yield_turn(env, body["task_id"], started, body["iterations"], to)
+            task = node.task(env, body["task_id"])
+            passed = node.slicing.yield_turn(task, started, body["iterations"], to)
             if passed is None:
                 # Held until the task's other processes end the turn too: `held` now, the
                 # `turn` reply later (_answer_yields).
@@ -780,7 +784,7 @@ class Server:
         earlier = None
         if body["waited"] is not None:
             # Sent again by a client that lost its connection: never wait twice.
-            earlier = node.take_waiter(env, pid)
+            earlier = node.queue.take(env, pid)
             if earlier is not None:
                 self._unwatch(("wait", earlier.wid))
         try:
@@ -791,7 +795,7 @@ class Server:
                 pid,
                 body["command"],
                 pid_start,
-                overtakes=node.queue,
+                overtakes=node.queue.waiters,
                 allowed=allowed,
                 estimate=estimate,
                 guard=body["guard"],
@@ -800,7 +804,7 @@ class Server:
             wait = min(body["wait"] or 0.0, self.config.max_wait)
             if e.code != Err.NO_RESOURCES or wait <= 0:
                 raise
-            w = node.enqueue(
+            w = node.queue.enqueue(
                 env,
                 body["gpus"],
                 body["memory"],
@@ -819,14 +823,14 @@ class Server:
                 try:
                     self._register(("wait", w.wid), os.pidfd_open(pid))
                 except OSError:
-                    node.drop_waiter(w.wid)
+                    node.queue.drop(w.wid)
                     raise e from None
             log.info("request from env %s waits (position %d): %s", env, w.told, e.message)
             return protocol.reply(
                 "queued", msg_id, position=w.told, waiting=len(node.queue), reason=e.message
             )
         self._watch(task)
-        return protocol.reply("grant", msg_id, **self._grant_view(task))
+        return protocol.reply("grant", msg_id, **views.grant(self.node, task))
 
     def _reattach(self, task: Task, conn: Conn) -> None:
         """A restored task's client is back: from now on it is watched like any other."""
@@ -838,26 +842,6 @@ class Server:
             self.node.store.task_attached(task.task_id, pid, task.pid_start)
             self._watch(task)
         log.info("task %s re-attached (pid %s)", task.task_id, task.pid)
-
-    def _grant_view(self, task: Task) -> dict[str, Any]:
-        node = self.node
-        env = node.envs[task.env]
-        chosen = [node.gpus[i] for i in task.gpus]
-        return {
-            "task_id": task.task_id,
-            "env": env.name,
-            "gpus": [
-                {"index": g.index, "uuid": g.uuid, "name": g.name, "memory": g.memory}
-                for g in chosen
-            ],
-            "memory_limit": env.memory,
-            "ledger": str(env.ledger.path),
-            "heartbeat_interval": self.config.heartbeat_interval,
-            "heartbeat_timeout": self.config.heartbeat_timeout,
-            "simulated": node.simulated,
-            "sim_gpus": sim_spec(node.gpus) if node.simulated else None,
-            "timesliced": [i for i in task.gpus if node.timesliced(i)],
-        }
 
     def _register(self, what: Watched, fd: int) -> None:
         self.pidfds[fd] = what
@@ -900,7 +884,7 @@ class Server:
             self._release(str(key), "exited")
         else:
             self._unwatch(what)
-            w = self.node.drop_waiter(int(key))
+            w = self.node.queue.drop(int(key))
             if w is not None:
                 log.info("a waiting request from env %s went away with its client", w.env)
 
@@ -927,7 +911,7 @@ class Server:
             env = node.set_quota(body["env"], body["gpus"], body["memory"])
             self._open_env(env)
             over = [{"gpu": i, "used": used} for i, used in node.over_quota(env).items()]
-            return protocol.reply("quota", msg_id, **node.quota_view(env), over=over)
+            return protocol.reply("quota", msg_id, **views.quota(env), over=over)
         if kind == "quota_delete":
             return self._delete_env(body["env"], bool(body["force"]), msg_id)
         if kind == "reclaim":
@@ -948,21 +932,21 @@ class Server:
             indices = list(every) if body["gpu"] is None else [node.gpu_index(body["gpu"])]
             if body["mode"] is not None:
                 node.set_mode(indices, body["mode"])
-            return protocol.reply("modes", msg_id, gpus=node.modes_view(indices))
+            return protocol.reply("modes", msg_id, gpus=views.modes(node, indices))
         if kind == "history":
             limit = body["limit"] or 1000
             records = node.store.history(body["env"], body["since"], limit)
             return protocol.reply("history", msg_id, records=[r.view() for r in records])
         if kind == "queue":
-            return protocol.reply("queue", msg_id, waiting=node.queue_view())
+            return protocol.reply("queue", msg_id, waiting=views.queue(node.queue))
         if kind == "quota_show":
             envs = [node.env(body["env"])] if body["env"] else list(node.envs.values())
-            quotas = [node.quota_view(e) for e in sorted(envs, key=lambda e: e.name)]
+            quotas = [views.quota(e) for e in sorted(envs, key=lambda e: e.name)]
             return protocol.reply("quotas", msg_id, quotas=quotas)
         if kind == "tasks":
             only = node.env(body["env"]).name if body["env"] else None
-            return protocol.reply("tasks", msg_id, tasks=node.tasks_view(only))
-        return protocol.reply("status", msg_id, **node.status_view())
+            return protocol.reply("tasks", msg_id, tasks=views.tasks(node, only))
+        return protocol.reply("status", msg_id, **views.status(node))
 
     def _delete_env(self, name: str, force: bool, msg_id: int) -> dict[str, Any]:
         node = self.node
@@ -979,7 +963,7 @@ class Server:
             self._kill_client(task)
             self._release(task.task_id, "admin")
         for w in [w for w in node.queue if w.env == name]:
-            node.drop_waiter(w.wid)
+            node.queue.drop(w.wid)
             self._unwatch(("wait", w.wid))
             self._send_later(
                 w.reply_to,
