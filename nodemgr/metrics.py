@@ -10,16 +10,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from nodemgr import views
-
-if TYPE_CHECKING:
-    from nodemgr.server import Server
+from nodemgr.config import Config
+from nodemgr.state import Node
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 1.0)
 SWITCH_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
@@ -130,9 +129,16 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("gpushare_tasks", "Running tasks", value=snap.tasks)
 
 
+class MetricsError(Exception):
+    """The metrics endpoint cannot listen where the config says."""
+
+
 class Metrics:
-    def __init__(self, server: Server) -> None:
-        self.server = server
+    """The metrics of ``node``, served where ``config`` says once started."""
+
+    def __init__(self, config: Config, node: Node) -> None:
+        self.config = config
+        self.node = node
         self.registry = CollectorRegistry()
         self.last: Snapshot | None = None
         self._next = 0.0
@@ -182,16 +188,14 @@ class Metrics:
         self.registry.register(_StateCollector(self))
 
     def start(self) -> None:
-        from nodemgr.server import StartupError  # the server imports this module
-
-        cfg = self.server.config
+        cfg = self.config
         self.snapshot(force=True)
         try:
             self._http, _ = start_http_server(
                 cfg.metrics_port, addr=cfg.metrics_address, registry=self.registry
             )
         except OSError as e:  # the port in use, an address not on this node
-            raise StartupError(
+            raise MetricsError(
                 f"metrics.address {cfg.metrics_address!r}, metrics.port {cfg.metrics_port}: "
                 f"cannot listen there: {e.strerror or e}"
             ) from None
@@ -228,7 +232,7 @@ class Metrics:
         if not force and now < self._next:
             return
         self._next = now + 1.0
-        node = self.server.node
+        node = self.node
         status = views.status(node)
         envs = []
         for env in node.envs.values():

@@ -31,6 +31,7 @@ from nodemgr.config import Config, ConfigError
 from nodemgr.connections import Connections, Listener, Polled, ReplyTo, Watched, describe
 from nodemgr.envdirs import RestoreError
 from nodemgr.gpus import discover, lost_gpus
+from nodemgr.metrics import Metrics, MetricsError
 from nodemgr.model import Task
 from nodemgr.protocol import Err, ProtocolError
 from nodemgr.state import Node, process_start
@@ -108,7 +109,7 @@ class Server:
         self._stop = False
         self._next_sweep = 0.0
         self._next_health = 0.0
-        self.metrics: Any = None
+        self.metrics: Metrics | None = None
         # Environments whose socket could not be bound again (_check_run_dir).
         self._unbindable: set[str] = set()
 
@@ -143,10 +144,11 @@ class Server:
             with contextlib.suppress(ProtocolError):  # refused: said in the log
                 self.connections.open_env(env)
         if self.config.metrics_port:
-            from nodemgr.metrics import Metrics
-
-            self.metrics = Metrics(self)
-            self.metrics.start()
+            self.metrics = Metrics(self.config, self.node)
+            try:
+                self.metrics.start()
+            except MetricsError as e:
+                raise StartupError(str(e)) from None
             self.node.slicing.on_switch = self.metrics.switched
             self.connections.on_refused = self.metrics.refused
         kind = "simulated" if self.node.simulated else "NVML"
