@@ -32,8 +32,7 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
     if kind == "quota_set":
         env = node.set_quota(body["env"], body["gpus"], body["memory"])
         loop.connections.open_env(env)
-        over = [{"gpu": i, "used": used} for i, used in node.over_quota(env).items()]
-        return protocol.reply("quota", msg_id, **views.quota(env), over=over)
+        return protocol.reply("quota", msg_id, **views.quota(env), over=views.over_quota(node, env))
     if kind == "quota_delete":
         return _delete_env(loop, body["env"], bool(body["force"]), msg_id)
     if kind == "reclaim":

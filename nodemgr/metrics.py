@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -25,10 +25,25 @@ SWITCH_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 
 WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400)
 
 
+class GpuMetrics(views.GpuStatus):
+    gated: int  # tasks on the GPU waiting for its turn
+
+
+class EnvMetrics(TypedDict):
+    env: str
+    quota_gpus: int
+    quota_memory: int
+    gpus: int
+    granted: int
+    used: int
+    tasks: int
+    launches: int
+
+
 @dataclass(frozen=True)
 class Snapshot:
-    gpus: list[dict[str, Any]]
-    envs: list[dict[str, Any]]
+    gpus: list[GpuMetrics]
+    envs: list[EnvMetrics]
     queue_length: int
     tasks: int
 
@@ -89,12 +104,12 @@ class _StateCollector(Collector):
         )
         for x in snap.gpus:
             lv = [str(x["index"]), x["uuid"]]
-            regions = x.get("regions") or {}
-            mode.add_metric(lv, 1 if x.get("mode") == "timesliced" else 0)
-            persistent.add_metric(lv, regions.get("persistent", 0))
-            temporary.add_metric(lv, regions.get("temporary", 0))
-            temp_used.add_metric(lv, regions.get("temporary_used", 0))
-            gated.add_metric(lv, x.get("gated", 0))
+            regions = x["regions"]
+            mode.add_metric(lv, 1 if x["mode"] == "timesliced" else 0)
+            persistent.add_metric(lv, regions["persistent"] if regions else 0)
+            temporary.add_metric(lv, regions["temporary"] if regions else 0)
+            temp_used.add_metric(lv, regions["temporary_used"] if regions else 0)
+            gated.add_metric(lv, x["gated"])
         yield from (mode, persistent, temporary, temp_used, gated)
 
         e = ["env"]
@@ -113,15 +128,15 @@ class _StateCollector(Collector):
         launches = CounterMetricFamily(
             "gpushare_env_kernel_launches", "Kernel launches counted in the ledger", labels=e
         )
-        for x in snap.envs:
-            lv = [x["env"]]
-            q_gpus.add_metric(lv, x["quota_gpus"])
-            q_mem.add_metric(lv, x["quota_memory"])
-            held.add_metric(lv, x["gpus"])
-            granted.add_metric(lv, x["granted"])
-            e_used.add_metric(lv, x["used"])
-            e_tasks.add_metric(lv, x["tasks"])
-            launches.add_metric(lv, x["launches"])
+        for y in snap.envs:
+            lv = [y["env"]]
+            q_gpus.add_metric(lv, y["quota_gpus"])
+            q_mem.add_metric(lv, y["quota_memory"])
+            held.add_metric(lv, y["gpus"])
+            granted.add_metric(lv, y["granted"])
+            e_used.add_metric(lv, y["used"])
+            e_tasks.add_metric(lv, y["tasks"])
+            launches.add_metric(lv, y["launches"])
         yield from (q_gpus, q_mem, held, granted, e_used, e_tasks, launches)
         yield GaugeMetricFamily(
             "gpushare_queue_length", "Requests waiting for GPUs", value=snap.queue_length
@@ -234,7 +249,7 @@ class Metrics:
         self._next = now + 1.0
         node = self.node
         status = views.status(node)
-        envs = []
+        envs: list[EnvMetrics] = []
         for env in node.envs.values():
             live = env.usage
             envs.append(
@@ -250,7 +265,7 @@ class Metrics:
                     + sum(t.launches for t in node.tasks.values() if t.env == env.name),
                 }
             )
-        gpus = []
+        gpus: list[GpuMetrics] = []
         for x in status["gpus"]:
             turn = x["turn"]
             gated = 0 if turn is None else len(turn["order"]) - (turn["holder"] is not None)

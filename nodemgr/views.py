@@ -23,6 +23,11 @@ class QuotaView(TypedDict):
     endpoint: str
 
 
+class OverQuota(TypedDict):
+    gpu: int
+    used: int
+
+
 class TaskRegionView(TypedDict):
     gpu: int
     persistent: int
@@ -148,6 +153,11 @@ class GrantView(TypedDict):
 
 def quota(env: Env) -> QuotaView:
     return {"env": env.name, "gpus": env.gpus, "memory": env.memory, "endpoint": env.endpoint}
+
+
+def over_quota(node: Node, env: Env) -> list[OverQuota]:
+    """Where ``env`` holds more than its quota (after a lowered one), and how much."""
+    return [{"gpu": i, "used": used} for i, used in node.over_quota(env).items()]
 
 
 def task(node: Node, task: Task, usage: dict[str, SlotTotals]) -> TaskView:
