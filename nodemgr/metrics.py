@@ -10,26 +10,41 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypedDict
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from nodemgr import views
+from nodemgr.config import Config
 from nodemgr.protocol import TIMESLICED
-
-if TYPE_CHECKING:
-    from nodemgr.server import Server
+from nodemgr.state import Node
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 1.0)
 SWITCH_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
 WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400)
 
 
+class GpuMetrics(views.GpuStatus):
+    gated: int  # tasks on the GPU waiting for its turn
+
+
+class EnvMetrics(TypedDict):
+    env: str
+    quota_gpus: int
+    quota_memory: int
+    gpus: int
+    granted: int
+    used: int
+    tasks: int
+    launches: int
+
+
 @dataclass(frozen=True)
 class Snapshot:
-    gpus: list[dict[str, Any]]
-    envs: list[dict[str, Any]]
+    gpus: list[GpuMetrics]
+    envs: list[EnvMetrics]
     queue_length: int
     tasks: int
 
@@ -90,12 +105,12 @@ class _StateCollector(Collector):
         )
         for x in snap.gpus:
             lv = [str(x["index"]), x["uuid"]]
-            regions = x.get("regions") or {}
-            mode.add_metric(lv, 1 if x.get("mode") == TIMESLICED else 0)
-            persistent.add_metric(lv, regions.get("persistent", 0))
-            temporary.add_metric(lv, regions.get("temporary", 0))
-            temp_used.add_metric(lv, regions.get("temporary_used", 0))
-            gated.add_metric(lv, x.get("gated", 0))
+            regions = x["regions"]
+            mode.add_metric(lv, 1 if x["mode"] == TIMESLICED else 0)
+            persistent.add_metric(lv, regions["persistent"] if regions else 0)
+            temporary.add_metric(lv, regions["temporary"] if regions else 0)
+            temp_used.add_metric(lv, regions["temporary_used"] if regions else 0)
+            gated.add_metric(lv, x["gated"])
         yield from (mode, persistent, temporary, temp_used, gated)
 
         e = ["env"]
@@ -114,15 +129,15 @@ class _StateCollector(Collector):
         launches = CounterMetricFamily(
             "gpushare_env_kernel_launches", "Kernel launches counted in the ledger", labels=e
         )
-        for x in snap.envs:
-            lv = [x["env"]]
-            q_gpus.add_metric(lv, x["quota_gpus"])
-            q_mem.add_metric(lv, x["quota_memory"])
-            held.add_metric(lv, x["gpus"])
-            granted.add_metric(lv, x["granted"])
-            e_used.add_metric(lv, x["used"])
-            e_tasks.add_metric(lv, x["tasks"])
-            launches.add_metric(lv, x["launches"])
+        for y in snap.envs:
+            lv = [y["env"]]
+            q_gpus.add_metric(lv, y["quota_gpus"])
+            q_mem.add_metric(lv, y["quota_memory"])
+            held.add_metric(lv, y["gpus"])
+            granted.add_metric(lv, y["granted"])
+            e_used.add_metric(lv, y["used"])
+            e_tasks.add_metric(lv, y["tasks"])
+            launches.add_metric(lv, y["launches"])
         yield from (q_gpus, q_mem, held, granted, e_used, e_tasks, launches)
         yield GaugeMetricFamily(
             "gpushare_queue_length", "Requests waiting for GPUs", value=snap.queue_length
@@ -130,9 +145,16 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("gpushare_tasks", "Running tasks", value=snap.tasks)
 
 
+class MetricsError(Exception):
+    """The metrics endpoint cannot listen where the config says."""
+
+
 class Metrics:
-    def __init__(self, server: Server) -> None:
-        self.server = server
+    """The metrics of ``node``, served where ``config`` says once started."""
+
+    def __init__(self, config: Config, node: Node) -> None:
+        self.config = config
+        self.node = node
         self.registry = CollectorRegistry()
         self.last: Snapshot | None = None
         self._next = 0.0
@@ -182,16 +204,14 @@ class Metrics:
         self.registry.register(_StateCollector(self))
 
     def start(self) -> None:
-        from nodemgr.server import StartupError  # the server imports this module
-
-        cfg = self.server.config
+        cfg = self.config
         self.snapshot(force=True)
         try:
             self._http, _ = start_http_server(
                 cfg.metrics_port, addr=cfg.metrics_address, registry=self.registry
             )
         except OSError as e:  # the port in use, an address not on this node
-            raise StartupError(
+            raise MetricsError(
                 f"metrics.address {cfg.metrics_address!r}, metrics.port {cfg.metrics_port}: "
                 f"cannot listen there: {e.strerror or e}"
             ) from None
@@ -228,9 +248,9 @@ class Metrics:
         if not force and now < self._next:
             return
         self._next = now + 1.0
-        node = self.server.node
-        status = node.status_view()
-        envs = []
+        node = self.node
+        status = views.status(node)
+        envs: list[EnvMetrics] = []
         for env in node.envs.values():
             live = env.usage
             envs.append(
@@ -246,10 +266,10 @@ class Metrics:
                     + sum(t.launches for t in node.tasks.values() if t.env == env.name),
                 }
             )
-        gpus = []
-        for x in status["gpus"]:  # type: ignore[attr-defined]
-            turn = x["turn"] or {"order": [], "holder": None}
-            gated = len(turn["order"]) - (turn["holder"] is not None)
+        gpus: list[GpuMetrics] = []
+        for x in status["gpus"]:
+            turn = x["turn"]
+            gated = 0 if turn is None else len(turn["order"]) - (turn["holder"] is not None)
             gpus.append({**x, "gated": gated})
         self.last = Snapshot(
             gpus=gpus,

@@ -9,7 +9,6 @@ import click
 from nodemgr.cli._common import config_option, fail, load_config
 from nodemgr.exitcodes import EXIT_CONFIG
 from nodemgr.gpus import InventoryError
-from nodemgr.server import Server, StartupError
 
 
 @click.command()
@@ -21,6 +20,10 @@ def serve(config_path: str | None, verbose: bool) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Here, not at the top: the other commands need none of the daemon (nor its metrics
+    # library), and every command loads this module.
+    from nodemgr.server import Server, StartupError
+
     cfg = load_config(config_path)
     try:
         server = Server(cfg)

@@ -27,8 +27,7 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from nodemgr import protocol
-from nodemgr import server as server_module
+from nodemgr import connections, protocol
 from nodemgr.client import Connection
 from nodemgr.server import Server
 from tests.conftest import _wait_for as wait_for
@@ -343,12 +342,12 @@ def step_until(srv: Server, predicate: Any, timeout: float = 5) -> None:
 def test_a_connection_that_never_finishes_its_handshake_is_closed(
     server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server_module, "HANDSHAKE_TIMEOUT", 0.3)
+    monkeypatch.setattr(connections, "HANDSHAKE_TIMEOUT", 0.3)
     ep = server._admin("quota_set", 0, {"env": "slow", "gpus": 0, "memory": GiB})["endpoint"]
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.connect(ep.removeprefix("ipc://"))
-        step_until(server, lambda: server.conns == 1)
-        step_until(server, lambda: server.conns == 0)
+        step_until(server, lambda: server.connections.conns == 1)
+        step_until(server, lambda: server.connections.conns == 0)
         s.settimeout(5)
         assert s.recv(4096)[:1] == b"\xff"  # nodemgr's greeting, then the end
         assert s.recv(4096) == b""
@@ -364,24 +363,26 @@ def test_accept_out_of_descriptors_waits_instead_of_aborting(server: Server) -> 
     try:
         assert p.stdout is not None and p.stdout.readline() == "ok\n"
         resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 2, hard))
-        step_until(server, lambda: server._paused_admin)
-        assert server.conns < 8
+        step_until(server, lambda: server.connections.paused_admin)
+        assert server.connections.conns < 8
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    step_until(server, lambda: server.conns == 8 and not server._paused_admin)
+    step_until(
+        server, lambda: server.connections.conns == 8 and not server.connections.paused_admin
+    )
     end([p])
 
 
 def test_the_documented_limits_are_the_code_s() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
     for name, value in (
-        ("MAX_CONNECTIONS_PER_CLIENT", str(server_module.MAX_CONNECTIONS_PER_CLIENT)),
-        ("MAX_CONNECTIONS_PER_ENV", str(server_module.MAX_CONNECTIONS_PER_ENV)),
-        ("MAX_REFUSING_PER_ENV", str(server_module.MAX_REFUSING_PER_ENV)),
-        ("HANDSHAKE_TIMEOUT", f"{server_module.HANDSHAKE_TIMEOUT:g} s"),
+        ("MAX_CONNECTIONS_PER_CLIENT", str(connections.MAX_CONNECTIONS_PER_CLIENT)),
+        ("MAX_CONNECTIONS_PER_ENV", str(connections.MAX_CONNECTIONS_PER_ENV)),
+        ("MAX_REFUSING_PER_ENV", str(connections.MAX_REFUSING_PER_ENV)),
+        ("HANDSHAKE_TIMEOUT", f"{connections.HANDSHAKE_TIMEOUT:g} s"),
         ("MAX_MESSAGE_BYTES", f"{protocol.MAX_MESSAGE_BYTES // KiB} KiB in all its frames"),
         ("MAX_FRAMES", f"{protocol.MAX_FRAMES} frames"),
     ):
         assert f"{value} (`{name}`)" in " ".join(text.split()).replace(" together", ""), name
-    assert f"{server_module.TASK_OUT_LIMIT // MiB} MiB on a task endpoint" in text
-    assert f"less {server_module.FD_RESERVE} for its own files" in text
+    assert f"{connections.TASK_OUT_LIMIT // MiB} MiB on a task endpoint" in text
+    assert f"less {connections.FD_RESERVE} for its own files" in text

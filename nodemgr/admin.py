@@ -1,0 +1,94 @@
+"""The admin endpoint's requests (docs/protocol.md, "Admin endpoint"): quotas, reclaims,
+pauses, modes, and the views of tasks, the queue, history and status."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from nodemgr import protocol, views
+from nodemgr.connections import Connections, ReplyTo, Watched
+from nodemgr.model import Task
+from nodemgr.protocol import Err, ProtocolError
+from nodemgr.state import Node
+
+
+class Loop(Protocol):
+    """What these handlers need of the event loop (nodemgr.server.Server)."""
+
+    node: Node
+    connections: Connections
+
+    def kill_client(self, task: Task) -> None: ...
+
+    def release(self, task_id: str, reason: str, exit_code: int | None = None) -> None: ...
+
+    def unwatch(self, what: Watched) -> None: ...
+
+    def send_later(self, to: ReplyTo, msg: dict[str, Any]) -> bool: ...
+
+
+def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str, Any]:
+    node = loop.node
+    if kind == "quota_set":
+        env = node.set_quota(body["env"], body["gpus"], body["memory"])
+        loop.connections.open_env(env)
+        return protocol.reply("quota", msg_id, **views.quota(env), over=views.over_quota(node, env))
+    if kind == "quota_delete":
+        return _delete_env(loop, body["env"], bool(body["force"]), msg_id)
+    if kind == "reclaim":
+        task = node.tasks.get(body["task_id"])
+        if task is None:
+            raise ProtocolError(Err.UNKNOWN_TASK, f"no running task {body['task_id']!r}")
+        loop.kill_client(task)
+        loop.release(task.task_id, "admin")
+        return protocol.reply("reclaimed", msg_id, task_id=task.task_id, env=task.env)
+    if kind in ("pause", "resume"):
+        paused = kind == "pause"
+        task = node.pause(body["task_id"], paused)
+        return protocol.reply("paused", msg_id, task_id=task.task_id, env=task.env, paused=paused)
+    if kind == "mode":
+        every = range(len(node.gpus))
+        indices = list(every) if body["gpu"] is None else [node.gpu_index(body["gpu"])]
+        if body["mode"] is not None:
+            node.set_mode(indices, body["mode"])
+        return protocol.reply("modes", msg_id, gpus=views.modes(node, indices))
+    if kind == "history":
+        limit = body["limit"] or 1000
+        records = node.store.history(body["env"], body["since"], limit)
+        return protocol.reply("history", msg_id, records=[r.view() for r in records])
+    if kind == "queue":
+        return protocol.reply("queue", msg_id, waiting=views.queue(node.queue))
+    if kind == "quota_show":
+        envs = [node.env(body["env"])] if body["env"] else list(node.envs.values())
+        quotas = [views.quota(e) for e in sorted(envs, key=lambda e: e.name)]
+        return protocol.reply("quotas", msg_id, quotas=quotas)
+    if kind == "tasks":
+        only = node.env(body["env"]).name if body["env"] else None
+        return protocol.reply("tasks", msg_id, tasks=views.tasks(node, only))
+    return protocol.reply("status", msg_id, **views.status(node))
+
+
+def _delete_env(loop: Loop, name: str, force: bool, msg_id: int) -> dict[str, Any]:
+    node = loop.node
+    env = node.env(name)
+    tasks = [t for t in node.tasks.values() if t.env == name]
+    held = sum(env.ledger.used(i) for i in range(len(node.gpus)))
+    if (tasks or held) and not force:
+        raise ProtocolError(
+            Err.BUSY,
+            f"environment {name!r} has {len(tasks)} running tasks and {held} bytes in use; "
+            "wait for them, or delete with --force to end them",
+        )
+    for task in tasks:
+        loop.kill_client(task)
+        loop.release(task.task_id, "admin")
+    for w in [w for w in node.queue if w.env == name]:
+        node.queue.drop(w.wid)
+        loop.unwatch(("wait", w.wid))
+        loop.send_later(
+            w.reply_to,
+            protocol.error(Err.UNKNOWN_ENV, f"environment {name!r} was deleted", w.reply_to[2]),
+        )
+    loop.connections.close_env(name)
+    node.delete_quota(name)
+    return protocol.reply("deleted", msg_id, env=name, tasks_ended=len(tasks))

@@ -1,0 +1,370 @@
+"""nodemgr's sockets: the listeners (one per environment, one for the admin) and the
+connections accepted on them, counted and capped (docs/protocol.md, "Transport").
+
+Connections speak ZMTP through nodemgr.transport; what their messages ask is the
+server's (nodemgr.server) to answer. The constants below are the caps docs/protocol.md
+lists.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import select
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodemgr.config import Access, Config
+from nodemgr.model import Env
+from nodemgr.protocol import Err, ProtocolError
+from nodemgr.transport import Conn, peer_credentials
+
+log = logging.getLogger("nodemgr")
+
+# Connections (docs/protocol.md, "Transport"). An environment may hold at most
+# MAX_CONNECTIONS_PER_ENV, and never more than half of what the descriptor limit leaves for
+# connections, so another environment always gets in; one client process at most
+# MAX_CONNECTIONS_PER_CLIENT (a gpushare-run holds 2 to 3). A connection beyond a cap gets a
+# `busy` answer to its first request and is closed.
+MAX_CONNECTIONS_PER_ENV = 4096
+MAX_CONNECTIONS_PER_CLIENT = 16
+# Connections being refused at once per environment; beyond this one is closed unanswered.
+MAX_REFUSING_PER_ENV = 16
+# Descriptors kept out of the connections' share of the limit: the database, NVML, the
+# metrics server, ledgers being re-made, pidfds opened while connections are at their cap.
+FD_RESERVE = 256
+# Seconds a connection has to finish the ZMTP handshake, and a refused one to be answered.
+HANDSHAKE_TIMEOUT = 10.0
+# Bytes of replies a client may leave unread before its connection is dropped: a task
+# endpoint's replies are a few KiB; the admin's `tasks` or `history` can be megabytes.
+TASK_OUT_LIMIT = 1 << 20
+ADMIN_OUT_LIMIT = 256 << 20
+# Connections accepted per listener per turn of the loop.
+ACCEPT_BATCH = 64
+
+# Errors of accept() that mean "no descriptor or memory for one now", not "a bad peer".
+_ACCEPT_EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+@dataclass(eq=False)
+class Listener:
+    """A listening socket: an environment's (env is its name) or the admin's (None)."""
+
+    sock: socket.socket
+    env: str | None
+    path: Path
+
+    @property
+    def fd(self) -> int:
+        return self.sock.fileno()
+
+
+@contextlib.contextmanager
+def open_dir(path: Path) -> Iterator[int]:
+    """A descriptor of the directory ``path`` (not of a link there) for the ``with``."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def describe(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e)
+
+
+# What a pidfd watches: a task's client, or the client of a waiting request.
+Watched = tuple[str, str | int]
+# How a reply reaches a requester later: its connection, envelope and message id.
+ReplyTo = tuple[Conn, list[bytes], int]
+# What each descriptor the loop polls is.
+Polled = Listener | Conn | Watched
+
+
+class Connections:
+    """The listening sockets and the connections on them, all polled by the loop's
+    ``epoll``; ``fds`` is the loop's map of what each descriptor is, shared with it."""
+
+    def __init__(
+        self,
+        config: Config,
+        epoll: select.epoll,
+        fds: dict[int, Polled],
+        envs: Mapping[str, Env],
+        nofile: int,
+    ) -> None:
+        self.config = config
+        self.epoll = epoll
+        self.fds = fds
+        self.envs = envs  # the node's environments: each holds a ledger's descriptor
+        self.nofile = nofile
+        self.admin: Listener | None = None
+        self.listeners: dict[str, Listener] = {}
+        self.conns = 0
+        self.conns_of_env: collections.Counter[str] = collections.Counter()
+        self.conns_of_client: collections.Counter[tuple[str, int]] = collections.Counter()
+        self.refusing: collections.Counter[str] = collections.Counter()
+        # Connections still in their handshake, or being refused: dropped at their deadline.
+        self.young: set[Conn] = set()
+        # Listeners not polled now: the environments' (connections at the descriptor
+        # budget) or all (accept() found no descriptor); polled again when one is free.
+        self.paused_envs = False
+        self.paused_admin = False
+        self._pause_said = -60.0
+        self._bind_dir = config.run_dir / ".bind"
+        self._binds = 0
+        # Called with the cap's name for each connection refused over a cap; the metrics'.
+        self.on_refused: Callable[[str], None] | None = None
+
+    # --- listeners ---------------------------------------------------------------
+
+    def bind_admin(self) -> None:
+        """Serve the admin endpoint (run_dir/admin.sock). Raises OSError."""
+        run = self.config.run_dir
+        self._prepare_bind_dir()
+        with open_dir(run) as fd:
+            self.admin = self._bind(fd, run / "admin.sock", self.config.admin_access, None)
+
+    def polled(self, listener: Listener) -> bool:
+        """Whether ``listener`` is polled now (not paused)."""
+        return not (self.paused_admin or (listener.env is not None and self.paused_envs))
+
+    def _prepare_bind_dir(self) -> None:
+        """Empty nodemgr's private directory for binding sockets (see _bind)."""
+        path = self._bind_dir
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            path.unlink()
+        path.mkdir(mode=0o700, exist_ok=True)
+        os.chown(path, os.geteuid(), os.getegid())
+        os.chmod(path, 0o700)
+        for entry in path.iterdir():
+            entry.unlink()
+
+    def _bind(self, dir_fd: int, path: Path, access: Access, env: str | None) -> Listener:
+        """A listening socket with ``access``, placed at ``path`` in the directory ``dir_fd``.
+
+        An environment's directory is writable by its user, so nothing there is
+        touched by name with privileges: the socket is bound in nodemgr's private
+        directory, given its owner and mode there, and renamed into place through
+        ``dir_fd``; a rename replaces whatever non-directory was there and follows
+        no link. A directory in the way is moved aside. Raises OSError.
+        """
+        self._binds += 1
+        private = self._bind_dir / str(self._binds)
+        sock = socket.socket(
+            socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
+        )
+        try:
+            # The socket appears with the umask's mode; keep it private from the start.
+            old = os.umask(0o177)
+            try:
+                sock.bind(str(private))
+            finally:
+                os.umask(old)
+            sock.listen(socket.SOMAXCONN)
+            os.chown(private, access.uid, access.gid)
+            os.chmod(private, access.mode)
+            try:
+                os.rename(private, path.name, dst_dir_fd=dir_fd)
+            except OSError as e:
+                if e.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                aside = f"{path.name}.moved-{secrets.token_hex(4)}"
+                os.rename(path.name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                log.warning("%s was a directory: moved it aside to %s", path, path.with_name(aside))
+                os.rename(private, path.name, dst_dir_fd=dir_fd)
+        except BaseException:
+            sock.close()
+            with contextlib.suppress(OSError):
+                private.unlink()
+            raise
+        listener = Listener(sock, env, path)
+        self.fds[listener.fd] = listener
+        paused = self.paused_admin or (env is not None and self.paused_envs)
+        self.epoll.register(listener.fd, 0 if paused else select.EPOLLIN)
+        return listener
+
+    def unbind(self, listener: Listener) -> None:
+        self.epoll.unregister(listener.fd)
+        del self.fds[listener.fd]
+        listener.sock.close()
+
+    def open_env(self, env: Env) -> None:
+        """Serve ``env`` on its socket. A socket that cannot be placed refuses this
+        environment only (said in the log and to the operator's ``quota set``); the others
+        go on, and a later ``quota set`` of it tries again."""
+        if env.name in self.listeners:
+            return
+        path = Path(env.endpoint.removeprefix("ipc://"))
+        try:
+            with open_dir(path.parent) as fd:
+                listener = self._bind(fd, path, self.config.access_for(env.name), env.name)
+        except OSError as e:
+            why = f"environment {env.name} refused: cannot create its socket {path}: {describe(e)}"
+            log.error("%s", why)
+            raise ProtocolError(Err.INTERNAL, why) from None
+        self.listeners[env.name] = listener
+
+    def close_env(self, name: str) -> None:
+        """Stop serving environment ``name``: its socket, and every connection to it."""
+        listener = self.listeners.pop(name, None)
+        if listener is not None:
+            self.unbind(listener)
+        for conn in [c for c in self.fds.values() if isinstance(c, Conn) and c.env == name]:
+            self.drop(conn)
+
+    # --- connections -------------------------------------------------------------
+
+    def limit(self) -> int:
+        """Connections the descriptor limit leaves room for, beside everything else open."""
+        others = len(self.fds) - self.conns + len(self.envs)  # + a ledger per env
+        return max(0, self.nofile - FD_RESERVE - others)
+
+    def accept(self, listener: Listener) -> None:
+        env = listener.env
+        for _ in range(ACCEPT_BATCH):
+            if env is not None and self.conns >= self.limit():
+                self._pause(admin=False, why=f"{self.conns} connections open")
+                return
+            try:
+                sock, _ = listener.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno in _ACCEPT_EXHAUSTED:
+                    self._pause(admin=True, why=describe(e))
+                    return
+                continue  # ECONNABORTED, EPROTO: that client gave up; the next may not
+            sock.setblocking(False)
+            pid, uid = peer_credentials(sock)
+            now = time.monotonic()
+            out_limit = ADMIN_OUT_LIMIT if env is None else TASK_OUT_LIMIT
+            refusal = self._over_cap(env, pid)
+            if refusal is not None:
+                assert env is not None
+                if self.on_refused is not None:
+                    self.on_refused(refusal[0])
+                if self.refusing[env] >= MAX_REFUSING_PER_ENV:
+                    sock.close()
+                    continue
+            conn = Conn(sock, env, pid, uid, out_limit, now + HANDSHAKE_TIMEOUT)
+            self.fds[conn.fd] = conn
+            self.conns += 1
+            self.young.add(conn)
+            if refusal is not None:
+                assert env is not None
+                conn.refusal = refusal[1]
+                self.refusing[env] += 1
+            elif env is not None:
+                self.conns_of_env[env] += 1
+                if pid is not None:
+                    self.conns_of_client[env, pid] += 1
+            self.epoll.register(conn.fd, select.EPOLLIN)
+            self.settle(conn)
+
+    def _over_cap(self, env: str | None, pid: int | None) -> tuple[str, str] | None:
+        """(reason, message) when a new connection to ``env`` from ``pid`` is over a cap."""
+        if env is None:
+            return None
+        cap = min(MAX_CONNECTIONS_PER_ENV, max(1, self.limit() // 2))
+        if self.conns_of_env[env] >= cap:
+            return "env", (
+                f"environment {env} already has {self.conns_of_env[env]} connections open to "
+                f"nodemgr, the most one environment may have ({cap}); end processes of it that "
+                "hold connections they do not use"
+            )
+        if pid is not None and self.conns_of_client[env, pid] >= MAX_CONNECTIONS_PER_CLIENT:
+            return "client", (
+                f"process {pid} already has {MAX_CONNECTIONS_PER_CLIENT} connections open to "
+                "nodemgr, the most one process may have; close the ones it does not use"
+            )
+        return None
+
+    def _pause(self, admin: bool, why: str) -> None:
+        """Stop polling the listeners (the environments', or all) until a descriptor frees:
+        a connection waits in its socket's backlog meanwhile, and nothing aborts."""
+        if admin and not self.paused_admin:
+            self.paused_admin = self.paused_envs = True
+            what = f"cannot accept connections ({why}): waiting for one to close"
+        elif not admin and not self.paused_envs:
+            self.paused_envs = True
+            what = (
+                f"environments' connections at their share of the descriptor limit ({why}, "
+                f"limit {self.nofile}): new ones wait until one closes"
+            )
+        else:
+            return
+        for listener in self.all_listeners():
+            if admin or listener.env is not None:
+                self.epoll.modify(listener.fd, 0)
+        # Once a minute at most: accept() is tried again at every sweep while it fails.
+        now = time.monotonic()
+        if now >= self._pause_said + 60:
+            self._pause_said = now
+            log.warning("%s", what)
+
+    def resume(self) -> None:
+        if not (self.paused_admin or self.paused_envs):
+            return
+        envs = not (self.paused_envs and self.conns >= self.limit())
+        if not envs and not self.paused_admin:
+            return
+        for listener in self.all_listeners():
+            if listener.env is None or envs:
+                self.epoll.modify(listener.fd, select.EPOLLIN)
+        self.paused_admin = False
+        self.paused_envs = not envs
+
+    def all_listeners(self) -> list[Listener]:
+        return [*self.listeners.values(), *([self.admin] if self.admin is not None else [])]
+
+    def settle(self, conn: Conn) -> None:
+        """Drop ``conn`` if it broke, else poll it for writing exactly while it has output."""
+        if conn.closed:
+            self.drop(conn)
+            return
+        if conn.deadline is None:
+            self.young.discard(conn)
+        if conn.wants_write != conn.watching_out:
+            conn.watching_out = conn.wants_write
+            mask = select.EPOLLIN | (select.EPOLLOUT if conn.watching_out else 0)
+            self.epoll.modify(conn.fd, mask)
+
+    def drop(self, conn: Conn) -> None:
+        if self.fds.get(conn.fd) is not conn:
+            return
+        self.epoll.unregister(conn.fd)
+        del self.fds[conn.fd]
+        self.conns -= 1
+        self.young.discard(conn)
+        env = conn.env
+        if conn.refusal is not None:
+            assert env is not None
+            self.refusing[env] -= 1
+        elif env is not None:
+            self.conns_of_env[env] -= 1
+            if conn.pid is not None:
+                self.conns_of_client[env, conn.pid] -= 1
+                if not self.conns_of_client[env, conn.pid]:
+                    del self.conns_of_client[env, conn.pid]
+        conn.closed = True
+        conn.close()
+        self.resume()
+
+    def expire_young(self, now: float) -> None:
+        """Drop connections that did not finish their handshake, or were not answered, in
+        time: a connection that says nothing must not hold a descriptor for long."""
+        for conn in list(self.young):
+            if conn.deadline is None:
+                self.young.discard(conn)
+            elif now >= conn.deadline:
+                self.drop(conn)

@@ -1,0 +1,98 @@
+"""Environments' directories in run_dir, where their sockets and ledgers are: making them,
+and finding at start the ledgers of environments the database does not know."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from nodemgr.config import Config
+from nodemgr.gpus import Gpu
+from nodemgr.ledger import Ledger
+
+log = logging.getLogger("nodemgr")
+
+
+class RestoreError(Exception):
+    """What nodemgr finds at start contradicts its database: serving would lose track of
+    memory in use."""
+
+
+def open_empty(path: Path) -> int:
+    """Make ``path`` an empty directory and return a descriptor of it, keeping the directory
+    itself if there is one: containers bind-mount it, and a mount keeps showing a replaced
+    directory's old, deleted self.
+
+    Its parent is nodemgr's; its entries may be the environment user's doing, so
+    they are removed through the descriptor and no link among them is followed."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    path.mkdir(parents=True, mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for name in os.listdir(fd):  # left by an earlier run, or made by a mount: not usable
+            try:
+                os.unlink(name, dir_fd=fd)
+            except IsADirectoryError:
+                shutil.rmtree(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_unknown(config: Config, gpus: list[Gpu], known: set[str], database: Path) -> None:
+    """Refuse to start beside live ledgers of environments the database does not know:
+    it was emptied, replaced or lost its WAL, and creating such an environment again
+    would give it a second quota beside the memory its processes hold."""
+    root = config.run_dir / "envs"
+    try:
+        names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return
+    uuids = [g.uuid_bytes for g in gpus]
+    live: dict[str, list[int]] = {}
+    for name in names:
+        if name in known:
+            continue
+        ledger = Ledger.reopen(root / name / "ledger", uuids)
+        if ledger is None:
+            continue
+        try:
+            pids = ledger.live_pids()
+        finally:
+            ledger.close()
+        if pids:
+            live[name] = pids
+        else:
+            log.warning(
+                "%s is left from environment %s, which the database does not know; "
+                "it is replaced if that environment is created",
+                root / name,
+                name,
+            )
+    if live:
+        what = "; ".join(
+            f"{name} (pids {', '.join(map(str, pids))})" for name, pids in live.items()
+        )
+        raise RestoreError(
+            f"the database {database} knows no environment {', '.join(live)}, "
+            f"but live processes use their ledgers in {root}: {what}. The database was "
+            "emptied, replaced or lost its -wal file: restore it from a backup with its "
+            "-wal, or end those processes, then start nodemgr again"
+        )
+
+
+def ready(config: Config, name: str) -> None:
+    """Make an environment's directory again if it went with run_dir."""
+    env_dir = config.env_dir(name)
+    if env_dir.is_dir():
+        return
+    access = config.access_for(name)
+    env_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
+    os.chown(env_dir, access.uid, access.gid)
+    os.chmod(env_dir, access.dir_mode)
