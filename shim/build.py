@@ -28,6 +28,19 @@ RELEASE = ["-O2", "-g"]
 SANITIZERS = {"address": "address,undefined", "thread": "thread"}
 
 
+# The shim's translation units; shim.h lists what each holds.
+SHIM_SOURCES = (
+    "cuda_hook.c",
+    "dispatch.c",
+    "process.c",
+    "accounting.c",
+    "alloc_map.c",
+    "iteration.c",
+    "ledger.c",
+    "dlsym_x86_64.S",
+)
+
+
 def _debug_flags(sanitizer: str) -> list[str]:
     return ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={SANITIZERS[sanitizer]}"]
 
@@ -66,7 +79,7 @@ def build_native(out_dir: Path, debug: str | None = None) -> list[Path]:
     shim = out_dir / "libgpushare.so"
     link(
         shim,
-        [HERE / s for s in ("cuda_hook.c", "ledger.c", "dlsym_x86_64.S")],
+        [HERE / s for s in SHIM_SOURCES],
         [],
         [f"-Wl,--version-script={HERE / 'shim.map'}", "-ldl", "-lpthread"],
         debug,
