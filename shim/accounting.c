@@ -883,7 +883,7 @@ static struct gs_pool *named_pool(CUmemoryPool pool, CUstream stream)
 /*
  * Before the driver call of a stream-ordered allocation from `pool` (NULL:
  * the stream's device's current pool): an error to answer, or op->how and
- * its charge. The mode decides as for every allocation (ALLOC_PTR). `cap`
+ * its charge. The mode decides as for every allocation (cuMemAlloc_v2). `cap`
  * is the stream as the driver names it to cuStreamIsCapturing.
  */
 CUresult pool_alloc_begin(struct gs_pool_alloc *op, const CUdeviceptr *dptr, size_t bytes,

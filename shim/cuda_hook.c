@@ -25,28 +25,6 @@
  */
 #include "shim.h"
 
-/*
- * The common shape of an allocation that yields a device pointer: the mode
- * decides, invalid arguments get the driver's own answer uncharged, the
- * footprint is charged before the driver call and taken back if it fails.
- */
-#define ALLOC_PTR(call, dptr, bytes, charge_expr)                                \
-	do {                                                                     \
-		struct gs_charge c_;                                             \
-		CUresult rc_;                                                    \
-		if (g.mode == GS_INERT)                                          \
-			return call;                                             \
-		if (g.mode == GS_BROKEN)                                         \
-			return CUDA_ERROR_NOT_PERMITTED;                         \
-		if ((dptr) == NULL || (bytes) == 0)                              \
-			return call;                                             \
-		rc_ = (charge_expr);                                             \
-		if (rc_ != CUDA_SUCCESS)                                         \
-			return rc_;                                              \
-		rc_ = call;                                                      \
-		return settle(rc_, *(dptr), GS_K_PTR, &c_, undo_ptr);            \
-	} while (0)
-
 /* --- wrappers: start-up and memory reports ------------------------------------ */
 
 GS_EXPORT CUresult cuInit(unsigned int flags)
@@ -54,7 +32,9 @@ GS_EXPORT CUresult cuInit(unsigned int flags)
 	CUresult rc;
 
 	TRACE(GS_ID_cuInit, calls);
-	GET_REAL(cuInit, fn);
+	gs_fn_cuInit fn = REAL_FN(cuInit);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	rc = fn(flags);
 	/* Claim the slot now, so launches are counted and pausable from the first. */
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
@@ -65,7 +45,9 @@ GS_EXPORT CUresult cuInit(unsigned int flags)
 GS_EXPORT CUresult cuDeviceGetCount(int *count)
 {
 	TRACE(GS_ID_cuDeviceGetCount, calls);
-	GET_REAL(cuDeviceGetCount, fn);
+	gs_fn_cuDeviceGetCount fn = REAL_FN(cuDeviceGetCount);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	return fn(count);
 }
 
@@ -95,7 +77,9 @@ GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 	int gpu;
 
 	TRACE(GS_ID_cuDeviceTotalMem_v2, calls);
-	GET_REAL(cuDeviceTotalMem_v2, fn);
+	gs_fn_cuDeviceTotalMem_v2 fn = REAL_FN(cuDeviceTotalMem_v2);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	rc = fn(bytes, dev);
 	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE)
 		return rc;
@@ -115,7 +99,9 @@ GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 	int gpu;
 
 	TRACE(GS_ID_cuMemGetInfo_v2, calls);
-	GET_REAL(cuMemGetInfo_v2, fn);
+	gs_fn_cuMemGetInfo_v2 fn = REAL_FN(cuMemGetInfo_v2);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	rc = fn(free_bytes, total_bytes);
 	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE)
 		return rc;
@@ -130,19 +116,6 @@ GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 	return rc;
 }
 
-
-#define CONTEXT_CALL(dev, call)                                  \
-	do {                                                     \
-		CUresult rc_;                                    \
-		int charged_;                                    \
-		rc_ = charge_context((dev), &charged_);          \
-		if (rc_ != CUDA_SUCCESS)                         \
-			return rc_;                              \
-		rc_ = call;                                      \
-		context_settle(charged_, rc_);                   \
-		return rc_;                                      \
-	} while (0)
-
 /* The primary context is remembered, and its retains counted, for its teardown. */
 GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
@@ -150,7 +123,9 @@ GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 	int charged;
 
 	TRACE(GS_ID_cuDevicePrimaryCtxRetain, calls);
-	GET_REAL(cuDevicePrimaryCtxRetain, fn);
+	gs_fn_cuDevicePrimaryCtxRetain fn = REAL_FN(cuDevicePrimaryCtxRetain);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	if (ctx == NULL)
 		return fn(ctx, dev);
 	rc = charge_context(dev, &charged);
@@ -181,38 +156,70 @@ GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 
 GS_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev)
 {
+	CUresult rc;
+	int charged;
+
 	TRACE(GS_ID_cuCtxCreate_v2, calls);
-	GET_REAL(cuCtxCreate_v2, fn);
+	gs_fn_cuCtxCreate_v2 fn = REAL_FN(cuCtxCreate_v2);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	if (ctx == NULL)
 		return fn(ctx, flags, dev);
-	CONTEXT_CALL(dev, fn(ctx, flags, dev));
+	rc = charge_context(dev, &charged);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = fn(ctx, flags, dev);
+	context_settle(charged, rc);
+	return rc;
 }
 
 GS_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, void *affinity, int naffinity,
 				  unsigned int flags, CUdevice dev)
 {
+	CUresult rc;
+	int charged;
+
 	TRACE(GS_ID_cuCtxCreate_v3, calls);
-	GET_REAL(cuCtxCreate_v3, fn);
+	gs_fn_cuCtxCreate_v3 fn = REAL_FN(cuCtxCreate_v3);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	if (ctx == NULL)
 		return fn(ctx, affinity, naffinity, flags, dev);
-	CONTEXT_CALL(dev, fn(ctx, affinity, naffinity, flags, dev));
+	rc = charge_context(dev, &charged);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = fn(ctx, affinity, naffinity, flags, dev);
+	context_settle(charged, rc);
+	return rc;
 }
 
 GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, void *params, unsigned int flags,
 				  CUdevice dev)
 {
+	CUresult rc;
+	int charged;
+
 	TRACE(GS_ID_cuCtxCreate_v4, calls);
-	GET_REAL(cuCtxCreate_v4, fn);
+	gs_fn_cuCtxCreate_v4 fn = REAL_FN(cuCtxCreate_v4);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	if (ctx == NULL)
 		return fn(ctx, params, flags, dev);
-	CONTEXT_CALL(dev, fn(ctx, params, flags, dev));
+	rc = charge_context(dev, &charged);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = fn(ctx, params, flags, dev);
+	context_settle(charged, rc);
+	return rc;
 }
 
 #define TEARDOWN_WRAPPER(abi, type, arg, how)         \
 	GS_EXPORT CUresult abi(type arg)                \
 	{                                               \
 		TRACE(GS_ID_##abi, calls);              \
-		GET_REAL(abi, fn);                      \
+		gs_fn_##abi fn = REAL_FN(abi);          \
+		if (unlikely(fn == NULL))               \
+			return CUDA_ERROR_NOT_FOUND;    \
 		return how;                             \
 	}
 
@@ -264,7 +271,9 @@ GS_EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
 	int gpu, had;
 
 	TRACE(GS_ID_cuCtxSetLimit, calls);
-	GET_REAL(cuCtxSetLimit, fn);
+	gs_fn_cuCtxSetLimit fn = REAL_FN(cuCtxSetLimit);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode != GS_ENFORCE ||
 	    (limit != CU_LIMIT_STACK_SIZE && limit != CU_LIMIT_MALLOC_HEAP_SIZE))
 		return fn(limit, value);
@@ -316,18 +325,49 @@ GS_EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
 
 GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
+	struct gs_charge c;
+	CUresult rc;
+
 	TRACE(GS_ID_cuMemAlloc_v2, calls);
-	GET_REAL(cuMemAlloc_v2, fn);
-	ALLOC_PTR(fn(dptr, bytesize), dptr, bytesize, charge_current(footprint(bytesize), &c_));
+	gs_fn_cuMemAlloc_v2 fn = REAL_FN(cuMemAlloc_v2);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
+	if (g.mode == GS_INERT)
+		return fn(dptr, bytesize);
+	if (g.mode == GS_BROKEN)
+		return CUDA_ERROR_NOT_PERMITTED;
+	if (dptr == NULL || bytesize == 0)
+		return fn(dptr, bytesize);
+	rc = charge_current(footprint(bytesize), &c);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = fn(dptr, bytesize);
+	return settle(rc, *dptr, GS_K_PTR, &c, undo_ptr);
 }
+
 
 GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
+	struct gs_charge c;
+	CUresult rc;
+
 	TRACE(GS_ID_cuMemAllocManaged, calls);
-	GET_REAL(cuMemAllocManaged, fn);
-	ALLOC_PTR(fn(dptr, bytesize, flags), dptr, bytesize,
-		  charge_current(footprint(bytesize), &c_));
+	gs_fn_cuMemAllocManaged fn = REAL_FN(cuMemAllocManaged);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
+	if (g.mode == GS_INERT)
+		return fn(dptr, bytesize, flags);
+	if (g.mode == GS_BROKEN)
+		return CUDA_ERROR_NOT_PERMITTED;
+	if (dptr == NULL || bytesize == 0)
+		return fn(dptr, bytesize, flags);
+	rc = charge_current(footprint(bytesize), &c);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = fn(dptr, bytesize, flags);
+	return settle(rc, *dptr, GS_K_PTR, &c, undo_ptr);
 }
+
 
 #define PTSZ_STREAM(stream) ((stream) == NULL ? GS_STREAM_PER_THREAD : (stream))
 
@@ -337,7 +377,9 @@ GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
 		struct gs_pool_alloc op;                                         \
 		CUresult rc;                                                     \
 		TRACE(GS_ID_##abi, calls);                                       \
-		GET_REAL(abi, fn);                                               \
+		gs_fn_##abi fn = REAL_FN(abi);                                   \
+		if (unlikely(fn == NULL))                                        \
+			return CUDA_ERROR_NOT_FOUND;                             \
 		rc = pool_alloc_begin(&op, dptr, bytesize, (pool), stream, cap); \
 		if (rc != CUDA_SUCCESS)                                          \
 			return rc;                                               \
@@ -362,7 +404,9 @@ GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
 	CUresult rc;
 
 	TRACE(GS_ID_cuMemPoolCreate, calls);
-	GET_REAL(cuMemPoolCreate, fn);
+	gs_fn_cuMemPoolCreate fn = REAL_FN(cuMemPoolCreate);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	rc = fn(pool, props);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
 		pool_note(*pool, pool_gpu(&props->location, props->allocType));
@@ -375,7 +419,9 @@ GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
 	{                                                                \
 		CUresult rc;                                             \
 		TRACE(GS_ID_##abi, calls);                               \
-		GET_REAL(abi, fn);                                       \
+		gs_fn_##abi fn = REAL_FN(abi);                           \
+		if (unlikely(fn == NULL))                                \
+			return CUDA_ERROR_NOT_FOUND;                     \
 		rc = fn(pool, dev);                                      \
 		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)          \
 			pool_note(*pool, ledger_gpu(dev));               \
@@ -391,7 +437,9 @@ DEVICE_POOL_WRAPPER(cuDeviceGetMemPool)
 	{                                                                             \
 		CUresult rc;                                                          \
 		TRACE(GS_ID_##abi, calls);                                            \
-		GET_REAL(abi, fn);                                                    \
+		gs_fn_##abi fn = REAL_FN(abi);                                        \
+		if (unlikely(fn == NULL))                                             \
+			return CUDA_ERROR_NOT_FOUND;                                  \
 		rc = fn(pool, location, type);                                        \
 		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)                       \
 			pool_note(*pool, pool_gpu(location, type));                   \
@@ -406,7 +454,9 @@ GS_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 	CUresult rc;
 
 	TRACE(GS_ID_cuDeviceSetMemPool, calls);
-	GET_REAL(cuDeviceSetMemPool, fn);
+	gs_fn_cuDeviceSetMemPool fn = REAL_FN(cuDeviceSetMemPool);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	rc = fn(dev, pool);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
 		set_current_pool(pool, ledger_gpu(dev));
@@ -418,7 +468,9 @@ GS_EXPORT CUresult cuMemSetMemPool(CUmemLocation *location, int type, CUmemoryPo
 	CUresult rc;
 
 	TRACE(GS_ID_cuMemSetMemPool, calls);
-	GET_REAL(cuMemSetMemPool, fn);
+	gs_fn_cuMemSetMemPool fn = REAL_FN(cuMemSetMemPool);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	rc = fn(location, type, pool);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE && pool_gpu(location, type) >= 0)
 		set_current_pool(pool, ledger_gpu(location->id));
@@ -430,7 +482,9 @@ GS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 	CUresult rc;
 
 	TRACE(GS_ID_cuMemPoolTrimTo, calls);
-	GET_REAL(cuMemPoolTrimTo, fn);
+	gs_fn_cuMemPoolTrimTo fn = REAL_FN(cuMemPoolTrimTo);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	rc = fn(pool, keep);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
 		pool_trimmed(pool);
@@ -442,7 +496,9 @@ GS_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *valu
 	CUresult rc;
 
 	TRACE(GS_ID_cuMemPoolSetAttribute, calls);
-	GET_REAL(cuMemPoolSetAttribute, fn);
+	gs_fn_cuMemPoolSetAttribute fn = REAL_FN(cuMemPoolSetAttribute);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	rc = fn(pool, attr, value);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE && attr == GS_POOL_RELEASE_THRESHOLD)
 		pool_threshold_set(pool, *(const cuuint64_t *)value);
@@ -459,7 +515,9 @@ GS_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 	CUresult rc;
 
 	TRACE(GS_ID_cuMemPoolDestroy, calls);
-	GET_REAL(cuMemPoolDestroy, fn);
+	gs_fn_cuMemPoolDestroy fn = REAL_FN(cuMemPoolDestroy);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	rc = fn(pool);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
 		pool_destroyed(pool);
@@ -472,7 +530,9 @@ GS_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 	{                                                                \
 		CUresult rc;                                             \
 		TRACE(GS_ID_##abi, calls);                               \
-		GET_REAL(abi, fn);                                       \
+		gs_fn_##abi fn = REAL_FN(abi);                           \
+		if (unlikely(fn == NULL))                                \
+			return CUDA_ERROR_NOT_FOUND;                     \
 		rc = fn args;                                            \
 		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)          \
 			pools_after_sync();                              \
@@ -490,7 +550,9 @@ SYNC_WRAPPER(cuEventSynchronize, (CUevent event), (event))
 	{                                                                \
 		CUresult rc;                                             \
 		TRACE(GS_ID_##abi, calls);                               \
-		GET_REAL(abi, fn);                                       \
+		gs_fn_##abi fn = REAL_FN(abi);                           \
+		if (unlikely(fn == NULL))                                \
+			return CUDA_ERROR_NOT_FOUND;                     \
 		rc = fn args;                                            \
 		if (rc == CUDA_SUCCESS)                                  \
 			capture_begun();                                 \
@@ -515,7 +577,9 @@ BEGIN_CAPTURE_WRAPPER(cuStreamBeginCaptureToGraph_ptsz,
 	{                                                            \
 		CUresult rc;                                         \
 		TRACE(GS_ID_##abi, calls);                           \
-		GET_REAL(abi, fn);                                   \
+		gs_fn_##abi fn = REAL_FN(abi);                       \
+		if (unlikely(fn == NULL))                            \
+			return CUDA_ERROR_NOT_FOUND;                 \
 		rc = fn(stream, graph);                              \
 		capture_ended(rc);                                   \
 		return rc;                                           \
@@ -528,7 +592,9 @@ GS_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *
 					  size_t ndeps, void *params)
 {
 	TRACE(GS_ID_cuGraphAddMemAllocNode, calls);
-	GET_REAL(cuGraphAddMemAllocNode, fn);
+	gs_fn_cuGraphAddMemAllocNode fn = REAL_FN(cuGraphAddMemAllocNode);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode != GS_ENFORCE)
 		return fn(node, graph, deps, ndeps, params);
 	return graph_node_made(fn(node, graph, deps, ndeps, params));
@@ -540,7 +606,9 @@ GS_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *
 	{                                                                            \
 		CUresult rc;                                                         \
 		TRACE(GS_ID_##abi, calls);                                           \
-		GET_REAL(abi, fn);                                                   \
+		gs_fn_##abi fn = REAL_FN(abi);                                       \
+		if (unlikely(fn == NULL))                                            \
+			return CUDA_ERROR_NOT_FOUND;                                 \
 		rc = fn(exec, stream);                                               \
 		if (rc == CUDA_SUCCESS && __atomic_load_n(&graph_mem, __ATOMIC_ACQUIRE)) \
 			graph_launched(stream);                                      \
@@ -555,7 +623,9 @@ GS_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
 	CUresult rc;
 
 	TRACE(GS_ID_cuDeviceGraphMemTrim, calls);
-	GET_REAL(cuDeviceGraphMemTrim, fn);
+	gs_fn_cuDeviceGraphMemTrim fn = REAL_FN(cuDeviceGraphMemTrim);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	rc = fn(dev);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
 		graph_pool_trimmed(ledger_gpu(dev));
@@ -568,7 +638,9 @@ GS_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 	CUresult rc;
 
 	TRACE(GS_ID_cuGraphExecDestroy, calls);
-	GET_REAL(cuGraphExecDestroy, fn);
+	gs_fn_cuGraphExecDestroy fn = REAL_FN(cuGraphExecDestroy);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	rc = fn(exec);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE &&
 	    __atomic_load_n(&graph_mem, __ATOMIC_ACQUIRE))
@@ -609,7 +681,9 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 	CUresult rc;
 
 	TRACE(GS_ID_cuMemAllocPitch_v2, calls);
-	GET_REAL(cuMemAllocPitch_v2, fn);
+	gs_fn_cuMemAllocPitch_v2 fn = REAL_FN(cuMemAllocPitch_v2);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode == GS_INERT)
 		return fn(dptr, pitch, width, height, elem);
 	if (g.mode == GS_BROKEN)
@@ -641,7 +715,9 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 	{                                                                   \
 		struct gs_alloc a;                                          \
 		TRACE(GS_ID_##abi, calls);                                  \
-		GET_REAL(abi, fn);                                          \
+		gs_fn_##abi fn = REAL_FN(abi);                              \
+		if (unlikely(fn == NULL))                                   \
+			return CUDA_ERROR_NOT_FOUND;                        \
 		if (!forget((uint64_t)(uintptr_t)(key), (kind), &a))        \
 			return fn args;                                     \
 		return freed(fn args, &a);                                  \
@@ -666,7 +742,9 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 	int gpu;
 
 	TRACE(GS_ID_cuMemCreate, calls);
-	GET_REAL(cuMemCreate, fn);
+	gs_fn_cuMemCreate fn = REAL_FN(cuMemCreate);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode == GS_INERT)
 		return fn(handle, size, prop, flags);
 	if (handle == NULL || prop == NULL || size == 0 ||
@@ -703,7 +781,9 @@ GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 	int r;
 
 	TRACE(GS_ID_cuMemRelease, calls);
-	GET_REAL(cuMemRelease, fn);
+	gs_fn_cuMemRelease fn = REAL_FN(cuMemRelease);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode != GS_ENFORCE)
 		return fn(handle);
 	/* Before the driver call: once freed, the handle value may be handed out again. */
@@ -741,7 +821,9 @@ GS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *han
 	CUresult rc;
 
 	TRACE(GS_ID_cuMemRetainAllocationHandle, calls);
-	GET_REAL(cuMemRetainAllocationHandle, fn);
+	gs_fn_cuMemRetainAllocationHandle fn = REAL_FN(cuMemRetainAllocationHandle);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode != GS_ENFORCE || handle == NULL)
 		return fn(handle, addr);
 	/*
@@ -770,7 +852,9 @@ GS_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 	int ours;
 
 	TRACE(GS_ID_cuMemMap, calls);
-	GET_REAL(cuMemMap, fn);
+	gs_fn_cuMemMap fn = REAL_FN(cuMemMap);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode != GS_ENFORCE)
 		return fn(ptr, size, offset, handle, flags);
 	/* Counted before the call, so a racing last release cannot free the record. */
@@ -834,7 +918,9 @@ GS_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 	size_t n;
 
 	TRACE(GS_ID_cuMemUnmap, calls);
-	GET_REAL(cuMemUnmap, fn);
+	gs_fn_cuMemUnmap fn = REAL_FN(cuMemUnmap);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode != GS_ENFORCE)
 		return fn(ptr, size);
 	/*
@@ -912,51 +998,71 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, int format, unsigned i
 	return footprint(total);
 }
 
-#define ALLOC_ARRAY(call, out, desc, bytes_expr, kind, undo)                         \
-	do {                                                                         \
-		struct gs_charge c_;                                                 \
-		CUresult rc_;                                                        \
-		if (g.mode == GS_INERT || (out) == NULL || (desc) == NULL)           \
-			return call;                                                 \
-		if (g.mode == GS_BROKEN)                                             \
-			return CUDA_ERROR_NOT_PERMITTED;                             \
-		rc_ = charge_current((bytes_expr), &c_);                             \
-		if (rc_ != CUDA_SUCCESS)                                             \
-			return rc_;                                                  \
-		rc_ = call;                                                          \
-		return settle(rc_, (uint64_t)(uintptr_t) * (out), (kind), &c_, (undo)); \
-	} while (0)
-
 GS_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
+	struct gs_charge c;
+	CUresult rc;
+
 	TRACE(GS_ID_cuArrayCreate_v2, calls);
-	GET_REAL(cuArrayCreate_v2, fn);
-	ALLOC_ARRAY(fn(array, desc), array, desc,
-		    array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels, 0,
-				1),
-		    GS_K_ARRAY, undo_array);
+	gs_fn_cuArrayCreate_v2 fn = REAL_FN(cuArrayCreate_v2);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
+	if (g.mode == GS_INERT || array == NULL || desc == NULL)
+		return fn(array, desc);
+	if (g.mode == GS_BROKEN)
+		return CUDA_ERROR_NOT_PERMITTED;
+	rc = charge_current(array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels, 0, 1), &c);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = fn(array, desc);
+	return settle(rc, (uint64_t)(uintptr_t)*array, GS_K_ARRAY, &c, undo_array);
 }
+
 
 GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
+	struct gs_charge c;
+	CUresult rc;
+
 	TRACE(GS_ID_cuArray3DCreate_v2, calls);
-	GET_REAL(cuArray3DCreate_v2, fn);
-	ALLOC_ARRAY(fn(array, desc), array, desc,
-		    array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-				desc->NumChannels, desc->Flags, 1),
-		    GS_K_ARRAY, undo_array);
+	gs_fn_cuArray3DCreate_v2 fn = REAL_FN(cuArray3DCreate_v2);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
+	if (g.mode == GS_INERT || array == NULL || desc == NULL)
+		return fn(array, desc);
+	if (g.mode == GS_BROKEN)
+		return CUDA_ERROR_NOT_PERMITTED;
+	rc = charge_current(array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
+				     desc->NumChannels, desc->Flags, 1), &c);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = fn(array, desc);
+	return settle(rc, (uint64_t)(uintptr_t)*array, GS_K_ARRAY, &c, undo_array);
 }
+
 
 GS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
 					  const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)
 {
+	struct gs_charge c;
+	CUresult rc;
+
 	TRACE(GS_ID_cuMipmappedArrayCreate, calls);
-	GET_REAL(cuMipmappedArrayCreate, fn);
-	ALLOC_ARRAY(fn(array, desc, levels), array, desc,
-		    array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-				desc->NumChannels, desc->Flags, levels),
-		    GS_K_MIPMAP, undo_mipmap);
+	gs_fn_cuMipmappedArrayCreate fn = REAL_FN(cuMipmappedArrayCreate);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
+	if (g.mode == GS_INERT || array == NULL || desc == NULL)
+		return fn(array, desc, levels);
+	if (g.mode == GS_BROKEN)
+		return CUDA_ERROR_NOT_PERMITTED;
+	rc = charge_current(array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
+				     desc->NumChannels, desc->Flags, levels), &c);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = fn(array, desc, levels);
+	return settle(rc, (uint64_t)(uintptr_t)*array, GS_K_MIPMAP, &c, undo_mipmap);
 }
+
 
 FREE_WRAPPER(cuArrayDestroy, (CUarray array), array, GS_K_ARRAY, (array))
 FREE_WRAPPER(cuMipmappedArrayDestroy, (CUmipmappedArray array), array, GS_K_MIPMAP, (array))
@@ -975,7 +1081,9 @@ static inline __attribute__((always_inline)) void launch_gate(void)
 	GS_EXPORT CUresult abi params           \
 	{                                       \
 		TRACE(GS_ID_##abi, calls);      \
-		GET_REAL(abi, fn);              \
+		gs_fn_##abi fn = REAL_FN(abi);  \
+		if (unlikely(fn == NULL))       \
+			return CUDA_ERROR_NOT_FOUND; \
 		launch_gate();                  \
 		return fn args;                 \
 	}
@@ -997,7 +1105,9 @@ LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, GS_COOP_PARAMS,
 	{                                                                          \
 		CUresult rc;                                                       \
 		TRACE(GS_ID_##abi, calls);                                         \
-		GET_REAL(abi, fn);                                                 \
+		gs_fn_##abi fn = REAL_FN(abi);                                     \
+		if (unlikely(fn == NULL))                                          \
+			return CUDA_ERROR_NOT_FOUND;                               \
 		launch_gate();                                                     \
 		rc = fn(exec, stream);                                             \
 		if (unlikely(__atomic_load_n(&graph_mem, __ATOMIC_RELAXED) != 0) && \
@@ -1073,7 +1183,9 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m
 	nvmlReturn_t rc;
 
 	TRACE(GS_ID_nvmlDeviceGetMemoryInfo, calls);
-	GET_NVML(nvmlDeviceGetMemoryInfo, fn);
+	gs_fn_nvmlDeviceGetMemoryInfo fn = NVML_FN(nvmlDeviceGetMemoryInfo);
+	if (fn == NULL)
+		return NVML_ERROR_FUNCTION_NOT_FOUND;
 	rc = fn(dev, mem);
 	if (rc == NVML_SUCCESS && mode_acquire() == GS_ENFORCE)
 		nvml_share(dev, &mem->total, &mem->free, &mem->used);
@@ -1085,7 +1197,9 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v
 	nvmlReturn_t rc;
 
 	TRACE(GS_ID_nvmlDeviceGetMemoryInfo_v2, calls);
-	GET_NVML(nvmlDeviceGetMemoryInfo_v2, fn);
+	gs_fn_nvmlDeviceGetMemoryInfo_v2 fn = NVML_FN(nvmlDeviceGetMemoryInfo_v2);
+	if (fn == NULL)
+		return NVML_ERROR_FUNCTION_NOT_FOUND;
 	rc = fn(dev, mem);
 	if (rc == NVML_SUCCESS && mode_acquire() == GS_ENFORCE && nvml_gpu(dev) >= 0) {
 		/* The driver's reservation is not the environment's to see. */

@@ -320,7 +320,9 @@ GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_ver
 	CUresult rc;
 
 	TRACE(GS_ID_cuGetProcAddress, calls);
-	GET_REAL(cuGetProcAddress, fn);
+	gs_fn_cuGetProcAddress fn = REAL_FN(cuGetProcAddress);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	rc = fn(symbol, pfn, cuda_version, flags);
 	if (rc == CUDA_SUCCESS)
 		gpa_substitute(symbol, pfn, cuda_version, flags);
@@ -333,7 +335,9 @@ GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_
 	CUresult rc;
 
 	TRACE(GS_ID_cuGetProcAddress_v2, calls);
-	GET_REAL(cuGetProcAddress_v2, fn);
+	gs_fn_cuGetProcAddress_v2 fn = REAL_FN(cuGetProcAddress_v2);
+	if (unlikely(fn == NULL))
+		return CUDA_ERROR_NOT_FOUND;
 	rc = fn(symbol, pfn, cuda_version, flags, status);
 	if (rc == CUDA_SUCCESS)
 		gpa_substitute(symbol, pfn, cuda_version, flags);

@@ -255,24 +255,31 @@ void need_nvml(void);
 void gs_dispatch_after_fork(void);
 
 /*
- * The real entry point into `fn`, resolving the table on first use. A
- * missing one is reported, never called.
+ * The real entry point `abi`, the table resolved on first use; NULL where the
+ * driver lacks it, which the caller reports (CUDA_ERROR_NOT_FOUND) and never
+ * calls.
  */
-#define GET_REAL(abi, fn)                                          \
-	gs_fn_##abi fn = R(real, abi);                             \
-	if (unlikely(fn == NULL)) {                                \
-		need_real();                                       \
-		fn = R(real, abi);                                 \
-		if (fn == NULL)                                    \
-			return CUDA_ERROR_NOT_FOUND;               \
-	}
+static inline __attribute__((always_inline)) void *real_entry(void **slot)
+{
+	void *fn = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
 
-#define GET_NVML(abi, fn)                                          \
-	gs_fn_##abi fn;                                            \
-	need_nvml();                                               \
-	fn = R(nvml, abi);                                         \
-	if (fn == NULL)                                            \
-		return NVML_ERROR_FUNCTION_NOT_FOUND;
+	if (unlikely(fn == NULL)) {
+		need_real();
+		fn = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+	}
+	return fn;
+}
+
+#define REAL_FN(abi) ((gs_fn_##abi)real_entry((void **)&real.abi))
+
+/* The same for NVML (NVML_ERROR_FUNCTION_NOT_FOUND where the library lacks it). */
+static inline void *nvml_entry(void **slot)
+{
+	need_nvml();
+	return __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+}
+
+#define NVML_FN(abi) ((gs_fn_##abi)nvml_entry((void **)&nvml.abi))
 
 /* process.c */
 int my_slot(void);
