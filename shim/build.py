@@ -23,7 +23,8 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 
 WARN = ["-Wall", "-Wextra", "-Werror"]
-COMMON = ["-std=gnu11", "-fPIC", "-fvisibility=hidden", *WARN]
+# -Wmissing-prototypes: a function is static, or declared in the header its callers share.
+COMMON = ["-std=gnu11", "-fPIC", "-fvisibility=hidden", *WARN, "-Wmissing-prototypes"]
 RELEASE = ["-O2", "-g"]
 SANITIZERS = {"address": "address,undefined", "thread": "thread"}
 

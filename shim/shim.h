@@ -250,6 +250,8 @@ static inline uint64_t epoch_now(void)
 extern pthread_mutex_t attach_mu;
 extern int driver_reached;
 void resolve_real_dlsym(void);
+/* Called by the dlsym trampoline (dlsym_x86_64.S). */
+GS_UNINSTRUMENTED void *gs_dlsym_hook(void *handle, const char *name);
 void need_real(void);
 void need_nvml(void);
 void gs_dispatch_after_fork(void);

@@ -708,8 +708,6 @@ CUresult sim_impl_cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev)
  * CUDA_ERROR_NOT_SUPPORTED; they exist so that, as in the real driver, each
  * ABI variant is its own exported function and never an alias of its _v2.
  */
-typedef unsigned int sim_devptr_v1;
-
 CUresult sim_impl_cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
 {
 	(void)bytes, (void)dev;

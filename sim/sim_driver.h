@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "sim_abi.h"
+#include "sim_impl.h"
 #include "sim_internal.h"
 #include "sim_spec.h"
 

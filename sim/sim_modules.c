@@ -493,8 +493,6 @@ CUresult sim_impl_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, C
 	return sim_impl_cuOccupancyMaxActiveBlocksPerMultiprocessor(n, f, block, smem);
 }
 
-typedef size_t (*sim_smem_fn)(int block);
-
 CUresult sim_impl_cuOccupancyMaxPotentialBlockSize(int *grid, int *block, CUfunction f,
 						   sim_smem_fn smem_fn, size_t smem, int limit)
 {

@@ -1173,14 +1173,6 @@ CUresult sim_impl_cuGraphInstantiate_v2(CUgraphExec *pe, CUgraph g, void *err_no
 	return sim_impl_cuGraphInstantiate(pe, g, err_node, log, log_size);
 }
 
-/* CUDA_GRAPH_INSTANTIATE_PARAMS: flags, upload stream, error node, result. */
-struct sim_instantiate_params {
-	uint64_t flags;
-	CUstream upload;
-	void *err_node;
-	int result;
-};
-
 CUresult sim_impl_cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g,
 					       struct sim_instantiate_params *params)
 {
