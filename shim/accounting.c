@@ -96,6 +96,7 @@ enum gs_ctx_state { GS_CTX_UNPAID, GS_CTX_PAYING, GS_CTX_PAID };
 
 /* The GPUs whose context charge this thread is paying: it never waits for itself. */
 static __thread __attribute__((tls_model("initial-exec"))) uint32_t paying;
+_Static_assert(GS_MAX_GPUS <= 32, "paying is a 32-bit mask of ledger GPUs");
 
 CUresult charge_context(CUdevice dev, int *charged)
 {
