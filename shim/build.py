@@ -23,9 +23,23 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 
 WARN = ["-Wall", "-Wextra", "-Werror"]
-COMMON = ["-std=gnu11", "-fPIC", "-fvisibility=hidden", *WARN]
+# -Wmissing-prototypes: a function is static, or declared in the header its callers share.
+COMMON = ["-std=gnu11", "-fPIC", "-fvisibility=hidden", *WARN, "-Wmissing-prototypes"]
 RELEASE = ["-O2", "-g"]
 SANITIZERS = {"address": "address,undefined", "thread": "thread"}
+
+
+# The shim's translation units; shim.h lists what each holds.
+SHIM_SOURCES = (
+    "cuda_hook.c",
+    "dispatch.c",
+    "process.c",
+    "accounting.c",
+    "alloc_map.c",
+    "iteration.c",
+    "ledger.c",
+    "dlsym_x86_64.S",
+)
 
 
 def _debug_flags(sanitizer: str) -> list[str]:
@@ -66,7 +80,7 @@ def build_native(out_dir: Path, debug: str | None = None) -> list[Path]:
     shim = out_dir / "libgpushare.so"
     link(
         shim,
-        [HERE / s for s in ("cuda_hook.c", "ledger.c", "dlsym_x86_64.S")],
+        [HERE / s for s in SHIM_SOURCES],
         [],
         [f"-Wl,--version-script={HERE / 'shim.map'}", "-ldl", "-lpthread"],
         debug,

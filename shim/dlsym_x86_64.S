@@ -27,7 +27,7 @@ dlsym:
 	.cfi_adjust_cfa_offset -8
 	testq	%rax, %rax
 	jz	1f
-	/* 1 (GS_DLSYM_NONE in cuda_hook.c): the answer is "no symbol". */
+	/* 1 (GS_DLSYM_NONE in dispatch.c): the answer is "no symbol". */
 	cmpq	$1, %rax
 	jne	3f
 	xorl	%eax, %eax

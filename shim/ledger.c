@@ -16,8 +16,17 @@
 
 #include "ledger.h"
 
+/*
+ * Memory order: seq_cst unless said otherwise. The ledger is shared between
+ * processes and read off the hot paths, so the strongest order costs little
+ * and keeps every reader's view simple. The one place that needs it is
+ * gs_ledger_charge (add, then sum); counters kept only for reports (peaks)
+ * are relaxed, each saying so.
+ */
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+/* A figure read only for reports: no other memory is published through it. */
+#define LOAD_REPORT(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 
 /* The slots a reader must look at: those ever claimed (a corrupt count is cut to the table). */
 static uint32_t slots_seen(const struct gs_ledger *l)
@@ -472,9 +481,10 @@ static void task_charged(struct gs_task *t, uint64_t bytes)
 	if (t == NULL)
 		return;
 	now = __atomic_add_fetch(&t->used, bytes, __ATOMIC_SEQ_CST);
-	peak = LOAD(&t->peak);
-	while (now > peak && !__atomic_compare_exchange_n(&t->peak, &peak, now, 0, __ATOMIC_SEQ_CST,
-							  __ATOMIC_SEQ_CST))
+	/* Relaxed: the peak is a report, and its CAS alone keeps it monotonic. */
+	peak = LOAD_REPORT(&t->peak);
+	while (now > peak && !__atomic_compare_exchange_n(&t->peak, &peak, now, 0, __ATOMIC_RELAXED,
+							  __ATOMIC_RELAXED))
 		;
 }
 
@@ -487,10 +497,11 @@ static void note_peak(struct gs_slot *s)
 
 		total = total + u < total ? UINT64_MAX : total + u;
 	}
-	peak = LOAD(&s->peak);
+	/* Relaxed: the peak is a report, and its CAS alone keeps it monotonic. */
+	peak = LOAD_REPORT(&s->peak);
 	while (total > peak &&
-	       !__atomic_compare_exchange_n(&s->peak, &peak, total, 0, __ATOMIC_SEQ_CST,
-					   __ATOMIC_SEQ_CST))
+	       !__atomic_compare_exchange_n(&s->peak, &peak, total, 0, __ATOMIC_RELAXED,
+					   __ATOMIC_RELAXED))
 		;
 }
 
@@ -509,6 +520,11 @@ int gs_ledger_charge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t 
 	 * both may fail but never both pass beyond the limit. Granted, the bytes
 	 * move into `used`, added there before they leave `pending`, so a racing
 	 * check counts them twice for a moment (on the safe side) and never not.
+	 *
+	 * Memory order: the add to pending and the loads in claimed() must be
+	 * seq_cst. It is a store then a load of other locations (each charge
+	 * writes its own slot, reads everyone's): acquire/release would let both
+	 * racers read the other's pending as it was before, and both pass.
 	 */
 	__atomic_fetch_add(&l->slot[slot].pending[gpu], bytes, __ATOMIC_SEQ_CST);
 	if (claimed(l, gpu) > limit) {

@@ -61,11 +61,14 @@ struct sim_obj *sim_obj_list;
 __thread struct sim_ctx_slot sim_stack[SIM_CTX_DEPTH];
 __thread unsigned int sim_depth;
 
+bool sim_initialized(void)
+{
+	return __atomic_load_n(&sim_state, __ATOMIC_ACQUIRE) == SIM_READY;
+}
+
 CUresult sim_live(void)
 {
-	return __atomic_load_n(&sim_state, __ATOMIC_ACQUIRE) == SIM_READY
-		       ? CUDA_SUCCESS
-		       : CUDA_ERROR_NOT_INITIALIZED;
+	return sim_initialized() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 bool sim_valid_dev(CUdevice dev)
@@ -414,7 +417,8 @@ CUresult sim_impl_cuCtxDestroy_v2(CUcontext ctx)
 	struct CUctx_st **pp, *c;
 	unsigned int i, kept = 0;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!ctx)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&sim_ctx_lock);
@@ -441,7 +445,8 @@ CUresult sim_impl_cuCtxSetCurrent(CUcontext ctx)
 {
 	struct sim_ctx_slot slot;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!ctx) {
 		/* Documented as popping the stack, or nothing when it is empty. */
 		if (sim_depth)
@@ -458,7 +463,8 @@ CUresult sim_impl_cuCtxSetCurrent(CUcontext ctx)
 
 CUresult sim_impl_cuCtxGetCurrent(CUcontext *pctx)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!pctx)
 		return CUDA_ERROR_INVALID_VALUE;
 	*pctx = sim_depth ? sim_stack[sim_depth - 1].ctx : NULL;
@@ -467,7 +473,8 @@ CUresult sim_impl_cuCtxGetCurrent(CUcontext *pctx)
 
 CUresult sim_impl_cuCtxGetDevice(CUdevice *dev)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!dev)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!sim_depth)
@@ -480,13 +487,15 @@ CUresult sim_impl_cuCtxPushCurrent_v2(CUcontext ctx)
 {
 	struct sim_ctx_slot slot;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return sim_ctx_slot_of(ctx, &slot) ? sim_push(&slot) : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 CUresult sim_impl_cuCtxPopCurrent_v2(CUcontext *pctx)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!sim_depth)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	sim_depth--;
@@ -497,7 +506,8 @@ CUresult sim_impl_cuCtxPopCurrent_v2(CUcontext *pctx)
 
 CUresult sim_impl_cuCtxSynchronize(void)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	/* Nothing ever runs, so there is nothing to wait for; pools settle. */
 	sim_pools_settle();
 	return CUDA_SUCCESS;
@@ -698,26 +708,27 @@ CUresult sim_impl_cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev)
  * CUDA_ERROR_NOT_SUPPORTED; they exist so that, as in the real driver, each
  * ABI variant is its own exported function and never an alias of its _v2.
  */
-typedef unsigned int sim_devptr_v1;
-
 CUresult sim_impl_cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
 {
 	(void)bytes, (void)dev;
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 CUresult sim_impl_cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes)
 {
 	(void)free_bytes, (void)total_bytes;
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 CUresult sim_impl_cuMemAlloc(sim_devptr_v1 *dptr, unsigned int bytesize)
 {
 	(void)dptr, (void)bytesize;
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
@@ -725,14 +736,16 @@ CUresult sim_impl_cuMemAllocPitch(sim_devptr_v1 *dptr, unsigned int *pitch,
 				    unsigned int width, unsigned int height, unsigned int elem)
 {
 	(void)dptr, (void)pitch, (void)width, (void)height, (void)elem;
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 CUresult sim_impl_cuMemFree(sim_devptr_v1 dptr)
 {
 	(void)dptr;
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
@@ -740,21 +753,24 @@ CUresult sim_impl_cuMemFree(sim_devptr_v1 dptr)
 CUresult sim_impl_cuArrayCreate(CUarray *array, const void *desc)
 {
 	(void)array, (void)desc;
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 CUresult sim_impl_cuArray3DCreate(CUarray *array, const void *desc)
 {
 	(void)array, (void)desc;
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 CUresult sim_impl_cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
 	(void)pctx, (void)flags, (void)dev;
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
@@ -824,7 +840,8 @@ CUresult sim_impl_cuGetErrorName(CUresult error, const char **str)
 /* The runtime's private tables: sim_tables.c. */
 CUresult sim_impl_cuGetExportTable(const void **table, const CUuuid *table_id)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (table == NULL || table_id == NULL)
 		return CUDA_ERROR_INVALID_VALUE;
 	return sim_export_table(table, table_id);
@@ -989,7 +1006,8 @@ static unsigned int sim_ctx_flags;
 
 CUresult sim_impl_cuCtxGetLimit(size_t *v, int limit)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!v || limit < 0 || limit >= CU_LIMIT_COUNT)
 		return CUDA_ERROR_INVALID_VALUE;
 	*v = __atomic_load_n(&sim_limits[limit], __ATOMIC_RELAXED);
@@ -998,7 +1016,8 @@ CUresult sim_impl_cuCtxGetLimit(size_t *v, int limit)
 
 CUresult sim_impl_cuCtxSetLimit(int limit, size_t v)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (limit < 0 || limit >= CU_LIMIT_COUNT)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!sim_depth)
@@ -1009,7 +1028,8 @@ CUresult sim_impl_cuCtxSetLimit(int limit, size_t v)
 
 CUresult sim_impl_cuCtxGetFlags(unsigned int *flags)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!flags)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!sim_depth)
@@ -1020,7 +1040,8 @@ CUresult sim_impl_cuCtxGetFlags(unsigned int *flags)
 
 CUresult sim_impl_cuCtxSetFlags(unsigned int flags)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!sim_depth)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	__atomic_store_n(&sim_ctx_flags, flags, __ATOMIC_RELAXED);
@@ -1032,7 +1053,8 @@ static CUresult sim_ctx_or_current(CUcontext ctx, struct sim_ctx_slot *slot)
 {
 	const struct sim_ctx_slot *cur;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (ctx)
 		return sim_ctx_slot_of(ctx, slot) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 	cur = sim_current();
@@ -1085,7 +1107,8 @@ CUresult sim_impl_cuCtxSynchronize_v2(CUcontext ctx)
 
 CUresult sim_impl_cuCtxGetCacheConfig(int *config)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!config)
 		return CUDA_ERROR_INVALID_VALUE;
 	*config = 0;	/* CU_FUNC_CACHE_PREFER_NONE */
@@ -1094,13 +1117,15 @@ CUresult sim_impl_cuCtxGetCacheConfig(int *config)
 
 CUresult sim_impl_cuCtxSetCacheConfig(int config)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return config >= 0 && config <= 3 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult sim_impl_cuCtxResetPersistingL2Cache(void)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return CUDA_SUCCESS;
 }
 
@@ -1147,7 +1172,8 @@ CUresult sim_impl_cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
 	struct sim_ctx_slot slot;
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (flags != 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!sim_depth)
@@ -1162,7 +1188,8 @@ CUresult sim_impl_cuCtxDisablePeerAccess(CUcontext peer)
 {
 	struct sim_ctx_slot slot;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return sim_ctx_slot_of(peer, &slot) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
@@ -1172,7 +1199,8 @@ CUresult sim_impl_cuDeviceGetByPCIBusId(CUdevice *dev, const char *bus_id)
 	unsigned int domain = 0, bus, device, fn;
 	int i;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!dev || !bus_id)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (sscanf(bus_id, "%x:%x:%x.%x", &domain, &bus, &device, &fn) != 4) {
@@ -1229,6 +1257,7 @@ CUresult sim_impl_cuDeviceGetExecAffinitySupport(int *supported, int type, CUdev
 CUresult sim_impl_cuFlushGPUDirectRDMAWrites(int target, int scope)
 {
 	(void)target, (void)scope;
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return CUDA_SUCCESS;
 }

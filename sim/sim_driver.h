@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "sim_abi.h"
+#include "sim_impl.h"
 #include "sim_internal.h"
 #include "sim_spec.h"
 
@@ -173,12 +174,8 @@ extern __thread unsigned int sim_depth;
 /* CUDA_ERROR_NOT_INITIALIZED until cuInit has succeeded. */
 CUresult sim_live(void);
 
-#define SIM_REQUIRE_INIT()						\
-	do {								\
-		CUresult live_rc_ = sim_live();				\
-		if (live_rc_ != CUDA_SUCCESS)				\
-			return live_rc_;				\
-	} while (0)
+/* Whether cuInit has succeeded; until then most entry points answer CUDA_ERROR_NOT_INITIALIZED. */
+bool sim_initialized(void);
 
 bool sim_valid_dev(CUdevice dev);
 CUresult sim_check(const void *out, CUdevice dev);

@@ -478,7 +478,8 @@ static CUresult sim_alloc_current(CUdeviceptr *dptr, size_t bytes, enum sim_mem_
 {
 	const struct sim_ctx_slot *cur;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!dptr || bytes == 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	cur = sim_current();
@@ -782,7 +783,8 @@ CUresult sim_impl_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 /* Freeing NULL does nothing: cudaFree(NULL), the idiom that creates a context, ends here. */
 CUresult sim_impl_cuMemFree_v2(CUdeviceptr dptr)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return dptr ? sim_mem_free(dptr, SIM_MEM_PTR) : CUDA_SUCCESS;
 }
 
@@ -795,7 +797,8 @@ CUresult sim_impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t wi
 	size_t row;
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!dptr || !pitch || width == 0 || height == 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	/* The documented element sizes: what one thread reads or writes at once. */
@@ -815,7 +818,8 @@ CUresult sim_impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t wi
 /* Managed memory lives on the device that allocated it: nothing migrates here. */
 CUresult sim_impl_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
 		return CUDA_ERROR_INVALID_VALUE;
 	return sim_alloc_current(dptr, bytesize, SIM_MEM_PTR);
@@ -826,7 +830,8 @@ CUresult sim_impl_cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 	struct sim_device *d;
 	size_t used;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!free_bytes || !total_bytes)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!sim_depth)
@@ -921,7 +926,8 @@ CUresult sim_impl_cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
  */
 static CUresult sim_location_device(const CUmemLocation *loc, int type, CUdevice *dev)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!loc)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (loc->type != CU_MEM_LOCATION_TYPE_DEVICE || type != CU_MEM_ALLOCATION_TYPE_PINNED)
@@ -965,7 +971,8 @@ CUresult sim_impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *prop
 {
 	struct CUmemPoolHandle_st *p;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!pool || !props || !sim_valid_pool_props(props))
 		return CUDA_ERROR_INVALID_VALUE;
 	p = calloc(1, sizeof(*p));
@@ -1006,7 +1013,8 @@ CUresult sim_impl_cuMemPoolDestroy(CUmemoryPool pool)
 	struct sim_obj **pp, *o = NULL;
 	int i;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	pthread_mutex_lock(&sim_obj_lock);
 	pp = sim_obj_find(pool, SIM_OBJ_POOL);
 	if (pp) {
@@ -1037,7 +1045,8 @@ static CUresult sim_alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream str
 	bool captured;
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!dptr || bytesize == 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	rc = sim_stream_slot(stream, &slot);
@@ -1073,7 +1082,8 @@ static CUresult sim_alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemory
 	CUresult rc;
 	int dev;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!dptr || bytesize == 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (sim_pool_device(pool) < 0)
@@ -1114,7 +1124,8 @@ static CUresult sim_free_async(CUdeviceptr dptr, CUstream stream)
 	bool captured;
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	rc = sim_stream_slot(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
@@ -1152,7 +1163,8 @@ static bool sim_valid_alloc_prop(const CUmemAllocationProp *prop)
 CUresult sim_impl_cuMemGetAllocationGranularity(size_t *granularity,
 						  const CUmemAllocationProp *prop, int option)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!granularity || !prop || !sim_valid_alloc_prop(prop))
 		return CUDA_ERROR_INVALID_VALUE;
 	if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
@@ -1169,7 +1181,8 @@ CUresult sim_impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 	CUdeviceptr addr;
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	/* flags is reserved and must be 0. */
 	if (!handle || !prop || flags != 0 || !sim_valid_alloc_prop(prop))
 		return CUDA_ERROR_INVALID_VALUE;
@@ -1320,7 +1333,8 @@ out:
 
 CUresult sim_impl_cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return sim_handle_op(handle, SIM_HANDLE_RELEASE, 0, 0);
 }
 
@@ -1368,7 +1382,8 @@ CUresult sim_impl_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alig
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
 	struct sim_va *v;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!ptr || flags != 0 || size == 0 || size % page != 0 || addr % page != 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (alignment & (alignment - 1))
@@ -1401,7 +1416,8 @@ CUresult sim_impl_cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
 	struct sim_va **pp, *v = NULL;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	pthread_mutex_lock(&sim_va_lock);
 	for (pp = &sim_va_list; *pp && (*pp)->base != ptr; pp = &(*pp)->next)
 		;
@@ -1487,7 +1503,8 @@ CUresult sim_impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 	uint64_t hoff;
 	int fd, dev;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (flags != 0 || size == 0 || ptr % SIM_GRANULARITY != 0 ||
 	    size % SIM_GRANULARITY != 0 || offset % SIM_GRANULARITY != 0)
 		return rc;
@@ -1550,7 +1567,8 @@ CUresult sim_impl_cuMemUnmap(CUdeviceptr ptr, size_t size)
 	size_t first, last, i;
 	struct sim_va *v;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	pthread_mutex_lock(&sim_va_lock);
 	if (!sim_va_whole(ptr, size, &v, &first, &last)) {
 		pthread_mutex_unlock(&sim_va_lock);
@@ -1579,7 +1597,8 @@ CUresult sim_impl_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccess
 	struct sim_va *v;
 	bool whole;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!desc || count == 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	for (i = 0; i < count; i++) {
@@ -1611,7 +1630,8 @@ CUresult sim_impl_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *hand
 	struct sim_va *v;
 	size_t off, at;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!handle)
 		return rc;
 	pthread_mutex_lock(&sim_va_lock);
@@ -1691,7 +1711,8 @@ static CUresult sim_array_new(void **handle, const CUDA_ARRAY3D_DESCRIPTOR *desc
 	size_t bytes;
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!handle || !desc)
 		return CUDA_ERROR_INVALID_VALUE;
 	rc = sim_array_bytes(desc, levels, &bytes);
@@ -1725,7 +1746,8 @@ static CUresult sim_array_destroy(const void *handle, enum sim_obj_kind kind)
 {
 	struct sim_obj **pp, *o = NULL;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	pthread_mutex_lock(&sim_obj_lock);
 	pp = sim_obj_find(handle, kind);
 	if (pp) {
@@ -1961,7 +1983,8 @@ static CUresult sim_copy(uintptr_t dst, uintptr_t src, size_t n, bool dst_dev, b
 	struct sim_op op = { .kind = SIM_OP_COPY, .dst = dst, .src = src, .width = n,
 			     .height = 1 };
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (n == 0)
 		return CUDA_SUCCESS;
 	if (!dst || !src || (dst_dev && !sim_range_known(dst, n)) ||
@@ -2073,7 +2096,8 @@ static CUresult sim_copy3d(const CUDA_MEMCPY3D *p, CUstream stream)
 	size_t z, depth;
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!p)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (p->WidthInBytes == 0 || p->Height == 0)
@@ -2165,7 +2189,8 @@ static CUresult sim_memset(CUdeviceptr dst, size_t pitch, uint32_t value, unsign
 			     .dpitch = pitch, .value = value, .elem = elem };
 	size_t row, extent;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (width == 0 || height == 0)
 		return CUDA_SUCCESS;
 	if (__builtin_mul_overflow(width, elem, &row) ||
@@ -2283,7 +2308,8 @@ CUresult sim_impl_cuMemHostAlloc(void **pp, size_t size, unsigned int flags)
 	void *p;
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!pp || size == 0 || flags > 0x7)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!sim_depth)
@@ -2309,7 +2335,8 @@ CUresult sim_impl_cuMemFreeHost(void *p)
 {
 	struct sim_host *hm;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	hm = sim_host_take((uintptr_t)p, false);
 	if (!hm)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -2322,7 +2349,8 @@ CUresult sim_impl_cuMemHostRegister_v2(void *p, size_t size, unsigned int flags)
 {
 	struct sim_ptr info;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!p || size == 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!sim_depth)
@@ -2337,7 +2365,8 @@ CUresult sim_impl_cuMemHostUnregister(void *p)
 {
 	struct sim_host *hm;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	hm = sim_host_take((uintptr_t)p, true);
 	/* CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED */
 	if (!hm)
@@ -2351,7 +2380,8 @@ CUresult sim_impl_cuMemHostGetDevicePointer_v2(CUdeviceptr *pd, void *p, unsigne
 {
 	struct sim_ptr info;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!pd || flags != 0 || !sim_ptr_find((uintptr_t)p, &info) ||
 	    info.type != CU_MEMORYTYPE_HOST)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -2364,7 +2394,8 @@ CUresult sim_impl_cuMemHostGetFlags(unsigned int *flags, void *p)
 	struct sim_host *hm;
 	CUresult rc = CUDA_ERROR_INVALID_VALUE;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!flags)
 		return rc;
 	pthread_mutex_lock(&sim_host_lock);
@@ -2385,7 +2416,8 @@ CUresult sim_impl_cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdev
 {
 	struct sim_ptr info;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!sim_ptr_find(p, &info) || info.type != CU_MEMORYTYPE_DEVICE)
 		return CUDA_ERROR_NOT_FOUND;
 	if (base)
@@ -2473,7 +2505,8 @@ CUresult sim_impl_cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
 {
 	struct sim_ptr info;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!data || !sim_ptr_find(p, &info))
 		return CUDA_ERROR_INVALID_VALUE;
 	return sim_ptr_attr(data, attr, p, &info);
@@ -2490,7 +2523,8 @@ CUresult sim_impl_cuPointerGetAttributes(unsigned int n, int *attrs, void **data
 	bool known;
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!attrs || !data)
 		return CUDA_ERROR_INVALID_VALUE;
 	known = sim_ptr_find(p, &info);
@@ -2529,7 +2563,8 @@ CUresult sim_impl_cuPointerSetAttribute(const void *value, int attr, CUdeviceptr
 {
 	struct sim_ptr info;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!value || attr != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS || !sim_ptr_find(p, &info))
 		return CUDA_ERROR_INVALID_VALUE;
 	return CUDA_SUCCESS;
@@ -2538,7 +2573,8 @@ CUresult sim_impl_cuPointerSetAttribute(const void *value, int attr, CUdeviceptr
 /* Managed memory never migrates here: advice and prefetches are checked, then done. */
 static CUresult sim_managed_range(CUdeviceptr p, size_t n)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return sim_range_known(p, n) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
@@ -2592,7 +2628,8 @@ CUresult sim_impl_cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value
 	struct sim_heap *h;
 	CUresult rc = CUDA_SUCCESS;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!value || !(h = sim_pool_lock(pool)))
 		return CUDA_ERROR_INVALID_VALUE;
 	switch (attr) {
@@ -2630,7 +2667,8 @@ CUresult sim_impl_cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value
 	struct sim_heap *h;
 	CUresult rc = CUDA_SUCCESS;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!value || !(h = sim_pool_lock(pool)))
 		return CUDA_ERROR_INVALID_VALUE;
 	switch (attr) {
@@ -2666,7 +2704,8 @@ CUresult sim_impl_cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
 	struct sim_heap *h;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	h = sim_pool_lock(pool);
 	if (!h)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -2680,7 +2719,8 @@ CUresult sim_impl_cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *d
 {
 	size_t i;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!desc || sim_pool_device(pool) < 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	for (i = 0; i < n; i++)
@@ -2692,7 +2732,8 @@ CUresult sim_impl_cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *d
 
 CUresult sim_impl_cuMemPoolGetAccess(int *flags, CUmemoryPool pool, const CUmemLocation *loc)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!flags || !loc || sim_pool_device(pool) < 0 ||
 	    loc->type != CU_MEM_LOCATION_TYPE_DEVICE || !sim_valid_dev(loc->id))
 		return CUDA_ERROR_INVALID_VALUE;
@@ -2722,7 +2763,8 @@ CUresult sim_impl_cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)
 	struct sim_heap *h;
 	size_t off;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!handle)
 		return CUDA_ERROR_INVALID_VALUE;
 	h = sim_heap_of(p, &off);
@@ -2752,7 +2794,8 @@ static CUresult sim_ipc_open(CUdeviceptr *pdptr, const CUipcMemHandle *handle)
 	void *map;
 	int fd, i, dev = -1;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	memcpy(&rec, handle->reserved, sizeof(rec));
 	if (!pdptr || rec.magic != SIM_IPC_MAGIC || rec.size == 0)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -2833,7 +2876,8 @@ CUresult sim_impl_cuIpcCloseMemHandle(CUdeviceptr p)
 {
 	struct sim_ipc **pp, *m = NULL;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	pthread_mutex_lock(&sim_ipc_lock);
 	for (pp = &sim_ipc_list; *pp && (*pp)->ptr != p; pp = &(*pp)->next)
 		;
@@ -2899,7 +2943,8 @@ CUresult sim_impl_cuMemExportToShareableHandle(void *out, CUmemGenericAllocation
 	size_t off;
 	int fd;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!out || flags != 0 || type <= 0 || (type & ~SIM_HANDLE_TYPES_KNOWN))
 		return CUDA_ERROR_INVALID_VALUE;
 	if (type != SIM_HANDLE_TYPE_POSIX_FD)
@@ -2957,7 +3002,8 @@ CUresult sim_impl_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h
 	struct sim_import *m;
 	off_t off;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!handle || type <= 0 || (type & ~SIM_HANDLE_TYPES_KNOWN))
 		return CUDA_ERROR_INVALID_VALUE;
 	if (type != SIM_HANDLE_TYPE_POSIX_FD)
@@ -2993,7 +3039,8 @@ CUresult sim_impl_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *pr
 	uint64_t off;
 	int fd, dev;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!prop || !sim_handle_backing(handle, &fd, &off, &dev))
 		return CUDA_ERROR_INVALID_VALUE;
 	memset(prop, 0, sizeof(*prop));

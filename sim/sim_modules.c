@@ -34,7 +34,8 @@ struct CUfunc_st {
 
 CUresult sim_impl_cuModuleGetLoadingMode(int *mode)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (mode == NULL)
 		return CUDA_ERROR_INVALID_VALUE;
 	*mode = SIM_MODULE_LAZY_LOADING;
@@ -45,7 +46,8 @@ static CUresult sim_library_new(CUlibrary *out, const void *code)
 {
 	struct CUlib_st *l;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!out || !code)
 		return CUDA_ERROR_INVALID_VALUE;
 	l = calloc(1, sizeof(*l));
@@ -105,7 +107,8 @@ static CUresult sim_library_unload(void *lib)
 	struct sim_obj **pp, *o, *dead = NULL;
 	bool found = false;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	pthread_mutex_lock(&sim_obj_lock);
 	for (pp = &sim_obj_list; (o = *pp);) {
 		bool mine = (o == lib && o->kind == SIM_OBJ_LIBRARY) ||
@@ -145,7 +148,8 @@ CUresult sim_impl_cuLibraryGetModule(CUmodule *mod, CUlibrary lib)
 {
 	struct sim_obj seen;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!mod)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!sim_obj_lookup(lib, SIM_OBJ_LIBRARY, false, &seen))
@@ -192,7 +196,8 @@ static CUresult sim_symbol(struct CUfunc_st **out, void *lib, const char *name,
 {
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!out || !name)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&sim_obj_lock);
@@ -220,7 +225,8 @@ CUresult sim_impl_cuKernelGetFunction(CUfunction *f, CUkernel k)
 {
 	struct sim_obj seen;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!f)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!sim_obj_lookup(k, SIM_OBJ_FUNC, false, &seen))
@@ -233,7 +239,8 @@ CUresult sim_impl_cuKernelGetLibrary(CUlibrary *lib, CUkernel k)
 {
 	struct sim_obj **pp;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!lib)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&sim_obj_lock);
@@ -254,7 +261,8 @@ static CUresult sim_func_name(const char **name, const void *f)
 {
 	struct sim_obj **pp;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!name)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&sim_obj_lock);
@@ -319,7 +327,8 @@ static CUresult sim_func_attr(int *v, int attr, const void *fn)
 	struct CUfunc_st f;
 	struct sim_obj **pp;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!v)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&sim_obj_lock);
@@ -360,7 +369,8 @@ static CUresult sim_func_set(const void *fn, int attr, int v)
 	struct sim_obj **pp;
 	CUresult rc = CUDA_SUCCESS;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	pthread_mutex_lock(&sim_obj_lock);
 	pp = sim_obj_find(fn, SIM_OBJ_FUNC);
 	if (!pp) {
@@ -408,7 +418,8 @@ static CUresult sim_func_known(const void *f)
 {
 	struct sim_obj seen;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return sim_obj_lookup(f, SIM_OBJ_FUNC, false, &seen) ? CUDA_SUCCESS
 							     : CUDA_ERROR_INVALID_HANDLE;
 }
@@ -466,7 +477,8 @@ static int sim_blocks_per_sm(int block, size_t smem)
 CUresult sim_impl_cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int block,
 							      size_t smem)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!n || !f || block <= 0 || block > 1024)
 		return CUDA_ERROR_INVALID_VALUE;
 	*n = sim_blocks_per_sm(block, smem);
@@ -481,15 +493,14 @@ CUresult sim_impl_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, C
 	return sim_impl_cuOccupancyMaxActiveBlocksPerMultiprocessor(n, f, block, smem);
 }
 
-typedef size_t (*sim_smem_fn)(int block);
-
 CUresult sim_impl_cuOccupancyMaxPotentialBlockSize(int *grid, int *block, CUfunction f,
 						   sim_smem_fn smem_fn, size_t smem, int limit)
 {
 	int b = limit > 0 && limit < 1024 ? limit : 1024;
 	size_t shared;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!grid || !block || !f)
 		return CUDA_ERROR_INVALID_VALUE;
 	shared = smem_fn ? smem_fn(b) : smem;
@@ -509,7 +520,8 @@ CUresult sim_impl_cuOccupancyMaxPotentialBlockSizeWithFlags(int *grid, int *bloc
 CUresult sim_impl_cuOccupancyAvailableDynamicSMemPerBlock(size_t *bytes, CUfunction f,
 							  int nblocks, int block)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!bytes || !f || nblocks <= 0 || block <= 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	*bytes = SIM_SM_SMEM / (size_t)nblocks;
@@ -520,7 +532,8 @@ CUresult sim_impl_cuOccupancyAvailableDynamicSMemPerBlock(size_t *bytes, CUfunct
 
 CUresult sim_impl_cuOccupancyMaxActiveClusters(int *n, CUfunction f, const void *config)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!n || !f || !config)
 		return CUDA_ERROR_INVALID_VALUE;
 	*n = 132;
@@ -529,7 +542,8 @@ CUresult sim_impl_cuOccupancyMaxActiveClusters(int *n, CUfunction f, const void 
 
 CUresult sim_impl_cuOccupancyMaxPotentialClusterSize(int *n, CUfunction f, const void *config)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!n || !f || !config)
 		return CUDA_ERROR_INVALID_VALUE;
 	*n = 8;	/* the portable cluster size limit */

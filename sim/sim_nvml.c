@@ -175,6 +175,57 @@ static nvmlReturn_t nvml_copy(char *buf, unsigned int length, const char *str)
 	return NVML_SUCCESS;
 }
 
+/*
+ * The exports, declared before they are defined: each definition below is
+ * checked against its prototype.
+ */
+SIM_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags);
+SIM_EXPORT nvmlReturn_t nvmlInit_v2(void);
+SIM_EXPORT nvmlReturn_t nvmlInit(void);
+SIM_EXPORT nvmlReturn_t nvmlShutdown(void);
+SIM_EXPORT const char *nvmlErrorString(nvmlReturn_t result);
+SIM_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length);
+SIM_EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length);
+SIM_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion);
+SIM_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *count);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
+							   int *minor);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
+							     unsigned int *infoCount,
+							     struct sim_nvml_proc_v1 *infos);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+								unsigned int *infoCount,
+								struct sim_nvml_proc_v2 *infos);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+								unsigned int *infoCount,
+								struct sim_nvml_proc_v2 *infos);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, struct sim_nvml_pci *pci);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device,
+						struct sim_nvml_pci_legacy *pci);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, struct sim_nvml_pci_legacy *pci);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId,
+							 nvmlDevice_t *device);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+						 int *isActive);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+							    int *pNvLinkDeviceType);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+							    struct sim_nvml_pci *pci);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link,
+							 struct sim_nvml_pci_legacy *pci);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, void *gpuFabricInfo);
+
 /* Initialization. */
 
 /*

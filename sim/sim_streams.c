@@ -77,7 +77,8 @@ CUresult sim_impl_cuStreamCreate(CUstream *stream, unsigned int flags)
 	const struct sim_ctx_slot *cur;
 	struct CUstream_st *s;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!stream || (flags & ~(unsigned int)CU_STREAM_NON_BLOCKING))
 		return CUDA_ERROR_INVALID_VALUE;
 	cur = sim_current();
@@ -118,7 +119,8 @@ CUresult sim_impl_cuStreamDestroy_v2(CUstream stream)
 	struct CUgraph_st *g = NULL;
 	struct sim_obj **pp, *o = NULL;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (sim_default_stream(stream))
 		return CUDA_ERROR_INVALID_HANDLE;
 	pthread_mutex_lock(&sim_obj_lock);
@@ -141,7 +143,8 @@ static CUresult sim_stream_ctx(CUstream stream, CUcontext *pctx)
 	struct sim_ctx_slot slot;
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!pctx)
 		return CUDA_ERROR_INVALID_VALUE;
 	rc = sim_stream_slot(stream, &slot);
@@ -166,7 +169,8 @@ static CUresult sim_stream_ctx_v2(CUstream stream, CUcontext *pctx, CUgreenCtx *
 {
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!pgreen)
 		return CUDA_ERROR_INVALID_VALUE;
 	rc = sim_stream_ctx(stream, pctx);
@@ -192,7 +196,8 @@ static CUresult sim_stream_sync(CUstream stream)
 	struct sim_ctx_slot slot;
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	rc = sim_stream_slot(stream, &slot);
 	if (rc == CUDA_SUCCESS)
 		sim_pools_settle();
@@ -212,7 +217,8 @@ CUresult sim_impl_cuStreamSynchronize_ptsz(CUstream stream)
 static CUresult sim_launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
 			   unsigned int bx, unsigned int by, unsigned int bz)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!sim_depth)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	/* Tests pass made-up handles: check it, never look through it. */
@@ -243,7 +249,8 @@ CUresult sim_impl_cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned in
 
 static CUresult sim_launch_ex(const CUlaunchConfig *config, CUfunction f)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!config || (config->numAttrs && !config->attrs))
 		return CUDA_ERROR_INVALID_VALUE;
 	return sim_launch(f, config->gridDimX, config->gridDimY, config->gridDimZ,
@@ -292,7 +299,8 @@ static CUresult sim_graph_run(CUgraphExec exec, CUstream stream);
 
 static CUresult sim_graph_launch(CUgraphExec exec, CUstream stream)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!sim_depth)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	return exec ? sim_graph_run(exec, stream) : CUDA_ERROR_INVALID_VALUE;
@@ -428,7 +436,8 @@ CUresult sim_stream_do(CUstream stream, const struct sim_op *op)
 	CUresult rc;
 	bool recorded = false;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	rc = sim_stream_slot(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
@@ -516,7 +525,8 @@ CUresult sim_impl_cuEventCreate(CUevent *pe, unsigned int flags)
 {
 	struct CUevent_st *e;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!pe || (flags & ~0x7u))
 		return CUDA_ERROR_INVALID_VALUE;
 	/* Interprocess events must not time, as the documentation requires. */
@@ -539,7 +549,8 @@ CUresult sim_impl_cuEventDestroy_v2(CUevent e)
 {
 	struct sim_obj seen, *o;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	o = sim_obj_lookup(e, SIM_OBJ_EVENT, true, &seen);
 	if (!o)
 		return CUDA_ERROR_INVALID_HANDLE;
@@ -554,7 +565,8 @@ static CUresult sim_event_record(CUevent ev, CUstream stream)
 	struct CUstream_st *s;
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	rc = sim_stream_slot(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
@@ -596,7 +608,8 @@ static CUresult sim_event_check(CUevent e)
 {
 	struct sim_obj seen;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return sim_obj_lookup(e, SIM_OBJ_EVENT, false, &seen) ? CUDA_SUCCESS
 							      : CUDA_ERROR_INVALID_HANDLE;
 }
@@ -621,7 +634,8 @@ CUresult sim_impl_cuEventElapsedTime(float *ms, CUevent start, CUevent end)
 	struct sim_obj **pa, **pb;
 	CUresult rc = CUDA_SUCCESS;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!ms)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&sim_obj_lock);
@@ -660,7 +674,8 @@ CUresult sim_impl_cuStreamWaitEvent(CUstream stream, CUevent ev, unsigned int fl
 	CUresult rc;
 
 	(void)flags;
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	rc = sim_stream_slot(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
@@ -698,7 +713,8 @@ CUresult sim_impl_cuIpcGetEventHandle(CUipcEventHandle *h, CUevent ev)
 	struct sim_obj **pp;
 	unsigned int flags = 0;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!h)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&sim_obj_lock);
@@ -719,7 +735,8 @@ CUresult sim_impl_cuIpcOpenEventHandle(CUevent *pe, CUipcEventHandle h)
 {
 	struct sim_ipc_event rec;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	memcpy(&rec, h.reserved, sizeof(rec));
 	if (!pe || rec.magic != SIM_IPC_MAGIC)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -748,7 +765,8 @@ static CUresult sim_stream_state(CUstream stream, struct CUstream_st *out)
 	struct CUstream_st *s;
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	rc = sim_stream_slot(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
@@ -807,7 +825,8 @@ CUresult sim_impl_cuStreamQuery(CUstream stream)
 {
 	struct sim_ctx_slot slot;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	return sim_stream_slot(stream, &slot);
 }
 
@@ -826,7 +845,8 @@ CUresult sim_impl_cuStreamAddCallback(CUstream stream, CUstreamCallback cb, void
 	struct sim_ctx_slot slot;
 	CUresult rc;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!cb || flags != 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	rc = sim_stream_slot(stream, &slot);
@@ -837,7 +857,8 @@ CUresult sim_impl_cuStreamAddCallback(CUstream stream, CUstreamCallback cb, void
 
 CUresult sim_impl_cuCtxGetStreamPriorityRange(int *least, int *greatest)
 {
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (least)
 		*least = 0;
 	if (greatest)
@@ -893,7 +914,8 @@ static CUresult sim_begin_capture(CUstream stream, int mode)
 	struct CUstream_st *s;
 	CUresult rc = CUDA_SUCCESS;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (sim_default_stream(stream))
@@ -936,7 +958,8 @@ CUresult sim_impl_cuStreamEndCapture(CUstream stream, CUgraph *pg)
 	struct CUstream_st *s;
 	CUresult rc = CUDA_SUCCESS;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!pg)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&sim_obj_lock);
@@ -1036,7 +1059,8 @@ CUresult sim_impl_cuGraphCreate(CUgraph *pg, unsigned int flags)
 {
 	struct CUgraph_st *g;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!pg || flags != 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	g = sim_graph_new();
@@ -1058,7 +1082,8 @@ CUresult sim_impl_cuGraphDestroy(CUgraph g)
 {
 	struct sim_obj seen, *o;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	o = sim_obj_lookup(g, SIM_OBJ_GRAPH, true, &seen);
 	if (!o)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -1071,7 +1096,8 @@ CUresult sim_impl_cuGraphGetNodes(CUgraph g, void **nodes, size_t *n)
 	struct sim_obj **pp;
 	size_t count = 0, i;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!n)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&sim_obj_lock);
@@ -1094,7 +1120,8 @@ static CUresult sim_instantiate(CUgraphExec *pe, CUgraph g, uint64_t flags)
 	struct sim_obj **pp;
 	CUresult rc = CUDA_SUCCESS;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!pe)
 		return CUDA_ERROR_INVALID_VALUE;
 	e = calloc(1, sizeof(*e));
@@ -1146,14 +1173,6 @@ CUresult sim_impl_cuGraphInstantiate_v2(CUgraphExec *pe, CUgraph g, void *err_no
 	return sim_impl_cuGraphInstantiate(pe, g, err_node, log, log_size);
 }
 
-/* CUDA_GRAPH_INSTANTIATE_PARAMS: flags, upload stream, error node, result. */
-struct sim_instantiate_params {
-	uint64_t flags;
-	CUstream upload;
-	void *err_node;
-	int result;
-};
-
 CUresult sim_impl_cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g,
 					       struct sim_instantiate_params *params)
 {
@@ -1168,7 +1187,8 @@ CUresult sim_impl_cuGraphExecDestroy(CUgraphExec e)
 {
 	struct sim_obj seen, *o;
 
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	o = sim_obj_lookup(e, SIM_OBJ_EXEC, true, &seen);
 	if (!o)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -1186,7 +1206,8 @@ CUresult sim_impl_cuGraphUpload(CUgraphExec exec, CUstream stream)
 	size_t n = 0;
 
 	(void)stream;
-	SIM_REQUIRE_INIT();
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
 	pthread_mutex_lock(&sim_obj_lock);
 	pp = sim_obj_find(exec, SIM_OBJ_EXEC);
 	if (pp) {

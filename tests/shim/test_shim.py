@@ -13,7 +13,7 @@ from nodemgr._ledger import ffi, lib
 
 from client_plugin import libs
 from nodemgr.ledger import Ledger
-from tests.conftest import hook_table, shim_preload
+from tests.conftest import CSRC, ROOT, SANITIZER, cc, hook_table, shim_preload
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -784,3 +784,20 @@ def test_graph_memory_beyond_the_quota_is_trimmed_or_left_uncharged_until_it_fit
         f"info free={GiB - 512 * MiB} total={GiB}",
         "async err 2",  # charged now: 512 + 600 MiB is beyond the quota
     ]
+
+
+def test_the_allocation_map_alone_with_threads(tmp_path: Path) -> None:
+    """The shim's allocation map (shim/alloc_map.c) with no driver and no ledger
+    (tests/c/alloc_map_test.c): insert, look up, replace, remove across every shard as
+    they grow, a handle's counts, updates in place, walks, a fork child's reset, and eight
+    threads at once. Under `make debug-test` it is built with that run's sanitizer."""
+    asan = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
+    prog = cc(
+        tmp_path / "alloc_map_test",
+        *(asan if SANITIZER == "address" else []),
+        str(CSRC / "alloc_map_test.c"),
+        str(ROOT / "shim/alloc_map.c"),
+    )
+    out = subprocess.run([str(prog), "8", "20000"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok", f"records={8 * 10000}"], out.stdout

@@ -1,0 +1,413 @@
+/*
+ * The process's state: attaching to the ledger (at load or by
+ * gpushare_attach), its slot, which ledger GPU a device or context is, the
+ * wait of a paused task, and what load and fork do.
+ */
+#include "shim.h"
+
+struct gs_process g = {
+	.mode = GS_INERT,
+	.fd = -1,
+	.slot = -1,
+	.claim_mu = PTHREAD_MUTEX_INITIALIZER,
+	.epoch_mu = PTHREAD_MUTEX_INITIALIZER,
+};
+
+uint32_t never_paused;
+uint64_t unattached_launches;
+struct gs_hot hot = { &never_paused, &unattached_launches };
+
+/* --- ledger attachment ------------------------------------------------------ */
+
+/* One line on stderr, at load only: never on a hot path. */
+__attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fprintf(stderr, "gpushare: ");
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+}
+
+/*
+ * Map the ledger through `fd`, the descriptor the slot lock is later taken
+ * on: the mapping keeps that open file description, and so the lock, alive
+ * even if the program closes all its descriptors. MADV_DONTFORK keeps fork
+ * children from inheriting it, or a child would pin a dead parent's slot.
+ */
+static struct gs_ledger *map_ledger(int fd)
+{
+	void *map = mmap(NULL, sizeof(struct gs_ledger), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+
+	if (map == MAP_FAILED)
+		return NULL;
+	if (madvise(map, sizeof(struct gs_ledger), MADV_DONTFORK) != 0 ||
+	    gs_ledger_check(map, sizeof(struct gs_ledger)) != 0) {
+		munmap(map, sizeof(struct gs_ledger));
+		return NULL;
+	}
+	return map;
+}
+
+/* Why a ledger could not be taken into use. */
+enum gs_ledger_fault {
+	GS_LEDGER_USABLE,
+	GS_LEDGER_UNOPENED, /* errno says why */
+	GS_LEDGER_SHORT,
+	GS_LEDGER_FOREIGN, /* not mappable, or not a ledger of this version */
+};
+
+/* Open and map the ledger at `path` into *fd and *map, or say why not. */
+static enum gs_ledger_fault open_ledger(const char *path, int *fd, struct gs_ledger **map)
+{
+	enum gs_ledger_fault fault;
+	struct stat st;
+
+	/* Kept for fork children, which map it afresh: a path that cannot be kept is unusable. */
+	if (strlen(path) >= sizeof(g.ledger_path)) {
+		errno = ENAMETOOLONG;
+		return GS_LEDGER_UNOPENED;
+	}
+	*fd = open(path, O_RDWR | O_CLOEXEC);
+	if (*fd < 0)
+		return GS_LEDGER_UNOPENED;
+	fault = GS_LEDGER_SHORT;
+	if (fstat(*fd, &st) != 0 || (size_t)st.st_size < sizeof(struct gs_ledger))
+		goto fail;
+	fault = GS_LEDGER_FOREIGN;
+	*map = map_ledger(*fd);
+	if (*map == NULL)
+		goto fail;
+	return GS_LEDGER_USABLE;
+fail:
+	close(*fd);
+	*fd = -1;
+	return fault;
+}
+
+/* Publish an opened ledger and enforce it: the mode last, for readers that test it first. */
+static void start_enforcing(const char *path, int fd, struct gs_ledger *map)
+{
+	strcpy(g.ledger_path, path); /* open_ledger checked that it fits */
+	for (int i = 0; i < GS_MAX_DEVS; i++)
+		g.dev_map[i] = GS_DEV_UNKNOWN;
+	g.ledger = map;
+	g.fd = fd;
+	__atomic_store_n(&g.mode, GS_ENFORCE, __ATOMIC_RELEASE);
+}
+
+/* GPUSHARE_LEDGER at load: a ledger named but unusable breaks the process, aloud. */
+static void attach_at_load(const char *path)
+{
+	struct gs_ledger *map = NULL;
+	int fd = -1;
+
+	switch (open_ledger(path, &fd, &map)) {
+	case GS_LEDGER_USABLE:
+		start_enforcing(path, fd, map);
+		return;
+	case GS_LEDGER_UNOPENED:
+		say("cannot open ledger %s: %s; GPU allocations will fail (is nodemgr running?)",
+		    path, strerror(errno));
+		break;
+	case GS_LEDGER_SHORT:
+		say("ledger %s is too small; GPU allocations will fail", path);
+		break;
+	case GS_LEDGER_FOREIGN:
+		say("cannot use ledger %s: not a version-%d gpushare ledger, or not mappable; GPU "
+		    "allocations will fail (shim and nodemgr must come from the same release)",
+		    path, GS_LEDGER_VERSION);
+		break;
+	}
+	g.mode = GS_BROKEN;
+}
+
+/*
+ * Too late is decided by driver_reached: once any wrapper has reached the
+ * driver, allocations and contexts may exist that were never charged, and
+ * primary retains that were never counted. Lookups (dlsym on libcuda's
+ * handle) only hand out wrappers, which test the mode at each call, so they
+ * do not count. Failure changes nothing, so the caller may still decide
+ * what an unenforced process should do.
+ */
+GS_EXPORT int gpushare_attach(const char *ledger_path, const char *task_id)
+{
+	struct gs_ledger *map = NULL;
+	int fd = -1, rc;
+
+	if (ledger_path == NULL || ledger_path[0] == '\0' || task_id == NULL ||
+	    task_id[0] == '\0' || strlen(task_id) >= sizeof(g.task_id))
+		return GPUSHARE_E_INVAL;
+	pthread_mutex_lock(&attach_mu);
+	if (g.mode != GS_INERT) {
+		rc = GPUSHARE_E_ATTACHED;
+		goto fail;
+	}
+	if (driver_reached) {
+		rc = GPUSHARE_E_TOO_LATE;
+		goto fail;
+	}
+	if (open_ledger(ledger_path, &fd, &map) != GS_LEDGER_USABLE) {
+		rc = GPUSHARE_E_LEDGER;
+		goto fail;
+	}
+	strcpy(g.task_id, task_id); /* checked to fit above */
+	start_enforcing(ledger_path, fd, map);
+	pthread_mutex_unlock(&attach_mu);
+	return GPUSHARE_OK;
+fail:
+	pthread_mutex_unlock(&attach_mu);
+	return rc;
+}
+
+GS_EXPORT int gpushare_mode(void)
+{
+	return (int)mode_acquire();
+}
+
+/* The calling process's slot, claimed on first use; -1 if none is free. */
+int my_slot(void)
+{
+	int s = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+
+	if (likely(s >= 0))
+		return s;
+	pthread_mutex_lock(&g.claim_mu);
+	s = g.slot;
+	if (s < 0) {
+		s = gs_ledger_claim(g.ledger, g.fd, (int32_t)getpid(), g.task_id);
+		if (s >= 0) {
+			int t = __atomic_load_n(&g.ledger->slot[s].task_index, __ATOMIC_ACQUIRE);
+
+			if (t >= 0 && t < GS_MAX_TASKS)
+				__atomic_store_n(&hot.pause, &g.ledger->task[t].paused,
+						 __ATOMIC_RELEASE);
+			__atomic_store_n(&hot.launches, &g.ledger->slot[s].launches,
+					 __ATOMIC_RELEASE);
+			__atomic_store_n(&g.slot, s, __ATOMIC_RELEASE);
+		}
+	}
+	pthread_mutex_unlock(&g.claim_mu);
+	return s < 0 ? -1 : s;
+}
+
+/*
+ * Ledger GPU index of a device ordinal; GS_DEV_FOREIGN for a GPU of the
+ * driver's that the ledger does not have, GS_DEV_UNRESOLVED when the driver
+ * cannot say which GPU the ordinal is.
+ */
+int ledger_gpu(CUdevice dev)
+{
+	gs_fn_cuDeviceGetUuid_v2 uuid_v2 = R(real, cuDeviceGetUuid_v2);
+	gs_fn_cuDeviceGetUuid uuid_v1 = R(real, cuDeviceGetUuid);
+	CUuuid uuid;
+	int idx = GS_DEV_FOREIGN;
+	CUresult rc;
+
+	if (dev >= 0 && dev < GS_MAX_DEVS) {
+		idx = __atomic_load_n(&g.dev_map[dev], __ATOMIC_RELAXED);
+		if (idx != GS_DEV_UNKNOWN)
+			return idx;
+	}
+	if (uuid_v2 != NULL)
+		rc = uuid_v2(&uuid, dev);
+	else if (uuid_v1 != NULL)
+		rc = uuid_v1(&uuid, dev);
+	else
+		rc = CUDA_ERROR_NOT_FOUND;
+	idx = rc == CUDA_SUCCESS ? GS_DEV_FOREIGN : GS_DEV_UNRESOLVED;
+	if (rc == CUDA_SUCCESS) {
+		for (uint32_t i = 0; i < g.ledger->ngpus && i < GS_MAX_GPUS; i++) {
+			if (memcmp(g.ledger->gpu[i].uuid, uuid.bytes, 16) == 0) {
+				idx = (int)i;
+				break;
+			}
+		}
+	}
+	if (rc == CUDA_SUCCESS && dev >= 0 && dev < GS_MAX_DEVS)
+		__atomic_store_n(&g.dev_map[dev], idx, __ATOMIC_RELAXED);
+	return idx;
+}
+
+/*
+ * Each thread remembers the ledger GPU of the context it last saw current,
+ * so an allocation costs one driver call (cuCtxGetCurrent). A context that
+ * goes away bumps g.ctx_gen, since a new one may take its address.
+ */
+static __thread __attribute__((tls_model("initial-exec"))) struct {
+	CUcontext ctx;
+	int gpu;
+	unsigned int gen;
+} tc;
+
+/* The calling thread's current context and its ledger GPU, or the driver's error. */
+CUresult current_ctx(CUcontext *ctx, int *gpu)
+{
+	gs_fn_cuCtxGetCurrent get_ctx = R(real, cuCtxGetCurrent);
+	gs_fn_cuCtxGetDevice get_dev = R(real, cuCtxGetDevice);
+	unsigned int gen = __atomic_load_n(&g.ctx_gen, __ATOMIC_ACQUIRE);
+	CUdevice dev;
+	CUresult rc;
+
+	if (get_ctx == NULL || get_dev == NULL)
+		return CUDA_ERROR_NOT_FOUND;
+	rc = get_ctx(ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (*ctx == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT; /* what the allocators answer without one */
+	if (likely(tc.ctx == *ctx && tc.gen == gen)) {
+		*gpu = tc.gpu;
+		return CUDA_SUCCESS;
+	}
+	rc = get_dev(&dev);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	*gpu = ledger_gpu(dev);
+	tc.ctx = *ctx;
+	tc.gpu = *gpu;
+	tc.gen = gen;
+	return CUDA_SUCCESS;
+}
+
+CUresult current_gpu(int *gpu)
+{
+	CUcontext ctx;
+
+	return current_ctx(&ctx, gpu);
+}
+
+
+/*
+ * The context and ledger GPU of a stream: a stream-ordered allocation takes
+ * its memory from the stream's device, which need not be the current one.
+ */
+CUresult stream_ctx(CUstream stream, CUcontext *ctx, int *gpu)
+{
+	gs_fn_cuStreamGetCtx get = R(real, cuStreamGetCtx);
+	gs_fn_cuCtxPushCurrent_v2 push = R(real, cuCtxPushCurrent_v2);
+	gs_fn_cuCtxPopCurrent_v2 pop = R(real, cuCtxPopCurrent_v2);
+	gs_fn_cuCtxGetDevice get_dev = R(real, cuCtxGetDevice);
+	CUcontext cur, ignored;
+	CUdevice dev;
+	CUresult rc;
+
+	if (stream == NULL || stream == GS_STREAM_LEGACY || stream == GS_STREAM_PER_THREAD ||
+	    get == NULL)
+		return current_ctx(ctx, gpu);
+	rc = get(stream, ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (current_ctx(&cur, gpu) == CUDA_SUCCESS && cur == *ctx)
+		return CUDA_SUCCESS;
+	/* Another context's stream: ask the driver which device that context is on. */
+	if (push == NULL || pop == NULL || get_dev == NULL)
+		return CUDA_ERROR_NOT_FOUND;
+	rc = push(*ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = get_dev(&dev);
+	pop(&ignored);
+	if (rc == CUDA_SUCCESS)
+		*gpu = ledger_gpu(dev);
+	return rc;
+}
+/*
+ * Out of line: a paused or gated task's launches and allocations wait here
+ * until nodemgr clears every bit of the word and wakes them. The wait is on
+ * the value read, which may hold either bit or both, so a word that changed
+ * in between is read again at once. The timeout re-reads the word now and
+ * then, so a wake-up lost to a daemon restart costs a fraction of a second,
+ * not a hang.
+ */
+__attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
+{
+	const struct gs_task *entry = (const struct gs_task *)((const char *)word -
+								offsetof(struct gs_task, paused));
+	struct timespec ts = { 0, 250 * 1000 * 1000 };
+	uint32_t seen;
+
+	while ((seen = __atomic_load_n(word, __ATOMIC_ACQUIRE)) != 0) {
+		/*
+		 * A process that outlived its task may find the entry handed to a
+		 * newer task: that task's pause is not this process's to obey.
+		 */
+		if (strncmp(entry->task_id, g.task_id, GS_TASK_ID_LEN) != 0) {
+			__atomic_store_n(&hot.pause, &never_paused, __ATOMIC_RELEASE);
+			return;
+		}
+		syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
+	}
+}
+
+/* --- load, fork, exit ---------------------------------------------------------- */
+
+/*
+ * A fork waits for an attach in progress: a child must never inherit a
+ * ledger descriptor that its g does not show, since a child holding the
+ * parent's open file description would keep the parent's slot lock alive.
+ */
+static void before_fork(void)
+{
+	pthread_mutex_lock(&attach_mu);
+}
+
+static void after_fork_parent(void)
+{
+	pthread_mutex_unlock(&attach_mu);
+}
+
+static void after_fork_child(void)
+{
+	/*
+	 * The inherited descriptor shares the parent's lock, and the parent's
+	 * allocations and context charges are not the child's: start over with
+	 * no slot, an empty map and no boundaries counted. Locks are re-made
+	 * because another thread may have held them.
+	 */
+	pthread_mutex_unlock(&attach_mu); /* taken by this thread in before_fork */
+	if (g.mode != GS_ENFORCE)
+		return;
+	hot.pause = &never_paused;
+	hot.launches = &unattached_launches;
+	memset(g.ctx_state, 0, sizeof(g.ctx_state));
+	memset(g.primary, 0, sizeof(g.primary));
+	memset(g.primary_refs, 0, sizeof(g.primary_refs));
+	g.ctx_gen++;
+	gs_dispatch_after_fork();
+	/* The parent's mapping was not inherited (MADV_DONTFORK); drop its descriptor too. */
+	close(g.fd);
+	g.slot = -1;
+	g.fd = open(g.ledger_path, O_RDWR | O_CLOEXEC);
+	g.ledger = g.fd >= 0 ? map_ledger(g.fd) : NULL;
+	if (g.ledger == NULL) {
+		if (g.fd >= 0)
+			close(g.fd);
+		g.fd = -1;
+		__atomic_store_n(&g.mode, GS_BROKEN, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_init(&g.claim_mu, NULL);
+	pthread_mutex_init(&g.epoch_mu, NULL);
+	g.epoch = 0;
+	gs_accounting_after_fork();
+	gs_map_reset();
+}
+
+__attribute__((constructor)) static void gs_load(void)
+{
+	const char *ledger = getenv("GPUSHARE_LEDGER");
+	const char *task = getenv("GPUSHARE_TASK_ID");
+	const char *tr = getenv("GPUSHARE_TRACE");
+
+	resolve_real_dlsym();
+	gs_map_init();
+	if (task != NULL)
+		strncpy(g.task_id, task, sizeof(g.task_id) - 1);
+	if (tr != NULL && tr[0] != '\0')
+		g.trace_path = strdup(tr);
+	if (ledger != NULL && ledger[0] != '\0')
+		attach_at_load(ledger);
+	pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
