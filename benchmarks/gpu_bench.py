@@ -160,16 +160,8 @@ def _worker_output(argv: list[str], env: dict[str, str], what: str) -> dict[str,
 
 def _probe(python: str) -> dict[str, Any] | None:
     """What ``python`` finds of torch and CUDA; None if it cannot import torch."""
-    try:
-        r = subprocess.run(
-            [python, str(SELF), "--worker", "probe", "{}"],
-            env=_plain_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+    r = harness.run_captured([python, str(SELF), "--worker", "probe", "{}"], _plain_env())
+    if r is None:
         return None
     lines = r.stdout.strip().splitlines()
     try:
@@ -220,9 +212,12 @@ def _plain_env(visible: str | None = None) -> dict[str, str]:
 
 
 def ratio_result(
-    with_shim: list[float], without: list[float], unit: str, op: str, target: float
+    runs: dict[bool, list[dict[str, Any]]], key: str, unit: str, op: str, target: float
 ) -> dict[str, Any]:
-    """Medians of the runs with and without the shim, their ratio and its target."""
+    """Medians of key over the runs with (runs[True]) and without the shim, their ratio
+    and its target."""
+    with_shim = [r[key] for r in runs[True]]
+    without = [r[key] for r in runs[False]]
     w, wo = statistics.median(with_shim), statistics.median(without)
     ratio = w / wo
     met = ratio >= target if op == ">=" else ratio <= target
@@ -288,13 +283,7 @@ def run_benchmarks(
     results: dict[str, Any] = {}
     if "launch_rate" in only:
         results["launch_rate"] = {
-            **ratio_result(
-                [r["launches_per_s"] for r in runs[True]],
-                [r["launches_per_s"] for r in runs[False]],
-                "per_s",
-                ">=",
-                0.995,
-            ),
+            **ratio_result(runs, "launches_per_s", "per_s", ">=", 0.995),
             "setup": (
                 f"launches/s of x.add_(1) on a 1-element CUDA tensor: best of "
                 f"{spec['batches']} loops of {spec['launches']} launches (then synchronize) "
@@ -304,13 +293,7 @@ def run_benchmarks(
         }
     if "train_step" in only:
         results["train_step"] = {
-            **ratio_result(
-                [r["step_ms"] for r in runs[True]],
-                [r["step_ms"] for r in runs[False]],
-                "ms",
-                "<=",
-                1.005,
-            ),
+            **ratio_result(runs, "step_ms", "ms", "<=", 1.005),
             "setup": (
                 "ms per SGD step of Linear(1024,1024)-ReLU-Linear(1024,10), batch 256, "
                 f"cross-entropy: best mean of {spec['batches']} loops of {spec['steps']} steps "

@@ -243,21 +243,25 @@ _FIND_SPEC = (
 )
 
 
+def run_captured(
+    argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None
+) -> subprocess.CompletedProcess[str] | None:
+    """argv run to its end, five minutes at most, its output captured; None when it could
+    not start or ran out of time."""
+    try:
+        return subprocess.run(
+            argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def installed_origin(python: str, module: str = "client_plugin.iterations") -> str | None:
     """The file ``python`` imports ``module`` from when it starts a job (gpushare's
     iteration hooks, by default), or None when that Python has no installed gpushare."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    try:
-        r = subprocess.run(
-            [python, "-c", _FIND_SPEC, module],
-            cwd="/",
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+    r = run_captured([python, "-c", _FIND_SPEC, module], env, cwd="/")
+    if r is None:
         return None
     origin = r.stdout.strip()
     return origin if r.returncode == 0 and origin else None

@@ -93,8 +93,21 @@ def finish(p: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
             p.communicate()
 
 
+def finish_ok(p: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
+    """finish(p), which must have exited 0."""
+    out, err = finish(p, timeout)
+    assert p.returncode == 0, err
+    return out, err
+
+
 def records(daemon: Any, env: str) -> list[dict[str, Any]]:
     return list(daemon.admin("history", env=env)["records"])
+
+
+def only_record(daemon: Any, env: str) -> dict[str, Any]:
+    """The one history record of env: there must be exactly one."""
+    [rec] = records(daemon, env)
+    return rec
 
 
 def test_a_dead_nodemgr_fails_the_import_soon(daemon: Any, standin: Path) -> None:
@@ -130,8 +143,7 @@ def test_off_nothing_happens(daemon: Any, standin: Path) -> None:
     ep = daemon.env("alice")
     for autoload in (None, "0", ""):
         p = python("import torch", standin, ep, autoload=autoload)
-        out, err = finish(p)
-        assert p.returncode == 0, err
+        out, err = finish_ok(p)
         assert out == "body None None\n"
         assert err == ""
     assert records(daemon, "alice") == []
@@ -140,8 +152,7 @@ def test_off_nothing_happens(daemon: Any, standin: Path) -> None:
 def test_the_hook_fires_before_the_frameworks_body(daemon: Any, standin: Path) -> None:
     ep = daemon.env("alice", gpus=1, memory=GiB)
     p = python("import json; import torch; print('after', torch.alloc(64))", standin, ep)
-    out, err = finish(p)
-    assert p.returncode == 0, err
+    out, _ = finish_ok(p)
     body, after = out.splitlines()[-2:]
     _, visible, task_id = body.split()
     assert visible.startswith("'GPU-") and len(task_id) == 16
@@ -157,8 +168,7 @@ def test_other_imports_and_processes_without_a_framework_ask_nothing(
 ) -> None:
     ep = daemon.env("alice")
     p = python("import json, email, notaframework", standin, ep)
-    out, err = finish(p)
-    assert p.returncode == 0, err
+    out, _ = finish_ok(p)
     assert out == "body None None\n"
     assert records(daemon, "alice") == []
 
@@ -168,8 +178,7 @@ def test_more_framework_names_from_the_environment(daemon: Any, standin: Path) -
     p = python(
         "import notaframework", standin, ep, env={"GPUSHARE_FRAMEWORKS": " other, notaframework"}
     )
-    out, err = finish(p)
-    assert p.returncode == 0, err
+    out, _ = finish_ok(p)
     assert len(out.split()[2]) == 16
     assert len(records(daemon, "alice")) == 1
 
@@ -177,8 +186,7 @@ def test_more_framework_names_from_the_environment(daemon: Any, standin: Path) -
 def test_the_quota_is_enforced_in_the_process(daemon: Any, standin: Path) -> None:
     ep = daemon.env("alice", gpus=1, memory=GiB)
     p = python("import torch; print(torch.alloc(768), torch.alloc(512))", standin, ep)
-    out, err = finish(p)
-    assert p.returncode == 0, err
+    out, _ = finish_ok(p)
     assert out.splitlines()[-1] == "0 2"  # CUDA_ERROR_OUT_OF_MEMORY beyond 1 GiB
 
 
@@ -220,8 +228,7 @@ def test_restart_keeps_argv_stdin_cwd_and_exit_code(
     assert "stdin line from stdin" in lines
     assert "preloaded True" in lines
     assert f"pid {p.pid}" in lines  # the same process: the grant stays with it
-    [rec] = records(daemon, "alice")
-    assert rec["reason"] == "done"
+    assert only_record(daemon, "alice")["reason"] == "done"
 
 
 def test_restart_starts_from_the_original_directory(
@@ -235,8 +242,7 @@ def test_restart_starts_from_the_original_directory(
         "import torch; print('end', os.getcwd())"
     )
     p = python(["-c", code, "/"], standin, ep, cwd=tmp_path / "work")
-    out, err = finish(p)
-    assert p.returncode == 0, err
+    out, _ = finish_ok(p)
     starts = [line for line in out.splitlines() if line.startswith("start")]
     assert starts == [f"start {tmp_path / 'work'}"] * 2
     assert out.splitlines()[-1] == "end /"
@@ -249,8 +255,7 @@ def test_zero_quota_warns_and_hides_gpus(daemon: Any, standin: Path) -> None:
         standin,
         ep,
     )
-    out, err = finish(p)
-    assert p.returncode == 0, err
+    out, err = finish_ok(p)
     # The child inherits "no GPU" and asks nothing either: one warning in all.
     assert out == "body '' None\n" * 2
     assert err.count("\n") == 1 and "GPU quota is 0" in err
@@ -277,8 +282,7 @@ def test_waits_for_a_gpu_with_progress_on_stderr(
     p = python("import torch", standin, node.env("b"))
     wait_for(lambda: len(node.admin("queue")["waiting"]) == 1, 20)
     holder.close()
-    out, err = finish(p)
-    assert p.returncode == 0, err
+    out, err = finish_ok(p)
     assert "gpushare: waiting for 1 GPU: position 1 of 1" in err
     assert "granted after waiting" in err
     assert len(out.split()[2]) == 16
@@ -300,8 +304,7 @@ def test_no_gpu_within_the_wait_is_an_error_or_a_cpu_fallback(
         ep,
         env={"GPUSHARE_WAIT_TIMEOUT": "0.5", "GPUSHARE_CPU_FALLBACK": "1"},
     )
-    out, err = finish(p)
-    assert p.returncode == 0, err
+    out, err = finish_ok(p)
     assert out == "body '' None\n"
     assert "runs without a GPU" in err
     holder.close()
@@ -343,13 +346,11 @@ def test_worker_processes_share_the_parents_grant(
     [task] = daemon.tasks()
     assert task["processes"] == 3
     go.touch()
-    out, err = finish(p)
-    assert p.returncode == 0, err
+    out, _ = finish_ok(p)
     assert "parent 0" in out and "spawned 0" in out and "forked 0" in out
     bodies = [line for line in out.splitlines() if line.startswith("body")]
     assert len({b.split()[2] for b in bodies}) == 1  # one task id seen everywhere
-    [rec] = records(daemon, "alice")
-    assert rec["reason"] == "done"
+    assert only_record(daemon, "alice")["reason"] == "done"
 
 
 def test_a_process_inside_gpushare_run_asks_nothing(
@@ -377,8 +378,7 @@ def test_a_preloaded_shim_is_attached_without_a_restart(daemon: Any, standin: Pa
         ep,
         env={"LD_PRELOAD": str(libs.shim_path())},
     )
-    out, err = finish(p)
-    assert p.returncode == 0, err
+    out, _ = finish_ok(p)
     assert out.count("once") == 1  # no restart
     assert out.splitlines()[-1] == "0 2"
 
@@ -410,8 +410,7 @@ def test_cuda_used_before_the_import_fails_it_clearly_where_no_restart_can_help(
     assert refused.startswith("GpushareError gpushare: ")
     assert "before" in refused and "CUDA" in refused and "not loaded" not in refused, refused
     assert left == "['GPUSHARE_AUTOLOAD', 'GPUSHARE_ENDPOINT']"
-    [rec] = records(daemon, "alice")
-    assert rec["reason"] == "done"  # given back at once
+    assert only_record(daemon, "alice")["reason"] == "done"  # given back at once
     assert daemon.tasks() == []
 
 
@@ -501,8 +500,7 @@ def test_only_an_installed_framework_counts(standin: Path) -> None:
         "print('torch installed', importlib.util.find_spec('torch') is not None)\n"
     )
     p = python(code, standin, "ipc:///nonexistent/task.sock")
-    out, err = finish(p)
-    assert p.returncode == 0, err
+    out, err = finish_ok(p)
     assert out == "no cupy\ntorch installed True\n"
     assert err == ""
 
@@ -514,16 +512,14 @@ def test_a_refused_import_asks_again_next_time(standin: Path) -> None:
         "    except RuntimeError as e:\n        print(type(e).__name__)\n"
     )
     p = python(code, standin, "ipc:///nonexistent/task.sock")
-    out, err = finish(p)
-    assert p.returncode == 0, err
+    out, _ = finish_ok(p)
     assert out == "GpushareError\nGpushareError\n"  # never a framework without a grant
 
 
 def test_cuda_visible_devices_minus_one_means_no_gpu(daemon: Any, standin: Path) -> None:
     ep = daemon.env("alice")
     p = python("import torch", standin, ep, env={"CUDA_VISIBLE_DEVICES": "-1"})
-    out, err = finish(p)
-    assert p.returncode == 0, err
+    out, _ = finish_ok(p)
     assert out == "body '-1' None\n"
     assert records(daemon, "alice") == []
 
@@ -538,6 +534,5 @@ def test_a_program_the_holder_execs_keeps_the_task(daemon: Any, standin: Path) -
     )
     for preload in ({}, {"LD_PRELOAD": str(libs.shim_path())}):
         p = python(code, standin, ep, env=preload)
-        _, err = finish(p)
-        assert p.returncode == 0, err
+        finish_ok(p)
     assert [r["reason"] for r in records(daemon, "alice")] == ["done", "done"]

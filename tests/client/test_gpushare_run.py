@@ -21,6 +21,17 @@ PRINT_ENV = (
 )
 
 
+def gpushare_run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """gpushare-run with args, outside any task: its exit code and what it printed."""
+    return subprocess.run(
+        [Path(sys.executable).parent / "gpushare-run", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+
+
 def test_child_gets_granted_gpus_and_the_shim(daemon: Any, run_task: Any) -> None:
     ep = daemon.env("alice", gpus=2, memory=GiB)
     p = run_task(ep, sys.executable, "-c", PRINT_ENV, gpus=2)
@@ -77,19 +88,7 @@ def test_refusals_have_distinct_exit_codes(daemon: Any, run_task: Any) -> None:
 
 def test_memory_hint_beyond_quota_is_refused(daemon: Any) -> None:
     ep = daemon.env("alice", memory=GiB)
-    r = subprocess.run(
-        [
-            Path(sys.executable).parent / "gpushare-run",
-            "--endpoint",
-            ep,
-            "--memory",
-            "2GiB",
-            "true",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    r = gpushare_run("--endpoint", ep, "--memory", "2GiB", "true")
     assert r.returncode == 77
     assert "memory quota is 1073741824 bytes per GPU" in r.stderr
 
@@ -120,17 +119,7 @@ def test_no_free_gpu_is_a_retryable_refusal(daemon: Any, run_task: Any, tmp_path
 
 
 def test_unreachable_daemon(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [
-            Path(sys.executable).parent / "gpushare-run",
-            "--endpoint",
-            f"ipc://{tmp_path}/nothing.sock",
-            "true",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    r = gpushare_run("--endpoint", f"ipc://{tmp_path}/nothing.sock", "true")
     assert r.returncode == 69
     assert "cannot reach nodemgr" in r.stderr
 
@@ -163,32 +152,17 @@ def test_ctrl_c_before_nodemgr_answers_says_so(daemon: Any, run_task: Any) -> No
 
 
 def test_endpoints_other_than_ipc_are_a_usage_error(tmp_path: Path) -> None:
-    run = Path(sys.executable).parent / "gpushare-run"
     for ep in ("tcp://127.0.0.1:9", f"{tmp_path}/task.sock", "ipc://", "inproc://x"):
-        r = subprocess.run(
-            [run, "--endpoint", ep, "true"], capture_output=True, text=True, timeout=30
-        )
+        r = gpushare_run("--endpoint", ep, "true")
         assert r.returncode == 2, (ep, r.stderr)
         assert f"--endpoint={ep!r}: expected ipc://PATH" in r.stderr
-        r = subprocess.run(
-            [run, "true"],
-            env={**os.environ, "GPUSHARE_ENDPOINT": ep},
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        r = gpushare_run("true", env={**os.environ, "GPUSHARE_ENDPOINT": ep})
         assert r.returncode == 2, (ep, r.stderr)
         assert f"GPUSHARE_ENDPOINT={ep!r}: expected ipc://PATH" in r.stderr
 
 
 def test_no_endpoint_is_a_usage_error(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [Path(sys.executable).parent / "gpushare-run", "true"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={"PATH": "/usr/bin:/bin"},
-    )
+    r = gpushare_run("true", env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 2
     assert "GPUSHARE_ENDPOINT" in r.stderr
 

@@ -156,13 +156,20 @@ def test_swapping_the_socket_for_a_link_during_restarts_gives_nothing_away(
     assert _victim(victim) == before
 
 
-def test_a_directory_at_the_socket_is_moved_aside(daemon_factory: Any) -> None:
+def _stopped_with_a_socket_removed(daemon_factory: Any) -> tuple[Any, str, str, Path]:
+    """A node with environments a and b, stopped, a's task socket file removed: the node,
+    a's and b's endpoints and a's directory."""
     d = daemon_factory({"env": {"a": USER}})
     ep = d.env("a")
     other = d.env("b")
     env_dir = d.run_dir / "envs" / "a"
     d.kill()
     (env_dir / "task.sock").unlink()
+    return d, ep, other, env_dir
+
+
+def test_a_directory_at_the_socket_is_moved_aside(daemon_factory: Any) -> None:
+    d, ep, other, env_dir = _stopped_with_a_socket_removed(daemon_factory)
     (env_dir / "task.sock" / "sub").mkdir(parents=True)
     (env_dir / "task.sock" / "sub" / "f").write_text("kept")
     d.start()
@@ -206,12 +213,7 @@ def _immutable(path: Path) -> Iterator[None]:
 def test_an_entry_nodemgr_cannot_clear_refuses_only_its_environment(
     daemon_factory: Any,
 ) -> None:
-    d = daemon_factory({"env": {"a": USER}})
-    ep = d.env("a")
-    other = d.env("b")
-    env_dir = d.run_dir / "envs" / "a"
-    d.kill()
-    (env_dir / "task.sock").unlink()
+    d, ep, other, env_dir = _stopped_with_a_socket_removed(daemon_factory)
     (env_dir / "task.sock").mkdir()
     (env_dir / "task.sock" / "f").write_text("x")
     with _immutable(env_dir / "task.sock"):

@@ -141,13 +141,21 @@ def test_a_large_request_is_not_starved_by_a_stream_of_small_ones(
         c.close()
 
 
+def c_waits_behind_a_and_b(
+    node: Any, run_task: Any, wait_for: Any
+) -> tuple[tuple[Connection, str], tuple[Connection, str], subprocess.Popen[str]]:
+    """Tasks of a and b hold both GPUs; gpushare-run of c waits in the queue for one."""
+    a = grant(node.env("a"))
+    b = grant(node.env("b"))
+    p = run_task(node.env("c"), "true", env={"GPUSHARE_WAIT_TIMEOUT": "60"})
+    wait_for(lambda: queue_len(node) == 1, 10)
+    return a, b, p
+
+
 def test_a_waiter_whose_client_dies_leaves_the_queue(
     node: Any, run_task: Any, wait_for: Any
 ) -> None:
-    hold_a, _ = grant(node.env("a"))
-    hold_b, _ = grant(node.env("b"))
-    p = run_task(node.env("c"), "true", env={"GPUSHARE_WAIT_TIMEOUT": "60"})
-    wait_for(lambda: queue_len(node) == 1, 10)
+    (hold_a, _), (hold_b, _), p = c_waits_behind_a_and_b(node, run_task, wait_for)
     p.kill()
     p.wait()
     wait_for(lambda: queue_len(node) == 0, 2)
@@ -158,10 +166,7 @@ def test_a_waiter_whose_client_dies_leaves_the_queue(
 def test_gpushare_run_waits_and_reports_its_position(
     node: Any, run_task: Any, wait_for: Any
 ) -> None:
-    a_conn, a_task = grant(node.env("a"))
-    hold_b, _ = grant(node.env("b"))
-    p = run_task(node.env("c"), "true", env={"GPUSHARE_WAIT_TIMEOUT": "60"})
-    wait_for(lambda: queue_len(node) == 1, 10)
+    (a_conn, a_task), (hold_b, _), p = c_waits_behind_a_and_b(node, run_task, wait_for)
     a_conn.call("done", task_id=a_task)
     _, err = p.communicate(timeout=30)
     assert p.returncode == 0, err

@@ -202,6 +202,17 @@ def request(conn: Connection, **fields: Any) -> dict[str, Any]:
     return conn.call("request", **{"gpus": 1, **fields})
 
 
+@contextlib.contextmanager
+def two_tasks_of_a(d: Any) -> Iterator[tuple[Connection, str, str]]:
+    """Two tasks of environment a (4 GiB), one GPU each, granted one after the other and
+    connected while the block runs: the first one's connection, both task ids."""
+    ep = d.env("a", memory=4 * GiB)
+    with Connection(ep) as c1, Connection(ep) as c2:
+        t1 = request(c1)["task_id"]
+        t2 = request(c2)["task_id"]
+        yield c1, t1, t2
+
+
 def admitted(daemon: Any, n: int, **fields: Any) -> int:
     """How many of ``n`` environments (quota 8 GiB) get GPU 0 at once."""
     conns = []
@@ -383,10 +394,7 @@ def test_turn_timeout_passes_the_turn_of_a_task_that_never_yields(
     daemon_factory: Any, wait_for: Any
 ) -> None:
     d = ts_daemon(daemon_factory, turn_timeout=0.5)
-    ep = d.env("a", memory=4 * GiB)
-    with Connection(ep) as c1, Connection(ep) as c2:
-        t1 = request(c1)["task_id"]
-        t2 = request(c2)["task_id"]
+    with two_tasks_of_a(d) as (_, t1, t2):
         assert gpu0(d)["turn"]["holder"] == t1
         wait_for(lambda: gpu0(d)["turn"]["holder"] == t2, 20, 0.05)
         assert not gated(d, "a", t2)
@@ -530,10 +538,7 @@ def test_a_new_process_s_turn_counts_from_its_own_boundaries(
 
 def test_a_restart_keeps_the_turn_with_the_task_that_held_it(daemon_factory: Any) -> None:
     d = ts_daemon(daemon_factory)
-    ep = d.env("a", memory=4 * GiB)
-    with Connection(ep) as c1, Connection(ep) as c2:
-        t1 = request(c1)["task_id"]
-        t2 = request(c2)["task_id"]
+    with two_tasks_of_a(d) as (c1, t1, t2):
         assert c1.call("yield", task_id=t1)["passed"] is True
         assert gpu0(d)["turn"]["holder"] == t2
         d.kill()
@@ -712,10 +717,7 @@ def test_cli_mode_without_nodemgr_exits_69(tmp_path: Any) -> None:
 
 def test_pausing_the_holder_hands_its_turn_on(daemon_factory: Any) -> None:
     d = ts_daemon(daemon_factory)
-    ep = d.env("a", memory=4 * GiB)
-    with Connection(ep) as c1, Connection(ep) as c2:
-        t1 = request(c1)["task_id"]
-        t2 = request(c2)["task_id"]
+    with two_tasks_of_a(d) as (_, t1, t2):
         assert gpu0(d)["turn"]["holder"] == t1 and gated(d, "a", t2)
         d.admin("pause", task_id=t1)
         assert gpu0(d)["turn"]["holder"] == t2 and not gated(d, "a", t2)

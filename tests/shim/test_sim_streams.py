@@ -6,11 +6,7 @@ stream is captured too); a graph launched in a capture is recorded into it.
 
 from __future__ import annotations
 
-import sys
-
-from client_plugin import libs
-from tests.conftest import run_sim_json
-from tests.shim.test_sim_memory import PRELUDE
+from tests.shim.test_sim_memory import run
 
 CAPTURE = """
 RELAXED, NONE, ACTIVE = 2, 0, 1
@@ -71,15 +67,7 @@ out["orphan"] = capturing(s2)
 
 
 def test_capture_records_forks_onto_other_streams_and_replays() -> None:
-    out = run_sim_json(
-        [
-            sys.executable,
-            "-c",
-            PRELUDE + CAPTURE + "\nprint(json.dumps(out))",
-            str(libs.sim_driver_dir() / "libcuda.so.1"),
-        ],
-        str(libs.sim_driver_dir()),
-    )
+    out = run(CAPTURE)
     assert out["legacy"] == 900  # CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
     assert out["joined"] == 1  # CU_STREAM_CAPTURE_STATUS_ACTIVE
     assert out["end_joined"] == 903  # CUDA_ERROR_STREAM_CAPTURE_UNMATCHED
@@ -185,15 +173,7 @@ def test_graph_memory_is_the_graph_pools_from_launch_until_trimmed() -> None:
     the device's graph pool reserves the peak of what a launch (or an upload) holds at
     once, keeps it for later launches after the graph frees it, and gives back at a trim
     what no live allocation uses. The four graph-memory attributes say so."""
-    out = run_sim_json(
-        [
-            sys.executable,
-            "-c",
-            PRELUDE + GRAPH_MEMORY + "\nprint(json.dumps(out))",
-            str(libs.sim_driver_dir() / "libcuda.so.1"),
-        ],
-        str(libs.sim_driver_dir()),
-    )
+    out = run(GRAPH_MEMORY)
     # [used, used high, reserved, reserved high] in MiB
     assert out["captured"] == [[0, 0, 0, 0], 0]  # nothing from the pool, nothing mapped
     assert out["address_taken"] == 64 + 32 + 16  # the simulator's one address space
