@@ -36,7 +36,7 @@ from typing import Any
 import zmq
 
 from nodemgr import protocol
-from nodemgr.client import Connection, Unreachable
+from nodemgr.client import Connection, Unreachable, wait_until_serving
 
 SELF = Path(__file__).resolve()
 if str(SELF.parent.parent) not in sys.path:
@@ -163,15 +163,9 @@ class Daemon:
             raise
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                self.admin("status", timeout=0.5)
-                return
-            except Unreachable:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise BenchError(f"nodemgr did not start: {self.log_tail()}") from None
-                time.sleep(0.02)
+        admin = f"ipc://{self.run_dir / 'admin.sock'}"
+        if not wait_until_serving(admin, lambda: self.proc.poll() is None, 20):
+            raise BenchError(f"nodemgr did not start: {self.log_tail()}")
 
     def log_tail(self, lines: int = 20) -> str:
         try:

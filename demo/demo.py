@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nodemgr.client import Connection, Unreachable
+from nodemgr.client import Connection, wait_until_serving
 
 SELF = Path(__file__).resolve()
 BIN = Path(sys.executable).parent  # nodemgr and gpushare-run installed beside this Python
@@ -337,15 +337,10 @@ class Demo:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                self.admin("status")
-                return
-            except Unreachable:
-                if self.daemon.poll() is not None or time.monotonic() > deadline:
-                    raise DemoFailed("nodemgr did not start") from None
-                time.sleep(0.05)
+        daemon = self.daemon
+        admin = f"ipc://{self.run_dir / 'admin.sock'}"
+        if not wait_until_serving(admin, lambda: daemon.poll() is None, 20):
+            raise DemoFailed("nodemgr did not start")
 
     def log_tail(self, lines: int = 15) -> str:
         try:

@@ -230,3 +230,19 @@ class Connection:
                 continue
             return msg
         raise Unreachable(f"nodemgr did not answer at {self.endpoint} within {limit:g}s")
+
+
+def wait_until_serving(endpoint: str, alive: Callable[[], bool], timeout: float) -> bool:
+    """Ask nodemgr's admin ``endpoint`` for its status until it answers (True), or until
+    ``alive()`` says the daemon that was started is gone or ``timeout`` seconds pass (False):
+    how a program that starts nodemgr waits for it to serve."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with Connection(endpoint, timeout=0.5) as conn:
+                conn.call("status")
+            return True
+        except Unreachable:
+            if not alive() or time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from client_plugin import libs
-from nodemgr.client import Connection, NodeError, Unreachable
+from nodemgr.client import Connection, NodeError, Unreachable, wait_until_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -360,15 +360,9 @@ class Daemon:
             stderr=subprocess.STDOUT,
             preexec_fn=prepare,
         )
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                self.admin("status", timeout=0.5)
-                break
-            except Unreachable:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"nodemgr did not start: {self.logtext()}") from None
-                time.sleep(0.05)
+        admin = f"ipc://{self.run_dir / 'admin.sock'}"
+        if not wait_until_serving(admin, lambda: self.proc.poll() is None, 15):
+            raise RuntimeError(f"nodemgr did not start: {self.logtext()}")
 
     def logtext(self) -> str:
         self.log.flush()
