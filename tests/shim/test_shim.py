@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,21 @@ def run(run_task: Any, ep: str, *cmd: str, gpus: int = 1, timeout: float = 60) -
     out, err = p.communicate(timeout=timeout)
     assert p.returncode == 0, err
     return lines(out)
+
+
+# The C client run in a task of environment alice (1 GPU, 1 GiB quota): its output lines.
+Client = Callable[..., list[str]]
+
+
+@pytest.fixture
+def alice(daemon: Any, run_task: Any, cbin: dict[str, Path]) -> Client:
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    return lambda *steps: run(run_task, ep, str(cbin["client"]), *steps)
+
+
+def info(used: int = 0) -> str:
+    """The client's ``info`` line with ``used`` bytes of alice's 1 GiB taken."""
+    return f"info free={GiB - used} total={GiB}"
 
 
 # --- cuGetProcAddress: the wrapper for exactly the requests that resolve to a hooked ABI ----
@@ -143,10 +159,10 @@ def test_every_allocation_path_is_charged_and_given_back(
     out = run(
         run_task, ep, str(cbin["client"]), "info", step, *args, "info", "free", "ssync", "info"
     )
-    assert out[0] == f"info free={GiB} total={GiB}"
+    assert out[0] == info()
     assert out[1].startswith(f"{name} ok")
-    assert out[2] == f"info free={GiB - charged} total={GiB}"
-    assert out[3:] == ["free ok", "ssync ok", f"info free={GiB} total={GiB}"]
+    assert out[2] == info(charged)
+    assert out[3:] == ["free ok", "ssync ok", info()]
 
 
 POOL_PATHS = [("async", ["64"]), ("asyncpt", ["64"]), ("pool", ["64"])]
@@ -162,7 +178,7 @@ def test_a_pool_stays_charged_for_what_it_keeps(
     ep = daemon.env("alice", gpus=1, memory=GiB)
     steps = ["keep", "max", step, *args, "free", "ssync", "info", "reserved", "trim", "32"]
     out = run(run_task, ep, str(cbin["client"]), *steps, "info", "trim", "0", "info", "reserved")
-    held = f"info free={GiB - 64 * MiB} total={GiB}"
+    held = info(64 * MiB)
     assert out == [
         "keep ok",
         f"{step} ok",
@@ -173,7 +189,7 @@ def test_a_pool_stays_charged_for_what_it_keeps(
         "trim ok",
         held,  # 32 MiB kept: the 64 MiB chunk stays whole
         "trim ok",
-        f"info free={GiB} total={GiB}",
+        info(),
         "reserved 0",
     ]
 
@@ -192,9 +208,9 @@ def test_a_synchronisation_gives_back_what_a_pool_releases(
     assert out == [
         "async ok",
         "free ok",
-        f"info free={GiB - 64 * MiB} total={GiB}",
+        info(64 * MiB),
         f"{sync} ok",
-        f"info free={GiB} total={GiB}",
+        info(),
     ]
 
 
@@ -210,13 +226,13 @@ def test_a_pool_takes_from_what_it_keeps_and_never_holds_beyond_the_quota(
     out = run(run_task, ep, client, *kept, "async", "600", "info", "async", "500")
     assert out[3:] == [
         "async ok",
-        f"info free={GiB - 600 * MiB} total={GiB}",  # the kept 600 MiB, charged once
+        info(600 * MiB),  # the kept 600 MiB, charged once
         "async err 2",  # 600 + 500 MiB in use is beyond the quota
     ]
     out = run(run_task, ep, client, *kept, "async", "900", "info", "reserved")
     assert out[3:] == [
         "async ok",
-        f"info free={GiB - 900 * MiB} total={GiB}",
+        info(900 * MiB),
         f"reserved {900 * MiB}",  # not 1500: the idle 600 MiB chunk went back
     ]
     # What the pool keeps adds up to the request but no kept chunk holds it: the pool
@@ -225,7 +241,7 @@ def test_a_pool_takes_from_what_it_keeps_and_never_holds_beyond_the_quota(
     out = run(run_task, ep, client, *frag, "info", "reserved")
     assert out[-3:] == [
         "async ok",
-        f"info free={GiB - 192 * MiB} total={GiB}",
+        info(192 * MiB),
         f"reserved {192 * MiB}",
     ]
 
@@ -246,32 +262,29 @@ def test_async_allocations_follow_the_devices_current_pool(
         "async ok",
         "free ok",
         "ssync ok",
-        f"info free={GiB - 64 * MiB} total={GiB}",  # the new pool keeps it
+        info(64 * MiB),  # the new pool keeps it
         "trim ok",
-        f"info free={GiB} total={GiB}",
+        info(),
     ]
 
 
-def test_a_destroyed_pool_gives_back_what_it_kept_and_later_what_is_freed(
-    daemon: Any, run_task: Any, cbin: dict[str, Path]
-) -> None:
+def test_a_destroyed_pool_gives_back_what_it_kept_and_later_what_is_freed(alice: Client) -> None:
     """The driver gives a destroyed pool's idle memory back at once, and what is still in
     use when it is freed."""
-    ep = daemon.env("alice", gpus=1, memory=GiB)
     steps = ["poolon", "0", "64", "free", "info", "pooldestroy", "info"]
-    out = run(run_task, ep, str(cbin["client"]), *steps, "poolon", "0", "32", "pooldestroy")
-    out += run(run_task, ep, str(cbin["client"]), "poolon", "0", "32", "pooldestroy", "info")
+    out = alice(*steps, "poolon", "0", "32", "pooldestroy")
+    out += alice("poolon", "0", "32", "pooldestroy", "info")
     assert out == [
         "poolon ok",
         "free ok",
-        f"info free={GiB - 64 * MiB} total={GiB}",  # kept by the pool
+        info(64 * MiB),  # kept by the pool
         "pooldestroy ok",
-        f"info free={GiB} total={GiB}",
+        info(),
         "poolon ok",  # a new pool, perhaps at the destroyed one's address
         "pooldestroy ok",
         "poolon ok",
         "pooldestroy ok",
-        f"info free={GiB - 32 * MiB} total={GiB}",  # still in use
+        info(32 * MiB),  # still in use
     ]
 
 
@@ -295,7 +308,7 @@ def test_every_allocation_path_is_refused_beyond_the_quota(
 ) -> None:
     ep = daemon.env("alice", gpus=1, memory=GiB)
     out = run(run_task, ep, str(cbin["client"]), step, *args, "info")
-    assert out == [f"{step} err 2", f"info free={GiB} total={GiB}"]
+    assert out == [f"{step} err 2", info()]
     assert daemon.tasks() == []
 
 
@@ -311,21 +324,18 @@ def test_bad_arguments_get_the_drivers_answer_and_charge_nothing(
     assert len(edges) >= 20
     assert edges == [ln for ln in plain if ln.startswith("edge ")]
     # Double frees and unknown pointers were the driver's business; nothing stayed charged.
-    assert shimmed[-1] == f"info free={GiB} total={GiB}"
+    assert shimmed[-1] == info()
 
 
-def test_64_threads_never_exceed_the_limit_and_end_at_zero(
-    daemon: Any, run_task: Any, cbin: dict[str, Path]
-) -> None:
-    ep = daemon.env("alice", gpus=1, memory=GiB)
-    out = run(run_task, ep, str(cbin["client"]), "threads", "64", "300", "96", "info")
+def test_64_threads_never_exceed_the_limit_and_end_at_zero(alice: Client) -> None:
+    out = alice("threads", "64", "300", "96", "info")
     fields = dict(f.split("=") for f in out[0].split()[1:])
     assert int(fields["failed"]) == 0, "every free of a live allocation succeeds"
     assert int(fields["ok"]) > 1000
     held = int(fields["maxheld"])
     assert held <= GiB
     assert held > GiB // 2, "the threads did press against the limit"
-    assert out[1] == f"info free={GiB} total={GiB}"
+    assert out[1] == info()
 
 
 def test_a_changed_limit_applies_to_a_running_process(
@@ -412,7 +422,7 @@ def test_linked_client_reaches_every_path_through_the_exports(
     """A -lcuda program's cuGetProcAddress is the shim's export: what it fetches is charged."""
     ep = daemon.env("alice", gpus=1, memory=GiB)
     out = run(run_task, ep, str(cbin["client_linked"]), "create", "64", "async", "32", "info")
-    assert out == ["create ok", "async ok", f"info free={GiB - 96 * MiB} total={GiB}"]
+    assert out == ["create ok", "async ok", info(96 * MiB)]
 
 
 # --- NVML inside a task --------------------------------------------------------------
@@ -528,7 +538,7 @@ def test_each_process_pays_for_its_context_once(
         f'"{client}" dev 0 alloc 64 info; touch {go}; wait'
     )
     out = run(run_task, ep, "sh", "-c", script)
-    assert out == ["dev ok", "alloc ok", f"info free={GiB - 2 * 96 * MiB - 64 * MiB} total={GiB}"]
+    assert out == ["dev ok", "alloc ok", info(2 * 96 * MiB + 64 * MiB)]
 
 
 def test_a_context_that_does_not_fit_is_refused(
@@ -556,65 +566,53 @@ def test_cumemcreate_memory_stays_charged_while_mapped(
     assert out == [
         "vmm ok",
         "vmmrelease ok",
-        f"info free={GiB - 64 * MiB} total={GiB}",
+        info(64 * MiB),
         "vmmunmap ok",
-        f"info free={GiB} total={GiB}",
+        info(),
     ]
 
 
-def test_a_retained_handle_keeps_its_memory_charged(
-    daemon: Any, run_task: Any, cbin: dict[str, Path]
-) -> None:
+def test_a_retained_handle_keeps_its_memory_charged(alice: Client) -> None:
     """NCCL retains and releases handles of memory PyTorch still holds."""
-    ep = daemon.env("alice", gpus=1, memory=GiB)
     steps = ["vmm", "64", "vmmretain", "vmmunmap", "vmmrelease", "info", "vmmrelease", "info"]
-    out = run(run_task, ep, str(cbin["client"]), *steps)
+    out = alice(*steps)
     assert out == [
         "vmm ok",
         "vmmretain ok same",
         "vmmunmap ok",
         "vmmrelease ok",
-        f"info free={GiB - 64 * MiB} total={GiB}",  # the retain's reference is still held
+        info(64 * MiB),  # the retain's reference is still held
         "vmmrelease ok",
-        f"info free={GiB} total={GiB}",
+        info(),
     ]
 
 
-def test_a_double_release_changes_nothing(
-    daemon: Any, run_task: Any, cbin: dict[str, Path]
-) -> None:
+def test_a_double_release_changes_nothing(alice: Client) -> None:
     """The driver refuses the second release; the memory still goes with the unmap."""
-    ep = daemon.env("alice", gpus=1, memory=GiB)
     steps = ["vmm", "64", "vmmrelease", "vmmrelease", "info", "vmmunmap", "info"]
-    out = run(run_task, ep, str(cbin["client"]), *steps)
+    out = alice(*steps)
     assert out[:2] == ["vmm ok", "vmmrelease ok"]
     assert out[2].startswith("vmmrelease err ")
     assert out[3:] == [
-        f"info free={GiB - 64 * MiB} total={GiB}",
+        info(64 * MiB),
         "vmmunmap ok",
-        f"info free={GiB} total={GiB}",
+        info(),
     ]
 
 
-def test_a_refused_unmap_leaves_every_mapping_charged(
-    daemon: Any, run_task: Any, cbin: dict[str, Path]
-) -> None:
+def test_a_refused_unmap_leaves_every_mapping_charged(alice: Client) -> None:
     """One handle mapped twice; an unmap of more than is mapped is refused and undone whole."""
-    ep = daemon.env("alice", gpus=1, memory=GiB)
     steps = ["vmmtwice", "64", "vmmrelease", "unmapat", "0", "192", "info"]
     steps += ["unmapat", "0", "64", "info", "unmapat", "64", "64", "info"]
-    out = run(run_task, ep, str(cbin["client"]), *steps)
-    held = f"info free={GiB - 64 * MiB} total={GiB}"
+    out = alice(*steps)
+    held = info(64 * MiB)
     assert out[:2] == ["vmmtwice ok", "vmmrelease ok"]
     assert out[2].startswith("unmapat err ")
-    assert out[3:] == [held, "unmapat ok", held, "unmapat ok", f"info free={GiB} total={GiB}"]
+    assert out[3:] == [held, "unmapat ok", held, "unmapat ok", info()]
 
 
-def test_create_map_release_cannot_run_past_the_quota(
-    daemon: Any, run_task: Any, cbin: dict[str, Path]
-) -> None:
-    ep = daemon.env("alice", gpus=1, memory=GiB)
-    out = run(run_task, ep, str(cbin["client"]), "vmm", "600", "vmmrelease", "vmm", "600")
+def test_create_map_release_cannot_run_past_the_quota(alice: Client) -> None:
+    out = alice("vmm", "600", "vmmrelease", "vmm", "600")
     assert out == ["vmm ok", "vmmrelease ok", "vmm err 2"]
 
 
@@ -631,71 +629,62 @@ def test_memory_a_context_takes_with_it_is_uncharged(
     ep = daemon.env("alice", gpus=1, memory=GiB)
     out = run(run_task, ep, str(cbin["client"]), *(teardown * 4), "info")
     steps = [s for s in teardown if not s.isdigit()]
-    assert out == [f"{s} ok" for s in steps] * 4 + [f"info free={GiB} total={GiB}"]
+    assert out == [f"{s} ok" for s in steps] * 4 + [info()]
 
 
-def test_stream_ordered_memory_outlives_its_context(
-    daemon: Any, run_task: Any, cbin: dict[str, Path]
-) -> None:
+def test_stream_ordered_memory_outlives_its_context(alice: Client) -> None:
     """cuCtxDestroy does not free pool memory: it stays charged until it is freed (and the
     pool, whose release threshold is the driver's default, trimmed)."""
-    ep = daemon.env("alice", gpus=1, memory=GiB)
     steps = ["ctx", "0", "async", "300", "ctxdestroy", "info", "free", "trim", "0", "info"]
-    out = run(run_task, ep, str(cbin["client"]), *steps)
+    out = alice(*steps)
     assert out == [
         "ctx ok",
         "async ok",
         "ctxdestroy ok",
-        f"info free={GiB - 300 * MiB} total={GiB}",
+        info(300 * MiB),
         "free ok",
         "trim ok",
-        f"info free={GiB} total={GiB}",
+        info(),
     ]
 
 
-def test_a_contexts_heap_and_stacks_are_charged_as_they_are_set(
-    daemon: Any, run_task: Any, cbin: dict[str, Path]
-) -> None:
+def test_a_contexts_heap_and_stacks_are_charged_as_they_are_set(alice: Client) -> None:
     """cuCtxSetLimit's device malloc heap (8 MiB by default) and per-thread stack (1 KiB by
     default, reserved for every thread the device holds at once: the simulated H100's 132
     SMs x 2048) are device memory: charged beyond their defaults, refused beyond the quota,
     given back by a smaller value and by the context's end."""
-    ep = daemon.env("alice", gpus=1, memory=GiB)
     stack = 1024 * 132 * 2048  # 1 KiB more per thread: 264 MiB
     steps = ["heap", "264", "info", "stack", "2048", "info", "heap", "8", "info", "heap", "2000"]
-    out = run(run_task, ep, str(cbin["client"]), *steps, "info", "stack", "1024", "info")
+    out = alice(*steps, "info", "stack", "1024", "info")
     assert out == [
         "heap ok",
-        f"info free={GiB - 256 * MiB} total={GiB}",
+        info(256 * MiB),
         "stack ok",
-        f"info free={GiB - 256 * MiB - stack} total={GiB}",
+        info(256 * MiB + stack),
         "heap ok",
-        f"info free={GiB - stack} total={GiB}",
+        info(stack),
         "heap err 2",  # the driver's CUDA_ERROR_OUT_OF_MEMORY
-        f"info free={GiB - stack} total={GiB}",
+        info(stack),
         "stack ok",
-        f"info free={GiB} total={GiB}",
+        info(),
     ]
-    out = run(run_task, ep, str(cbin["client"]), "ctx", "0", "heap", "520", "info", "ctxdestroy")
-    out += run(run_task, ep, str(cbin["client"]), "ctx", "0", "heap", "520", "ctxdestroy", "info")
+    out = alice("ctx", "0", "heap", "520", "info", "ctxdestroy")
+    out += alice("ctx", "0", "heap", "520", "ctxdestroy", "info")
     assert out == [
         "ctx ok",
         "heap ok",
-        f"info free={GiB - 512 * MiB} total={GiB}",
+        info(512 * MiB),
         "ctxdestroy ok",
         "ctx ok",
         "heap ok",
         "ctxdestroy ok",
-        f"info free={GiB} total={GiB}",
+        info(),
     ]
 
 
-def test_releasing_the_last_primary_retain_uncharges_its_memory(
-    daemon: Any, run_task: Any, cbin: dict[str, Path]
-) -> None:
-    ep = daemon.env("alice", gpus=1, memory=GiB)
-    out = run(run_task, ep, str(cbin["client"]), "alloc", "300", "primrelease", "dev", "0", "info")
-    assert out == ["alloc ok", "primrelease ok", "dev ok", f"info free={GiB} total={GiB}"]
+def test_releasing_the_last_primary_retain_uncharges_its_memory(alice: Client) -> None:
+    out = alice("alloc", "300", "primrelease", "dev", "0", "info")
+    assert out == ["alloc ok", "primrelease ok", "dev ok", info()]
 
 
 @pytest.mark.parametrize(
@@ -722,20 +711,17 @@ def test_stream_ordered_memory_is_charged_where_it_lives(
     assert p.wait(30) == 0
 
 
-def test_graph_memory_is_charged_when_the_graph_pool_maps_it(
-    daemon: Any, run_task: Any, cbin: dict[str, Path]
-) -> None:
+def test_graph_memory_is_charged_when_the_graph_pool_maps_it(alice: Client) -> None:
     """A captured cuMemAllocAsync is a graph's allocation node: nothing is charged at
     capture. The device's graph memory pool maps it at the upload, keeps it for every later
     launch (charged once), and keeps it after the executable graph goes, until a trim."""
-    ep = daemon.env("alice", gpus=1, memory=GiB)
     steps = ["gcapture", "256", "info", "greserved", "gupload", "info", "glaunch", "3", "info"]
     steps += ["greserved", "gdestroy", "info", "gtrim", "info", "greserved"]
-    out = run(run_task, ep, str(cbin["client"]), *steps)
-    held = f"info free={GiB - 256 * MiB} total={GiB}"
+    out = alice(*steps)
+    held = info(256 * MiB)
     assert out == [
         "gcapture ok",
-        f"info free={GiB} total={GiB}",  # a node, not pool memory
+        info(),  # a node, not pool memory
         "greserved 0",
         "gupload ok",
         held,
@@ -745,7 +731,7 @@ def test_graph_memory_is_charged_when_the_graph_pool_maps_it(
         "gdestroy ok",
         held,  # the pool keeps it
         "gtrim ok",
-        f"info free={GiB} total={GiB}",
+        info(),
         "greserved 0",
     ]
 
@@ -765,11 +751,11 @@ def test_graph_memory_beyond_the_quota_is_trimmed_or_left_uncharged_until_it_fit
         "alloc ok",
         "gcapture ok",
         "glaunch ok",
-        f"info free={GiB - 700 * MiB} total={GiB}",
+        info(700 * MiB),
         "greserved 0",  # freed in the graph: trimmed
         "free ok",
         "glaunch ok",
-        f"info free={GiB - 512 * MiB} total={GiB}",
+        info(512 * MiB),
     ]
     kept = ["alloc", "700", "gkeep", "512", "glaunch", "1", *rest, "async", "600"]
     out = run(run_task, ep, client, *kept)
@@ -777,11 +763,11 @@ def test_graph_memory_beyond_the_quota_is_trimmed_or_left_uncharged_until_it_fit
         "alloc ok",
         "gkeep ok",
         "glaunch ok",
-        f"info free={GiB - 700 * MiB} total={GiB}",
+        info(700 * MiB),
         f"greserved {512 * MiB}",  # still allocated: no trim gives it back
         "free ok",
         "glaunch ok",  # auto-frees the last launch's allocation and takes it again
-        f"info free={GiB - 512 * MiB} total={GiB}",
+        info(512 * MiB),
         "async err 2",  # charged now: 512 + 600 MiB is beyond the quota
     ]
 
