@@ -25,7 +25,7 @@ from nodemgr.client import (
     QuotaExceeded,
     Unreachable,
 )
-from nodemgr.gpus import names_gpu
+from nodemgr.protocol import names_gpu
 
 MAX_COMMAND = 4096  # what nodemgr keeps of a command line, for display
 LEDGER_NAME = "ledger"  # an environment's ledger sits beside its task socket
