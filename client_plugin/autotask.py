@@ -26,6 +26,7 @@ from collections.abc import Callable
 from client_plugin import envvars, libs
 from client_plugin import settings as cfg
 from client_plugin.envvars import AUTOLOAD_HOLDER as HOLDER_ENV
+from client_plugin.errors import GpushareError as GpushareError  # what start() raises
 from client_plugin.grant import (
     Grant,
     Heartbeat,
@@ -39,10 +40,6 @@ from nodemgr.client import NodeError, NoResources, QuotaZero, Unreachable
 from nodemgr.exitcodes import EXIT_CANCELLED
 
 _task: Task | None = None
-
-
-class GpushareError(RuntimeError):
-    """The framework import cannot go on under gpushare; the message says what to do."""
 
 
 def _say(message: str) -> None:

@@ -131,7 +131,8 @@ def _yield_turn() -> None:
             "not set, so nodemgr cannot be told; it passes the turn on after its timeout"
         )
         return
-    from nodemgr.client import FIRST_ANSWER, NodeError, Unreachable
+    from client_plugin.errors import GpushareError
+    from nodemgr.client import FIRST_ANSWER, Unreachable
 
     mem = shim.memory()
     held = False
@@ -152,7 +153,7 @@ def _yield_turn() -> None:
             task_id=task_id,
             iterations=mem.iterations if mem else None,
         )
-    except (NodeError, Unreachable) as e:
+    except GpushareError as e:  # nodemgr refused, or did not answer
         if isinstance(e, Unreachable):
             _conn = None  # its socket may hold an unanswered request: start afresh
             if not held:

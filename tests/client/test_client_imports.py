@@ -1,6 +1,7 @@
-"""The client imports only nodemgr's wire code: the auto-loader runs inside a user's
-`import torch`, and gpushare-run starts in front of every command, so neither loads the
-daemon's config (and its TOML parser), state, GPU inventory, server or admin CLI."""
+"""The client's modules: it imports only nodemgr's wire code (the auto-loader runs inside a
+user's `import torch`, and gpushare-run starts in front of every command, so neither loads
+the daemon's config and its TOML parser, state, GPU inventory, server or admin CLI), and
+what it raises has one root (docs/client.md#auto-load-python)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,27 @@ def test_client_imports_no_daemon_module(module: str, tmp_path: Path) -> None:
         or any(m == d or m.startswith(d + ".") for d in DAEMON_SIDE)
     ]
     assert bad == [], f"importing {module} loads {bad}"
+
+
+def test_one_exception_root() -> None:
+    from client_plugin import autotask, settings, shim
+    from client_plugin.errors import GpushareError
+    from nodemgr import client
+
+    assert issubclass(GpushareError, RuntimeError)  # not taken for a missing framework
+    assert autotask.GpushareError is GpushareError
+    for cls in (
+        client.NodeError,
+        client.QuotaZero,
+        client.QuotaExceeded,
+        client.NoResources,
+        client.Unreachable,
+        settings.SettingsError,
+        shim.ShimError,
+        shim.ShimNotLoaded,
+        shim.ShimTooLate,
+        shim.ShimAlreadyAttached,
+        shim.ShimLedgerError,
+    ):
+        assert issubclass(cls, GpushareError), cls
+    assert issubclass(settings.SettingsError, ValueError)
