@@ -1,4 +1,4 @@
-"""Time slicing on simulated GPUs (seed 002): how many jobs fit, and how fast turns change.
+"""Time slicing on simulated GPUs (docs/timeslicing.md): how many jobs fit, how fast turns change.
 
 Each benchmark starts its own ``nodemgr serve`` on one simulated GPU and runs
 scripted training jobs (tests/fixtures/ts_job.py, on the stand-in torch in tests/fixtures/standin)

@@ -1,4 +1,4 @@
-"""What the auto-loader does when a framework is first imported (seed 001, figure 5).
+"""What the auto-loader does when a framework is first imported (docs/client.md#auto-load-python).
 
 Request the grant (waiting as the settings allow, progress on stderr); on a
 zero quota let the framework see no GPU (or fail, if so configured); else set

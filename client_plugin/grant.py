@@ -1,6 +1,6 @@
 """Getting, keeping and ending a grant: what gpushare-run and the auto-loader share.
 
-Seed 001's client flow: request GPUs; when it is for lack of resources, wait
+The client's flow (docs/client.md): request GPUs; when it is for lack of resources, wait
 (nodemgr's queue) and ask again; on success run, heartbeat, and say done at
 the end. Refusals arrive as :mod:`nodemgr.client` exceptions.
 """

@@ -1,4 +1,4 @@
-"""Iteration boundaries: what tells the shim where one training step ends (seed 002).
+"""Iteration boundaries: where each training step ends (docs/timeslicing.md#iteration-boundaries).
 
 The shim classifies memory as persistent or temporary at each boundary, and
 on a time-sliced GPU it says when the task must release its cached memory
