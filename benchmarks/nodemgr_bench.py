@@ -281,8 +281,8 @@ def bench_grant_latency(quick: bool) -> dict[str, Any]:
     n = 500 if quick else 3000
     warmup = 100
     # Quota 4 GPUs x 64 MiB on 4 GPUs: once the environment holds all four, its
-    # further tasks share them without limit (seed 001), so one environment can
-    # hold as many tasks as the benchmark wants.
+    # further tasks share them without limit (docs/scheduling.md#the-algorithm), so one
+    # environment can hold as many tasks as the benchmark wants.
     with daemon() as d:
         endpoint = d.env("bench", gpus=4, memory=64 * MiB)
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()

@@ -1,7 +1,7 @@
-"""Time slicing on simulated GPUs (seed 002): how many jobs fit, and how fast turns change.
+"""Time slicing on simulated GPUs (docs/timeslicing.md): how many jobs fit, how fast turns change.
 
 Each benchmark starts its own ``nodemgr serve`` on one simulated GPU and runs
-scripted training jobs (demo/ts_job.py, on the stand-in torch in demo/standin)
+scripted training jobs (tests/fixtures/ts_job.py, on the stand-in torch in tests/fixtures/standin)
 under ``gpushare-run``, with the real shim on the simulated driver:
 
 - ``jobs_fit``: jobs of one shape (persistent P, temporary T per iteration, each
@@ -42,8 +42,8 @@ from nodemgr.client import Unreachable  # noqa: E402
 
 REPO = SELF.parent.parent
 RUN = Path(sys.executable).parent / "gpushare-run"
-JOB = REPO / "demo" / "ts_job.py"
-STANDIN = REPO / "demo" / "standin"
+JOB = REPO / "tests" / "fixtures" / "ts_job.py"
+STANDIN = REPO / "tests" / "fixtures" / "standin"
 GiB = 1 << 30
 MiB = 1 << 20
 GPU_MEMORY = 16 * GiB

@@ -1,4 +1,4 @@
-"""What the auto-loader does when a framework is first imported (seed 001, figure 5).
+"""What the auto-loader does when a framework is first imported (docs/client.md#auto-load-python).
 
 Request the grant (waiting as the settings allow, progress on stderr); on a
 zero quota let the framework see no GPU (or fail, if so configured); else set
@@ -26,6 +26,7 @@ from collections.abc import Callable
 from client_plugin import envvars, libs
 from client_plugin import settings as cfg
 from client_plugin.envvars import AUTOLOAD_HOLDER as HOLDER_ENV
+from client_plugin.errors import GpushareError as GpushareError  # what start() raises
 from client_plugin.grant import (
     Grant,
     Heartbeat,
@@ -39,10 +40,6 @@ from nodemgr.client import NodeError, NoResources, QuotaZero, Unreachable
 from nodemgr.exitcodes import EXIT_CANCELLED
 
 _task: Task | None = None
-
-
-class GpushareError(RuntimeError):
-    """The framework import cannot go on under gpushare; the message says what to do."""
 
 
 def _say(message: str) -> None:

@@ -1,6 +1,6 @@
 """Getting, keeping and ending a grant: what gpushare-run and the auto-loader share.
 
-Seed 001's client flow: request GPUs; when it is for lack of resources, wait
+The client's flow (docs/client.md): request GPUs; when it is for lack of resources, wait
 (nodemgr's queue) and ask again; on success run, heartbeat, and say done at
 the end. Refusals arrive as :mod:`nodemgr.client` exceptions.
 """
@@ -16,16 +16,16 @@ from typing import Any, TextIO
 
 from client_plugin import libs
 from client_plugin.envvars import ENDPOINT, LEDGER, SIM_GPUS, TASK_ID, TASK_OWNER, TIMESLICED
+from client_plugin.errors import GpushareError
 from client_plugin.settings import Settings, wait_seconds
 from nodemgr.client import (
     FIRST_ANSWER,
     Connection,
-    NodeError,
     NoResources,
     QuotaExceeded,
     Unreachable,
 )
-from nodemgr.gpus import names_gpu
+from nodemgr.protocol import names_gpu
 
 MAX_COMMAND = 4096  # what nodemgr keeps of a command line, for display
 LEDGER_NAME = "ledger"  # an environment's ledger sits beside its task socket
@@ -323,7 +323,7 @@ class Heartbeat:
             if self.warned:
                 self.say("nodemgr answers again")
                 self.warned = False
-        except (Unreachable, NodeError) as e:
+        except GpushareError as e:  # nodemgr refused, or did not answer
             if not self.warned:
                 self.say(f"heartbeat failed, the task keeps running: {e}")
                 self.warned = True
@@ -346,7 +346,7 @@ def report_done(
     nodemgr reclaims the task anyway once its client is gone."""
     try:
         conn.call("done", task_id=task_id, exit_code=code, signal=signum)
-    except (Unreachable, NodeError) as e:
+    except GpushareError as e:  # nodemgr refused, or did not answer
         if say is not None:
             say(f"could not report the end of the task (nodemgr reclaims it anyway): {e}")
 

@@ -1,4 +1,4 @@
-"""Iteration boundaries: what tells the shim where one training step ends (seed 002).
+"""Iteration boundaries: where each training step ends (docs/timeslicing.md#iteration-boundaries).
 
 The shim classifies memory as persistent or temporary at each boundary, and
 on a time-sliced GPU it says when the task must release its cached memory
@@ -131,7 +131,8 @@ def _yield_turn() -> None:
             "not set, so nodemgr cannot be told; it passes the turn on after its timeout"
         )
         return
-    from nodemgr.client import FIRST_ANSWER, NodeError, Unreachable
+    from client_plugin.errors import GpushareError
+    from nodemgr.client import FIRST_ANSWER, Unreachable
 
     mem = shim.memory()
     held = False
@@ -152,7 +153,7 @@ def _yield_turn() -> None:
             task_id=task_id,
             iterations=mem.iterations if mem else None,
         )
-    except (NodeError, Unreachable) as e:
+    except GpushareError as e:  # nodemgr refused, or did not answer
         if isinstance(e, Unreachable):
             _conn = None  # its socket may hold an unanswered request: start afresh
             if not held:

@@ -33,7 +33,6 @@ from client_plugin.grant import (
     release,
     task_environment,
 )
-from nodemgr.cli.params import CountType, SecondsType
 from nodemgr.client import NodeError, NoResources, QuotaZero, Unreachable
 from nodemgr.exitcodes import (
     EXIT_CANCELLED,
@@ -45,6 +44,7 @@ from nodemgr.exitcodes import (
     EXIT_UNREACHABLE,
     EXIT_USAGE,
 )
+from nodemgr.params import CountType, SecondsType
 from nodemgr.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
 from nodemgr.sizes import parse_size
 

@@ -25,6 +25,7 @@ from client_plugin.envvars import (
     WAIT_TIMEOUT,
     ZERO_QUOTA,
 )
+from client_plugin.errors import GpushareError
 from nodemgr import sizes
 from nodemgr.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
 from nodemgr.sizes import parse_size
@@ -35,8 +36,9 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-class SettingsError(ValueError):
-    """A setting has a value the client cannot use; the message names it."""
+class SettingsError(GpushareError, ValueError):
+    """A setting has a value the client cannot use; the message names it. Also a
+    ValueError, as it was before gpushare's errors had one root."""
 
 
 @dataclass(frozen=True)

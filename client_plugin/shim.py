@@ -32,6 +32,7 @@ from typing import Any, Literal
 from cffi import FFI
 
 from client_plugin._shim_cdef import CDEF
+from client_plugin.errors import GpushareError
 
 Mode = Literal["inert", "enforce", "broken"]
 
@@ -43,7 +44,7 @@ RELEASE = 1  # release the framework's cached memory, then call released()
 YIELD = 2  # the task's turn is over: after the release, send `yield` to nodemgr
 
 
-class ShimError(Exception):
+class ShimError(GpushareError):
     """A call into the shim failed; the process is as it was before the call."""
 
 

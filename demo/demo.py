@@ -17,7 +17,7 @@ Then, with ``gpushare-run`` and a small CUDA driver-API program:
 4. a new task of alice's runs beside bob's, on the other GPU;
 5. both end, and ``nodemgr history`` shows the three tasks;
 6. GPU 1 is switched to time slicing (``nodemgr mode``), and two training jobs
-   (``demo/ts_job.py`` on the stand-in torch), each keeping 512 MiB and using
+   (``tests/fixtures/ts_job.py`` on the stand-in torch), each keeping 512 MiB and using
    3 GiB more per iteration, run there together although they do not fit side
    by side: they take turns, which ``nodemgr top`` shows.
 
@@ -54,8 +54,11 @@ SELF = Path(__file__).resolve()
 BIN = Path(sys.executable).parent  # nodemgr and gpushare-run installed beside this Python
 NODEMGR = BIN / "nodemgr"
 GPUSHARE_RUN = BIN / "gpushare-run"
-TS_JOB = SELF.parent / "ts_job.py"
-STANDIN = SELF.parent / "standin"  # a stand-in torch on the simulated driver
+# The test doubles the demo runs: a scripted training job, and a stand-in torch on the
+# simulated driver.
+FIXTURES = SELF.parent.parent / "tests" / "fixtures"
+TS_JOB = FIXTURES / "ts_job.py"
+STANDIN = FIXTURES / "standin"
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -490,7 +493,7 @@ class Demo:
             job += ["--iterations", "12", "--work-ms", "40"]
             say(
                 f"$ CUDA_VISIBLE_DEVICES=1 gpushare-run --endpoint $TMP/.../{env} "
-                f"{' '.join(shape)} -- python demo/ts_job.py {' '.join(job)}"
+                f"{' '.join(shape)} -- python tests/fixtures/ts_job.py {' '.join(job)}"
             )
             env_vars = {**self.env, "CUDA_VISIBLE_DEVICES": "1", "PYTHONPATH": str(STANDIN)}
             argv = [str(GPUSHARE_RUN), "--endpoint", self.endpoint(env), *shape, "--"]

@@ -11,6 +11,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from client_plugin.errors import GpushareError
 from nodemgr import protocol
 
 # Seconds a client waits for nodemgr's first answer to a request, however long the request
@@ -19,7 +20,7 @@ from nodemgr import protocol
 FIRST_ANSWER = 5.0
 
 
-class NodeError(Exception):
+class NodeError(GpushareError):
     """nodemgr answered with an error reply."""
 
     def __init__(self, code: str, message: str, retryable: bool = False) -> None:
@@ -53,7 +54,7 @@ def error_for(code: str, message: str, retryable: bool = False) -> NodeError:
     return _ERRORS.get(code, NodeError)(code, message, retryable)
 
 
-class Unreachable(Exception):
+class Unreachable(GpushareError):
     """No answer from nodemgr at the endpoint within the timeout."""
 
 

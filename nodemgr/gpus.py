@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nodemgr.config import Config
+from nodemgr.protocol import names_gpu
 
 log = logging.getLogger("nodemgr")
 
@@ -43,14 +44,6 @@ def simulated(config: Config) -> list[Gpu]:
 def sim_spec(gpus: list[Gpu]) -> str:
     """GPUSHARE_SIM_GPUS for the simulated driver: ``NAME|UUID|BYTES`` joined by ``;``."""
     return ";".join(f"{g.name}|{g.uuid}|{g.memory}" for g in gpus)
-
-
-def names_gpu(name: str, index: int, uuid: str) -> bool:
-    """Does a ``devices`` entry name this GPU: its index, or its UUID or the start of it,
-    without regard to case? (The client checks a grant against its restriction with it.)"""
-    if name.upper().startswith("GPU-"):
-        return uuid.lower().startswith(name.lower())
-    return name.isdigit() and int(name) == index
 
 
 def resolve(

@@ -55,7 +55,8 @@ class TaskEntry:
 
 @dataclass(frozen=True)
 class Regions:
-    """A task's memory by region (seed 002), summed over its live processes."""
+    """A task's memory by region, persistent and temporary (docs/timeslicing.md), summed
+    over its live processes."""
 
     processes: int
     used: tuple[int, ...]  # bytes now, per ledger GPU

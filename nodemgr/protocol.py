@@ -40,6 +40,15 @@ MODES = (SHARED, TIMESLICED)
 DEVICE_NAME = re.compile(r"[0-9]{1,9}|GPU-[0-9A-Fa-f-]{4,60}")
 
 
+def names_gpu(name: str, index: int, uuid: str) -> bool:
+    """Does a ``devices`` entry name this GPU: its index, or its UUID or the start of it,
+    without regard to case? (nodemgr resolves requests with it, and the client checks a
+    grant against its restriction with it.)"""
+    if name.upper().startswith("GPU-"):
+        return uuid.lower().startswith(name.lower())
+    return name.isdigit() and int(name) == index
+
+
 class Err:
     """Error codes a reply can carry."""
 

@@ -1,9 +1,9 @@
-"""GPU selection, seed 001 figure 3: state in, decision out, no I/O.
+"""GPU selection (docs/scheduling.md#the-algorithm): state in, decision out, no I/O.
 
 ``select`` decides which GPUs a task of an environment gets, or why it gets
 none. The caller (nodemgr.state) applies a Choice: charges the environment's
 memory quota on GPUs new to it and records the task. docs/scheduling.md
-describes the algorithm and the choices made where the seed is silent.
+is the specification, case by case.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Ask:
 def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusal:
     """Choose ``ask.need`` GPUs, or refuse with a code that says whether waiting can help.
 
-    Seed 001, figure 3, with ``used`` the environment's GPUs and
+    docs/scheduling.md#the-algorithm, with ``used`` the environment's GPUs and
     ``new_allowed = quota - used``:
 
     * ``new_allowed <= 0``: reuse the ``need`` least-loaded of the
@@ -102,8 +102,9 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
             f"bytes per GPU but this environment's memory quota is {ask.memory} bytes per GPU; "
             "ask for less or ask an admin to raise the quota",
         )
-    # The seed's first failure (new_allowed == 0 and used < need) implies
-    # need > quota: it can never succeed, so it is refused as such here.
+    # An environment that may take no new GPU yet holds fewer than it asks for
+    # (new_allowed == 0 and used < need) implies need > quota: it can never succeed,
+    # so it is refused as such here.
     if ask.need > ask.quota:
         return Refusal(
             QUOTA_EXCEEDED,

@@ -1,4 +1,4 @@
-"""Time-sliced GPUs, seed 002 (docs/timeslicing.md): state in, decision out, no I/O.
+"""Time-sliced GPUs (docs/timeslicing.md): state in, decision out, no I/O.
 
 Two parts, both pure:
 

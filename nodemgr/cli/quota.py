@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
-from nodemgr.cli.params import CountType, SizeType
+from nodemgr.params import CountType, SizeType
 from nodemgr.protocol import MAX_GPUS_PER_REQUEST
 from nodemgr.sizes import format_size
 

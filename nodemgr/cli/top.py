@@ -19,9 +19,9 @@ from nodemgr.cli._common import (
     print_json,
     task_state,
 )
-from nodemgr.cli.params import CountType, SecondsType
 from nodemgr.client import Connection, NodeError, Unreachable
 from nodemgr.exitcodes import EXIT_UNREACHABLE
+from nodemgr.params import CountType, SecondsType
 from nodemgr.protocol import TIMESLICED
 from nodemgr.sizes import format_size
 

@@ -1,4 +1,4 @@
-"""Time slicing end to end: scripted training jobs (demo/ts_job.py on the stand-in torch)
+"""Time slicing end to end: scripted training jobs (tests/fixtures/ts_job.py on the stand-in torch)
 under gpushare-run, the real shim on the simulated driver, a real nodemgr whose GPU 0 is
 time-sliced, and the plugin's PyTorch hook, Keras callback and API at the boundaries."""
 
@@ -18,8 +18,8 @@ from typing import Any
 from tests.conftest import _wait_for, turns_changed
 
 REPO = Path(__file__).resolve().parents[2]
-JOB = REPO / "demo" / "ts_job.py"
-STANDIN = REPO / "demo" / "standin"
+JOB = REPO / "tests" / "fixtures" / "ts_job.py"
+STANDIN = REPO / "tests" / "fixtures" / "standin"
 GiB = 1 << 30
 MiB = 1 << 20
 

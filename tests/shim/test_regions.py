@@ -1,6 +1,6 @@
-"""Time slicing in the shim (seed 002, docs/timeslicing.md): persistent and temporary
-memory by iteration boundaries, release and turn flags, and allocations and launches held
-while the task's pause word has a bit set.
+"""Time slicing in the shim (docs/timeslicing.md#classification-in-the-shim): persistent
+and temporary memory by iteration boundaries, release and turn flags, and allocations and
+launches held while the task's pause word has a bit set.
 
 Each test drives a real Python process with the real shim preloaded against the simulated
 driver, one command at a time over its stdin, and reads the results from the ledger as

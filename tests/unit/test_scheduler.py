@@ -1,4 +1,4 @@
-"""Seed 001's GPU selection (nodemgr.scheduler), branch by branch, and its invariants."""
+"""GPU selection (nodemgr.scheduler, docs/scheduling.md), branch by branch, and its invariants."""
 
 from __future__ import annotations
 
@@ -40,9 +40,9 @@ def test_more_gpus_than_the_quota_is_never_satisfiable() -> None:
     assert isinstance(r, Refusal) and not r.retryable and "quota is 2" in r.message
 
 
-def test_seed_branch_new_allowed_zero_and_used_below_need_is_beyond_quota() -> None:
-    # new_allowed = 2 - 2 = 0 and used (2) < need (3): the seed's first failure.
-    # It implies need > quota, so it is refused as never satisfiable.
+def test_new_allowed_zero_and_used_below_need_is_beyond_quota() -> None:
+    # new_allowed = 2 - 2 = 0 and used (2) < need (3): it implies need > quota, so it is
+    # refused as never satisfiable (docs/scheduling.md#the-algorithm, step 3).
     r = select(ask(3, 2, {0: 1, 1: 1}), gpus(1, 1, 0, 0), T)
     assert refused(r, "quota_exceeded")
 

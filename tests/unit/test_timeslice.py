@@ -112,7 +112,8 @@ def test_scheduler_reuses_a_time_sliced_gpu_only_with_room() -> None:
     assert scheduler.select(ask, [view(0, 1, GiB, 0)], 4) == scheduler.Choice((0,), ())
     r = scheduler.select(ask, [view(0, 1, GiB, 2 * GiB)], 4)
     assert isinstance(r, scheduler.Refusal) and r.code == "no_resources"
-    # A shared GPU is reused without a check, as in seed 001, even over its capacity.
+    # A shared GPU is reused without a check, even over its capacity
+    # (docs/scheduling.md#the-algorithm, step 5).
     assert scheduler.select(ask, [view(0, 1, -GiB, None)], 4) == scheduler.Choice((0,), ())
 
 
