@@ -1,8 +1,10 @@
 /*
  * What the simulated driver's own files share: sim_cuda.c (start-up,
- * devices, contexts), sim_memory.c (the device heaps and all that takes
- * from them), sim_streams.c (streams, events, capture, graphs, launches)
- * and sim_modules.c (modules, kernels, occupancy). Private to the driver
+ * devices, contexts), sim_entry.c (errors, export tables, cuGetProcAddress),
+ * the memory files (the device heaps and all that takes from them; they
+ * share sim_memory.h besides), sim_streams.c (streams, capture, graphs,
+ * launches), sim_events.c (events) and sim_modules.c (modules, kernels,
+ * occupancy). Private to the driver
  * and, like everything in it, hidden; what the export layer, the tables
  * and the trace share with it is sim_internal.h.
  */
@@ -37,7 +39,7 @@ struct sim_extent {
 	size_t maps;		/* SIM_MEM_HANDLE: mappings of it (cuMemMap) */
 	struct CUmemPoolHandle_st *pool;	/* stream-ordered: the pool it is from */
 	bool idle;		/* in a pool: freed to it, kept reserved for reuse */
-	struct sim_galloc *graph;	/* a graph allocation's address range (sim_memory.c) */
+	struct sim_galloc *graph;	/* a graph allocation's address range (sim_pools.c) */
 };
 
 /*
@@ -158,7 +160,7 @@ extern int sim_ndevs;
 
 /*
  * Lock order: sim_ctx_lock before sim_obj_lock before a heap lock, and
- * sim_va_lock (sim_memory.c) before a heap lock; never two heap locks at
+ * sim_va_lock (sim_vmm.c) before a heap lock; never two heap locks at
  * once.
  */
 extern pthread_mutex_t sim_ctx_lock;
@@ -189,7 +191,7 @@ struct sim_obj *sim_obj_lookup(const void *handle, enum sim_obj_kind kind, bool 
 const struct sim_ctx_slot *sim_current(void);
 int sim_current_dev(void);
 
-/* sim_memory.c: the device heaps. */
+/* sim_heap.c and sim_pools.c: the device heaps. */
 
 CUresult sim_heap_alloc(struct sim_device *d, size_t bytes, enum sim_mem_kind kind,
 			uint64_t owner, CUdeviceptr *out);
@@ -229,7 +231,7 @@ struct sim_op {
 };
 
 /*
- * sim_memory.c: graph memory. A graph allocation is an address range of
+ * sim_pools.c: graph memory. A graph allocation is an address range of
  * its device's arena, made when the allocation node is, and kept while a
  * graph, an executable graph or a launch (until its free) refers to it.
  */
@@ -239,6 +241,32 @@ void sim_galloc_ref(struct sim_galloc *ga);
 void sim_galloc_unref(struct sim_galloc *ga);
 void sim_galloc_run(const struct sim_op *op);
 void sim_gmem_launch(const struct sim_op *ops, size_t n, bool autofree, bool upload);
+
+/*
+ * A stream: a handle bound to the context that was current when it was
+ * made (sim_streams.c). Its capture state is also read and joined by
+ * events (sim_events.c).
+ */
+struct CUstream_st {
+	struct sim_obj obj;
+	unsigned int flags;
+	int priority;
+	uint64_t id;
+	/* Stream capture, under sim_obj_lock. */
+	int capture_status;	/* CU_STREAM_CAPTURE_STATUS_* */
+	int capture_mode;
+	uint64_t capture_id;
+	struct CUgraph_st *capture;	/* the graph being captured into */
+	bool capture_origin;	/* began the capture (others joined it through an event) */
+};
+
+/*
+ * With sim_obj_lock held: the stream object behind a non-default handle, or
+ * NULL (default streams are never captured).
+ */
+struct CUstream_st *sim_stream_locked(CUstream stream);
+/* sim_events.c: with sim_obj_lock held, capture id is over for event e. */
+void sim_event_capture_over(struct CUevent_st *e, uint64_t id);
 
 CUresult sim_capture_alloc(CUstream stream, int dev, size_t bytes, CUdeviceptr *out,
 			   bool *captured);

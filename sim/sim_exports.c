@@ -5,8 +5,8 @@
  * about 120 of them up by name and give up if one is missing.
  *
  * Each export forwards its arguments, as machine words, to the driver's
- * implementation sim_impl_<name> when one of its files (sim_cuda.c,
- * sim_memory.c, sim_streams.c, sim_modules.c) defines one; a name with none
+ * implementation sim_impl_<name> when one of its files (sim_cuda.c and
+ * those beside it, see sim_driver.h) defines one; a name with none
  * answers CUDA_ERROR_NOT_SUPPORTED. That is sound on x86-64, the only ABI
  * the project builds for: every driver entry point returns CUresult and
  * takes integers and pointers, which travel in the same registers and stack

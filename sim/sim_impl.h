@@ -91,7 +91,7 @@ CUresult sim_impl_cuDeviceGetTexture1DLinearMaxWidth(size_t *width, int format,
 CUresult sim_impl_cuDeviceGetExecAffinitySupport(int *supported, int type, CUdevice dev);
 CUresult sim_impl_cuFlushGPUDirectRDMAWrites(int target, int scope);
 
-/* sim_memory.c */
+/* sim_heap.c, sim_pools.c, sim_vmm.c, sim_host.c, sim_ipc.c and sim_copy.c */
 CUresult sim_impl_cuDeviceGraphMemTrim(CUdevice dev);
 CUresult sim_impl_cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value);
 CUresult sim_impl_cuDeviceSetGraphMemAttribute(CUdevice dev, int attr, void *value);
@@ -208,7 +208,7 @@ CUresult sim_impl_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h
 CUresult sim_impl_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
 							 CUmemGenericAllocationHandle handle);
 
-/* sim_streams.c */
+/* sim_streams.c and sim_events.c */
 CUresult sim_impl_cuStreamCreate(CUstream *stream, unsigned int flags);
 CUresult sim_impl_cuStreamDestroy_v2(CUstream stream);
 CUresult sim_impl_cuStreamGetCtx(CUstream stream, CUcontext *pctx);
