@@ -11,6 +11,7 @@
  *               graph memory
  *  alloc_map.c  the sharded map of live allocations (alloc_map.h)
  *  cuda_hook.c  the wrappers, the launch path among them
+ *  vmm_hook.c   the wrappers of virtual memory management (cuMemCreate, cuMemMap)
  *  iteration.c  the iteration API (gpushare_iteration and its kin)
  */
 #ifndef GS_SHIM_H
