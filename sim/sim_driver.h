@@ -272,6 +272,8 @@ CUresult sim_capture_alloc(CUstream stream, int dev, size_t bytes, CUdeviceptr *
 			   bool *captured);
 CUresult sim_capture_free(CUstream stream, CUdeviceptr addr, bool *captured);
 CUresult sim_stream_slot(CUstream stream, struct sim_ctx_slot *slot);
+/* The same, CUDA_ERROR_NOT_INITIALIZED before cuInit: an entry point's first check. */
+CUresult sim_stream_slot_live(CUstream stream, struct sim_ctx_slot *slot);
 CUresult sim_stream_do(CUstream stream, const struct sim_op *op);
 struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s);
 void sim_graph_free(struct CUgraph_st *g);

@@ -77,33 +77,43 @@ CUresult sim_impl_cuEventDestroy_v2(CUevent e)
 	return CUDA_SUCCESS;
 }
 
-static CUresult sim_event_record(CUevent ev, CUstream stream)
+/*
+ * What a record or a wait works on: the event (NULL if ev is none) and the
+ * stream's object (NULL for a default stream). On success sim_obj_lock is
+ * held, for the caller to release.
+ */
+static CUresult sim_event_stream_lock(CUevent ev, CUstream stream, struct CUevent_st **pe,
+				      struct CUstream_st **ps)
 {
 	struct sim_ctx_slot slot;
 	struct sim_obj **pp;
-	struct CUstream_st *s;
-	CUresult rc;
+	CUresult rc = sim_stream_slot_live(stream, &slot);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	rc = sim_stream_slot(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	pthread_mutex_lock(&sim_obj_lock);
 	pp = sim_obj_find(ev, SIM_OBJ_EVENT);
-	s = sim_stream_locked(stream);
-	if (!pp) {
+	*pe = pp ? (struct CUevent_st *)*pp : NULL;
+	*ps = sim_stream_locked(stream);
+	return CUDA_SUCCESS;
+}
+
+static CUresult sim_event_record(CUevent ev, CUstream stream)
+{
+	struct CUstream_st *s;
+	struct CUevent_st *e;
+	CUresult rc = sim_event_stream_lock(ev, stream, &e, &s);
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (!e) {
 		rc = CUDA_ERROR_INVALID_HANDLE;
 	} else if (!s || s->capture_status != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
-		struct CUevent_st *e = (struct CUevent_st *)*pp;
-
 		e->recorded = true;
 		e->capture = NULL;
 		e->capture_id = 0;
 		clock_gettime(CLOCK_MONOTONIC, &e->when);
 	} else {
-		struct CUevent_st *e = (struct CUevent_st *)*pp;
-
 		e->capture = s->capture;
 		e->capture_id = s->capture_id;
 		e->capture_mode = s->capture_mode;
@@ -187,25 +197,17 @@ CUresult sim_impl_cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
  */
 CUresult sim_impl_cuStreamWaitEvent(CUstream stream, CUevent ev, unsigned int flags)
 {
-	struct sim_ctx_slot slot;
 	struct CUstream_st *s;
-	struct sim_obj **pp;
+	struct CUevent_st *e;
 	CUresult rc;
 
 	(void)flags;
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	rc = sim_stream_slot(stream, &slot);
+	rc = sim_event_stream_lock(ev, stream, &e, &s);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(ev, SIM_OBJ_EVENT);
-	s = sim_stream_locked(stream);
-	if (!pp) {
+	if (!e) {
 		rc = CUDA_ERROR_INVALID_HANDLE;
-	} else if (((struct CUevent_st *)*pp)->capture_id) {
-		const struct CUevent_st *e = (const struct CUevent_st *)*pp;
-
+	} else if (e->capture_id) {
 		if (!s)
 			rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 		else if (s->capture_status == CU_STREAM_CAPTURE_STATUS_NONE) {

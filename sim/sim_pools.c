@@ -574,9 +574,7 @@ static CUresult sim_free_async(CUdeviceptr dptr, CUstream stream)
 	bool captured;
 	CUresult rc;
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	rc = sim_stream_slot(stream, &slot);
+	rc = sim_stream_slot_live(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	/* A graph allocation freed in a capture: a free node of the graph. */

@@ -52,6 +52,12 @@ CUresult sim_stream_slot(CUstream stream, struct sim_ctx_slot *slot)
 	return CUDA_SUCCESS;
 }
 
+/* sim_stream_slot for an entry point: CUDA_ERROR_NOT_INITIALIZED before cuInit. */
+CUresult sim_stream_slot_live(CUstream stream, struct sim_ctx_slot *slot)
+{
+	return sim_initialized() ? sim_stream_slot(stream, slot) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
 /*
  * The flags are the documented ones. A stream made while its context is
  * being destroyed on another thread (undefined in the driver) outlives it as
@@ -181,9 +187,7 @@ static CUresult sim_stream_sync(CUstream stream)
 	struct sim_ctx_slot slot;
 	CUresult rc;
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	rc = sim_stream_slot(stream, &slot);
+	rc = sim_stream_slot_live(stream, &slot);
 	if (rc == CUDA_SUCCESS)
 		sim_pools_settle();
 	return rc;
@@ -421,9 +425,7 @@ CUresult sim_stream_do(CUstream stream, const struct sim_op *op)
 	CUresult rc;
 	bool recorded = false;
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	rc = sim_stream_slot(stream, &slot);
+	rc = sim_stream_slot_live(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	pthread_mutex_lock(&sim_obj_lock);
@@ -513,9 +515,7 @@ static CUresult sim_stream_state(CUstream stream, struct CUstream_st *out)
 	struct CUstream_st *s;
 	CUresult rc;
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	rc = sim_stream_slot(stream, &slot);
+	rc = sim_stream_slot_live(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	memset(out, 0, sizeof(*out));
@@ -573,9 +573,7 @@ CUresult sim_impl_cuStreamQuery(CUstream stream)
 {
 	struct sim_ctx_slot slot;
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	return sim_stream_slot(stream, &slot);
+	return sim_stream_slot_live(stream, &slot);
 }
 
 CUresult sim_impl_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *data)
