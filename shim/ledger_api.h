@@ -135,7 +135,8 @@ int gs_ledger_charge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t 
 void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes);
 
 /*
- * A process, classifying its own slot's bytes (seed 002). Each is called by
+ * A process, classifying its own slot's bytes as persistent or temporary
+ * (docs/timeslicing.md#classification-in-the-shim). Each is called by
  * the slot's owner only.
  *
  * gs_ledger_boundary: an iteration boundary, the process's `iterations`th:
