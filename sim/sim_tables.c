@@ -16,6 +16,7 @@
 #include "sim_internal.h"
 
 /* The UUIDs, in CUuuid.bytes order (byte 0 first). */
+/* clang-format off */
 #define SIM_UUID(...) { { __VA_ARGS__ } }
 static const CUuuid sim_uuid_cudart_interface =
 	SIM_UUID(0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd,
@@ -53,6 +54,7 @@ static const CUuuid sim_uuid_blaslt_a =
 static const CUuuid sim_uuid_blaslt_b =
 	SIM_UUID(0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd,
 		 0x8b, 0xca);
+/* clang-format on */
 
 /* Slots with no known behaviour: each says which it is in the trace. */
 #define SIM_SLOT_STUB(table, n, rc)						\
@@ -89,6 +91,7 @@ SIM_SLOT_STUB(cudart_interface, 10, CUDA_ERROR_NOT_SUPPORTED)
 SIM_SLOT_STUB(cudart_interface, 11, CUDA_ERROR_NOT_SUPPORTED)
 SIM_SLOT_STUB(cudart_interface, 12, CUDA_ERROR_NOT_SUPPORTED)
 
+/* clang-format off */
 static const void *sim_cudart_interface[] = {
 	(void *)(13 * sizeof(void *)),
 	(void *)sim_cudart_interface_slot1,
@@ -104,6 +107,7 @@ static const void *sim_cudart_interface[] = {
 	(void *)sim_cudart_interface_slot11,
 	(void *)sim_cudart_interface_slot12,
 };
+/* clang-format on */
 
 /* TOOLS_RUNTIME_CALLBACK_HOOKS */
 
@@ -144,6 +148,7 @@ SIM_SLOT_STUB(callback_hooks, 4, CUDA_SUCCESS)
 SIM_SLOT_STUB(callback_hooks, 5, CUDA_SUCCESS)
 SIM_SLOT_STUB(callback_hooks, 7, CUDA_SUCCESS)
 
+/* clang-format off */
 static const void *sim_callback_hooks[] = {
 	(void *)(8 * sizeof(void *)),
 	(void *)sim_callback_hooks_slot1,
@@ -154,6 +159,7 @@ static const void *sim_callback_hooks[] = {
 	(void *)sim_hooks_slot6,
 	(void *)sim_callback_hooks_slot7,
 };
+/* clang-format on */
 
 /* TOOLS_TLS: slot 2 hands out the tools' thread state; there is none. */
 static CUresult sim_tools_tls_get(void **out)
@@ -351,6 +357,7 @@ static const void *sim_context_checks[] = {
  * a fixed key, of a record of the driver's and caller's state followed by
  * each device's identity.
  */
+/* clang-format off */
 static const uint8_t sim_md2_s[256] = {
 	0x29, 0x2e, 0x43, 0xc9, 0xa2, 0xd8, 0x7c, 0x01, 0x3d, 0x36, 0x54, 0xa1, 0xec, 0xf0, 0x06, 0x13,
 	0x62, 0xa7, 0x05, 0xf3, 0xc0, 0xc7, 0x73, 0x8c, 0x98, 0x93, 0x2b, 0xd9, 0xbc, 0x4c, 0x82, 0xca,
@@ -369,6 +376,7 @@ static const uint8_t sim_md2_s[256] = {
 	0xf2, 0xef, 0xb7, 0x0e, 0x66, 0x58, 0xd0, 0xe4, 0xa6, 0x77, 0x72, 0xf8, 0xeb, 0x75, 0x4b, 0x0a,
 	0x31, 0x44, 0x50, 0xb4, 0x8f, 0xed, 0x1f, 0x1a, 0xdb, 0x99, 0x8d, 0x33, 0x9f, 0x11, 0x83, 0x14,
 };
+/* clang-format on */
 
 #define SIM_MD2_BLOCK 16
 
@@ -584,6 +592,7 @@ SIM_SLOT_STUB(blaslt_b, 1, CUDA_SUCCESS)
 SIM_SLOT_STUB(blaslt_b, 2, CUDA_SUCCESS)
 SIM_SLOT_STUB(blaslt_b, 3, CUDA_SUCCESS)
 
+/* clang-format off */
 static const void *sim_blaslt_a[] = {
 	(void *)(5 * sizeof(void *)), (void *)sim_blaslt_a_slot1, (void *)sim_blaslt_a_slot2,
 	(void *)sim_blaslt_a_slot3, (void *)sim_blaslt_a4,
@@ -593,6 +602,7 @@ static const void *sim_blaslt_b[] = {
 	(void *)(5 * sizeof(void *)), (void *)sim_blaslt_b_slot1, (void *)sim_blaslt_b_slot2,
 	(void *)sim_blaslt_b_slot3, (void *)sim_blaslt_b4,
 };
+/* clang-format on */
 
 static const struct {
 	const CUuuid *id;
