@@ -174,8 +174,8 @@ GS_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice d
 	return rc;
 }
 
-GS_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, void *affinity, int naffinity,
-				  unsigned int flags, CUdevice dev)
+GS_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, void *affinity, int naffinity, unsigned int flags,
+				  CUdevice dev)
 {
 	CUresult rc;
 	int charged;
@@ -194,8 +194,7 @@ GS_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, void *affinity, int naffinity,
 	return rc;
 }
 
-GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, void *params, unsigned int flags,
-				  CUdevice dev)
+GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, void *params, unsigned int flags, CUdevice dev)
 {
 	CUresult rc;
 	int charged;
@@ -214,14 +213,14 @@ GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, void *params, unsigned int fla
 	return rc;
 }
 
-#define TEARDOWN_WRAPPER(abi, type, arg, how)         \
-	GS_EXPORT CUresult abi(type arg)                \
-	{                                               \
-		TRACE(GS_ID_##abi, calls);              \
-		gs_fn_##abi fn = REAL_FN(abi);          \
-		if (unlikely(fn == NULL))               \
-			return CUDA_ERROR_NOT_FOUND;    \
-		return how;                             \
+#define TEARDOWN_WRAPPER(abi, type, arg, how)        \
+	GS_EXPORT CUresult abi(type arg)             \
+	{                                            \
+		TRACE(GS_ID_##abi, calls);           \
+		gs_fn_##abi fn = REAL_FN(abi);       \
+		if (unlikely(fn == NULL))            \
+			return CUDA_ERROR_NOT_FOUND; \
+		return how;                          \
 	}
 
 TEARDOWN_WRAPPER(cuCtxDestroy, CUcontext, ctx, teardown(fn, ctx, NULL, 0, 0))
@@ -254,7 +253,8 @@ static uint64_t limit_bytes(int limit, size_t value)
 		return value;
 	if (attr == NULL || get_dev == NULL || get_dev(&dev) != CUDA_SUCCESS ||
 	    attr(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
-	    attr(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) != CUDA_SUCCESS ||
+	    attr(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) !=
+		    CUDA_SUCCESS ||
 	    sms <= 0 || threads <= 0)
 		return 0;
 	return mul_sat(value, (uint64_t)sms * (uint64_t)threads);
@@ -346,7 +346,6 @@ GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 	return settle(rc, *dptr, GS_K_PTR, &c, undo_ptr);
 }
 
-
 GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
 	struct gs_charge c;
@@ -369,10 +368,9 @@ GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
 	return settle(rc, *dptr, GS_K_PTR, &c, undo_ptr);
 }
 
-
 #define PTSZ_STREAM(stream) ((stream) == NULL ? GS_STREAM_PER_THREAD : (stream))
 
-#define ASYNC_WRAPPER(abi, params, pool, cap, args)                             \
+#define ASYNC_WRAPPER(abi, params, pool, cap, args)                              \
 	GS_EXPORT CUresult abi params                                            \
 	{                                                                        \
 		struct gs_pool_alloc op;                                         \
@@ -415,18 +413,18 @@ GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
 }
 
 /* A device's default or current pool is its pool of device memory. */
-#define DEVICE_POOL_WRAPPER(abi)                                         \
-	GS_EXPORT CUresult abi(CUmemoryPool *pool, CUdevice dev)         \
-	{                                                                \
-		CUresult rc;                                             \
-		TRACE(GS_ID_##abi, calls);                               \
-		gs_fn_##abi fn = REAL_FN(abi);                           \
-		if (unlikely(fn == NULL))                                \
-			return CUDA_ERROR_NOT_FOUND;                     \
-		rc = fn(pool, dev);                                      \
-		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)          \
-			pool_note(*pool, ledger_gpu(dev));               \
-		return rc;                                               \
+#define DEVICE_POOL_WRAPPER(abi)                                 \
+	GS_EXPORT CUresult abi(CUmemoryPool *pool, CUdevice dev) \
+	{                                                        \
+		CUresult rc;                                     \
+		TRACE(GS_ID_##abi, calls);                       \
+		gs_fn_##abi fn = REAL_FN(abi);                   \
+		if (unlikely(fn == NULL))                        \
+			return CUDA_ERROR_NOT_FOUND;             \
+		rc = fn(pool, dev);                              \
+		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)  \
+			pool_note(*pool, ledger_gpu(dev));       \
+		return rc;                                       \
 	}
 
 DEVICE_POOL_WRAPPER(cuDeviceGetDefaultMemPool)
@@ -526,18 +524,18 @@ GS_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 }
 
 /* A synchronisation: where a pool above its release threshold gives memory back. */
-#define SYNC_WRAPPER(abi, params, args)                                  \
-	GS_EXPORT CUresult abi params                                    \
-	{                                                                \
-		CUresult rc;                                             \
-		TRACE(GS_ID_##abi, calls);                               \
-		gs_fn_##abi fn = REAL_FN(abi);                           \
-		if (unlikely(fn == NULL))                                \
-			return CUDA_ERROR_NOT_FOUND;                     \
-		rc = fn args;                                            \
-		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)          \
-			pools_after_sync();                              \
-		return rc;                                               \
+#define SYNC_WRAPPER(abi, params, args)                         \
+	GS_EXPORT CUresult abi params                           \
+	{                                                       \
+		CUresult rc;                                    \
+		TRACE(GS_ID_##abi, calls);                      \
+		gs_fn_##abi fn = REAL_FN(abi);                  \
+		if (unlikely(fn == NULL))                       \
+			return CUDA_ERROR_NOT_FOUND;            \
+		rc = fn args;                                   \
+		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE) \
+			pools_after_sync();                     \
+		return rc;                                      \
 	}
 
 SYNC_WRAPPER(cuCtxSynchronize, (void), ())
@@ -546,18 +544,18 @@ SYNC_WRAPPER(cuStreamSynchronize, (CUstream stream), (stream))
 SYNC_WRAPPER(cuStreamSynchronize_ptsz, (CUstream stream), (stream))
 SYNC_WRAPPER(cuEventSynchronize, (CUevent event), (event))
 
-#define BEGIN_CAPTURE_WRAPPER(abi, params, args)                         \
-	GS_EXPORT CUresult abi params                                    \
-	{                                                                \
-		CUresult rc;                                             \
-		TRACE(GS_ID_##abi, calls);                               \
-		gs_fn_##abi fn = REAL_FN(abi);                           \
-		if (unlikely(fn == NULL))                                \
-			return CUDA_ERROR_NOT_FOUND;                     \
-		rc = fn args;                                            \
-		if (rc == CUDA_SUCCESS)                                  \
-			capture_begun();                                 \
-		return rc;                                               \
+#define BEGIN_CAPTURE_WRAPPER(abi, params, args)     \
+	GS_EXPORT CUresult abi params                \
+	{                                            \
+		CUresult rc;                         \
+		TRACE(GS_ID_##abi, calls);           \
+		gs_fn_##abi fn = REAL_FN(abi);       \
+		if (unlikely(fn == NULL))            \
+			return CUDA_ERROR_NOT_FOUND; \
+		rc = fn args;                        \
+		if (rc == CUDA_SUCCESS)              \
+			capture_begun();             \
+		return rc;                           \
 	}
 
 BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture, (CUstream stream), (stream))
@@ -573,24 +571,24 @@ BEGIN_CAPTURE_WRAPPER(cuStreamBeginCaptureToGraph_ptsz,
 		       size_t ndeps, int mode),
 		      (stream, graph, deps, edges, ndeps, mode))
 
-#define END_CAPTURE_WRAPPER(abi)                                     \
-	GS_EXPORT CUresult abi(CUstream stream, void **graph)        \
-	{                                                            \
-		CUresult rc;                                         \
-		TRACE(GS_ID_##abi, calls);                           \
-		gs_fn_##abi fn = REAL_FN(abi);                       \
-		if (unlikely(fn == NULL))                            \
-			return CUDA_ERROR_NOT_FOUND;                 \
-		rc = fn(stream, graph);                              \
-		capture_ended(rc);                                   \
-		return rc;                                           \
+#define END_CAPTURE_WRAPPER(abi)                              \
+	GS_EXPORT CUresult abi(CUstream stream, void **graph) \
+	{                                                     \
+		CUresult rc;                                  \
+		TRACE(GS_ID_##abi, calls);                    \
+		gs_fn_##abi fn = REAL_FN(abi);                \
+		if (unlikely(fn == NULL))                     \
+			return CUDA_ERROR_NOT_FOUND;          \
+		rc = fn(stream, graph);                       \
+		capture_ended(rc);                            \
+		return rc;                                    \
 	}
 
 END_CAPTURE_WRAPPER(cuStreamEndCapture)
 END_CAPTURE_WRAPPER(cuStreamEndCapture_ptsz)
 
-GS_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *deps,
-					  size_t ndeps, void *params)
+GS_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *deps, size_t ndeps,
+					  void *params)
 {
 	TRACE(GS_ID_cuGraphAddMemAllocNode, calls);
 	gs_fn_cuGraphAddMemAllocNode fn = REAL_FN(cuGraphAddMemAllocNode);
@@ -602,18 +600,18 @@ GS_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *
 }
 
 /* An upload maps the graph's memory as its launch would. */
-#define UPLOAD_WRAPPER(abi)                                                          \
-	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                    \
-	{                                                                            \
-		CUresult rc;                                                         \
-		TRACE(GS_ID_##abi, calls);                                           \
-		gs_fn_##abi fn = REAL_FN(abi);                                       \
-		if (unlikely(fn == NULL))                                            \
-			return CUDA_ERROR_NOT_FOUND;                                 \
-		rc = fn(exec, stream);                                               \
+#define UPLOAD_WRAPPER(abi)                                                              \
+	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                        \
+	{                                                                                \
+		CUresult rc;                                                             \
+		TRACE(GS_ID_##abi, calls);                                               \
+		gs_fn_##abi fn = REAL_FN(abi);                                           \
+		if (unlikely(fn == NULL))                                                \
+			return CUDA_ERROR_NOT_FOUND;                                     \
+		rc = fn(exec, stream);                                                   \
 		if (rc == CUDA_SUCCESS && __atomic_load_n(&graph_mem, __ATOMIC_ACQUIRE)) \
-			graph_launched(stream);                                      \
-		return rc;                                                           \
+			graph_launched(stream);                                          \
+		return rc;                                                               \
 	}
 
 UPLOAD_WRAPPER(cuGraphUpload)
@@ -674,8 +672,8 @@ static CUresult settle_pitch(CUdeviceptr *dptr, size_t *pitch, size_t height, st
 	return remember(*dptr, GS_K_PTR, c, undo_ptr);
 }
 
-GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
-				      size_t height, unsigned int elem)
+GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+				      unsigned int elem)
 {
 	struct gs_charge c;
 	uint64_t row, guess;
@@ -691,9 +689,9 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 		return CUDA_ERROR_NOT_PERMITTED;
 	if (dptr == NULL || pitch == NULL || width == 0 || height == 0)
 		return fn(dptr, pitch, width, height, elem);
-	row = width > UINT64_MAX - (GS_SMALL_ALIGN - 1) ?
-		      UINT64_MAX :
-		      (width + GS_SMALL_ALIGN - 1) & ~(GS_SMALL_ALIGN - 1);
+	row = width > UINT64_MAX - (GS_SMALL_ALIGN - 1)
+		      ? UINT64_MAX
+		      : (width + GS_SMALL_ALIGN - 1) & ~(GS_SMALL_ALIGN - 1);
 	guess = footprint(mul_sat(row, height));
 	rc = charge_current(guess, &c);
 	if (rc != CUDA_SUCCESS)
@@ -711,17 +709,17 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
  * (forget), the driver's answer, then the charge settled (freed). A handle
  * the shim has no record of is the driver's business alone.
  */
-#define FREE_WRAPPER(abi, params, key, kind, args)                        \
-	GS_EXPORT CUresult abi params                                       \
-	{                                                                   \
-		struct gs_alloc a;                                          \
-		TRACE(GS_ID_##abi, calls);                                  \
-		gs_fn_##abi fn = REAL_FN(abi);                              \
-		if (unlikely(fn == NULL))                                   \
-			return CUDA_ERROR_NOT_FOUND;                        \
-		if (!forget((uint64_t)(uintptr_t)(key), (kind), &a))        \
-			return fn args;                                     \
-		return freed(fn args, &a);                                  \
+#define FREE_WRAPPER(abi, params, key, kind, args)                   \
+	GS_EXPORT CUresult abi params                                \
+	{                                                            \
+		struct gs_alloc a;                                   \
+		TRACE(GS_ID_##abi, calls);                           \
+		gs_fn_##abi fn = REAL_FN(abi);                       \
+		if (unlikely(fn == NULL))                            \
+			return CUDA_ERROR_NOT_FOUND;                 \
+		if (!forget((uint64_t)(uintptr_t)(key), (kind), &a)) \
+			return fn args;                              \
+		return freed(fn args, &a);                           \
 	}
 
 FREE_WRAPPER(cuMemFree_v2, (CUdeviceptr dptr), dptr, GS_K_PTR, (dptr))
@@ -777,13 +775,14 @@ GS_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR 
 		return fn(array, desc);
 	if (g.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
-	rc = charge_current(array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels, 0, 1), &c);
+	rc = charge_current(array_bytes(desc->Width, desc->Height, 1, desc->Format,
+					desc->NumChannels, 0, 1),
+			    &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = fn(array, desc);
 	return settle(rc, (uint64_t)(uintptr_t)*array, GS_K_ARRAY, &c, undo_array);
 }
-
 
 GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
@@ -799,13 +798,13 @@ GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIP
 	if (g.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
 	rc = charge_current(array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-				     desc->NumChannels, desc->Flags, 1), &c);
+					desc->NumChannels, desc->Flags, 1),
+			    &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = fn(array, desc);
 	return settle(rc, (uint64_t)(uintptr_t)*array, GS_K_ARRAY, &c, undo_array);
 }
-
 
 GS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
 					  const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)
@@ -822,19 +821,18 @@ GS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
 	if (g.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
 	rc = charge_current(array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-				     desc->NumChannels, desc->Flags, levels), &c);
+					desc->NumChannels, desc->Flags, levels),
+			    &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = fn(array, desc, levels);
 	return settle(rc, (uint64_t)(uintptr_t)*array, GS_K_MIPMAP, &c, undo_mipmap);
 }
 
-
 FREE_WRAPPER(cuArrayDestroy, (CUarray array), array, GS_K_ARRAY, (array))
 FREE_WRAPPER(cuMipmappedArrayDestroy, (CUmipmappedArray array), array, GS_K_MIPMAP, (array))
 
 /* --- wrappers: launches --------------------------------------------------------------- */
-
 
 static inline __attribute__((always_inline)) void launch_gate(void)
 {
@@ -843,15 +841,15 @@ static inline __attribute__((always_inline)) void launch_gate(void)
 }
 
 /* Every launch entry: the gate, then the driver. */
-#define LAUNCH_WRAPPER(abi, params, args)       \
-	GS_EXPORT CUresult abi params           \
-	{                                       \
-		TRACE(GS_ID_##abi, calls);      \
-		gs_fn_##abi fn = REAL_FN(abi);  \
-		if (unlikely(fn == NULL))       \
+#define LAUNCH_WRAPPER(abi, params, args)            \
+	GS_EXPORT CUresult abi params                \
+	{                                            \
+		TRACE(GS_ID_##abi, calls);           \
+		gs_fn_##abi fn = REAL_FN(abi);       \
+		if (unlikely(fn == NULL))            \
 			return CUDA_ERROR_NOT_FOUND; \
-		launch_gate();                  \
-		return fn args;                 \
+		launch_gate();                       \
+		return fn args;                      \
 	}
 
 LAUNCH_WRAPPER(cuLaunchKernel, GS_LAUNCH_PARAMS,
@@ -866,20 +864,20 @@ LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, GS_COOP_PARAMS,
 	       (f, gx, gy, gz, bx, by, bz, shmem, stream, params))
 
 /* A graph launch may map graph memory: one flag read unless the process ever made some. */
-#define GRAPH_LAUNCH_WRAPPER(abi)                                                  \
-	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                  \
-	{                                                                          \
-		CUresult rc;                                                       \
-		TRACE(GS_ID_##abi, calls);                                         \
-		gs_fn_##abi fn = REAL_FN(abi);                                     \
-		if (unlikely(fn == NULL))                                          \
-			return CUDA_ERROR_NOT_FOUND;                               \
-		launch_gate();                                                     \
-		rc = fn(exec, stream);                                             \
+#define GRAPH_LAUNCH_WRAPPER(abi)                                                   \
+	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                   \
+	{                                                                           \
+		CUresult rc;                                                        \
+		TRACE(GS_ID_##abi, calls);                                          \
+		gs_fn_##abi fn = REAL_FN(abi);                                      \
+		if (unlikely(fn == NULL))                                           \
+			return CUDA_ERROR_NOT_FOUND;                                \
+		launch_gate();                                                      \
+		rc = fn(exec, stream);                                              \
 		if (unlikely(__atomic_load_n(&graph_mem, __ATOMIC_RELAXED) != 0) && \
-		    rc == CUDA_SUCCESS)                                            \
-			graph_launched(stream);                                    \
-		return rc;                                                         \
+		    rc == CUDA_SUCCESS)                                             \
+			graph_launched(stream);                                     \
+		return rc;                                                          \
 	}
 
 GRAPH_LAUNCH_WRAPPER(cuGraphLaunch)
@@ -975,4 +973,3 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v
 	}
 	return rc;
 }
-

@@ -44,7 +44,6 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 	return settle(rc, *handle, GS_K_HANDLE, &c, undo_handle);
 }
 
-
 /*
  * The driver frees cuMemCreate memory when the last reference (cuMemCreate's
  * and each cuMemRetainAllocationHandle's) is released AND the last mapping
@@ -150,8 +149,11 @@ GS_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 	 * its range. One that cannot be recorded keeps its memory charged: never
 	 * too little.
 	 */
-	alloc_put((struct gs_alloc){
-		.key = ptr, .kind = GS_K_MAP, .gpu = GS_DEV_FOREIGN, .size = size, .owner = handle });
+	alloc_put((struct gs_alloc){ .key = ptr,
+				     .kind = GS_K_MAP,
+				     .gpu = GS_DEV_FOREIGN,
+				     .size = size,
+				     .owner = handle });
 	return rc;
 }
 

@@ -37,8 +37,7 @@ bool sim_range_known(uintptr_t p, size_t n)
 static CUresult sim_copy(uintptr_t dst, uintptr_t src, size_t n, bool dst_dev, bool src_dev,
 			 CUstream stream)
 {
-	struct sim_op op = { .kind = SIM_OP_COPY, .dst = dst, .src = src, .width = n,
-			     .height = 1 };
+	struct sim_op op = { .kind = SIM_OP_COPY, .dst = dst, .src = src, .width = n, .height = 1 };
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
@@ -65,8 +64,7 @@ CUresult sim_impl_cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
 	return sim_copy(dst, (uintptr_t)src, n, true, false, NULL);
 }
 
-CUresult sim_impl_cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n,
-				       CUstream stream)
+CUresult sim_impl_cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream stream)
 {
 	return sim_copy(dst, (uintptr_t)src, n, true, false, stream);
 }
@@ -86,8 +84,7 @@ CUresult sim_impl_cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
 	return sim_copy(dst, src, n, true, true, NULL);
 }
 
-CUresult sim_impl_cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n,
-				       CUstream stream)
+CUresult sim_impl_cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream)
 {
 	return sim_copy(dst, src, n, true, true, stream);
 }
@@ -135,13 +132,14 @@ static CUresult sim_copy_side(int type, const void *host, CUdeviceptr dev, size_
 	default:
 		return CUDA_ERROR_INVALID_VALUE;
 	}
-	if (!base || __builtin_mul_overflow(z, height, &off) || __builtin_add_overflow(off, y, &off) ||
-	    __builtin_mul_overflow(off, pitch, &off) || __builtin_add_overflow(off, x, &off) ||
-	    __builtin_add_overflow(base, off, out) ||
+	if (!base || __builtin_mul_overflow(z, height, &off) ||
+	    __builtin_add_overflow(off, y, &off) || __builtin_mul_overflow(off, pitch, &off) ||
+	    __builtin_add_overflow(off, x, &off) || __builtin_add_overflow(base, off, out) ||
 	    __builtin_mul_overflow(rows - 1, pitch, &extent) ||
 	    __builtin_add_overflow(extent, width, &extent))
 		return CUDA_ERROR_INVALID_VALUE;
-	if (type == CU_MEMORYTYPE_HOST || (type == CU_MEMORYTYPE_UNIFIED && !sim_ptr_find(*out, &info)))
+	if (type == CU_MEMORYTYPE_HOST ||
+	    (type == CU_MEMORYTYPE_UNIFIED && !sim_ptr_find(*out, &info)))
 		return CUDA_SUCCESS;
 	return sim_range_known(*out, extent) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
@@ -160,8 +158,10 @@ static CUresult sim_copy3d(const CUDA_MEMCPY3D *p, CUstream stream)
 	if (p->WidthInBytes == 0 || p->Height == 0)
 		return CUDA_SUCCESS;
 	depth = p->Depth ? p->Depth : 1;
-	if ((p->srcMemoryType != CU_MEMORYTYPE_ARRAY && p->srcPitch < p->WidthInBytes + p->srcXInBytes) ||
-	    (p->dstMemoryType != CU_MEMORYTYPE_ARRAY && p->dstPitch < p->WidthInBytes + p->dstXInBytes))
+	if ((p->srcMemoryType != CU_MEMORYTYPE_ARRAY &&
+	     p->srcPitch < p->WidthInBytes + p->srcXInBytes) ||
+	    (p->dstMemoryType != CU_MEMORYTYPE_ARRAY &&
+	     p->dstPitch < p->WidthInBytes + p->dstXInBytes))
 		return CUDA_ERROR_INVALID_VALUE;
 	for (z = 0; z < depth; z++) {
 		rc = sim_copy_side(p->srcMemoryType, p->srcHost, p->srcDevice, p->srcXInBytes,
@@ -242,8 +242,13 @@ CUresult sim_impl_cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *p, CUstream stream)
 static CUresult sim_memset(CUdeviceptr dst, size_t pitch, uint32_t value, unsigned int elem,
 			   size_t width, size_t height, CUstream stream)
 {
-	struct sim_op op = { .kind = SIM_OP_SET, .dst = dst, .width = width, .height = height,
-			     .dpitch = pitch, .value = value, .elem = elem };
+	struct sim_op op = { .kind = SIM_OP_SET,
+			     .dst = dst,
+			     .width = width,
+			     .height = height,
+			     .dpitch = pitch,
+			     .value = value,
+			     .elem = elem };
 	size_t row, extent;
 
 	if (!sim_initialized())
@@ -313,8 +318,8 @@ CUresult sim_impl_cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned char
 	return sim_memset(dst, pitch, v, 1, w, h, s);
 }
 
-CUresult sim_impl_cuMemsetD2D16Async(CUdeviceptr dst, size_t pitch, unsigned short v,
-				     size_t w, size_t h, CUstream s)
+CUresult sim_impl_cuMemsetD2D16Async(CUdeviceptr dst, size_t pitch, unsigned short v, size_t w,
+				     size_t h, CUstream s)
 {
 	return sim_memset(dst, pitch, v, 2, w, h, s);
 }

@@ -42,7 +42,10 @@
 #include "sim_driver.h"
 #include "sim_usage.h"
 
-enum { SIM_UNINIT, SIM_READY };
+enum {
+	SIM_UNINIT,
+	SIM_READY
+};
 
 static struct sim_spec sim_specs[SIM_MAX_GPUS];
 static int sim_nspecs;
@@ -51,12 +54,12 @@ int sim_ndevs;
 
 static pthread_once_t sim_once = PTHREAD_ONCE_INIT;
 static CUresult sim_init_result;
-static int sim_state;		/* SIM_READY is stored with release */
+static int sim_state; /* SIM_READY is stored with release */
 
 /* Lock order: sim_driver.h. */
 pthread_mutex_t sim_ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 struct CUctx_st *sim_ctx_list;
-static uint64_t sim_ctx_serial = SIM_MAX_GPUS;	/* the last id handed out; atomic */
+static uint64_t sim_ctx_serial = SIM_MAX_GPUS; /* the last id handed out; atomic */
 
 pthread_mutex_t sim_obj_lock = PTHREAD_MUTEX_INITIALIZER;
 struct sim_obj *sim_obj_list;
@@ -114,7 +117,7 @@ static int sim_visible_entry(const char *e, size_t len)
 			if (strncasecmp(sim_specs[i].uuid, e, len) != 0)
 				continue;
 			if (match >= 0)
-				return -1;	/* ambiguous prefix */
+				return -1; /* ambiguous prefix */
 			match = i;
 		}
 		return match;
@@ -398,8 +401,8 @@ CUresult sim_impl_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice d
 }
 
 /* Execution affinity (SM counts of a green context) means nothing here. */
-CUresult sim_impl_cuCtxCreate_v3(CUcontext *pctx, void *affinity, int naffinity,
-				   unsigned int flags, CUdevice dev)
+CUresult sim_impl_cuCtxCreate_v3(CUcontext *pctx, void *affinity, int naffinity, unsigned int flags,
+				 CUdevice dev)
 {
 	(void)affinity;
 	(void)naffinity;
@@ -407,8 +410,7 @@ CUresult sim_impl_cuCtxCreate_v3(CUcontext *pctx, void *affinity, int naffinity,
 	return sim_ctx_create(pctx, dev);
 }
 
-CUresult sim_impl_cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags,
-				   CUdevice dev)
+CUresult sim_impl_cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev)
 {
 	(void)params;
 	(void)flags;
@@ -687,7 +689,7 @@ CUresult sim_impl_cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev)
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	return sim_device_attribute(sim_devs[dev].spec, attrib, pi) == 0 ? CUDA_SUCCESS
-									  : CUDA_ERROR_INVALID_VALUE;
+									 : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult sim_impl_cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev)
@@ -735,8 +737,8 @@ CUresult sim_impl_cuMemAlloc(sim_devptr_v1 *dptr, unsigned int bytesize)
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-CUresult sim_impl_cuMemAllocPitch(sim_devptr_v1 *dptr, unsigned int *pitch,
-				    unsigned int width, unsigned int height, unsigned int elem)
+CUresult sim_impl_cuMemAllocPitch(sim_devptr_v1 *dptr, unsigned int *pitch, unsigned int width,
+				  unsigned int height, unsigned int elem)
 {
 	(void)dptr, (void)pitch, (void)width, (void)height, (void)elem;
 	if (!sim_initialized())
@@ -807,16 +809,16 @@ bool sim_ctx_id(CUcontext ctx, uint64_t *id)
 /* Contexts and devices: the rest of what the runtime queries. */
 
 static size_t sim_limits[CU_LIMIT_COUNT] = {
-	1024,		/* stack size */
-	1048576,	/* printf FIFO */
-	8388608,	/* malloc heap */
-	2,		/* device runtime sync depth */
-	2048,		/* device runtime pending launches */
-	32,		/* max L2 fetch granularity */
-	0,		/* persisting L2 cache size */
-	0,		/* shared memory size */
-	0,		/* CIG enabled */
-	0,		/* CIG shared memory fallback */
+	1024,	 /* stack size */
+	1048576, /* printf FIFO */
+	8388608, /* malloc heap */
+	2,	 /* device runtime sync depth */
+	2048,	 /* device runtime pending launches */
+	32,	 /* max L2 fetch granularity */
+	0,	 /* persisting L2 cache size */
+	0,	 /* shared memory size */
+	0,	 /* CIG enabled */
+	0,	 /* CIG shared memory fallback */
 };
 static unsigned int sim_ctx_flags;
 
@@ -927,7 +929,7 @@ CUresult sim_impl_cuCtxGetCacheConfig(int *config)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!config)
 		return CUDA_ERROR_INVALID_VALUE;
-	*config = 0;	/* CU_FUNC_CACHE_PREFER_NONE */
+	*config = 0; /* CU_FUNC_CACHE_PREFER_NONE */
 	return CUDA_SUCCESS;
 }
 
@@ -1041,10 +1043,12 @@ CUresult sim_impl_cuDeviceComputeCapability(int *major, int *minor, CUdevice dev
 	if (rc == CUDA_SUCCESS && !minor)
 		rc = CUDA_ERROR_INVALID_VALUE;
 	if (rc == CUDA_SUCCESS)
-		rc = sim_impl_cuDeviceGetAttribute(major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+		rc = sim_impl_cuDeviceGetAttribute(major,
+						   CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
 						   dev);
 	if (rc == CUDA_SUCCESS)
-		rc = sim_impl_cuDeviceGetAttribute(minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+		rc = sim_impl_cuDeviceGetAttribute(minor,
+						   CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
 						   dev);
 	return rc;
 }

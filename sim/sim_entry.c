@@ -33,8 +33,7 @@ static const struct {
 	SIM_ERR(CUDA_ERROR_ALREADY_MAPPED, "resource already mapped"),
 	SIM_ERR(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state"),
 	SIM_ERR(CUDA_ERROR_NOT_READY, "device not ready"),
-	SIM_ERR(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
-		"peer access is already enabled"),
+	SIM_ERR(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "peer access is already enabled"),
 	SIM_ERR(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "peer access has not been enabled"),
 	SIM_ERR(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
 		"operation not permitted when stream is capturing"),
@@ -163,8 +162,8 @@ static CUdriverProcAddressQueryResult sim_proc_lookup(const char *symbol, int ve
 static CUresult sim_get_proc(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags,
 			     CUdriverProcAddressQueryResult *status, bool v1)
 {
-	const cuuint64_t valid = CU_GET_PROC_ADDRESS_LEGACY_STREAM |
-				 CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+	const cuuint64_t valid =
+		CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
 	CUdriverProcAddressQueryResult result;
 	void *fn = NULL;
 

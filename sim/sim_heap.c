@@ -137,8 +137,8 @@ static void sim_heap_punch(struct sim_heap *h, size_t off, size_t len)
  * for none. cuMemCreate memory is granule-aligned, so that cuMemMap can map
  * its pages of the memfd elsewhere.
  */
-CUresult sim_heap_take(struct sim_device *d, size_t size, size_t align,
-		       enum sim_mem_kind kind, uint64_t owner, size_t *at)
+CUresult sim_heap_take(struct sim_device *d, size_t size, size_t align, enum sim_mem_kind kind,
+		       uint64_t owner, size_t *at)
 {
 	struct sim_heap *h = &d->heap;
 	size_t i, off = 0;
@@ -189,8 +189,8 @@ bool sim_round(size_t bytes, size_t *size)
 	return true;
 }
 
-CUresult sim_heap_alloc(struct sim_device *d, size_t bytes, enum sim_mem_kind kind,
-			uint64_t owner, CUdeviceptr *out)
+CUresult sim_heap_alloc(struct sim_device *d, size_t bytes, enum sim_mem_kind kind, uint64_t owner,
+			CUdeviceptr *out)
 {
 	struct sim_heap *h = &d->heap;
 	size_t size, at;
@@ -310,7 +310,7 @@ void sim_pool_release(struct sim_heap *h, struct CUmemPoolHandle_st *pool, uint6
 
 		if (p && e->idle && (!pool || p == pool) && p->reserved - e->len >= limit) {
 			p->reserved -= e->len;
-			sim_heap_drop(h, e);	/* the next extent moves to i */
+			sim_heap_drop(h, e); /* the next extent moves to i */
 		} else {
 			i++;
 		}
@@ -340,8 +340,8 @@ void sim_pools_settle(void)
  * pool's own idle chunks are given back first and the request tried again,
  * as the driver does before it reports CUDA_ERROR_OUT_OF_MEMORY.
  */
-CUresult sim_pool_alloc(struct sim_device *d, struct CUmemPoolHandle_st *pool,
-			size_t bytes, CUdeviceptr *out)
+CUresult sim_pool_alloc(struct sim_device *d, struct CUmemPoolHandle_st *pool, size_t bytes,
+			CUdeviceptr *out)
 {
 	struct sim_heap *h = &d->heap;
 	struct sim_extent *best = NULL;
@@ -374,7 +374,7 @@ CUresult sim_pool_alloc(struct sim_device *d, struct CUmemPoolHandle_st *pool,
 	if (best && best->len - size >= SIM_GRANULARITY) {
 		/* A much larger idle chunk is split: the rest stays idle in the pool. */
 		at = (size_t)(best - h->live);
-		if (sim_heap_grow(h)) {	/* may move the live extents */
+		if (sim_heap_grow(h)) { /* may move the live extents */
 			best = &h->live[at];
 			sim_ext_insert(h->live, &h->nlive, at + 1, best->off + size,
 				       best->len - size, SIM_MEM_PTR);
@@ -491,8 +491,8 @@ CUresult sim_impl_cuMemFree_v2(CUdeviceptr dptr)
 /* The row alignment cuMemAllocPitch reports; what current GPUs use. */
 #define SIM_PITCH 512
 
-CUresult sim_impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
-				       size_t height, unsigned int elem)
+CUresult sim_impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+				     unsigned int elem)
 {
 	size_t row;
 	CUresult rc;
@@ -559,8 +559,7 @@ CUresult sim_impl_cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
  * does not halve. CUDA_ERROR_INVALID_VALUE for a bad descriptor, and
  * CUDA_ERROR_OUT_OF_MEMORY when the size overflows.
  */
-static CUresult sim_array_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels,
-				size_t *out)
+static CUresult sim_array_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels, size_t *out)
 {
 	bool layered = d->Flags & SIM_ARRAY3D_LAYERED;
 	size_t elem = gs_array_format_bytes(d->Format) * d->NumChannels;
@@ -568,8 +567,8 @@ static CUresult sim_array_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int l
 	size_t largest = w > h ? w : h, total = 0;
 	unsigned int l;
 
-	if (d->Width == 0 || elem == 0 || (d->NumChannels != 1 && d->NumChannels != 2 &&
-					   d->NumChannels != 4))
+	if (d->Width == 0 || elem == 0 ||
+	    (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
 		return CUDA_ERROR_INVALID_VALUE;
 	if (d->Height == 0 && d->Depth != 0 && !layered)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -691,8 +690,7 @@ CUresult sim_impl_cuArrayDestroy(CUarray array)
 }
 
 CUresult sim_impl_cuMipmappedArrayCreate(CUmipmappedArray *array,
-					   const CUDA_ARRAY3D_DESCRIPTOR *desc,
-					   unsigned int levels)
+					 const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)
 {
 	void *handle = NULL;
 	CUresult rc = sim_array_new(array ? &handle : NULL, desc, levels, SIM_OBJ_MIPMAP);
@@ -759,7 +757,7 @@ void sim_atfork_child(void)
 	for (m = sim_ipc_list; m; m = m->next)
 		sim_ipc_privatise(m);
 	for (im = sim_import_list; im; im = im->next) {
-		close(im->fd);	/* its mappings are private now; no new ones */
+		close(im->fd); /* its mappings are private now; no new ones */
 		im->fd = -1;
 	}
 	for (i = 0; i < sim_ndevs; i++) {

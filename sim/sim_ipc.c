@@ -52,7 +52,7 @@ CUresult sim_impl_cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)
 	if (!h || !sim_ptr_find(p, &info) || info.base != p || !info.ipc)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (h->fd < 0)
-		return CUDA_ERROR_NOT_SUPPORTED;	/* a forked child's private memory */
+		return CUDA_ERROR_NOT_SUPPORTED; /* a forked child's private memory */
 	memset(&rec, 0, sizeof(rec));
 	rec.magic = SIM_IPC_MAGIC;
 	rec.pid = (uint32_t)getpid();
@@ -146,8 +146,7 @@ CUresult sim_impl_cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handl
 	return sim_ipc_open(pdptr, &handle);
 }
 
-CUresult sim_impl_cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
-				     unsigned int flags)
+CUresult sim_impl_cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags)
 {
 	(void)flags;
 	return sim_ipc_open(pdptr, &handle);
@@ -166,7 +165,7 @@ CUresult sim_impl_cuIpcCloseMemHandle(CUdeviceptr p)
 		m = *pp;
 		*pp = m->next;
 	} else if (*pp) {
-		pp = NULL;	/* still open elsewhere in this process */
+		pp = NULL; /* still open elsewhere in this process */
 	}
 	pthread_mutex_unlock(&sim_ipc_lock);
 	if (!m)

@@ -22,22 +22,22 @@
 
 /* A device memfd's name: this prefix and the device's place in the node. */
 #define SIM_MEMFD_NAME "gpushare-sim-"
-#define SIM_GRANULARITY	((size_t)2 << 20)	/* cuMemCreate / cuMemMap granule */
+#define SIM_GRANULARITY ((size_t)2 << 20) /* cuMemCreate / cuMemMap granule */
 
 /* cuMemMap: the bytes [off, off + len) of a reservation are handle's. */
 struct sim_map {
 	size_t off;
 	size_t len;
 	CUmemGenericAllocationHandle handle;
-	size_t hoff;		/* where in the handle's allocation the mapping starts */
+	size_t hoff; /* where in the handle's allocation the mapping starts */
 };
 
 /* cuMemAddressReserve: a range of address space and its mappings. */
 struct sim_va {
-	struct sim_va *next;	/* sim_va_list */
+	struct sim_va *next; /* sim_va_list */
 	uintptr_t base;
 	size_t size;
-	struct sim_map *maps;	/* sorted by off, never overlapping */
+	struct sim_map *maps; /* sorted by off, never overlapping */
 	size_t nmaps, cap;
 };
 
@@ -48,9 +48,9 @@ struct sim_va {
  */
 struct sim_import {
 	struct sim_import *next;
-	int fd;			/* our own description of the exporter's memfd */
-	uint64_t off;		/* the allocation's place in it */
-	uint64_t limit;		/* bytes from there to the end of the device's memory */
+	int fd;		/* our own description of the exporter's memfd */
+	uint64_t off;	/* the allocation's place in it */
+	uint64_t limit; /* bytes from there to the end of the device's memory */
 	int dev;
 	size_t refs, maps;
 };
@@ -61,19 +61,19 @@ struct sim_host {
 	uintptr_t base;
 	size_t size;
 	unsigned int flags;
-	bool registered;	/* cuMemHostRegister: the caller's memory, not ours */
+	bool registered; /* cuMemHostRegister: the caller's memory, not ours */
 };
 
 /* Device memory of another process, opened through an IPC handle. */
 struct sim_ipc {
 	struct sim_ipc *next;
-	uintptr_t map;		/* the pages mapped */
+	uintptr_t map; /* the pages mapped */
 	size_t maplen;
-	uintptr_t ptr;		/* what the caller got: the allocation's start */
+	uintptr_t ptr; /* what the caller got: the allocation's start */
 	size_t size;
 	int dev;
-	pid_t pid;		/* the exporter and its allocation, for reopening */
-	int fd;			/* the exporter's descriptor of its memfd */
+	pid_t pid; /* the exporter and its allocation, for reopening */
+	int fd;	   /* the exporter's descriptor of its memfd */
 	int spec_index;
 	uint64_t off;
 	unsigned int refs;
@@ -81,13 +81,13 @@ struct sim_ipc {
 
 /* What a pointer is, as cuPointerGetAttribute describes it. */
 struct sim_ptr {
-	int type;		/* CU_MEMORYTYPE_DEVICE or _HOST */
-	int dev;		/* its device; the current one for host memory */
-	uintptr_t base;		/* the allocation holding it */
+	int type;	/* CU_MEMORYTYPE_DEVICE or _HOST */
+	int dev;	/* its device; the current one for host memory */
+	uintptr_t base; /* the allocation holding it */
 	size_t size;
-	uint64_t owner;		/* the context it belongs to, or 0 */
+	uint64_t owner; /* the context it belongs to, or 0 */
 	CUmemoryPool pool;
-	bool ipc;		/* a whole cuMemAlloc allocation, fit for cuIpcGetMemHandle */
+	bool ipc; /* a whole cuMemAlloc allocation, fit for cuIpcGetMemHandle */
 };
 
 /* Under these locks: the lists of reservations, imports, host memory and IPC mappings. */
@@ -102,14 +102,14 @@ extern struct sim_ipc *sim_ipc_list;
 
 /* sim_heap.c: the allocator, for the other ways memory is taken and given back. */
 bool sim_round(size_t bytes, size_t *size);
-CUresult sim_heap_take(struct sim_device *d, size_t size, size_t align,
-		       enum sim_mem_kind kind, uint64_t owner, size_t *at);
+CUresult sim_heap_take(struct sim_device *d, size_t size, size_t align, enum sim_mem_kind kind,
+		       uint64_t owner, size_t *at);
 struct sim_extent *sim_heap_find(struct sim_heap *h, size_t off, enum sim_mem_kind kind);
 void sim_heap_drop(struct sim_heap *h, struct sim_extent *e);
 void sim_pool_release(struct sim_heap *h, struct CUmemPoolHandle_st *pool, uint64_t keep,
 		      bool to_threshold);
-CUresult sim_pool_alloc(struct sim_device *d, struct CUmemPoolHandle_st *pool,
-			size_t bytes, CUdeviceptr *out);
+CUresult sim_pool_alloc(struct sim_device *d, struct CUmemPoolHandle_st *pool, size_t bytes,
+			CUdeviceptr *out);
 struct sim_heap *sim_heap_of(CUdeviceptr addr, size_t *off);
 struct sim_extent *sim_heap_holding(struct sim_heap *h, size_t off);
 
@@ -117,8 +117,7 @@ struct sim_extent *sim_heap_holding(struct sim_heap *h, size_t off);
 bool sim_graph_free_addr(CUdeviceptr addr);
 
 /* sim_vmm.c: reservations and the handles mapped into them. */
-bool sim_handle_backing(CUmemGenericAllocationHandle handle, int *fd, uint64_t *off,
-			int *dev);
+bool sim_handle_backing(CUmemGenericAllocationHandle handle, int *fd, uint64_t *off, int *dev);
 struct sim_va *sim_va_find(CUdeviceptr ptr, size_t size);
 size_t sim_map_search(const struct sim_va *v, size_t off);
 bool sim_va_covers(uintptr_t p, size_t n);

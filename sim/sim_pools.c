@@ -39,19 +39,19 @@
  */
 struct sim_galloc {
 	int dev;
-	size_t off, len;	/* its extent of the device's arena */
-	size_t refs;		/* ops of graphs and executable graphs, and 1 while live */
-	bool live;		/* allocated by a launch, not freed since */
-	bool mark;		/* scratch for sim_gmem_launch's dry run */
+	size_t off, len; /* its extent of the device's arena */
+	size_t refs;	 /* ops of graphs and executable graphs, and 1 while live */
+	bool live;	 /* allocated by a launch, not freed since */
+	bool mark;	 /* scratch for sim_gmem_launch's dry run */
 };
 
 static pthread_mutex_t sim_gmem_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
-	uint64_t used, used_high;	/* bytes of live graph allocations */
-	uint64_t reserved, reserved_high;	/* bytes the pool holds */
+	uint64_t used, used_high;	  /* bytes of live graph allocations */
+	uint64_t reserved, reserved_high; /* bytes the pool holds */
 } sim_gpool[SIM_MAX_GPUS];
 /* Graph allocations in existence: frees look for one only when there are some. */
-static size_t sim_gallocs;	/* atomic */
+static size_t sim_gallocs; /* atomic */
 
 struct sim_galloc *sim_galloc_new(int dev, size_t bytes, CUdeviceptr *out)
 {
@@ -76,7 +76,7 @@ struct sim_galloc *sim_galloc_new(int dev, size_t bytes, CUdeviceptr *out)
 	}
 	ga->dev = dev;
 	ga->len = size;
-	ga->refs = 1;	/* the node's */
+	ga->refs = 1; /* the node's */
 	__atomic_add_fetch(&sim_gallocs, 1, __ATOMIC_RELAXED);
 	return ga;
 }
@@ -556,14 +556,14 @@ static CUresult sim_alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemory
 	return rc;
 }
 
-CUresult sim_impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
-					    CUmemoryPool pool, CUstream stream)
+CUresult sim_impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+					  CUstream stream)
 {
 	return sim_alloc_from_pool(dptr, bytesize, pool, stream);
 }
 
 CUresult sim_impl_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-						 CUmemoryPool pool, CUstream stream)
+					       CUmemoryPool pool, CUstream stream)
 {
 	return sim_alloc_from_pool(dptr, bytesize, pool, stream);
 }

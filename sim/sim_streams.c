@@ -22,7 +22,7 @@
  * of the calling thread's current context.
  */
 
-static uint64_t sim_stream_serial;	/* the last stream id handed out; atomic */
+static uint64_t sim_stream_serial; /* the last stream id handed out; atomic */
 
 static void sim_capture_end_locked(uint64_t id);
 
@@ -175,8 +175,7 @@ CUresult sim_impl_cuStreamGetCtx_v2(CUstream stream, CUcontext *pctx, CUgreenCtx
 	return sim_stream_ctx_v2(stream, pctx, pgreen);
 }
 
-CUresult sim_impl_cuStreamGetCtx_v2_ptsz(CUstream stream, CUcontext *pctx,
-					   CUgreenCtx *pgreen)
+CUresult sim_impl_cuStreamGetCtx_v2_ptsz(CUstream stream, CUcontext *pctx, CUgreenCtx *pgreen)
 {
 	return sim_stream_ctx_v2(stream, pctx, pgreen);
 }
@@ -218,19 +217,18 @@ static CUresult sim_launch(CUfunction f, unsigned int gx, unsigned int gy, unsig
 	return CUDA_SUCCESS;
 }
 
-CUresult sim_impl_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy,
-				   unsigned int gz, unsigned int bx, unsigned int by,
-				   unsigned int bz, unsigned int shmem, CUstream stream,
-				   void **params, void **extra)
+CUresult sim_impl_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+				 unsigned int bx, unsigned int by, unsigned int bz,
+				 unsigned int shmem, CUstream stream, void **params, void **extra)
 {
 	(void)shmem, (void)stream, (void)params, (void)extra;
 	return sim_launch(f, gx, gy, gz, bx, by, bz);
 }
 
 CUresult sim_impl_cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
-					unsigned int gz, unsigned int bx, unsigned int by,
-					unsigned int bz, unsigned int shmem, CUstream stream,
-					void **params, void **extra)
+				      unsigned int gz, unsigned int bx, unsigned int by,
+				      unsigned int bz, unsigned int shmem, CUstream stream,
+				      void **params, void **extra)
 {
 	(void)shmem, (void)stream, (void)params, (void)extra;
 	return sim_launch(f, gx, gy, gz, bx, by, bz);
@@ -247,33 +245,32 @@ static CUresult sim_launch_ex(const CUlaunchConfig *config, CUfunction f)
 }
 
 CUresult sim_impl_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
-				     void **extra)
+				   void **extra)
 {
 	(void)params, (void)extra;
 	return sim_launch_ex(config, f);
 }
 
-CUresult sim_impl_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
-					  void **params, void **extra)
+CUresult sim_impl_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params,
+					void **extra)
 {
 	(void)params, (void)extra;
 	return sim_launch_ex(config, f);
 }
 
 CUresult sim_impl_cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
-					      unsigned int gz, unsigned int bx, unsigned int by,
-					      unsigned int bz, unsigned int shmem, CUstream stream,
-					      void **params)
+					    unsigned int gz, unsigned int bx, unsigned int by,
+					    unsigned int bz, unsigned int shmem, CUstream stream,
+					    void **params)
 {
 	(void)shmem, (void)stream, (void)params;
 	return sim_launch(f, gx, gy, gz, bx, by, bz);
 }
 
-CUresult sim_impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx,
-						   unsigned int gy, unsigned int gz,
-						   unsigned int bx, unsigned int by,
-						   unsigned int bz, unsigned int shmem,
-						   CUstream stream, void **params)
+CUresult sim_impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+						 unsigned int gz, unsigned int bx, unsigned int by,
+						 unsigned int bz, unsigned int shmem,
+						 CUstream stream, void **params)
 {
 	(void)shmem, (void)stream, (void)params;
 	return sim_launch(f, gx, gy, gz, bx, by, bz);
@@ -316,7 +313,7 @@ struct CUgraphExec_st {
 	struct sim_obj obj;
 	struct sim_op *ops;
 	size_t nops;
-	bool autofree;	/* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
+	bool autofree; /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
 };
 
 #define SIM_INSTANTIATE_AUTO_FREE_ON_LAUNCH 1ULL
@@ -446,8 +443,7 @@ CUresult sim_stream_do(CUstream stream, const struct sim_op *op)
  * with its address on dev, and nothing taken from a pool (*captured). A
  * stream that is not capturing: nothing done.
  */
-CUresult sim_capture_alloc(CUstream stream, int dev, size_t bytes, CUdeviceptr *out,
-			   bool *captured)
+CUresult sim_capture_alloc(CUstream stream, int dev, size_t bytes, CUdeviceptr *out, bool *captured)
 {
 	struct sim_op op = { .kind = SIM_OP_GALLOC };
 	struct CUstream_st *s;
@@ -464,7 +460,7 @@ CUresult sim_capture_alloc(CUstream stream, int dev, size_t bytes, CUdeviceptr *
 		} else {
 			if (!sim_graph_add(s->capture, &op))
 				rc = CUDA_ERROR_OUT_OF_MEMORY;
-			sim_galloc_unref(op.ga);	/* the graph's op holds it now */
+			sim_galloc_unref(op.ga); /* the graph's op holds it now */
 		}
 	}
 	pthread_mutex_unlock(&sim_obj_lock);
@@ -618,8 +614,8 @@ CUresult sim_impl_cuCtxGetStreamPriorityRange(int *least, int *greatest)
  * done; each launch of the instantiated graph does them. Default streams
  * cannot be captured.
  */
-static __thread int sim_capture_mode;	/* cuThreadExchangeStreamCaptureMode */
-static uint64_t sim_capture_serial;	/* atomic */
+static __thread int sim_capture_mode; /* cuThreadExchangeStreamCaptureMode */
+static uint64_t sim_capture_serial;   /* atomic */
 
 static struct CUgraph_st *sim_graph_new(void)
 {
@@ -711,7 +707,7 @@ CUresult sim_impl_cuStreamEndCapture(CUstream stream, CUgraph *pg)
 	s = sim_stream_locked(stream);
 	if (!s || s->capture_status == CU_STREAM_CAPTURE_STATUS_NONE) {
 		rc = s || sim_default_stream(stream) ? CUDA_ERROR_ILLEGAL_STATE
-						       : CUDA_ERROR_INVALID_HANDLE;
+						     : CUDA_ERROR_INVALID_HANDLE;
 	} else if (!s->capture_origin) {
 		rc = CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
 	} else {
@@ -790,7 +786,8 @@ CUresult sim_impl_cuThreadExchangeStreamCaptureMode(int *mode)
 {
 	int old;
 
-	if (!mode || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+	if (!mode || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL ||
+	    *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
 		return CUDA_ERROR_INVALID_VALUE;
 	old = sim_capture_mode;
 	sim_capture_mode = *mode;
@@ -897,8 +894,7 @@ static CUresult sim_instantiate(CUgraphExec *pe, CUgraph g, uint64_t flags)
 	return CUDA_SUCCESS;
 }
 
-CUresult sim_impl_cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g,
-					      unsigned long long flags)
+CUresult sim_impl_cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long long flags)
 {
 	return sim_instantiate(pe, g, flags);
 }

@@ -57,11 +57,11 @@ static const CUuuid sim_uuid_blaslt_b =
 /* clang-format on */
 
 /* Slots with no known behaviour: each says which it is in the trace. */
-#define SIM_SLOT_STUB(table, n, rc)						\
-	static CUresult sim_##table##_slot##n(void *a0, void *a1, void *a2, void *a3)	\
-	{									\
-		sim_trace(#table "[" #n "](%p, %p, %p, %p) = %d", a0, a1, a2, a3, rc);	\
-		return rc;							\
+#define SIM_SLOT_STUB(table, n, rc)                                                    \
+	static CUresult sim_##table##_slot##n(void *a0, void *a1, void *a2, void *a3)  \
+	{                                                                              \
+		sim_trace(#table "[" #n "](%p, %p, %p, %p) = %d", a0, a1, a2, a3, rc); \
+		return rc;                                                             \
 	}
 
 /* CUDART_INTERFACE */
@@ -204,8 +204,7 @@ static struct sim_cls **sim_cls_find(uint64_t ctx, void *key)
 {
 	struct sim_cls **pp;
 
-	for (pp = &sim_cls_list; *pp && ((*pp)->ctx != ctx || (*pp)->key != key);
-	     pp = &(*pp)->next)
+	for (pp = &sim_cls_list; *pp && ((*pp)->ctx != ctx || (*pp)->key != key); pp = &(*pp)->next)
 		;
 	return pp;
 }
@@ -381,7 +380,7 @@ static const uint8_t sim_md2_s[256] = {
 #define SIM_MD2_BLOCK 16
 
 struct sim_md2 {
-	uint8_t x[48];		/* the state; its first 16 bytes are the digest */
+	uint8_t x[48]; /* the state; its first 16 bytes are the digest */
 	uint8_t checksum[SIM_MD2_BLOCK];
 	uint8_t buf[SIM_MD2_BLOCK];
 	size_t nbuf;
@@ -524,7 +523,8 @@ static CUresult sim_integrity_compute(uint32_t version, uint64_t unix_seconds, u
 	head.cudart_interface = (uint64_t)(uintptr_t)sim_cudart_interface;
 	head.integrity_table = (uint64_t)(uintptr_t)sim_integrity;
 	/* What the table holds, as cudart reads it, whatever that is. */
-	head.integrity_fn = (uint64_t)(uintptr_t)__atomic_load_n(&sim_integrity[1], __ATOMIC_RELAXED);
+	head.integrity_fn =
+		(uint64_t)(uintptr_t)__atomic_load_n(&sim_integrity[1], __ATOMIC_RELAXED);
 	head.unix_seconds = unix_seconds;
 	for (i = 0; i < count && rc == CUDA_SUCCESS; i++) {
 		rc = sim_impl_cuDeviceGetUuid((CUuuid *)devs[i].uuid, i);
@@ -532,8 +532,8 @@ static CUresult sim_integrity_compute(uint32_t version, uint64_t unix_seconds, u
 			rc = sim_impl_cuDeviceGetAttribute(&devs[i].pci_domain,
 							   CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, i);
 		if (rc == CUDA_SUCCESS)
-			rc = sim_impl_cuDeviceGetAttribute(&devs[i].pci_bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID,
-							   i);
+			rc = sim_impl_cuDeviceGetAttribute(&devs[i].pci_bus,
+							   CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, i);
 		if (rc == CUDA_SUCCESS)
 			rc = sim_impl_cuDeviceGetAttribute(&devs[i].pci_device,
 							   CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, i);
@@ -554,8 +554,8 @@ static CUresult sim_integrity_compute(uint32_t version, uint64_t unix_seconds, u
 /* Slot 1: called with versions 13000, 13001 and 13002 by cudart 13.0. */
 static CUresult sim_integrity_check(uint32_t version, uint64_t unix_seconds, uint64_t out[2])
 {
-	CUresult rc = out ? sim_integrity_compute(version, unix_seconds, out)
-			  : CUDA_ERROR_INVALID_VALUE;
+	CUresult rc =
+		out ? sim_integrity_compute(version, unix_seconds, out) : CUDA_ERROR_INVALID_VALUE;
 
 	sim_trace("integrity[1](%u, %llu, %p->{%#llx, %#llx}) = %d", version,
 		  (unsigned long long)unix_seconds, (void *)out,

@@ -41,7 +41,7 @@ static bool sim_valid_alloc_prop(const CUmemAllocationProp *prop)
 }
 
 CUresult sim_impl_cuMemGetAllocationGranularity(size_t *granularity,
-						  const CUmemAllocationProp *prop, int option)
+						const CUmemAllocationProp *prop, int option)
 {
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
@@ -56,7 +56,7 @@ CUresult sim_impl_cuMemGetAllocationGranularity(size_t *granularity,
 
 /* cuMemCreate memory belongs to no context: no context's teardown frees it. */
 CUresult sim_impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-				const CUmemAllocationProp *prop, unsigned long long flags)
+			      const CUmemAllocationProp *prop, unsigned long long flags)
 {
 	CUdeviceptr addr;
 	CUresult rc;
@@ -74,7 +74,12 @@ CUresult sim_impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 	return rc;
 }
 
-enum sim_handle_op { SIM_HANDLE_RELEASE, SIM_HANDLE_RETAIN, SIM_HANDLE_MAP, SIM_HANDLE_UNMAP };
+enum sim_handle_op {
+	SIM_HANDLE_RELEASE,
+	SIM_HANDLE_RETAIN,
+	SIM_HANDLE_MAP,
+	SIM_HANDLE_UNMAP
+};
 
 /*
  * The memory behind a handle goes back to its device only when every
@@ -87,8 +92,8 @@ enum sim_handle_op { SIM_HANDLE_RELEASE, SIM_HANDLE_RETAIN, SIM_HANDLE_MAP, SIM_
  */
 
 /* As sim_handle_op, for an imported handle; false if handle is not one. */
-static bool sim_import_op(CUmemGenericAllocationHandle handle, enum sim_handle_op op,
-			  size_t offset, size_t size, CUresult *rc)
+static bool sim_import_op(CUmemGenericAllocationHandle handle, enum sim_handle_op op, size_t offset,
+			  size_t size, CUresult *rc)
 {
 	struct sim_import **pp, *m;
 
@@ -127,8 +132,7 @@ static bool sim_import_op(CUmemGenericAllocationHandle handle, enum sim_handle_o
 }
 
 /* The file and offset whose bytes a handle's memory is, and its device. */
-bool sim_handle_backing(CUmemGenericAllocationHandle handle, int *fd, uint64_t *off,
-			int *dev)
+bool sim_handle_backing(CUmemGenericAllocationHandle handle, int *fd, uint64_t *off, int *dev)
 {
 	struct sim_import *m;
 	struct sim_heap *h;
@@ -241,7 +245,7 @@ static uintptr_t sim_va_map(size_t size, size_t align, uintptr_t hint)
  * mapped; only whole granules of it can be.
  */
 CUresult sim_impl_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
-					CUdeviceptr addr, unsigned long long flags)
+				      CUdeviceptr addr, unsigned long long flags)
 {
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
 	struct sim_va *v;
@@ -304,8 +308,7 @@ struct sim_va *sim_va_find(CUdeviceptr ptr, size_t size)
 	struct sim_va *v;
 
 	for (v = sim_va_list; v; v = v->next)
-		if (ptr >= v->base && ptr - v->base < v->size &&
-		    size <= v->size - (ptr - v->base))
+		if (ptr >= v->base && ptr - v->base < v->size && size <= v->size - (ptr - v->base))
 			return v;
 	return NULL;
 }
@@ -358,7 +361,7 @@ static bool sim_va_whole(CUdeviceptr ptr, size_t size, struct sim_va **pv, size_
  * unmapped, whatever becomes of the handle.
  */
 CUresult sim_impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
-			     CUmemGenericAllocationHandle handle, unsigned long long flags)
+			   CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
 	CUresult rc = CUDA_ERROR_INVALID_VALUE;
 	struct sim_map *m;
@@ -369,8 +372,8 @@ CUresult sim_impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
-	if (flags != 0 || size == 0 || ptr % SIM_GRANULARITY != 0 ||
-	    size % SIM_GRANULARITY != 0 || offset % SIM_GRANULARITY != 0)
+	if (flags != 0 || size == 0 || ptr % SIM_GRANULARITY != 0 || size % SIM_GRANULARITY != 0 ||
+	    offset % SIM_GRANULARITY != 0)
 		return rc;
 	pthread_mutex_lock(&sim_va_lock);
 	v = sim_va_find(ptr, size);
@@ -455,7 +458,7 @@ CUresult sim_impl_cuMemUnmap(CUdeviceptr ptr, size_t size)
  * allocations' mappings. Only device locations exist in the simulation.
  */
 CUresult sim_impl_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
-				   size_t count)
+				 size_t count)
 {
 	size_t i, first, last;
 	struct sim_va *v;
@@ -486,8 +489,7 @@ CUresult sim_impl_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccess
  * very value that was mapped there, and each retain takes a reference that
  * needs its own cuMemRelease.
  */
-CUresult sim_impl_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
-						void *addr)
+CUresult sim_impl_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
 	CUresult rc = CUDA_ERROR_INVALID_VALUE;
 	const struct sim_map *m;
@@ -544,7 +546,7 @@ bool sim_va_covers(uintptr_t p, size_t n)
  * imported there, it maps the same pages.
  */
 #define SIM_HANDLE_TYPE_POSIX_FD 1
-#define SIM_HANDLE_TYPES_KNOWN 0xf	/* POSIX fd, Win32, Win32 KMT, fabric */
+#define SIM_HANDLE_TYPES_KNOWN 0xf /* POSIX fd, Win32, Win32 KMT, fabric */
 
 CUresult sim_impl_cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle handle,
 					       int type, unsigned long long flags)
@@ -571,7 +573,7 @@ CUresult sim_impl_cuMemExportToShareableHandle(void *out, CUmemGenericAllocation
 	if (fd == -2)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (fd < 0)
-		return CUDA_ERROR_NOT_SUPPORTED;	/* a forked child's private memory */
+		return CUDA_ERROR_NOT_SUPPORTED; /* a forked child's private memory */
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
 	fd = open(path, O_RDWR | O_CLOEXEC);
 	if (fd < 0)
