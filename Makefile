@@ -79,14 +79,19 @@ run: install
 	else cfg=configs/sim.toml; echo "no NVIDIA driver found: simulated GPUs ($$cfg)"; fi; \
 	exec $(BIN)/nodemgr serve --config $$cfg
 
+# The C of shim/, sim/ and tests/c in one style (.clang-format); generated files left out.
+C_SOURCES = $(filter-out sim/cuda_api.gen.h,$(wildcard shim/*.c shim/*.h sim/*.c sim/*.h tests/c/*.c))
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/clang-format --dry-run --Werror $(C_SOURCES)
 
 format: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+	$(BIN)/clang-format -i $(C_SOURCES)
 
 # pytest exits 5 when it collects nothing; that is a failure here, said aloud.
 pytest: install torch-env real-driver

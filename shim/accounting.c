@@ -92,7 +92,11 @@ void uncharge(const struct gs_charge *c)
  * pays, the others wait for the outcome: none may make a context that
  * nobody paid for.
  */
-enum gs_ctx_state { GS_CTX_UNPAID, GS_CTX_PAYING, GS_CTX_PAID };
+enum gs_ctx_state {
+	GS_CTX_UNPAID,
+	GS_CTX_PAYING,
+	GS_CTX_PAID
+};
 
 /* The GPUs whose context charge this thread is paying: it never waits for itself. */
 static __thread __attribute__((tls_model("initial-exec"))) uint32_t paying;
@@ -149,8 +153,7 @@ void context_settle(int gpu, CUresult rc)
 	}
 	/* A context's charge is not an allocation: it is left out of classification. */
 	if (g.ctx_bytes[gpu] != 0)
-		gs_ledger_uncharge(g.ledger,
-				   (uint32_t)__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE),
+		gs_ledger_uncharge(g.ledger, (uint32_t)__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE),
 				   (uint32_t)gpu, g.ctx_bytes[gpu]);
 	__atomic_store_n(&g.ctx_state[gpu], GS_CTX_UNPAID, __ATOMIC_RELEASE);
 }
@@ -304,8 +307,7 @@ static void settle_context(struct gs_taken *t, CUcontext ctx, CUresult rc)
  * After a successful allocation: remember it, or, when that is impossible,
  * give the memory back (`undo`), since it could never be uncharged later.
  */
-CUresult remember(uint64_t key, uint32_t kind, const struct gs_charge *c,
-			 void (*undo)(uint64_t))
+CUresult remember(uint64_t key, uint32_t kind, const struct gs_charge *c, void (*undo)(uint64_t))
 {
 	if (alloc_track(key, kind, c) == 0) {
 		/* What a process allocates before its first boundary is set-up, not temporary. */
@@ -324,7 +326,7 @@ CUresult remember(uint64_t key, uint32_t kind, const struct gs_charge *c,
  * from the caller's out-parameter, which means nothing after a failure.
  */
 CUresult settle(CUresult rc, uint64_t key, uint32_t kind, const struct gs_charge *c,
-		       void (*undo)(uint64_t))
+		void (*undo)(uint64_t))
 {
 	if (rc != CUDA_SUCCESS) {
 		uncharge(c);
@@ -405,7 +407,6 @@ void undo_mipmap(uint64_t key)
 		fn((CUmipmappedArray)(uintptr_t)key);
 }
 
-
 /* --- wrappers: contexts --------------------------------------------------------- */
 
 /* Serialises context teardown with the bookkeeping of primary retains. */
@@ -419,7 +420,7 @@ pthread_mutex_t teardown_mu = PTHREAD_MUTEX_INITIALIZER;
  * the process's count of primary retains is never raced.
  */
 CUresult teardown(gs_fn_cuCtxDestroy_v2 destroy, CUcontext ctx,
-			 gs_fn_cuDevicePrimaryCtxReset_v2 on_dev, CUdevice dev, int release)
+		  gs_fn_cuDevicePrimaryCtxReset_v2 on_dev, CUdevice dev, int release)
 {
 	struct gs_taken t;
 	CUresult rc;
@@ -468,7 +469,7 @@ CUresult teardown(gs_fn_cuCtxDestroy_v2 destroy, CUcontext ctx,
  * Lock order: epoch_mu -> pools_mu -> a pool's mu.
  */
 #define GS_MAX_POOLS 64
-#define GS_POOL_RESERVED_CURRENT 5  /* CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT */
+#define GS_POOL_RESERVED_CURRENT 5 /* CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT */
 
 struct gs_pool {
 	uint64_t handle; /* the driver's CUmemoryPool */
@@ -708,7 +709,8 @@ static int pool_charge_to(struct gs_pool *p, uint64_t reserved, int slot, int *m
 {
 	if (reserved <= p->charged)
 		return 1;
-	if (gs_ledger_charge(g.ledger, (uint32_t)slot, (uint32_t)p->gpu, reserved - p->charged) != 0)
+	if (gs_ledger_charge(g.ledger, (uint32_t)slot, (uint32_t)p->gpu, reserved - p->charged) !=
+	    0)
 		return 0;
 	__atomic_store_n(&p->charged, reserved, __ATOMIC_RELAXED);
 	*more = 1;
@@ -834,8 +836,8 @@ static CUresult pool_settle(CUresult rc, CUdeviceptr key, struct gs_pool *p,
  * capture its stream's destruction ended keeps the count up: the price is
  * that question on each later stream-ordered allocation.
  */
-static uint32_t captures;  /* begun and not ended in this process */
-uint32_t graph_mem; /* 1 once this process made graph memory */
+static uint32_t captures; /* begun and not ended in this process */
+uint32_t graph_mem;	  /* 1 once this process made graph memory */
 
 /* Whether a stream captures; only asked while captures is nonzero. */
 static int stream_captures(CUstream stream)
@@ -880,7 +882,6 @@ static struct gs_pool *named_pool(CUmemoryPool pool, CUstream stream)
 	return pool_note(pool, gpu);
 }
 
-
 /*
  * Before the driver call of a stream-ordered allocation from `pool` (NULL:
  * the stream's device's current pool): an error to answer, or op->how and
@@ -888,7 +889,7 @@ static struct gs_pool *named_pool(CUmemoryPool pool, CUstream stream)
  * is the stream as the driver names it to cuStreamIsCapturing.
  */
 CUresult pool_alloc_begin(struct gs_pool_alloc *op, const CUdeviceptr *dptr, size_t bytes,
-				 CUmemoryPool pool, CUstream stream, CUstream cap)
+			  CUmemoryPool pool, CUstream stream, CUstream cap)
 {
 	op->how = GS_PASS;
 	if (g.mode == GS_INERT)
@@ -1067,7 +1068,6 @@ void capture_ended(CUresult rc)
 						      __ATOMIC_RELAXED))
 		;
 }
-
 
 /*
  * In a fork child: the contexts and pools are the parent's, so is what this

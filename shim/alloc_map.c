@@ -190,7 +190,6 @@ int gs_map_handle_adjust(uint64_t handle, int drefs, int dmaps, struct gs_alloc 
 	return rc;
 }
 
-
 int gs_map_update(uint64_t key, uint32_t kind, void (*fn)(struct gs_alloc *, void *), void *arg)
 {
 	struct gs_shard *s = shard_of(key, kind);

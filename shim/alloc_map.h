@@ -31,12 +31,13 @@ struct gs_alloc {
 	uint32_t kind;
 	int32_t gpu;
 	uint64_t size;
-	uint64_t owner; /* PTR, ARRAY, MIPMAP: the owning context; MAP: the handle mapped */
-	uint32_t refs;	/* HANDLE: references (cuMemCreate's, each retain's) */
-	uint32_t maps;	/* HANDLE: mappings */
-	uint64_t epoch; /* charged ones: the process's epoch when charged */
+	uint64_t owner;	 /* PTR, ARRAY, MIPMAP: the owning context; MAP: the handle mapped */
+	uint32_t refs;	 /* HANDLE: references (cuMemCreate's, each retain's) */
+	uint32_t maps;	 /* HANDLE: mappings */
+	uint64_t epoch;	 /* charged ones: the process's epoch when charged */
 	uint32_t pinned; /* charged ones: counted persistent by gpushare_mark_persistent */
-	uint32_t pool;	 /* PTR from a stream-ordered pool: its pools[] index + 1, which holds the charge */
+	uint32_t
+		pool; /* PTR from a stream-ordered pool: its pools[] index + 1, which holds the charge */
 };
 
 /* The shard locks made (at load), or made afresh with every record dropped (a fork child). */

@@ -32,6 +32,7 @@ SANITIZERS = {"address": "address,undefined", "thread": "thread"}
 # The shim's translation units; shim.h lists what each holds.
 SHIM_SOURCES = (
     "cuda_hook.c",
+    "vmm_hook.c",
     "dispatch.c",
     "process.c",
     "accounting.c",

@@ -115,7 +115,9 @@ enum {
 	CU_MEM_LOCATION_TYPE_HOST_NUMA = 3,
 	CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 4,
 };
-enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1 };
+enum {
+	CU_MEM_ALLOCATION_TYPE_PINNED = 1
+};
 
 /* cuMemSetAccess */
 typedef struct {
@@ -134,12 +136,18 @@ enum {
 };
 
 /* cuStreamCreate flags, and the stream handles that name a default stream. */
-enum { CU_STREAM_DEFAULT = 0, CU_STREAM_NON_BLOCKING = 1 };
+enum {
+	CU_STREAM_DEFAULT = 0,
+	CU_STREAM_NON_BLOCKING = 1
+};
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 /* cuMemAllocManaged flags */
-enum { CU_MEM_ATTACH_GLOBAL = 1, CU_MEM_ATTACH_HOST = 2 };
+enum {
+	CU_MEM_ATTACH_GLOBAL = 1,
+	CU_MEM_ATTACH_HOST = 2
+};
 
 /* cuLaunchKernelEx: the shim only passes the config through. */
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;

@@ -19,9 +19,10 @@
  * shared memory with one relaxed load (the task's pause word) and one relaxed
  * add.
  *
- * This file holds the wrappers; shim.h says where the rest lives. The
- * launch wrappers and everything their fast path touches inline stay in
- * this one translation unit.
+ * This file holds the wrappers but those of virtual memory management
+ * (vmm_hook.c); shim.h says where the rest lives. The launch wrappers and
+ * everything their fast path touches inline stay in this one translation
+ * unit.
  */
 #include "shim.h"
 
@@ -173,8 +174,8 @@ GS_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice d
 	return rc;
 }
 
-GS_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, void *affinity, int naffinity,
-				  unsigned int flags, CUdevice dev)
+GS_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, void *affinity, int naffinity, unsigned int flags,
+				  CUdevice dev)
 {
 	CUresult rc;
 	int charged;
@@ -193,8 +194,7 @@ GS_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, void *affinity, int naffinity,
 	return rc;
 }
 
-GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, void *params, unsigned int flags,
-				  CUdevice dev)
+GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, void *params, unsigned int flags, CUdevice dev)
 {
 	CUresult rc;
 	int charged;
@@ -213,14 +213,14 @@ GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, void *params, unsigned int fla
 	return rc;
 }
 
-#define TEARDOWN_WRAPPER(abi, type, arg, how)         \
-	GS_EXPORT CUresult abi(type arg)                \
-	{                                               \
-		TRACE(GS_ID_##abi, calls);              \
-		gs_fn_##abi fn = REAL_FN(abi);          \
-		if (unlikely(fn == NULL))               \
-			return CUDA_ERROR_NOT_FOUND;    \
-		return how;                             \
+#define TEARDOWN_WRAPPER(abi, type, arg, how)        \
+	GS_EXPORT CUresult abi(type arg)             \
+	{                                            \
+		TRACE(GS_ID_##abi, calls);           \
+		gs_fn_##abi fn = REAL_FN(abi);       \
+		if (unlikely(fn == NULL))            \
+			return CUDA_ERROR_NOT_FOUND; \
+		return how;                          \
 	}
 
 TEARDOWN_WRAPPER(cuCtxDestroy, CUcontext, ctx, teardown(fn, ctx, NULL, 0, 0))
@@ -253,7 +253,8 @@ static uint64_t limit_bytes(int limit, size_t value)
 		return value;
 	if (attr == NULL || get_dev == NULL || get_dev(&dev) != CUDA_SUCCESS ||
 	    attr(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
-	    attr(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) != CUDA_SUCCESS ||
+	    attr(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) !=
+		    CUDA_SUCCESS ||
 	    sms <= 0 || threads <= 0)
 		return 0;
 	return mul_sat(value, (uint64_t)sms * (uint64_t)threads);
@@ -345,7 +346,6 @@ GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 	return settle(rc, *dptr, GS_K_PTR, &c, undo_ptr);
 }
 
-
 GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
 	struct gs_charge c;
@@ -368,10 +368,9 @@ GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
 	return settle(rc, *dptr, GS_K_PTR, &c, undo_ptr);
 }
 
-
 #define PTSZ_STREAM(stream) ((stream) == NULL ? GS_STREAM_PER_THREAD : (stream))
 
-#define ASYNC_WRAPPER(abi, params, pool, cap, args)                             \
+#define ASYNC_WRAPPER(abi, params, pool, cap, args)                              \
 	GS_EXPORT CUresult abi params                                            \
 	{                                                                        \
 		struct gs_pool_alloc op;                                         \
@@ -414,18 +413,18 @@ GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
 }
 
 /* A device's default or current pool is its pool of device memory. */
-#define DEVICE_POOL_WRAPPER(abi)                                         \
-	GS_EXPORT CUresult abi(CUmemoryPool *pool, CUdevice dev)         \
-	{                                                                \
-		CUresult rc;                                             \
-		TRACE(GS_ID_##abi, calls);                               \
-		gs_fn_##abi fn = REAL_FN(abi);                           \
-		if (unlikely(fn == NULL))                                \
-			return CUDA_ERROR_NOT_FOUND;                     \
-		rc = fn(pool, dev);                                      \
-		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)          \
-			pool_note(*pool, ledger_gpu(dev));               \
-		return rc;                                               \
+#define DEVICE_POOL_WRAPPER(abi)                                 \
+	GS_EXPORT CUresult abi(CUmemoryPool *pool, CUdevice dev) \
+	{                                                        \
+		CUresult rc;                                     \
+		TRACE(GS_ID_##abi, calls);                       \
+		gs_fn_##abi fn = REAL_FN(abi);                   \
+		if (unlikely(fn == NULL))                        \
+			return CUDA_ERROR_NOT_FOUND;             \
+		rc = fn(pool, dev);                              \
+		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)  \
+			pool_note(*pool, ledger_gpu(dev));       \
+		return rc;                                       \
 	}
 
 DEVICE_POOL_WRAPPER(cuDeviceGetDefaultMemPool)
@@ -525,18 +524,18 @@ GS_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 }
 
 /* A synchronisation: where a pool above its release threshold gives memory back. */
-#define SYNC_WRAPPER(abi, params, args)                                  \
-	GS_EXPORT CUresult abi params                                    \
-	{                                                                \
-		CUresult rc;                                             \
-		TRACE(GS_ID_##abi, calls);                               \
-		gs_fn_##abi fn = REAL_FN(abi);                           \
-		if (unlikely(fn == NULL))                                \
-			return CUDA_ERROR_NOT_FOUND;                     \
-		rc = fn args;                                            \
-		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)          \
-			pools_after_sync();                              \
-		return rc;                                               \
+#define SYNC_WRAPPER(abi, params, args)                         \
+	GS_EXPORT CUresult abi params                           \
+	{                                                       \
+		CUresult rc;                                    \
+		TRACE(GS_ID_##abi, calls);                      \
+		gs_fn_##abi fn = REAL_FN(abi);                  \
+		if (unlikely(fn == NULL))                       \
+			return CUDA_ERROR_NOT_FOUND;            \
+		rc = fn args;                                   \
+		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE) \
+			pools_after_sync();                     \
+		return rc;                                      \
 	}
 
 SYNC_WRAPPER(cuCtxSynchronize, (void), ())
@@ -545,18 +544,18 @@ SYNC_WRAPPER(cuStreamSynchronize, (CUstream stream), (stream))
 SYNC_WRAPPER(cuStreamSynchronize_ptsz, (CUstream stream), (stream))
 SYNC_WRAPPER(cuEventSynchronize, (CUevent event), (event))
 
-#define BEGIN_CAPTURE_WRAPPER(abi, params, args)                         \
-	GS_EXPORT CUresult abi params                                    \
-	{                                                                \
-		CUresult rc;                                             \
-		TRACE(GS_ID_##abi, calls);                               \
-		gs_fn_##abi fn = REAL_FN(abi);                           \
-		if (unlikely(fn == NULL))                                \
-			return CUDA_ERROR_NOT_FOUND;                     \
-		rc = fn args;                                            \
-		if (rc == CUDA_SUCCESS)                                  \
-			capture_begun();                                 \
-		return rc;                                               \
+#define BEGIN_CAPTURE_WRAPPER(abi, params, args)     \
+	GS_EXPORT CUresult abi params                \
+	{                                            \
+		CUresult rc;                         \
+		TRACE(GS_ID_##abi, calls);           \
+		gs_fn_##abi fn = REAL_FN(abi);       \
+		if (unlikely(fn == NULL))            \
+			return CUDA_ERROR_NOT_FOUND; \
+		rc = fn args;                        \
+		if (rc == CUDA_SUCCESS)              \
+			capture_begun();             \
+		return rc;                           \
 	}
 
 BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture, (CUstream stream), (stream))
@@ -572,24 +571,24 @@ BEGIN_CAPTURE_WRAPPER(cuStreamBeginCaptureToGraph_ptsz,
 		       size_t ndeps, int mode),
 		      (stream, graph, deps, edges, ndeps, mode))
 
-#define END_CAPTURE_WRAPPER(abi)                                     \
-	GS_EXPORT CUresult abi(CUstream stream, void **graph)        \
-	{                                                            \
-		CUresult rc;                                         \
-		TRACE(GS_ID_##abi, calls);                           \
-		gs_fn_##abi fn = REAL_FN(abi);                       \
-		if (unlikely(fn == NULL))                            \
-			return CUDA_ERROR_NOT_FOUND;                 \
-		rc = fn(stream, graph);                              \
-		capture_ended(rc);                                   \
-		return rc;                                           \
+#define END_CAPTURE_WRAPPER(abi)                              \
+	GS_EXPORT CUresult abi(CUstream stream, void **graph) \
+	{                                                     \
+		CUresult rc;                                  \
+		TRACE(GS_ID_##abi, calls);                    \
+		gs_fn_##abi fn = REAL_FN(abi);                \
+		if (unlikely(fn == NULL))                     \
+			return CUDA_ERROR_NOT_FOUND;          \
+		rc = fn(stream, graph);                       \
+		capture_ended(rc);                            \
+		return rc;                                    \
 	}
 
 END_CAPTURE_WRAPPER(cuStreamEndCapture)
 END_CAPTURE_WRAPPER(cuStreamEndCapture_ptsz)
 
-GS_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *deps,
-					  size_t ndeps, void *params)
+GS_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *deps, size_t ndeps,
+					  void *params)
 {
 	TRACE(GS_ID_cuGraphAddMemAllocNode, calls);
 	gs_fn_cuGraphAddMemAllocNode fn = REAL_FN(cuGraphAddMemAllocNode);
@@ -601,18 +600,18 @@ GS_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *
 }
 
 /* An upload maps the graph's memory as its launch would. */
-#define UPLOAD_WRAPPER(abi)                                                          \
-	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                    \
-	{                                                                            \
-		CUresult rc;                                                         \
-		TRACE(GS_ID_##abi, calls);                                           \
-		gs_fn_##abi fn = REAL_FN(abi);                                       \
-		if (unlikely(fn == NULL))                                            \
-			return CUDA_ERROR_NOT_FOUND;                                 \
-		rc = fn(exec, stream);                                               \
+#define UPLOAD_WRAPPER(abi)                                                              \
+	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                        \
+	{                                                                                \
+		CUresult rc;                                                             \
+		TRACE(GS_ID_##abi, calls);                                               \
+		gs_fn_##abi fn = REAL_FN(abi);                                           \
+		if (unlikely(fn == NULL))                                                \
+			return CUDA_ERROR_NOT_FOUND;                                     \
+		rc = fn(exec, stream);                                                   \
 		if (rc == CUDA_SUCCESS && __atomic_load_n(&graph_mem, __ATOMIC_ACQUIRE)) \
-			graph_launched(stream);                                      \
-		return rc;                                                           \
+			graph_launched(stream);                                          \
+		return rc;                                                               \
 	}
 
 UPLOAD_WRAPPER(cuGraphUpload)
@@ -673,8 +672,8 @@ static CUresult settle_pitch(CUdeviceptr *dptr, size_t *pitch, size_t height, st
 	return remember(*dptr, GS_K_PTR, c, undo_ptr);
 }
 
-GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
-				      size_t height, unsigned int elem)
+GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+				      unsigned int elem)
 {
 	struct gs_charge c;
 	uint64_t row, guess;
@@ -690,9 +689,9 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 		return CUDA_ERROR_NOT_PERMITTED;
 	if (dptr == NULL || pitch == NULL || width == 0 || height == 0)
 		return fn(dptr, pitch, width, height, elem);
-	row = width > UINT64_MAX - (GS_SMALL_ALIGN - 1) ?
-		      UINT64_MAX :
-		      (width + GS_SMALL_ALIGN - 1) & ~(GS_SMALL_ALIGN - 1);
+	row = width > UINT64_MAX - (GS_SMALL_ALIGN - 1)
+		      ? UINT64_MAX
+		      : (width + GS_SMALL_ALIGN - 1) & ~(GS_SMALL_ALIGN - 1);
 	guess = footprint(mul_sat(row, height));
 	rc = charge_current(guess, &c);
 	if (rc != CUDA_SUCCESS)
@@ -710,17 +709,17 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
  * (forget), the driver's answer, then the charge settled (freed). A handle
  * the shim has no record of is the driver's business alone.
  */
-#define FREE_WRAPPER(abi, params, key, kind, args)                        \
-	GS_EXPORT CUresult abi params                                       \
-	{                                                                   \
-		struct gs_alloc a;                                          \
-		TRACE(GS_ID_##abi, calls);                                  \
-		gs_fn_##abi fn = REAL_FN(abi);                              \
-		if (unlikely(fn == NULL))                                   \
-			return CUDA_ERROR_NOT_FOUND;                        \
-		if (!forget((uint64_t)(uintptr_t)(key), (kind), &a))        \
-			return fn args;                                     \
-		return freed(fn args, &a);                                  \
+#define FREE_WRAPPER(abi, params, key, kind, args)                   \
+	GS_EXPORT CUresult abi params                                \
+	{                                                            \
+		struct gs_alloc a;                                   \
+		TRACE(GS_ID_##abi, calls);                           \
+		gs_fn_##abi fn = REAL_FN(abi);                       \
+		if (unlikely(fn == NULL))                            \
+			return CUDA_ERROR_NOT_FOUND;                 \
+		if (!forget((uint64_t)(uintptr_t)(key), (kind), &a)) \
+			return fn args;                              \
+		return freed(fn args, &a);                           \
 	}
 
 FREE_WRAPPER(cuMemFree_v2, (CUdeviceptr dptr), dptr, GS_K_PTR, (dptr))
@@ -728,241 +727,6 @@ FREE_WRAPPER(cuMemFree_v2, (CUdeviceptr dptr), dptr, GS_K_PTR, (dptr))
 FREE_WRAPPER(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), dptr, GS_K_PTR, (dptr, stream))
 FREE_WRAPPER(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), dptr, GS_K_PTR,
 	     (dptr, stream))
-
-/*
- * Virtual memory management (PyTorch's expandable segments, NCCL): the
- * physical memory is cuMemCreate's, charged on the device it names until
- * cuMemRelease. Host locations take no device memory and are not charged.
- */
-GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-			       const CUmemAllocationProp *prop, unsigned long long flags)
-{
-	struct gs_charge c;
-	CUresult rc;
-	int gpu;
-
-	TRACE(GS_ID_cuMemCreate, calls);
-	gs_fn_cuMemCreate fn = REAL_FN(cuMemCreate);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode == GS_INERT)
-		return fn(handle, size, prop, flags);
-	if (handle == NULL || prop == NULL || size == 0 ||
-	    prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-		return fn(handle, size, prop, flags);
-	if (g.mode == GS_BROKEN)
-		return CUDA_ERROR_NOT_PERMITTED;
-	gpu = ledger_gpu(prop->location.id);
-	/*
-	 * A device the driver cannot name (a bad ordinal, before cuInit) is the
-	 * driver's to answer: a made-up CUDA_ERROR_OUT_OF_MEMORY would read as a
-	 * full GPU, which PyTorch's expandable segments take for one to retry.
-	 */
-	if (gpu == GS_DEV_UNRESOLVED)
-		return fn(handle, size, prop, flags);
-	rc = charge_new(gpu, footprint(size), &c);
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	rc = fn(handle, size, prop, flags);
-	return settle(rc, *handle, GS_K_HANDLE, &c, undo_handle);
-}
-
-
-/*
- * The driver frees cuMemCreate memory when the last reference (cuMemCreate's
- * and each cuMemRetainAllocationHandle's) is released AND the last mapping
- * unmapped, in either order: releasing right after mapping is common. The
- * charge follows the memory, not the handle.
- */
-GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-	struct gs_alloc gone;
-	CUresult rc;
-	int r;
-
-	TRACE(GS_ID_cuMemRelease, calls);
-	gs_fn_cuMemRelease fn = REAL_FN(cuMemRelease);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode != GS_ENFORCE)
-		return fn(handle);
-	/* Before the driver call: once freed, the handle value may be handed out again. */
-	r = gs_map_handle_adjust(handle, -1, 0, &gone);
-	if (r < 0 || r == 2)
-		return fn(handle);
-	rc = fn(handle);
-	if (rc != CUDA_SUCCESS) {
-		if (r == 1) {
-			gone.refs = 1;
-			alloc_put(gone);
-		} else {
-			gs_map_handle_adjust(handle, 1, 0, &gone);
-		}
-		return rc;
-	}
-	if (r == 1)
-		uncharge_record(&gone);
-	return rc;
-}
-
-/* A mapping's handle: its charge is gone with the handle's last reference and mapping. */
-static void drop_mapping(uint64_t handle)
-{
-	struct gs_alloc gone;
-
-	if (gs_map_handle_adjust(handle, 0, -1, &gone) == 1)
-		uncharge_record(&gone);
-}
-
-GS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
-{
-	struct gs_alloc map, gone;
-	int early = 0;
-	CUresult rc;
-
-	TRACE(GS_ID_cuMemRetainAllocationHandle, calls);
-	gs_fn_cuMemRetainAllocationHandle fn = REAL_FN(cuMemRetainAllocationHandle);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode != GS_ENFORCE || handle == NULL)
-		return fn(handle, addr);
-	/*
-	 * At a mapping's start the handle is known beforehand: the reference is
-	 * counted before the driver call, so a release racing with it can never
-	 * free the record of memory this retain keeps alive.
-	 */
-	if (gs_map_peek((uint64_t)(uintptr_t)addr, GS_K_MAP, &map) == 0)
-		early = gs_map_handle_adjust(map.owner, 1, 0, &gone) == 0;
-	rc = fn(handle, addr);
-	if (early && (rc != CUDA_SUCCESS || *handle != map.owner)) {
-		if (gs_map_handle_adjust(map.owner, -1, 0, &gone) == 1)
-			uncharge_record(&gone);
-		early = 0;
-	}
-	if (rc == CUDA_SUCCESS && !early)
-		gs_map_handle_adjust(*handle, 1, 0, &gone);
-	return rc;
-}
-
-GS_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
-			    CUmemGenericAllocationHandle handle, unsigned long long flags)
-{
-	struct gs_alloc stale, gone;
-	CUresult rc;
-	int ours;
-
-	TRACE(GS_ID_cuMemMap, calls);
-	gs_fn_cuMemMap fn = REAL_FN(cuMemMap);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode != GS_ENFORCE)
-		return fn(ptr, size, offset, handle, flags);
-	/* Counted before the call, so a racing last release cannot free the record. */
-	ours = gs_map_handle_adjust(handle, 0, 1, &gone) == 0;
-	rc = fn(ptr, size, offset, handle, flags);
-	if (rc != CUDA_SUCCESS) {
-		if (ours)
-			drop_mapping(handle);
-		return rc;
-	}
-	/* A record still at this address is a mapping that went without us: settle it. */
-	if (gs_map_take(ptr, GS_K_MAP, &stale) == 0)
-		drop_mapping(stale.owner);
-	/*
-	 * Every mapping is recorded, of handles not ours too, so an unmap can walk
-	 * its range. One that cannot be recorded keeps its memory charged: never
-	 * too little.
-	 */
-	alloc_put((struct gs_alloc){
-		.key = ptr, .kind = GS_K_MAP, .gpu = GS_DEV_FOREIGN, .size = size, .owner = handle });
-	return rc;
-}
-
-/*
- * The mappings [ptr, ptr + size) covers, in order, taken out of the table
- * into a buffer; the walk stops at an address with no record (a mapping
- * made before the shim was there).
- */
-static struct gs_alloc *take_mappings(CUdeviceptr ptr, size_t size, size_t *n)
-{
-	struct gs_alloc *m = NULL, *grown;
-	size_t cap = 0;
-
-	*n = 0;
-	for (CUdeviceptr cur = ptr; cur - ptr < size;) {
-		if (*n == cap) {
-			cap = cap ? cap * 2 : 4;
-			grown = realloc(m, cap * sizeof(*m));
-			if (grown == NULL)
-				break; /* the rest stay recorded and charged: never too little */
-			m = grown;
-		}
-		if (gs_map_take(cur, GS_K_MAP, &m[*n]) != 0 || m[*n].size == 0)
-			break;
-		cur += m[(*n)++].size;
-	}
-	return m;
-}
-
-/* What an unmap did to one mapping's handle, to be undone or settled after the driver call. */
-struct gs_unmapped {
-	struct gs_alloc gone; /* the handle's record, if this was its last hold */
-	int state;	      /* 0: not ours; 1: mapping count dropped; 2: record taken out */
-};
-
-GS_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
-{
-	struct gs_unmapped *u;
-	struct gs_alloc *m, ignored;
-	CUresult rc;
-	size_t n;
-
-	TRACE(GS_ID_cuMemUnmap, calls);
-	gs_fn_cuMemUnmap fn = REAL_FN(cuMemUnmap);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode != GS_ENFORCE)
-		return fn(ptr, size);
-	/*
-	 * Out before the driver call: once unmapped, the range may be mapped
-	 * again, and a freed handle handed out again, by other threads.
-	 */
-	m = take_mappings(ptr, size, &n);
-	u = n ? calloc(n, sizeof(*u)) : NULL;
-	if (n != 0 && u == NULL) {
-		/* Nothing to keep the undo in: the mappings stay charged, never too little. */
-		for (size_t i = 0; i < n; i++)
-			alloc_put(m[i]);
-		free(m);
-		return fn(ptr, size);
-	}
-	for (size_t i = 0; i < n; i++) {
-		int r = gs_map_handle_adjust(m[i].owner, 0, -1, &u[i].gone);
-
-		u[i].state = r == 1 ? 2 : r == 0 ? 1 : 0;
-	}
-	rc = fn(ptr, size);
-	/* Undone last first: a handle mapped twice in the range had its record put back last. */
-	for (size_t k = n; k-- > 0;) {
-		size_t i = k;
-
-		if (rc == CUDA_SUCCESS) {
-			if (u[i].state == 2)
-				uncharge_record(&u[i].gone);
-			continue;
-		}
-		alloc_put(m[i]);
-		if (u[i].state == 2) {
-			u[i].gone.maps = 1;
-			alloc_put(u[i].gone);
-		} else if (u[i].state == 1) {
-			gs_map_handle_adjust(m[i].owner, 0, 1, &ignored);
-		}
-	}
-	free(u);
-	free(m);
-	return rc;
-}
 
 /* --- wrappers: CUDA arrays ---------------------------------------------------------- */
 
@@ -1011,13 +775,14 @@ GS_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR 
 		return fn(array, desc);
 	if (g.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
-	rc = charge_current(array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels, 0, 1), &c);
+	rc = charge_current(array_bytes(desc->Width, desc->Height, 1, desc->Format,
+					desc->NumChannels, 0, 1),
+			    &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = fn(array, desc);
 	return settle(rc, (uint64_t)(uintptr_t)*array, GS_K_ARRAY, &c, undo_array);
 }
-
 
 GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
@@ -1033,13 +798,13 @@ GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIP
 	if (g.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
 	rc = charge_current(array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-				     desc->NumChannels, desc->Flags, 1), &c);
+					desc->NumChannels, desc->Flags, 1),
+			    &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = fn(array, desc);
 	return settle(rc, (uint64_t)(uintptr_t)*array, GS_K_ARRAY, &c, undo_array);
 }
-
 
 GS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
 					  const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)
@@ -1056,19 +821,18 @@ GS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
 	if (g.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
 	rc = charge_current(array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-				     desc->NumChannels, desc->Flags, levels), &c);
+					desc->NumChannels, desc->Flags, levels),
+			    &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = fn(array, desc, levels);
 	return settle(rc, (uint64_t)(uintptr_t)*array, GS_K_MIPMAP, &c, undo_mipmap);
 }
 
-
 FREE_WRAPPER(cuArrayDestroy, (CUarray array), array, GS_K_ARRAY, (array))
 FREE_WRAPPER(cuMipmappedArrayDestroy, (CUmipmappedArray array), array, GS_K_MIPMAP, (array))
 
 /* --- wrappers: launches --------------------------------------------------------------- */
-
 
 static inline __attribute__((always_inline)) void launch_gate(void)
 {
@@ -1077,15 +841,15 @@ static inline __attribute__((always_inline)) void launch_gate(void)
 }
 
 /* Every launch entry: the gate, then the driver. */
-#define LAUNCH_WRAPPER(abi, params, args)       \
-	GS_EXPORT CUresult abi params           \
-	{                                       \
-		TRACE(GS_ID_##abi, calls);      \
-		gs_fn_##abi fn = REAL_FN(abi);  \
-		if (unlikely(fn == NULL))       \
+#define LAUNCH_WRAPPER(abi, params, args)            \
+	GS_EXPORT CUresult abi params                \
+	{                                            \
+		TRACE(GS_ID_##abi, calls);           \
+		gs_fn_##abi fn = REAL_FN(abi);       \
+		if (unlikely(fn == NULL))            \
 			return CUDA_ERROR_NOT_FOUND; \
-		launch_gate();                  \
-		return fn args;                 \
+		launch_gate();                       \
+		return fn args;                      \
 	}
 
 LAUNCH_WRAPPER(cuLaunchKernel, GS_LAUNCH_PARAMS,
@@ -1100,20 +864,20 @@ LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, GS_COOP_PARAMS,
 	       (f, gx, gy, gz, bx, by, bz, shmem, stream, params))
 
 /* A graph launch may map graph memory: one flag read unless the process ever made some. */
-#define GRAPH_LAUNCH_WRAPPER(abi)                                                  \
-	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                  \
-	{                                                                          \
-		CUresult rc;                                                       \
-		TRACE(GS_ID_##abi, calls);                                         \
-		gs_fn_##abi fn = REAL_FN(abi);                                     \
-		if (unlikely(fn == NULL))                                          \
-			return CUDA_ERROR_NOT_FOUND;                               \
-		launch_gate();                                                     \
-		rc = fn(exec, stream);                                             \
+#define GRAPH_LAUNCH_WRAPPER(abi)                                                   \
+	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                   \
+	{                                                                           \
+		CUresult rc;                                                        \
+		TRACE(GS_ID_##abi, calls);                                          \
+		gs_fn_##abi fn = REAL_FN(abi);                                      \
+		if (unlikely(fn == NULL))                                           \
+			return CUDA_ERROR_NOT_FOUND;                                \
+		launch_gate();                                                      \
+		rc = fn(exec, stream);                                              \
 		if (unlikely(__atomic_load_n(&graph_mem, __ATOMIC_RELAXED) != 0) && \
-		    rc == CUDA_SUCCESS)                                            \
-			graph_launched(stream);                                    \
-		return rc;                                                         \
+		    rc == CUDA_SUCCESS)                                             \
+			graph_launched(stream);                                     \
+		return rc;                                                          \
 	}
 
 GRAPH_LAUNCH_WRAPPER(cuGraphLaunch)
@@ -1209,4 +973,3 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v
 	}
 	return rc;
 }
-

@@ -134,7 +134,6 @@ void need_nvml(void)
 	pthread_mutex_unlock(&nvml_mu);
 }
 
-
 static const struct gs_hook *hook_by_abi(const char *name)
 {
 	for (int i = 0; i < GS_NENTRIES; i++)
@@ -343,7 +342,6 @@ GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_
 		gpa_substitute(symbol, pfn, cuda_version, flags);
 	return rc;
 }
-
 
 __attribute__((destructor)) static void gs_unload(void)
 {

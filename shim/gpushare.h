@@ -112,9 +112,9 @@ int gpushare_mark_persistent(unsigned long long dptr);
 struct gpushare_memory {
 	unsigned long long used;
 	unsigned long long persistent;
-	unsigned long long temporary; /* used - persistent, per GPU */
+	unsigned long long temporary;	   /* used - persistent, per GPU */
 	unsigned long long temporary_peak; /* sum over GPUs of the most temporary bytes at once */
-	unsigned long long iterations;     /* boundaries this process reported */
+	unsigned long long iterations;	   /* boundaries this process reported */
 };
 
 /* Fill `out`; GPUSHARE_E_INVAL if `out` is NULL or the shim enforces no ledger. */

@@ -241,8 +241,8 @@ static uint64_t claimed(const struct gs_ledger *l, uint32_t gpu)
 	return total;
 }
 
-int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
-			 uint64_t *used, uint64_t *launches, uint64_t *peak)
+int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id, uint64_t *used,
+			 uint64_t *launches, uint64_t *peak)
 {
 	uint32_t hwm = slots_seen(l);
 	int n = 0, t;
@@ -268,8 +268,7 @@ int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
 	return n;
 }
 
-int gs_ledger_task_regions(const struct gs_ledger *l, const char *task_id,
-			   struct gs_regions *out)
+int gs_ledger_task_regions(const struct gs_ledger *l, const char *task_id, struct gs_regions *out)
 {
 	uint32_t hwm = slots_seen(l);
 	int n = 0;
@@ -464,8 +463,8 @@ int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_i
 		STORE(&s->state, (uint32_t)GS_SLOT_USED);
 		hwm = LOAD(&l->slot_hwm);
 		while (hwm < i + 1 &&
-		       !__atomic_compare_exchange_n(&l->slot_hwm, &hwm, i + 1, 0,
-						   __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+		       !__atomic_compare_exchange_n(&l->slot_hwm, &hwm, i + 1, 0, __ATOMIC_SEQ_CST,
+						    __ATOMIC_SEQ_CST))
 			;
 		return (int)i;
 	}
@@ -499,9 +498,8 @@ static void note_peak(struct gs_slot *s)
 	}
 	/* Relaxed: the peak is a report, and its CAS alone keeps it monotonic. */
 	peak = LOAD_REPORT(&s->peak);
-	while (total > peak &&
-	       !__atomic_compare_exchange_n(&s->peak, &peak, total, 0, __ATOMIC_RELAXED,
-					   __ATOMIC_RELAXED))
+	while (total > peak && !__atomic_compare_exchange_n(&s->peak, &peak, total, 0,
+							    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 		;
 }
 
@@ -611,7 +609,7 @@ uint64_t gs_ledger_boundary(struct gs_ledger *l, uint32_t slot, uint64_t iterati
 	seen = LOAD(&l->task[t].iterations);
 	while (seen < iterations &&
 	       !__atomic_compare_exchange_n(&l->task[t].iterations, &seen, iterations, 0,
-					   __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+					    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
 		;
 	return seen > iterations ? seen : iterations;
 }
@@ -647,9 +645,8 @@ void gs_ledger_note_temp(struct gs_ledger *l, uint32_t slot, uint32_t gpu)
 	pers = LOAD(&s->persistent[gpu]);
 	temp = used > pers ? used - pers : 0;
 	peak = LOAD(&s->temp_peak[gpu]);
-	while (temp > peak &&
-	       !__atomic_compare_exchange_n(&s->temp_peak[gpu], &peak, temp, 0, __ATOMIC_SEQ_CST,
-					   __ATOMIC_SEQ_CST))
+	while (temp > peak && !__atomic_compare_exchange_n(&s->temp_peak[gpu], &peak, temp, 0,
+							   __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
 		;
 }
 

@@ -62,25 +62,26 @@ uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu);
  * kernel launches into *launches, and the sum of each slot's peak (its most
  * bytes at once) into *peak. Returns the number of such slots.
  */
-int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id,
-			 uint64_t *used, uint64_t *launches, uint64_t *peak);
+int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id, uint64_t *used,
+			 uint64_t *launches, uint64_t *peak);
 
 /* A task's memory by region, summed over its live processes (gs_ledger_task_regions). */
 struct gs_regions {
-	uint64_t used[GS_MAX_GPUS];       /* bytes now, per ledger GPU */
+	uint64_t used[GS_MAX_GPUS];	  /* bytes now, per ledger GPU */
 	uint64_t persistent[GS_MAX_GPUS]; /* of which persistent */
 	uint64_t temp_peak[GS_MAX_GPUS];  /* sum of each process's temporary peak */
-	uint64_t settled[GS_MAX_GPUS];    /* persistent bytes right after each process's last release */
-	uint64_t iterations;     /* the most boundaries one process reported */
-	uint64_t releases;       /* the fewest releases one process made (0: none settled yet) */
-	uint64_t min_iterations; /* the fewest boundaries one process that reported any reported (0: none did) */
+	uint64_t
+		settled[GS_MAX_GPUS]; /* persistent bytes right after each process's last release */
+	uint64_t iterations;	      /* the most boundaries one process reported */
+	uint64_t releases; /* the fewest releases one process made (0: none settled yet) */
+	uint64_t
+		min_iterations; /* the fewest boundaries one process that reported any reported (0: none did) */
 	uint32_t processes;
 	uint32_t reserved;
 };
 
 /* Fill `out` for `task_id`; returns the number of its processes. */
-int gs_ledger_task_regions(const struct gs_ledger *l, const char *task_id,
-			   struct gs_regions *out);
+int gs_ledger_task_regions(const struct gs_ledger *l, const char *task_id, struct gs_regions *out);
 
 /*
  * The turn's barrier (docs/timeslicing.md, "Tasks of several processes"):
@@ -96,8 +97,8 @@ struct gs_slot_info {
 	char task_id[24];
 	int32_t pid;
 	uint32_t slot;
-	uint64_t used;     /* bytes now, all GPUs */
-	uint64_t peak;     /* most bytes at once, all GPUs */
+	uint64_t used; /* bytes now, all GPUs */
+	uint64_t peak; /* most bytes at once, all GPUs */
 	uint64_t launches;
 };
 
@@ -135,7 +136,8 @@ int gs_ledger_charge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t 
 void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes);
 
 /*
- * A process, classifying its own slot's bytes (seed 002). Each is called by
+ * A process, classifying its own slot's bytes as persistent or temporary
+ * (docs/timeslicing.md#classification-in-the-shim). Each is called by
  * the slot's owner only.
  *
  * gs_ledger_boundary: an iteration boundary, the process's `iterations`th:

@@ -26,7 +26,7 @@
 
 /* Bits of a task entry's pause word: launches and allocations wait while any is set. */
 #define GS_PAUSE_ADMIN 1 /* an operator paused the task */
-#define GS_PAUSE_TURN 2  /* a time-sliced GPU of the task is another task's turn */
+#define GS_PAUSE_TURN 2	 /* a time-sliced GPU of the task is another task's turn */
 
 /* Bits of a task entry's flags, written by nodemgr. */
 #define GS_TASK_TIMESLICED 1 /* the task runs on a time-sliced GPU: learn its shape */
@@ -47,10 +47,10 @@ struct gs_gpu_entry {
  */
 struct gs_task {
 	char task_id[GS_TASK_ID_LEN];
-	uint32_t state;          /* GS_SLOT_FREE or GS_SLOT_USED */
-	uint32_t paused;         /* GS_PAUSE_* bits; nonzero: launches and allocations wait (futex word) */
+	uint32_t state;	 /* GS_SLOT_FREE or GS_SLOT_USED */
+	uint32_t paused; /* GS_PAUSE_* bits; nonzero: launches and allocations wait (futex word) */
 	uint64_t last_launch_ns; /* CLOCK_REALTIME of the last sweep that saw launches move */
-	uint64_t iterations;     /* the most iteration boundaries any process of the task reported */
+	uint64_t iterations; /* the most iteration boundaries any process of the task reported */
 	/*
 	 * nodemgr: the boundary count at which the task's turn ends (it then
 	 * releases its temporary memory and yields); 0: the task is not gated.
@@ -77,19 +77,20 @@ struct gs_task {
 struct gs_slot {
 	uint64_t used[GS_MAX_GPUS];
 	uint64_t persistent[GS_MAX_GPUS];
-	uint64_t temp_peak[GS_MAX_GPUS]; /* most temporary bytes at once, from the first boundary on */
-	uint64_t settled[GS_MAX_GPUS];   /* persistent bytes right after the last release */
+	uint64_t temp_peak
+		[GS_MAX_GPUS]; /* most temporary bytes at once, from the first boundary on */
+	uint64_t settled[GS_MAX_GPUS]; /* persistent bytes right after the last release */
 	uint64_t launches;
 	uint64_t last_launch_ns;
 	int32_t pid;
 	uint32_t state;
 	char task_id[GS_TASK_ID_LEN];
-	uint64_t peak; /* most bytes this slot held at once, over all GPUs */
+	uint64_t peak;		/* most bytes this slot held at once, over all GPUs */
 	uint64_t launches_seen; /* nodemgr: launches at its last sweep */
-	int32_t task_index;     /* the process's task entry, -1 if none (set at claim) */
+	int32_t task_index;	/* the process's task entry, -1 if none (set at claim) */
 	uint32_t reserved0;
 	uint64_t iterations; /* iteration boundaries this process reported */
-	uint64_t releases;   /* times it released its temporary memory (settled is valid when > 0) */
+	uint64_t releases; /* times it released its temporary memory (settled is valid when > 0) */
 	uint64_t boundary_ns; /* CLOCK_MONOTONIC of the last boundary; 0: none yet */
 	/*
 	 * Charges being checked against the limit (gs_ledger_charge): counted

@@ -279,7 +279,6 @@ CUresult current_gpu(int *gpu)
 	return current_ctx(&ctx, gpu);
 }
 
-
 /*
  * The context and ledger GPU of a stream: a stream-ordered allocation takes
  * its memory from the stream's device, which need not be the current one.
@@ -324,8 +323,8 @@ CUresult stream_ctx(CUstream stream, CUcontext *ctx, int *gpu)
  */
 __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 {
-	const struct gs_task *entry = (const struct gs_task *)((const char *)word -
-								offsetof(struct gs_task, paused));
+	const struct gs_task *entry =
+		(const struct gs_task *)((const char *)word - offsetof(struct gs_task, paused));
 	struct timespec ts = { 0, 250 * 1000 * 1000 };
 	uint32_t seen;
 

@@ -11,6 +11,7 @@
  *               graph memory
  *  alloc_map.c  the sharded map of live allocations (alloc_map.h)
  *  cuda_hook.c  the wrappers, the launch path among them
+ *  vmm_hook.c   the wrappers of virtual memory management (cuMemCreate, cuMemMap)
  *  iteration.c  the iteration API (gpushare_iteration and its kin)
  */
 #ifndef GS_SHIM_H
@@ -104,7 +105,10 @@ enum {
 	GS_NENTRIES
 };
 
-enum gs_lib { GS_LIB_CUDA, GS_LIB_NVML };
+enum gs_lib {
+	GS_LIB_CUDA,
+	GS_LIB_NVML
+};
 
 struct gs_hook {
 	const char *abi;
@@ -124,7 +128,7 @@ extern const struct gs_hook hooks[GS_NENTRIES];
 /* --- process state -------------------------------------------------------- */
 
 enum gs_mode {
-	GS_INERT = GPUSHARE_MODE_INERT,     /* no ledger: pass everything through */
+	GS_INERT = GPUSHARE_MODE_INERT,	    /* no ledger: pass everything through */
 	GS_ENFORCE = GPUSHARE_MODE_ENFORCE, /* ledger mapped: charge and enforce */
 	GS_BROKEN = GPUSHARE_MODE_BROKEN,   /* ledger named at load, unusable: refuse allocations */
 };
@@ -147,15 +151,15 @@ enum gs_mode {
 struct gs_process {
 	enum gs_mode mode;
 	struct gs_ledger *ledger;
-	int fd;		  /* this process's descriptor; holds the slot lock */
-	int slot;	  /* claimed slot, -1 until first use */
+	int fd;	  /* this process's descriptor; holds the slot lock */
+	int slot; /* claimed slot, -1 until first use */
 	char task_id[GS_TASK_ID_LEN];
 	char *trace_path;
 	int dev_map[GS_MAX_DEVS];
-	uint8_t ctx_state[GS_MAX_GPUS];  /* the context charge on that GPU: enum gs_ctx_state */
+	uint8_t ctx_state[GS_MAX_GPUS];	 /* the context charge on that GPU: enum gs_ctx_state */
 	uint64_t ctx_bytes[GS_MAX_GPUS]; /* what was charged for it */
-	CUcontext primary[GS_MAX_DEVS];  /* each device's primary context, once retained */
-	int primary_refs[GS_MAX_DEVS];   /* this process's retains of it */
+	CUcontext primary[GS_MAX_DEVS];	 /* each device's primary context, once retained */
+	int primary_refs[GS_MAX_DEVS];	 /* this process's retains of it */
 	unsigned int ctx_gen;		 /* bumped when a context goes away */
 	/*
 	 * Iteration boundaries this process reported (gpushare_iteration): an
@@ -164,7 +168,7 @@ struct gs_process {
 	 */
 	uint64_t epoch;
 	pthread_mutex_t claim_mu;
-	pthread_mutex_t epoch_mu; /* orders boundaries and marks against each other */
+	pthread_mutex_t epoch_mu;   /* orders boundaries and marks against each other */
 	char ledger_path[PATH_MAX]; /* to map it afresh after fork */
 };
 
@@ -198,9 +202,9 @@ struct gs_trace {
 
 extern struct gs_trace trace;
 
-#define TRACE(id, field)                                                     \
-	do {                                                                 \
-		if (unlikely(g.trace_path != NULL))                          \
+#define TRACE(id, field)                                                           \
+	do {                                                                       \
+		if (unlikely(g.trace_path != NULL))                                \
 			__atomic_fetch_add(&trace.field[id], 1, __ATOMIC_RELAXED); \
 	} while (0)
 
@@ -325,7 +329,7 @@ struct gs_pool;
 /* How a stream-ordered allocation is accounted. */
 struct gs_pool_alloc {
 	enum {
-		GS_PASS,   /* straight to the driver: inert, its own answer to bad arguments, host pool */
+		GS_PASS, /* straight to the driver: inert, its own answer to bad arguments, host pool */
 		GS_PLAIN,  /* a pool the shim cannot follow: charged as plain memory */
 		GS_POOLED, /* charged to its pool */
 		GS_NODE,   /* on a capturing stream: a graph's allocation node, charged at launch */
@@ -372,7 +376,6 @@ static inline __attribute__((always_inline)) void alloc_gate(void)
 	my_slot();
 	hold_while_paused();
 }
-
 
 #pragma GCC visibility pop
 

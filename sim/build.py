@@ -26,8 +26,15 @@ LIBRARIES = {
     "libcuda.so.1": (
         [
             "sim_cuda.c",
-            "sim_memory.c",
+            "sim_entry.c",
+            "sim_heap.c",
+            "sim_pools.c",
+            "sim_vmm.c",
+            "sim_host.c",
+            "sim_ipc.c",
+            "sim_copy.c",
             "sim_streams.c",
+            "sim_events.c",
             "sim_modules.c",
             "sim_exports.c",
             "sim_tables.c",

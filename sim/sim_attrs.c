@@ -21,7 +21,7 @@
 #include <strings.h>
 
 struct sim_attr {
-	const char *name;	/* the override key, besides the id */
+	const char *name; /* the override key, besides the id */
 	int value;
 };
 
@@ -39,14 +39,14 @@ static const struct sim_attr sim_attr_table[SIM_ATTR_COUNT] = {
 	[10] = { "warp_size", 32 },
 	[11] = { "max_pitch", INT_MAX },
 	[12] = { "max_registers_per_block", 65536 },
-	[13] = { "clock_rate", 1980000 },			/* kHz */
+	[13] = { "clock_rate", 1980000 }, /* kHz */
 	[14] = { "texture_alignment", 512 },
 	[15] = { "gpu_overlap", 1 },
 	[16] = { "multiprocessor_count", 132 },
 	[17] = { "kernel_exec_timeout", 0 },
 	[18] = { "integrated", 0 },
 	[19] = { "can_map_host_memory", 1 },
-	[20] = { "compute_mode", 0 },				/* default: shared */
+	[20] = { "compute_mode", 0 }, /* default: shared */
 	[21] = { "max_texture1d_width", 131072 },
 	[22] = { "max_texture2d_width", 131072 },
 	[23] = { "max_texture2d_height", 65536 },
@@ -59,11 +59,11 @@ static const struct sim_attr sim_attr_table[SIM_ATTR_COUNT] = {
 	[30] = { "surface_alignment", 512 },
 	[31] = { "concurrent_kernels", 1 },
 	[32] = { "ecc_enabled", 1 },
-	[33] = { "pci_bus_id", 0 },				/* position + 1 */
+	[33] = { "pci_bus_id", 0 }, /* position + 1 */
 	[34] = { "pci_device_id", 0 },
 	[35] = { "tcc_driver", 0 },
-	[36] = { "memory_clock_rate", 2619000 },		/* kHz */
-	[37] = { "global_memory_bus_width", 5120 },		/* bits */
+	[36] = { "memory_clock_rate", 2619000 },    /* kHz */
+	[37] = { "global_memory_bus_width", 5120 }, /* bits */
 	[38] = { "l2_cache_size", 50331648 },
 	[39] = { "max_threads_per_multiprocessor", 2048 },
 	[40] = { "async_engine_count", 3 },
@@ -111,7 +111,7 @@ static const struct sim_attr sim_attr_table[SIM_ATTR_COUNT] = {
 	[82] = { "max_registers_per_multiprocessor", 65536 },
 	[83] = { "managed_memory", 1 },
 	[84] = { "multi_gpu_board", 0 },
-	[85] = { "multi_gpu_board_group_id", 0 },		/* position */
+	[85] = { "multi_gpu_board_group_id", 0 }, /* position */
 	[86] = { "host_native_atomic_supported", 0 },
 	[87] = { "single_to_double_precision_perf_ratio", 2 },
 	/* A discrete GPU without HMM: pageable memory must be registered first. */
@@ -137,7 +137,7 @@ static const struct sim_attr sim_attr_table[SIM_ATTR_COUNT] = {
 	[105] = { "handle_type_win32_kmt_supported", 0 },
 	[106] = { "max_blocks_per_multiprocessor", 32 },
 	[107] = { "generic_compression_supported", 1 },
-	[108] = { "max_persisting_l2_cache_size", 37748736 },	/* 3/4 of L2 */
+	[108] = { "max_persisting_l2_cache_size", 37748736 }, /* 3/4 of L2 */
 	[109] = { "max_access_policy_window_size", 134213632 },
 	[110] = { "gpu_direct_rdma_with_cuda_vmm_supported", 0 },
 	[111] = { "reserved_shared_memory_per_block", 1024 },
@@ -150,7 +150,7 @@ static const struct sim_attr sim_attr_table[SIM_ATTR_COUNT] = {
 	[116] = { "gpu_direct_rdma_supported", 0 },
 	[117] = { "gpu_direct_rdma_flush_writes_options", 0 },
 	[118] = { "gpu_direct_rdma_writes_ordering", 0 },
-	[119] = { "mempool_supported_handle_types", 1 },	/* POSIX fd */
+	[119] = { "mempool_supported_handle_types", 1 }, /* POSIX fd */
 	[120] = { "cluster_launch", 1 },
 	[121] = { "deferred_mapping_cuda_array_supported", 0 },
 	[122] = { "can_use_64_bit_stream_mem_ops", 1 },
@@ -162,11 +162,11 @@ static const struct sim_attr sim_attr_table[SIM_ATTR_COUNT] = {
 	/* No NVSwitch fabric: NVML's fabric state says the same. */
 	[128] = { "handle_type_fabric_supported", 0 },
 	[129] = { "unified_function_pointers", 0 },
-	[130] = { "numa_config", 0 },				/* not a NUMA node */
+	[130] = { "numa_config", 0 }, /* not a NUMA node */
 	[131] = { "numa_id", -1 },
 	[132] = { "multicast_supported", 0 },
 	[133] = { "mps_enabled", 0 },
-	[134] = { "host_numa_id", -1 },				/* no NUMA host */
+	[134] = { "host_numa_id", -1 }, /* no NUMA host */
 	[135] = { "d3d12_cig_supported", 0 },
 	[136] = { "mem_decompress_algorithm_mask", 0 },
 	[137] = { "mem_decompress_maximum_length", 0 },

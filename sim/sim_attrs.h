@@ -20,7 +20,7 @@ enum {
 	SIM_ATTR_CC_MAJOR = 75,
 	SIM_ATTR_CC_MINOR = 76,
 	SIM_ATTR_MULTI_GPU_BOARD_GROUP_ID = 85,
-	SIM_ATTR_GPU_PCI_DEVICE_ID = 139,	/* device id << 16 | vendor id */
+	SIM_ATTR_GPU_PCI_DEVICE_ID = 139, /* device id << 16 | vendor id */
 	SIM_ATTR_GPU_PCI_SUBSYSTEM_ID = 140,
 };
 

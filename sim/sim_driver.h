@@ -1,8 +1,10 @@
 /*
  * What the simulated driver's own files share: sim_cuda.c (start-up,
- * devices, contexts), sim_memory.c (the device heaps and all that takes
- * from them), sim_streams.c (streams, events, capture, graphs, launches)
- * and sim_modules.c (modules, kernels, occupancy). Private to the driver
+ * devices, contexts), sim_entry.c (errors, export tables, cuGetProcAddress),
+ * the memory files (the device heaps and all that takes from them; they
+ * share sim_memory.h besides), sim_streams.c (streams, capture, graphs,
+ * launches), sim_events.c (events) and sim_modules.c (modules, kernels,
+ * occupancy). Private to the driver
  * and, like everything in it, hidden; what the export layer, the tables
  * and the trace share with it is sim_internal.h.
  */
@@ -25,19 +27,19 @@
  */
 #pragma GCC visibility push(hidden)
 
-#define SIM_ALIGN	512	/* allocation granule and alignment */
-#define SIM_CTX_DEPTH	64	/* per-thread context stack */
+#define SIM_ALIGN 512	 /* allocation granule and alignment */
+#define SIM_CTX_DEPTH 64 /* per-thread context stack */
 
 struct sim_extent {
 	size_t off;
 	size_t len;
-	unsigned int kind;	/* live extents: enum sim_mem_kind; free ones: 0 */
-	uint64_t owner;		/* live: the id of the context it belongs to, or 0 */
-	size_t refs;		/* SIM_MEM_HANDLE: unreleased handle references */
-	size_t maps;		/* SIM_MEM_HANDLE: mappings of it (cuMemMap) */
-	struct CUmemPoolHandle_st *pool;	/* stream-ordered: the pool it is from */
-	bool idle;		/* in a pool: freed to it, kept reserved for reuse */
-	struct sim_galloc *graph;	/* a graph allocation's address range (sim_memory.c) */
+	unsigned int kind;		 /* live extents: enum sim_mem_kind; free ones: 0 */
+	uint64_t owner;			 /* live: the id of the context it belongs to, or 0 */
+	size_t refs;			 /* SIM_MEM_HANDLE: unreleased handle references */
+	size_t maps;			 /* SIM_MEM_HANDLE: mappings of it (cuMemMap) */
+	struct CUmemPoolHandle_st *pool; /* stream-ordered: the pool it is from */
+	bool idle;			 /* in a pool: freed to it, kept reserved for reuse */
+	struct sim_galloc *graph;	 /* a graph allocation's address range (sim_pools.c) */
 };
 
 /*
@@ -49,9 +51,9 @@ struct sim_extent {
  * reference and its last mapping are gone.
  */
 enum sim_mem_kind {
-	SIM_MEM_PTR = 1,	/* cuMemAlloc & co.: back with cuMemFree(Async) */
-	SIM_MEM_HANDLE,		/* cuMemCreate: back with cuMemRelease */
-	SIM_MEM_ARRAY,		/* arrays and mipmapped arrays: back with their destroy */
+	SIM_MEM_PTR = 1, /* cuMemAlloc & co.: back with cuMemFree(Async) */
+	SIM_MEM_HANDLE,	 /* cuMemCreate: back with cuMemRelease */
+	SIM_MEM_ARRAY,	 /* arrays and mipmapped arrays: back with their destroy */
 };
 
 /*
@@ -61,12 +63,12 @@ enum sim_mem_kind {
  */
 struct sim_heap {
 	pthread_mutex_t lock;
-	uintptr_t base;		/* 0 until first allocation; read atomically */
-	int fd;			/* the memfd behind base, once base is set */
-	int spec_index;		/* its device's place in the node (sim_usage.c) */
-	size_t arena;		/* device bytes rounded down to SIM_ALIGN */
+	uintptr_t base; /* 0 until first allocation; read atomically */
+	int fd;		/* the memfd behind base, once base is set */
+	int spec_index; /* its device's place in the node (sim_usage.c) */
+	size_t arena;	/* device bytes rounded down to SIM_ALIGN */
 	size_t used;
-	size_t unpunched;	/* bytes freed since free memory last went back */
+	size_t unpunched; /* bytes freed since free memory last went back */
 	struct sim_extent *free_ext;
 	size_t nfree, free_cap;
 	struct sim_extent *live;
@@ -80,7 +82,7 @@ struct sim_heap {
  * (its device's ordinal + 1) through every reset: it is the same handle.
  */
 struct CUctx_st {
-	struct CUctx_st *next;	/* sim_ctx_list; unused by primaries */
+	struct CUctx_st *next; /* sim_ctx_list; unused by primaries */
 	int dev;
 	uint64_t id;
 };
@@ -106,12 +108,12 @@ enum sim_obj_kind {
 };
 
 struct sim_obj {
-	struct sim_obj *next;	/* sim_obj_list; unused by default pools */
+	struct sim_obj *next; /* sim_obj_list; unused by default pools */
 	enum sim_obj_kind kind;
 	int dev;
-	CUdeviceptr addr;	/* arrays: their storage in the device heap */
-	uint64_t owner;		/* arrays, streams: their context's id; pools: 0 */
-	CUcontext ctx;		/* streams: their context */
+	CUdeviceptr addr; /* arrays: their storage in the device heap */
+	uint64_t owner;	  /* arrays, streams: their context's id; pools: 0 */
+	CUcontext ctx;	  /* streams: their context */
 };
 
 /*
@@ -124,21 +126,21 @@ struct sim_obj {
  */
 struct CUmemPoolHandle_st {
 	struct sim_obj obj;
-	uint64_t threshold;	/* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
+	uint64_t threshold; /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
 	uint64_t reserved, reserved_high;
 	uint64_t used, used_high;
-	int reuse[3];		/* the three CU_MEMPOOL_ATTR_REUSE_* switches */
+	int reuse[3]; /* the three CU_MEMPOOL_ATTR_REUSE_* switches */
 };
 
 struct sim_device {
 	const struct sim_spec *spec;
-	int index;			/* its ordinal */
+	int index; /* its ordinal */
 	int spec_index;
 	struct sim_heap heap;
 	struct CUctx_st primary;
-	unsigned int primary_refs;	/* under sim_ctx_lock */
+	unsigned int primary_refs; /* under sim_ctx_lock */
 	struct CUmemPoolHandle_st default_pool;
-	CUmemoryPool mempool;		/* the current pool; under sim_obj_lock */
+	CUmemoryPool mempool; /* the current pool; under sim_obj_lock */
 };
 
 /*
@@ -158,14 +160,14 @@ extern int sim_ndevs;
 
 /*
  * Lock order: sim_ctx_lock before sim_obj_lock before a heap lock, and
- * sim_va_lock (sim_memory.c) before a heap lock; never two heap locks at
+ * sim_va_lock (sim_vmm.c) before a heap lock; never two heap locks at
  * once.
  */
 extern pthread_mutex_t sim_ctx_lock;
-extern struct CUctx_st *sim_ctx_list;	/* under sim_ctx_lock; primaries are not on it */
+extern struct CUctx_st *sim_ctx_list; /* under sim_ctx_lock; primaries are not on it */
 
 extern pthread_mutex_t sim_obj_lock;
-extern struct sim_obj *sim_obj_list;	/* under sim_obj_lock */
+extern struct sim_obj *sim_obj_list; /* under sim_obj_lock */
 
 /* The calling thread's context stack: the top one is current. */
 extern __thread struct sim_ctx_slot sim_stack[SIM_CTX_DEPTH];
@@ -189,10 +191,10 @@ struct sim_obj *sim_obj_lookup(const void *handle, enum sim_obj_kind kind, bool 
 const struct sim_ctx_slot *sim_current(void);
 int sim_current_dev(void);
 
-/* sim_memory.c: the device heaps. */
+/* sim_heap.c and sim_pools.c: the device heaps. */
 
-CUresult sim_heap_alloc(struct sim_device *d, size_t bytes, enum sim_mem_kind kind,
-			uint64_t owner, CUdeviceptr *out);
+CUresult sim_heap_alloc(struct sim_device *d, size_t bytes, enum sim_mem_kind kind, uint64_t owner,
+			CUdeviceptr *out);
 CUresult sim_mem_free(CUdeviceptr addr, enum sim_mem_kind kind);
 void sim_heap_sweep(struct sim_heap *h, uint64_t id);
 void sim_pools_settle(void);
@@ -211,25 +213,25 @@ enum sim_op_kind {
 	SIM_OP_SET,
 	SIM_OP_HOST,
 	SIM_OP_KERNEL,
-	SIM_OP_GALLOC,	/* a graph's memory allocation node */
-	SIM_OP_GFREE,	/* a graph's memory free node */
+	SIM_OP_GALLOC, /* a graph's memory allocation node */
+	SIM_OP_GFREE,  /* a graph's memory free node */
 };
 
 struct sim_op {
 	enum sim_op_kind kind;
 	uintptr_t dst, src;
-	size_t width;		/* bytes per row (copies) or elements per row (sets) */
+	size_t width; /* bytes per row (copies) or elements per row (sets) */
 	size_t height;
 	size_t dpitch, spitch;
 	uint32_t value;
-	unsigned int elem;	/* memset element size: 1, 2 or 4 */
+	unsigned int elem; /* memset element size: 1, 2 or 4 */
 	CUhostFn fn;
 	void *data;
-	struct sim_galloc *ga;	/* SIM_OP_GALLOC, SIM_OP_GFREE: holds a reference to it */
+	struct sim_galloc *ga; /* SIM_OP_GALLOC, SIM_OP_GFREE: holds a reference to it */
 };
 
 /*
- * sim_memory.c: graph memory. A graph allocation is an address range of
+ * sim_pools.c: graph memory. A graph allocation is an address range of
  * its device's arena, made when the allocation node is, and kept while a
  * graph, an executable graph or a launch (until its free) refers to it.
  */
@@ -240,24 +242,52 @@ void sim_galloc_unref(struct sim_galloc *ga);
 void sim_galloc_run(const struct sim_op *op);
 void sim_gmem_launch(const struct sim_op *ops, size_t n, bool autofree, bool upload);
 
+/*
+ * A stream: a handle bound to the context that was current when it was
+ * made (sim_streams.c). Its capture state is also read and joined by
+ * events (sim_events.c).
+ */
+struct CUstream_st {
+	struct sim_obj obj;
+	unsigned int flags;
+	int priority;
+	uint64_t id;
+	/* Stream capture, under sim_obj_lock. */
+	int capture_status; /* CU_STREAM_CAPTURE_STATUS_* */
+	int capture_mode;
+	uint64_t capture_id;
+	struct CUgraph_st *capture; /* the graph being captured into */
+	bool capture_origin;	    /* began the capture (others joined it through an event) */
+};
+
+/*
+ * With sim_obj_lock held: the stream object behind a non-default handle, or
+ * NULL (default streams are never captured).
+ */
+struct CUstream_st *sim_stream_locked(CUstream stream);
+/* sim_events.c: with sim_obj_lock held, capture id is over for event e. */
+void sim_event_capture_over(struct CUevent_st *e, uint64_t id);
+
 CUresult sim_capture_alloc(CUstream stream, int dev, size_t bytes, CUdeviceptr *out,
 			   bool *captured);
 CUresult sim_capture_free(CUstream stream, CUdeviceptr addr, bool *captured);
 CUresult sim_stream_slot(CUstream stream, struct sim_ctx_slot *slot);
+/* The same, CUDA_ERROR_NOT_INITIALIZED before cuInit: an entry point's first check. */
+CUresult sim_stream_slot_live(CUstream stream, struct sim_ctx_slot *slot);
 CUresult sim_stream_do(CUstream stream, const struct sim_op *op);
 struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s);
 void sim_graph_free(struct CUgraph_st *g);
 
 /* The first word of the IPC handles the driver makes, of memory and of events. */
-#define SIM_IPC_MAGIC 0x50495347u	/* "GSIP" */
+#define SIM_IPC_MAGIC 0x50495347u /* "GSIP" */
 
 /*
  * The per-thread default stream variants: nothing is asynchronous, so they
  * do exactly what their legacy-stream twins do. An alias must be defined
  * in the file that defines its twin.
  */
-#define SIM_SAME_AS(variant, twin)						\
-	extern __typeof__(sim_impl_##twin) sim_impl_##variant			\
+#define SIM_SAME_AS(variant, twin)                            \
+	extern __typeof__(sim_impl_##twin) sim_impl_##variant \
 		__attribute__((alias("sim_impl_" #twin)))
 
 #pragma GCC visibility pop

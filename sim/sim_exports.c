@@ -5,8 +5,8 @@
  * about 120 of them up by name and give up if one is missing.
  *
  * Each export forwards its arguments, as machine words, to the driver's
- * implementation sim_impl_<name> when one of its files (sim_cuda.c,
- * sim_memory.c, sim_streams.c, sim_modules.c) defines one; a name with none
+ * implementation sim_impl_<name> when one of its files (sim_cuda.c and
+ * those beside it, see sim_driver.h) defines one; a name with none
  * answers CUDA_ERROR_NOT_SUPPORTED. That is sound on x86-64, the only ABI
  * the project builds for: every driver entry point returns CUresult and
  * takes integers and pointers, which travel in the same registers and stack
@@ -83,31 +83,28 @@
  * nothing copied (launches are hot); traced, a cold function of its own does
  * the call and logs it.
  */
-#define SIM_ENTRY(name, n, kinds)							\
-	extern CUresult sim_impl_##name(SIM_P##n)					\
-		__attribute__((weak, visibility("hidden")));				\
-	static __attribute__((noinline, cold)) CUresult sim_traced_##name(SIM_P##n)	\
-	{										\
-		CUresult rc = sim_impl_##name ? sim_impl_##name(SIM_A##n)		\
-					      : CUDA_ERROR_NOT_SUPPORTED;		\
-		const uintptr_t args[] = { 0 SIM_L##n };				\
-											\
-		sim_trace_call(#name, kinds, args + 1, rc);				\
-		return rc;								\
-	}										\
-	SIM_EXPORT CUresult name(SIM_P##n);						\
-	SIM_EXPORT CUresult name(SIM_P##n)						\
-	{										\
-		if (__builtin_expect(sim_trace_on, 0))					\
-			return sim_traced_##name(SIM_A##n);				\
-		return sim_impl_##name ? sim_impl_##name(SIM_A##n)			\
-				       : CUDA_ERROR_NOT_SUPPORTED;			\
+#define SIM_ENTRY(name, n, kinds)                                                               \
+	extern CUresult sim_impl_##name(SIM_P##n) __attribute__((weak, visibility("hidden")));  \
+	static __attribute__((noinline, cold)) CUresult sim_traced_##name(SIM_P##n)             \
+	{                                                                                       \
+		CUresult rc =                                                                   \
+			sim_impl_##name ? sim_impl_##name(SIM_A##n) : CUDA_ERROR_NOT_SUPPORTED; \
+		const uintptr_t args[] = { 0 SIM_L##n };                                        \
+                                                                                                \
+		sim_trace_call(#name, kinds, args + 1, rc);                                     \
+		return rc;                                                                      \
+	}                                                                                       \
+	SIM_EXPORT CUresult name(SIM_P##n);                                                     \
+	SIM_EXPORT CUresult name(SIM_P##n)                                                      \
+	{                                                                                       \
+		if (__builtin_expect(sim_trace_on, 0))                                          \
+			return sim_traced_##name(SIM_A##n);                                     \
+		return sim_impl_##name ? sim_impl_##name(SIM_A##n) : CUDA_ERROR_NOT_SUPPORTED;  \
 	}
 #include "cuda_api.gen.h"
 #undef SIM_ENTRY
 
-#define SIM_PROC(base, abi, version, per_thread) \
-	{ #base, #abi, version, per_thread, (void *)abi },
+#define SIM_PROC(base, abi, version, per_thread) { #base, #abi, version, per_thread, (void *)abi },
 const struct sim_proc sim_procs[] = {
 #include "cuda_api.gen.h"
 };

@@ -28,10 +28,9 @@ struct sim_instantiate_params {
 
 /* sim_cuda.c */
 CUresult sim_impl_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
-CUresult sim_impl_cuCtxCreate_v3(CUcontext *pctx, void *affinity, int naffinity,
-				   unsigned int flags, CUdevice dev);
-CUresult sim_impl_cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags,
-				   CUdevice dev);
+CUresult sim_impl_cuCtxCreate_v3(CUcontext *pctx, void *affinity, int naffinity, unsigned int flags,
+				 CUdevice dev);
+CUresult sim_impl_cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev);
 CUresult sim_impl_cuCtxDestroy_v2(CUcontext ctx);
 CUresult sim_impl_cuCtxSetCurrent(CUcontext ctx);
 CUresult sim_impl_cuCtxGetCurrent(CUcontext *pctx);
@@ -56,8 +55,8 @@ CUresult sim_impl_cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev);
 CUresult sim_impl_cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
 CUresult sim_impl_cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes);
 CUresult sim_impl_cuMemAlloc(sim_devptr_v1 *dptr, unsigned int bytesize);
-CUresult sim_impl_cuMemAllocPitch(sim_devptr_v1 *dptr, unsigned int *pitch,
-				    unsigned int width, unsigned int height, unsigned int elem);
+CUresult sim_impl_cuMemAllocPitch(sim_devptr_v1 *dptr, unsigned int *pitch, unsigned int width,
+				  unsigned int height, unsigned int elem);
 CUresult sim_impl_cuMemFree(sim_devptr_v1 dptr);
 CUresult sim_impl_cuArrayCreate(CUarray *array, const void *desc);
 CUresult sim_impl_cuArray3DCreate(CUarray *array, const void *desc);
@@ -91,14 +90,14 @@ CUresult sim_impl_cuDeviceGetTexture1DLinearMaxWidth(size_t *width, int format,
 CUresult sim_impl_cuDeviceGetExecAffinitySupport(int *supported, int type, CUdevice dev);
 CUresult sim_impl_cuFlushGPUDirectRDMAWrites(int target, int scope);
 
-/* sim_memory.c */
+/* sim_heap.c, sim_pools.c, sim_vmm.c, sim_host.c, sim_ipc.c and sim_copy.c */
 CUresult sim_impl_cuDeviceGraphMemTrim(CUdevice dev);
 CUresult sim_impl_cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value);
 CUresult sim_impl_cuDeviceSetGraphMemAttribute(CUdevice dev, int attr, void *value);
 CUresult sim_impl_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 CUresult sim_impl_cuMemFree_v2(CUdeviceptr dptr);
-CUresult sim_impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
-				       size_t height, unsigned int elem);
+CUresult sim_impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+				     unsigned int elem);
 CUresult sim_impl_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
 CUresult sim_impl_cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUresult sim_impl_cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev);
@@ -111,44 +110,40 @@ CUresult sim_impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *prop
 CUresult sim_impl_cuMemPoolDestroy(CUmemoryPool pool);
 CUresult sim_impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream);
 CUresult sim_impl_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream);
-CUresult sim_impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
-					    CUmemoryPool pool, CUstream stream);
+CUresult sim_impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+					  CUstream stream);
 CUresult sim_impl_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-						 CUmemoryPool pool, CUstream stream);
+					       CUmemoryPool pool, CUstream stream);
 CUresult sim_impl_cuMemFreeAsync(CUdeviceptr dptr, CUstream stream);
 CUresult sim_impl_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
 CUresult sim_impl_cuMemGetAllocationGranularity(size_t *granularity,
-						  const CUmemAllocationProp *prop, int option);
+						const CUmemAllocationProp *prop, int option);
 CUresult sim_impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-				const CUmemAllocationProp *prop, unsigned long long flags);
+			      const CUmemAllocationProp *prop, unsigned long long flags);
 CUresult sim_impl_cuMemRelease(CUmemGenericAllocationHandle handle);
 CUresult sim_impl_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
-					CUdeviceptr addr, unsigned long long flags);
+				      CUdeviceptr addr, unsigned long long flags);
 CUresult sim_impl_cuMemAddressFree(CUdeviceptr ptr, size_t size);
 CUresult sim_impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
-			     CUmemGenericAllocationHandle handle, unsigned long long flags);
+			   CUmemGenericAllocationHandle handle, unsigned long long flags);
 CUresult sim_impl_cuMemUnmap(CUdeviceptr ptr, size_t size);
 CUresult sim_impl_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
-				   size_t count);
-CUresult sim_impl_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
-						void *addr);
+				 size_t count);
+CUresult sim_impl_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
 CUresult sim_impl_cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc);
 CUresult sim_impl_cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc);
 CUresult sim_impl_cuArrayDestroy(CUarray array);
 CUresult sim_impl_cuMipmappedArrayCreate(CUmipmappedArray *array,
-					   const CUDA_ARRAY3D_DESCRIPTOR *desc,
-					   unsigned int levels);
+					 const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels);
 CUresult sim_impl_cuMipmappedArrayDestroy(CUmipmappedArray array);
 CUresult sim_impl_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n);
 CUresult sim_impl_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream);
 CUresult sim_impl_cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n);
-CUresult sim_impl_cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n,
-				       CUstream stream);
+CUresult sim_impl_cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream stream);
 CUresult sim_impl_cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n);
 CUresult sim_impl_cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream stream);
 CUresult sim_impl_cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n);
-CUresult sim_impl_cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n,
-				       CUstream stream);
+CUresult sim_impl_cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream);
 CUresult sim_impl_cuMemcpyPeer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx,
 			       size_t n);
 CUresult sim_impl_cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src,
@@ -172,8 +167,8 @@ CUresult sim_impl_cuMemsetD2D32_v2(CUdeviceptr dst, size_t pitch, unsigned int v
 				   size_t h);
 CUresult sim_impl_cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned char v, size_t w,
 				    size_t h, CUstream s);
-CUresult sim_impl_cuMemsetD2D16Async(CUdeviceptr dst, size_t pitch, unsigned short v,
-				     size_t w, size_t h, CUstream s);
+CUresult sim_impl_cuMemsetD2D16Async(CUdeviceptr dst, size_t pitch, unsigned short v, size_t w,
+				     size_t h, CUstream s);
 CUresult sim_impl_cuMemsetD2D32Async(CUdeviceptr dst, size_t pitch, unsigned int v, size_t w,
 				     size_t h, CUstream s);
 CUresult sim_impl_cuMemHostAlloc(void **pp, size_t size, unsigned int flags);
@@ -198,8 +193,7 @@ CUresult sim_impl_cuMemPoolGetAccess(int *flags, CUmemoryPool pool, const CUmemL
 CUresult sim_impl_cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p);
 CUresult sim_impl_cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
 					unsigned int flags);
-CUresult sim_impl_cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
-				     unsigned int flags);
+CUresult sim_impl_cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags);
 CUresult sim_impl_cuIpcCloseMemHandle(CUdeviceptr p);
 CUresult sim_impl_cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle handle,
 					       int type, unsigned long long flags);
@@ -208,37 +202,34 @@ CUresult sim_impl_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h
 CUresult sim_impl_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
 							 CUmemGenericAllocationHandle handle);
 
-/* sim_streams.c */
+/* sim_streams.c and sim_events.c */
 CUresult sim_impl_cuStreamCreate(CUstream *stream, unsigned int flags);
 CUresult sim_impl_cuStreamDestroy_v2(CUstream stream);
 CUresult sim_impl_cuStreamGetCtx(CUstream stream, CUcontext *pctx);
 CUresult sim_impl_cuStreamGetCtx_ptsz(CUstream stream, CUcontext *pctx);
 CUresult sim_impl_cuStreamGetCtx_v2(CUstream stream, CUcontext *pctx, CUgreenCtx *pgreen);
-CUresult sim_impl_cuStreamGetCtx_v2_ptsz(CUstream stream, CUcontext *pctx,
-					   CUgreenCtx *pgreen);
+CUresult sim_impl_cuStreamGetCtx_v2_ptsz(CUstream stream, CUcontext *pctx, CUgreenCtx *pgreen);
 CUresult sim_impl_cuStreamSynchronize(CUstream stream);
 CUresult sim_impl_cuStreamSynchronize_ptsz(CUstream stream);
-CUresult sim_impl_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy,
-				   unsigned int gz, unsigned int bx, unsigned int by,
-				   unsigned int bz, unsigned int shmem, CUstream stream,
-				   void **params, void **extra);
+CUresult sim_impl_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+				 unsigned int bx, unsigned int by, unsigned int bz,
+				 unsigned int shmem, CUstream stream, void **params, void **extra);
 CUresult sim_impl_cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
-					unsigned int gz, unsigned int bx, unsigned int by,
-					unsigned int bz, unsigned int shmem, CUstream stream,
-					void **params, void **extra);
+				      unsigned int gz, unsigned int bx, unsigned int by,
+				      unsigned int bz, unsigned int shmem, CUstream stream,
+				      void **params, void **extra);
 CUresult sim_impl_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
-				     void **extra);
-CUresult sim_impl_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
-					  void **params, void **extra);
+				   void **extra);
+CUresult sim_impl_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params,
+					void **extra);
 CUresult sim_impl_cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
-					      unsigned int gz, unsigned int bx, unsigned int by,
-					      unsigned int bz, unsigned int shmem, CUstream stream,
-					      void **params);
-CUresult sim_impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx,
-						   unsigned int gy, unsigned int gz,
-						   unsigned int bx, unsigned int by,
-						   unsigned int bz, unsigned int shmem,
-						   CUstream stream, void **params);
+					    unsigned int gz, unsigned int bx, unsigned int by,
+					    unsigned int bz, unsigned int shmem, CUstream stream,
+					    void **params);
+CUresult sim_impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+						 unsigned int gz, unsigned int bx, unsigned int by,
+						 unsigned int bz, unsigned int shmem,
+						 CUstream stream, void **params);
 CUresult sim_impl_cuGraphLaunch(CUgraphExec exec, CUstream stream);
 CUresult sim_impl_cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
 CUresult sim_impl_cuEventCreate(CUevent *pe, unsigned int flags);
@@ -276,8 +267,7 @@ CUresult sim_impl_cuThreadExchangeStreamCaptureMode(int *mode);
 CUresult sim_impl_cuGraphCreate(CUgraph *pg, unsigned int flags);
 CUresult sim_impl_cuGraphDestroy(CUgraph g);
 CUresult sim_impl_cuGraphGetNodes(CUgraph g, void **nodes, size_t *n);
-CUresult sim_impl_cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g,
-					      unsigned long long flags);
+CUresult sim_impl_cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long long flags);
 CUresult sim_impl_cuGraphInstantiate(CUgraphExec *pe, CUgraph g, void *err_node, char *log,
 				     size_t log_size);
 CUresult sim_impl_cuGraphInstantiate_v2(CUgraphExec *pe, CUgraph g, void *err_node, char *log,
@@ -296,8 +286,8 @@ CUresult sim_impl_cuLibraryLoadFromFile(CUlibrary *lib, const char *path, void *
 					void *jit_vals, unsigned int njit, void *lib_opts,
 					void *lib_vals, unsigned int nlib);
 CUresult sim_impl_cuModuleLoadData(CUmodule *mod, const void *image);
-CUresult sim_impl_cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned int n,
-				     void *opts, void *vals);
+CUresult sim_impl_cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned int n, void *opts,
+				     void *vals);
 CUresult sim_impl_cuModuleLoadFatBinary(CUmodule *mod, const void *fatbin);
 CUresult sim_impl_cuModuleLoad(CUmodule *mod, const char *path);
 CUresult sim_impl_cuLibraryUnload(CUlibrary lib);
@@ -332,8 +322,8 @@ CUresult sim_impl_cuOccupancyMaxPotentialBlockSize(int *grid, int *block, CUfunc
 CUresult sim_impl_cuOccupancyMaxPotentialBlockSizeWithFlags(int *grid, int *block, CUfunction f,
 							    sim_smem_fn smem_fn, size_t smem,
 							    int limit, unsigned int flags);
-CUresult sim_impl_cuOccupancyAvailableDynamicSMemPerBlock(size_t *bytes, CUfunction f,
-							  int nblocks, int block);
+CUresult sim_impl_cuOccupancyAvailableDynamicSMemPerBlock(size_t *bytes, CUfunction f, int nblocks,
+							  int block);
 CUresult sim_impl_cuOccupancyMaxActiveClusters(int *n, CUfunction f, const void *config);
 CUresult sim_impl_cuOccupancyMaxPotentialClusterSize(int *n, CUfunction f, const void *config);
 

@@ -26,7 +26,7 @@ struct CUfunc_st {
 	struct CUlib_st *lib;
 	int max_dynamic_smem;
 	int carveout;
-	char name[];		/* mangled names run to hundreds of bytes */
+	char name[]; /* mangled names run to hundreds of bytes */
 };
 
 /* CU_MODULE_LAZY_LOADING: what the runtime asks before anything else. */
@@ -82,8 +82,8 @@ CUresult sim_impl_cuModuleLoadData(CUmodule *mod, const void *image)
 	return sim_library_new((CUlibrary *)mod, image);
 }
 
-CUresult sim_impl_cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned int n,
-				     void *opts, void *vals)
+CUresult sim_impl_cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned int n, void *opts,
+				     void *vals)
 {
 	(void)n, (void)opts, (void)vals;
 	return sim_library_new((CUlibrary *)mod, image);
@@ -358,7 +358,7 @@ static CUresult sim_func_attr(int *v, int attr, const void *fn)
 	default:
 		if (attr < 0 || attr >= CU_FUNC_ATTRIBUTE_MAX)
 			return CUDA_ERROR_INVALID_VALUE;
-		*v = 0;	/* static/const/local memory, cluster shape: none */
+		*v = 0; /* static/const/local memory, cluster shape: none */
 		break;
 	}
 	return CUDA_SUCCESS;
@@ -443,7 +443,7 @@ CUresult sim_impl_cuFuncIsLoaded(int *state, CUfunction f)
 	CUresult rc = state ? sim_func_known(f) : CUDA_ERROR_INVALID_VALUE;
 
 	if (rc == CUDA_SUCCESS)
-		*state = 1;	/* CU_FUNCTION_LOADING_STATE_LOADED */
+		*state = 1; /* CU_FUNCTION_LOADING_STATE_LOADED */
 	return rc;
 }
 
@@ -456,9 +456,9 @@ CUresult sim_impl_cuFuncLoad(CUfunction f)
  * Occupancy, from an H100's limits: 2048 threads, 32 blocks and 228 KiB of
  * shared memory per multiprocessor.
  */
-#define SIM_SM_THREADS	2048
-#define SIM_SM_BLOCKS	32
-#define SIM_SM_SMEM	233472
+#define SIM_SM_THREADS 2048
+#define SIM_SM_BLOCKS 32
+#define SIM_SM_SMEM 233472
 
 static int sim_blocks_per_sm(int block, size_t smem)
 {
@@ -517,8 +517,8 @@ CUresult sim_impl_cuOccupancyMaxPotentialBlockSizeWithFlags(int *grid, int *bloc
 	return sim_impl_cuOccupancyMaxPotentialBlockSize(grid, block, f, smem_fn, smem, limit);
 }
 
-CUresult sim_impl_cuOccupancyAvailableDynamicSMemPerBlock(size_t *bytes, CUfunction f,
-							  int nblocks, int block)
+CUresult sim_impl_cuOccupancyAvailableDynamicSMemPerBlock(size_t *bytes, CUfunction f, int nblocks,
+							  int block)
 {
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
@@ -546,6 +546,6 @@ CUresult sim_impl_cuOccupancyMaxPotentialClusterSize(int *n, CUfunction f, const
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!n || !f || !config)
 		return CUDA_ERROR_INVALID_VALUE;
-	*n = 8;	/* the portable cluster size limit */
+	*n = 8; /* the portable cluster size limit */
 	return CUDA_SUCCESS;
 }

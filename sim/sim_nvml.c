@@ -31,7 +31,7 @@
 
 /* The driver release that shipped with CUDA 13.0 (GS_SIM_DRIVER_VERSION). */
 #define SIM_NVML_DRIVER_VERSION "580.65.06"
-#define SIM_NVML_VERSION	"13." SIM_NVML_DRIVER_VERSION
+#define SIM_NVML_VERSION "13." SIM_NVML_DRIVER_VERSION
 
 /*
  * NVML's structures beyond cuda_abi.h's slice, laid out as nvml.h lays
@@ -40,13 +40,13 @@
 
 /* nvmlPciInfo_t, as _v3 fills it. */
 struct sim_nvml_pci {
-	char busIdLegacy[16];	/* "%04X:%02X:%02X.0" */
+	char busIdLegacy[16]; /* "%04X:%02X:%02X.0" */
 	unsigned int domain;
 	unsigned int bus;
 	unsigned int device;
-	unsigned int pciDeviceId;	/* device id << 16 | vendor id */
+	unsigned int pciDeviceId; /* device id << 16 | vendor id */
 	unsigned int pciSubSystemId;
-	char busId[32];		/* "%08X:%02X:%02X.0" */
+	char busId[32]; /* "%08X:%02X:%02X.0" */
 };
 
 /* What v1 and _v2 fill: the short bus id, then four reserved words. */
@@ -80,7 +80,7 @@ struct sim_nvml_fabric_v2 {
 	unsigned char clusterUuid[16];
 	nvmlReturn_t status;
 	unsigned int cliqueId;
-	unsigned char state;	/* nvmlGpuFabricState_t */
+	unsigned char state; /* nvmlGpuFabricState_t */
 	unsigned int healthMask;
 };
 
@@ -102,15 +102,15 @@ _Static_assert(sizeof(struct sim_nvml_fabric_v2) == 36, "nvmlGpuFabricInfo_v2_t"
 _Static_assert(sizeof(struct sim_nvml_fabric_v3) == 40, "nvmlGpuFabricInfo_v3_t");
 
 /* NVML_STRUCT_VERSION(GpuFabricInfo, 2) and (..., 3). */
-#define SIM_NVML_FABRIC_V2	((unsigned int)(sizeof(struct sim_nvml_fabric_v2) | 2u << 24))
-#define SIM_NVML_FABRIC_V3	((unsigned int)(sizeof(struct sim_nvml_fabric_v3) | 3u << 24))
-#define SIM_NVML_FABRIC_STATE_NOT_SUPPORTED	0
+#define SIM_NVML_FABRIC_V2 ((unsigned int)(sizeof(struct sim_nvml_fabric_v2) | 2u << 24))
+#define SIM_NVML_FABRIC_V3 ((unsigned int)(sizeof(struct sim_nvml_fabric_v3) | 3u << 24))
+#define SIM_NVML_FABRIC_STATE_NOT_SUPPORTED 0
 
 /* Outside MIG a process has no GPU or compute instance: NVML says "not available". */
-#define SIM_NVML_NO_INSTANCE	0xffffffffu
+#define SIM_NVML_NO_INSTANCE 0xffffffffu
 
 /* NVML_NVLINK_MAX_LINKS of the NVML that ships with CUDA 13.0: links 0 to 17. */
-#define SIM_NVML_NVLINK_MAX_LINKS	18
+#define SIM_NVML_NVLINK_MAX_LINKS 18
 
 /* A handle is the address of its slot: never a pointer into caller memory. */
 struct nvmlDevice_st {
@@ -482,8 +482,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, 
  * gets the number needed and NVML_ERROR_INSUFFICIENT_SIZE, so that
  * *count = 0 asks how many there are (infos may then be NULL).
  */
-static nvmlReturn_t nvml_processes(nvmlDevice_t device, unsigned int *count, void *infos,
-				   bool v1)
+static nvmlReturn_t nvml_processes(nvmlDevice_t device, unsigned int *count, void *infos, bool v1)
 {
 	struct sim_usage_proc procs[SIM_USAGE_SLOTS];
 	const struct sim_spec *spec;
@@ -657,8 +656,7 @@ static bool nvml_parse_bus_id(const char *s, unsigned int *domain, unsigned int 
 	return *s == '\0' && *bus <= 0xff && *device <= 0x1f && *function <= 7;
 }
 
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId,
-							 nvmlDevice_t *device)
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device)
 {
 	unsigned int domain, bus, dev, function;
 	struct sim_nvml_pci pci;
@@ -666,8 +664,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId,
 
 	if (!nvml_live())
 		return NVML_ERROR_UNINITIALIZED;
-	if (!pciBusId || !device ||
-	    !nvml_parse_bus_id(pciBusId, &domain, &bus, &dev, &function))
+	if (!pciBusId || !device || !nvml_parse_bus_id(pciBusId, &domain, &bus, &dev, &function))
 		return NVML_ERROR_INVALID_ARGUMENT;
 	for (i = 0; i < nvml_ndevs; i++) {
 		nvml_pci(&nvml_specs[i], &pci);

@@ -10,10 +10,10 @@
 #include "sim_attrs.h"
 
 /* The daemon generates the same default node: keep the two in step. */
-#define SIM_DEFAULT_GPUS	4
-#define SIM_DEFAULT_NAME	"gpushare Simulated GPU"
-#define SIM_DEFAULT_BYTES	17179869184ULL
-#define SIM_DEFAULT_UUID	"GPU-5349d000-0000-4000-8000-%012x"
+#define SIM_DEFAULT_GPUS 4
+#define SIM_DEFAULT_NAME "gpushare Simulated GPU"
+#define SIM_DEFAULT_BYTES 17179869184ULL
+#define SIM_DEFAULT_UUID "GPU-5349d000-0000-4000-8000-%012x"
 
 int sim_hexval(char c)
 {

@@ -19,24 +19,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SIM_MAX_GPUS	64
-#define SIM_NAME_MAX	256	/* the driver's device name buffer */
-#define SIM_UUID_LEN	40	/* "GPU-" + 8-4-4-4-12 hex digits */
-#define SIM_SPEC_ENV	"GPUSHARE_SIM_GPUS"
+#define SIM_MAX_GPUS 64
+#define SIM_NAME_MAX 256 /* the driver's device name buffer */
+#define SIM_UUID_LEN 40	 /* "GPU-" + 8-4-4-4-12 hex digits */
+#define SIM_SPEC_ENV "GPUSHARE_SIM_GPUS"
 
 /*
  * CU_DEVICE_ATTRIBUTE_MAX of CUDA 13.0, the version the simulated driver
  * reports: attribute ids run from 1 to SIM_ATTR_COUNT - 1.
  */
-#define SIM_ATTR_COUNT	148
+#define SIM_ATTR_COUNT 148
 
 struct sim_spec {
 	char name[SIM_NAME_MAX];
-	char uuid[SIM_UUID_LEN + 1];	/* lowercased */
+	char uuid[SIM_UUID_LEN + 1]; /* lowercased */
 	unsigned char uuid_bytes[16];
 	size_t bytes;
-	int index;			/* position in the list: PCI bus index + 1 */
-	int attrs[SIM_ATTR_COUNT];	/* cuDeviceGetAttribute's answers, by id */
+	int index;		   /* position in the list: PCI bus index + 1 */
+	int attrs[SIM_ATTR_COUNT]; /* cuDeviceGetAttribute's answers, by id */
 };
 
 /*

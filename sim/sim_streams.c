@@ -1,6 +1,6 @@
 /*
- * The simulated driver's streams, events (IPC event handles too), stream
- * capture, graphs and kernel launches. Nothing runs asynchronously: an
+ * The simulated driver's streams, stream capture, graphs and kernel
+ * launches (events are sim_events.c's). Nothing runs asynchronously: an
  * operation on a stream is done by the time its call returns, unless the
  * stream is capturing, when it is recorded into a graph to be done at each
  * launch of it.
@@ -11,8 +11,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "sim_driver.h"
 
@@ -24,20 +22,7 @@
  * of the calling thread's current context.
  */
 
-struct CUstream_st {
-	struct sim_obj obj;
-	unsigned int flags;
-	int priority;
-	uint64_t id;
-	/* Stream capture, under sim_obj_lock. */
-	int capture_status;	/* CU_STREAM_CAPTURE_STATUS_* */
-	int capture_mode;
-	uint64_t capture_id;
-	struct CUgraph_st *capture;	/* the graph being captured into */
-	bool capture_origin;	/* began the capture (others joined it through an event) */
-};
-
-static uint64_t sim_stream_serial;	/* the last stream id handed out; atomic */
+static uint64_t sim_stream_serial; /* the last stream id handed out; atomic */
 
 static void sim_capture_end_locked(uint64_t id);
 
@@ -65,6 +50,12 @@ CUresult sim_stream_slot(CUstream stream, struct sim_ctx_slot *slot)
 	slot->dev = seen.dev;
 	slot->id = seen.owner;
 	return CUDA_SUCCESS;
+}
+
+/* sim_stream_slot for an entry point: CUDA_ERROR_NOT_INITIALIZED before cuInit. */
+CUresult sim_stream_slot_live(CUstream stream, struct sim_ctx_slot *slot)
+{
+	return sim_initialized() ? sim_stream_slot(stream, slot) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 /*
@@ -184,8 +175,7 @@ CUresult sim_impl_cuStreamGetCtx_v2(CUstream stream, CUcontext *pctx, CUgreenCtx
 	return sim_stream_ctx_v2(stream, pctx, pgreen);
 }
 
-CUresult sim_impl_cuStreamGetCtx_v2_ptsz(CUstream stream, CUcontext *pctx,
-					   CUgreenCtx *pgreen)
+CUresult sim_impl_cuStreamGetCtx_v2_ptsz(CUstream stream, CUcontext *pctx, CUgreenCtx *pgreen)
 {
 	return sim_stream_ctx_v2(stream, pctx, pgreen);
 }
@@ -196,9 +186,7 @@ static CUresult sim_stream_sync(CUstream stream)
 	struct sim_ctx_slot slot;
 	CUresult rc;
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	rc = sim_stream_slot(stream, &slot);
+	rc = sim_stream_slot_live(stream, &slot);
 	if (rc == CUDA_SUCCESS)
 		sim_pools_settle();
 	return rc;
@@ -229,19 +217,18 @@ static CUresult sim_launch(CUfunction f, unsigned int gx, unsigned int gy, unsig
 	return CUDA_SUCCESS;
 }
 
-CUresult sim_impl_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy,
-				   unsigned int gz, unsigned int bx, unsigned int by,
-				   unsigned int bz, unsigned int shmem, CUstream stream,
-				   void **params, void **extra)
+CUresult sim_impl_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+				 unsigned int bx, unsigned int by, unsigned int bz,
+				 unsigned int shmem, CUstream stream, void **params, void **extra)
 {
 	(void)shmem, (void)stream, (void)params, (void)extra;
 	return sim_launch(f, gx, gy, gz, bx, by, bz);
 }
 
 CUresult sim_impl_cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
-					unsigned int gz, unsigned int bx, unsigned int by,
-					unsigned int bz, unsigned int shmem, CUstream stream,
-					void **params, void **extra)
+				      unsigned int gz, unsigned int bx, unsigned int by,
+				      unsigned int bz, unsigned int shmem, CUstream stream,
+				      void **params, void **extra)
 {
 	(void)shmem, (void)stream, (void)params, (void)extra;
 	return sim_launch(f, gx, gy, gz, bx, by, bz);
@@ -258,33 +245,32 @@ static CUresult sim_launch_ex(const CUlaunchConfig *config, CUfunction f)
 }
 
 CUresult sim_impl_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
-				     void **extra)
+				   void **extra)
 {
 	(void)params, (void)extra;
 	return sim_launch_ex(config, f);
 }
 
-CUresult sim_impl_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
-					  void **params, void **extra)
+CUresult sim_impl_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params,
+					void **extra)
 {
 	(void)params, (void)extra;
 	return sim_launch_ex(config, f);
 }
 
 CUresult sim_impl_cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
-					      unsigned int gz, unsigned int bx, unsigned int by,
-					      unsigned int bz, unsigned int shmem, CUstream stream,
-					      void **params)
+					    unsigned int gz, unsigned int bx, unsigned int by,
+					    unsigned int bz, unsigned int shmem, CUstream stream,
+					    void **params)
 {
 	(void)shmem, (void)stream, (void)params;
 	return sim_launch(f, gx, gy, gz, bx, by, bz);
 }
 
-CUresult sim_impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx,
-						   unsigned int gy, unsigned int gz,
-						   unsigned int bx, unsigned int by,
-						   unsigned int bz, unsigned int shmem,
-						   CUstream stream, void **params)
+CUresult sim_impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+						 unsigned int gz, unsigned int bx, unsigned int by,
+						 unsigned int bz, unsigned int shmem,
+						 CUstream stream, void **params)
 {
 	(void)shmem, (void)stream, (void)params;
 	return sim_launch(f, gx, gy, gz, bx, by, bz);
@@ -327,7 +313,7 @@ struct CUgraphExec_st {
 	struct sim_obj obj;
 	struct sim_op *ops;
 	size_t nops;
-	bool autofree;	/* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
+	bool autofree; /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
 };
 
 #define SIM_INSTANTIATE_AUTO_FREE_ON_LAUNCH 1ULL
@@ -418,7 +404,7 @@ static bool sim_graph_add(struct CUgraph_st *g, const struct sim_op *op)
  * With sim_obj_lock held: the stream object behind a non-default handle, or
  * NULL (default streams are never captured).
  */
-static struct CUstream_st *sim_stream_locked(CUstream stream)
+struct CUstream_st *sim_stream_locked(CUstream stream)
 {
 	struct sim_obj **pp;
 
@@ -436,9 +422,7 @@ CUresult sim_stream_do(CUstream stream, const struct sim_op *op)
 	CUresult rc;
 	bool recorded = false;
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	rc = sim_stream_slot(stream, &slot);
+	rc = sim_stream_slot_live(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	pthread_mutex_lock(&sim_obj_lock);
@@ -459,8 +443,7 @@ CUresult sim_stream_do(CUstream stream, const struct sim_op *op)
  * with its address on dev, and nothing taken from a pool (*captured). A
  * stream that is not capturing: nothing done.
  */
-CUresult sim_capture_alloc(CUstream stream, int dev, size_t bytes, CUdeviceptr *out,
-			   bool *captured)
+CUresult sim_capture_alloc(CUstream stream, int dev, size_t bytes, CUdeviceptr *out, bool *captured)
 {
 	struct sim_op op = { .kind = SIM_OP_GALLOC };
 	struct CUstream_st *s;
@@ -477,7 +460,7 @@ CUresult sim_capture_alloc(CUstream stream, int dev, size_t bytes, CUdeviceptr *
 		} else {
 			if (!sim_graph_add(s->capture, &op))
 				rc = CUDA_ERROR_OUT_OF_MEMORY;
-			sim_galloc_unref(op.ga);	/* the graph's op holds it now */
+			sim_galloc_unref(op.ga); /* the graph's op holds it now */
 		}
 	}
 	pthread_mutex_unlock(&sim_obj_lock);
@@ -506,243 +489,6 @@ CUresult sim_capture_free(CUstream stream, CUdeviceptr addr, bool *captured)
 	return rc;
 }
 
-/*
- * Events. Nothing runs asynchronously, so an event is complete as soon as
- * it is recorded; it keeps the time of its recording for cuEventElapsedTime.
- */
-struct CUevent_st {
-	struct sim_obj obj;
-	unsigned int flags;
-	bool recorded;
-	struct timespec when;
-	/* Recorded in a capture: a stream that waits on it joins that capture. */
-	struct CUgraph_st *capture;
-	uint64_t capture_id;
-	int capture_mode;
-};
-
-CUresult sim_impl_cuEventCreate(CUevent *pe, unsigned int flags)
-{
-	struct CUevent_st *e;
-
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!pe || (flags & ~0x7u))
-		return CUDA_ERROR_INVALID_VALUE;
-	/* Interprocess events must not time, as the documentation requires. */
-	if ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING))
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!sim_depth)
-		return CUDA_ERROR_INVALID_CONTEXT;
-	e = calloc(1, sizeof(*e));
-	if (!e)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	e->obj.kind = SIM_OBJ_EVENT;
-	e->obj.dev = sim_current_dev();
-	e->flags = flags;
-	sim_obj_add(&e->obj);
-	*pe = e;
-	return CUDA_SUCCESS;
-}
-
-CUresult sim_impl_cuEventDestroy_v2(CUevent e)
-{
-	struct sim_obj seen, *o;
-
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	o = sim_obj_lookup(e, SIM_OBJ_EVENT, true, &seen);
-	if (!o)
-		return CUDA_ERROR_INVALID_HANDLE;
-	free(o);
-	return CUDA_SUCCESS;
-}
-
-static CUresult sim_event_record(CUevent ev, CUstream stream)
-{
-	struct sim_ctx_slot slot;
-	struct sim_obj **pp;
-	struct CUstream_st *s;
-	CUresult rc;
-
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	rc = sim_stream_slot(stream, &slot);
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(ev, SIM_OBJ_EVENT);
-	s = sim_stream_locked(stream);
-	if (!pp) {
-		rc = CUDA_ERROR_INVALID_HANDLE;
-	} else if (!s || s->capture_status != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
-		struct CUevent_st *e = (struct CUevent_st *)*pp;
-
-		e->recorded = true;
-		e->capture = NULL;
-		e->capture_id = 0;
-		clock_gettime(CLOCK_MONOTONIC, &e->when);
-	} else {
-		struct CUevent_st *e = (struct CUevent_st *)*pp;
-
-		e->capture = s->capture;
-		e->capture_id = s->capture_id;
-		e->capture_mode = s->capture_mode;
-	}
-	pthread_mutex_unlock(&sim_obj_lock);
-	return rc;
-}
-
-CUresult sim_impl_cuEventRecord(CUevent e, CUstream s)
-{
-	return sim_event_record(e, s);
-}
-
-CUresult sim_impl_cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int flags)
-{
-	(void)flags;
-	return sim_event_record(e, s);
-}
-
-static CUresult sim_event_check(CUevent e)
-{
-	struct sim_obj seen;
-
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	return sim_obj_lookup(e, SIM_OBJ_EVENT, false, &seen) ? CUDA_SUCCESS
-							      : CUDA_ERROR_INVALID_HANDLE;
-}
-
-CUresult sim_impl_cuEventQuery(CUevent e)
-{
-	return sim_event_check(e);
-}
-
-CUresult sim_impl_cuEventSynchronize(CUevent e)
-{
-	CUresult rc = sim_event_check(e);
-
-	if (rc == CUDA_SUCCESS)
-		sim_pools_settle();
-	return rc;
-}
-
-CUresult sim_impl_cuEventElapsedTime(float *ms, CUevent start, CUevent end)
-{
-	struct CUevent_st a = { .recorded = false }, b = { .recorded = false };
-	struct sim_obj **pa, **pb;
-	CUresult rc = CUDA_SUCCESS;
-
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!ms)
-		return CUDA_ERROR_INVALID_VALUE;
-	pthread_mutex_lock(&sim_obj_lock);
-	pa = sim_obj_find(start, SIM_OBJ_EVENT);
-	pb = sim_obj_find(end, SIM_OBJ_EVENT);
-	if (pa && pb) {
-		a = *(struct CUevent_st *)*pa;
-		b = *(struct CUevent_st *)*pb;
-	}
-	pthread_mutex_unlock(&sim_obj_lock);
-	if (!pa || !pb)
-		return CUDA_ERROR_INVALID_HANDLE;
-	/* Documented: an event that times nothing, or was never recorded. */
-	if ((a.flags | b.flags) & CU_EVENT_DISABLE_TIMING || !a.recorded || !b.recorded)
-		return CUDA_ERROR_INVALID_HANDLE;
-	*ms = (float)((double)(b.when.tv_sec - a.when.tv_sec) * 1e3 +
-		      (double)(b.when.tv_nsec - a.when.tv_nsec) / 1e6);
-	return rc;
-}
-
-CUresult sim_impl_cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
-{
-	return sim_impl_cuEventElapsedTime(ms, start, end);
-}
-
-/*
- * Waits are already over: nothing is outstanding anywhere. A stream that
- * waits on an event recorded in a capture joins that capture (the fork of
- * work onto another stream during a capture), as the driver documents.
- */
-CUresult sim_impl_cuStreamWaitEvent(CUstream stream, CUevent ev, unsigned int flags)
-{
-	struct sim_ctx_slot slot;
-	struct CUstream_st *s;
-	struct sim_obj **pp;
-	CUresult rc;
-
-	(void)flags;
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	rc = sim_stream_slot(stream, &slot);
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(ev, SIM_OBJ_EVENT);
-	s = sim_stream_locked(stream);
-	if (!pp) {
-		rc = CUDA_ERROR_INVALID_HANDLE;
-	} else if (((struct CUevent_st *)*pp)->capture_id) {
-		const struct CUevent_st *e = (const struct CUevent_st *)*pp;
-
-		if (!s)
-			rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-		else if (s->capture_status == CU_STREAM_CAPTURE_STATUS_NONE) {
-			s->capture_status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
-			s->capture = e->capture;
-			s->capture_id = e->capture_id;
-			s->capture_mode = e->capture_mode;
-			s->capture_origin = false;
-		}
-	}
-	pthread_mutex_unlock(&sim_obj_lock);
-	return rc;
-}
-
-/* An event IPC handle names the event's process; the opener gets an event of its own. */
-struct sim_ipc_event {
-	uint32_t magic;
-	uint32_t pid;
-};
-
-CUresult sim_impl_cuIpcGetEventHandle(CUipcEventHandle *h, CUevent ev)
-{
-	struct sim_ipc_event rec = { SIM_IPC_MAGIC, (uint32_t)getpid() };
-	struct sim_obj **pp;
-	unsigned int flags = 0;
-
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!h)
-		return CUDA_ERROR_INVALID_VALUE;
-	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(ev, SIM_OBJ_EVENT);
-	if (pp)
-		flags = ((struct CUevent_st *)*pp)->flags;
-	pthread_mutex_unlock(&sim_obj_lock);
-	if (!pp)
-		return CUDA_ERROR_INVALID_HANDLE;
-	if (!(flags & CU_EVENT_INTERPROCESS))
-		return CUDA_ERROR_INVALID_VALUE;
-	memset(h, 0, sizeof(*h));
-	memcpy(h->reserved, &rec, sizeof(rec));
-	return CUDA_SUCCESS;
-}
-
-CUresult sim_impl_cuIpcOpenEventHandle(CUevent *pe, CUipcEventHandle h)
-{
-	struct sim_ipc_event rec;
-
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	memcpy(&rec, h.reserved, sizeof(rec));
-	if (!pe || rec.magic != SIM_IPC_MAGIC)
-		return CUDA_ERROR_INVALID_VALUE;
-	return sim_impl_cuEventCreate(pe, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
-}
-
 /* Streams: priorities, flags, queries, callbacks, capture. */
 
 CUresult sim_impl_cuStreamCreateWithPriority(CUstream *stream, unsigned int flags, int priority)
@@ -765,9 +511,7 @@ static CUresult sim_stream_state(CUstream stream, struct CUstream_st *out)
 	struct CUstream_st *s;
 	CUresult rc;
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	rc = sim_stream_slot(stream, &slot);
+	rc = sim_stream_slot_live(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	memset(out, 0, sizeof(*out));
@@ -825,9 +569,7 @@ CUresult sim_impl_cuStreamQuery(CUstream stream)
 {
 	struct sim_ctx_slot slot;
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	return sim_stream_slot(stream, &slot);
+	return sim_stream_slot_live(stream, &slot);
 }
 
 CUresult sim_impl_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *data)
@@ -872,8 +614,8 @@ CUresult sim_impl_cuCtxGetStreamPriorityRange(int *least, int *greatest)
  * done; each launch of the instantiated graph does them. Default streams
  * cannot be captured.
  */
-static __thread int sim_capture_mode;	/* cuThreadExchangeStreamCaptureMode */
-static uint64_t sim_capture_serial;	/* atomic */
+static __thread int sim_capture_mode; /* cuThreadExchangeStreamCaptureMode */
+static uint64_t sim_capture_serial;   /* atomic */
 
 static struct CUgraph_st *sim_graph_new(void)
 {
@@ -901,9 +643,8 @@ static void sim_capture_end_locked(uint64_t id)
 			s->capture_id = 0;
 			s->capture_status = CU_STREAM_CAPTURE_STATUS_NONE;
 			s->capture_origin = false;
-		} else if (o->kind == SIM_OBJ_EVENT && ((struct CUevent_st *)o)->capture_id == id) {
-			((struct CUevent_st *)o)->capture = NULL;
-			((struct CUevent_st *)o)->capture_id = 0;
+		} else if (o->kind == SIM_OBJ_EVENT) {
+			sim_event_capture_over((struct CUevent_st *)o, id);
 		}
 	}
 }
@@ -966,7 +707,7 @@ CUresult sim_impl_cuStreamEndCapture(CUstream stream, CUgraph *pg)
 	s = sim_stream_locked(stream);
 	if (!s || s->capture_status == CU_STREAM_CAPTURE_STATUS_NONE) {
 		rc = s || sim_default_stream(stream) ? CUDA_ERROR_ILLEGAL_STATE
-						       : CUDA_ERROR_INVALID_HANDLE;
+						     : CUDA_ERROR_INVALID_HANDLE;
 	} else if (!s->capture_origin) {
 		rc = CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
 	} else {
@@ -1045,7 +786,8 @@ CUresult sim_impl_cuThreadExchangeStreamCaptureMode(int *mode)
 {
 	int old;
 
-	if (!mode || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+	if (!mode || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL ||
+	    *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
 		return CUDA_ERROR_INVALID_VALUE;
 	old = sim_capture_mode;
 	sim_capture_mode = *mode;
@@ -1152,8 +894,7 @@ static CUresult sim_instantiate(CUgraphExec *pe, CUgraph g, uint64_t flags)
 	return CUDA_SUCCESS;
 }
 
-CUresult sim_impl_cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g,
-					      unsigned long long flags)
+CUresult sim_impl_cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long long flags)
 {
 	return sim_instantiate(pe, g, flags);
 }
@@ -1280,11 +1021,8 @@ SIM_SAME_AS(cuStreamGetFlags_ptsz, cuStreamGetFlags);
 SIM_SAME_AS(cuStreamGetId_ptsz, cuStreamGetId);
 SIM_SAME_AS(cuStreamGetDevice_ptsz, cuStreamGetDevice);
 SIM_SAME_AS(cuStreamQuery_ptsz, cuStreamQuery);
-SIM_SAME_AS(cuStreamWaitEvent_ptsz, cuStreamWaitEvent);
 SIM_SAME_AS(cuStreamAddCallback_ptsz, cuStreamAddCallback);
 SIM_SAME_AS(cuLaunchHostFunc_ptsz, cuLaunchHostFunc);
-SIM_SAME_AS(cuEventRecord_ptsz, cuEventRecord);
-SIM_SAME_AS(cuEventRecordWithFlags_ptsz, cuEventRecordWithFlags);
 SIM_SAME_AS(cuStreamBeginCapture_ptsz, cuStreamBeginCapture);
 SIM_SAME_AS(cuStreamBeginCapture_v2_ptsz, cuStreamBeginCapture_v2);
 SIM_SAME_AS(cuStreamEndCapture_ptsz, cuStreamEndCapture);

@@ -16,6 +16,7 @@
 #include "sim_internal.h"
 
 /* The UUIDs, in CUuuid.bytes order (byte 0 first). */
+/* clang-format off */
 #define SIM_UUID(...) { { __VA_ARGS__ } }
 static const CUuuid sim_uuid_cudart_interface =
 	SIM_UUID(0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd,
@@ -53,13 +54,14 @@ static const CUuuid sim_uuid_blaslt_a =
 static const CUuuid sim_uuid_blaslt_b =
 	SIM_UUID(0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd,
 		 0x8b, 0xca);
+/* clang-format on */
 
 /* Slots with no known behaviour: each says which it is in the trace. */
-#define SIM_SLOT_STUB(table, n, rc)						\
-	static CUresult sim_##table##_slot##n(void *a0, void *a1, void *a2, void *a3)	\
-	{									\
-		sim_trace(#table "[" #n "](%p, %p, %p, %p) = %d", a0, a1, a2, a3, rc);	\
-		return rc;							\
+#define SIM_SLOT_STUB(table, n, rc)                                                    \
+	static CUresult sim_##table##_slot##n(void *a0, void *a1, void *a2, void *a3)  \
+	{                                                                              \
+		sim_trace(#table "[" #n "](%p, %p, %p, %p) = %d", a0, a1, a2, a3, rc); \
+		return rc;                                                             \
 	}
 
 /* CUDART_INTERFACE */
@@ -89,6 +91,7 @@ SIM_SLOT_STUB(cudart_interface, 10, CUDA_ERROR_NOT_SUPPORTED)
 SIM_SLOT_STUB(cudart_interface, 11, CUDA_ERROR_NOT_SUPPORTED)
 SIM_SLOT_STUB(cudart_interface, 12, CUDA_ERROR_NOT_SUPPORTED)
 
+/* clang-format off */
 static const void *sim_cudart_interface[] = {
 	(void *)(13 * sizeof(void *)),
 	(void *)sim_cudart_interface_slot1,
@@ -104,6 +107,7 @@ static const void *sim_cudart_interface[] = {
 	(void *)sim_cudart_interface_slot11,
 	(void *)sim_cudart_interface_slot12,
 };
+/* clang-format on */
 
 /* TOOLS_RUNTIME_CALLBACK_HOOKS */
 
@@ -144,6 +148,7 @@ SIM_SLOT_STUB(callback_hooks, 4, CUDA_SUCCESS)
 SIM_SLOT_STUB(callback_hooks, 5, CUDA_SUCCESS)
 SIM_SLOT_STUB(callback_hooks, 7, CUDA_SUCCESS)
 
+/* clang-format off */
 static const void *sim_callback_hooks[] = {
 	(void *)(8 * sizeof(void *)),
 	(void *)sim_callback_hooks_slot1,
@@ -154,6 +159,7 @@ static const void *sim_callback_hooks[] = {
 	(void *)sim_hooks_slot6,
 	(void *)sim_callback_hooks_slot7,
 };
+/* clang-format on */
 
 /* TOOLS_TLS: slot 2 hands out the tools' thread state; there is none. */
 static CUresult sim_tools_tls_get(void **out)
@@ -198,8 +204,7 @@ static struct sim_cls **sim_cls_find(uint64_t ctx, void *key)
 {
 	struct sim_cls **pp;
 
-	for (pp = &sim_cls_list; *pp && ((*pp)->ctx != ctx || (*pp)->key != key);
-	     pp = &(*pp)->next)
+	for (pp = &sim_cls_list; *pp && ((*pp)->ctx != ctx || (*pp)->key != key); pp = &(*pp)->next)
 		;
 	return pp;
 }
@@ -351,6 +356,7 @@ static const void *sim_context_checks[] = {
  * a fixed key, of a record of the driver's and caller's state followed by
  * each device's identity.
  */
+/* clang-format off */
 static const uint8_t sim_md2_s[256] = {
 	0x29, 0x2e, 0x43, 0xc9, 0xa2, 0xd8, 0x7c, 0x01, 0x3d, 0x36, 0x54, 0xa1, 0xec, 0xf0, 0x06, 0x13,
 	0x62, 0xa7, 0x05, 0xf3, 0xc0, 0xc7, 0x73, 0x8c, 0x98, 0x93, 0x2b, 0xd9, 0xbc, 0x4c, 0x82, 0xca,
@@ -369,11 +375,12 @@ static const uint8_t sim_md2_s[256] = {
 	0xf2, 0xef, 0xb7, 0x0e, 0x66, 0x58, 0xd0, 0xe4, 0xa6, 0x77, 0x72, 0xf8, 0xeb, 0x75, 0x4b, 0x0a,
 	0x31, 0x44, 0x50, 0xb4, 0x8f, 0xed, 0x1f, 0x1a, 0xdb, 0x99, 0x8d, 0x33, 0x9f, 0x11, 0x83, 0x14,
 };
+/* clang-format on */
 
 #define SIM_MD2_BLOCK 16
 
 struct sim_md2 {
-	uint8_t x[48];		/* the state; its first 16 bytes are the digest */
+	uint8_t x[48]; /* the state; its first 16 bytes are the digest */
 	uint8_t checksum[SIM_MD2_BLOCK];
 	uint8_t buf[SIM_MD2_BLOCK];
 	size_t nbuf;
@@ -516,7 +523,8 @@ static CUresult sim_integrity_compute(uint32_t version, uint64_t unix_seconds, u
 	head.cudart_interface = (uint64_t)(uintptr_t)sim_cudart_interface;
 	head.integrity_table = (uint64_t)(uintptr_t)sim_integrity;
 	/* What the table holds, as cudart reads it, whatever that is. */
-	head.integrity_fn = (uint64_t)(uintptr_t)__atomic_load_n(&sim_integrity[1], __ATOMIC_RELAXED);
+	head.integrity_fn =
+		(uint64_t)(uintptr_t)__atomic_load_n(&sim_integrity[1], __ATOMIC_RELAXED);
 	head.unix_seconds = unix_seconds;
 	for (i = 0; i < count && rc == CUDA_SUCCESS; i++) {
 		rc = sim_impl_cuDeviceGetUuid((CUuuid *)devs[i].uuid, i);
@@ -524,8 +532,8 @@ static CUresult sim_integrity_compute(uint32_t version, uint64_t unix_seconds, u
 			rc = sim_impl_cuDeviceGetAttribute(&devs[i].pci_domain,
 							   CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, i);
 		if (rc == CUDA_SUCCESS)
-			rc = sim_impl_cuDeviceGetAttribute(&devs[i].pci_bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID,
-							   i);
+			rc = sim_impl_cuDeviceGetAttribute(&devs[i].pci_bus,
+							   CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, i);
 		if (rc == CUDA_SUCCESS)
 			rc = sim_impl_cuDeviceGetAttribute(&devs[i].pci_device,
 							   CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, i);
@@ -546,8 +554,8 @@ static CUresult sim_integrity_compute(uint32_t version, uint64_t unix_seconds, u
 /* Slot 1: called with versions 13000, 13001 and 13002 by cudart 13.0. */
 static CUresult sim_integrity_check(uint32_t version, uint64_t unix_seconds, uint64_t out[2])
 {
-	CUresult rc = out ? sim_integrity_compute(version, unix_seconds, out)
-			  : CUDA_ERROR_INVALID_VALUE;
+	CUresult rc =
+		out ? sim_integrity_compute(version, unix_seconds, out) : CUDA_ERROR_INVALID_VALUE;
 
 	sim_trace("integrity[1](%u, %llu, %p->{%#llx, %#llx}) = %d", version,
 		  (unsigned long long)unix_seconds, (void *)out,
@@ -584,6 +592,7 @@ SIM_SLOT_STUB(blaslt_b, 1, CUDA_SUCCESS)
 SIM_SLOT_STUB(blaslt_b, 2, CUDA_SUCCESS)
 SIM_SLOT_STUB(blaslt_b, 3, CUDA_SUCCESS)
 
+/* clang-format off */
 static const void *sim_blaslt_a[] = {
 	(void *)(5 * sizeof(void *)), (void *)sim_blaslt_a_slot1, (void *)sim_blaslt_a_slot2,
 	(void *)sim_blaslt_a_slot3, (void *)sim_blaslt_a4,
@@ -593,6 +602,7 @@ static const void *sim_blaslt_b[] = {
 	(void *)(5 * sizeof(void *)), (void *)sim_blaslt_b_slot1, (void *)sim_blaslt_b_slot2,
 	(void *)sim_blaslt_b_slot3, (void *)sim_blaslt_b4,
 };
+/* clang-format on */
 
 static const struct {
 	const CUuuid *id;

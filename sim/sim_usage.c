@@ -40,17 +40,17 @@
 
 #include "sim_spec.h"
 
-#define SIM_USAGE_DEFAULT_DIR	"/dev/shm"
+#define SIM_USAGE_DEFAULT_DIR "/dev/shm"
 /* The layout's version is in the name: a later layout never reads this one's files. */
-#define SIM_USAGE_NAME		"gpushare-sim-usage-v1-%u-%016" PRIx64
+#define SIM_USAGE_NAME "gpushare-sim-usage-v1-%u-%016" PRIx64
 
 struct sim_usage_slot {
 	uint64_t key;
-	uint64_t start;		/* the owner's start time + 1 (clock ticks); 0: unknown */
+	uint64_t start; /* the owner's start time + 1 (clock ticks); 0: unknown */
 	uint64_t bytes;
 };
 
-#define SIM_USAGE_SIZE	(sizeof(struct sim_usage_slot) * SIM_USAGE_SLOTS)
+#define SIM_USAGE_SIZE (sizeof(struct sim_usage_slot) * SIM_USAGE_SLOTS)
 
 static inline uint64_t sim_key_busy(uint32_t pid)
 {
@@ -65,15 +65,15 @@ static inline uint64_t sim_key_live(uint32_t pid, int dev)
 /* Everything below is written under sim_usage_lock; the table pointer once, for good. */
 static pthread_mutex_t sim_usage_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct sim_usage_slot *sim_usage_table;
-static bool sim_usage_unusable;		/* creating the table failed: never retried */
-static int sim_procfs = -1;		/* /proc usable: 1, not: 0, not yet known: -1 */
+static bool sim_usage_unusable; /* creating the table failed: never retried */
+static int sim_procfs = -1;	/* /proc usable: 1, not: 0, not yet known: -1 */
 
 /* This process's own slots, as a writer; reset in a forked child. */
 static uint32_t sim_self_pid;
 static uint64_t sim_self_start;
 static pthread_once_t sim_atfork_once = PTHREAD_ONCE_INIT;
 static struct sim_usage_slot *sim_mine[SIM_MAX_GPUS];
-static bool sim_gave_up[SIM_MAX_GPUS];	/* no slot to be had: until sim_usage_clear */
+static bool sim_gave_up[SIM_MAX_GPUS]; /* no slot to be had: until sim_usage_clear */
 
 /*
  * What /proc says of pid: 1 with *start (its start time + 1) when it runs,

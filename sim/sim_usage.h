@@ -17,8 +17,8 @@
 
 #include <stddef.h>
 
-#define SIM_USAGE_DIR_ENV	"GPUSHARE_SIM_STATE_DIR"
-#define SIM_USAGE_SLOTS		1024
+#define SIM_USAGE_DIR_ENV "GPUSHARE_SIM_STATE_DIR"
+#define SIM_USAGE_SLOTS 1024
 
 /*
  * The driver's side. The calling process uses device spec_index (its

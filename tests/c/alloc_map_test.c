@@ -14,18 +14,22 @@
 
 #include "alloc_map.h"
 
-#define CHECK(cond)                                                              \
-	do {                                                                     \
-		if (!(cond)) {                                                   \
+#define CHECK(cond)                                                                        \
+	do {                                                                               \
+		if (!(cond)) {                                                             \
 			fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
-			exit(1);                                                 \
-		}                                                                \
+			exit(1);                                                           \
+		}                                                                          \
 	} while (0)
 
 static struct gs_alloc rec(uint64_t key, uint32_t kind, uint64_t size, uint64_t owner)
 {
-	return (struct gs_alloc){ .key = key, .kind = kind, .gpu = (int32_t)(key % 7), .size = size,
-				  .owner = owner, .refs = 1 };
+	return (struct gs_alloc){ .key = key,
+				  .kind = kind,
+				  .gpu = (int32_t)(key % 7),
+				  .size = size,
+				  .owner = owner,
+				  .refs = 1 };
 }
 
 /* Keys as the driver hands them out: aligned addresses, close together. */
@@ -94,11 +98,11 @@ static void handles(void)
 
 	CHECK(gs_map_handle_adjust(0x1000, -1, 0, &gone) == -ENOENT);
 	CHECK(gs_map_put(&h, &old) == 0);
-	CHECK(gs_map_handle_adjust(0x1000, 0, 1, &gone) == 0);	 /* mapped: refs 1, maps 1 */
-	CHECK(gs_map_handle_adjust(0x1000, 0, -2, &gone) == 2);	 /* below zero: nothing changes */
-	CHECK(gs_map_handle_adjust(0x1000, -1, 0, &gone) == 0);	 /* released, still mapped */
-	CHECK(gs_map_handle_adjust(0x1000, -1, 0, &gone) == 2);	 /* a double release */
-	CHECK(gs_map_handle_adjust(0x1000, 0, -1, &gone) == 1);	 /* unmapped: gone */
+	CHECK(gs_map_handle_adjust(0x1000, 0, 1, &gone) == 0);	/* mapped: refs 1, maps 1 */
+	CHECK(gs_map_handle_adjust(0x1000, 0, -2, &gone) == 2); /* below zero: nothing changes */
+	CHECK(gs_map_handle_adjust(0x1000, -1, 0, &gone) == 0); /* released, still mapped */
+	CHECK(gs_map_handle_adjust(0x1000, -1, 0, &gone) == 2); /* a double release */
+	CHECK(gs_map_handle_adjust(0x1000, 0, -1, &gone) == 1); /* unmapped: gone */
 	CHECK(gone.key == 0x1000 && gone.size == 2 << 20 && gone.refs == 0 && gone.maps == 0);
 	CHECK(gs_map_handle_adjust(0x1000, 1, 0, &gone) == -ENOENT);
 	CHECK(gs_map_count() == 0);

@@ -98,10 +98,10 @@
 
 typedef CUresult (*gpa_v2_t)(const char *, void **, int, cuuint64_t,
 			     CUdriverProcAddressQueryResult *);
-typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-			     unsigned, unsigned, CUstream, void **, void **);
-typedef CUresult (*coop_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-			   unsigned, unsigned, CUstream, void **);
+typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+			     unsigned, CUstream, void **, void **);
+typedef CUresult (*coop_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+			   unsigned, CUstream, void **);
 
 static struct {
 	CUresult (*init)(unsigned int);
@@ -311,7 +311,13 @@ static void bind_driver(void)
 
 /* --- live allocations, freed oldest first ------------------------------------- */
 
-enum kind { K_PTR, K_ASYNC, K_HANDLE, K_ARRAY, K_MIPMAP };
+enum kind {
+	K_PTR,
+	K_ASYNC,
+	K_HANDLE,
+	K_ARRAY,
+	K_MIPMAP
+};
 
 struct live {
 	enum kind kind;
@@ -332,9 +338,9 @@ static CUresult keep(CUresult rc, enum kind kind, uint64_t handle)
 	return rc;
 }
 
-#define NEED(fn) \
+#define NEED(fn)          \
 	if ((fn) == NULL) \
-		return CUDA_ERROR_NOT_FOUND
+	return CUDA_ERROR_NOT_FOUND
 
 static CUresult free_one(struct live l)
 {
@@ -357,8 +363,8 @@ static CUresult free_one(struct live l)
 }
 
 static CUdevice cur_dev;
-static CUstream strm;	    /* made by the "stream" step */
-static CUmemoryPool made;   /* the last pool "poolon" or "newpool" made */
+static CUstream strm;	  /* made by the "stream" step */
+static CUmemoryPool made; /* the last pool "poolon" or "newpool" made */
 
 /* How many arguments each allocation step takes; 0: not an allocation step. */
 static int make_args(const char *op)
@@ -366,9 +372,9 @@ static int make_args(const char *op)
 	static const struct {
 		const char *op;
 		int args;
-	} steps[] = { { "alloc", 1 },	 { "allocb", 1 }, { "pitch", 2 },   { "managed", 1 },
-		      { "async", 1 },	 { "asyncpt", 1 }, { "pool", 1 },    { "create", 1 },
-		      { "array", 2 },	 { "array3d", 3 }, { "mipmap", 3 }, { "asyncs", 1 },
+	} steps[] = { { "alloc", 1 },  { "allocb", 1 },	  { "pitch", 2 },  { "managed", 1 },
+		      { "async", 1 },  { "asyncpt", 1 },  { "pool", 1 },   { "create", 1 },
+		      { "array", 2 },  { "array3d", 3 },  { "mipmap", 3 }, { "asyncs", 1 },
 		      { "poolon", 2 }, { "locpoolon", 2 } };
 
 	for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++)
@@ -520,8 +526,8 @@ static CUresult make(const char *op, char **argv, int *i, size_t *extra)
 
 static int is_pool_step(const char *op)
 {
-	static const char *const ops[] = { "sync",   "sync2",	"ssync",      "esync",
-					   "trim",   "keep",	"reserved",   "newpool",
+	static const char *const ops[] = { "sync",    "sync2",	    "ssync",	  "esync",
+					   "trim",    "keep",	    "reserved",	  "newpool",
 					   "setpool", "setlocpool", "pooldestroy" };
 
 	for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++)
@@ -789,7 +795,8 @@ static void edge(void)
 	if (cu.async != NULL) {
 		printf("edge async_null %d\n", cu.async(NULL, 1 << 20, NULL));
 		printf("edge async_zero %d\n", cu.async(&p, 0, NULL));
-		printf("edge free_async_unknown %d\n", cu.free_async((CUdeviceptr)0xdead0000, NULL));
+		printf("edge free_async_unknown %d\n",
+		       cu.free_async((CUdeviceptr)0xdead0000, NULL));
 	}
 }
 
@@ -830,9 +837,9 @@ static void *churn(void *arg)
 			uint64_t now = __atomic_add_fetch(&held, size[j], __ATOMIC_SEQ_CST);
 			uint64_t m = __atomic_load_n(&max_held, __ATOMIC_SEQ_CST);
 
-			while (now > m && !__atomic_compare_exchange_n(&max_held, &m, now, 0,
-								       __ATOMIC_SEQ_CST,
-								       __ATOMIC_SEQ_CST))
+			while (now > m &&
+			       !__atomic_compare_exchange_n(&max_held, &m, now, 0, __ATOMIC_SEQ_CST,
+							    __ATOMIC_SEQ_CST))
 				;
 			c->ok++;
 		} else {
@@ -866,8 +873,7 @@ static void threads(int nthreads, int n, size_t max_bytes)
 		ok += c[t].ok;
 		failed += c[t].failed;
 	}
-	printf("threads ok=%d failed=%d maxheld=%llu\n", ok, failed,
-	       (unsigned long long)max_held);
+	printf("threads ok=%d failed=%d maxheld=%llu\n", ok, failed, (unsigned long long)max_held);
 }
 
 /* --- virtual memory, contexts, streams, pools --------------------------------------- */
@@ -972,7 +978,8 @@ static CUresult ctx_step(const char *op, const char *arg)
 		NEED(cu.push);
 		NEED(cu.pop);
 		if ((rc = cu.device_get(&dev, atoi(arg))) != CUDA_SUCCESS ||
-		    (rc = cu.retain(&ctx, dev)) != CUDA_SUCCESS || (rc = cu.push(ctx)) != CUDA_SUCCESS)
+		    (rc = cu.retain(&ctx, dev)) != CUDA_SUCCESS ||
+		    (rc = cu.push(ctx)) != CUDA_SUCCESS)
 			return rc;
 		rc = cu.stream_create(&strm, 0);
 		cu.pop(&ctx);
@@ -1130,7 +1137,8 @@ int main(int argc, char **argv)
 	while (first < argc && early_step(argc, argv, &first))
 		;
 	bind_driver();
-	if ((rc = cu.init(0)) != CUDA_SUCCESS || (rc = cu.device_get(&cur_dev, 0)) != CUDA_SUCCESS ||
+	if ((rc = cu.init(0)) != CUDA_SUCCESS ||
+	    (rc = cu.device_get(&cur_dev, 0)) != CUDA_SUCCESS ||
 	    (rc = cu.retain(&ctx, cur_dev)) != CUDA_SUCCESS ||
 	    (rc = cu.set_current(ctx)) != CUDA_SUCCESS) {
 		printf("init err %d\n", rc);
@@ -1162,7 +1170,8 @@ int main(int argc, char **argv)
 				n++;
 			printf("fill %d\n", n);
 		} else if (strcmp(op, "free") == 0) {
-			rc = head < tail ? free_one(live[head++ % MAX_LIVE]) : CUDA_ERROR_INVALID_VALUE;
+			rc = head < tail ? free_one(live[head++ % MAX_LIVE])
+					 : CUDA_ERROR_INVALID_VALUE;
 			printf(rc == CUDA_SUCCESS ? "free ok\n" : "free err %d\n", rc);
 		} else if (strcmp(op, "info") == 0) {
 			size_t fr = 0, tot = 0;
@@ -1200,14 +1209,17 @@ int main(int argc, char **argv)
 			if (rc != CUDA_SUCCESS)
 				printf("%s err %d\n", op, rc);
 			else
-				printf(strcmp(op, "vmmretain") == 0 ? "%s ok same\n" : "%s ok\n", op);
+				printf(strcmp(op, "vmmretain") == 0 ? "%s ok same\n" : "%s ok\n",
+				       op);
 		} else if (strcmp(op, "heap") == 0 || strcmp(op, "stack") == 0) {
 			int heap = op[0] == 'h';
 
 			i++;
-			rc = cu.set_limit == NULL ? CUDA_ERROR_NOT_FOUND :
-			     cu.set_limit(heap ? CU_LIMIT_MALLOC_HEAP_SIZE : CU_LIMIT_STACK_SIZE,
-					  strtoull(arg, NULL, 10) << (heap ? 20 : 0));
+			rc = cu.set_limit == NULL
+				     ? CUDA_ERROR_NOT_FOUND
+				     : cu.set_limit(heap ? CU_LIMIT_MALLOC_HEAP_SIZE
+							 : CU_LIMIT_STACK_SIZE,
+						    strtoull(arg, NULL, 10) << (heap ? 20 : 0));
 			printf(rc == CUDA_SUCCESS ? "%s ok\n" : "%s err %d\n", op, rc);
 		} else if (is_pool_step(op)) {
 			rc = pool_step(op, arg);

@@ -74,9 +74,10 @@ int main(int argc, char **argv)
 	while (fgets(line, sizeof(line), stdin)) {
 		const char *arg = name;
 
-		if (strncmp(line, "sym ", 4) && strncmp(line, "hsym ", 5) && strcmp(line, "mode\n") &&
-		    (gpa2 == NULL || gpa1 == NULL || init == NULL)) {
-			fprintf(stderr, "driver_probe: the driver lacks cuInit or cuGetProcAddress\n");
+		if (strncmp(line, "sym ", 4) && strncmp(line, "hsym ", 5) &&
+		    strcmp(line, "mode\n") && (gpa2 == NULL || gpa1 == NULL || init == NULL)) {
+			fprintf(stderr,
+				"driver_probe: the driver lacks cuInit or cuGetProcAddress\n");
 			return 2;
 		}
 		if (strcmp(line, "init\n") == 0) {

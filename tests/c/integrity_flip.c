@@ -69,7 +69,8 @@ __attribute__((constructor)) static void setup(void)
 }
 
 __attribute__((visibility("default"))) int cuGetProcAddress_v2(const char *symbol, void **pfn,
-							       int version, unsigned long long flags,
+							       int version,
+							       unsigned long long flags,
 							       int *status)
 {
 	return real_gpa(symbol, pfn, version, flags, status);

@@ -58,11 +58,10 @@ CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocatio
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
 			     unsigned long long flags);
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
-CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
-		  CUmemGenericAllocationHandle handle, unsigned long long flags);
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+		  unsigned long long flags);
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
-CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
-			size_t count);
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
 CUresult cuStreamCreate(CUstream *stream, unsigned int flags);
 CUresult cuStreamDestroy_v2(CUstream stream);
@@ -270,14 +269,14 @@ static void probe_streams(CUcontext ctx)
 	out("stream1.async_ptsz", cuMemAllocAsync_ptsz(&p, 2 * MIB, s1));
 	taken("stream1.async_ptsz", 1, f1);
 	out("stream1.free_ptsz", cuMemFreeAsync_ptsz(p, s1));
-	cuCtxSynchronize();	/* the pool gives the freed memory back */
+	cuCtxSynchronize(); /* the pool gives the freed memory back */
 	/* The pool decides the device, whatever the stream's is. */
 	cuDeviceGetDefaultMemPool(&pool0, 0);
 	out("stream1.frompool0", cuMemAllocFromPoolAsync(&p, 4 * MIB, pool0, s1));
 	taken("stream1.frompool0", 0, f0);
 	taken("stream1.frompool0.dev1", 1, f1);
 	out("stream1.frompool0.free", cuMemFreeAsync(p, s1));
-	cuCtxSynchronize();	/* the pool gives the freed memory back */
+	cuCtxSynchronize(); /* the pool gives the freed memory back */
 	out("stream1.destroy", cuStreamDestroy_v2(s1));
 	cuDevicePrimaryCtxRelease_v2(1);
 
@@ -303,7 +302,7 @@ static void probe_streams(CUcontext ctx)
 	out("mempool.async", cuMemAllocAsync(&p, MIB, NULL));
 	taken("mempool.async", 0, f0);
 	out("mempool.async.free", cuMemFreeAsync(p, NULL));
-	cuCtxSynchronize();	/* the pool gives the freed memory back */
+	cuCtxSynchronize(); /* the pool gives the freed memory back */
 	out("mempool.set_other_device", cuDeviceSetMemPool(1, mine));
 	out("mempool.set_other_default", cuDeviceSetMemPool(0, pool1));
 	out("mempool.set_null", cuDeviceSetMemPool(0, NULL));
@@ -327,8 +326,8 @@ static void probe_vmm(void)
 	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
 	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	prop.location.id = 1;
-	out("gran.rc", cuMemGetAllocationGranularity(&gran, &prop,
-						     CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+	out("gran.rc",
+	    cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
 	out("gran.min", (long long)gran);
 	gran = 0;
 	cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
@@ -516,7 +515,7 @@ static void probe_arrays(void)
 	back("array3d", 0, f0);
 	d3.Height = 0;
 	out("array3d.w0d", cuArray3DCreate_v2(&a, &d3));
-	d3.Flags = 1;	/* CUDA_ARRAY3D_LAYERED: a layered 1D array */
+	d3.Flags = 1; /* CUDA_ARRAY3D_LAYERED: a layered 1D array */
 	out("layered1d.rc", cuArray3DCreate_v2(&a, &d3));
 	taken("layered1d", 0, f0);
 	out("layered1d.destroy", cuArrayDestroy(a));
@@ -770,8 +769,8 @@ static int probe_resolve(void)
 		} else if (sscanf(line, "gpa %255s %d %llu", name, &version, &flags) == 3) {
 			CUdriverProcAddressQueryResult status = -1;
 			void *fn = (void *)&sentinel;
-			CUresult rc = cuGetProcAddress_v2(strcmp(name, "-") ? name : "", &fn, version,
-							  flags, &status);
+			CUresult rc = cuGetProcAddress_v2(strcmp(name, "-") ? name : "", &fn,
+							  version, flags, &status);
 
 			printf("gpa %s %d %llu %d %d %s\n", name, version, flags, rc, status,
 			       fn == (void *)&sentinel ? "untouched" : variant(fn));

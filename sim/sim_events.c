@@ -1,0 +1,270 @@
+/*
+ * The simulated driver's events: recording, queries, elapsed time, a
+ * stream's wait on one (which joins a capture) and IPC event handles.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sim_driver.h"
+
+/*
+ * Events. Nothing runs asynchronously, so an event is complete as soon as
+ * it is recorded; it keeps the time of its recording for cuEventElapsedTime.
+ */
+struct CUevent_st {
+	struct sim_obj obj;
+	unsigned int flags;
+	bool recorded;
+	struct timespec when;
+	/* Recorded in a capture: a stream that waits on it joins that capture. */
+	struct CUgraph_st *capture;
+	uint64_t capture_id;
+	int capture_mode;
+};
+
+/*
+ * With sim_obj_lock held: capture id is over. If e was recorded in it, it no
+ * longer pulls streams into it.
+ */
+void sim_event_capture_over(struct CUevent_st *e, uint64_t id)
+{
+	if (e->capture_id == id) {
+		e->capture = NULL;
+		e->capture_id = 0;
+	}
+}
+
+CUresult sim_impl_cuEventCreate(CUevent *pe, unsigned int flags)
+{
+	struct CUevent_st *e;
+
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!pe || (flags & ~0x7u))
+		return CUDA_ERROR_INVALID_VALUE;
+	/* Interprocess events must not time, as the documentation requires. */
+	if ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!sim_depth)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	e->obj.kind = SIM_OBJ_EVENT;
+	e->obj.dev = sim_current_dev();
+	e->flags = flags;
+	sim_obj_add(&e->obj);
+	*pe = e;
+	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuEventDestroy_v2(CUevent e)
+{
+	struct sim_obj seen, *o;
+
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
+	o = sim_obj_lookup(e, SIM_OBJ_EVENT, true, &seen);
+	if (!o)
+		return CUDA_ERROR_INVALID_HANDLE;
+	free(o);
+	return CUDA_SUCCESS;
+}
+
+/*
+ * What a record or a wait works on: the event (NULL if ev is none) and the
+ * stream's object (NULL for a default stream). On success sim_obj_lock is
+ * held, for the caller to release.
+ */
+static CUresult sim_event_stream_lock(CUevent ev, CUstream stream, struct CUevent_st **pe,
+				      struct CUstream_st **ps)
+{
+	struct sim_ctx_slot slot;
+	struct sim_obj **pp;
+	CUresult rc = sim_stream_slot_live(stream, &slot);
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(ev, SIM_OBJ_EVENT);
+	*pe = pp ? (struct CUevent_st *)*pp : NULL;
+	*ps = sim_stream_locked(stream);
+	return CUDA_SUCCESS;
+}
+
+static CUresult sim_event_record(CUevent ev, CUstream stream)
+{
+	struct CUstream_st *s;
+	struct CUevent_st *e;
+	CUresult rc = sim_event_stream_lock(ev, stream, &e, &s);
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (!e) {
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	} else if (!s || s->capture_status != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+		e->recorded = true;
+		e->capture = NULL;
+		e->capture_id = 0;
+		clock_gettime(CLOCK_MONOTONIC, &e->when);
+	} else {
+		e->capture = s->capture;
+		e->capture_id = s->capture_id;
+		e->capture_mode = s->capture_mode;
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	return rc;
+}
+
+CUresult sim_impl_cuEventRecord(CUevent e, CUstream s)
+{
+	return sim_event_record(e, s);
+}
+
+CUresult sim_impl_cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int flags)
+{
+	(void)flags;
+	return sim_event_record(e, s);
+}
+
+static CUresult sim_event_check(CUevent e)
+{
+	struct sim_obj seen;
+
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
+	return sim_obj_lookup(e, SIM_OBJ_EVENT, false, &seen) ? CUDA_SUCCESS
+							      : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult sim_impl_cuEventQuery(CUevent e)
+{
+	return sim_event_check(e);
+}
+
+CUresult sim_impl_cuEventSynchronize(CUevent e)
+{
+	CUresult rc = sim_event_check(e);
+
+	if (rc == CUDA_SUCCESS)
+		sim_pools_settle();
+	return rc;
+}
+
+CUresult sim_impl_cuEventElapsedTime(float *ms, CUevent start, CUevent end)
+{
+	struct CUevent_st a = { .recorded = false }, b = { .recorded = false };
+	struct sim_obj **pa, **pb;
+	CUresult rc = CUDA_SUCCESS;
+
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!ms)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&sim_obj_lock);
+	pa = sim_obj_find(start, SIM_OBJ_EVENT);
+	pb = sim_obj_find(end, SIM_OBJ_EVENT);
+	if (pa && pb) {
+		a = *(struct CUevent_st *)*pa;
+		b = *(struct CUevent_st *)*pb;
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	if (!pa || !pb)
+		return CUDA_ERROR_INVALID_HANDLE;
+	/* Documented: an event that times nothing, or was never recorded. */
+	if ((a.flags | b.flags) & CU_EVENT_DISABLE_TIMING || !a.recorded || !b.recorded)
+		return CUDA_ERROR_INVALID_HANDLE;
+	*ms = (float)((double)(b.when.tv_sec - a.when.tv_sec) * 1e3 +
+		      (double)(b.when.tv_nsec - a.when.tv_nsec) / 1e6);
+	return rc;
+}
+
+CUresult sim_impl_cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
+{
+	return sim_impl_cuEventElapsedTime(ms, start, end);
+}
+
+/*
+ * Waits are already over: nothing is outstanding anywhere. A stream that
+ * waits on an event recorded in a capture joins that capture (the fork of
+ * work onto another stream during a capture), as the driver documents.
+ */
+CUresult sim_impl_cuStreamWaitEvent(CUstream stream, CUevent ev, unsigned int flags)
+{
+	struct CUstream_st *s;
+	struct CUevent_st *e;
+	CUresult rc;
+
+	(void)flags;
+	rc = sim_event_stream_lock(ev, stream, &e, &s);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (!e) {
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	} else if (e->capture_id) {
+		if (!s)
+			rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+		else if (s->capture_status == CU_STREAM_CAPTURE_STATUS_NONE) {
+			s->capture_status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+			s->capture = e->capture;
+			s->capture_id = e->capture_id;
+			s->capture_mode = e->capture_mode;
+			s->capture_origin = false;
+		}
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	return rc;
+}
+
+/* An event IPC handle names the event's process; the opener gets an event of its own. */
+struct sim_ipc_event {
+	uint32_t magic;
+	uint32_t pid;
+};
+
+CUresult sim_impl_cuIpcGetEventHandle(CUipcEventHandle *h, CUevent ev)
+{
+	struct sim_ipc_event rec = { SIM_IPC_MAGIC, (uint32_t)getpid() };
+	struct sim_obj **pp;
+	unsigned int flags = 0;
+
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!h)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(ev, SIM_OBJ_EVENT);
+	if (pp)
+		flags = ((struct CUevent_st *)*pp)->flags;
+	pthread_mutex_unlock(&sim_obj_lock);
+	if (!pp)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (!(flags & CU_EVENT_INTERPROCESS))
+		return CUDA_ERROR_INVALID_VALUE;
+	memset(h, 0, sizeof(*h));
+	memcpy(h->reserved, &rec, sizeof(rec));
+	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuIpcOpenEventHandle(CUevent *pe, CUipcEventHandle h)
+{
+	struct sim_ipc_event rec;
+
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
+	memcpy(&rec, h.reserved, sizeof(rec));
+	if (!pe || rec.magic != SIM_IPC_MAGIC)
+		return CUDA_ERROR_INVALID_VALUE;
+	return sim_impl_cuEventCreate(pe, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
+}
+
+/* The per-thread default stream variants (SIM_SAME_AS). */
+SIM_SAME_AS(cuStreamWaitEvent_ptsz, cuStreamWaitEvent);
+SIM_SAME_AS(cuEventRecord_ptsz, cuEventRecord);
+SIM_SAME_AS(cuEventRecordWithFlags_ptsz, cuEventRecordWithFlags);
