@@ -29,13 +29,20 @@ $(VENV)/.deps: pyproject.toml
 # The wheel is built once and installed into both venvs (the torch venv's below).
 WHEEL_DIR := build/wheel
 $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
+	@echo "make: building gpushare (the shim, the simulated driver) and installing it into $(VENV)"
 	rm -rf build/lib.* build/temp.* $(WHEEL_DIR)
 	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w $(WHEEL_DIR) .
 	$(BIN)/python -m pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/gpushare-*.whl
+	$(BIN)/python -m pip install -q "$$(echo $(WHEEL_DIR)/gpushare-*.whl)"
+	touch $@
+
+# What tests, lint and benchmarks need beside the package (`make run` does without).
+$(VENV)/.dev: $(VENV)/.installed pyproject.toml
+	@echo "make: installing the test and development tools into $(VENV)"
 	$(BIN)/python -m pip install -q "$$(echo $(WHEEL_DIR)/gpushare-*.whl)[test,dev]"
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.dev
 
 # The real-PyTorch tiers (tests/real_torch/test_torch_sim.py, and under gpushare
 # test_torch_gpushare.py, test_torch_processes.py, test_torch_timeslice.py) run a pinned
@@ -74,7 +81,7 @@ REAL_DRIVER := build/real-driver
 real-driver:
 	@sh tests/fetch_real_driver.sh $(REAL_DRIVER)
 
-run: install
+run: $(VENV)/.installed
 	@if nvidia-smi -L >/dev/null 2>&1; then cfg=configs/nodemgr.toml; \
 	else cfg=configs/sim.toml; echo "no NVIDIA driver found: simulated GPUs ($$cfg)"; fi; \
 	exec $(BIN)/nodemgr serve --config $$cfg
