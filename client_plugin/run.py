@@ -343,10 +343,10 @@ def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> int:
 
 EXIT_HELP = (
     f"Exit codes: CMD's own (128+N if killed by signal N); {EXIT_USAGE} bad usage;\n"
-    f"{EXIT_UNREACHABLE} nodemgr unreachable; "
-    f"{EXIT_NO_RESOURCES} no GPUs free (now, or within the wait);\n"
+    f"{EXIT_UNREACHABLE} nodemgr unreachable (or no such environment); "
+    f"{EXIT_NO_RESOURCES} no GPUs free (now, or\nwithin the wait); "
     f"{EXIT_REFUSED} request refused (zero or exceeded quota, CUDA_VISIBLE_DEVICES no GPU\n"
-    f"can satisfy, unknown environment); {EXIT_INTERNAL} gpushare-run failed; "
+    f"can satisfy, busy); {EXIT_INTERNAL} gpushare-run failed; "
     f"{EXIT_NOT_EXECUTABLE} CMD not\n"
     f"executable; {EXIT_NOT_FOUND} CMD not found; "
     f"{EXIT_CANCELLED} interrupted while waiting for GPUs."
