@@ -9,6 +9,7 @@ from nodemgr import protocol, views
 from nodemgr.connections import Connections, ReplyTo, Watched
 from nodemgr.model import Task
 from nodemgr.protocol import Err, ProtocolError
+from nodemgr.sizes import plural
 from nodemgr.state import Node
 
 
@@ -54,8 +55,13 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
         return protocol.reply("modes", msg_id, gpus=views.modes(node, indices))
     if kind == "history":
         limit = body["limit"] or 1000
-        records = node.store.history(body["env"], body["since"], limit)
-        return protocol.reply("history", msg_id, records=[r.view() for r in records])
+        records = [r.view() for r in node.store.history(body["env"], body["since"], limit)]
+        # A running task's peak so far is in its ledger, not yet in its record.
+        live = {t["task_id"]: t["peak"] for t in views.tasks(node, body["env"])}
+        for r in records:
+            if r["ended"] is None and r["task_id"] in live:
+                r["peak"] = max(int(str(r["peak"])), live[str(r["task_id"])])
+        return protocol.reply("history", msg_id, records=records)
     if kind == "queue":
         return protocol.reply("queue", msg_id, waiting=views.queue(node.queue))
     if kind == "quota_show":
@@ -76,8 +82,8 @@ def _delete_env(loop: Loop, name: str, force: bool, msg_id: int) -> dict[str, An
     if (tasks or held) and not force:
         raise ProtocolError(
             Err.BUSY,
-            f"environment {name!r} has {len(tasks)} running tasks and {held} bytes in use; "
-            "wait for them, or delete with --force to end them",
+            f"environment {name!r} has {plural(len(tasks), 'running task')} and {held} bytes "
+            "in use; wait for them, or delete with --force to end them",
         )
     for task in tasks:
         loop.kill_client(task)

@@ -7,6 +7,7 @@ import re
 
 import click
 
+from nodemgr.protocol import ENV_NAME
 from nodemgr.sizes import parse_seconds, parse_size
 
 _COUNT = re.compile(r"^\s*[0-9]+\s*$")
@@ -64,3 +65,22 @@ class CountType(click.ParamType):  # type: ignore[type-arg]
             upto = f"{self.high}" if self.high is not None else "more"
             self.fail(f"{value!r} is not a whole number from {self.low} to {upto}", param, ctx)
         return n
+
+
+class EnvNameType(click.ParamType):  # type: ignore[type-arg]
+    """An environment's name as nodemgr accepts it (protocol.ENV_NAME)."""
+
+    name = "ENV"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> str:
+        text = str(value)
+        if not ENV_NAME.fullmatch(text):
+            self.fail(
+                f"{text!r} is not an environment name: 1 to 64 characters, letters, digits, "
+                "'_', '.' and '-', starting with a letter or digit",
+                param,
+                ctx,
+            )
+        return text

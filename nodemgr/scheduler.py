@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from nodemgr.sizes import plural
+
 # Refusal codes; the same strings as nodemgr.protocol.Err.
 QUOTA_ZERO = "quota_zero"  # the environment may not use GPUs at all
 QUOTA_EXCEEDED = "quota_exceeded"  # never satisfiable as things stand
@@ -108,7 +110,7 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
     if ask.need > ask.quota:
         return Refusal(
             QUOTA_EXCEEDED,
-            f"asked for {ask.need} GPUs but this environment's quota is {ask.quota}",
+            f"asked for {plural(ask.need, 'GPU')} but this environment's quota is {ask.quota}",
         )
     usable = [g for g in gpus if g.usable]
     could_hold = [g for g in usable if g.capacity >= ask.memory]
@@ -121,8 +123,8 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
     if ask.need > len(could_hold):
         return Refusal(
             QUOTA_EXCEEDED,
-            f"asked for {ask.need} GPUs but only {len(could_hold)} GPUs of this node can hold "
-            f"this environment's memory quota of {ask.memory} bytes per GPU",
+            f"asked for {plural(ask.need, 'GPU')} but only {plural(len(could_hold), 'GPU')} "
+            f"of this node can hold this environment's memory quota of {ask.memory} bytes per GPU",
         )
     allowed = ask.allowed
     if allowed is not None:
@@ -130,8 +132,8 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
         if ask.need > len(could_hold):
             return Refusal(
                 QUOTA_EXCEEDED,
-                f"asked for {ask.need} GPUs but the request's CUDA_VISIBLE_DEVICES allows "
-                f"{_names(allowed)}, of which {len(could_hold)} can hold this environment's "
+                f"asked for {plural(ask.need, 'GPU')} but the request's CUDA_VISIBLE_DEVICES "
+                f"allows {_names(allowed)}, of which {len(could_hold)} can hold this environment's "
                 f"memory quota of {ask.memory} bytes per GPU (the others are lost or too "
                 "small); allow more GPUs, or unset CUDA_VISIBLE_DEVICES",
             )
@@ -153,10 +155,10 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
     if new_allowed <= 0:
         if len(reusable) < ask.need:
             if allowed is None:
-                why = f"{ask.need} GPUs needed; this environment can use {len(reusable)}"
+                why = f"{plural(ask.need, 'GPU')} needed; this environment can use {len(reusable)}"
             else:
                 why = (
-                    f"{ask.need} GPUs needed; this environment's GPU quota is in use and "
+                    f"{plural(ask.need, 'GPU')} needed; this environment's GPU quota is in use and "
                     f"{len(reusable)} of its GPUs are among those CUDA_VISIBLE_DEVICES allows "
                     f"({_names(allowed)}); wait for its other tasks to end"
                 )
@@ -181,8 +183,9 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
             of_them = " of them"
         return Refusal(
             NO_RESOURCES,
-            f"{ask.need} GPUs needed: {len(candidates)} free GPUs{among} can take this "
-            f"environment and it holds {len(reusable)}{of_them}; wait for other tasks to end",
+            f"{plural(ask.need, 'GPU')} needed: {plural(len(candidates), 'free GPU')}{among} "
+            f"can take this environment and it holds {len(reusable)}{of_them}; "
+            "wait for other tasks to end",
         )
     new = tuple(g.index for g in candidates)
     return Choice(new + tuple(reusable[:reuse]), new)

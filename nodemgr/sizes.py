@@ -77,3 +77,8 @@ def format_size(n: int) -> str:
             value = n / factor
             return f"{value:.0f}{unit}" if value == int(value) else f"{value:.2f}{unit}"
     return f"{n}B"
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 GPU``, ``2 GPUs``: a count with its noun."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"

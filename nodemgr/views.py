@@ -169,7 +169,8 @@ def task(node: Node, task: Task, usage: dict[str, SlotTotals]) -> TaskView:
         "env": task.env,
         "pid": task.pid,
         "gpus": list(task.gpus),
-        "memory_limit": task.memory,
+        # The environment's per-GPU quota now: a quota change applies to running tasks.
+        "memory_limit": node.envs[task.env].memory,
         "memory_used": totals.used,
         "peak": max(task.peak, totals.peak),
         "launches": totals.launches,

@@ -9,6 +9,7 @@ from datetime import datetime
 import click
 
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
+from nodemgr.params import EnvNameType
 from nodemgr.sizes import format_size
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$", re.ASCII)
@@ -49,7 +50,7 @@ def _when(t: float | None) -> str:
 
 
 @click.command()
-@click.argument("env", required=False)
+@click.argument("env", type=EnvNameType(), required=False)
 @click.option("--since", type=SinceType(), default=None, help="Only tasks started since WHEN.")
 @click.option(
     "--limit", type=click.IntRange(1, 10000), default=100, show_default=True, help="At most N."

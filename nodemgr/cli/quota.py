@@ -5,9 +5,9 @@ from __future__ import annotations
 import click
 
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
-from nodemgr.params import CountType, SizeType
+from nodemgr.params import CountType, EnvNameType, SizeType
 from nodemgr.protocol import MAX_GPUS_PER_REQUEST
-from nodemgr.sizes import format_size
+from nodemgr.sizes import format_size, plural
 
 
 @click.group()
@@ -16,7 +16,7 @@ def quota() -> None:
 
 
 @quota.command("set")
-@click.argument("env")
+@click.argument("env", type=EnvNameType())
 @click.option(
     "--gpus", type=CountType(0, MAX_GPUS_PER_REQUEST), required=True, help="GPU-count quota."
 )
@@ -36,7 +36,9 @@ def set_(env: str, gpus: int, memory: int, config_path: str | None, as_json: boo
     if as_json:
         print_json({**view, "over": over})
         return
-    click.echo(f"{env}: {gpus} GPUs x {format_size(memory)}; task endpoint {view['endpoint']}")
+    click.echo(
+        f"{env}: {plural(gpus, 'GPU')} x {format_size(memory)}; task endpoint {view['endpoint']}"
+    )
     for o in over:
         click.echo(
             f"warning: {env} holds {format_size(o['used'])} on GPU {o['gpu']}, more than its "
@@ -47,12 +49,27 @@ def set_(env: str, gpus: int, memory: int, config_path: str | None, as_json: boo
 
 
 @quota.command("show")
-@click.argument("env", required=False)
+@click.argument("env", type=EnvNameType(), required=False)
+@click.option(
+    "--endpoint",
+    "endpoint_only",
+    is_flag=True,
+    help="Print only ENV's task endpoint (for GPUSHARE_ENDPOINT).",
+)
 @config_option
 @json_option
-def show(env: str | None, config_path: str | None, as_json: bool) -> None:
-    """Show ENV's quota, or every environment's."""
+def show(env: str | None, endpoint_only: bool, config_path: str | None, as_json: bool) -> None:
+    """Show ENV's quota, or every environment's.
+
+    \b
+    export GPUSHARE_ENDPOINT=$(nodemgr quota show alice --endpoint)
+    """
+    if endpoint_only and env is None:
+        raise click.UsageError("--endpoint needs ENV: nodemgr quota show ENV --endpoint")
     quotas = admin_call(config_path, "quota_show", env=env)["quotas"]
+    if endpoint_only:
+        click.echo(quotas[0]["endpoint"])
+        return
     if as_json:
         print_json(quotas[0] if env else quotas)
         return
@@ -63,7 +80,7 @@ def show(env: str | None, config_path: str | None, as_json: bool) -> None:
 
 
 @quota.command("delete")
-@click.argument("env")
+@click.argument("env", type=EnvNameType())
 @click.option("--force", is_flag=True, help="End ENV's running tasks first (reason: admin).")
 @config_option
 @json_option
@@ -76,4 +93,4 @@ def delete(env: str, force: bool, config_path: str | None, as_json: bool) -> Non
     if as_json:
         print_json({"env": reply["env"], "tasks_ended": reply["tasks_ended"]})
     else:
-        click.echo(f"{env}: deleted; {reply['tasks_ended']} running tasks ended")
+        click.echo(f"{env}: deleted; {plural(reply['tasks_ended'], 'running task')} ended")

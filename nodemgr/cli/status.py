@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
-from nodemgr.sizes import format_size
+from nodemgr.sizes import format_size, plural
 
 
 @click.command()
@@ -22,8 +22,8 @@ def status(config_path: str | None, as_json: bool) -> None:
         return
     kind = "simulated" if st["simulated"] else "NVML"
     click.echo(
-        f"nodemgr {st['version']} (pid {st['pid']}), {len(st['gpus'])} {kind} GPUs, "
-        f"{st['envs']} environments, {st['tasks']} tasks"
+        f"nodemgr {st['version']} (pid {st['pid']}), {plural(len(st['gpus']), kind + ' GPU')}, "
+        f"{plural(st['envs'], 'environment')}, {plural(st['tasks'], 'task')}"
     )
     print_table(
         ["GPU", "NAME", "MEMORY", "CHARGED", "USED", "TASKS", "ENVS"],

@@ -13,11 +13,12 @@ from nodemgr.cli._common import (
     print_table,
     task_state,
 )
+from nodemgr.params import EnvNameType
 from nodemgr.sizes import format_size
 
 
 @click.command()
-@click.option("--env", default=None, help="Only this environment's tasks.")
+@click.option("--env", type=EnvNameType(), default=None, help="Only this environment's tasks.")
 @config_option
 @json_option
 def tasks(env: str | None, config_path: str | None, as_json: bool) -> None:

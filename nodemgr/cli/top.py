@@ -23,7 +23,7 @@ from nodemgr.client import Connection, NodeError, Unreachable
 from nodemgr.exitcodes import EXIT_UNREACHABLE
 from nodemgr.params import CountType, SecondsType
 from nodemgr.protocol import TIMESLICED
-from nodemgr.sizes import format_size
+from nodemgr.sizes import format_size, plural
 
 
 def snapshot(conn: Connection) -> dict[str, Any]:
@@ -84,8 +84,9 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
     st, quotas, tasks, queue = snap["status"], snap["quotas"], snap["tasks"], snap["queue"]
     kind = "simulated" if st["simulated"] else "NVML"
     lines = [
-        f"nodemgr {st['version']}  {time.strftime('%H:%M:%S')}  {len(st['gpus'])} {kind} GPUs"
-        f"  {st['envs']} envs  {st['tasks']} tasks  {len(queue)} waiting",
+        f"nodemgr {st['version']}  {time.strftime('%H:%M:%S')}  "
+        f"{plural(len(st['gpus']), kind + ' GPU')}  {plural(st['envs'], 'env')}  "
+        f"{plural(st['tasks'], 'task')}  {len(queue)} waiting",
         "",
     ]
     lines += format_table(

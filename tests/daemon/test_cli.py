@@ -17,6 +17,7 @@ from nodemgr.cli import cli
 from tests.conftest import BIN
 
 GiB = 1 << 30
+MiB = 1 << 20
 
 
 def invoke(daemon: Any, *args: str) -> Any:
@@ -69,9 +70,32 @@ def test_unknown_env_and_bad_env_name(daemon: Any) -> None:
     assert "nodemgr quota set nobody" in r.output
     r = invoke(daemon, "tasks", "--env", "nobody")
     assert r.exit_code == 1
-    r = invoke(daemon, "quota", "set", "../etc", "--gpus", "1", "--memory", "1GiB")
-    assert r.exit_code == 1
-    assert "env" in r.output
+    # A name nodemgr would refuse is a usage error (2) that says what a name may be.
+    for args in (
+        ["quota", "set", "../etc", "--gpus", "1", "--memory", "1GiB"],
+        ["quota", "show", "a b"],
+        ["quota", "delete", "x/y"],
+        ["tasks", "--env", "é"],
+        ["history", "x" * 65],
+    ):
+        r = invoke(daemon, *args)
+        assert r.exit_code == 2, (args, r.output)
+        assert "is not an environment name: 1 to 64 characters" in r.output, args
+
+
+def test_quota_show_endpoint_prints_the_endpoint_alone(daemon: Any) -> None:
+    ep = daemon.env("alice")
+    r = invoke(daemon, "quota", "show", "alice", "--endpoint")
+    assert r.exit_code == 0 and r.output == ep + "\n"
+    r = invoke(daemon, "quota", "show", "--endpoint")
+    assert r.exit_code == 2 and "--endpoint needs ENV" in r.output
+
+
+def test_counts_take_their_plural_only_when_not_one(daemon: Any) -> None:
+    r = invoke(daemon, "quota", "set", "solo", "--gpus", "1", "--memory", "1GiB")
+    assert r.exit_code == 0 and "solo: 1 GPU x 1GiB" in r.output
+    r = invoke(daemon, "status")
+    assert "4 simulated GPUs, 1 environment, 0 tasks" in r.output, r.output
 
 
 def test_tasks_and_status(
@@ -170,7 +194,7 @@ def test_quota_delete_refuses_while_busy_and_forces_with_records_kept(
     wait_for(lambda: len(daemon.tasks()) == 1, 10)
     r = invoke(daemon, "quota", "delete", "alice")
     assert r.exit_code == 1
-    assert "1 running tasks" in r.output and "--force" in r.output
+    assert "1 running task and" in r.output and "--force" in r.output
     r = invoke(daemon, "quota", "delete", "alice", "--force", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output) == {"env": "alice", "tasks_ended": 1}
@@ -231,7 +255,7 @@ def test_top_draws_gpus_envs_tasks_and_queue(daemon: Any, run_task: Any, wait_fo
     # Two frames; not a terminal, so no screen-clearing codes.
     assert r.output.count("GPU  MEMORY") == 2
     assert "\x1b[" not in r.output
-    assert "1 tasks" in r.output and "alice" in r.output and "sleep 60" in r.output
+    assert "1 task " in r.output and "alice" in r.output and "sleep 60" in r.output
     snap = json.loads(invoke(daemon, "top", "--json").output)
     assert set(snap) == {"status", "quotas", "tasks", "queue"}
     assert snap["tasks"][0]["env"] == "alice"
@@ -367,3 +391,24 @@ def test_admin_socket_permission_denied_says_so(daemon: Any) -> None:
     assert r.exit_code == 69, r.output
     assert f"permission denied on {daemon.run_dir}/admin.sock: run this as root" in r.output
     assert "did not answer" not in r.output
+
+
+def test_a_running_task_shows_the_quota_now_and_its_peak_so_far(
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path
+) -> None:
+    """`tasks` shows the environment's per-GPU quota after a change, not the one at the
+    grant; `history` shows a running task's peak from its ledger, not 0 until it ends."""
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    go = tmp_path / "go"
+    p = run_task(ep, str(cbin["client"]), "alloc", "300", "free", "waitfile", str(go))
+    assert p.stdout.readline() == "alloc ok\n"
+    assert p.stdout.readline() == "free ok\n"
+    assert p.stdout.readline() == "waiting\n"
+    assert invoke(daemon, "quota", "set", "alice", "--gpus", "1", "--memory", "2GiB").exit_code == 0
+    [task] = json.loads(invoke(daemon, "tasks", "--json").output)
+    assert task["memory_limit"] == 2 * GiB
+    assert "2GiB" in invoke(daemon, "tasks").output
+    [rec] = json.loads(invoke(daemon, "history", "--json").output)
+    assert rec["ended"] is None and rec["peak"] == 300 * MiB
+    go.touch()
+    assert p.wait(30) == 0
