@@ -71,7 +71,7 @@ def history(
         print_json(records)
         return
     print_table(
-        ["TASK", "ENV", "GPUS", "MEMORY/GPU", "PEAK", "STARTED", "ENDED", "REASON", "EXIT"],
+        ["TASK", "ENV", "GPU", "MEMORY/GPU", "PEAK", "STARTED", "ENDED", "REASON", "EXIT"],
         [
             [
                 r["task_id"],

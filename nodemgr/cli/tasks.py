@@ -32,7 +32,7 @@ def tasks(env: str | None, config_path: str | None, as_json: bool) -> None:
             "TASK",
             "ENV",
             "PID",
-            "GPUS",
+            "GPU",
             "USED",
             "LIMIT/GPU",
             "LAUNCHES",

@@ -123,7 +123,7 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
     )
     lines.append("")
     lines += format_table(
-        ["TASK", "ENV", "PID", "GPUS", "USED", "PEAK", "LAUNCHES", "LAUNCHED", "STATE", "COMMAND"],
+        ["TASK", "ENV", "PID", "GPU", "USED", "PEAK", "LAUNCHES", "LAUNCHED", "STATE", "COMMAND"],
         [
             [
                 t["task_id"],

@@ -407,7 +407,10 @@ def test_a_running_task_shows_the_quota_now_and_its_peak_so_far(
     assert invoke(daemon, "quota", "set", "alice", "--gpus", "1", "--memory", "2GiB").exit_code == 0
     [task] = json.loads(invoke(daemon, "tasks", "--json").output)
     assert task["memory_limit"] == 2 * GiB
-    assert "2GiB" in invoke(daemon, "tasks").output
+    table = invoke(daemon, "tasks").output.splitlines()
+    # GPU names GPUs by index; GPUS (quota show) is a count.
+    assert table[0].split()[3] == "GPU" and table[1].split()[3] == str(task["gpus"][0])
+    assert table[1].split()[5] == "2GiB"
     [rec] = json.loads(invoke(daemon, "history", "--json").output)
     assert rec["ended"] is None and rec["peak"] == 300 * MiB
     go.touch()
