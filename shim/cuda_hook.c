@@ -30,13 +30,9 @@
 
 GS_EXPORT CUresult cuInit(unsigned int flags)
 {
-	CUresult rc;
+	gs_fn_cuInit fn = TRACED_FN(cuInit);
+	CUresult rc = fn != NULL ? fn(flags) : CUDA_ERROR_NOT_FOUND;
 
-	TRACE(GS_ID_cuInit, calls);
-	gs_fn_cuInit fn = REAL_FN(cuInit);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	rc = fn(flags);
 	/* Claim the slot now, so launches are counted and pausable from the first. */
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
 		my_slot();
@@ -45,11 +41,9 @@ GS_EXPORT CUresult cuInit(unsigned int flags)
 
 GS_EXPORT CUresult cuDeviceGetCount(int *count)
 {
-	TRACE(GS_ID_cuDeviceGetCount, calls);
-	gs_fn_cuDeviceGetCount fn = REAL_FN(cuDeviceGetCount);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	return fn(count);
+	gs_fn_cuDeviceGetCount fn = TRACED_FN(cuDeviceGetCount);
+
+	return fn != NULL ? fn(count) : CUDA_ERROR_NOT_FOUND;
 }
 
 /*
@@ -74,14 +68,11 @@ static void share(int gpu, uint64_t *total, uint64_t *free_bytes, uint64_t *used
 GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
 	uint64_t total, ignored = UINT64_MAX;
-	CUresult rc;
 	int gpu;
 
-	TRACE(GS_ID_cuDeviceTotalMem_v2, calls);
-	gs_fn_cuDeviceTotalMem_v2 fn = REAL_FN(cuDeviceTotalMem_v2);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	rc = fn(bytes, dev);
+	gs_fn_cuDeviceTotalMem_v2 fn = TRACED_FN(cuDeviceTotalMem_v2);
+	CUresult rc = fn != NULL ? fn(bytes, dev) : CUDA_ERROR_NOT_FOUND;
+
 	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE)
 		return rc;
 	gpu = ledger_gpu(dev);
@@ -96,14 +87,11 @@ GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
 	uint64_t total, left;
-	CUresult rc;
 	int gpu;
 
-	TRACE(GS_ID_cuMemGetInfo_v2, calls);
-	gs_fn_cuMemGetInfo_v2 fn = REAL_FN(cuMemGetInfo_v2);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	rc = fn(free_bytes, total_bytes);
+	gs_fn_cuMemGetInfo_v2 fn = TRACED_FN(cuMemGetInfo_v2);
+	CUresult rc = fn != NULL ? fn(free_bytes, total_bytes) : CUDA_ERROR_NOT_FOUND;
+
 	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE)
 		return rc;
 	if (current_gpu(&gpu) != CUDA_SUCCESS)
@@ -123,8 +111,7 @@ GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 	CUresult rc;
 	int charged;
 
-	TRACE(GS_ID_cuDevicePrimaryCtxRetain, calls);
-	gs_fn_cuDevicePrimaryCtxRetain fn = REAL_FN(cuDevicePrimaryCtxRetain);
+	gs_fn_cuDevicePrimaryCtxRetain fn = TRACED_FN(cuDevicePrimaryCtxRetain);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (ctx == NULL)
@@ -160,8 +147,7 @@ GS_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice d
 	CUresult rc;
 	int charged;
 
-	TRACE(GS_ID_cuCtxCreate_v2, calls);
-	gs_fn_cuCtxCreate_v2 fn = REAL_FN(cuCtxCreate_v2);
+	gs_fn_cuCtxCreate_v2 fn = TRACED_FN(cuCtxCreate_v2);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (ctx == NULL)
@@ -180,8 +166,7 @@ GS_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, void *affinity, int naffinity,
 	CUresult rc;
 	int charged;
 
-	TRACE(GS_ID_cuCtxCreate_v3, calls);
-	gs_fn_cuCtxCreate_v3 fn = REAL_FN(cuCtxCreate_v3);
+	gs_fn_cuCtxCreate_v3 fn = TRACED_FN(cuCtxCreate_v3);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (ctx == NULL)
@@ -199,8 +184,7 @@ GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, void *params, unsigned int fla
 	CUresult rc;
 	int charged;
 
-	TRACE(GS_ID_cuCtxCreate_v4, calls);
-	gs_fn_cuCtxCreate_v4 fn = REAL_FN(cuCtxCreate_v4);
+	gs_fn_cuCtxCreate_v4 fn = TRACED_FN(cuCtxCreate_v4);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (ctx == NULL)
@@ -213,14 +197,11 @@ GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, void *params, unsigned int fla
 	return rc;
 }
 
-#define TEARDOWN_WRAPPER(abi, type, arg, how)        \
-	GS_EXPORT CUresult abi(type arg)             \
-	{                                            \
-		TRACE(GS_ID_##abi, calls);           \
-		gs_fn_##abi fn = REAL_FN(abi);       \
-		if (unlikely(fn == NULL))            \
-			return CUDA_ERROR_NOT_FOUND; \
-		return how;                          \
+#define TEARDOWN_WRAPPER(abi, type, arg, how)                   \
+	GS_EXPORT CUresult abi(type arg)                        \
+	{                                                       \
+		gs_fn_##abi fn = TRACED_FN(abi);                \
+		return fn != NULL ? how : CUDA_ERROR_NOT_FOUND; \
 	}
 
 TEARDOWN_WRAPPER(cuCtxDestroy, CUcontext, ctx, teardown(fn, ctx, NULL, 0, 0))
@@ -271,8 +252,7 @@ GS_EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
 	CUresult rc;
 	int gpu, had;
 
-	TRACE(GS_ID_cuCtxSetLimit, calls);
-	gs_fn_cuCtxSetLimit fn = REAL_FN(cuCtxSetLimit);
+	gs_fn_cuCtxSetLimit fn = TRACED_FN(cuCtxSetLimit);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode != GS_ENFORCE ||
@@ -329,8 +309,7 @@ GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 	struct gs_charge c;
 	CUresult rc;
 
-	TRACE(GS_ID_cuMemAlloc_v2, calls);
-	gs_fn_cuMemAlloc_v2 fn = REAL_FN(cuMemAlloc_v2);
+	gs_fn_cuMemAlloc_v2 fn = TRACED_FN(cuMemAlloc_v2);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode == GS_INERT)
@@ -351,8 +330,7 @@ GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
 	struct gs_charge c;
 	CUresult rc;
 
-	TRACE(GS_ID_cuMemAllocManaged, calls);
-	gs_fn_cuMemAllocManaged fn = REAL_FN(cuMemAllocManaged);
+	gs_fn_cuMemAllocManaged fn = TRACED_FN(cuMemAllocManaged);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode == GS_INERT)
@@ -375,8 +353,7 @@ GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
 	{                                                                        \
 		struct gs_pool_alloc op;                                         \
 		CUresult rc;                                                     \
-		TRACE(GS_ID_##abi, calls);                                       \
-		gs_fn_##abi fn = REAL_FN(abi);                                   \
+		gs_fn_##abi fn = TRACED_FN(abi);                                 \
 		if (unlikely(fn == NULL))                                        \
 			return CUDA_ERROR_NOT_FOUND;                             \
 		rc = pool_alloc_begin(&op, dptr, bytesize, (pool), stream, cap); \
@@ -400,49 +377,37 @@ ASYNC_WRAPPER(cuMemAllocFromPoolAsync_ptsz,
 
 GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
-	CUresult rc;
+	gs_fn_cuMemPoolCreate fn = TRACED_FN(cuMemPoolCreate);
+	CUresult rc = fn != NULL ? fn(pool, props) : CUDA_ERROR_NOT_FOUND;
 
-	TRACE(GS_ID_cuMemPoolCreate, calls);
-	gs_fn_cuMemPoolCreate fn = REAL_FN(cuMemPoolCreate);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	rc = fn(pool, props);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
 		pool_note(*pool, pool_gpu(&props->location, props->allocType));
 	return rc;
 }
 
 /* A device's default or current pool is its pool of device memory. */
-#define DEVICE_POOL_WRAPPER(abi)                                 \
-	GS_EXPORT CUresult abi(CUmemoryPool *pool, CUdevice dev) \
-	{                                                        \
-		CUresult rc;                                     \
-		TRACE(GS_ID_##abi, calls);                       \
-		gs_fn_##abi fn = REAL_FN(abi);                   \
-		if (unlikely(fn == NULL))                        \
-			return CUDA_ERROR_NOT_FOUND;             \
-		rc = fn(pool, dev);                              \
-		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)  \
-			pool_note(*pool, ledger_gpu(dev));       \
-		return rc;                                       \
+#define DEVICE_POOL_WRAPPER(abi)                                                 \
+	GS_EXPORT CUresult abi(CUmemoryPool *pool, CUdevice dev)                 \
+	{                                                                        \
+		gs_fn_##abi fn = TRACED_FN(abi);                                 \
+		CUresult rc = fn != NULL ? fn(pool, dev) : CUDA_ERROR_NOT_FOUND; \
+		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)                  \
+			pool_note(*pool, ledger_gpu(dev));                       \
+		return rc;                                                       \
 	}
 
 DEVICE_POOL_WRAPPER(cuDeviceGetDefaultMemPool)
 DEVICE_POOL_WRAPPER(cuDeviceGetMemPool)
 
 /* CUDA 13's way to the same pools: by location and allocation type. */
-#define LOCATION_POOL_WRAPPER(abi)                                                    \
-	GS_EXPORT CUresult abi(CUmemoryPool *pool, CUmemLocation *location, int type) \
-	{                                                                             \
-		CUresult rc;                                                          \
-		TRACE(GS_ID_##abi, calls);                                            \
-		gs_fn_##abi fn = REAL_FN(abi);                                        \
-		if (unlikely(fn == NULL))                                             \
-			return CUDA_ERROR_NOT_FOUND;                                  \
-		rc = fn(pool, location, type);                                        \
-		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)                       \
-			pool_note(*pool, pool_gpu(location, type));                   \
-		return rc;                                                            \
+#define LOCATION_POOL_WRAPPER(abi)                                                          \
+	GS_EXPORT CUresult abi(CUmemoryPool *pool, CUmemLocation *location, int type)       \
+	{                                                                                   \
+		gs_fn_##abi fn = TRACED_FN(abi);                                            \
+		CUresult rc = fn != NULL ? fn(pool, location, type) : CUDA_ERROR_NOT_FOUND; \
+		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)                             \
+			pool_note(*pool, pool_gpu(location, type));                         \
+		return rc;                                                                  \
 	}
 
 LOCATION_POOL_WRAPPER(cuMemGetDefaultMemPool)
@@ -450,13 +415,9 @@ LOCATION_POOL_WRAPPER(cuMemGetMemPool)
 
 GS_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
-	CUresult rc;
+	gs_fn_cuDeviceSetMemPool fn = TRACED_FN(cuDeviceSetMemPool);
+	CUresult rc = fn != NULL ? fn(dev, pool) : CUDA_ERROR_NOT_FOUND;
 
-	TRACE(GS_ID_cuDeviceSetMemPool, calls);
-	gs_fn_cuDeviceSetMemPool fn = REAL_FN(cuDeviceSetMemPool);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	rc = fn(dev, pool);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
 		set_current_pool(pool, ledger_gpu(dev));
 	return rc;
@@ -464,13 +425,9 @@ GS_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 
 GS_EXPORT CUresult cuMemSetMemPool(CUmemLocation *location, int type, CUmemoryPool pool)
 {
-	CUresult rc;
+	gs_fn_cuMemSetMemPool fn = TRACED_FN(cuMemSetMemPool);
+	CUresult rc = fn != NULL ? fn(location, type, pool) : CUDA_ERROR_NOT_FOUND;
 
-	TRACE(GS_ID_cuMemSetMemPool, calls);
-	gs_fn_cuMemSetMemPool fn = REAL_FN(cuMemSetMemPool);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	rc = fn(location, type, pool);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE && pool_gpu(location, type) >= 0)
 		set_current_pool(pool, ledger_gpu(location->id));
 	return rc;
@@ -478,13 +435,9 @@ GS_EXPORT CUresult cuMemSetMemPool(CUmemLocation *location, int type, CUmemoryPo
 
 GS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
-	CUresult rc;
+	gs_fn_cuMemPoolTrimTo fn = TRACED_FN(cuMemPoolTrimTo);
+	CUresult rc = fn != NULL ? fn(pool, keep) : CUDA_ERROR_NOT_FOUND;
 
-	TRACE(GS_ID_cuMemPoolTrimTo, calls);
-	gs_fn_cuMemPoolTrimTo fn = REAL_FN(cuMemPoolTrimTo);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	rc = fn(pool, keep);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
 		pool_trimmed(pool);
 	return rc;
@@ -492,13 +445,9 @@ GS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 
 GS_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
 {
-	CUresult rc;
+	gs_fn_cuMemPoolSetAttribute fn = TRACED_FN(cuMemPoolSetAttribute);
+	CUresult rc = fn != NULL ? fn(pool, attr, value) : CUDA_ERROR_NOT_FOUND;
 
-	TRACE(GS_ID_cuMemPoolSetAttribute, calls);
-	gs_fn_cuMemPoolSetAttribute fn = REAL_FN(cuMemPoolSetAttribute);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	rc = fn(pool, attr, value);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE && attr == GS_POOL_RELEASE_THRESHOLD)
 		pool_threshold_set(pool, *(const cuuint64_t *)value);
 	return rc;
@@ -511,31 +460,23 @@ GS_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *valu
  */
 GS_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
-	CUresult rc;
+	gs_fn_cuMemPoolDestroy fn = TRACED_FN(cuMemPoolDestroy);
+	CUresult rc = fn != NULL ? fn(pool) : CUDA_ERROR_NOT_FOUND;
 
-	TRACE(GS_ID_cuMemPoolDestroy, calls);
-	gs_fn_cuMemPoolDestroy fn = REAL_FN(cuMemPoolDestroy);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	rc = fn(pool);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
 		pool_destroyed(pool);
 	return rc;
 }
 
 /* A synchronisation: where a pool above its release threshold gives memory back. */
-#define SYNC_WRAPPER(abi, params, args)                         \
-	GS_EXPORT CUresult abi params                           \
-	{                                                       \
-		CUresult rc;                                    \
-		TRACE(GS_ID_##abi, calls);                      \
-		gs_fn_##abi fn = REAL_FN(abi);                  \
-		if (unlikely(fn == NULL))                       \
-			return CUDA_ERROR_NOT_FOUND;            \
-		rc = fn args;                                   \
-		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE) \
-			pools_after_sync();                     \
-		return rc;                                      \
+#define SYNC_WRAPPER(abi, params, args)                                    \
+	GS_EXPORT CUresult abi params                                      \
+	{                                                                  \
+		gs_fn_##abi fn = TRACED_FN(abi);                           \
+		CUresult rc = fn != NULL ? fn args : CUDA_ERROR_NOT_FOUND; \
+		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)            \
+			pools_after_sync();                                \
+		return rc;                                                 \
 	}
 
 SYNC_WRAPPER(cuCtxSynchronize, (void), ())
@@ -544,18 +485,14 @@ SYNC_WRAPPER(cuStreamSynchronize, (CUstream stream), (stream))
 SYNC_WRAPPER(cuStreamSynchronize_ptsz, (CUstream stream), (stream))
 SYNC_WRAPPER(cuEventSynchronize, (CUevent event), (event))
 
-#define BEGIN_CAPTURE_WRAPPER(abi, params, args)     \
-	GS_EXPORT CUresult abi params                \
-	{                                            \
-		CUresult rc;                         \
-		TRACE(GS_ID_##abi, calls);           \
-		gs_fn_##abi fn = REAL_FN(abi);       \
-		if (unlikely(fn == NULL))            \
-			return CUDA_ERROR_NOT_FOUND; \
-		rc = fn args;                        \
-		if (rc == CUDA_SUCCESS)              \
-			capture_begun();             \
-		return rc;                           \
+#define BEGIN_CAPTURE_WRAPPER(abi, params, args)                           \
+	GS_EXPORT CUresult abi params                                      \
+	{                                                                  \
+		gs_fn_##abi fn = TRACED_FN(abi);                           \
+		CUresult rc = fn != NULL ? fn args : CUDA_ERROR_NOT_FOUND; \
+		if (rc == CUDA_SUCCESS)                                    \
+			capture_begun();                                   \
+		return rc;                                                 \
 	}
 
 BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture, (CUstream stream), (stream))
@@ -571,17 +508,13 @@ BEGIN_CAPTURE_WRAPPER(cuStreamBeginCaptureToGraph_ptsz,
 		       size_t ndeps, int mode),
 		      (stream, graph, deps, edges, ndeps, mode))
 
-#define END_CAPTURE_WRAPPER(abi)                              \
-	GS_EXPORT CUresult abi(CUstream stream, void **graph) \
-	{                                                     \
-		CUresult rc;                                  \
-		TRACE(GS_ID_##abi, calls);                    \
-		gs_fn_##abi fn = REAL_FN(abi);                \
-		if (unlikely(fn == NULL))                     \
-			return CUDA_ERROR_NOT_FOUND;          \
-		rc = fn(stream, graph);                       \
-		capture_ended(rc);                            \
-		return rc;                                    \
+#define END_CAPTURE_WRAPPER(abi)                                                     \
+	GS_EXPORT CUresult abi(CUstream stream, void **graph)                        \
+	{                                                                            \
+		gs_fn_##abi fn = TRACED_FN(abi);                                     \
+		CUresult rc = fn != NULL ? fn(stream, graph) : CUDA_ERROR_NOT_FOUND; \
+		capture_ended(rc);                                                   \
+		return rc;                                                           \
 	}
 
 END_CAPTURE_WRAPPER(cuStreamEndCapture)
@@ -590,25 +523,18 @@ END_CAPTURE_WRAPPER(cuStreamEndCapture_ptsz)
 GS_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *deps, size_t ndeps,
 					  void *params)
 {
-	TRACE(GS_ID_cuGraphAddMemAllocNode, calls);
-	gs_fn_cuGraphAddMemAllocNode fn = REAL_FN(cuGraphAddMemAllocNode);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode != GS_ENFORCE)
-		return fn(node, graph, deps, ndeps, params);
-	return graph_node_made(fn(node, graph, deps, ndeps, params));
+	gs_fn_cuGraphAddMemAllocNode fn = TRACED_FN(cuGraphAddMemAllocNode);
+	CUresult rc = fn != NULL ? fn(node, graph, deps, ndeps, params) : CUDA_ERROR_NOT_FOUND;
+
+	return g.mode == GS_ENFORCE ? graph_node_made(rc) : rc;
 }
 
 /* An upload maps the graph's memory as its launch would. */
 #define UPLOAD_WRAPPER(abi)                                                              \
 	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                        \
 	{                                                                                \
-		CUresult rc;                                                             \
-		TRACE(GS_ID_##abi, calls);                                               \
-		gs_fn_##abi fn = REAL_FN(abi);                                           \
-		if (unlikely(fn == NULL))                                                \
-			return CUDA_ERROR_NOT_FOUND;                                     \
-		rc = fn(exec, stream);                                                   \
+		gs_fn_##abi fn = TRACED_FN(abi);                                         \
+		CUresult rc = fn != NULL ? fn(exec, stream) : CUDA_ERROR_NOT_FOUND;      \
 		if (rc == CUDA_SUCCESS && __atomic_load_n(&graph_mem, __ATOMIC_ACQUIRE)) \
 			graph_launched(stream);                                          \
 		return rc;                                                               \
@@ -619,13 +545,9 @@ UPLOAD_WRAPPER(cuGraphUpload_ptsz)
 
 GS_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
 {
-	CUresult rc;
+	gs_fn_cuDeviceGraphMemTrim fn = TRACED_FN(cuDeviceGraphMemTrim);
+	CUresult rc = fn != NULL ? fn(dev) : CUDA_ERROR_NOT_FOUND;
 
-	TRACE(GS_ID_cuDeviceGraphMemTrim, calls);
-	gs_fn_cuDeviceGraphMemTrim fn = REAL_FN(cuDeviceGraphMemTrim);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	rc = fn(dev);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
 		graph_pool_trimmed(ledger_gpu(dev));
 	return rc;
@@ -634,13 +556,9 @@ GS_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
 /* The driver may give back the memory only that executable graph's launches used. */
 GS_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 {
-	CUresult rc;
+	gs_fn_cuGraphExecDestroy fn = TRACED_FN(cuGraphExecDestroy);
+	CUresult rc = fn != NULL ? fn(exec) : CUDA_ERROR_NOT_FOUND;
 
-	TRACE(GS_ID_cuGraphExecDestroy, calls);
-	gs_fn_cuGraphExecDestroy fn = REAL_FN(cuGraphExecDestroy);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	rc = fn(exec);
 	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE &&
 	    __atomic_load_n(&graph_mem, __ATOMIC_ACQUIRE))
 		graph_pools_sync();
@@ -679,8 +597,7 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 	uint64_t row, guess;
 	CUresult rc;
 
-	TRACE(GS_ID_cuMemAllocPitch_v2, calls);
-	gs_fn_cuMemAllocPitch_v2 fn = REAL_FN(cuMemAllocPitch_v2);
+	gs_fn_cuMemAllocPitch_v2 fn = TRACED_FN(cuMemAllocPitch_v2);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode == GS_INERT)
@@ -713,8 +630,7 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 	GS_EXPORT CUresult abi params                                \
 	{                                                            \
 		struct gs_alloc a;                                   \
-		TRACE(GS_ID_##abi, calls);                           \
-		gs_fn_##abi fn = REAL_FN(abi);                       \
+		gs_fn_##abi fn = TRACED_FN(abi);                     \
 		if (unlikely(fn == NULL))                            \
 			return CUDA_ERROR_NOT_FOUND;                 \
 		if (!forget((uint64_t)(uintptr_t)(key), (kind), &a)) \
@@ -767,8 +683,7 @@ GS_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR 
 	struct gs_charge c;
 	CUresult rc;
 
-	TRACE(GS_ID_cuArrayCreate_v2, calls);
-	gs_fn_cuArrayCreate_v2 fn = REAL_FN(cuArrayCreate_v2);
+	gs_fn_cuArrayCreate_v2 fn = TRACED_FN(cuArrayCreate_v2);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode == GS_INERT || array == NULL || desc == NULL)
@@ -789,8 +704,7 @@ GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIP
 	struct gs_charge c;
 	CUresult rc;
 
-	TRACE(GS_ID_cuArray3DCreate_v2, calls);
-	gs_fn_cuArray3DCreate_v2 fn = REAL_FN(cuArray3DCreate_v2);
+	gs_fn_cuArray3DCreate_v2 fn = TRACED_FN(cuArray3DCreate_v2);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode == GS_INERT || array == NULL || desc == NULL)
@@ -812,8 +726,7 @@ GS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
 	struct gs_charge c;
 	CUresult rc;
 
-	TRACE(GS_ID_cuMipmappedArrayCreate, calls);
-	gs_fn_cuMipmappedArrayCreate fn = REAL_FN(cuMipmappedArrayCreate);
+	gs_fn_cuMipmappedArrayCreate fn = TRACED_FN(cuMipmappedArrayCreate);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode == GS_INERT || array == NULL || desc == NULL)
@@ -844,8 +757,7 @@ static inline __attribute__((always_inline)) void launch_gate(void)
 #define LAUNCH_WRAPPER(abi, params, args)            \
 	GS_EXPORT CUresult abi params                \
 	{                                            \
-		TRACE(GS_ID_##abi, calls);           \
-		gs_fn_##abi fn = REAL_FN(abi);       \
+		gs_fn_##abi fn = TRACED_FN(abi);     \
 		if (unlikely(fn == NULL))            \
 			return CUDA_ERROR_NOT_FOUND; \
 		launch_gate();                       \
@@ -868,8 +780,7 @@ LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, GS_COOP_PARAMS,
 	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                   \
 	{                                                                           \
 		CUresult rc;                                                        \
-		TRACE(GS_ID_##abi, calls);                                          \
-		gs_fn_##abi fn = REAL_FN(abi);                                      \
+		gs_fn_##abi fn = TRACED_FN(abi);                                    \
 		if (unlikely(fn == NULL))                                           \
 			return CUDA_ERROR_NOT_FOUND;                                \
 		launch_gate();                                                      \
@@ -944,13 +855,9 @@ static void nvml_share(nvmlDevice_t dev, unsigned long long *total, unsigned lon
 
 GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem)
 {
-	nvmlReturn_t rc;
+	gs_fn_nvmlDeviceGetMemoryInfo fn = TRACED_NVML_FN(nvmlDeviceGetMemoryInfo);
+	nvmlReturn_t rc = fn != NULL ? fn(dev, mem) : NVML_ERROR_FUNCTION_NOT_FOUND;
 
-	TRACE(GS_ID_nvmlDeviceGetMemoryInfo, calls);
-	gs_fn_nvmlDeviceGetMemoryInfo fn = NVML_FN(nvmlDeviceGetMemoryInfo);
-	if (fn == NULL)
-		return NVML_ERROR_FUNCTION_NOT_FOUND;
-	rc = fn(dev, mem);
 	if (rc == NVML_SUCCESS && mode_acquire() == GS_ENFORCE)
 		nvml_share(dev, &mem->total, &mem->free, &mem->used);
 	return rc;
@@ -958,13 +865,9 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m
 
 GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem)
 {
-	nvmlReturn_t rc;
+	gs_fn_nvmlDeviceGetMemoryInfo_v2 fn = TRACED_NVML_FN(nvmlDeviceGetMemoryInfo_v2);
+	nvmlReturn_t rc = fn != NULL ? fn(dev, mem) : NVML_ERROR_FUNCTION_NOT_FOUND;
 
-	TRACE(GS_ID_nvmlDeviceGetMemoryInfo_v2, calls);
-	gs_fn_nvmlDeviceGetMemoryInfo_v2 fn = NVML_FN(nvmlDeviceGetMemoryInfo_v2);
-	if (fn == NULL)
-		return NVML_ERROR_FUNCTION_NOT_FOUND;
-	rc = fn(dev, mem);
 	if (rc == NVML_SUCCESS && mode_acquire() == GS_ENFORCE && nvml_gpu(dev) >= 0) {
 		/* The driver's reservation is not the environment's to see. */
 		mem->total -= mem->reserved < mem->total ? mem->reserved : mem->total;

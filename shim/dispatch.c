@@ -316,13 +316,9 @@ static void gpa_substitute(const char *symbol, void **pfn, int version, cuuint64
 GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version,
 				    cuuint64_t flags)
 {
-	CUresult rc;
+	gs_fn_cuGetProcAddress fn = TRACED_FN(cuGetProcAddress);
+	CUresult rc = fn != NULL ? fn(symbol, pfn, cuda_version, flags) : CUDA_ERROR_NOT_FOUND;
 
-	TRACE(GS_ID_cuGetProcAddress, calls);
-	gs_fn_cuGetProcAddress fn = REAL_FN(cuGetProcAddress);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	rc = fn(symbol, pfn, cuda_version, flags);
 	if (rc == CUDA_SUCCESS)
 		gpa_substitute(symbol, pfn, cuda_version, flags);
 	return rc;
@@ -331,13 +327,10 @@ GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_ver
 GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version,
 				       cuuint64_t flags, CUdriverProcAddressQueryResult *status)
 {
-	CUresult rc;
+	gs_fn_cuGetProcAddress_v2 fn = TRACED_FN(cuGetProcAddress_v2);
+	CUresult rc =
+		fn != NULL ? fn(symbol, pfn, cuda_version, flags, status) : CUDA_ERROR_NOT_FOUND;
 
-	TRACE(GS_ID_cuGetProcAddress_v2, calls);
-	gs_fn_cuGetProcAddress_v2 fn = REAL_FN(cuGetProcAddress_v2);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	rc = fn(symbol, pfn, cuda_version, flags, status);
 	if (rc == CUDA_SUCCESS)
 		gpa_substitute(symbol, pfn, cuda_version, flags);
 	return rc;

@@ -261,14 +261,17 @@ void need_nvml(void);
 void gs_dispatch_after_fork(void);
 
 /*
- * The real entry point `abi`, the table resolved on first use; NULL where the
- * driver lacks it, which the caller reports (CUDA_ERROR_NOT_FOUND) and never
- * calls.
+ * A wrapper's opening: the call counted in the trace, then the real entry
+ * point, the table resolved on first use. NULL where the library lacks it,
+ * which the wrapper answers with its not-found code (CUDA_ERROR_NOT_FOUND,
+ * NVML_ERROR_FUNCTION_NOT_FOUND) and never calls.
  */
-static inline __attribute__((always_inline)) void *real_entry(void **slot)
+static inline __attribute__((always_inline)) void *traced_entry(int id, void **slot)
 {
-	void *fn = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+	void *fn;
 
+	TRACE(id, calls);
+	fn = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
 	if (unlikely(fn == NULL)) {
 		need_real();
 		fn = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
@@ -276,16 +279,16 @@ static inline __attribute__((always_inline)) void *real_entry(void **slot)
 	return fn;
 }
 
-#define REAL_FN(abi) ((gs_fn_##abi)real_entry((void **)&real.abi))
-
-/* The same for NVML (NVML_ERROR_FUNCTION_NOT_FOUND where the library lacks it). */
-static inline void *nvml_entry(void **slot)
+static inline void *traced_nvml_entry(int id, void **slot)
 {
+	TRACE(id, calls);
 	need_nvml();
 	return __atomic_load_n(slot, __ATOMIC_ACQUIRE);
 }
 
-#define NVML_FN(abi) ((gs_fn_##abi)nvml_entry((void **)&nvml.abi))
+/* gs_fn_abi fn = TRACED_FN(abi): the opening of abi's wrapper. */
+#define TRACED_FN(abi) ((gs_fn_##abi)traced_entry(GS_ID_##abi, (void **)&real.abi))
+#define TRACED_NVML_FN(abi) ((gs_fn_##abi)traced_nvml_entry(GS_ID_##abi, (void **)&nvml.abi))
 
 /* process.c */
 int my_slot(void);

@@ -18,8 +18,7 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 	CUresult rc;
 	int gpu;
 
-	TRACE(GS_ID_cuMemCreate, calls);
-	gs_fn_cuMemCreate fn = REAL_FN(cuMemCreate);
+	gs_fn_cuMemCreate fn = TRACED_FN(cuMemCreate);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode == GS_INERT)
@@ -56,8 +55,7 @@ GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 	CUresult rc;
 	int r;
 
-	TRACE(GS_ID_cuMemRelease, calls);
-	gs_fn_cuMemRelease fn = REAL_FN(cuMemRelease);
+	gs_fn_cuMemRelease fn = TRACED_FN(cuMemRelease);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode != GS_ENFORCE)
@@ -96,8 +94,7 @@ GS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *han
 	int early = 0;
 	CUresult rc;
 
-	TRACE(GS_ID_cuMemRetainAllocationHandle, calls);
-	gs_fn_cuMemRetainAllocationHandle fn = REAL_FN(cuMemRetainAllocationHandle);
+	gs_fn_cuMemRetainAllocationHandle fn = TRACED_FN(cuMemRetainAllocationHandle);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode != GS_ENFORCE || handle == NULL)
@@ -127,8 +124,7 @@ GS_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 	CUresult rc;
 	int ours;
 
-	TRACE(GS_ID_cuMemMap, calls);
-	gs_fn_cuMemMap fn = REAL_FN(cuMemMap);
+	gs_fn_cuMemMap fn = TRACED_FN(cuMemMap);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode != GS_ENFORCE)
@@ -196,8 +192,7 @@ GS_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 	CUresult rc;
 	size_t n;
 
-	TRACE(GS_ID_cuMemUnmap, calls);
-	gs_fn_cuMemUnmap fn = REAL_FN(cuMemUnmap);
+	gs_fn_cuMemUnmap fn = TRACED_FN(cuMemUnmap);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode != GS_ENFORCE)
