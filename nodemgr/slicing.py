@@ -70,6 +70,10 @@ class Slicing:
         self.progress: dict[str, tuple[tuple[int, int], float]] = {}
         # Held `yield` requests, per task: one HeldYield per turn they end, oldest first.
         self.held_yields: dict[str, list[HeldYield]] = {}
+        # Per task: the turn_until of its last turn that a yield or its barrier ended. A
+        # yield for that boundary that comes after (another process of the task got there
+        # first) is answered as the one that ended it was.
+        self.ended_until: dict[str, int] = {}
         # Tasks told once that they cannot take turns (their ledger has no entry for them).
         self._unsliced: set[str] = set()
 
@@ -308,6 +312,14 @@ class Slicing:
         A yield whose ``iterations`` (the sending process's boundary count) is below the
         task's turn_until is stale or early for this turn: ``False``, nothing changed."""
         until = self.turns.until.get(task.task_id)
+        if until is None:
+            ended = self.ended_until.get(task.task_id)
+            gate = self.gates.get(task.task_id)
+            holds = any(t.holder == task.task_id for t in self.turns.gpus.values())
+            if ended is not None and iterations is not None and iterations >= ended and not holds:
+                # The turn this yield ends is over already, passed at the same boundary by
+                # another process's yield or by the barrier (answer_yields).
+                return gate is not None and gate.gated
         if until is not None:
             if iterations is not None and iterations < until:
                 return False
@@ -320,6 +332,8 @@ class Slicing:
                 return None
         plan = timeslice.yield_turn(self.turns, self._situation(), task.task_id)
         self._apply(plan, started)
+        if plan.passed and until is not None:
+            self.ended_until[task.task_id] = until
         return plan.passed
 
     def _barrier_met(self, task: Task, until: int) -> bool:
@@ -348,6 +362,8 @@ class Slicing:
                     plan = timeslice.yield_turn(self.turns, self._situation(), task_id)
                     self._apply(plan, time.perf_counter())
                     passed = plan.passed
+                    if passed:
+                        self.ended_until[task_id] = held.until
                 else:
                     continue
                 helds.remove(held)
@@ -369,6 +385,7 @@ class Slicing:
         """A task has ended: nothing of its turns is kept (retime hands them on)."""
         self.gates.pop(task_id, None)
         self.progress.pop(task_id, None)
+        self.ended_until.pop(task_id, None)
         self._unsliced.discard(task_id)
 
     def set_mode(self, indices: Sequence[int], mode: str) -> None:

@@ -454,6 +454,30 @@ def test_the_turn_ends_when_every_process_of_the_task_reached_it(
     assert gpu0(d)["turn"]["holder"] == a and not gated(d, "a", a)
 
 
+def test_a_yield_after_the_barrier_passed_the_turn_is_answered_as_passed(
+    daemon_factory: Any, procs: Any
+) -> None:
+    """Two processes of a task reach the end of the turn; the one that yields second may be
+    heard after the barrier has passed the turn already (a sweep between its boundary and
+    its yield): it is answered as the first was, passed, not as a stale yield."""
+    d = ts_daemon(daemon_factory)
+    a1, a2, b = two_processes_and_another(d, procs)
+    a = a1.task_id
+    for i in (1, 2, 3, 4):
+        a1.do("boundary", i)
+    a2.do("boundary", 1)
+    a1.send("yield", 4)
+    a1.held()  # a2 steps: it is waited for
+    for i in (2, 3, 4):
+        a2.do("boundary", i)
+    # The barrier is met: the sweep passes the turn and answers a1's held yield.
+    assert a1.answer() is True
+    assert gpu0(d)["turn"]["holder"] == b.task_id and gated(d, "a", a)
+    assert a2.do("yield", 4) is True
+    assert a2.do("yield", 3) is False  # an older boundary's yield is stale still
+    assert gpu0(d)["turn"]["holder"] == b.task_id
+
+
 def test_the_end_of_a_turn_does_not_wait_for_a_process_that_stopped_stepping(
     daemon_factory: Any, procs: Any
 ) -> None:
