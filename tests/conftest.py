@@ -526,12 +526,12 @@ def run_task() -> Iterator[Any]:
 
 
 class Holder:
-    """A task of one GPU held until close() by a child process (tests/grant_holder.py) that
+    """A task of one GPU held until close() by a child process (tests/fixtures/grant_holder.py) that
     heartbeats: nodemgr's reclaim of a silent task can never hit the test process."""
 
     def __init__(self, endpoint: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("grant_holder.py")), endpoint],
+            [sys.executable, str(Path(__file__).parent / "fixtures" / "grant_holder.py"), endpoint],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
