@@ -237,18 +237,16 @@ CUresult sim_impl_cuKernelGetFunction(CUfunction *f, CUkernel k)
 
 CUresult sim_impl_cuKernelGetLibrary(CUlibrary *lib, CUkernel k)
 {
-	struct sim_obj **pp;
+	struct CUfunc_st f;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!lib)
 		return CUDA_ERROR_INVALID_VALUE;
-	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(k, SIM_OBJ_FUNC);
-	if (pp)
-		*lib = ((struct CUfunc_st *)*pp)->lib;
-	pthread_mutex_unlock(&sim_obj_lock);
-	return pp ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+	if (!sim_obj_copy(k, SIM_OBJ_FUNC, &f, sizeof(f)))
+		return CUDA_ERROR_INVALID_HANDLE;
+	*lib = f.lib;
+	return CUDA_SUCCESS;
 }
 
 CUresult sim_impl_cuFuncGetModule(CUmodule *mod, CUfunction f)
@@ -325,18 +323,12 @@ CUresult sim_impl_cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodul
 static CUresult sim_func_attr(int *v, int attr, const void *fn)
 {
 	struct CUfunc_st f;
-	struct sim_obj **pp;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!v)
 		return CUDA_ERROR_INVALID_VALUE;
-	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(fn, SIM_OBJ_FUNC);
-	if (pp)
-		f = *(struct CUfunc_st *)*pp;
-	pthread_mutex_unlock(&sim_obj_lock);
-	if (!pp)
+	if (!sim_obj_copy(fn, SIM_OBJ_FUNC, &f, sizeof(f)))
 		return CUDA_ERROR_INVALID_HANDLE;
 	switch (attr) {
 	case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
