@@ -254,6 +254,23 @@ struct sim_obj *sim_obj_lookup(const void *handle, enum sim_obj_kind kind, bool 
 	return o;
 }
 
+/*
+ * A copy of the first size bytes of the live object of this kind behind
+ * handle (its whole struct), taken under sim_obj_lock; false if there is
+ * no such object, and then *copy is left as it was.
+ */
+bool sim_obj_copy(const void *handle, enum sim_obj_kind kind, void *copy, size_t size)
+{
+	struct sim_obj **pp;
+
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(handle, kind);
+	if (pp)
+		memcpy(copy, *pp, size);
+	pthread_mutex_unlock(&sim_obj_lock);
+	return pp != NULL;
+}
+
 /* Contexts. */
 
 /* The calling thread's current context, or NULL. */

@@ -187,6 +187,7 @@ void sim_obj_add(struct sim_obj *o);
 struct sim_obj **sim_obj_find(const void *handle, enum sim_obj_kind kind);
 struct sim_obj *sim_obj_lookup(const void *handle, enum sim_obj_kind kind, bool take,
 			       struct sim_obj *seen);
+bool sim_obj_copy(const void *handle, enum sim_obj_kind kind, void *copy, size_t size);
 
 const struct sim_ctx_slot *sim_current(void);
 int sim_current_dev(void);

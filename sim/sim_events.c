@@ -231,21 +231,15 @@ struct sim_ipc_event {
 CUresult sim_impl_cuIpcGetEventHandle(CUipcEventHandle *h, CUevent ev)
 {
 	struct sim_ipc_event rec = { SIM_IPC_MAGIC, (uint32_t)getpid() };
-	struct sim_obj **pp;
-	unsigned int flags = 0;
+	struct CUevent_st e;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!h)
 		return CUDA_ERROR_INVALID_VALUE;
-	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(ev, SIM_OBJ_EVENT);
-	if (pp)
-		flags = ((struct CUevent_st *)*pp)->flags;
-	pthread_mutex_unlock(&sim_obj_lock);
-	if (!pp)
+	if (!sim_obj_copy(ev, SIM_OBJ_EVENT, &e, sizeof(e)))
 		return CUDA_ERROR_INVALID_HANDLE;
-	if (!(flags & CU_EVENT_INTERPROCESS))
+	if (!(e.flags & CU_EVENT_INTERPROCESS))
 		return CUDA_ERROR_INVALID_VALUE;
 	memset(h, 0, sizeof(*h));
 	memcpy(h->reserved, &rec, sizeof(rec));

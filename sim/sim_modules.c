@@ -144,18 +144,27 @@ CUresult sim_impl_cuModuleUnload(CUmodule mod)
 	return sim_library_unload(mod);
 }
 
-CUresult sim_impl_cuLibraryGetModule(CUmodule *mod, CUlibrary lib)
+/*
+ * A library is its own module and a kernel its own function: *out is handle
+ * itself, once handle is checked to be a live object of that kind.
+ */
+static CUresult sim_same_handle(void **out, void *handle, enum sim_obj_kind kind)
 {
 	struct sim_obj seen;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!mod)
+	if (!out)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (!sim_obj_lookup(lib, SIM_OBJ_LIBRARY, false, &seen))
+	if (!sim_obj_lookup(handle, kind, false, &seen))
 		return CUDA_ERROR_INVALID_HANDLE;
-	*mod = (CUmodule)lib;
+	*out = handle;
 	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuLibraryGetModule(CUmodule *mod, CUlibrary lib)
+{
+	return sim_same_handle((void **)mod, lib, SIM_OBJ_LIBRARY);
 }
 
 /*
@@ -223,32 +232,21 @@ CUresult sim_impl_cuModuleGetFunction(CUfunction *f, CUmodule mod, const char *n
 
 CUresult sim_impl_cuKernelGetFunction(CUfunction *f, CUkernel k)
 {
-	struct sim_obj seen;
-
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!f)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!sim_obj_lookup(k, SIM_OBJ_FUNC, false, &seen))
-		return CUDA_ERROR_INVALID_HANDLE;
-	*f = (CUfunction)k;
-	return CUDA_SUCCESS;
+	return sim_same_handle((void **)f, k, SIM_OBJ_FUNC);
 }
 
 CUresult sim_impl_cuKernelGetLibrary(CUlibrary *lib, CUkernel k)
 {
-	struct sim_obj **pp;
+	struct CUfunc_st f;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!lib)
 		return CUDA_ERROR_INVALID_VALUE;
-	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(k, SIM_OBJ_FUNC);
-	if (pp)
-		*lib = ((struct CUfunc_st *)*pp)->lib;
-	pthread_mutex_unlock(&sim_obj_lock);
-	return pp ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+	if (!sim_obj_copy(k, SIM_OBJ_FUNC, &f, sizeof(f)))
+		return CUDA_ERROR_INVALID_HANDLE;
+	*lib = f.lib;
+	return CUDA_SUCCESS;
 }
 
 CUresult sim_impl_cuFuncGetModule(CUmodule *mod, CUfunction f)
@@ -325,18 +323,12 @@ CUresult sim_impl_cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodul
 static CUresult sim_func_attr(int *v, int attr, const void *fn)
 {
 	struct CUfunc_st f;
-	struct sim_obj **pp;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!v)
 		return CUDA_ERROR_INVALID_VALUE;
-	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(fn, SIM_OBJ_FUNC);
-	if (pp)
-		f = *(struct CUfunc_st *)*pp;
-	pthread_mutex_unlock(&sim_obj_lock);
-	if (!pp)
+	if (!sim_obj_copy(fn, SIM_OBJ_FUNC, &f, sizeof(f)))
 		return CUDA_ERROR_INVALID_HANDLE;
 	switch (attr) {
 	case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
@@ -530,22 +522,23 @@ CUresult sim_impl_cuOccupancyAvailableDynamicSMemPerBlock(size_t *bytes, CUfunct
 	return CUDA_SUCCESS;
 }
 
-CUresult sim_impl_cuOccupancyMaxActiveClusters(int *n, CUfunction f, const void *config)
+/* The cluster queries: their checks, then the one answer each has. */
+static CUresult sim_cluster_answer(int *n, CUfunction f, const void *config, int answer)
 {
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!n || !f || !config)
 		return CUDA_ERROR_INVALID_VALUE;
-	*n = 132;
+	*n = answer;
 	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuOccupancyMaxActiveClusters(int *n, CUfunction f, const void *config)
+{
+	return sim_cluster_answer(n, f, config, 132);
 }
 
 CUresult sim_impl_cuOccupancyMaxPotentialClusterSize(int *n, CUfunction f, const void *config)
 {
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!n || !f || !config)
-		return CUDA_ERROR_INVALID_VALUE;
-	*n = 8; /* the portable cluster size limit */
-	return CUDA_SUCCESS;
+	return sim_cluster_answer(n, f, config, 8); /* the portable cluster size limit */
 }

@@ -162,6 +162,16 @@ static nvmlReturn_t nvml_device(nvmlDevice_t dev, const struct sim_spec **spec)
 	return NVML_SUCCESS;
 }
 
+/* nvml_device, then the caller's own argument check (args_ok). */
+static nvmlReturn_t nvml_device_out(nvmlDevice_t dev, bool args_ok, const struct sim_spec **spec)
+{
+	nvmlReturn_t rc = nvml_device(dev, spec);
+
+	if (rc == NVML_SUCCESS && !args_ok)
+		rc = NVML_ERROR_INVALID_ARGUMENT;
+	return rc;
+}
+
 /* NVML's string convention: NUL-terminated, and a short buffer is an error. */
 static nvmlReturn_t nvml_copy(char *buf, unsigned int length, const char *str)
 {
@@ -408,10 +418,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsig
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 {
 	const struct sim_spec *spec;
-	nvmlReturn_t rc = nvml_device(device, &spec);
+	nvmlReturn_t rc = nvml_device_out(device, index != NULL, &spec);
 
-	if (rc == NVML_SUCCESS && !index)
-		rc = NVML_ERROR_INVALID_ARGUMENT;
 	if (rc == NVML_SUCCESS)
 		*index = (unsigned int)device->index;
 	return rc;
@@ -429,10 +437,8 @@ static unsigned long long nvml_used(nvmlDevice_t device, const struct sim_spec *
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
 	const struct sim_spec *spec;
-	nvmlReturn_t rc = nvml_device(device, &spec);
+	nvmlReturn_t rc = nvml_device_out(device, memory != NULL, &spec);
 
-	if (rc == NVML_SUCCESS && !memory)
-		rc = NVML_ERROR_INVALID_ARGUMENT;
 	if (rc != NVML_SUCCESS)
 		return rc;
 	memory->total = spec->bytes;
@@ -445,10 +451,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
 	const struct sim_spec *spec;
-	nvmlReturn_t rc = nvml_device(device, &spec);
+	nvmlReturn_t rc = nvml_device_out(device, memory != NULL, &spec);
 
-	if (rc == NVML_SUCCESS && !memory)
-		rc = NVML_ERROR_INVALID_ARGUMENT;
 	if (rc == NVML_SUCCESS && memory->version != GS_NVML_MEMORY_V2)
 		rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
 	if (rc != NVML_SUCCESS)
@@ -464,10 +468,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, 
 							   int *minor)
 {
 	const struct sim_spec *spec;
-	nvmlReturn_t rc = nvml_device(device, &spec);
+	nvmlReturn_t rc = nvml_device_out(device, major && minor, &spec);
 
-	if (rc == NVML_SUCCESS && (!major || !minor))
-		rc = NVML_ERROR_INVALID_ARGUMENT;
 	if (rc != NVML_SUCCESS)
 		return rc;
 	sim_device_attribute(spec, SIM_ATTR_CC_MAJOR, major);
@@ -488,10 +490,8 @@ static nvmlReturn_t nvml_processes(nvmlDevice_t device, unsigned int *count, voi
 	const struct sim_spec *spec;
 	unsigned long long total;
 	unsigned int i, n;
-	nvmlReturn_t rc = nvml_device(device, &spec);
+	nvmlReturn_t rc = nvml_device_out(device, count != NULL, &spec);
 
-	if (rc == NVML_SUCCESS && !count)
-		rc = NVML_ERROR_INVALID_ARGUMENT;
 	if (rc != NVML_SUCCESS)
 		return rc;
 	n = sim_usage_list(device->index, procs, SIM_USAGE_SLOTS, &total);
@@ -575,10 +575,8 @@ static void nvml_pci(const struct sim_spec *spec, struct sim_nvml_pci *pci)
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, struct sim_nvml_pci *pci)
 {
 	const struct sim_spec *spec;
-	nvmlReturn_t rc = nvml_device(device, &spec);
+	nvmlReturn_t rc = nvml_device_out(device, pci != NULL, &spec);
 
-	if (rc == NVML_SUCCESS && !pci)
-		rc = NVML_ERROR_INVALID_ARGUMENT;
 	if (rc == NVML_SUCCESS)
 		nvml_pci(spec, pci);
 	return rc;
@@ -590,10 +588,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device,
 {
 	struct sim_nvml_pci full;
 	const struct sim_spec *spec;
-	nvmlReturn_t rc = nvml_device(device, &spec);
+	nvmlReturn_t rc = nvml_device_out(device, pci != NULL, &spec);
 
-	if (rc == NVML_SUCCESS && !pci)
-		rc = NVML_ERROR_INVALID_ARGUMENT;
 	if (rc != NVML_SUCCESS)
 		return rc;
 	nvml_pci(spec, &full);
@@ -688,13 +684,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvml
 static nvmlReturn_t nvml_nvlink(nvmlDevice_t device, unsigned int link, const void *out)
 {
 	const struct sim_spec *spec;
-	nvmlReturn_t rc = nvml_device(device, &spec);
+	nvmlReturn_t rc = nvml_device_out(device, link < SIM_NVML_NVLINK_MAX_LINKS && out, &spec);
 
-	if (rc != NVML_SUCCESS)
-		return rc;
-	if (link >= SIM_NVML_NVLINK_MAX_LINKS || !out)
-		return NVML_ERROR_INVALID_ARGUMENT;
-	return NVML_ERROR_NOT_SUPPORTED;
+	return rc != NVML_SUCCESS ? rc : NVML_ERROR_NOT_SUPPORTED;
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
@@ -729,10 +721,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, void *g
 {
 	const struct sim_spec *spec;
 	unsigned int version;
-	nvmlReturn_t rc = nvml_device(device, &spec);
+	nvmlReturn_t rc = nvml_device_out(device, gpuFabricInfo != NULL, &spec);
 
-	if (rc == NVML_SUCCESS && !gpuFabricInfo)
-		rc = NVML_ERROR_INVALID_ARGUMENT;
 	if (rc != NVML_SUCCESS)
 		return rc;
 	/* Zeroes read "none" or "not supported" in every field after state. */

@@ -619,15 +619,26 @@ static void sim_pool_unlock(struct sim_heap *h)
 	pthread_mutex_unlock(&sim_obj_lock);
 }
 
-CUresult sim_impl_cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
+/*
+ * The opening of the calls on a pool: initialized, then the caller's own
+ * argument check (args_ok), then the pool, locked as sim_pool_lock does.
+ */
+static CUresult sim_pool_enter(CUmemoryPool pool, bool args_ok, struct sim_heap **h)
 {
-	struct sim_heap *h;
-	CUresult rc = CUDA_SUCCESS;
-
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!value || !(h = sim_pool_lock(pool)))
+	if (!args_ok || !(*h = sim_pool_lock(pool)))
 		return CUDA_ERROR_INVALID_VALUE;
+	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+	struct sim_heap *h = NULL;
+	CUresult rc = sim_pool_enter(pool, value != NULL, &h);
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	switch (attr) {
 	case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
 	case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
@@ -660,13 +671,11 @@ CUresult sim_impl_cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value
 
 CUresult sim_impl_cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
 {
-	struct sim_heap *h;
-	CUresult rc = CUDA_SUCCESS;
+	struct sim_heap *h = NULL;
+	CUresult rc = sim_pool_enter(pool, value != NULL, &h);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!value || !(h = sim_pool_lock(pool)))
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	switch (attr) {
 	case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
 	case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
@@ -698,13 +707,11 @@ CUresult sim_impl_cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value
 
 CUresult sim_impl_cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
-	struct sim_heap *h;
+	struct sim_heap *h = NULL;
+	CUresult rc = sim_pool_enter(pool, true, &h);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	h = sim_pool_lock(pool);
-	if (!h)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	sim_pool_release(h, pool, keep, false);
 	sim_pool_unlock(h);
 	return CUDA_SUCCESS;

@@ -835,24 +835,19 @@ CUresult sim_impl_cuGraphDestroy(CUgraph g)
 
 CUresult sim_impl_cuGraphGetNodes(CUgraph g, void **nodes, size_t *n)
 {
-	struct sim_obj **pp;
-	size_t count = 0, i;
+	struct CUgraph_st copy;
+	size_t i;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!n)
 		return CUDA_ERROR_INVALID_VALUE;
-	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(g, SIM_OBJ_GRAPH);
-	if (pp)
-		count = ((struct CUgraph_st *)*pp)->nops;
-	pthread_mutex_unlock(&sim_obj_lock);
-	if (!pp)
+	if (!sim_obj_copy(g, SIM_OBJ_GRAPH, &copy, sizeof(copy)))
 		return CUDA_ERROR_INVALID_VALUE;
 	/* Node handles are the graph's address and the node's position: opaque, distinct. */
 	for (i = 0; nodes && i < *n; i++)
-		nodes[i] = i < count ? (char *)g + i + 1 : NULL;
-	*n = count;
+		nodes[i] = i < copy.nops ? (char *)g + i + 1 : NULL;
+	*n = copy.nops;
 	return CUDA_SUCCESS;
 }
 

@@ -524,16 +524,22 @@ static CUresult make(const char *op, char **argv, int *i, size_t *extra)
 #define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
 #define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
 
+/* Whether op is one of the n names in ops. */
+static int in_list(const char *op, const char *const *ops, size_t n)
+{
+	for (size_t k = 0; k < n; k++)
+		if (strcmp(op, ops[k]) == 0)
+			return 1;
+	return 0;
+}
+
 static int is_pool_step(const char *op)
 {
 	static const char *const ops[] = { "sync",    "sync2",	    "ssync",	  "esync",
 					   "trim",    "keep",	    "reserved",	  "newpool",
 					   "setpool", "setlocpool", "pooldestroy" };
 
-	for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++)
-		if (strcmp(op, ops[k]) == 0)
-			return 1;
-	return 0;
+	return in_list(op, ops, sizeof(ops) / sizeof(ops[0]));
 }
 
 /* Steps that take an argument: trim MIB, keep MIB|max. */
@@ -634,10 +640,7 @@ static int is_graph_step(const char *op)
 	static const char *const ops[] = { "gcapture", "gkeep",	   "glaunch",  "gupload",
 					   "gtrim",    "gdestroy", "greserved" };
 
-	for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++)
-		if (strcmp(op, ops[k]) == 0)
-			return 1;
-	return 0;
+	return in_list(op, ops, sizeof(ops) / sizeof(ops[0]));
 }
 
 static int graph_step_args(const char *op)

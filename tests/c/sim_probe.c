@@ -123,6 +123,17 @@ static void back(const char *key, CUdevice dev, long long before)
 	out(k, before - free_on(dev));
 }
 
+/* "KEY": cuStreamGetCtx on stream; "KEY.same": whether it answered want. */
+static void stream_ctx(const char *key, CUstream stream, CUcontext want)
+{
+	CUcontext c = NULL;
+	char k[128];
+
+	out(key, cuStreamGetCtx(stream, &c));
+	snprintf(k, sizeof(k), "%s.same", key);
+	out(k, c == want);
+}
+
 static void probe_linear(void)
 {
 	CUdeviceptr p = 0;
@@ -230,9 +241,7 @@ static void probe_streams(CUcontext ctx)
 	out("stream.destroy_nonblocking", cuStreamDestroy_v2(nb));
 	out("stream.create_badflags", cuStreamCreate(&nb, 4));
 	out("stream.create_null", cuStreamCreate(NULL, 0));
-	out("stream.getctx", cuStreamGetCtx(s, &c));
-	out("stream.getctx.same", c == ctx);
-	c = NULL;
+	stream_ctx("stream.getctx", s, ctx);
 	out("stream.getctx_ptsz", cuStreamGetCtx_ptsz(s, &c));
 	out("stream.getctx_ptsz.same", c == ctx);
 	c = NULL;
@@ -240,15 +249,9 @@ static void probe_streams(CUcontext ctx)
 	out("stream.getctx_v2.same", c == ctx && g == NULL);
 	out("stream.getctx_v2.nullgreen", cuStreamGetCtx_v2(s, &c, NULL));
 	out("stream.getctx_nullout", cuStreamGetCtx(s, NULL));
-	c = NULL;
-	out("stream.getctx_default", cuStreamGetCtx(NULL, &c));
-	out("stream.getctx_default.same", c == ctx);
-	c = NULL;
-	out("stream.getctx_legacy", cuStreamGetCtx(CU_STREAM_LEGACY, &c));
-	out("stream.getctx_legacy.same", c == ctx);
-	c = NULL;
-	out("stream.getctx_per_thread", cuStreamGetCtx(CU_STREAM_PER_THREAD, &c));
-	out("stream.getctx_per_thread.same", c == ctx);
+	stream_ctx("stream.getctx_default", NULL, ctx);
+	stream_ctx("stream.getctx_legacy", CU_STREAM_LEGACY, ctx);
+	stream_ctx("stream.getctx_per_thread", CU_STREAM_PER_THREAD, ctx);
 	out("stream.getctx_madeup", cuStreamGetCtx((CUstream)0x5000, &c));
 	out("stream.sync", cuStreamSynchronize(s));
 	out("stream.sync_default", cuStreamSynchronize(NULL));
