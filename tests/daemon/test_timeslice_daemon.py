@@ -416,20 +416,27 @@ def two_processes_and_another(d: Any, procs: Any) -> tuple[Any, Any, Any]:
     return a1, a2, b
 
 
+def first_process_held_at_the_end_of_the_turn(d: Any, procs: Any) -> tuple[Any, Any, Any]:
+    """Task a's two processes and task b (two_processes_and_another); a1 reached the end of
+    a's turn (4 boundaries) and yields, held, while a2, past its first boundary, steps."""
+    a1, a2, b = two_processes_and_another(d, procs)
+    for i in (1, 2, 3, 4):
+        a1.do("boundary", i)
+    a2.do("boundary", 1)
+    a1.send("yield", 4)
+    a1.held()
+    return a1, a2, b
+
+
 def test_the_turn_ends_when_every_process_of_the_task_reached_it(
     daemon_factory: Any, procs: Any, wait_for: Any
 ) -> None:
     """A task of two processes (torchrun's, say): the first to reach the end of the turn
     waits for the other, whose step is not over; a stale yield changes nothing."""
     d = ts_daemon(daemon_factory)
-    a1, a2, b = two_processes_and_another(d, procs)
+    a1, a2, b = first_process_held_at_the_end_of_the_turn(d, procs)
     a = a1.task_id
-    for i in (1, 2, 3, 4):
-        a1.do("boundary", i)
-    a2.do("boundary", 1)
-    a1.send("yield", 4)
     # Held: a2 is in its second step. Both of a's processes run on; b waits.
-    a1.held()
     assert gpu0(d)["turn"]["holder"] == a
     assert a1.pending()
     assert not gated(d, "a", a) and gated(d, "a", b.task_id)
@@ -461,13 +468,8 @@ def test_a_yield_after_the_barrier_passed_the_turn_is_answered_as_passed(
     heard after the barrier has passed the turn already (a sweep between its boundary and
     its yield): it is answered as the first was, passed, not as a stale yield."""
     d = ts_daemon(daemon_factory)
-    a1, a2, b = two_processes_and_another(d, procs)
+    a1, a2, b = first_process_held_at_the_end_of_the_turn(d, procs)
     a = a1.task_id
-    for i in (1, 2, 3, 4):
-        a1.do("boundary", i)
-    a2.do("boundary", 1)
-    a1.send("yield", 4)
-    a1.held()  # a2 steps: it is waited for
     for i in (2, 3, 4):
         a2.do("boundary", i)
     # The barrier is met: the sweep passes the turn and answers a1's held yield.
