@@ -13,7 +13,7 @@ import shutil
 import sqlite3
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,26 @@ def running_on(
     wait_for(lambda: len(d.tasks()) == 1, 10)
     [tid] = [t["task_id"] for t in d.tasks()]
     return d, alice, p, tid
+
+
+@pytest.fixture
+def holder(
+    daemon_factory: Any, run_task: Any, cbin: dict[str, Path], wait_for: Any
+) -> Callable[..., tuple[Daemon, str, subprocess.Popen[str]]]:
+    """Starts a daemon (its heartbeat timeout given), environment alice (the settings
+    given) and one task of it that holds `mib` MiB until file `go` is there: (daemon,
+    alice's endpoint, the task's process)."""
+
+    def start(
+        mib: int, go: Path, heartbeat_timeout: float, **settings: Any
+    ) -> tuple[Daemon, str, subprocess.Popen[str]]:
+        d = daemon_factory(heartbeat_timeout=heartbeat_timeout)
+        alice = d.env("alice", **settings)
+        p = run_task(alice, str(cbin["client"]), "alloc", str(mib), "waitfile", str(go))
+        wait_for(lambda: [t["memory_used"] for t in d.tasks()] == [mib * MiB], 10)
+        return d, alice, p
+
+    return start
 
 
 def test_full_disk_keeps_records_and_serving(
@@ -182,17 +202,9 @@ def test_malformed_database_exits_78(daemon_factory: Any) -> None:
     "lost", [("nodemgr.db", "nodemgr.db-wal", "nodemgr.db-shm"), ("nodemgr.db-wal",)]
 )
 def test_lost_database_beside_live_ledgers_refuses_to_start(
-    daemon_factory: Any,
-    run_task: Any,
-    cbin: dict[str, Path],
-    tmp_path: Path,
-    wait_for: Any,
-    lost: tuple[str, ...],
+    holder: Any, tmp_path: Path, lost: tuple[str, ...]
 ) -> None:
-    d = daemon_factory(heartbeat_timeout=30.0)
-    alice = d.env("alice")
-    p = run_task(alice, str(cbin["client"]), "alloc", "64", "waitfile", str(tmp_path / "never"))
-    wait_for(lambda: [t["memory_used"] for t in d.tasks()] == [64 * MiB], 10)
+    d, _, p = holder(64, tmp_path / "never", heartbeat_timeout=30.0)
     d.kill()
     for name in lost:
         (d.state_dir / name).unlink()
@@ -217,13 +229,10 @@ def test_lost_database_beside_live_ledgers_refuses_to_start(
 
 
 def test_run_dir_removed_under_nodemgr_is_made_again(
-    daemon_factory: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
+    holder: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
 ) -> None:
-    d = daemon_factory(heartbeat_timeout=2.0)
-    alice = d.env("alice", memory=GiB)
     go = tmp_path / "go"
-    p = run_task(alice, str(cbin["client"]), "alloc", "512", "waitfile", str(go))
-    wait_for(lambda: [t["memory_used"] for t in d.tasks()] == [512 * MiB], 10)
+    d, alice, p = holder(512, go, heartbeat_timeout=2.0, memory=GiB)
     [task] = d.tasks()
     shutil.rmtree(d.run_dir)
     # Sockets come back, so the task's heartbeats reach nodemgr again and it is not
@@ -245,13 +254,10 @@ def test_run_dir_removed_under_nodemgr_is_made_again(
 
 
 def test_restart_after_run_dir_lost_never_doubles_a_quota(
-    daemon_factory: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
+    holder: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
 ) -> None:
-    d = daemon_factory(heartbeat_timeout=5.0)
-    alice = d.env("alice", memory=GiB)
     go = tmp_path / "go"
-    p = run_task(alice, str(cbin["client"]), "alloc", "900", "waitfile", str(go))
-    wait_for(lambda: [t["memory_used"] for t in d.tasks()] == [900 * MiB], 10)
+    d, alice, p = holder(900, go, heartbeat_timeout=5.0, memory=GiB)
     d.kill()
     shutil.rmtree(d.run_dir)
     d.start()

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,22 @@ def start_torch(
     return proc
 
 
+@pytest.fixture
+def torch_case(
+    daemon: Daemon,
+    run_task: Any,
+    torch_python: str,  # noqa: F811 (the fixture imported above)
+) -> Callable[..., subprocess.Popen[str]]:
+    """Starts a staged program (start_torch, its stdin a pipe for go_on) in environment
+    alice: one GPU, QUOTA of memory."""
+
+    def start(script: Path, mode: str = "native") -> subprocess.Popen[str]:
+        endpoint = daemon.env("alice", gpus=1, memory=QUOTA)
+        return start_torch(run_task, endpoint, torch_python, script, mode, stdin=subprocess.PIPE)
+
+    return start
+
+
 def read_stage(p: subprocess.Popen[str], name: str) -> dict[str, Any]:
     assert p.stdout is not None
     for line in p.stdout:
@@ -72,13 +89,9 @@ def memory_used(daemon: Daemon) -> int:
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_the_quota_is_torchs_device_and_its_out_of_memory_error(
-    daemon: Daemon,
-    run_task: Any,
-    torch_python: str,  # noqa: F811 (the fixture imported above)
-    mode: str,
+    daemon: Daemon, torch_case: Any, mode: str
 ) -> None:
-    endpoint = daemon.env("alice", gpus=1, memory=QUOTA)
-    p = start_torch(run_task, endpoint, torch_python, CASE, mode, stdin=subprocess.PIPE)
+    p = torch_case(CASE, mode)
 
     start = read_stage(p, "start")
     assert start["mem_get_info"] == [QUOTA, QUOTA]  # the quota is the device torch sees
@@ -191,14 +204,11 @@ POOL = HERE / "torch_pool_case.py"
 
 
 def test_a_tasks_processes_share_one_pool_and_ipc_is_charged_once(
-    daemon: Daemon,
-    run_task: Any,
-    torch_python: str,  # noqa: F811 (the fixture imported above)
+    daemon: Daemon, torch_case: Any
 ) -> None:
     """A spawned child draws on the same quota as its parent; a CUDA tensor the parent
     sends it (torch.multiprocessing, CUDA IPC) is the parent's memory, not new memory."""
-    endpoint = daemon.env("alice", gpus=1, memory=QUOTA)
-    p = start_torch(run_task, endpoint, torch_python, POOL, stdin=subprocess.PIPE)
+    p = torch_case(POOL)
 
     read_stage(p, "parent")
     assert GIB <= memory_used(daemon) <= GIB + SLACK
@@ -222,17 +232,14 @@ GRAPH_MEMORY = HERE / "torch_graph_memory_case.py"
 
 
 def test_graph_memory_of_a_cudamallocasync_capture_is_charged_while_mapped(
-    daemon: Daemon,
-    run_task: Any,
-    torch_python: str,  # noqa: F811 (the fixture imported above)
+    daemon: Daemon, torch_case: Any
 ) -> None:
     """With backend:cudaMallocAsync a capture's allocations are graph memory, which the
     driver's graph pool maps at replay: nodemgr's charge covers it from the first replay,
     not before. Torch's reset and empty_cache free the graph's allocations but do not trim
     the graph pool (cudaDeviceGraphMemTrim), so the driver keeps the memory: so does the
     charge."""
-    endpoint = daemon.env("alice", gpus=1, memory=QUOTA)
-    p = start_torch(run_task, endpoint, torch_python, GRAPH_MEMORY, "async", stdin=subprocess.PIPE)
+    p = torch_case(GRAPH_MEMORY, "async")
 
     captured = read_stage(p, "captured")
     assert captured["graph_reserved"] == 0  # nodes only: nothing mapped yet

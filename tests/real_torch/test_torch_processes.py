@@ -30,7 +30,7 @@ from tests.real_torch.test_torch_gpushare import (
     SLACK,
     go_on,
     read_stage,
-    start_torch,
+    torch_case,  # noqa: F401 (a fixture)
 )
 from tests.real_torch.test_torch_sim import torch_python  # noqa: F401 (a fixture)
 
@@ -203,15 +203,13 @@ def test_autoload_with_a_zero_quota_runs_torch_on_the_cpu_or_fails_clearly(
 
 def test_dataloader_workers_share_the_task_and_pinned_memory_is_not_charged(
     daemon: Daemon,
-    run_task: Any,
-    torch_python: str,  # noqa: F811 (the fixture imported above)
+    torch_case: Any,  # noqa: F811 (the fixture imported above)
     wait_for: Any,
 ) -> None:
     """Two forked workers feed pinned batches to the GPU: the task is charged what the main
     process's allocator holds, not the pinned host memory. A worker killed with SIGKILL is
     torch's own DataLoader error in the main process, and leaves the ledger as it was."""
-    endpoint = daemon.env("alice", gpus=1, memory=QUOTA)
-    p = start_torch(run_task, endpoint, torch_python, DATALOADER, stdin=subprocess.PIPE)
+    p = torch_case(DATALOADER)
 
     running = read_stage(p, "running")
     main, workers = running["pid"], running["workers"]
