@@ -236,6 +236,22 @@ def interleaved(pairs: int, run: Callable[[bool, int], None]) -> None:
             run(shim, i)
 
 
+def _compared(samples: dict[bool, list[float]]) -> dict[str, Any]:
+    """Both sides' samples summarized (True: with gpushare), and the ratio of their
+    medians, with / without."""
+    w, wo = statistics.median(samples[True]), statistics.median(samples[False])
+    return {
+        "with": _summary(samples[True]),
+        "without": _summary(samples[False]),
+        "ratio": round(w / wo, 4),
+    }
+
+
+def _pair_diffs(samples: dict[bool, list[float]]) -> list[float]:
+    """With minus without, pair by pair (interleaved's i-th run of each side)."""
+    return [a - b for a, b in zip(samples[True], samples[False], strict=True)]
+
+
 def bench_train_step(sides: Sides, quick: bool, backend: str = "native") -> dict[str, Any]:
     spec = {"width": 512, "batch": 128, "warmup": 20, "steps": 30, "blocks": 3 if quick else 10}
     pairs = 2 if quick else 6
@@ -261,14 +277,10 @@ def bench_train_step(sides: Sides, quick: bool, backend: str = "native") -> dict
         medians[shim].append(statistics.median(doc["step_ms"]))
 
     interleaved(pairs, run)
-    w, wo = statistics.median(blocks[True]), statistics.median(blocks[False])
-    pair_diffs = [a - b for a, b in zip(medians[True], medians[False], strict=True)]
     result: dict[str, Any] = {
-        "with": _summary(blocks[True]),
-        "without": _summary(blocks[False]),
-        "ratio": round(w / wo, 4),
-        "added_ms": round(w - wo, 4),
-        "added_ms_per_pair": [round(x, 4) for x in pair_diffs],
+        **_compared(blocks),
+        "added_ms": round(statistics.median(blocks[True]) - statistics.median(blocks[False]), 4),
+        "added_ms_per_pair": [round(x, 4) for x in _pair_diffs(medians)],
         "iteration_hooks": sorted(hooks) == [True],
         "processes_per_side": pairs,
         "setup": (
@@ -300,13 +312,9 @@ def bench_startup(sides: Sides, quick: bool) -> dict[str, Any]:
 
     say(f"startup: {runs} runs per side ...")
     interleaved(runs, run)
-    w, wo = statistics.median(times[True]), statistics.median(times[False])
-    pair_diffs = [a - b for a, b in zip(times[True], times[False], strict=True)]
     result: dict[str, Any] = {
-        "with": _summary(times[True]),
-        "without": _summary(times[False]),
-        "ratio": round(w / wo, 4),
-        "added_ms": round(statistics.median(pair_diffs), 2),
+        **_compared(times),
+        "added_ms": round(statistics.median(_pair_diffs(times)), 2),
         "runs_per_side": runs,
         "setup": (
             f"wall time of `python -c '{STARTUP_CODE}'` from spawn to exit, directly and "
