@@ -142,59 +142,74 @@ GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 	return rc;
 }
 
-GS_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev)
+/*
+ * cuCtxCreate_v2, _v3 and _v4: the real entry of the one called (the others
+ * NULL; all NULL where the driver lacks it) and its arguments but the context.
+ */
+struct ctx_create {
+	gs_fn_cuCtxCreate_v2 v2;
+	gs_fn_cuCtxCreate_v3 v3;
+	gs_fn_cuCtxCreate_v4 v4;
+	void *affinity; /* _v3 */
+	int naffinity;	/* _v3 */
+	void *params;	/* _v4 */
+	unsigned int flags;
+	CUdevice dev;
+};
+
+static CUresult ctx_create_call(const struct ctx_create *a, CUcontext *ctx)
+{
+	if (a->v2 != NULL)
+		return a->v2(ctx, a->flags, a->dev);
+	if (a->v3 != NULL)
+		return a->v3(ctx, a->affinity, a->naffinity, a->flags, a->dev);
+	return a->v4(ctx, a->params, a->flags, a->dev);
+}
+
+/* A new context: its device's context charge first, settled on the driver's answer. */
+static CUresult ctx_create(CUcontext *ctx, const struct ctx_create *a)
 {
 	CUresult rc;
 	int charged;
 
-	gs_fn_cuCtxCreate_v2 fn = TRACED_FN(cuCtxCreate_v2);
-	if (unlikely(fn == NULL))
+	if (unlikely(a->v2 == NULL && a->v3 == NULL && a->v4 == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (ctx == NULL)
-		return fn(ctx, flags, dev);
-	rc = charge_context(dev, &charged);
+		return ctx_create_call(a, ctx);
+	rc = charge_context(a->dev, &charged);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	rc = fn(ctx, flags, dev);
+	rc = ctx_create_call(a, ctx);
 	context_settle(charged, rc);
 	return rc;
+}
+
+GS_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev)
+{
+	struct ctx_create a = { .v2 = TRACED_FN(cuCtxCreate_v2), .flags = flags, .dev = dev };
+
+	return ctx_create(ctx, &a);
 }
 
 GS_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, void *affinity, int naffinity, unsigned int flags,
 				  CUdevice dev)
 {
-	CUresult rc;
-	int charged;
+	struct ctx_create a = { .v3 = TRACED_FN(cuCtxCreate_v3),
+				.affinity = affinity,
+				.naffinity = naffinity,
+				.flags = flags,
+				.dev = dev };
 
-	gs_fn_cuCtxCreate_v3 fn = TRACED_FN(cuCtxCreate_v3);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	if (ctx == NULL)
-		return fn(ctx, affinity, naffinity, flags, dev);
-	rc = charge_context(dev, &charged);
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	rc = fn(ctx, affinity, naffinity, flags, dev);
-	context_settle(charged, rc);
-	return rc;
+	return ctx_create(ctx, &a);
 }
 
 GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, void *params, unsigned int flags, CUdevice dev)
 {
-	CUresult rc;
-	int charged;
+	struct ctx_create a = {
+		.v4 = TRACED_FN(cuCtxCreate_v4), .params = params, .flags = flags, .dev = dev
+	};
 
-	gs_fn_cuCtxCreate_v4 fn = TRACED_FN(cuCtxCreate_v4);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	if (ctx == NULL)
-		return fn(ctx, params, flags, dev);
-	rc = charge_context(dev, &charged);
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	rc = fn(ctx, params, flags, dev);
-	context_settle(charged, rc);
-	return rc;
+	return ctx_create(ctx, &a);
 }
 
 #define TEARDOWN_WRAPPER(abi, type, arg, how)                   \
@@ -304,46 +319,61 @@ GS_EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
 
 /* --- wrappers: allocations -------------------------------------------------------- */
 
-GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+/*
+ * cuMemAlloc_v2 or cuMemAllocManaged: the real entry of the one called (the
+ * other NULL; both NULL where the driver lacks it), and its flags.
+ */
+struct ptr_alloc {
+	gs_fn_cuMemAlloc_v2 plain;
+	gs_fn_cuMemAllocManaged managed;
+	unsigned int flags; /* cuMemAllocManaged */
+};
+
+static inline CUresult ptr_alloc_call(const struct ptr_alloc *a, CUdeviceptr *dptr, size_t bytesize)
+{
+	if (a->plain != NULL)
+		return a->plain(dptr, bytesize);
+	return a->managed(dptr, bytesize, a->flags);
+}
+
+/*
+ * A device-pointer allocation: the mode decides, then the driver answers bad
+ * arguments itself; the footprint is charged before the driver call and
+ * recorded (or given back) on its answer.
+ */
+static inline __attribute__((always_inline)) CUresult ptr_alloc(const struct ptr_alloc *a,
+								CUdeviceptr *dptr, size_t bytesize)
 {
 	struct gs_charge c;
 	CUresult rc;
 
-	gs_fn_cuMemAlloc_v2 fn = TRACED_FN(cuMemAlloc_v2);
-	if (unlikely(fn == NULL))
+	if (unlikely(a->plain == NULL && a->managed == NULL))
 		return CUDA_ERROR_NOT_FOUND;
 	if (g.mode == GS_INERT)
-		return fn(dptr, bytesize);
+		return ptr_alloc_call(a, dptr, bytesize);
 	if (g.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
 	if (dptr == NULL || bytesize == 0)
-		return fn(dptr, bytesize);
+		return ptr_alloc_call(a, dptr, bytesize);
 	rc = charge_current(footprint(bytesize), &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	rc = fn(dptr, bytesize);
+	rc = ptr_alloc_call(a, dptr, bytesize);
 	return settle(rc, *dptr, GS_K_PTR, &c, undo_ptr);
+}
+
+GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+	struct ptr_alloc a = { .plain = TRACED_FN(cuMemAlloc_v2) };
+
+	return ptr_alloc(&a, dptr, bytesize);
 }
 
 GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
-	struct gs_charge c;
-	CUresult rc;
+	struct ptr_alloc a = { .managed = TRACED_FN(cuMemAllocManaged), .flags = flags };
 
-	gs_fn_cuMemAllocManaged fn = TRACED_FN(cuMemAllocManaged);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode == GS_INERT)
-		return fn(dptr, bytesize, flags);
-	if (g.mode == GS_BROKEN)
-		return CUDA_ERROR_NOT_PERMITTED;
-	if (dptr == NULL || bytesize == 0)
-		return fn(dptr, bytesize, flags);
-	rc = charge_current(footprint(bytesize), &c);
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	rc = fn(dptr, bytesize, flags);
-	return settle(rc, *dptr, GS_K_PTR, &c, undo_ptr);
+	return ptr_alloc(&a, dptr, bytesize);
 }
 
 #define PTSZ_STREAM(stream) ((stream) == NULL ? GS_STREAM_PER_THREAD : (stream))
@@ -678,68 +708,96 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, int format, unsigned i
 	return footprint(total);
 }
 
-GS_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc)
+/*
+ * cuArrayCreate_v2, cuArray3DCreate_v2 and cuMipmappedArrayCreate: the real
+ * entry of the one called (the others NULL; all NULL where the driver lacks
+ * it) and its arguments.
+ */
+struct array_create {
+	gs_fn_cuArrayCreate_v2 flat;
+	gs_fn_cuArray3DCreate_v2 deep;
+	gs_fn_cuMipmappedArrayCreate mipmapped;
+	CUarray *array;			       /* flat, deep */
+	CUmipmappedArray *mipmap;	       /* mipmapped */
+	const CUDA_ARRAY_DESCRIPTOR *desc;     /* flat */
+	const CUDA_ARRAY3D_DESCRIPTOR *desc3d; /* deep, mipmapped */
+	unsigned int levels;		       /* 1 but for mipmapped */
+};
+
+static CUresult array_create_call(const struct array_create *a)
+{
+	if (a->flat != NULL)
+		return a->flat(a->array, a->desc);
+	if (a->deep != NULL)
+		return a->deep(a->array, a->desc3d);
+	return a->mipmapped(a->mipmap, a->desc3d, a->levels);
+}
+
+/* The footprint of the array a describes. */
+static uint64_t array_create_bytes(const struct array_create *a)
+{
+	const CUDA_ARRAY3D_DESCRIPTOR *d = a->desc3d;
+
+	if (a->flat != NULL)
+		return array_bytes(a->desc->Width, a->desc->Height, 1, a->desc->Format,
+				   a->desc->NumChannels, 0, 1);
+	return array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags,
+			   a->levels);
+}
+
+/*
+ * An array's creation: the driver answers bad arguments itself, then the mode
+ * decides; the footprint is charged before the driver call and recorded (or
+ * given back) on its answer.
+ */
+static CUresult array_create(const struct array_create *a)
 {
 	struct gs_charge c;
 	CUresult rc;
 
-	gs_fn_cuArrayCreate_v2 fn = TRACED_FN(cuArrayCreate_v2);
-	if (unlikely(fn == NULL))
+	if (unlikely(a->flat == NULL && a->deep == NULL && a->mipmapped == NULL))
 		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode == GS_INERT || array == NULL || desc == NULL)
-		return fn(array, desc);
+	if (g.mode == GS_INERT || (a->array == NULL && a->mipmap == NULL) ||
+	    (a->desc == NULL && a->desc3d == NULL))
+		return array_create_call(a);
 	if (g.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
-	rc = charge_current(array_bytes(desc->Width, desc->Height, 1, desc->Format,
-					desc->NumChannels, 0, 1),
-			    &c);
+	rc = charge_current(array_create_bytes(a), &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	rc = fn(array, desc);
-	return settle(rc, (uint64_t)(uintptr_t)*array, GS_K_ARRAY, &c, undo_array);
+	rc = array_create_call(a);
+	if (a->mipmapped != NULL)
+		return settle(rc, (uint64_t)(uintptr_t)*a->mipmap, GS_K_MIPMAP, &c, undo_mipmap);
+	return settle(rc, (uint64_t)(uintptr_t)*a->array, GS_K_ARRAY, &c, undo_array);
+}
+
+GS_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+	struct array_create a = {
+		.flat = TRACED_FN(cuArrayCreate_v2), .array = array, .desc = desc, .levels = 1
+	};
+
+	return array_create(&a);
 }
 
 GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
-	struct gs_charge c;
-	CUresult rc;
+	struct array_create a = {
+		.deep = TRACED_FN(cuArray3DCreate_v2), .array = array, .desc3d = desc, .levels = 1
+	};
 
-	gs_fn_cuArray3DCreate_v2 fn = TRACED_FN(cuArray3DCreate_v2);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode == GS_INERT || array == NULL || desc == NULL)
-		return fn(array, desc);
-	if (g.mode == GS_BROKEN)
-		return CUDA_ERROR_NOT_PERMITTED;
-	rc = charge_current(array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-					desc->NumChannels, desc->Flags, 1),
-			    &c);
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	rc = fn(array, desc);
-	return settle(rc, (uint64_t)(uintptr_t)*array, GS_K_ARRAY, &c, undo_array);
+	return array_create(&a);
 }
 
 GS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
 					  const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)
 {
-	struct gs_charge c;
-	CUresult rc;
+	struct array_create a = { .mipmapped = TRACED_FN(cuMipmappedArrayCreate),
+				  .mipmap = array,
+				  .desc3d = desc,
+				  .levels = levels };
 
-	gs_fn_cuMipmappedArrayCreate fn = TRACED_FN(cuMipmappedArrayCreate);
-	if (unlikely(fn == NULL))
-		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode == GS_INERT || array == NULL || desc == NULL)
-		return fn(array, desc, levels);
-	if (g.mode == GS_BROKEN)
-		return CUDA_ERROR_NOT_PERMITTED;
-	rc = charge_current(array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-					desc->NumChannels, desc->Flags, levels),
-			    &c);
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	rc = fn(array, desc, levels);
-	return settle(rc, (uint64_t)(uintptr_t)*array, GS_K_MIPMAP, &c, undo_mipmap);
+	return array_create(&a);
 }
 
 FREE_WRAPPER(cuArrayDestroy, (CUarray array), array, GS_K_ARRAY, (array))
