@@ -601,9 +601,9 @@ def test_fuzz_endpoints_keep_state_and_service(daemon: Any) -> None:
 
 def test_a_message_of_many_frames_is_dropped_unanswered(daemon: Any) -> None:
     """4,000 frames of 64 KiB (each within the frame limit) then a valid map: nodemgr drops
-    the message unread and unanswered, and serves the same connection on, so one message can
-    make it hold at most one map (no envelope copied, none echoed to a sender that never
-    reads)."""
+    the message unanswered, with its sender's connection, at the frame that passes the size
+    of a message, and serves the sender again once its socket has connected anew (what it
+    costs nodemgr in memory: tests/daemon/test_connections.py)."""
     ep = daemon.env("many", gpus=0, memory=GiB)
     ping = msgpack.packb(
         {"v": protocol.PROTOCOL_VERSION, "type": "heartbeat", "id": 7, "task_id": "none"}
