@@ -53,6 +53,12 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
         if body["mode"] is not None:
             node.set_mode(indices, body["mode"])
         return protocol.reply("modes", msg_id, gpus=views.modes(node, indices))
+    if kind == "drain":
+        every = range(len(node.gpus))
+        indices = list(every) if body["gpu"] is None else [node.gpu_index(body["gpu"])]
+        if body["drained"] is not None:
+            node.set_drained(indices, body["drained"])
+        return protocol.reply("drains", msg_id, gpus=views.drains(node, indices))
     if kind == "history":
         limit = body["limit"] or 1000
         records = [r.view() for r in node.store.history(body["env"], body["since"], limit)]

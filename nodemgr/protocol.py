@@ -194,6 +194,7 @@ ADMIN_REQUESTS: dict[str, Schema] = {
     "queue": {},
     "status": {},
     "mode": {"gpu": (False, _optional(_gpu)), "mode": (False, _optional(_one_of(*MODES)))},
+    "drain": {"gpu": (False, _optional(_gpu)), "drained": (False, _optional(_bool))},
     "reclaim": {"task_id": (True, _task)},
     "pause": {"task_id": (True, _task)},
     "resume": {"task_id": (True, _task)},

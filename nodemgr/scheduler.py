@@ -48,6 +48,9 @@ class GpuView:
     # whether new to the environment or not. None: a shared GPU, charged the
     # environment's memory quota when new to it and nothing when reused.
     extra: int | None = None
+    # An admin drained it: no new task gets it (its tasks run on); unlike a lost GPU, a
+    # request that only it could serve waits, it is not refused for good.
+    drained: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,8 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
                 "small); allow more GPUs, or unset CUDA_VISIBLE_DEVICES",
             )
         usable = [g for g in usable if g.index in allowed]
+    drained = [g.index for g in usable if g.drained]
+    usable = [g for g in usable if not g.drained]
     by_index = {g.index: g for g in gpus}
     used = len(ask.env_gpus)
     reusable = sorted(
@@ -146,6 +151,7 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
             for i in ask.env_gpus
             if i in by_index
             and by_index[i].usable
+            and not by_index[i].drained
             and (allowed is None or i in allowed)
             and _room(by_index[i], None)
         ),
@@ -162,7 +168,7 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
                     f"{len(reusable)} of its GPUs are among those CUDA_VISIBLE_DEVICES allows "
                     f"({_names(allowed)}); wait for its other tasks to end"
                 )
-            return Refusal(NO_RESOURCES, why)
+            return Refusal(NO_RESOURCES, why + _drained(drained))
         return Choice(tuple(reusable[: ask.need]), ())
     candidates = sorted(
         (
@@ -185,10 +191,17 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
             NO_RESOURCES,
             f"{plural(ask.need, 'GPU')} needed: {plural(len(candidates), 'free GPU')}{among} "
             f"can take this environment and it holds {len(reusable)}{of_them}; "
-            "wait for other tasks to end",
+            "wait for other tasks to end" + _drained(drained),
         )
     new = tuple(g.index for g in candidates)
     return Choice(new + tuple(reusable[:reuse]), new)
+
+
+def _drained(indices: Sequence[int]) -> str:
+    """What a refusal that may wait adds when GPUs it could use are drained."""
+    if not indices:
+        return ""
+    return f" ({_names(frozenset(indices))} drained by an admin)"
 
 
 def _left(g: GpuView, quota: int) -> int:

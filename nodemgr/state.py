@@ -58,6 +58,9 @@ class Node:
         self.envs: dict[str, Env] = {}
         self.tasks: dict[str, Task] = {}
         self.lost: set[int] = set()  # GPUs NVML reported lost; never granted again
+        # GPUs an admin drained (kept in the database): no new grants, tasks run on.
+        drained = store.drained_gpus()
+        self.drained: set[int] = {g.index for g in gpus if g.uuid in drained}
         self.context_memory = config.context_memory_for(simulated)
         self.started = time.time()
         self.queue = WaitQueue(config, self.started)
@@ -332,6 +335,19 @@ class Node:
             ) from None
         return index
 
+    def set_drained(self, indices: Sequence[int], drained: bool) -> None:
+        """Drain these GPUs (no new grants; their tasks run on) or take them back: kept in
+        the database, applied at once; what waits is tried again."""
+        now = time.time()
+        for index in indices:
+            self.store.put_drained(self.gpus[index].uuid, drained, now)
+            if drained and index not in self.drained:
+                log.info("GPU %d is drained: no new tasks are granted on it", index)
+            elif not drained and index in self.drained:
+                log.info("GPU %d is no longer drained", index)
+            (self.drained.add if drained else self.drained.discard)(index)
+        self.queue_dirty = True
+
     def set_mode(self, indices: Sequence[int], mode: str) -> None:
         """An admin's mode for these GPUs: kept in the database, applied at once."""
         self.slicing.set_mode(indices, mode)
@@ -414,6 +430,7 @@ class Node:
                     capacity - self.charged(g.index),
                     g.index not in self.lost,
                     extra,
+                    drained=g.index in self.drained,
                 )
             )
         return out

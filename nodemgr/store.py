@@ -52,6 +52,10 @@ CREATE TABLE IF NOT EXISTS gpu_modes (
     mode    TEXT NOT NULL,            -- "shared" or "timesliced", set by an admin
     updated REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS gpu_drains (
+    uuid    TEXT PRIMARY KEY,         -- a GPU an admin drained: no new grants on it
+    updated REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS task_shapes (
     task_id    TEXT PRIMARY KEY,      -- a running task's, for time slicing after a restart
     persistent INTEGER,               -- its request's estimate, bytes; NULL: none stated
@@ -283,6 +287,23 @@ class Store:
                 "updated = excluded.updated",
                 (uuid, mode, now),
             )
+
+    # --- drained GPUs (docs/nodemgr.md, drain) -----------------------------------
+
+    def drained_gpus(self) -> set[str]:
+        """The UUIDs of the GPUs an admin drained."""
+        return {str(u) for (u,) in self.db.execute("SELECT uuid FROM gpu_drains").fetchall()}
+
+    def put_drained(self, uuid: str, drained: bool, now: float) -> None:
+        with self._durable() as db:
+            if drained:
+                db.execute(
+                    "INSERT INTO gpu_drains (uuid, updated) VALUES (?, ?) "
+                    "ON CONFLICT (uuid) DO UPDATE SET updated = excluded.updated",
+                    (uuid, now),
+                )
+            else:
+                db.execute("DELETE FROM gpu_drains WHERE uuid = ?", (uuid,))
 
     # --- records ---------------------------------------------------------------
 

@@ -105,6 +105,7 @@ class GpuStatus(TypedDict):
     tasks: int
     envs: list[str]
     lost: bool
+    drained: bool
     mode: str
     regions: RegionsView | None
     turn: TurnView | None
@@ -246,6 +247,7 @@ def status(node: Node) -> StatusView:
                 "tasks": view.tasks,
                 "envs": sorted(holders),
                 "lost": g.index in node.lost,
+                "drained": g.index in node.drained,
                 "mode": node.slicing.mode(g.index),
                 "regions": _regions(node, g.index),
                 "turn": _turn(node, g.index),
@@ -301,6 +303,25 @@ def _turn(node: Node, index: int) -> TurnView | None:
         "switches": slicing.switches.get(index, 0),
         "last_switch_ms": slicing.last_switch_ms.get(index),
     }
+
+
+class DrainView(TypedDict):
+    index: int
+    uuid: str
+    drained: bool
+    tasks: int  # running there, which the drain lets finish
+
+
+def drains(node: Node, indices: Sequence[int]) -> list[DrainView]:
+    return [
+        {
+            "index": i,
+            "uuid": node.gpus[i].uuid,
+            "drained": i in node.drained,
+            "tasks": node.tasks_on(i),
+        }
+        for i in indices
+    ]
 
 
 def modes(node: Node, indices: Sequence[int]) -> list[ModeView]:

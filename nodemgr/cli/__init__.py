@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from nodemgr import __version__
+from nodemgr.cli.drain import drain, undrain
 from nodemgr.cli.history import history
 from nodemgr.cli.mode import mode
 from nodemgr.cli.pause import pause
@@ -43,6 +44,8 @@ cli.add_command(pause)
 cli.add_command(resume)
 cli.add_command(top)
 cli.add_command(mode)
+cli.add_command(drain)
+cli.add_command(undrain)
 
 
 def main() -> None:

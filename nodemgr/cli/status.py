@@ -29,7 +29,7 @@ def status(config_path: str | None, as_json: bool) -> None:
         ["GPU", "NAME", "MEMORY", "CHARGED", "USED", "TASKS", "ENVS"],
         [
             [
-                str(g["index"]),
+                str(g["index"]) + (" drained" if g.get("drained") else ""),
                 g["name"],
                 format_size(g["memory"]),
                 format_size(g["charged"]),

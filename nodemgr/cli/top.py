@@ -93,7 +93,9 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
         ["GPU", "MEMORY", "CHARGED", "USED", "TASKS", "ENVS"],
         [
             [
-                str(g["index"]) + (" LOST" if g.get("lost") else ""),
+                str(g["index"])
+                + (" LOST" if g.get("lost") else "")
+                + (" DRAINED" if g.get("drained") else ""),
                 format_size(g["memory"]),
                 format_size(g["charged"]),
                 format_size(g["used"]),

@@ -53,6 +53,20 @@ def test_memory_hint_beyond_the_quota_is_refused_and_says_so() -> None:
     assert isinstance(r, Refusal) and "memory quota is 1073741824" in r.message
 
 
+def test_a_drained_gpu_is_never_chosen_and_a_request_for_it_may_wait() -> None:
+    """Unlike a lost GPU, a drained one comes back: a request only it could serve is
+    retryable (no_resources, naming the drain), never quota_exceeded; nor is it reused by
+    an environment that holds it."""
+    views = [GpuView(0, 0, 16 * GiB, 16 * GiB, drained=True), GpuView(1, 0, 16 * GiB, 16 * GiB)]
+    assert select(ask(1, 2), views, T) == Choice((1,), (1,))
+    r = select(ask(2, 2), views, T)
+    assert refused(r, "no_resources") and isinstance(r, Refusal)
+    assert "GPU 0 drained by an admin" in r.message
+    assert refused(select(ask(1, 1, {0: 1}), views, T), "no_resources")
+    undrained = [replace(v, drained=False) for v in views]
+    assert select(ask(1, 1, {0: 1}), undrained, T) == Choice((0,), ())
+
+
 def test_more_gpus_than_the_node_can_ever_give_is_not_retryable() -> None:
     r = select(ask(3, 4), gpus(0, 0), T)
     assert refused(r, "quota_exceeded")
