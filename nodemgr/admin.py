@@ -48,25 +48,25 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
         task = node.pause(body["task_id"], paused)
         return protocol.reply("paused", msg_id, task_id=task.task_id, env=task.env, paused=paused)
     if kind == "mode":
-        every = range(len(node.gpus))
-        indices = list(every) if body["gpu"] is None else [node.gpu_index(body["gpu"])]
+        indices = node.gpu_indices(body["gpu"])
         if body["mode"] is not None:
             node.set_mode(indices, body["mode"])
         return protocol.reply("modes", msg_id, gpus=views.modes(node, indices))
     if kind == "drain":
-        every = range(len(node.gpus))
-        indices = list(every) if body["gpu"] is None else [node.gpu_index(body["gpu"])]
+        indices = node.gpu_indices(body["gpu"])
         if body["drained"] is not None:
             node.set_drained(indices, body["drained"])
         return protocol.reply("drains", msg_id, gpus=views.drains(node, indices))
     if kind == "history":
         limit = body["limit"] or 1000
-        records = [r.view() for r in node.store.history(body["env"], body["since"], limit)]
         # A running task's peak so far is in its ledger, not yet in its record.
         live = {t["task_id"]: t["peak"] for t in views.tasks(node, body["env"])}
-        for r in records:
-            if r["ended"] is None and r["task_id"] in live:
-                r["peak"] = max(int(str(r["peak"])), live[str(r["task_id"])])
+        records = []
+        for r in node.store.history(body["env"], body["since"], limit):
+            view = r.view()
+            if r.ended is None and r.task_id in live:
+                view["peak"] = max(r.peak, live[r.task_id])
+            records.append(view)
         return protocol.reply("history", msg_id, records=records)
     if kind == "queue":
         return protocol.reply("queue", msg_id, waiting=views.queue(node.queue))

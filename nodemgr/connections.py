@@ -24,7 +24,7 @@ from pathlib import Path
 from nodemgr.config import Access, Config
 from nodemgr.model import Env
 from nodemgr.protocol import Err, ProtocolError
-from nodemgr.transport import Conn, peer_credentials
+from nodemgr.transport import Conn, peer_pid
 
 log = logging.getLogger("nodemgr")
 
@@ -245,7 +245,7 @@ class Connections:
                     return
                 continue  # ECONNABORTED, EPROTO: that client gave up; the next may not
             sock.setblocking(False)
-            pid, uid = peer_credentials(sock)
+            pid = peer_pid(sock)
             now = time.monotonic()
             out_limit = ADMIN_OUT_LIMIT if env is None else TASK_OUT_LIMIT
             refusal = self._over_cap(env, pid)
@@ -256,7 +256,7 @@ class Connections:
                 if self.refusing[env] >= MAX_REFUSING_PER_ENV:
                     sock.close()
                     continue
-            conn = Conn(sock, env, pid, uid, out_limit, now + HANDSHAKE_TIMEOUT)
+            conn = Conn(sock, env, pid, out_limit, now + HANDSHAKE_TIMEOUT)
             self.fds[conn.fd] = conn
             self.conns += 1
             self.young.add(conn)
@@ -356,7 +356,6 @@ class Connections:
                 self.conns_of_client[env, conn.pid] -= 1
                 if not self.conns_of_client[env, conn.pid]:
                     del self.conns_of_client[env, conn.pid]
-        conn.closed = True
         conn.close()
         self.resume()
 

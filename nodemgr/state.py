@@ -317,6 +317,10 @@ class Node:
 
     # --- GPU modes (time slicing itself: nodemgr.slicing) -------------------------
 
+    def gpu_indices(self, name: int | str | None) -> list[int]:
+        """The GPUs an admin request names: one (gpu_index), or every GPU for None."""
+        return list(range(len(self.gpus))) if name is None else [self.gpu_index(name)]
+
     def gpu_index(self, name: int | str) -> int:
         """The GPU an admin names by index or UUID (or a prefix of one), or ProtocolError."""
         if isinstance(name, int):

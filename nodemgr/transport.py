@@ -109,7 +109,6 @@ class Conn:
         "pid",
         "refusal",
         "sock",
-        "uid",
         "watching_out",
     )
 
@@ -118,7 +117,6 @@ class Conn:
         sock: socket.socket,
         env: str | None,
         pid: int | None,
-        uid: int | None,
         out_limit: int,
         deadline: float,
     ) -> None:
@@ -126,7 +124,6 @@ class Conn:
         self.fd = sock.fileno()
         self.env = env  # None: the admin endpoint
         self.pid = pid
-        self.uid = uid
         self.out_limit = out_limit
         self.closed = False
         # Set when the connection is over a cap: its first request is answered with this
@@ -154,8 +151,7 @@ class Conn:
         return self._state == 2
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
+        self.closed = True
         self._in.clear()
         self._out.clear()
         self._frames.clear()
@@ -291,11 +287,11 @@ class Conn:
             self.closed = True
 
 
-def peer_credentials(sock: socket.socket) -> tuple[int | None, int | None]:
-    """(pid, uid) of the process that connected ``sock``, from the kernel (SO_PEERCRED)."""
+def peer_pid(sock: socket.socket) -> int | None:
+    """The pid of the process that connected ``sock``, from the kernel (SO_PEERCRED)."""
     try:
         cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     except OSError:
-        return None, None
-    pid, uid, _ = struct.unpack("3i", cred)
-    return (pid if pid > 0 else None), uid
+        return None
+    pid = int(struct.unpack("3i", cred)[0])
+    return pid if pid > 0 else None

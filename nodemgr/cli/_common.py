@@ -77,6 +77,14 @@ def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, A
         fail(e.message, EXIT_ADMIN_REFUSED)
 
 
+def gpu_fields(gpu: str | None) -> dict[str, Any]:
+    """The ``gpu`` field of an admin request from a GPU argument: an index, a UUID (or a
+    prefix of one), or "all" or nothing for every GPU."""
+    if gpu is None or gpu == "all":
+        return {}
+    return {"gpu": int(gpu) if gpu.isascii() and gpu.isdigit() else gpu}
+
+
 def print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=True))
 

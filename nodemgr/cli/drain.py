@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
+from nodemgr.cli._common import (
+    admin_call,
+    config_option,
+    gpu_fields,
+    json_option,
+    print_json,
+    print_table,
+)
 
 
 def _drain(gpu: str | None, drained: bool | None, config_path: str | None, as_json: bool) -> None:
-    fields: dict[str, Any] = {}
-    if gpu is not None and gpu != "all":
-        fields["gpu"] = int(gpu) if gpu.isascii() and gpu.isdigit() else gpu
+    fields = gpu_fields(gpu)
     if drained is not None:
         fields["drained"] = drained
     reply = admin_call(config_path, "drain", **fields)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
+from nodemgr.cli._common import (
+    admin_call,
+    config_option,
+    gpu_fields,
+    json_option,
+    print_json,
+    print_table,
+)
 from nodemgr.protocol import MODES, SHARED
 from nodemgr.sizes import format_size
 
@@ -24,9 +29,7 @@ def mode(gpu: str | None, mode: str | None, config_path: str | None, as_json: bo
     "timesliced" (tasks take turns; docs/timeslicing.md). A mode set here is
     kept across restarts and wins over the config's timeslice.gpus.
     """
-    fields: dict[str, Any] = {}
-    if gpu is not None and gpu != "all":
-        fields["gpu"] = int(gpu) if gpu.isascii() and gpu.isdigit() else gpu
+    fields = gpu_fields(gpu)
     if mode is not None:
         fields["mode"] = mode
     reply = admin_call(config_path, "mode", **fields)
