@@ -54,7 +54,7 @@ GS_EXPORT CUresult cuDeviceGetCount(int *count)
 static void share(int gpu, uint64_t *total, uint64_t *free_bytes, uint64_t *used)
 {
 	uint64_t limit = gpu >= 0 ? gs_ledger_limit(g.ledger, (uint32_t)gpu) : 0;
-	uint64_t u = gpu >= 0 ? gs_ledger_used(g.ledger, (uint32_t)gpu) : 0;
+	uint64_t u = gpu >= 0 ? gs_ledger_charged(g.ledger, (uint32_t)gpu) : 0;
 	uint64_t left = u < limit ? limit - u : 0;
 
 	if (limit < *total)

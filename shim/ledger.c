@@ -19,9 +19,10 @@
 /*
  * Memory order: seq_cst unless said otherwise. The ledger is shared between
  * processes and read off the hot paths, so the strongest order costs little
- * and keeps every reader's view simple. The one place that needs it is
- * gs_ledger_charge (add, then sum); counters kept only for reports (peaks)
- * are relaxed, each saying so.
+ * and keeps every reader's view simple. What needs an order is said where it
+ * is needed (the order of a charge's and an uncharge's steps, for a process
+ * killed between them); counters kept only for reports (peaks) are relaxed,
+ * each saying so.
  */
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
@@ -225,20 +226,9 @@ uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu)
 	return total;
 }
 
-/* Bytes granted and being checked on `gpu`, all slots (saturating): what a charge must fit beside. */
-static uint64_t claimed(const struct gs_ledger *l, uint32_t gpu)
+uint64_t gs_ledger_charged(const struct gs_ledger *l, uint32_t gpu)
 {
-	uint32_t hwm = slots_seen(l);
-	uint64_t total = 0;
-
-	for (uint32_t i = 0; i < hwm; i++) {
-		uint64_t v = LOAD(&l->slot[i].used[gpu]), p = LOAD(&l->slot[i].pending[gpu]);
-
-		if (total + v < total || total + v + p < total + v)
-			return UINT64_MAX;
-		total += v + p;
-	}
-	return total;
+	return gpu < GS_MAX_GPUS ? LOAD(&l->gpu[gpu].charged) : 0;
 }
 
 int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id, uint64_t *used,
@@ -387,23 +377,32 @@ static struct gs_task *slot_task(struct gs_ledger *l, const struct gs_slot *s)
 	return entry;
 }
 
-/* What a cleared slot held leaves its task's count. */
+/*
+ * What a cleared slot held leaves its GPUs' and its task's counts. Each
+ * figure is taken out of the slot (an exchange) before it is taken off the
+ * counts, so a clearer killed in between leaves a count too high, never one
+ * taken off twice when the next clearer comes.
+ */
 static void slot_clear(struct gs_ledger *l, struct gs_slot *s)
 {
 	struct gs_task *t = slot_task(l, s);
 	uint64_t held = 0;
 
-	for (int g = 0; g < GS_MAX_GPUS; g++)
-		held += LOAD(&s->used[g]);
+	for (int g = 0; g < GS_MAX_GPUS; g++) {
+		uint64_t v = __atomic_exchange_n(&s->used[g], 0, __ATOMIC_SEQ_CST);
+
+		if (v != 0)
+			sub_sat(&l->gpu[g].charged, v);
+		held += v;
+	}
 	if (t != NULL && held != 0)
 		sub_sat(&t->used, held);
 	for (int g = 0; g < GS_MAX_GPUS; g++) {
-		STORE(&s->used[g], 0);
-		STORE(&s->pending[g], 0);
 		STORE(&s->persistent[g], 0);
 		STORE(&s->temp_peak[g], 0);
 		STORE(&s->settled[g], 0);
 	}
+	STORE(&s->held, 0);
 	STORE(&s->iterations, 0);
 	STORE(&s->releases, 0);
 	STORE(&s->boundary_ns, 0);
@@ -412,6 +411,42 @@ static void slot_clear(struct gs_ledger *l, struct gs_slot *s)
 	STORE(&s->task_index, -1);
 	STORE(&s->last_launch_ns, 0);
 	STORE(&s->peak, 0);
+}
+
+/*
+ * With no process left, what the GPUs' counts still hold was left by a
+ * process killed in the middle of a charge (or an uncharge, or a clear):
+ * set them to what the slots hold. Only while this descriptor holds a lock
+ * on every slot, so no process can hold or claim one, and so charge, in the
+ * meantime.
+ */
+static void reconcile(struct gs_ledger *l, int fd)
+{
+	struct flock fl = {
+		.l_type = F_WRLCK,
+		.l_whence = SEEK_SET,
+		.l_start = (off_t)offsetof(struct gs_ledger, slot),
+		.l_len = (off_t)sizeof(l->slot),
+	};
+	uint32_t hwm = slots_seen(l);
+	int stale = 0;
+
+	for (int g = 0; g < GS_MAX_GPUS; g++)
+		stale |= LOAD(&l->gpu[g].charged) != 0;
+	for (uint32_t i = 0; stale && i < hwm; i++)
+		if (LOAD(&l->slot[i].state) != GS_SLOT_FREE)
+			return;
+	if (!stale || fcntl(fd, F_OFD_SETLK, &fl) != 0)
+		return;
+	/* Looked again under the lock: a claimer may have marked a slot meanwhile. */
+	for (uint32_t i = 0; i < hwm; i++)
+		if (LOAD(&l->slot[i].state) != GS_SLOT_FREE)
+			goto unlock;
+	for (int g = 0; g < GS_MAX_GPUS; g++)
+		STORE(&l->gpu[g].charged, gs_ledger_used(l, (uint32_t)g));
+unlock:
+	fl.l_type = F_UNLCK;
+	fcntl(fd, F_OFD_SETLK, &fl);
 }
 
 int gs_ledger_reap(struct gs_ledger *l, int fd, struct gs_slot_info *out, uint32_t max)
@@ -423,55 +458,107 @@ int gs_ledger_reap(struct gs_ledger *l, int fd, struct gs_slot_info *out, uint32
 		struct gs_slot *s = &l->slot[i];
 		int rc;
 
-		if (LOAD(&s->state) != GS_SLOT_USED)
+		uint32_t state = LOAD(&s->state);
+
+		if (state == GS_SLOT_FREE)
 			continue;
 		rc = slot_lock(fd, i, F_WRLCK);
 		if (rc == -EAGAIN || rc == -EACCES)
 			continue; /* its owner is alive */
 		if (rc != 0)
 			return rc;
-		/* What the dead process used is reported before it is forgotten. */
-		if (out != NULL && (uint32_t)n < max)
+		/*
+		 * What the dead process used is reported before it is forgotten. A
+		 * slot left CLAIMING by a claimer that died, or that took another,
+		 * held nothing and is no process to report.
+		 */
+		if (state == GS_SLOT_USED && out != NULL && (uint32_t)n < max)
 			slot_info(s, i, &out[n]);
 		slot_clear(l, s);
 		STORE(&s->state, (uint32_t)GS_SLOT_FREE);
 		slot_lock(fd, i, F_UNLCK);
-		n++;
+		n += state == GS_SLOT_USED;
 	}
+	reconcile(l, fd);
 	return n;
 }
 
+/* Take slot `i`, whose lock this descriptor now holds, for `pid` of `task_id`. */
+static void slot_take(struct gs_ledger *l, uint32_t i, int32_t pid, const char *task_id)
+{
+	struct gs_slot *s = &l->slot[i];
+	uint32_t hwm;
+
+	/* Whoever held this slot before is gone: its charges go with it. */
+	slot_clear(l, s);
+	s->pid = pid;
+	memset(s->task_id, 0, sizeof(s->task_id));
+	if (task_id != NULL) {
+		strncpy(s->task_id, task_id, sizeof(s->task_id) - 1);
+		STORE(&s->task_index, gs_ledger_task_find(l, task_id));
+	}
+	STORE(&s->state, (uint32_t)GS_SLOT_USED);
+	hwm = LOAD(&l->slot_hwm);
+	while (hwm < i + 1 && !__atomic_compare_exchange_n(&l->slot_hwm, &hwm, i + 1, 0,
+							   __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+		;
+}
+
+/*
+ * A free slot is first marked CLAIMING (compare-and-swap), so processes
+ * starting together each try the lock of a different slot instead of all
+ * trying the same ones in turn: a lock attempt is a system call, and the
+ * kernel's search of the file's locks grows with every process holding one.
+ * The lock alone decides who owns a slot; the mark only spreads claimers.
+ * Slots in use whose owner died are tried only when no free slot is left.
+ */
 int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_id)
 {
-	for (uint32_t i = 0; i < GS_MAX_SLOTS; i++) {
-		struct gs_slot *s = &l->slot[i];
-		uint32_t hwm;
-		int rc = slot_lock(fd, i, F_WRLCK);
+	/* Three passes: a slot may be held for a moment by nodemgr's reaper. */
+	for (int pass = 0; pass < 3; pass++) {
+		for (uint32_t i = 0; i < GS_MAX_SLOTS; i++) {
+			uint32_t free_state = GS_SLOT_FREE;
+			int rc;
 
-		if (rc == -EAGAIN || rc == -EACCES)
-			continue;
-		if (rc != 0)
-			return rc;
-		/* Whoever held this slot before is gone: its charges go with it. */
-		slot_clear(l, s);
-		s->pid = pid;
-		memset(s->task_id, 0, sizeof(s->task_id));
-		if (task_id != NULL) {
-			strncpy(s->task_id, task_id, sizeof(s->task_id) - 1);
-			STORE(&s->task_index, gs_ledger_task_find(l, task_id));
+			if (LOAD(&l->slot[i].state) != GS_SLOT_FREE ||
+			    !__atomic_compare_exchange_n(&l->slot[i].state, &free_state,
+							 GS_SLOT_CLAIMING, 0, __ATOMIC_SEQ_CST,
+							 __ATOMIC_SEQ_CST))
+				continue;
+			rc = slot_lock(fd, i, F_WRLCK);
+			if (rc == 0) {
+				slot_take(l, i, pid, task_id);
+				return (int)i;
+			}
+			/*
+			 * Held by nodemgr for a moment, or by a claimer that found no
+			 * free slot (it marks the slot in use whatever the mark): the
+			 * mark goes back to free unless the slot is in use by then.
+			 */
+			free_state = GS_SLOT_CLAIMING;
+			__atomic_compare_exchange_n(&l->slot[i].state, &free_state, GS_SLOT_FREE, 0,
+						    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+			if (rc != -EAGAIN && rc != -EACCES)
+				return rc;
 		}
-		STORE(&s->state, (uint32_t)GS_SLOT_USED);
-		hwm = LOAD(&l->slot_hwm);
-		while (hwm < i + 1 &&
-		       !__atomic_compare_exchange_n(&l->slot_hwm, &hwm, i + 1, 0, __ATOMIC_SEQ_CST,
-						    __ATOMIC_SEQ_CST))
-			;
-		return (int)i;
+		for (uint32_t i = 0; i < GS_MAX_SLOTS; i++) {
+			int rc;
+
+			if (LOAD(&l->slot[i].state) == GS_SLOT_FREE)
+				continue;
+			rc = slot_lock(fd, i, F_WRLCK);
+			if (rc == -EAGAIN || rc == -EACCES)
+				continue;
+			if (rc != 0)
+				return rc;
+			slot_take(l, i, pid, task_id);
+			return (int)i;
+		}
+		usleep(1000);
 	}
 	return -ENOSPC;
 }
 
-/* Only this slot's process charges it, so its total can only have grown. */
 /* A granted charge of a task's process: the task's count, and its peak, grow. */
 static void task_charged(struct gs_task *t, uint64_t bytes)
 {
@@ -487,25 +574,21 @@ static void task_charged(struct gs_task *t, uint64_t bytes)
 		;
 }
 
-static void note_peak(struct gs_slot *s)
+/* The slot now holds `held` bytes, all GPUs: its peak follows. */
+static void note_peak(struct gs_slot *s, uint64_t held)
 {
-	uint64_t total = 0, peak;
-
-	for (int g = 0; g < GS_MAX_GPUS; g++) {
-		uint64_t u = LOAD(&s->used[g]);
-
-		total = total + u < total ? UINT64_MAX : total + u;
-	}
 	/* Relaxed: the peak is a report, and its CAS alone keeps it monotonic. */
-	peak = LOAD_REPORT(&s->peak);
-	while (total > peak && !__atomic_compare_exchange_n(&s->peak, &peak, total, 0,
-							    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+	uint64_t peak = LOAD_REPORT(&s->peak);
+
+	while (held > peak && !__atomic_compare_exchange_n(&s->peak, &peak, held, 0,
+							   __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 		;
 }
 
 int gs_ledger_charge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes)
 {
-	uint64_t limit;
+	struct gs_slot *s;
+	uint64_t limit, before;
 
 	if (gpu >= GS_MAX_GPUS || slot >= GS_MAX_SLOTS)
 		return -EINVAL;
@@ -513,26 +596,26 @@ int gs_ledger_charge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t 
 	if (bytes > limit)
 		return -ENOSPC;
 	/*
-	 * Announced as pending first, then everything granted and pending is
-	 * summed: of two racing charges each sees the other's (all SEQ_CST), so
-	 * both may fail but never both pass beyond the limit. Granted, the bytes
-	 * move into `used`, added there before they leave `pending`, so a racing
-	 * check counts them twice for a moment (on the safe side) and never not.
+	 * One atomic add decides: of racing charges, each adds to the same
+	 * counter and sees every add before its own, so the sum of the granted
+	 * ones never passes the limit (both may be refused, never both granted
+	 * past it). A refused charge takes its bytes back.
 	 *
-	 * Memory order: the add to pending and the loads in claimed() must be
-	 * seq_cst. It is a store then a load of other locations (each charge
-	 * writes its own slot, reads everyone's): acquire/release would let both
-	 * racers read the other's pending as it was before, and both pass.
+	 * The GPU's count is raised before the slot's, and an uncharge lowers
+	 * the slot's first: a process killed between the two leaves the count
+	 * too high, which a reap cannot see and which refuses too much (the safe
+	 * side) until the environment next has no process (reconcile()). The
+	 * other orders would let a reap take back bytes the count never had.
 	 */
-	__atomic_fetch_add(&l->slot[slot].pending[gpu], bytes, __ATOMIC_SEQ_CST);
-	if (claimed(l, gpu) > limit) {
-		__atomic_fetch_sub(&l->slot[slot].pending[gpu], bytes, __ATOMIC_SEQ_CST);
+	before = __atomic_fetch_add(&l->gpu[gpu].charged, bytes, __ATOMIC_SEQ_CST);
+	if (before + bytes < before || before + bytes > limit) {
+		__atomic_fetch_sub(&l->gpu[gpu].charged, bytes, __ATOMIC_SEQ_CST);
 		return -ENOSPC;
 	}
-	__atomic_fetch_add(&l->slot[slot].used[gpu], bytes, __ATOMIC_SEQ_CST);
-	__atomic_fetch_sub(&l->slot[slot].pending[gpu], bytes, __ATOMIC_SEQ_CST);
-	note_peak(&l->slot[slot]);
-	task_charged(slot_task(l, &l->slot[slot]), bytes);
+	s = &l->slot[slot];
+	__atomic_fetch_add(&s->used[gpu], bytes, __ATOMIC_SEQ_CST);
+	note_peak(s, __atomic_add_fetch(&s->held, bytes, __ATOMIC_SEQ_CST));
+	task_charged(slot_task(l, s), bytes);
 	return 0;
 }
 
@@ -557,9 +640,14 @@ void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64
 
 	if (gpu >= GS_MAX_GPUS || slot >= GS_MAX_SLOTS)
 		return;
+	/* The slot first, then the counts: see gs_ledger_charge. */
 	taken = sub_sat(&l->slot[slot].used[gpu], bytes);
+	if (taken == 0)
+		return;
+	sub_sat(&l->slot[slot].held, taken);
+	sub_sat(&l->gpu[gpu].charged, taken);
 	t = slot_task(l, &l->slot[slot]);
-	if (t != NULL && taken != 0)
+	if (t != NULL)
 		sub_sat(&t->used, taken);
 }
 

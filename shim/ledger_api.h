@@ -58,6 +58,13 @@ void gs_ledger_stamp_launches(struct gs_ledger *l, uint64_t now_ns);
 uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu);
 
 /*
+ * The GPU's `charged` count: what a charge must fit beside (the slots'
+ * bytes, charges being checked, and what a process killed in the middle of
+ * a charge left until the environment next has no process). One load.
+ */
+uint64_t gs_ledger_charged(const struct gs_ledger *l, uint32_t gpu);
+
+/*
  * Sum of the slots that carry `task_id`: bytes per GPU into used[GS_MAX_GPUS],
  * kernel launches into *launches, and the sum of each slot's peak (its most
  * bytes at once) into *peak. Returns the number of such slots.
@@ -111,26 +118,29 @@ int gs_ledger_summary(const struct gs_ledger *l, struct gs_slot_info *out, uint3
 /*
  * nodemgr: free every used slot whose owner has died (its lock is free),
  * using `fd`, an open descriptor of the ledger file. The first `max` slots
- * freed are described into `out` (may be NULL) as they were. Returns the
- * number of slots reaped, or a negative errno value.
+ * freed are described into `out` (may be NULL) as they were. When no slot is
+ * left in use, the GPUs' `charged` counts are set to what the slots hold
+ * (see gs_ledger_charge). Returns the number of slots reaped, or a negative
+ * errno value.
  */
 int gs_ledger_reap(struct gs_ledger *l, int fd, struct gs_slot_info *out, uint32_t max);
 
 /*
  * A process: claim a free slot for itself through `fd` (an O_RDWR
  * descriptor of its own, kept open for the life of the claim), recording
- * its task's entry in the slot. Returns the slot index or a negative errno
- * value.
+ * its task's entry in the slot; a slot of a dead process when none is free.
+ * Returns the slot index or a negative errno value (-ENOSPC: every slot is
+ * held by a live process).
  */
 int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_id);
 
 /*
  * A process: charge `bytes` on `gpu` to slot `slot` if the environment stays
  * within the GPU's limit. Returns 0, or -ENOSPC when over the limit (then
- * nothing stays charged). Never check-then-add: the bytes are announced as
- * the slot's pending first and the total read after, so racing processes
- * can both fail but never both pass beyond the limit; what is reported
- * (gs_ledger_used, usage, summaries, peaks) never counts a pending charge.
+ * nothing stays charged). One atomic add to the GPU's `charged` count
+ * decides, whatever the number of slots: racing processes can both fail but
+ * never both pass beyond the limit; what is reported (gs_ledger_used, usage,
+ * summaries, peaks) never counts a charge being checked.
  */
 int gs_ledger_charge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes);
 void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64_t bytes);

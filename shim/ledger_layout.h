@@ -9,13 +9,16 @@
  * header and the per-GPU limits. Each process running under the shim claims
  * one slot (by taking an open-file-description lock on the slot's first
  * byte, which the kernel drops when the process dies) and charges its own
- * bytes there. An environment's usage on a GPU is the sum over all slots, so
- * a dead process's bytes vanish exactly when its slot is reaped, with no
- * shared counter that a crash could leave wrong.
+ * bytes there, and to the GPU's `charged` counter, which a charge checks
+ * against the limit in one atomic add, whatever the number of slots. Every
+ * update is ordered so that a process killed between two of its steps can
+ * only leave `charged` too high, never too low: reaping its slot takes back
+ * what the slot holds, and what a kill left over (at most the one charge in
+ * flight) is taken back when the environment next has no process.
  */
 
 #define GS_LEDGER_MAGIC 0x3152444c53555047
-#define GS_LEDGER_VERSION 4
+#define GS_LEDGER_VERSION 5
 #define GS_MAX_GPUS 16
 #define GS_MAX_SLOTS 1024
 #define GS_MAX_TASKS 1024
@@ -23,6 +26,8 @@
 
 #define GS_SLOT_FREE 0
 #define GS_SLOT_USED 1
+/* A process is taking the slot's lock: other claimers pass it by (slots only). */
+#define GS_SLOT_CLAIMING 2
 
 /* Bits of a task entry's pause word: launches and allocations wait while any is set. */
 #define GS_PAUSE_ADMIN 1 /* an operator paused the task */
@@ -37,7 +42,14 @@ struct gs_gpu_entry {
 	uint32_t node_index;
 	uint32_t reserved0;
 	uint64_t ctx_charge; /* bytes a process is charged for its context on this GPU */
-	uint64_t reserved[3];
+	/*
+	 * Bytes the slots hold on this GPU, plus charges being checked and at
+	 * most what killed processes left in flight: what a charge must fit
+	 * beside. Written by every process of the environment; on the line of
+	 * the limit, which each charge reads anyway.
+	 */
+	uint64_t charged;
+	uint64_t reserved[2];
 };
 
 /*
@@ -83,7 +95,7 @@ struct gs_slot {
 	uint64_t launches;
 	uint64_t last_launch_ns;
 	int32_t pid;
-	uint32_t state;
+	uint32_t state; /* GS_SLOT_FREE, GS_SLOT_CLAIMING or GS_SLOT_USED */
 	char task_id[GS_TASK_ID_LEN];
 	uint64_t peak;		/* most bytes this slot held at once, over all GPUs */
 	uint64_t launches_seen; /* nodemgr: launches at its last sweep */
@@ -92,12 +104,8 @@ struct gs_slot {
 	uint64_t iterations; /* iteration boundaries this process reported */
 	uint64_t releases; /* times it released its temporary memory (settled is valid when > 0) */
 	uint64_t boundary_ns; /* CLOCK_MONOTONIC of the last boundary; 0: none yet */
-	/*
-	 * Charges being checked against the limit (gs_ledger_charge): counted
-	 * by the check, never by what is reported, since a refused one never
-	 * happened. Moved into `used` once granted.
-	 */
-	uint64_t pending[GS_MAX_GPUS];
+	uint64_t held;	      /* bytes this slot holds now, all GPUs: what its peak follows */
+	uint64_t reserved1[GS_MAX_GPUS - 1];
 	uint64_t reserved[4];
 };
 

@@ -136,6 +136,44 @@ def test_a_refused_charge_is_never_reported(tmp_path: Path, writers: int) -> Non
     assert int(seen["max_peak"]) == 3 * MiB, seen
 
 
+def _ledger_procs(tmp_path: Path, *argv: str) -> list[dict[str, str]]:
+    """Run tests/c/ledger_procs.c; one dict per line it prints."""
+    prog = cc(tmp_path / "ledger_procs", str(CSRC / "ledger_procs.c"), str(ROOT / "shim/ledger.c"))
+    out = subprocess.run(
+        [str(prog), argv[0], str(tmp_path / "ledger"), *argv[1:]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    return [dict(kv.split("=") for kv in line.split() if "=" in kv) for line in lines]
+
+
+def test_charges_of_racing_processes_never_pass_the_limit(tmp_path: Path) -> None:
+    """16 processes, each with its own slot and descriptor as under the shim, charge 3 MiB
+    against a limit that fits one such charge: never are two granted at once, and once all
+    are done the GPU's count and the slots are back at zero."""
+    (seen,) = _ledger_procs(tmp_path, "fit", "16", "20000")
+    assert int(seen["max_held"]) == int(seen["fits"]) == 1, seen
+    assert int(seen["granted"]) > 0 and int(seen["refused"]) > 0, seen
+    assert int(seen["granted"]) + int(seen["refused"]) == 16 * 20000, seen
+    assert seen["charged"] == seen["used"] == "0", seen
+
+
+def test_a_process_killed_while_charging_leaves_the_count_high_never_low(tmp_path: Path) -> None:
+    """Processes killed (SIGKILL) wherever they are in their charges and uncharges: once
+    their slots are reaped, the GPU's count is never below what the live slots hold (which
+    would let the environment past its limit), and above it by at most one charge (64 MiB at
+    most here) per killed process; with no process left, reaping sets it back to zero."""
+    *rounds, idle = _ledger_procs(tmp_path, "kill", "16", "10")
+    assert len(rounds) == 10
+    for r in rounds:
+        charged, used, killed = int(r["charged"]), int(r["used"]), int(r["killed"])
+        assert killed == 8 and used <= charged <= used + killed * 64 * MiB, r
+    assert idle == {"charged": "0", "used": "0"}
+
+
 def _one_gpu(daemon_factory: Any) -> Any:
     """A node of one 16 GiB GPU, all of it promisable."""
     return daemon_factory(
