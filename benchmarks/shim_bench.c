@@ -11,6 +11,11 @@
  *                              "init_ns end_ns" (end: CLOCK_MONOTONIC, absolute),
  *                              write another byte to READY and stay alive (holding
  *                              whatever cuInit took) until fd HOLD reads end-of-file
+ *   shim_bench burst N         fork and exec N processes at once, each of which starts
+ *                              as a CUDA program does (driver, cuInit, primary context,
+ *                              a first 2 MiB allocation and its free) and then stays
+ *                              alive; print one line "wall_ns": from the first fork to
+ *                              the last process started. All exit once all have started.
  *
  * Each timed loop is preceded by one untimed warm-up round of the same
  * length. Errors go to stderr with exit status 1. Environment:
@@ -21,6 +26,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -28,13 +34,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cuda_abi.h"
 
-typedef CUresult (*gpa_v2_fn)(const char *symbol, void **pfn, int cuda_version,
-			      cuuint64_t flags, CUdriverProcAddressQueryResult *status);
+typedef CUresult (*gpa_v2_fn)(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags,
+			      CUdriverProcAddressQueryResult *status);
 typedef CUresult (*init_fn)(unsigned int flags);
 typedef CUresult (*device_get_fn)(CUdevice *dev, int ordinal);
 typedef CUresult (*retain_fn)(CUcontext *ctx, CUdevice dev);
@@ -42,8 +49,8 @@ typedef CUresult (*set_current_fn)(CUcontext ctx);
 typedef CUresult (*alloc_fn)(CUdeviceptr *dptr, size_t bytesize);
 typedef CUresult (*free_fn)(CUdeviceptr dptr);
 typedef CUresult (*launch_fn)(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-			      unsigned int bx, unsigned int by, unsigned int bz,
-			      unsigned int shmem, CUstream stream, void **params, void **extra);
+			      unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+			      CUstream stream, void **params, void **extra);
 
 static struct {
 	gpa_v2_fn gpa;
@@ -202,6 +209,75 @@ static int init_once(int ready, int go, int hold)
 	}
 }
 
+/* A process of a burst: start, say so on READY, stay alive until HOLD reads end-of-file. */
+static int start_once(int ready, int hold)
+{
+	char byte = 1;
+	ssize_t r;
+
+	open_context();
+	alloc_frees(1);
+	if (write(ready, &byte, 1) != 1)
+		die("write(ready)", errno);
+	do
+		r = read(hold, &byte, 1);
+	while (r < 0 && errno == EINTR);
+	return r == 0 ? 0 : 1;
+}
+
+static int burst(const char *self, long n)
+{
+	int ready[2], hold[2], failed = 0;
+	char fd_ready[16], fd_hold[16], me[16];
+	long long t0;
+	long got = 0;
+
+	/* Close-on-exec: a process must not hold the other ends, or HOLD never reads EOF. */
+	if (pipe2(ready, O_CLOEXEC) != 0 || pipe2(hold, O_CLOEXEC) != 0)
+		die("pipe", errno);
+	snprintf(fd_ready, sizeof(fd_ready), "%d", ready[1]);
+	snprintf(fd_hold, sizeof(fd_hold), "%d", hold[0]);
+	/* Its processes' parent is this one: they die with it (see settle()). */
+	snprintf(me, sizeof(me), "%d", (int)getpid());
+	setenv("SHIM_BENCH_PARENT", me, 1);
+	t0 = now_ns();
+	for (long i = 0; i < n; i++) {
+		pid_t p = fork();
+
+		if (p < 0)
+			die("fork", errno);
+		if (p == 0) {
+			fcntl(ready[1], F_SETFD, 0);
+			fcntl(hold[0], F_SETFD, 0);
+			execl(self, self, "start", fd_ready, fd_hold, (char *)NULL);
+			_exit(127);
+		}
+	}
+	close(ready[1]);
+	close(hold[0]);
+	while (got < n) {
+		char buf[256];
+		ssize_t r = read(ready[0], buf, sizeof(buf));
+
+		if (r == 0)
+			break; /* all of them gone: some died before starting */
+		if (r < 0 && errno != EINTR)
+			die("read(ready)", errno);
+		got += r > 0 ? r : 0;
+	}
+	printf("%lld\n", now_ns() - t0);
+	close(hold[1]);
+	for (long i = 0; i < n; i++) {
+		int st;
+
+		if (wait(&st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+			failed++;
+	}
+	if (got < n || failed)
+		fprintf(stderr, "shim_bench: %ld of %ld started, %d failed\n", got, n, failed);
+	return got < n || failed ? 1 : fflush(stdout) != 0;
+}
+
 /* Set up by the benchmark's environment: never outlive it; optionally stay on one CPU. */
 static void settle(void)
 {
@@ -227,8 +303,15 @@ int main(int argc, char **argv)
 {
 	long a, b;
 
+	if (argc == 3 && strcmp(argv[1], "burst") == 0) {
+		settle();
+		a = strtol(argv[2], NULL, 10);
+		return a > 0 ? burst("/proc/self/exe", a) : 2;
+	}
 	if (argc < 4 || argc != (strcmp(argv[1], "init") == 0 ? 5 : 4)) {
-		fprintf(stderr, "usage: %s launch|alloc N REPS | init READY_FD GO_FD HOLD_FD\n",
+		fprintf(stderr,
+			"usage: %s launch|alloc N REPS | init READY_FD GO_FD HOLD_FD | "
+			"burst N | start READY_FD HOLD_FD\n",
 			argv[0]);
 		return 2;
 	}
@@ -236,6 +319,8 @@ int main(int argc, char **argv)
 	b = strtol(argv[3], NULL, 10);
 	settle();
 	resolve();
+	if (strcmp(argv[1], "start") == 0)
+		return start_once((int)a, (int)b);
 	if (argc == 5)
 		return init_once((int)a, (int)b, (int)strtol(argv[4], NULL, 10));
 	if (a <= 0 || b <= 0)

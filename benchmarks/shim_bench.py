@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import mmap
 import os
 import select
 import shutil
@@ -32,8 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nodemgr._ledger import ffi, lib
+
 from client_plugin import libs
-from nodemgr.ledger import Ledger, SlotTotals
+from nodemgr.ledger import MAX_SLOTS, SIZE, Ledger, SlotTotals
 
 SELF = Path(__file__).resolve()
 if str(SELF.parent.parent) not in sys.path:
@@ -74,6 +77,7 @@ class Setting:
 
     client: Path
     ledger: Ledger
+    ledger_path: Path
     direct: dict[str, str]  # the simulated driver, nothing preloaded
     shim: dict[str, str]  # the same with the shim preloaded, enforcing
     cpu: int  # where the single-process benchmarks are pinned
@@ -131,7 +135,9 @@ def setting() -> Iterator[Setting]:
                 "GPUSHARE_LEDGER": str(ledger_path),
                 "GPUSHARE_TASK_ID": TASK_ID,
             }
-            s = Setting(client, ledger, direct, enforcing, max(os.sched_getaffinity(0)))
+            s = Setting(
+                client, ledger, ledger_path, direct, enforcing, max(os.sched_getaffinity(0))
+            )
             check_enforcing(s, root)
             yield s
         finally:
@@ -253,8 +259,43 @@ def bench_launch(s: Setting, quick: bool) -> dict[str, Any]:
     return judge(result, "added_ns", "<=", 15.0)
 
 
-def bench_alloc(s: Setting, quick: bool) -> dict[str, Any]:
-    """ns added to each cuMemAlloc_v2 (2 MiB) + cuMemFree_v2 pair by the shim."""
+@contextlib.contextmanager
+def slots_held(s: Setting, n: int, charge: int) -> Iterator[None]:
+    """``n`` ledger slots claimed as ``n`` processes would claim them, each through an open
+    file description of its own (the lock is the claim), each charged ``charge`` bytes on GPU
+    0; given back (the descriptors closed, the slots reaped) on leaving."""
+    fds: list[int] = []
+    with open(s.ledger_path, "r+b") as f:
+        mem = mmap.mmap(f.fileno(), SIZE)
+    try:
+        view = ffi.cast("struct gs_ledger *", ffi.from_buffer(mem))
+        for _ in range(n):
+            fds.append(os.open(s.ledger_path, os.O_RDWR | os.O_CLOEXEC))
+            slot = lib.gs_ledger_claim(view, fds[-1], os.getpid(), b"holder")
+            if slot < 0:
+                raise BenchError(f"claiming a slot: {os.strerror(-slot)}")
+            if charge and lib.gs_ledger_charge(view, slot, 0, charge) != 0:
+                raise BenchError("charging a held slot failed")
+        del view
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
+        s.ledger.reap()
+        with contextlib.suppress(BufferError):
+            mem.close()
+
+
+ALLOC_SETUP = (
+    "cuMemAlloc_v2(2 MiB) then cuMemFree_v2 of it, in a tight loop, reached as "
+    "libcudart does (cuGetProcAddress at 3020); otherwise as launch_overhead "
+    "(pinned runs, warm-up loop, alternating direct and shim, median of pair "
+    "differences); every shim run's peak charge checked on the ledger"
+)
+
+
+def alloc_pairs(s: Setting, quick: bool) -> dict[str, Any]:
+    """The alloc+free figures of ``paired``, the shim runs' charges checked."""
     n, reps, pairs = (50_000, 5, 3) if quick else (200_000, 7, 8)
     result = paired(s, "alloc", n, reps, pairs)
     # Each shim run was charged (its peak) and gave everything back.
@@ -263,11 +304,37 @@ def bench_alloc(s: Setting, quick: bool) -> dict[str, Any]:
         raise BenchError(f"a shim run left no charge on the ledger: {recorded}")
     result["peak_charged_bytes_per_run"] = max(t.peak for t in recorded)
     result["left_charged_bytes_per_run"] = max(t.used for t in recorded)
-    result["setup"] = (
-        "cuMemAlloc_v2(2 MiB) then cuMemFree_v2 of it, in a tight loop, reached as "
-        "libcudart does (cuGetProcAddress at 3020); otherwise as launch_overhead "
-        "(pinned runs, warm-up loop, alternating direct and shim, median of pair "
-        "differences); every shim run's peak charge checked on the ledger"
+    return result
+
+
+def bench_alloc(s: Setting, quick: bool) -> dict[str, Any]:
+    """ns added to each cuMemAlloc_v2 (2 MiB) + cuMemFree_v2 pair by the shim."""
+    result = alloc_pairs(s, quick)
+    result["setup"] = ALLOC_SETUP + "; the shim run's process is the ledger's only one"
+    return judge(result, "added_ns", "<=", 80.0)
+
+
+def bench_alloc_live(s: Setting, quick: bool) -> dict[str, Any]:
+    """The same with every other slot of the ledger held by a live process."""
+    with slots_held(s, MAX_SLOTS - 1, MiB):
+        result = alloc_pairs(s, quick)
+    result["slots_in_use"] = MAX_SLOTS
+    result["setup"] = ALLOC_SETUP + (
+        f"; the other {MAX_SLOTS - 1} slots of the ledger are held (claimed, locked, 1 MiB "
+        "charged each) for the whole run, so the shim run's process is its last slot"
+    )
+    return judge(result, "added_ns", "<=", 80.0)
+
+
+def bench_alloc_churned(s: Setting, quick: bool) -> dict[str, Any]:
+    """The same after every slot of the ledger was used once and given back."""
+    with slots_held(s, MAX_SLOTS, MiB):
+        pass
+    result = alloc_pairs(s, quick)
+    result["slots_used_before"] = MAX_SLOTS
+    result["setup"] = ALLOC_SETUP + (
+        f"; before the runs, all {MAX_SLOTS} slots of the ledger were claimed, charged and "
+        "given back (as by processes that came and went), then reaped"
     )
     return judge(result, "added_ns", "<=", 80.0)
 
@@ -409,10 +476,47 @@ def bench_init(s: Setting, quick: bool) -> dict[str, Any]:
     return judge(result, "p99_ms", "<=", 50.0)
 
 
+def bench_startup(s: Setting, quick: bool) -> dict[str, Any]:
+    """Whole start-up of 256 processes exec'd at once, with and without the shim."""
+    procs = 256
+    rounds = 2 if quick else 5
+    walls: dict[str, list[float]] = {"direct": [], "shim": []}
+    slots: list[int] = []
+    for i in range(rounds):
+        order = ("direct", "shim") if i % 2 == 0 else ("shim", "direct")
+        for side in order:
+            (wall_ns,) = run_client(s, s.env(side), ["burst", str(procs)], f"burst ({side})")
+            walls[side].append(wall_ns / 1e6)
+            if side == "shim":
+                slots.append(s.ledger.reap())
+    if any(n != procs for n in slots):
+        raise BenchError(f"the shim runs' processes held {slots} slots, expected {procs} each")
+    med = {side: statistics.median(w) for side, w in walls.items()}
+    result = {
+        "processes": procs,
+        "rounds": rounds,
+        "direct_wall_ms": r3(med["direct"]),
+        "shim_wall_ms": r3(med["shim"]),
+        "ratio": r3(med["shim"] / med["direct"]),
+        "direct_wall_ms_per_round": [r3(x) for x in walls["direct"]],
+        "shim_wall_ms_per_round": [r3(x) for x in walls["shim"]],
+        "slots_per_shim_round": slots,
+        "setup": f"one process forks {procs} and each execs the client, which starts as a "
+        "CUDA program does (driver resolved as libcudart does, cuInit, primary context, a "
+        "first 2 MiB allocation and its free) and stays alive; wall: from the first fork to "
+        "the last process started (CLOCK_MONOTONIC), then all exit; "
+        f"{rounds} rounds per side, direct and shim alternating; ratio of the medians",
+    }
+    return judge(result, "ratio", "<=", 1.1)
+
+
 BENCHMARKS: dict[str, Callable[[Setting, bool], dict[str, Any]]] = {
     "launch_overhead": bench_launch,
     "alloc_free_overhead": bench_alloc,
+    "alloc_free_1024_live": bench_alloc_live,
+    "alloc_free_after_1024": bench_alloc_churned,
     "init_burst": bench_init,
+    "startup_burst": bench_startup,
 }
 
 
