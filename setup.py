@@ -37,12 +37,15 @@ class BuildExt(build_ext):
 # site-packages at every interpreter start. The line does nothing unless
 # GPUSHARE_AUTOLOAD is on, so it must sit at the root of site-packages.
 AUTOLOAD_PTH = "gpushare-autoload.pth"
+SHIM_HEADER = "shim/gpushare.h"
 
 
 class BuildPy(build_py):
     def run(self) -> None:
         super().run()
         self.copy_file(AUTOLOAD_PTH, str(Path(self.build_lib) / AUTOLOAD_PTH))
+        # The shim's public header: client_plugin._shim_cdef reads its cffi declarations.
+        self.copy_file(SHIM_HEADER, str(Path(self.build_lib) / "client_plugin" / "gpushare.h"))
 
 
 setup(

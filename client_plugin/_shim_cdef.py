@@ -1,42 +1,29 @@
 """The shim's public API (shim/gpushare.h) as cffi declarations, for ABI mode.
 
-A copy of the header's declarations, since cffi cannot parse the header's
-preprocessor lines; tests/shim/test_attach.py compiles these declarations against
-the header, so the two cannot drift apart unnoticed.
+The declarations are the header's own: the lines between its ``cffi-cdef begin``
+and ``cffi-cdef end`` marks, plain C that cffi's parser reads (it cannot read the
+header's preprocessor lines). The wheel ships the header beside this module
+(setup.py); run from a source checkout, the shim's copy is read.
 """
 
-CDEF = """
-enum gpushare_status {
-    GPUSHARE_OK = 0,
-    GPUSHARE_E_INVAL = -1,
-    GPUSHARE_E_ATTACHED = -2,
-    GPUSHARE_E_TOO_LATE = -3,
-    GPUSHARE_E_LEDGER = -4,
-};
+from __future__ import annotations
 
-enum gpushare_mode {
-    GPUSHARE_MODE_INERT = 0,
-    GPUSHARE_MODE_ENFORCE = 1,
-    GPUSHARE_MODE_BROKEN = 2,
-};
+from pathlib import Path
 
-enum gpushare_iteration_flags {
-    GPUSHARE_RELEASE = 1,
-    GPUSHARE_YIELD = 2,
-};
+_HERE = Path(__file__).resolve().parent
 
-struct gpushare_memory {
-    unsigned long long used;
-    unsigned long long persistent;
-    unsigned long long temporary;
-    unsigned long long temporary_peak;
-    unsigned long long iterations;
-};
 
-int gpushare_attach(const char *ledger_path, const char *task_id);
-int gpushare_mode(void);
-int gpushare_iteration(void);
-void gpushare_released(void);
-int gpushare_mark_persistent(unsigned long long dptr);
-int gpushare_memory(struct gpushare_memory *out);
-"""
+def _header() -> str:
+    shipped = _HERE / "gpushare.h"
+    source = _HERE.parent / "shim" / "gpushare.h"
+    return (shipped if shipped.exists() else source).read_text()
+
+
+def _marked(header: str) -> str:
+    """The part of ``header`` between its cffi-cdef marks, the mark lines left out."""
+    begin = header.index("/* cffi-cdef begin")
+    end = header.index("/* cffi-cdef end */")
+    return header[header.index("\n", begin) + 1 : end]
+
+
+CDEF = _marked(_header())

@@ -18,6 +18,8 @@
 extern "C" {
 #endif
 
+/* cffi-cdef begin: to the end mark, plain C for cffi's parser (client_plugin/_shim_cdef.py). */
+
 /* What gpushare_attach returns. */
 enum gpushare_status {
 	GPUSHARE_OK = 0,
@@ -119,6 +121,8 @@ struct gpushare_memory {
 
 /* Fill `out`; GPUSHARE_E_INVAL if `out` is NULL or the shim enforces no ledger. */
 int gpushare_memory(struct gpushare_memory *out);
+
+/* cffi-cdef end */
 
 #ifdef __cplusplus
 }

@@ -655,11 +655,18 @@ static void probe_teardown(void)
 	/* Left: b's 5 MiB, the cuMemCreate allocation and the pools' memory. */
 	taken("teardown.destroyed", 2, f2);
 	taken("teardown.dev3_kept", 3, f3);
-	out("teardown.free_freed", cuMemFree_v2(p));
-	out("teardown.free_freed_pitch", cuMemFree_v2(pitched));
-	out("teardown.free_freed_managed", cuMemFree_v2(managed));
-	out("teardown.free_pool3", cuMemFree_v2(q));
-	out("teardown.free_async", cuMemFree_v2(async));
+	const struct {
+		const char *key;
+		CUdeviceptr ptr;
+	} frees[] = {
+		{ "teardown.free_freed", p },
+		{ "teardown.free_freed_pitch", pitched },
+		{ "teardown.free_freed_managed", managed },
+		{ "teardown.free_pool3", q },
+		{ "teardown.free_async", async },
+	};
+	for (size_t i = 0; i < sizeof(frees) / sizeof(frees[0]); i++)
+		out(frees[i].key, cuMemFree_v2(frees[i].ptr));
 	back("teardown.dev3", 3, f3);
 	out("teardown.array_destroy", cuArrayDestroy(arr));
 	out("teardown.mipmap_destroy", cuMipmappedArrayDestroy(m));

@@ -256,9 +256,10 @@ def test_a_fork_child_after_attach_enforces_in_a_slot_of_its_own(
 
 
 def test_the_cdef_and_the_header_agree(tmp_path: Path) -> None:
-    """client_plugin._shim_cdef copies gpushare.h: its prototypes are compiled against the
-    header (a mismatch fails to compile), and every enumerator's value and the layout of
-    struct gpushare_memory are compared."""
+    """client_plugin._shim_cdef reads the marked part of gpushare.h: what cffi makes of it
+    agrees with the compiler. Its prototypes are compiled against the header (a mismatch
+    fails to compile), and every enumerator's value and the layout of struct
+    gpushare_memory are compared."""
     header = (ROOT / "shim" / "gpushare.h").read_text()
     names = re.findall(r"^\s*(GPUSHARE_\w+)\s*=", header, flags=re.M)
     assert "GPUSHARE_E_TOO_LATE" in names
