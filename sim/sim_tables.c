@@ -257,23 +257,18 @@ void sim_cls_after_fork(void)
 
 void sim_cls_drop(uint64_t ctx)
 {
-	struct sim_cls **pp, *e, *dead = NULL;
+	struct sim_cls **pp, *e;
 
 	pthread_mutex_lock(&sim_cls_lock);
 	for (pp = &sim_cls_list; (e = *pp);) {
 		if (e->ctx == ctx) {
 			*pp = e->next;
-			e->next = dead;
-			dead = e;
+			free(e);
 		} else {
 			pp = &e->next;
 		}
 	}
 	pthread_mutex_unlock(&sim_cls_lock);
-	while ((e = dead)) {
-		dead = e->next;
-		free(e);
-	}
 }
 
 SIM_SLOT_STUB(context_storage, 3, CUDA_ERROR_NOT_SUPPORTED)
