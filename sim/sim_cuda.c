@@ -77,6 +77,13 @@ CUresult sim_live(void)
 	return sim_initialized() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
+CUresult sim_live_query(const void *out)
+{
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
+	return out ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 bool sim_valid_dev(CUdevice dev)
 {
 	return dev >= 0 && dev < sim_ndevs;
@@ -85,12 +92,10 @@ bool sim_valid_dev(CUdevice dev)
 /* What most device queries check first: initialized, out-pointer, ordinal. */
 CUresult sim_check(const void *out, CUdevice dev)
 {
-	CUresult rc = sim_live();
+	CUresult rc = sim_live_query(out);
 
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	if (!out)
-		return CUDA_ERROR_INVALID_VALUE;
 	return sim_valid_dev(dev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
@@ -485,24 +490,30 @@ CUresult sim_impl_cuCtxSetCurrent(CUcontext ctx)
 
 CUresult sim_impl_cuCtxGetCurrent(CUcontext *pctx)
 {
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!pctx)
-		return CUDA_ERROR_INVALID_VALUE;
-	*pctx = sim_depth ? sim_stack[sim_depth - 1].ctx : NULL;
-	return CUDA_SUCCESS;
+	CUresult rc = sim_live_query(pctx);
+
+	if (rc == CUDA_SUCCESS)
+		*pctx = sim_depth ? sim_stack[sim_depth - 1].ctx : NULL;
+	return rc;
+}
+
+/* sim_live_query, then a current context: CUDA_ERROR_INVALID_CONTEXT without one. */
+static CUresult sim_current_query(const void *out)
+{
+	CUresult rc = sim_live_query(out);
+
+	if (rc == CUDA_SUCCESS && !sim_depth)
+		rc = CUDA_ERROR_INVALID_CONTEXT;
+	return rc;
 }
 
 CUresult sim_impl_cuCtxGetDevice(CUdevice *dev)
 {
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!dev)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!sim_depth)
-		return CUDA_ERROR_INVALID_CONTEXT;
-	*dev = sim_current_dev();
-	return CUDA_SUCCESS;
+	CUresult rc = sim_current_query(dev);
+
+	if (rc == CUDA_SUCCESS)
+		*dev = sim_current_dev();
+	return rc;
 }
 
 CUresult sim_impl_cuCtxPushCurrent_v2(CUcontext ctx)
@@ -863,14 +874,11 @@ CUresult sim_impl_cuCtxSetLimit(int limit, size_t v)
 
 CUresult sim_impl_cuCtxGetFlags(unsigned int *flags)
 {
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!flags)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!sim_depth)
-		return CUDA_ERROR_INVALID_CONTEXT;
-	*flags = __atomic_load_n(&sim_ctx_flags, __ATOMIC_RELAXED);
-	return CUDA_SUCCESS;
+	CUresult rc = sim_current_query(flags);
+
+	if (rc == CUDA_SUCCESS)
+		*flags = __atomic_load_n(&sim_ctx_flags, __ATOMIC_RELAXED);
+	return rc;
 }
 
 CUresult sim_impl_cuCtxSetFlags(unsigned int flags)

@@ -151,15 +151,13 @@ CUresult sim_impl_cuModuleUnload(CUmodule mod)
 static CUresult sim_same_handle(void **out, void *handle, enum sim_obj_kind kind)
 {
 	struct sim_obj seen;
+	CUresult rc = sim_live_query(out);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!out)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!sim_obj_lookup(handle, kind, false, &seen))
-		return CUDA_ERROR_INVALID_HANDLE;
-	*out = handle;
-	return CUDA_SUCCESS;
+	if (rc == CUDA_SUCCESS && !sim_obj_lookup(handle, kind, false, &seen))
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	if (rc == CUDA_SUCCESS)
+		*out = handle;
+	return rc;
 }
 
 CUresult sim_impl_cuLibraryGetModule(CUmodule *mod, CUlibrary lib)
@@ -258,11 +256,10 @@ CUresult sim_impl_cuFuncGetModule(CUmodule *mod, CUfunction f)
 static CUresult sim_func_name(const char **name, const void *f)
 {
 	struct sim_obj **pp;
+	CUresult rc = sim_live_query(name);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!name)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	pthread_mutex_lock(&sim_obj_lock);
 	pp = sim_obj_find(f, SIM_OBJ_FUNC);
 	if (pp)
