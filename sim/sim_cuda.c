@@ -656,30 +656,62 @@ CUresult sim_impl_cuDriverGetVersion(int *version)
 	return CUDA_SUCCESS;
 }
 
+/* The device queries that answer one value, each into an out of its own type. */
+enum sim_dev_query {
+	SIM_DEV_COUNT,	   /* int: how many devices there are (dev is 0) */
+	SIM_DEV_ORDINAL,   /* CUdevice: dev itself, once checked */
+	SIM_DEV_UUID,	   /* CUuuid */
+	SIM_DEV_TOTAL_MEM, /* size_t: bytes */
+};
+
+/* sim_check, then the value asked for into *out. */
+static CUresult sim_device_query(void *out, CUdevice dev, enum sim_dev_query what)
+{
+	CUresult rc = sim_check(out, dev);
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	switch (what) {
+	case SIM_DEV_COUNT:
+		*(int *)out = sim_ndevs;
+		break;
+	case SIM_DEV_ORDINAL:
+		*(CUdevice *)out = dev;
+		break;
+	case SIM_DEV_UUID:
+		memcpy(out, sim_devs[dev].spec->uuid_bytes, sizeof(CUuuid));
+		break;
+	case SIM_DEV_TOTAL_MEM:
+		*(size_t *)out = sim_devs[dev].spec->bytes;
+		break;
+	}
+	return CUDA_SUCCESS;
+}
+
+/* sim_check, then a text buffer of len bytes: len must leave room for something. */
+static CUresult sim_check_text(char *text, int len, CUdevice dev)
+{
+	CUresult rc = sim_check(text, dev);
+
+	if (rc == CUDA_SUCCESS && len <= 0)
+		rc = CUDA_ERROR_INVALID_VALUE;
+	return rc;
+}
+
 CUresult sim_impl_cuDeviceGetCount(int *count)
 {
-	CUresult rc = sim_check(count, 0);
-
-	if (rc == CUDA_SUCCESS)
-		*count = sim_ndevs;
-	return rc;
+	return sim_device_query(count, 0, SIM_DEV_COUNT);
 }
 
 CUresult sim_impl_cuDeviceGet(CUdevice *dev, int ordinal)
 {
-	CUresult rc = sim_check(dev, ordinal);
-
-	if (rc == CUDA_SUCCESS)
-		*dev = ordinal;
-	return rc;
+	return sim_device_query(dev, ordinal, SIM_DEV_ORDINAL);
 }
 
 CUresult sim_impl_cuDeviceGetName(char *name, int len, CUdevice dev)
 {
-	CUresult rc = sim_check(name, dev);
+	CUresult rc = sim_check_text(name, len, dev);
 
-	if (rc == CUDA_SUCCESS && len <= 0)
-		rc = CUDA_ERROR_INVALID_VALUE;
 	if (rc == CUDA_SUCCESS)
 		snprintf(name, (size_t)len, "%s", sim_devs[dev].spec->name);
 	return rc;
@@ -687,11 +719,7 @@ CUresult sim_impl_cuDeviceGetName(char *name, int len, CUdevice dev)
 
 CUresult sim_impl_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
-	CUresult rc = sim_check(uuid, dev);
-
-	if (rc == CUDA_SUCCESS)
-		memcpy(uuid->bytes, sim_devs[dev].spec->uuid_bytes, sizeof(uuid->bytes));
-	return rc;
+	return sim_device_query(uuid, dev, SIM_DEV_UUID);
 }
 
 /* _v2 differs from v1 only for MIG instances, and the simulation has none. */
@@ -702,11 +730,7 @@ CUresult sim_impl_cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 
 CUresult sim_impl_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-	CUresult rc = sim_check(bytes, dev);
-
-	if (rc == CUDA_SUCCESS)
-		*bytes = sim_devs[dev].spec->bytes;
-	return rc;
+	return sim_device_query(bytes, dev, SIM_DEV_TOTAL_MEM);
 }
 
 /* An H100-like set by default, each overridable per device (sim_attrs.c). */
@@ -722,10 +746,8 @@ CUresult sim_impl_cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev)
 
 CUresult sim_impl_cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev)
 {
-	CUresult rc = sim_check(bus_id, dev);
+	CUresult rc = sim_check_text(bus_id, len, dev);
 
-	if (rc == CUDA_SUCCESS && len <= 0)
-		rc = CUDA_ERROR_INVALID_VALUE;
 	if (rc == CUDA_SUCCESS)
 		snprintf(bus_id, (size_t)len, "0000:%02x:00.0",
 			 (unsigned int)sim_devs[dev].spec_index + 1);
@@ -907,35 +929,49 @@ static CUresult sim_ctx_or_current(CUcontext ctx, struct sim_ctx_slot *slot)
 	return CUDA_SUCCESS;
 }
 
+/* What a context (NULL: the current one) is asked, each into an out of its own type. */
+enum sim_ctx_query {
+	SIM_CTX_API_VERSION, /* unsigned int */
+	SIM_CTX_ID,	     /* unsigned long long */
+	SIM_CTX_DEVICE,	     /* CUdevice */
+};
+
+/* A NULL out is refused before the context is looked at. */
+static CUresult sim_ctx_query(CUcontext ctx, void *out, enum sim_ctx_query what)
+{
+	struct sim_ctx_slot slot;
+	CUresult rc = out ? sim_ctx_or_current(ctx, &slot) : CUDA_ERROR_INVALID_VALUE;
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	switch (what) {
+	case SIM_CTX_API_VERSION:
+		*(unsigned int *)out = 3020;
+		break;
+	case SIM_CTX_ID:
+		*(unsigned long long *)out = slot.id;
+		break;
+	case SIM_CTX_DEVICE:
+		*(CUdevice *)out = slot.dev;
+		break;
+	}
+	return CUDA_SUCCESS;
+}
+
 /* The version of the context API the context was made with: 3020, the _v2 one. */
 CUresult sim_impl_cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 {
-	struct sim_ctx_slot slot;
-	CUresult rc = version ? sim_ctx_or_current(ctx, &slot) : CUDA_ERROR_INVALID_VALUE;
-
-	if (rc == CUDA_SUCCESS)
-		*version = 3020;
-	return rc;
+	return sim_ctx_query(ctx, version, SIM_CTX_API_VERSION);
 }
 
 CUresult sim_impl_cuCtxGetId(CUcontext ctx, unsigned long long *id)
 {
-	struct sim_ctx_slot slot;
-	CUresult rc = id ? sim_ctx_or_current(ctx, &slot) : CUDA_ERROR_INVALID_VALUE;
-
-	if (rc == CUDA_SUCCESS)
-		*id = slot.id;
-	return rc;
+	return sim_ctx_query(ctx, id, SIM_CTX_ID);
 }
 
 CUresult sim_impl_cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx)
 {
-	struct sim_ctx_slot slot;
-	CUresult rc = dev ? sim_ctx_or_current(ctx, &slot) : CUDA_ERROR_INVALID_VALUE;
-
-	if (rc == CUDA_SUCCESS)
-		*dev = slot.dev;
-	return rc;
+	return sim_ctx_query(ctx, dev, SIM_CTX_DEVICE);
 }
 
 CUresult sim_impl_cuCtxSynchronize_v2(CUcontext ctx)
