@@ -104,6 +104,19 @@ CUresult sim_check_dev(CUdevice dev)
 	return sim_check(&dev, dev);
 }
 
+/*
+ * sim_check(out, dev); when it passes, sim_ctx_lock is held for the caller
+ * to release. A call with no out pointer passes &dev, as sim_check_dev does.
+ */
+static CUresult sim_primary_lock(const void *out, CUdevice dev)
+{
+	CUresult rc = sim_check(out, dev);
+
+	if (rc == CUDA_SUCCESS)
+		pthread_mutex_lock(&sim_ctx_lock);
+	return rc;
+}
+
 /* Device list: GPUSHARE_SIM_GPUS (sim_spec.c), then CUDA_VISIBLE_DEVICES. */
 
 /* A CUDA_VISIBLE_DEVICES entry as a spec index, or -1 if it is unusable. */
@@ -548,11 +561,10 @@ CUresult sim_impl_cuCtxSynchronize(void)
 
 CUresult sim_impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-	CUresult rc = sim_check(pctx, dev);
+	CUresult rc = sim_primary_lock(pctx, dev);
 
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	pthread_mutex_lock(&sim_ctx_lock);
 	sim_devs[dev].primary_refs++;
 	pthread_mutex_unlock(&sim_ctx_lock);
 	sim_usage_open(&sim_devs[dev]);
@@ -567,11 +579,10 @@ CUresult sim_impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
  */
 CUresult sim_impl_cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-	CUresult rc = sim_check_dev(dev);
+	CUresult rc = sim_primary_lock(&dev, dev);
 
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	pthread_mutex_lock(&sim_ctx_lock);
 	if (!sim_devs[dev].primary_refs)
 		rc = CUDA_ERROR_INVALID_CONTEXT;
 	else if (--sim_devs[dev].primary_refs == 0)
@@ -609,11 +620,10 @@ CUresult sim_impl_cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags
  */
 CUresult sim_impl_cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-	CUresult rc = sim_check_dev(dev);
+	CUresult rc = sim_primary_lock(&dev, dev);
 
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	pthread_mutex_lock(&sim_ctx_lock);
 	sim_ctx_teardown(SIM_PRIMARY_ID(dev));
 	pthread_mutex_unlock(&sim_ctx_lock);
 	return CUDA_SUCCESS;
