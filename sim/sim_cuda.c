@@ -77,6 +77,13 @@ CUresult sim_live(void)
 	return sim_initialized() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
+CUresult sim_live_query(const void *out)
+{
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
+	return out ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 bool sim_valid_dev(CUdevice dev)
 {
 	return dev >= 0 && dev < sim_ndevs;
@@ -85,18 +92,29 @@ bool sim_valid_dev(CUdevice dev)
 /* What most device queries check first: initialized, out-pointer, ordinal. */
 CUresult sim_check(const void *out, CUdevice dev)
 {
-	CUresult rc = sim_live();
+	CUresult rc = sim_live_query(out);
 
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	if (!out)
-		return CUDA_ERROR_INVALID_VALUE;
 	return sim_valid_dev(dev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
 CUresult sim_check_dev(CUdevice dev)
 {
 	return sim_check(&dev, dev);
+}
+
+/*
+ * sim_check(out, dev); when it passes, sim_ctx_lock is held for the caller
+ * to release. A call with no out pointer passes &dev, as sim_check_dev does.
+ */
+static CUresult sim_primary_lock(const void *out, CUdevice dev)
+{
+	CUresult rc = sim_check(out, dev);
+
+	if (rc == CUDA_SUCCESS)
+		pthread_mutex_lock(&sim_ctx_lock);
+	return rc;
 }
 
 /* Device list: GPUSHARE_SIM_GPUS (sim_spec.c), then CUDA_VISIBLE_DEVICES. */
@@ -485,24 +503,30 @@ CUresult sim_impl_cuCtxSetCurrent(CUcontext ctx)
 
 CUresult sim_impl_cuCtxGetCurrent(CUcontext *pctx)
 {
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!pctx)
-		return CUDA_ERROR_INVALID_VALUE;
-	*pctx = sim_depth ? sim_stack[sim_depth - 1].ctx : NULL;
-	return CUDA_SUCCESS;
+	CUresult rc = sim_live_query(pctx);
+
+	if (rc == CUDA_SUCCESS)
+		*pctx = sim_depth ? sim_stack[sim_depth - 1].ctx : NULL;
+	return rc;
+}
+
+/* sim_live_query, then a current context: CUDA_ERROR_INVALID_CONTEXT without one. */
+static CUresult sim_current_query(const void *out)
+{
+	CUresult rc = sim_live_query(out);
+
+	if (rc == CUDA_SUCCESS && !sim_depth)
+		rc = CUDA_ERROR_INVALID_CONTEXT;
+	return rc;
 }
 
 CUresult sim_impl_cuCtxGetDevice(CUdevice *dev)
 {
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!dev)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!sim_depth)
-		return CUDA_ERROR_INVALID_CONTEXT;
-	*dev = sim_current_dev();
-	return CUDA_SUCCESS;
+	CUresult rc = sim_current_query(dev);
+
+	if (rc == CUDA_SUCCESS)
+		*dev = sim_current_dev();
+	return rc;
 }
 
 CUresult sim_impl_cuCtxPushCurrent_v2(CUcontext ctx)
@@ -537,11 +561,10 @@ CUresult sim_impl_cuCtxSynchronize(void)
 
 CUresult sim_impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-	CUresult rc = sim_check(pctx, dev);
+	CUresult rc = sim_primary_lock(pctx, dev);
 
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	pthread_mutex_lock(&sim_ctx_lock);
 	sim_devs[dev].primary_refs++;
 	pthread_mutex_unlock(&sim_ctx_lock);
 	sim_usage_open(&sim_devs[dev]);
@@ -556,11 +579,10 @@ CUresult sim_impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
  */
 CUresult sim_impl_cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-	CUresult rc = sim_check_dev(dev);
+	CUresult rc = sim_primary_lock(&dev, dev);
 
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	pthread_mutex_lock(&sim_ctx_lock);
 	if (!sim_devs[dev].primary_refs)
 		rc = CUDA_ERROR_INVALID_CONTEXT;
 	else if (--sim_devs[dev].primary_refs == 0)
@@ -598,11 +620,10 @@ CUresult sim_impl_cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags
  */
 CUresult sim_impl_cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-	CUresult rc = sim_check_dev(dev);
+	CUresult rc = sim_primary_lock(&dev, dev);
 
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	pthread_mutex_lock(&sim_ctx_lock);
 	sim_ctx_teardown(SIM_PRIMARY_ID(dev));
 	pthread_mutex_unlock(&sim_ctx_lock);
 	return CUDA_SUCCESS;
@@ -645,30 +666,62 @@ CUresult sim_impl_cuDriverGetVersion(int *version)
 	return CUDA_SUCCESS;
 }
 
+/* The device queries that answer one value, each into an out of its own type. */
+enum sim_dev_query {
+	SIM_DEV_COUNT,	   /* int: how many devices there are (dev is 0) */
+	SIM_DEV_ORDINAL,   /* CUdevice: dev itself, once checked */
+	SIM_DEV_UUID,	   /* CUuuid */
+	SIM_DEV_TOTAL_MEM, /* size_t: bytes */
+};
+
+/* sim_check, then the value asked for into *out. */
+static CUresult sim_device_query(void *out, CUdevice dev, enum sim_dev_query what)
+{
+	CUresult rc = sim_check(out, dev);
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	switch (what) {
+	case SIM_DEV_COUNT:
+		*(int *)out = sim_ndevs;
+		break;
+	case SIM_DEV_ORDINAL:
+		*(CUdevice *)out = dev;
+		break;
+	case SIM_DEV_UUID:
+		memcpy(out, sim_devs[dev].spec->uuid_bytes, sizeof(CUuuid));
+		break;
+	case SIM_DEV_TOTAL_MEM:
+		*(size_t *)out = sim_devs[dev].spec->bytes;
+		break;
+	}
+	return CUDA_SUCCESS;
+}
+
+/* sim_check, then a text buffer of len bytes: len must leave room for something. */
+static CUresult sim_check_text(char *text, int len, CUdevice dev)
+{
+	CUresult rc = sim_check(text, dev);
+
+	if (rc == CUDA_SUCCESS && len <= 0)
+		rc = CUDA_ERROR_INVALID_VALUE;
+	return rc;
+}
+
 CUresult sim_impl_cuDeviceGetCount(int *count)
 {
-	CUresult rc = sim_check(count, 0);
-
-	if (rc == CUDA_SUCCESS)
-		*count = sim_ndevs;
-	return rc;
+	return sim_device_query(count, 0, SIM_DEV_COUNT);
 }
 
 CUresult sim_impl_cuDeviceGet(CUdevice *dev, int ordinal)
 {
-	CUresult rc = sim_check(dev, ordinal);
-
-	if (rc == CUDA_SUCCESS)
-		*dev = ordinal;
-	return rc;
+	return sim_device_query(dev, ordinal, SIM_DEV_ORDINAL);
 }
 
 CUresult sim_impl_cuDeviceGetName(char *name, int len, CUdevice dev)
 {
-	CUresult rc = sim_check(name, dev);
+	CUresult rc = sim_check_text(name, len, dev);
 
-	if (rc == CUDA_SUCCESS && len <= 0)
-		rc = CUDA_ERROR_INVALID_VALUE;
 	if (rc == CUDA_SUCCESS)
 		snprintf(name, (size_t)len, "%s", sim_devs[dev].spec->name);
 	return rc;
@@ -676,11 +729,7 @@ CUresult sim_impl_cuDeviceGetName(char *name, int len, CUdevice dev)
 
 CUresult sim_impl_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
-	CUresult rc = sim_check(uuid, dev);
-
-	if (rc == CUDA_SUCCESS)
-		memcpy(uuid->bytes, sim_devs[dev].spec->uuid_bytes, sizeof(uuid->bytes));
-	return rc;
+	return sim_device_query(uuid, dev, SIM_DEV_UUID);
 }
 
 /* _v2 differs from v1 only for MIG instances, and the simulation has none. */
@@ -691,11 +740,7 @@ CUresult sim_impl_cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 
 CUresult sim_impl_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-	CUresult rc = sim_check(bytes, dev);
-
-	if (rc == CUDA_SUCCESS)
-		*bytes = sim_devs[dev].spec->bytes;
-	return rc;
+	return sim_device_query(bytes, dev, SIM_DEV_TOTAL_MEM);
 }
 
 /* An H100-like set by default, each overridable per device (sim_attrs.c). */
@@ -711,10 +756,8 @@ CUresult sim_impl_cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev)
 
 CUresult sim_impl_cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev)
 {
-	CUresult rc = sim_check(bus_id, dev);
+	CUresult rc = sim_check_text(bus_id, len, dev);
 
-	if (rc == CUDA_SUCCESS && len <= 0)
-		rc = CUDA_ERROR_INVALID_VALUE;
 	if (rc == CUDA_SUCCESS)
 		snprintf(bus_id, (size_t)len, "0000:%02x:00.0",
 			 (unsigned int)sim_devs[dev].spec_index + 1);
@@ -863,14 +906,11 @@ CUresult sim_impl_cuCtxSetLimit(int limit, size_t v)
 
 CUresult sim_impl_cuCtxGetFlags(unsigned int *flags)
 {
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!flags)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!sim_depth)
-		return CUDA_ERROR_INVALID_CONTEXT;
-	*flags = __atomic_load_n(&sim_ctx_flags, __ATOMIC_RELAXED);
-	return CUDA_SUCCESS;
+	CUresult rc = sim_current_query(flags);
+
+	if (rc == CUDA_SUCCESS)
+		*flags = __atomic_load_n(&sim_ctx_flags, __ATOMIC_RELAXED);
+	return rc;
 }
 
 CUresult sim_impl_cuCtxSetFlags(unsigned int flags)
@@ -899,35 +939,49 @@ static CUresult sim_ctx_or_current(CUcontext ctx, struct sim_ctx_slot *slot)
 	return CUDA_SUCCESS;
 }
 
+/* What a context (NULL: the current one) is asked, each into an out of its own type. */
+enum sim_ctx_query {
+	SIM_CTX_API_VERSION, /* unsigned int */
+	SIM_CTX_ID,	     /* unsigned long long */
+	SIM_CTX_DEVICE,	     /* CUdevice */
+};
+
+/* A NULL out is refused before the context is looked at. */
+static CUresult sim_ctx_query(CUcontext ctx, void *out, enum sim_ctx_query what)
+{
+	struct sim_ctx_slot slot;
+	CUresult rc = out ? sim_ctx_or_current(ctx, &slot) : CUDA_ERROR_INVALID_VALUE;
+
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	switch (what) {
+	case SIM_CTX_API_VERSION:
+		*(unsigned int *)out = 3020;
+		break;
+	case SIM_CTX_ID:
+		*(unsigned long long *)out = slot.id;
+		break;
+	case SIM_CTX_DEVICE:
+		*(CUdevice *)out = slot.dev;
+		break;
+	}
+	return CUDA_SUCCESS;
+}
+
 /* The version of the context API the context was made with: 3020, the _v2 one. */
 CUresult sim_impl_cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 {
-	struct sim_ctx_slot slot;
-	CUresult rc = version ? sim_ctx_or_current(ctx, &slot) : CUDA_ERROR_INVALID_VALUE;
-
-	if (rc == CUDA_SUCCESS)
-		*version = 3020;
-	return rc;
+	return sim_ctx_query(ctx, version, SIM_CTX_API_VERSION);
 }
 
 CUresult sim_impl_cuCtxGetId(CUcontext ctx, unsigned long long *id)
 {
-	struct sim_ctx_slot slot;
-	CUresult rc = id ? sim_ctx_or_current(ctx, &slot) : CUDA_ERROR_INVALID_VALUE;
-
-	if (rc == CUDA_SUCCESS)
-		*id = slot.id;
-	return rc;
+	return sim_ctx_query(ctx, id, SIM_CTX_ID);
 }
 
 CUresult sim_impl_cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx)
 {
-	struct sim_ctx_slot slot;
-	CUresult rc = dev ? sim_ctx_or_current(ctx, &slot) : CUDA_ERROR_INVALID_VALUE;
-
-	if (rc == CUDA_SUCCESS)
-		*dev = slot.dev;
-	return rc;
+	return sim_ctx_query(ctx, dev, SIM_CTX_DEVICE);
 }
 
 CUresult sim_impl_cuCtxSynchronize_v2(CUcontext ctx)

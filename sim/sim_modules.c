@@ -151,15 +151,13 @@ CUresult sim_impl_cuModuleUnload(CUmodule mod)
 static CUresult sim_same_handle(void **out, void *handle, enum sim_obj_kind kind)
 {
 	struct sim_obj seen;
+	CUresult rc = sim_live_query(out);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!out)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!sim_obj_lookup(handle, kind, false, &seen))
-		return CUDA_ERROR_INVALID_HANDLE;
-	*out = handle;
-	return CUDA_SUCCESS;
+	if (rc == CUDA_SUCCESS && !sim_obj_lookup(handle, kind, false, &seen))
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	if (rc == CUDA_SUCCESS)
+		*out = handle;
+	return rc;
 }
 
 CUresult sim_impl_cuLibraryGetModule(CUmodule *mod, CUlibrary lib)
@@ -235,18 +233,27 @@ CUresult sim_impl_cuKernelGetFunction(CUfunction *f, CUkernel k)
 	return sim_same_handle((void **)f, k, SIM_OBJ_FUNC);
 }
 
+/*
+ * A copy of the function or kernel fn, asked about through out: the checks
+ * the queries share, in the driver's order.
+ */
+static CUresult sim_func_copy(const void *out, const void *fn, struct CUfunc_st *f)
+{
+	CUresult rc = sim_live_query(out);
+
+	if (rc == CUDA_SUCCESS && !sim_obj_copy(fn, SIM_OBJ_FUNC, f, sizeof(*f)))
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	return rc;
+}
+
 CUresult sim_impl_cuKernelGetLibrary(CUlibrary *lib, CUkernel k)
 {
 	struct CUfunc_st f;
+	CUresult rc = sim_func_copy(lib, k, &f);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!lib)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!sim_obj_copy(k, SIM_OBJ_FUNC, &f, sizeof(f)))
-		return CUDA_ERROR_INVALID_HANDLE;
-	*lib = f.lib;
-	return CUDA_SUCCESS;
+	if (rc == CUDA_SUCCESS)
+		*lib = f.lib;
+	return rc;
 }
 
 CUresult sim_impl_cuFuncGetModule(CUmodule *mod, CUfunction f)
@@ -258,11 +265,10 @@ CUresult sim_impl_cuFuncGetModule(CUmodule *mod, CUfunction f)
 static CUresult sim_func_name(const char **name, const void *f)
 {
 	struct sim_obj **pp;
+	CUresult rc = sim_live_query(name);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!name)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	pthread_mutex_lock(&sim_obj_lock);
 	pp = sim_obj_find(f, SIM_OBJ_FUNC);
 	if (pp)
@@ -323,13 +329,10 @@ CUresult sim_impl_cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodul
 static CUresult sim_func_attr(int *v, int attr, const void *fn)
 {
 	struct CUfunc_st f;
+	CUresult rc = sim_func_copy(v, fn, &f);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!v)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!sim_obj_copy(fn, SIM_OBJ_FUNC, &f, sizeof(f)))
-		return CUDA_ERROR_INVALID_HANDLE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	switch (attr) {
 	case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
 		*v = 1024;

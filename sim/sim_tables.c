@@ -9,52 +9,12 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "sim_internal.h"
-
-/* The UUIDs, in CUuuid.bytes order (byte 0 first). */
-/* clang-format off */
-#define SIM_UUID(...) { { __VA_ARGS__ } }
-static const CUuuid sim_uuid_cudart_interface =
-	SIM_UUID(0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd,
-		 0x9d, 0xf9);
-static const CUuuid sim_uuid_callback_hooks =
-	SIM_UUID(0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c,
-		 0x0a, 0x66);
-static const CUuuid sim_uuid_tools_tls =
-	SIM_UUID(0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a,
-		 0xec, 0xdc);
-static const CUuuid sim_uuid_context_storage =
-	SIM_UUID(0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8,
-		 0x95, 0x93);
-static const CUuuid sim_uuid_context_checks =
-	SIM_UUID(0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d,
-		 0xfa, 0x7e);
-static const CUuuid sim_uuid_integrity =
-	SIM_UUID(0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66,
-		 0xe1, 0xf2);
-/*
- * Not here, on purpose: F8CFF951-2146-8B4E-B9E2-FB469E7C0DD9, asked first by
- * every cudart and again by the static cudart copies inside cuBLAS and
- * cuBLASLt. It is refused like an unknown UUID: success makes those copies
- * skip their own start-up.
- */
-/*
- * Asked by cuBLASLt as it sets up a context: refused, it loads no kernel
- * library, finds no algorithm, and every GEMM fails with
- * CUBLAS_STATUS_NOT_SUPPORTED. Only slot 4 is called.
- */
-static const CUuuid sim_uuid_blaslt_a =
-	SIM_UUID(0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24,
-		 0xc8, 0xf2);
-/* The same shape; without it the first fp16/bf16 GEMM crashes. */
-static const CUuuid sim_uuid_blaslt_b =
-	SIM_UUID(0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd,
-		 0x8b, 0xca);
-/* clang-format on */
 
 /* Slots with no known behaviour: each says which it is in the trace. */
 #define SIM_SLOT_STUB(table, n, rc)                                                    \
@@ -297,23 +257,18 @@ void sim_cls_after_fork(void)
 
 void sim_cls_drop(uint64_t ctx)
 {
-	struct sim_cls **pp, *e, *dead = NULL;
+	struct sim_cls **pp, *e;
 
 	pthread_mutex_lock(&sim_cls_lock);
 	for (pp = &sim_cls_list; (e = *pp);) {
 		if (e->ctx == ctx) {
 			*pp = e->next;
-			e->next = dead;
-			dead = e;
+			free(e);
 		} else {
 			pp = &e->next;
 		}
 	}
 	pthread_mutex_unlock(&sim_cls_lock);
-	while ((e = dead)) {
-		dead = e->next;
-		free(e);
-	}
 }
 
 SIM_SLOT_STUB(context_storage, 3, CUDA_ERROR_NOT_SUPPORTED)
@@ -604,21 +559,36 @@ static const void *sim_blaslt_b[] = {
 };
 /* clang-format on */
 
+/*
+ * The tables by UUID, written as the trace and docs/simulator.md write
+ * them: CUuuid.bytes in order, byte 0 first, in upper-case hex.
+ *
+ * Not here, on purpose: F8CFF951-2146-8B4E-B9E2-FB469E7C0DD9, asked first by
+ * every cudart and again by the static cudart copies inside cuBLAS and
+ * cuBLASLt. It is refused like an unknown UUID: success makes those copies
+ * skip their own start-up.
+ */
 static const struct {
-	const CUuuid *id;
+	const char *uuid;
 	const char *name;
 	const void *const *table;
 	unsigned int slots;
 } sim_tables[] = {
-#define SIM_TABLE(id, name, table) { &id, name, table, sizeof(table) / sizeof(table[0]) }
-	SIM_TABLE(sim_uuid_cudart_interface, "cudart_interface", sim_cudart_interface),
-	SIM_TABLE(sim_uuid_callback_hooks, "callback_hooks", sim_callback_hooks),
-	SIM_TABLE(sim_uuid_tools_tls, "tools_tls", sim_tools_tls),
-	SIM_TABLE(sim_uuid_context_storage, "context_storage", sim_context_storage),
-	SIM_TABLE(sim_uuid_context_checks, "context_checks", sim_context_checks),
-	SIM_TABLE(sim_uuid_integrity, "integrity", sim_integrity),
-	SIM_TABLE(sim_uuid_blaslt_a, "blaslt_21318c60", sim_blaslt_a),
-	SIM_TABLE(sim_uuid_blaslt_b, "blaslt_1734dc26", sim_blaslt_b),
+#define SIM_TABLE(uuid, name, table) { uuid, name, table, sizeof(table) / sizeof(table[0]) }
+	SIM_TABLE("6BD5FB6C-5BF4-E74A-8987-D93912FD9DF9", "cudart_interface", sim_cudart_interface),
+	SIM_TABLE("A094798C-2E74-2E74-93F2-0800200C0A66", "callback_hooks", sim_callback_hooks),
+	SIM_TABLE("42D85A81-23F6-CB47-8298-F6E78A3AECDC", "tools_tls", sim_tools_tls),
+	SIM_TABLE("C693336E-1121-DF11-A8C3-68F355D89593", "context_storage", sim_context_storage),
+	SIM_TABLE("263E8860-7CD2-6143-92F6-BBD5006DFA7E", "context_checks", sim_context_checks),
+	SIM_TABLE("D4082055-BDE6-704B-8D34-BA123C66E1F2", "integrity", sim_integrity),
+	/*
+	 * Asked by cuBLASLt as it sets up a context: refused, it loads no
+	 * kernel library, finds no algorithm, and every GEMM fails with
+	 * CUBLAS_STATUS_NOT_SUPPORTED. Only slot 4 is called.
+	 */
+	SIM_TABLE("21318C60-9714-3248-8CA6-41FF7324C8F2", "blaslt_21318c60", sim_blaslt_a),
+	/* The same shape; without it the first fp16/bf16 GEMM crashes. */
+	SIM_TABLE("1734DC26-800D-4745-8726-C0F1E7DD8BCA", "blaslt_1734dc26", sim_blaslt_b),
 #undef SIM_TABLE
 };
 
@@ -634,15 +604,18 @@ static void sim_trace_table(const char *name, const void *const *table, unsigned
 CUresult sim_export_table(const void **table, const CUuuid *id)
 {
 	const unsigned char *b = (const unsigned char *)id->bytes;
+	char uuid[sizeof("XXXXXXXX-XXXX-XXXX-XXXX-XXXXXXXXXXXX")];
 	size_t i;
 
-	/* The UUID, in the form docs/simulator.md lists the tables by. */
-	sim_trace("  table %02X%02X%02X%02X-%02X%02X-%02X%02X-%02X%02X-%02X%02X%02X%02X%02X%02X",
-		  b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
-		  b[13], b[14], b[15]);
+	/* The form docs/simulator.md lists the tables by, and sim_tables[] keys them by. */
+	snprintf(uuid, sizeof(uuid),
+		 "%02X%02X%02X%02X-%02X%02X-%02X%02X-%02X%02X-%02X%02X%02X%02X%02X%02X", b[0], b[1],
+		 b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+		 b[15]);
+	sim_trace("  table %s", uuid);
 
 	for (i = 0; i < sizeof(sim_tables) / sizeof(sim_tables[0]); i++) {
-		if (memcmp(sim_tables[i].id->bytes, id->bytes, sizeof(id->bytes)) != 0)
+		if (strcmp(sim_tables[i].uuid, uuid) != 0)
 			continue;
 		*table = sim_tables[i].table;
 		if (sim_trace_on)
