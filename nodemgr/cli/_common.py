@@ -85,6 +85,31 @@ def gpu_fields(gpu: str | None) -> dict[str, Any]:
     return {"gpu": int(gpu) if gpu.isascii() and gpu.isdigit() else gpu}
 
 
+def gpu_request(
+    config_path: str | None, kind: str, gpu: str | None, **change: Any
+) -> list[dict[str, Any]]:
+    """The GPUs a per-GPU admin request answers with; GPU as ``gpu_fields`` reads it, and
+    each setting in ``change`` sent unless it is None."""
+    fields = gpu_fields(gpu)
+    fields.update({k: v for k, v in change.items() if v is not None})
+    gpus: list[dict[str, Any]] = admin_call(config_path, kind, **fields)["gpus"]
+    return gpus
+
+
+def print_gpus(
+    gpus: list[dict[str, Any]],
+    as_json: bool,
+    headers: list[str],
+    row: Callable[[dict[str, Any]], list[str]],
+) -> None:
+    """GPUs as an admin request answered them: as JSON, or a table of ``row(gpu)`` under
+    ``headers``."""
+    if as_json:
+        print_json(gpus)
+    else:
+        print_table(headers, [row(g) for g in gpus])
+
+
 def print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=True))
 
