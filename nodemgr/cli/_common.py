@@ -14,6 +14,7 @@ import click
 from nodemgr import config as configmod
 from nodemgr.client import Connection, NodeError, Unreachable
 from nodemgr.exitcodes import EXIT_ADMIN_REFUSED, EXIT_CONFIG, EXIT_UNREACHABLE
+from nodemgr.sizes import format_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -149,3 +150,20 @@ def launched(task: dict[str, Any], now: float | None = None) -> str:
     if ago < 3600:
         return f"{ago / 60:.0f}m ago"
     return f"{ago / 3600:.0f}h ago"
+
+
+def task_row(task: dict[str, Any], memory: str) -> list[str]:
+    """A task's row in ``nodemgr tasks`` and ``nodemgr top``; the sixth column is the size
+    in its field ``memory`` (the limit per GPU, or the peak)."""
+    return [
+        task["task_id"],
+        task["env"],
+        str(task["pid"] or "-"),
+        ",".join(map(str, task["gpus"])),
+        format_size(task["memory_used"]),
+        format_size(task[memory]),
+        str(task["launches"]),
+        launched(task),
+        task_state(task),
+        (task["command"] or "")[:40],
+    ]
