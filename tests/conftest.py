@@ -602,6 +602,13 @@ def wait_for() -> Any:
     return _wait_for
 
 
+def let_finish(p: subprocess.Popen[str], go: Path, daemon: Daemon) -> None:
+    """Create the file a cuda_client ``waitfile`` step waits for: the task exits 0 and
+    nodemgr forgets it within 5 s."""
+    go.touch()
+    assert p.wait(30) == 0
+    _wait_for(lambda: daemon.tasks() == [], 5)
+
 
 # --- the driver a program finds ------------------------------------------------------------
 
