@@ -201,14 +201,14 @@ def nvml_gpus() -> list[NvmlGpu]:
     """The node's GPUs as NVML reports them now (pynvml: the main venv's, not the torch one's)."""
     import pynvml
 
+    from nodemgr.gpus import nvml_handles, nvml_text
+
     pynvml.nvmlInit()
     try:
         gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            uuid = pynvml.nvmlDeviceGetUUID(h)
+        for i, h in nvml_handles(pynvml):
+            uuid = nvml_text(pynvml.nvmlDeviceGetUUID(h))
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
             gpus.append(NvmlGpu(i, uuid, int(mem.total), int(mem.used)))
         return gpus
     finally:

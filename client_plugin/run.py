@@ -16,7 +16,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import click
 
@@ -352,6 +353,14 @@ EXIT_HELP = (
     f"{EXIT_CANCELLED} interrupted while waiting for GPUs."
 )
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def size_option(name: str, help_text: str) -> Callable[[F], F]:
+    """An option taking a size such as 8GiB (parsed with the other settings)."""
+    return click.option(name, default=None, metavar="SIZE", help=help_text)
+
+
 EPILOG = f"""\b
 Examples:
   gpushare-run python train.py
@@ -383,30 +392,20 @@ A CUDA_VISIBLE_DEVICES already set restricts the GPUs nodemgr may grant.
     default=None,
     help="How many GPUs the command needs [default: 1].",
 )
-@click.option(
-    "--memory",
-    default=None,
-    metavar="SIZE",
-    help="Memory per GPU the command expects, e.g. 8GiB (refused if above the quota).",
+@size_option(
+    "--memory", "Memory per GPU the command expects, e.g. 8GiB (refused if above the quota)."
 )
-@click.option(
+@size_option(
     "--persistent",
-    default=None,
-    metavar="SIZE",
-    help="Time-sliced GPUs: the task's estimated persistent memory per GPU (model, "
+    "Time-sliced GPUs: the task's estimated persistent memory per GPU (model, "
     "optimizer state), so it can start beside others before its shape is measured.",
 )
-@click.option(
+@size_option(
     "--temporary",
-    default=None,
-    metavar="SIZE",
-    help="Time-sliced GPUs: its estimated temporary memory per iteration (with --persistent).",
+    "Time-sliced GPUs: its estimated temporary memory per iteration (with --persistent).",
 )
-@click.option(
-    "--guard",
-    default=None,
-    metavar="SIZE",
-    help="Time-sliced GPUs: space kept after its persistent memory [default: the node's].",
+@size_option(
+    "--guard", "Time-sliced GPUs: space kept after its persistent memory [default: the node's]."
 )
 @click.option(
     "--wait/--no-wait",

@@ -288,13 +288,17 @@ class Demo:
     def gpushare_run(self, name: str, options: list[str], steps: list[str]) -> Task:
         shown = " ".join([*options, "--", "cuda-client", *steps])
         say(f"$ gpushare-run {shown}".replace(str(self.root), "$TMP"))
-        argv = [str(GPUSHARE_RUN), *options, "--", "cuda-client", *steps]
+        return self.start_task(name, [str(GPUSHARE_RUN), *options, "--", "cuda-client", *steps])
+
+    def start_task(self, name: str, argv: list[str], **popen: Any) -> Task:
+        """Spawn ``argv`` as the task ``name``, its output read as text, and keep it."""
         proc = self.spawn(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            **popen,
         )
         task = Task(name, proc)
         self.tasks.append(task)
@@ -498,17 +502,7 @@ class Demo:
             env_vars = {**self.env, "CUDA_VISIBLE_DEVICES": "1", "PYTHONPATH": str(STANDIN)}
             argv = [str(GPUSHARE_RUN), "--endpoint", self.endpoint(env), *shape, "--"]
             argv += [sys.executable, str(TS_JOB), *job, "--out", str(outs[env])]
-            proc = self.spawn(
-                argv,
-                env=env_vars,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            task = Task(f"{env}-train", proc)
-            self.tasks.append(task)
-            jobs.append(task)
+            jobs.append(self.start_task(f"{env}-train", argv, env=env_vars))
         self.wait_for(
             "one job waiting for its turn",
             lambda: any(t["gated"] for t in self.admin("tasks")["tasks"]),

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import uuid as uuidlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from nodemgr.config import Config
 from nodemgr.protocol import names_gpu
@@ -85,6 +86,17 @@ def resolve(
     return frozenset(named)
 
 
+def nvml_handles(pynvml: Any) -> Iterator[tuple[int, Any]]:
+    """Each GPU's NVML index and device handle (NVML initialized)."""
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        yield i, pynvml.nvmlDeviceGetHandleByIndex(i)
+
+
+def nvml_text(value: bytes | str) -> str:
+    """A string NVML returned: bytes from older pynvml, str from newer."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def nvml() -> list[Gpu]:
     """The GPUs NVML reports, in NVML index order; raise InventoryError without a driver."""
     try:
@@ -97,19 +109,11 @@ def nvml() -> list[Gpu]:
         raise InventoryError(f"NVML is not available: {e}") from None
     try:
         out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        for i, h in nvml_handles(pynvml):
             name = pynvml.nvmlDeviceGetName(h)
             uuid = pynvml.nvmlDeviceGetUUID(h)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
-            out.append(
-                Gpu(
-                    i,
-                    uuid.decode() if isinstance(uuid, bytes) else uuid,
-                    name.decode() if isinstance(name, bytes) else name,
-                    int(mem),
-                )
-            )
+            out.append(Gpu(i, nvml_text(uuid), nvml_text(name), int(mem)))
         return out
     finally:
         pynvml.nvmlShutdown()

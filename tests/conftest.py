@@ -602,6 +602,14 @@ def wait_for() -> Any:
     return _wait_for
 
 
+def let_finish(p: subprocess.Popen[str], go: Path, daemon: Daemon) -> None:
+    """Create the file a cuda_client ``waitfile`` step waits for: the task exits 0 and
+    nodemgr forgets it within 5 s."""
+    go.touch()
+    assert p.wait(30) == 0
+    _wait_for(lambda: daemon.tasks() == [], 5)
+
+
 # --- the driver a program finds ------------------------------------------------------------
 
 
@@ -687,3 +695,20 @@ def turns_changed(spans: list[tuple[float, float, str]]) -> int:
         if who != other:
             assert start >= end, f"{other} ran while {who} still held the GPU"
     return sum(1 for x, y in itertools.pairwise(spans) if x[2] != y[2])
+
+
+# --- protocol ------------------------------------------------------------------------------
+
+
+def accepts(
+    check: Callable[[Any], object],
+    value: Any,
+    refusal: type[Exception] | tuple[type[Exception], ...] = ValueError,
+) -> bool:
+    """Whether a protocol field's validator takes ``value``; it refuses by raising
+    ``refusal``."""
+    try:
+        check(value)
+    except refusal:
+        return False
+    return True

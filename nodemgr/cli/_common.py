@@ -14,6 +14,7 @@ import click
 from nodemgr import config as configmod
 from nodemgr.client import Connection, NodeError, Unreachable
 from nodemgr.exitcodes import EXIT_ADMIN_REFUSED, EXIT_CONFIG, EXIT_UNREACHABLE
+from nodemgr.sizes import format_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -85,6 +86,31 @@ def gpu_fields(gpu: str | None) -> dict[str, Any]:
     return {"gpu": int(gpu) if gpu.isascii() and gpu.isdigit() else gpu}
 
 
+def gpu_request(
+    config_path: str | None, kind: str, gpu: str | None, **change: Any
+) -> list[dict[str, Any]]:
+    """The GPUs a per-GPU admin request answers with; GPU as ``gpu_fields`` reads it, and
+    each setting in ``change`` sent unless it is None."""
+    fields = gpu_fields(gpu)
+    fields.update({k: v for k, v in change.items() if v is not None})
+    gpus: list[dict[str, Any]] = admin_call(config_path, kind, **fields)["gpus"]
+    return gpus
+
+
+def print_gpus(
+    gpus: list[dict[str, Any]],
+    as_json: bool,
+    headers: list[str],
+    row: Callable[[dict[str, Any]], list[str]],
+) -> None:
+    """GPUs as an admin request answered them: as JSON, or a table of ``row(gpu)`` under
+    ``headers``."""
+    if as_json:
+        print_json(gpus)
+    else:
+        print_table(headers, [row(g) for g in gpus])
+
+
 def print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=True))
 
@@ -124,3 +150,20 @@ def launched(task: dict[str, Any], now: float | None = None) -> str:
     if ago < 3600:
         return f"{ago / 60:.0f}m ago"
     return f"{ago / 3600:.0f}h ago"
+
+
+def task_row(task: dict[str, Any], memory: str) -> list[str]:
+    """A task's row in ``nodemgr tasks`` and ``nodemgr top``; the sixth column is the size
+    in its field ``memory`` (the limit per GPU, or the peak)."""
+    return [
+        task["task_id"],
+        task["env"],
+        str(task["pid"] or "-"),
+        ",".join(map(str, task["gpus"])),
+        format_size(task["memory_used"]),
+        format_size(task[memory]),
+        str(task["launches"]),
+        launched(task),
+        task_state(task),
+        (task["command"] or "")[:40],
+    ]

@@ -2,32 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from nodemgr.cli._common import (
-    admin_call,
-    config_option,
-    gpu_fields,
-    json_option,
-    print_json,
-    print_table,
-)
+from nodemgr.cli._common import config_option, gpu_request, json_option, print_gpus
+
+
+def _state_row(g: dict[str, Any]) -> list[str]:
+    return [str(g["index"]), g["uuid"], "drained" if g["drained"] else "open", str(g["tasks"])]
 
 
 def _drain(gpu: str | None, drained: bool | None, config_path: str | None, as_json: bool) -> None:
-    fields = gpu_fields(gpu)
-    if drained is not None:
-        fields["drained"] = drained
-    reply = admin_call(config_path, "drain", **fields)
-    if as_json:
-        print_json(reply["gpus"])
-        return
-    print_table(
+    print_gpus(
+        gpu_request(config_path, "drain", gpu, drained=drained),
+        as_json,
         ["GPU", "UUID", "STATE", "TASKS"],
-        [
-            [str(g["index"]), g["uuid"], "drained" if g["drained"] else "open", str(g["tasks"])]
-            for g in reply["gpus"]
-        ],
+        _state_row,
     )
 
 

@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import click
 
-from nodemgr.cli._common import (
-    admin_call,
-    config_option,
-    gpu_fields,
-    json_option,
-    print_json,
-    print_table,
-)
+from nodemgr.cli._common import config_option, gpu_request, json_option, print_gpus
 from nodemgr.protocol import MODES, SHARED
 from nodemgr.sizes import format_size
 
@@ -29,18 +22,16 @@ def mode(gpu: str | None, mode: str | None, config_path: str | None, as_json: bo
     "timesliced" (tasks take turns; docs/timeslicing.md). A mode set here is
     kept across restarts and wins over the config's timeslice.gpus.
     """
-    fields = gpu_fields(gpu)
-    if mode is not None:
-        fields["mode"] = mode
-    reply = admin_call(config_path, "mode", **fields)
-    if as_json:
-        print_json(reply["gpus"])
-        return
-    print_table(
+    gpus = gpu_request(config_path, "mode", gpu, mode=mode)
+    print_gpus(
+        gpus,
+        as_json,
         ["GPU", "UUID", "MODE", "SOURCE"],
-        [[str(g["index"]), g["uuid"], g["mode"], g["source"]] for g in reply["gpus"]],
+        lambda g: [str(g["index"]), g["uuid"], g["mode"], g["source"]],
     )
-    for g in reply["gpus"]:
+    if as_json:
+        return
+    for g in gpus:
         if g.get("charged", 0) > g.get("capacity", g.get("charged", 0)):
             if g["mode"] == SHARED:
                 hint = "time-slice it again, or end some tasks with nodemgr reclaim"

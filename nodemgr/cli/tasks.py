@@ -8,13 +8,11 @@ from nodemgr.cli._common import (
     admin_call,
     config_option,
     json_option,
-    launched,
     print_json,
     print_table,
-    task_state,
+    task_row,
 )
 from nodemgr.params import EnvNameType
-from nodemgr.sizes import format_size
 
 
 @click.command()
@@ -40,19 +38,5 @@ def tasks(env: str | None, config_path: str | None, as_json: bool) -> None:
             "STATE",
             "COMMAND",
         ],
-        [
-            [
-                t["task_id"],
-                t["env"],
-                str(t["pid"] or "-"),
-                ",".join(map(str, t["gpus"])),
-                format_size(t["memory_used"]),
-                format_size(t["memory_limit"]),
-                str(t["launches"]),
-                launched(t),
-                task_state(t),
-                (t["command"] or "")[:40],
-            ]
-            for t in items
-        ],
+        [task_row(t, "memory_limit") for t in items],
     )

@@ -14,10 +14,9 @@ from nodemgr.cli._common import (
     config_option,
     fail,
     format_table,
-    launched,
     load_config,
     print_json,
-    task_state,
+    task_row,
 )
 from nodemgr.client import Connection, NodeError, Unreachable
 from nodemgr.exitcodes import EXIT_UNREACHABLE
@@ -126,21 +125,7 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
     lines.append("")
     lines += format_table(
         ["TASK", "ENV", "PID", "GPU", "USED", "PEAK", "LAUNCHES", "LAUNCHED", "STATE", "COMMAND"],
-        [
-            [
-                t["task_id"],
-                t["env"],
-                str(t["pid"] or "-"),
-                ",".join(map(str, t["gpus"])),
-                format_size(t["memory_used"]),
-                format_size(t["peak"]),
-                str(t["launches"]),
-                launched(t),
-                task_state(t),
-                (t["command"] or "")[:40],
-            ]
-            for t in tasks
-        ],
+        [task_row(t, "peak") for t in tasks],
     )
     if queue:
         lines.append("")

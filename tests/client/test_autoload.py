@@ -494,10 +494,15 @@ def test_torchrun_ranks_share_a_two_gpu_grant(
 def test_only_an_installed_framework_counts(standin: Path) -> None:
     """An optional import that fails, or a library asking whether torch is installed,
     requests nothing: here nodemgr is unreachable, so any request would fail loudly."""
-    code = (
-        "import importlib.util\n"
-        "try:\n    import cupy\nexcept ImportError:\n    print('no cupy')\n"
-        "print('torch installed', importlib.util.find_spec('torch') is not None)\n"
+    code = textwrap.dedent(
+        """
+        import importlib.util
+        try:
+            import cupy
+        except ImportError:
+            print('no cupy')
+        print('torch installed', importlib.util.find_spec('torch') is not None)
+        """
     )
     p = python(code, standin, "ipc:///nonexistent/task.sock")
     out, err = finish_ok(p)
@@ -506,10 +511,14 @@ def test_only_an_installed_framework_counts(standin: Path) -> None:
 
 
 def test_a_refused_import_asks_again_next_time(standin: Path) -> None:
-    code = (
-        "for _ in range(2):\n"
-        "    try:\n        import torch\n"
-        "    except RuntimeError as e:\n        print(type(e).__name__)\n"
+    code = textwrap.dedent(
+        """
+        for _ in range(2):
+            try:
+                import torch
+            except RuntimeError as e:
+                print(type(e).__name__)
+        """
     )
     p = python(code, standin, "ipc:///nonexistent/task.sock")
     out, _ = finish_ok(p)

@@ -30,6 +30,7 @@ import zmq
 from nodemgr import protocol
 from nodemgr.client import Connection
 from nodemgr.protocol import Err, ProtocolError, Schema
+from tests.conftest import accepts
 
 SEED = int(os.environ.get("GPUSHARE_FUZZ_SEED", "20240917"))
 MESSAGES_PER_ENDPOINT = 10_000
@@ -111,14 +112,6 @@ CANDIDATES: list[Any] = [
 ]
 
 
-def accepts(check: Any, value: Any) -> bool:
-    try:
-        check(value)
-    except Exception:
-        return False
-    return True
-
-
 def expect(payload: bytes, schemas: dict[str, Schema]) -> tuple[str, Any, int]:
     """What nodemgr must answer: ("error", code, id), ("ok", type, id), or ("crash", repr, 0)
     when this process's own decode/validate raised something other than ProtocolError."""
@@ -169,7 +162,7 @@ class Fuzzer:
         self.schemas = schemas
         self.foreign = foreign
         self.valid_values = {
-            (kind, name): [c for c in CANDIDATES if accepts(check, c)]
+            (kind, name): [c for c in CANDIDATES if accepts(check, c, Exception)]
             for kind, schema in schemas.items()
             for name, (_, check) in schema.items()
         }

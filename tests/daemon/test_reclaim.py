@@ -8,7 +8,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 GiB = 1 << 30
+
+
+@pytest.fixture
+def ep(daemon: Any) -> str:
+    """The endpoint of environment alice: one GPU, a 1 GiB pool."""
+    return str(daemon.env("alice", gpus=1, memory=GiB))
 
 
 def start_holder(run_task: Any, ep: str, cbin: dict[str, Path], go: Path) -> Any:
@@ -26,9 +34,8 @@ def assert_pool_usable(run_task: Any, ep: str, cbin: dict[str, Path]) -> None:
 
 
 def test_done_releases_at_once(
-    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, ep: str
 ) -> None:
-    ep = daemon.env("alice", gpus=1, memory=GiB)
     go = tmp_path / "go"
     p = start_holder(run_task, ep, cbin, go)
     go.touch()
@@ -39,9 +46,8 @@ def test_done_releases_at_once(
 
 
 def test_kill9_of_gpushare_run_frees_bytes_and_gpu(
-    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any, ep: str
 ) -> None:
-    ep = daemon.env("alice", gpus=1, memory=GiB)
     p = start_holder(run_task, ep, cbin, tmp_path / "never")
     [task] = daemon.tasks()
     assert task["memory_used"] == GiB
@@ -61,16 +67,11 @@ def test_kill9_of_gpushare_run_frees_bytes_and_gpu(
 
 
 def test_kill9_of_the_cuda_process_frees_its_memory(
-    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any, ep: str
 ) -> None:
-    ep = daemon.env("alice", gpus=1, memory=GiB)
     pidfile = tmp_path / "pid"
-    p = run_task(
-        ep,
-        "sh",
-        "-c",
-        f"echo $$ > {pidfile}; exec {cbin['client']} fill 64 waitfile {tmp_path / 'never'}",
-    )
+    script = f"echo $$ > {pidfile}; exec {cbin['client']} fill 64 waitfile {tmp_path / 'never'}"
+    p = run_task(ep, "sh", "-c", script)
     assert p.stdout.readline() == "fill 16\n"
     assert p.stdout.readline() == "waiting\n"
     os.kill(int(pidfile.read_text()), signal.SIGKILL)
@@ -99,10 +100,9 @@ def test_task_whose_heartbeats_stop_is_reclaimed_after_the_timeout(
 
 
 def test_a_running_task_keeps_its_grant(
-    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, ep: str
 ) -> None:
     """Heartbeats keep a task alive well past the timeout."""
-    ep = daemon.env("alice", gpus=1, memory=GiB)
     go = tmp_path / "go"
     p = start_holder(run_task, ep, cbin, go)
     time.sleep(2.5)  # timeout is 1.0 s, heartbeats every 0.2 s
@@ -130,11 +130,10 @@ def test_a_fork_child_does_not_pin_its_dead_parents_memory(
 
 
 def test_memory_held_by_a_leftover_process_stays_charged_until_returned(
-    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any, ep: str
 ) -> None:
     """The command exits while a background child of it still holds GPU memory:
     the GPU is no longer the environment's, but what it holds stays charged."""
-    ep = daemon.env("alice", gpus=1, memory=GiB)
     ready, release = tmp_path / "ready", tmp_path / "release"
     p = run_task(
         ep,

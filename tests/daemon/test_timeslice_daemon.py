@@ -515,12 +515,7 @@ def test_a_held_yield_is_answered_when_the_process_it_waits_for_dies(
     daemon_factory: Any, procs: Any, wait_for: Any
 ) -> None:
     d = ts_daemon(daemon_factory)
-    a1, a2, b = two_processes_and_another(d, procs)
-    for i in (1, 2, 3, 4):
-        a1.do("boundary", i)
-    a2.do("boundary", 1)
-    a1.send("yield", 4)
-    a1.held()
+    a1, a2, b = first_process_held_at_the_end_of_the_turn(d, procs)
     assert gated(d, "a", b.task_id) and a1.pending()
     a2.kill()
     # Its slot reaped, every process left of the task is at the end of the turn.

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from nodemgr.client import NoResources
-from tests.conftest import CSRC, ROOT, cc
+from tests.conftest import CSRC, ROOT, cc, let_finish
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -68,7 +68,7 @@ def test_quota_larger_than_device_reports_device_memory(
 
 
 def test_memory_used_visible_while_task_runs(
-    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path
 ) -> None:
     ep = daemon.env("alice", gpus=1, memory=GiB)
     go = tmp_path / "go"
@@ -82,9 +82,7 @@ def test_memory_used_visible_while_task_runs(
     assert task["memory_used"] == 300 * MiB
     assert task["launches"] == 7
     assert daemon.gpu_used(task["gpus"][0]) == 300 * MiB
-    go.touch()
-    assert p.wait(30) == 0
-    wait_for(lambda: daemon.tasks() == [], 5)
+    let_finish(p, go, daemon)
 
 
 def test_processes_of_one_environment_never_exceed_the_pool(

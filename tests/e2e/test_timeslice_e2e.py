@@ -266,35 +266,16 @@ def test_killed_holder_hands_the_turn_on_at_once(
     at once, long before nodemgr's 30 s turn timeout or heartbeat timeout."""
     d = sliced(daemon_factory, quantum=1)
     outs = {n: tmp_path / f"{n}.jsonl" for n in ("a", "b")}
-    a = job(
-        run_task,
-        d.env("a", 1, 10 * GiB),
-        outs["a"],
-        "--name",
-        "a",
-        "--iterations",
-        "1000",
-        "--work-ms",
-        "2000",
-        "--temporary",
-        "2048",
-        opts=SHAPE,
-    )
+
+    def start(name: str, iterations: str, work_ms: str) -> subprocess.Popen[str]:
+        args = ("--name", name, "--iterations", iterations, "--work-ms", work_ms)
+        return job(
+            run_task, d.env(name, 1, 10 * GiB), outs[name], *args, "--temporary", "2048", opts=SHAPE
+        )
+
+    a = start("a", "1000", "2000")
     _wait_for(lambda: task_of(d, "a") is not None, 30)
-    b = job(
-        run_task,
-        d.env("b", 1, 10 * GiB),
-        outs["b"],
-        "--name",
-        "b",
-        "--iterations",
-        "3",
-        "--work-ms",
-        "1",
-        "--temporary",
-        "2048",
-        opts=SHAPE,
-    )
+    b = start("b", "3", "1")
     # b waits for its turn while a works through its first 2 s iteration.
     _wait_for(lambda: (task_of(d, "b") or {}).get("gated") is True, 30)
     killed = time.monotonic()

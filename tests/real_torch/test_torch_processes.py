@@ -90,6 +90,21 @@ def container() -> Iterator[Any]:
         p.communicate()
 
 
+@pytest.fixture
+def autoload_case(
+    container: Any,
+    torch_python: str,  # noqa: F811 (the fixture imported above)
+) -> Any:
+    """Starts tests/real_torch/torch_autoload_case.py under the pinned torch in a
+    container-like environment (``container``), given that environment."""
+
+    def start(env: dict[str, str]) -> subprocess.Popen[str]:
+        p: subprocess.Popen[str] = container([torch_python, str(AUTOLOAD)], env)
+        return p
+
+    return start
+
+
 def records(daemon: Daemon, env: str) -> list[dict[str, Any]]:
     return list(daemon.admin("history", env=env)["records"])
 
@@ -113,17 +128,14 @@ def uuid(daemon: Daemon, index: int) -> str:
 
 @pytest.mark.parametrize("how", ["preloaded", "restarted"])
 def test_autoload_grants_before_torchs_first_cuda_call(
-    daemon: Daemon,
-    container: Any,
-    torch_python: str,  # noqa: F811 (the fixture imported above)
-    how: str,
+    daemon: Daemon, autoload_case: Any, how: str
 ) -> None:
     """`python script.py` in a dev container: `import torch` gets the grant before torch's
     code runs, the shim enforces it (a preloaded inert shim attached in place, or the
     interpreter restarted with it), and torch sees the quota as its device."""
     endpoint = daemon.env("alice", gpus=1, memory=QUOTA)
     extra = {"LD_PRELOAD": shim_preload()} if how == "preloaded" else {}
-    p = container([torch_python, str(AUTOLOAD)], container_env(endpoint, **extra))
+    p = autoload_case(container_env(endpoint, **extra))
 
     before = read_stage(p, "before")
     assert before == {"pid": p.pid, "torch": False}
@@ -164,16 +176,13 @@ def test_autoload_grants_before_torchs_first_cuda_call(
 
 @pytest.mark.parametrize("setting", ["warn", "error"])
 def test_autoload_with_a_zero_quota_runs_torch_on_the_cpu_or_fails_clearly(
-    daemon: Daemon,
-    container: Any,
-    torch_python: str,  # noqa: F811 (the fixture imported above)
-    setting: str,
+    daemon: Daemon, autoload_case: Any, setting: str
 ) -> None:
     """docs/client.md, "What a refusal does on import": by default one warning and torch
     sees no GPU; GPUSHARE_ZERO_QUOTA=error makes the import raise GpushareError."""
     endpoint = daemon.env("zero", gpus=0)
     env = container_env(endpoint, LD_PRELOAD=shim_preload(), GPUSHARE_ZERO_QUOTA=setting)
-    p = container([torch_python, str(AUTOLOAD)], env)
+    p = autoload_case(env)
     read_stage(p, "before")
     go_on(p)
     if setting == "error":

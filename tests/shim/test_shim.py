@@ -14,7 +14,7 @@ from nodemgr._ledger import ffi, lib
 
 from client_plugin import libs
 from nodemgr.ledger import Ledger
-from tests.conftest import CSRC, ROOT, SANITIZER, cc, hook_table, shim_preload
+from tests.conftest import CSRC, ROOT, SANITIZER, cc, hook_table, let_finish, shim_preload
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -365,7 +365,7 @@ def test_a_changed_limit_applies_to_a_running_process(
 
 @pytest.mark.parametrize("form", ["uuids", "indices"])
 def test_reordered_visible_devices_charge_the_right_gpu(
-    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, form: str, wait_for: Any
+    daemon: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, form: str
 ) -> None:
     """Inside a task the user reorders CUDA_VISIBLE_DEVICES over all the node's GPUs: each
     charge lands on the GPU really used, and GPUs outside the grant stay closed."""
@@ -392,9 +392,7 @@ def test_reordered_visible_devices_charge_the_right_gpu(
     for k, index in enumerate(order):
         expect = 100 * (k + 1) * MiB if index in granted else 0
         assert status[index]["used"] == expect, (index, status[index])
-    go.touch()
-    assert p.wait(30) == 0
-    wait_for(lambda: daemon.tasks() == [], 5)
+    let_finish(p, go, daemon)
 
 
 # --- launches -------------------------------------------------------------------------

@@ -15,13 +15,18 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
 
-def test_configuration_doc_table_is_current() -> None:
-    text = (DOCS / "configuration.md").read_text()
-    table = config.doc_table()
+def doc_with_table(page: str, table: str, rows: str, source: str) -> str:
+    """docs/``page``'s text, once it holds ``table``: its ``rows`` as generated from their
+    definition in ``source``."""
+    text = (DOCS / page).read_text()
     assert table in text, (
-        "docs/configuration.md's table of keys differs from nodemgr/config.py's KEYS; "
-        "replace it with:\n" + table
+        f"docs/{page}'s table of {rows} differs from {source}; replace it with:\n" + table
     )
+    return text
+
+
+def test_configuration_doc_table_is_current() -> None:
+    doc_with_table("configuration.md", config.doc_table(), "keys", "nodemgr/config.py's KEYS")
 
 
 def test_every_key_defaults_to_its_documented_default(tmp_path: Path) -> None:
@@ -75,12 +80,7 @@ def test_example_config_has_every_key_and_says_where_it_differs() -> None:
 
 
 def test_client_doc_lists_exactly_the_client_variables() -> None:
-    text = (DOCS / "client.md").read_text()
-    table = envvars.doc_table()
-    assert table in text, (
-        "docs/client.md's table of variables differs from client_plugin/envvars.py; "
-        "replace it with:\n" + table
-    )
+    text = doc_with_table("client.md", envvars.doc_table(), "variables", "client_plugin/envvars.py")
     defined = {name for name, *_ in envvars.SETTINGS} | {n for n, _ in envvars.TASK_VARIABLES}
     module = {v for k, v in vars(envvars).items() if k.isupper() and isinstance(v, str)}
     assert module == defined, "every name in client_plugin/envvars.py is in its tables"

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from nodemgr import protocol
 from nodemgr.protocol import Err, ProtocolError, Schema
+from tests.conftest import accepts
 
 # Fast, and nothing written to a example database in the repository.
 FAST = settings(max_examples=400, deadline=None, database=None)
@@ -86,14 +87,6 @@ def message_like(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         msg["id"] = mostly(st.integers(0, (1 << 63) - 1), objects)
     return dict(msg)
-
-
-def accepts(check: Any, value: Any) -> bool:
-    try:
-        check(value)
-    except ValueError:
-        return False
-    return True
 
 
 @st.composite

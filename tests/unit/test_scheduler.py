@@ -242,8 +242,12 @@ def test_refusals_that_come_first_are_unchanged_by_a_restriction() -> None:
 # --- properties ---------------------------------------------------------------------
 
 
+# A request, the node's GPUs as the scheduler sees them, and the per-GPU task threshold.
+Scenario = tuple[Ask, list[GpuView], int]
+
+
 @st.composite
-def scenarios(draw: st.DrawFn) -> tuple[Ask, list[GpuView], int]:
+def scenarios(draw: st.DrawFn) -> Scenario:
     n = draw(st.integers(1, 8))
     threshold = draw(st.integers(1, 6))
     views = []
@@ -264,9 +268,7 @@ def scenarios(draw: st.DrawFn) -> tuple[Ask, list[GpuView], int]:
 
 @settings(max_examples=1500, deadline=None, database=None)
 @given(scenarios())
-def test_a_grant_respects_quota_memory_and_threshold(
-    case: tuple[Ask, list[GpuView], int],
-) -> None:
+def test_a_grant_respects_quota_memory_and_threshold(case: Scenario) -> None:
     a, views, threshold = case
     r = select(a, views, threshold)
     if isinstance(r, Refusal):
@@ -292,9 +294,7 @@ def test_a_grant_respects_quota_memory_and_threshold(
 
 @settings(max_examples=800, deadline=None, database=None)
 @given(scenarios())
-def test_refusals_are_classified_by_whether_waiting_can_help(
-    case: tuple[Ask, list[GpuView], int],
-) -> None:
+def test_refusals_are_classified_by_whether_waiting_can_help(case: Scenario) -> None:
     a, views, threshold = case
     r = select(a, views, threshold)
     if not isinstance(r, Refusal) or r.code != "no_resources":
@@ -307,9 +307,7 @@ def test_refusals_are_classified_by_whether_waiting_can_help(
 
 @settings(max_examples=800, deadline=None, database=None)
 @given(scenarios())
-def test_allowing_every_gpu_decides_as_no_restriction_does(
-    case: tuple[Ask, list[GpuView], int],
-) -> None:
+def test_allowing_every_gpu_decides_as_no_restriction_does(case: Scenario) -> None:
     a, views, threshold = case
     free = select(replace(a, allowed=None), views, threshold)
     every = select(replace(a, allowed=frozenset(g.index for g in views)), views, threshold)
