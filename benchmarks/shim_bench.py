@@ -314,29 +314,38 @@ def bench_alloc(s: Setting, quick: bool) -> dict[str, Any]:
     return judge(result, "added_ns", "<=", 80.0)
 
 
+def alloc_with_slots(s: Setting, quick: bool, live: bool) -> dict[str, Any]:
+    """alloc+free with the ledger's other slots held during the runs (``live``), or after
+    all of its slots were used once and given back."""
+    if live:
+        with slots_held(s, MAX_SLOTS - 1, MiB):
+            result = alloc_pairs(s, quick)
+        result["slots_in_use"] = MAX_SLOTS
+        how = (
+            f"the other {MAX_SLOTS - 1} slots of the ledger are held (claimed, locked, 1 MiB "
+            "charged each) for the whole run, so the shim run's process is its last slot"
+        )
+    else:
+        with slots_held(s, MAX_SLOTS, MiB):
+            pass
+        result = alloc_pairs(s, quick)
+        result["slots_used_before"] = MAX_SLOTS
+        how = (
+            f"before the runs, all {MAX_SLOTS} slots of the ledger were claimed, charged and "
+            "given back (as by processes that came and went), then reaped"
+        )
+    result["setup"] = f"{ALLOC_SETUP}; {how}"
+    return judge(result, "added_ns", "<=", 80.0)
+
+
 def bench_alloc_live(s: Setting, quick: bool) -> dict[str, Any]:
     """The same with every other slot of the ledger held by a live process."""
-    with slots_held(s, MAX_SLOTS - 1, MiB):
-        result = alloc_pairs(s, quick)
-    result["slots_in_use"] = MAX_SLOTS
-    result["setup"] = ALLOC_SETUP + (
-        f"; the other {MAX_SLOTS - 1} slots of the ledger are held (claimed, locked, 1 MiB "
-        "charged each) for the whole run, so the shim run's process is its last slot"
-    )
-    return judge(result, "added_ns", "<=", 80.0)
+    return alloc_with_slots(s, quick, live=True)
 
 
 def bench_alloc_churned(s: Setting, quick: bool) -> dict[str, Any]:
     """The same after every slot of the ledger was used once and given back."""
-    with slots_held(s, MAX_SLOTS, MiB):
-        pass
-    result = alloc_pairs(s, quick)
-    result["slots_used_before"] = MAX_SLOTS
-    result["setup"] = ALLOC_SETUP + (
-        f"; before the runs, all {MAX_SLOTS} slots of the ledger were claimed, charged and "
-        "given back (as by processes that came and went), then reaped"
-    )
-    return judge(result, "added_ns", "<=", 80.0)
+    return alloc_with_slots(s, quick, live=False)
 
 
 # --- 3. cuInit of 256 processes at once ----------------------------------------------------

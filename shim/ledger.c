@@ -99,6 +99,15 @@ int gs_ledger_task_find(const struct gs_ledger *l, const char *task_id)
 	return -ENOENT;
 }
 
+/* Store 0 into each of `n` figures. */
+static void zero_all(uint64_t *const *figures, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		STORE(figures[i], 0);
+}
+
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
 /* Only nodemgr writes task entries, from one thread: no entry is raced for. */
 int gs_ledger_task_add(struct gs_ledger *l, const char *task_id)
 {
@@ -108,18 +117,16 @@ int gs_ledger_task_add(struct gs_ledger *l, const char *task_id)
 		return i;
 	for (i = 0; i < GS_MAX_TASKS; i++) {
 		struct gs_task *t = &l->task[i];
+		uint64_t *const figures[] = { &t->last_launch_ns, &t->iterations, &t->turn_until,
+					      &t->used, &t->peak };
 
 		if (LOAD(&t->state) != GS_SLOT_FREE)
 			continue;
 		memset(t->task_id, 0, sizeof(t->task_id));
 		strncpy(t->task_id, task_id, sizeof(t->task_id) - 1);
 		STORE(&t->paused, 0);
-		STORE(&t->last_launch_ns, 0);
-		STORE(&t->iterations, 0);
-		STORE(&t->turn_until, 0);
 		STORE(&t->flags, 0);
-		STORE(&t->used, 0);
-		STORE(&t->peak, 0);
+		zero_all(figures, ARRAY_LEN(figures));
 		/* State last: a process that finds the entry finds it whole. */
 		STORE(&t->state, (uint32_t)GS_SLOT_USED);
 		return i;
@@ -386,6 +393,9 @@ static struct gs_task *slot_task(struct gs_ledger *l, const struct gs_slot *s)
 static void slot_clear(struct gs_ledger *l, struct gs_slot *s)
 {
 	struct gs_task *t = slot_task(l, s);
+	uint64_t *const figures[] = { &s->held,		  &s->iterations, &s->releases,
+				      &s->boundary_ns,	  &s->launches,	  &s->launches_seen,
+				      &s->last_launch_ns, &s->peak };
 	uint64_t held = 0;
 
 	for (int g = 0; g < GS_MAX_GPUS; g++) {
@@ -402,15 +412,8 @@ static void slot_clear(struct gs_ledger *l, struct gs_slot *s)
 		STORE(&s->temp_peak[g], 0);
 		STORE(&s->settled[g], 0);
 	}
-	STORE(&s->held, 0);
-	STORE(&s->iterations, 0);
-	STORE(&s->releases, 0);
-	STORE(&s->boundary_ns, 0);
-	STORE(&s->launches, 0);
-	STORE(&s->launches_seen, 0);
+	zero_all(figures, ARRAY_LEN(figures));
 	STORE(&s->task_index, -1);
-	STORE(&s->last_launch_ns, 0);
-	STORE(&s->peak, 0);
 }
 
 /*
