@@ -105,15 +105,11 @@ static void fetch(const char *name, int version, void **out)
 static void resolve(void)
 {
 	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-	gpa_v2_fn first;
+	gpa_v2_fn first = h != NULL ? (gpa_v2_fn)dlsym(h, "cuGetProcAddress_v2") : NULL;
 
-	if (h == NULL) {
-		fprintf(stderr, "shim_bench: dlopen(libcuda.so.1): %s\n", dlerror());
-		exit(1);
-	}
-	first = (gpa_v2_fn)dlsym(h, "cuGetProcAddress_v2");
 	if (first == NULL) {
-		fprintf(stderr, "shim_bench: dlsym(cuGetProcAddress_v2): %s\n", dlerror());
+		/* dlerror() names what failed: the library, or the symbol in it. */
+		fprintf(stderr, "shim_bench: cuGetProcAddress_v2 of libcuda.so.1: %s\n", dlerror());
 		exit(1);
 	}
 	cu.gpa = first;
