@@ -524,44 +524,61 @@ static CUresult sim_stream_state(CUstream stream, struct CUstream_st *out)
 	return CUDA_SUCCESS;
 }
 
-CUresult sim_impl_cuStreamGetPriority(CUstream stream, int *priority)
+/* The fields of a stream's state that the queries read. */
+enum sim_stream_field {
+	SIM_STREAM_PRIORITY,
+	SIM_STREAM_FLAGS,
+	SIM_STREAM_ID,
+	SIM_STREAM_DEVICE,
+	SIM_STREAM_CAPTURE_STATUS,
+};
+
+/* A query: one field of the stream's state into *out, which has that field's type. */
+static CUresult sim_stream_get(CUstream stream, enum sim_stream_field field, void *out)
 {
 	struct CUstream_st s;
-	CUresult rc = priority ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
+	CUresult rc = out ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
 
-	if (rc == CUDA_SUCCESS)
-		*priority = s.priority;
-	return rc;
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	switch (field) {
+	case SIM_STREAM_PRIORITY:
+		*(int *)out = s.priority;
+		break;
+	case SIM_STREAM_FLAGS:
+		*(unsigned int *)out = s.flags;
+		break;
+	case SIM_STREAM_ID:
+		*(unsigned long long *)out = s.id;
+		break;
+	case SIM_STREAM_DEVICE:
+		*(CUdevice *)out = s.obj.dev;
+		break;
+	case SIM_STREAM_CAPTURE_STATUS:
+		*(int *)out = s.capture_status;
+		break;
+	}
+	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuStreamGetPriority(CUstream stream, int *priority)
+{
+	return sim_stream_get(stream, SIM_STREAM_PRIORITY, priority);
 }
 
 CUresult sim_impl_cuStreamGetFlags(CUstream stream, unsigned int *flags)
 {
-	struct CUstream_st s;
-	CUresult rc = flags ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
-
-	if (rc == CUDA_SUCCESS)
-		*flags = s.flags;
-	return rc;
+	return sim_stream_get(stream, SIM_STREAM_FLAGS, flags);
 }
 
 CUresult sim_impl_cuStreamGetId(CUstream stream, unsigned long long *id)
 {
-	struct CUstream_st s;
-	CUresult rc = id ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
-
-	if (rc == CUDA_SUCCESS)
-		*id = s.id;
-	return rc;
+	return sim_stream_get(stream, SIM_STREAM_ID, id);
 }
 
 CUresult sim_impl_cuStreamGetDevice(CUstream stream, CUdevice *dev)
 {
-	struct CUstream_st s;
-	CUresult rc = dev ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
-
-	if (rc == CUDA_SUCCESS)
-		*dev = s.obj.dev;
-	return rc;
+	return sim_stream_get(stream, SIM_STREAM_DEVICE, dev);
 }
 
 /* Everything on a stream is done by the time its call returns. */
@@ -729,12 +746,7 @@ CUresult sim_impl_cuStreamEndCapture(CUstream stream, CUgraph *pg)
 
 CUresult sim_impl_cuStreamIsCapturing(CUstream stream, int *status)
 {
-	struct CUstream_st s;
-	CUresult rc = status ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
-
-	if (rc == CUDA_SUCCESS)
-		*status = s.capture_status;
-	return rc;
+	return sim_stream_get(stream, SIM_STREAM_CAPTURE_STATUS, status);
 }
 
 /* Any output may be NULL. Captured work has no dependencies to report. */
