@@ -291,6 +291,11 @@ void sim_graph_free(struct CUgraph_st *g);
 	extern __typeof__(sim_impl_##twin) sim_impl_##variant \
 		__attribute__((alias("sim_impl_" #twin)))
 
+/* sim_streams.c: what the destroy calls of objects open with. */
+struct sim_obj *sim_obj_unlink_locked(const void *handle, enum sim_obj_kind kind);
+CUresult sim_obj_take(const void *handle, enum sim_obj_kind kind, CUresult missing,
+		      struct sim_obj **out);
+
 #pragma GCC visibility pop
 
 #endif

@@ -66,15 +66,12 @@ CUresult sim_impl_cuEventCreate(CUevent *pe, unsigned int flags)
 
 CUresult sim_impl_cuEventDestroy_v2(CUevent e)
 {
-	struct sim_obj seen, *o;
+	struct sim_obj *o;
+	CUresult rc = sim_obj_take(e, SIM_OBJ_EVENT, CUDA_ERROR_INVALID_HANDLE, &o);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	o = sim_obj_lookup(e, SIM_OBJ_EVENT, true, &seen);
-	if (!o)
-		return CUDA_ERROR_INVALID_HANDLE;
-	free(o);
-	return CUDA_SUCCESS;
+	if (rc == CUDA_SUCCESS)
+		free(o);
+	return rc;
 }
 
 /*

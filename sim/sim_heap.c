@@ -638,17 +638,14 @@ static CUresult sim_array_new(void **handle, const CUDA_ARRAY3D_DESCRIPTOR *desc
 
 static CUresult sim_array_destroy(const void *handle, enum sim_obj_kind kind)
 {
-	struct sim_obj **pp, *o = NULL;
+	struct sim_obj *o;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(handle, kind);
-	if (pp) {
-		o = *pp;
-		*pp = o->next;
+	o = sim_obj_unlink_locked(handle, kind);
+	if (o)
 		sim_mem_free(o->addr, SIM_MEM_ARRAY);
-	}
 	pthread_mutex_unlock(&sim_obj_lock);
 	if (!o)
 		return CUDA_ERROR_INVALID_HANDLE;

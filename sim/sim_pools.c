@@ -460,20 +460,16 @@ static void sim_pool_forget(struct sim_heap *h, CUmemoryPool pool)
  */
 CUresult sim_impl_cuMemPoolDestroy(CUmemoryPool pool)
 {
-	struct sim_obj **pp, *o = NULL;
+	struct sim_obj *o;
 	int i;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(pool, SIM_OBJ_POOL);
-	if (pp) {
-		o = *pp;
-		*pp = o->next;
-		for (i = 0; i < sim_ndevs; i++)
-			if (sim_devs[i].mempool == pool)
-				sim_devs[i].mempool = &sim_devs[i].default_pool;
-	}
+	o = sim_obj_unlink_locked(pool, SIM_OBJ_POOL);
+	for (i = 0; o && i < sim_ndevs; i++)
+		if (sim_devs[i].mempool == pool)
+			sim_devs[i].mempool = &sim_devs[i].default_pool;
 	pthread_mutex_unlock(&sim_obj_lock);
 	if (!o)
 		return CUDA_ERROR_INVALID_VALUE;

@@ -104,23 +104,50 @@ struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s)
 	return g;
 }
 
+/*
+ * What the destroy calls of objects share (streams, graphs and executable
+ * graphs here, events, pools and arrays beside): with sim_obj_lock held,
+ * the live object of kind behind handle, taken off the list; NULL if none.
+ */
+struct sim_obj *sim_obj_unlink_locked(const void *handle, enum sim_obj_kind kind)
+{
+	struct sim_obj **pp = sim_obj_find(handle, kind), *o = pp ? *pp : NULL;
+
+	if (o)
+		*pp = o->next;
+	return o;
+}
+
+/*
+ * A destroy call's opening: CUDA_ERROR_NOT_INITIALIZED before cuInit, else
+ * the object of kind behind handle taken off the list into *out, for the
+ * caller to free; missing (the call's own error) if there is none.
+ */
+CUresult sim_obj_take(const void *handle, enum sim_obj_kind kind, CUresult missing,
+		      struct sim_obj **out)
+{
+	struct sim_obj seen;
+
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
+	*out = sim_obj_lookup(handle, kind, true, &seen);
+	return *out ? CUDA_SUCCESS : missing;
+}
+
 /* A default stream is not the caller's to destroy. */
 CUresult sim_impl_cuStreamDestroy_v2(CUstream stream)
 {
 	struct CUgraph_st *g = NULL;
-	struct sim_obj **pp, *o = NULL;
+	struct sim_obj *o;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (sim_default_stream(stream))
 		return CUDA_ERROR_INVALID_HANDLE;
 	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(stream, SIM_OBJ_STREAM);
-	if (pp) {
-		o = *pp;
-		*pp = o->next;
+	o = sim_obj_unlink_locked(stream, SIM_OBJ_STREAM);
+	if (o)
 		g = sim_stream_gone_locked((struct CUstream_st *)o);
-	}
 	pthread_mutex_unlock(&sim_obj_lock);
 	if (!o)
 		return CUDA_ERROR_INVALID_HANDLE;
@@ -834,15 +861,12 @@ void sim_graph_free(struct CUgraph_st *g)
 
 CUresult sim_impl_cuGraphDestroy(CUgraph g)
 {
-	struct sim_obj seen, *o;
+	struct sim_obj *o;
+	CUresult rc = sim_obj_take(g, SIM_OBJ_GRAPH, CUDA_ERROR_INVALID_VALUE, &o);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	o = sim_obj_lookup(g, SIM_OBJ_GRAPH, true, &seen);
-	if (!o)
-		return CUDA_ERROR_INVALID_VALUE;
-	sim_graph_free((struct CUgraph_st *)o);
-	return CUDA_SUCCESS;
+	if (rc == CUDA_SUCCESS)
+		sim_graph_free((struct CUgraph_st *)o);
+	return rc;
 }
 
 CUresult sim_impl_cuGraphGetNodes(CUgraph g, void **nodes, size_t *n)
@@ -933,13 +957,11 @@ CUresult sim_impl_cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g,
 
 CUresult sim_impl_cuGraphExecDestroy(CUgraphExec e)
 {
-	struct sim_obj seen, *o;
+	struct sim_obj *o;
+	CUresult rc = sim_obj_take(e, SIM_OBJ_EXEC, CUDA_ERROR_INVALID_VALUE, &o);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	o = sim_obj_lookup(e, SIM_OBJ_EXEC, true, &seen);
-	if (!o)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	sim_ops_free(((struct CUgraphExec_st *)o)->ops, ((struct CUgraphExec_st *)o)->nops);
 	free(o);
 	return CUDA_SUCCESS;
