@@ -291,6 +291,15 @@ void sim_graph_free(struct CUgraph_st *g);
 	extern __typeof__(sim_impl_##twin) sim_impl_##variant \
 		__attribute__((alias("sim_impl_" #twin)))
 
+/* Puts node at the head of a list of records linked through their next, under lock. */
+#define SIM_LIST_PUSH(lock, head, node)     \
+	do {                                \
+		pthread_mutex_lock(lock);   \
+		(node)->next = (head);      \
+		(head) = (node);            \
+		pthread_mutex_unlock(lock); \
+	} while (0)
+
 /* sim_streams.c: what the destroy calls of objects open with. */
 struct sim_obj *sim_obj_unlink_locked(const void *handle, enum sim_obj_kind kind);
 CUresult sim_obj_take(const void *handle, enum sim_obj_kind kind, CUresult missing,

@@ -110,10 +110,7 @@ static CUresult sim_host_add(uintptr_t base, size_t size, unsigned int flags, bo
 	hm->size = size;
 	hm->flags = flags;
 	hm->registered = registered;
-	pthread_mutex_lock(&sim_host_lock);
-	hm->next = sim_host_list;
-	sim_host_list = hm;
-	pthread_mutex_unlock(&sim_host_lock);
+	SIM_LIST_PUSH(&sim_host_lock, sim_host_list, hm);
 	return CUDA_SUCCESS;
 }
 

@@ -126,10 +126,7 @@ static CUresult sim_ipc_open(CUdeviceptr *pdptr, const CUipcMemHandle *handle)
 	m->spec_index = rec.spec_index;
 	m->off = rec.off;
 	m->refs = 1;
-	pthread_mutex_lock(&sim_ipc_lock);
-	m->next = sim_ipc_list;
-	sim_ipc_list = m;
-	pthread_mutex_unlock(&sim_ipc_lock);
+	SIM_LIST_PUSH(&sim_ipc_lock, sim_ipc_list, m);
 	*pdptr = m->ptr;
 	return CUDA_SUCCESS;
 }
