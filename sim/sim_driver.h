@@ -113,7 +113,7 @@ struct sim_obj {
 	int dev;
 	CUdeviceptr addr; /* arrays: their storage in the device heap */
 	uint64_t owner;	  /* arrays, streams: their context's id; pools: 0 */
-	CUcontext ctx;	  /* streams: their context */
+	CUcontext ctx;	  /* arrays, streams: their context */
 };
 
 /*
@@ -300,7 +300,9 @@ void sim_graph_free(struct CUgraph_st *g);
 		pthread_mutex_unlock(lock); \
 	} while (0)
 
-/* sim_streams.c: what the destroy calls of objects open with. */
+/* sim_streams.c: what the create and destroy calls of objects share. */
+void *sim_obj_new(size_t size, enum sim_obj_kind kind, int dev);
+void *sim_obj_new_current(size_t size, enum sim_obj_kind kind, CUresult *rc);
 struct sim_obj *sim_obj_unlink_locked(const void *handle, enum sim_obj_kind kind);
 CUresult sim_obj_take(const void *handle, enum sim_obj_kind kind, CUresult missing,
 		      struct sim_obj **out);

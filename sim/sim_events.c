@@ -53,11 +53,9 @@ CUresult sim_impl_cuEventCreate(CUevent *pe, unsigned int flags)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!sim_depth)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	e = calloc(1, sizeof(*e));
+	e = sim_obj_new(sizeof(*e), SIM_OBJ_EVENT, sim_current_dev());
 	if (!e)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	e->obj.kind = SIM_OBJ_EVENT;
-	e->obj.dev = sim_current_dev();
 	e->flags = flags;
 	sim_obj_add(&e->obj);
 	*pe = e;

@@ -600,7 +600,6 @@ static CUresult sim_array_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int l
 static CUresult sim_array_new(void **handle, const CUDA_ARRAY3D_DESCRIPTOR *desc,
 			      unsigned int levels, enum sim_obj_kind kind)
 {
-	const struct sim_ctx_slot *cur;
 	struct sim_obj *o;
 	size_t bytes;
 	CUresult rc;
@@ -612,15 +611,9 @@ static CUresult sim_array_new(void **handle, const CUDA_ARRAY3D_DESCRIPTOR *desc
 	rc = sim_array_bytes(desc, levels, &bytes);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	cur = sim_current();
-	if (!cur)
-		return CUDA_ERROR_INVALID_CONTEXT;
-	o = calloc(1, sizeof(*o));
+	o = sim_obj_new_current(sizeof(*o), kind, &rc);
 	if (!o)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	o->kind = kind;
-	o->dev = cur->dev;
-	o->owner = cur->id;
+		return rc;
 	pthread_mutex_lock(&sim_obj_lock);
 	rc = sim_heap_alloc(&sim_devs[o->dev], bytes, SIM_MEM_ARRAY, o->owner, &o->addr);
 	if (rc == CUDA_SUCCESS) {

@@ -425,11 +425,9 @@ CUresult sim_impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *prop
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!pool || !props || !sim_valid_pool_props(props))
 		return CUDA_ERROR_INVALID_VALUE;
-	p = calloc(1, sizeof(*p));
+	p = sim_obj_new(sizeof(*p), SIM_OBJ_POOL, props->location.id);
 	if (!p)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	p->obj.kind = SIM_OBJ_POOL;
-	p->obj.dev = props->location.id;
 	sim_obj_add(&p->obj);
 	*pool = p;
 	return CUDA_SUCCESS;

@@ -65,23 +65,16 @@ CUresult sim_stream_slot_live(CUstream stream, struct sim_ctx_slot *slot)
  */
 CUresult sim_impl_cuStreamCreate(CUstream *stream, unsigned int flags)
 {
-	const struct sim_ctx_slot *cur;
 	struct CUstream_st *s;
+	CUresult rc;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!stream || (flags & ~(unsigned int)CU_STREAM_NON_BLOCKING))
 		return CUDA_ERROR_INVALID_VALUE;
-	cur = sim_current();
-	if (!cur)
-		return CUDA_ERROR_INVALID_CONTEXT;
-	s = calloc(1, sizeof(*s));
+	s = sim_obj_new_current(sizeof(*s), SIM_OBJ_STREAM, &rc);
 	if (!s)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	s->obj.kind = SIM_OBJ_STREAM;
-	s->obj.dev = cur->dev;
-	s->obj.owner = cur->id;
-	s->obj.ctx = cur->ctx;
+		return rc;
 	s->flags = flags;
 	s->id = __atomic_add_fetch(&sim_stream_serial, 1, __ATOMIC_RELAXED);
 	sim_obj_add(&s->obj);
@@ -102,6 +95,41 @@ struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s)
 		sim_capture_end_locked(s->capture_id);
 	}
 	return g;
+}
+
+/*
+ * What the create calls of objects share (streams, graphs and executable
+ * graphs here, events, pools and arrays beside): a zeroed object of size
+ * bytes, a struct that starts with its struct sim_obj, of kind on dev;
+ * NULL if out of memory.
+ */
+void *sim_obj_new(size_t size, enum sim_obj_kind kind, int dev)
+{
+	struct sim_obj *o = calloc(1, size);
+
+	if (o) {
+		o->kind = kind;
+		o->dev = dev;
+	}
+	return o;
+}
+
+/*
+ * sim_obj_new for the calling thread's current context (an array's or a
+ * stream's): on its device, with its id as owner and the context itself;
+ * NULL with *rc set (CUDA_ERROR_INVALID_CONTEXT without one) if none is made.
+ */
+void *sim_obj_new_current(size_t size, enum sim_obj_kind kind, CUresult *rc)
+{
+	const struct sim_ctx_slot *cur = sim_current();
+	struct sim_obj *o = cur ? sim_obj_new(size, kind, cur->dev) : NULL;
+
+	if (o) {
+		o->owner = cur->id;
+		o->ctx = cur->ctx;
+	}
+	*rc = !cur ? CUDA_ERROR_INVALID_CONTEXT : !o ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+	return o;
 }
 
 /*
@@ -663,11 +691,7 @@ static uint64_t sim_capture_serial;   /* atomic */
 
 static struct CUgraph_st *sim_graph_new(void)
 {
-	struct CUgraph_st *g = calloc(1, sizeof(*g));
-
-	if (g)
-		g->obj.kind = SIM_OBJ_GRAPH;
-	return g;
+	return sim_obj_new(sizeof(struct CUgraph_st), SIM_OBJ_GRAPH, 0);
 }
 
 /*
@@ -897,10 +921,9 @@ static CUresult sim_instantiate(CUgraphExec *pe, CUgraph g, uint64_t flags)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!pe)
 		return CUDA_ERROR_INVALID_VALUE;
-	e = calloc(1, sizeof(*e));
+	e = sim_obj_new(sizeof(*e), SIM_OBJ_EXEC, 0);
 	if (!e)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	e->obj.kind = SIM_OBJ_EXEC;
 	e->autofree = flags & SIM_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
 	pthread_mutex_lock(&sim_obj_lock);
 	pp = sim_obj_find(g, SIM_OBJ_GRAPH);
