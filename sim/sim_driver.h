@@ -300,7 +300,8 @@ void sim_graph_free(struct CUgraph_st *g);
 		pthread_mutex_unlock(lock); \
 	} while (0)
 
-/* sim_streams.c: what the create and destroy calls of objects share. */
+/* sim_streams.c: what entry points open with, and what objects' create and destroy share. */
+CUresult sim_check_args(bool args_ok);
 void *sim_obj_new(size_t size, enum sim_obj_kind kind, int dev);
 void *sim_obj_new_current(size_t size, enum sim_obj_kind kind, CUresult *rc);
 struct sim_obj *sim_obj_unlink_locked(const void *handle, enum sim_obj_kind kind);

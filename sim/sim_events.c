@@ -156,12 +156,10 @@ CUresult sim_impl_cuEventElapsedTime(float *ms, CUevent start, CUevent end)
 {
 	struct CUevent_st a = { .recorded = false }, b = { .recorded = false };
 	struct sim_obj **pa, **pb;
-	CUresult rc = CUDA_SUCCESS;
+	CUresult rc = sim_check_args(ms != NULL);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!ms)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	pthread_mutex_lock(&sim_obj_lock);
 	pa = sim_obj_find(start, SIM_OBJ_EVENT);
 	pb = sim_obj_find(end, SIM_OBJ_EVENT);

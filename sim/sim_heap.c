@@ -602,12 +602,10 @@ static CUresult sim_array_new(void **handle, const CUDA_ARRAY3D_DESCRIPTOR *desc
 {
 	struct sim_obj *o;
 	size_t bytes;
-	CUresult rc;
+	CUresult rc = sim_check_args(handle && desc);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!handle || !desc)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	rc = sim_array_bytes(desc, levels, &bytes);
 	if (rc != CUDA_SUCCESS)
 		return rc;

@@ -354,12 +354,10 @@ CUresult sim_impl_cuPointerGetAttributes(unsigned int n, int *attrs, void **data
 	struct sim_ptr info;
 	unsigned int i;
 	bool known;
-	CUresult rc;
+	CUresult rc = sim_check_args(attrs && data);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!attrs || !data)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	known = sim_ptr_find(p, &info);
 	for (i = 0; i < n; i++) {
 		if (!data[i])

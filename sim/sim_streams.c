@@ -98,6 +98,18 @@ struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s)
 }
 
 /*
+ * What many entry points check first: CUDA_ERROR_NOT_INITIALIZED before
+ * cuInit, then CUDA_ERROR_INVALID_VALUE unless the caller's own check of
+ * its arguments passed (one free of side effects: it is made either way).
+ */
+CUresult sim_check_args(bool args_ok)
+{
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
+	return args_ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/*
  * What the create calls of objects share (streams, graphs and executable
  * graphs here, events, pools and arrays beside): a zeroed object of size
  * bytes, a struct that starts with its struct sim_obj, of kind on dev;
@@ -187,13 +199,10 @@ CUresult sim_impl_cuStreamDestroy_v2(CUstream stream)
 static CUresult sim_stream_ctx(CUstream stream, CUcontext *pctx)
 {
 	struct sim_ctx_slot slot;
-	CUresult rc;
+	CUresult rc = sim_check_args(pctx != NULL);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!pctx)
-		return CUDA_ERROR_INVALID_VALUE;
-	rc = sim_stream_slot(stream, &slot);
+	if (rc == CUDA_SUCCESS)
+		rc = sim_stream_slot(stream, &slot);
 	if (rc == CUDA_SUCCESS)
 		*pctx = slot.ctx;
 	return rc;
@@ -765,12 +774,10 @@ CUresult sim_impl_cuStreamEndCapture(CUstream stream, CUgraph *pg)
 {
 	struct CUgraph_st *g = NULL;
 	struct CUstream_st *s;
-	CUresult rc = CUDA_SUCCESS;
+	CUresult rc = sim_check_args(pg != NULL);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!pg)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	pthread_mutex_lock(&sim_obj_lock);
 	s = sim_stream_locked(stream);
 	if (!s || s->capture_status == CU_STREAM_CAPTURE_STATUS_NONE) {
@@ -896,12 +903,11 @@ CUresult sim_impl_cuGraphDestroy(CUgraph g)
 CUresult sim_impl_cuGraphGetNodes(CUgraph g, void **nodes, size_t *n)
 {
 	struct CUgraph_st copy;
+	CUresult rc = sim_check_args(n != NULL);
 	size_t i;
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!n)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	if (!sim_obj_copy(g, SIM_OBJ_GRAPH, &copy, sizeof(copy)))
 		return CUDA_ERROR_INVALID_VALUE;
 	/* Node handles are the graph's address and the node's position: opaque, distinct. */
