@@ -3,7 +3,8 @@
  * launches (events are sim_events.c's). Nothing runs asynchronously: an
  * operation on a stream is done by the time its call returns, unless the
  * stream is capturing, when it is recorded into a graph to be done at each
- * launch of it.
+ * launch of it. Also what the other files' entry points and objects share:
+ * the first checks of a call, and the making and taking of an object.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
