@@ -113,7 +113,7 @@ struct sim_obj {
 	int dev;
 	CUdeviceptr addr; /* arrays: their storage in the device heap */
 	uint64_t owner;	  /* arrays, streams: their context's id; pools: 0 */
-	CUcontext ctx;	  /* streams: their context */
+	CUcontext ctx;	  /* arrays, streams: their context */
 };
 
 /*
@@ -290,6 +290,23 @@ void sim_graph_free(struct CUgraph_st *g);
 #define SIM_SAME_AS(variant, twin)                            \
 	extern __typeof__(sim_impl_##twin) sim_impl_##variant \
 		__attribute__((alias("sim_impl_" #twin)))
+
+/* Puts node at the head of a list of records linked through their next, under lock. */
+#define SIM_LIST_PUSH(lock, head, node)     \
+	do {                                \
+		pthread_mutex_lock(lock);   \
+		(node)->next = (head);      \
+		(head) = (node);            \
+		pthread_mutex_unlock(lock); \
+	} while (0)
+
+/* sim_streams.c: what entry points open with, and what objects' create and destroy share. */
+CUresult sim_check_args(bool args_ok);
+void *sim_obj_new(size_t size, enum sim_obj_kind kind, int dev);
+void *sim_obj_new_current(size_t size, enum sim_obj_kind kind, CUresult *rc);
+struct sim_obj *sim_obj_unlink_locked(const void *handle, enum sim_obj_kind kind);
+CUresult sim_obj_take(const void *handle, enum sim_obj_kind kind, CUresult missing,
+		      struct sim_obj **out);
 
 #pragma GCC visibility pop
 

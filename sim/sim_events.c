@@ -53,11 +53,9 @@ CUresult sim_impl_cuEventCreate(CUevent *pe, unsigned int flags)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!sim_depth)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	e = calloc(1, sizeof(*e));
+	e = sim_obj_new(sizeof(*e), SIM_OBJ_EVENT, sim_current_dev());
 	if (!e)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	e->obj.kind = SIM_OBJ_EVENT;
-	e->obj.dev = sim_current_dev();
 	e->flags = flags;
 	sim_obj_add(&e->obj);
 	*pe = e;
@@ -66,15 +64,12 @@ CUresult sim_impl_cuEventCreate(CUevent *pe, unsigned int flags)
 
 CUresult sim_impl_cuEventDestroy_v2(CUevent e)
 {
-	struct sim_obj seen, *o;
+	struct sim_obj *o;
+	CUresult rc = sim_obj_take(e, SIM_OBJ_EVENT, CUDA_ERROR_INVALID_HANDLE, &o);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	o = sim_obj_lookup(e, SIM_OBJ_EVENT, true, &seen);
-	if (!o)
-		return CUDA_ERROR_INVALID_HANDLE;
-	free(o);
-	return CUDA_SUCCESS;
+	if (rc == CUDA_SUCCESS)
+		free(o);
+	return rc;
 }
 
 /*
@@ -161,12 +156,10 @@ CUresult sim_impl_cuEventElapsedTime(float *ms, CUevent start, CUevent end)
 {
 	struct CUevent_st a = { .recorded = false }, b = { .recorded = false };
 	struct sim_obj **pa, **pb;
-	CUresult rc = CUDA_SUCCESS;
+	CUresult rc = sim_check_args(ms != NULL);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!ms)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	pthread_mutex_lock(&sim_obj_lock);
 	pa = sim_obj_find(start, SIM_OBJ_EVENT);
 	pb = sim_obj_find(end, SIM_OBJ_EVENT);

@@ -600,27 +600,18 @@ static CUresult sim_array_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int l
 static CUresult sim_array_new(void **handle, const CUDA_ARRAY3D_DESCRIPTOR *desc,
 			      unsigned int levels, enum sim_obj_kind kind)
 {
-	const struct sim_ctx_slot *cur;
 	struct sim_obj *o;
 	size_t bytes;
-	CUresult rc;
+	CUresult rc = sim_check_args(handle && desc);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!handle || !desc)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	rc = sim_array_bytes(desc, levels, &bytes);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	cur = sim_current();
-	if (!cur)
-		return CUDA_ERROR_INVALID_CONTEXT;
-	o = calloc(1, sizeof(*o));
+	o = sim_obj_new_current(sizeof(*o), kind, &rc);
 	if (!o)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	o->kind = kind;
-	o->dev = cur->dev;
-	o->owner = cur->id;
+		return rc;
 	pthread_mutex_lock(&sim_obj_lock);
 	rc = sim_heap_alloc(&sim_devs[o->dev], bytes, SIM_MEM_ARRAY, o->owner, &o->addr);
 	if (rc == CUDA_SUCCESS) {
@@ -638,17 +629,14 @@ static CUresult sim_array_new(void **handle, const CUDA_ARRAY3D_DESCRIPTOR *desc
 
 static CUresult sim_array_destroy(const void *handle, enum sim_obj_kind kind)
 {
-	struct sim_obj **pp, *o = NULL;
+	struct sim_obj *o;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(handle, kind);
-	if (pp) {
-		o = *pp;
-		*pp = o->next;
+	o = sim_obj_unlink_locked(handle, kind);
+	if (o)
 		sim_mem_free(o->addr, SIM_MEM_ARRAY);
-	}
 	pthread_mutex_unlock(&sim_obj_lock);
 	if (!o)
 		return CUDA_ERROR_INVALID_HANDLE;

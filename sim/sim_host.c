@@ -22,11 +22,22 @@
 pthread_mutex_t sim_host_lock = PTHREAD_MUTEX_INITIALIZER;
 struct sim_host *sim_host_list;
 
+/* With sim_host_lock held: the host record that holds p, or NULL. */
+static const struct sim_host *sim_host_holding_locked(uintptr_t p)
+{
+	const struct sim_host *hm;
+
+	for (hm = sim_host_list; hm; hm = hm->next)
+		if (p >= hm->base && p - hm->base < hm->size)
+			return hm;
+	return NULL;
+}
+
 bool sim_ptr_find(uintptr_t p, struct sim_ptr *out)
 {
 	struct sim_heap *h;
 	struct sim_va *v;
-	struct sim_host *hm;
+	const struct sim_host *hm;
 	struct sim_ipc *m;
 	size_t off;
 	int i;
@@ -85,14 +96,12 @@ bool sim_ptr_find(uintptr_t p, struct sim_ptr *out)
 	if (out->type)
 		return true;
 	pthread_mutex_lock(&sim_host_lock);
-	for (hm = sim_host_list; hm; hm = hm->next) {
-		if (p >= hm->base && p - hm->base < hm->size) {
-			out->type = CU_MEMORYTYPE_HOST;
-			out->base = hm->base;
-			out->size = hm->size;
-			out->dev = sim_depth ? sim_current_dev() : 0;
-			break;
-		}
+	hm = sim_host_holding_locked(p);
+	if (hm) {
+		out->type = CU_MEMORYTYPE_HOST;
+		out->base = hm->base;
+		out->size = hm->size;
+		out->dev = sim_depth ? sim_current_dev() : 0;
 	}
 	pthread_mutex_unlock(&sim_host_lock);
 	return out->type != 0;
@@ -110,10 +119,7 @@ static CUresult sim_host_add(uintptr_t base, size_t size, unsigned int flags, bo
 	hm->size = size;
 	hm->flags = flags;
 	hm->registered = registered;
-	pthread_mutex_lock(&sim_host_lock);
-	hm->next = sim_host_list;
-	sim_host_list = hm;
-	pthread_mutex_unlock(&sim_host_lock);
+	SIM_LIST_PUSH(&sim_host_lock, sim_host_list, hm);
 	return CUDA_SUCCESS;
 }
 
@@ -161,18 +167,28 @@ CUresult sim_impl_cuMemAllocHost_v2(void **pp, size_t size)
 	return sim_impl_cuMemHostAlloc(pp, size, 0);
 }
 
-CUresult sim_impl_cuMemFreeHost(void *p)
+/*
+ * cuMemFreeHost and cuMemHostUnregister: the record that starts at p, of
+ * the call's kind, goes (an allocation's pages with it); missing if none.
+ */
+static CUresult sim_host_remove(void *p, bool registered, CUresult missing)
 {
 	struct sim_host *hm;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
-	hm = sim_host_take((uintptr_t)p, false);
+	hm = sim_host_take((uintptr_t)p, registered);
 	if (!hm)
-		return CUDA_ERROR_INVALID_VALUE;
-	munmap((void *)hm->base, hm->size);
+		return missing;
+	if (!registered)
+		munmap((void *)hm->base, hm->size);
 	free(hm);
 	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuMemFreeHost(void *p)
+{
+	return sim_host_remove(p, false, CUDA_ERROR_INVALID_VALUE);
 }
 
 CUresult sim_impl_cuMemHostRegister_v2(void *p, size_t size, unsigned int flags)
@@ -193,16 +209,8 @@ CUresult sim_impl_cuMemHostRegister_v2(void *p, size_t size, unsigned int flags)
 
 CUresult sim_impl_cuMemHostUnregister(void *p)
 {
-	struct sim_host *hm;
-
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	hm = sim_host_take((uintptr_t)p, true);
 	/* CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED */
-	if (!hm)
-		return 713;
-	free(hm);
-	return CUDA_SUCCESS;
+	return sim_host_remove(p, true, 713);
 }
 
 /* Host and device share one address space: the device sees the same address. */
@@ -221,23 +229,18 @@ CUresult sim_impl_cuMemHostGetDevicePointer_v2(CUdeviceptr *pd, void *p, unsigne
 
 CUresult sim_impl_cuMemHostGetFlags(unsigned int *flags, void *p)
 {
-	struct sim_host *hm;
-	CUresult rc = CUDA_ERROR_INVALID_VALUE;
+	const struct sim_host *hm;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!flags)
-		return rc;
+		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&sim_host_lock);
-	for (hm = sim_host_list; hm; hm = hm->next) {
-		if ((uintptr_t)p >= hm->base && (uintptr_t)p - hm->base < hm->size) {
-			*flags = hm->flags;
-			rc = CUDA_SUCCESS;
-			break;
-		}
-	}
+	hm = sim_host_holding_locked((uintptr_t)p);
+	if (hm)
+		*flags = hm->flags;
 	pthread_mutex_unlock(&sim_host_lock);
-	return rc;
+	return hm ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* Pointer queries. */
@@ -351,12 +354,10 @@ CUresult sim_impl_cuPointerGetAttributes(unsigned int n, int *attrs, void **data
 	struct sim_ptr info;
 	unsigned int i;
 	bool known;
-	CUresult rc;
+	CUresult rc = sim_check_args(attrs && data);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!attrs || !data)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	known = sim_ptr_find(p, &info);
 	for (i = 0; i < n; i++) {
 		if (!data[i])

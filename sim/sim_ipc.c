@@ -39,15 +39,14 @@ struct sim_ipc_mem {
 
 CUresult sim_impl_cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)
 {
+	CUresult rc = sim_check_args(handle != NULL);
 	struct sim_ipc_mem rec;
 	struct sim_ptr info;
 	struct sim_heap *h;
 	size_t off;
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!handle)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	h = sim_heap_of(p, &off);
 	if (!h || !sim_ptr_find(p, &info) || info.base != p || !info.ipc)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -126,10 +125,7 @@ static CUresult sim_ipc_open(CUdeviceptr *pdptr, const CUipcMemHandle *handle)
 	m->spec_index = rec.spec_index;
 	m->off = rec.off;
 	m->refs = 1;
-	pthread_mutex_lock(&sim_ipc_lock);
-	m->next = sim_ipc_list;
-	sim_ipc_list = m;
-	pthread_mutex_unlock(&sim_ipc_lock);
+	SIM_LIST_PUSH(&sim_ipc_lock, sim_ipc_list, m);
 	*pdptr = m->ptr;
 	return CUDA_SUCCESS;
 }

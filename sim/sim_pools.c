@@ -425,11 +425,9 @@ CUresult sim_impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *prop
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!pool || !props || !sim_valid_pool_props(props))
 		return CUDA_ERROR_INVALID_VALUE;
-	p = calloc(1, sizeof(*p));
+	p = sim_obj_new(sizeof(*p), SIM_OBJ_POOL, props->location.id);
 	if (!p)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	p->obj.kind = SIM_OBJ_POOL;
-	p->obj.dev = props->location.id;
 	sim_obj_add(&p->obj);
 	*pool = p;
 	return CUDA_SUCCESS;
@@ -460,20 +458,16 @@ static void sim_pool_forget(struct sim_heap *h, CUmemoryPool pool)
  */
 CUresult sim_impl_cuMemPoolDestroy(CUmemoryPool pool)
 {
-	struct sim_obj **pp, *o = NULL;
+	struct sim_obj *o;
 	int i;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(pool, SIM_OBJ_POOL);
-	if (pp) {
-		o = *pp;
-		*pp = o->next;
-		for (i = 0; i < sim_ndevs; i++)
-			if (sim_devs[i].mempool == pool)
-				sim_devs[i].mempool = &sim_devs[i].default_pool;
-	}
+	o = sim_obj_unlink_locked(pool, SIM_OBJ_POOL);
+	for (i = 0; o && i < sim_ndevs; i++)
+		if (sim_devs[i].mempool == pool)
+			sim_devs[i].mempool = &sim_devs[i].default_pool;
 	pthread_mutex_unlock(&sim_obj_lock);
 	if (!o)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -483,49 +477,15 @@ CUresult sim_impl_cuMemPoolDestroy(CUmemoryPool pool)
 }
 
 /*
- * From the current pool of the stream's device (a pool is always local to
- * its device, so that is the device's heap). Stream-ordered memory belongs
- * to its pool, not to a context: cuCtxDestroy documents that it does not
- * free it, so it is recorded with no owning context.
+ * From the current pool of the stream's device (by_stream: cuMemAllocAsync;
+ * a pool is always local to its device, so that is the device's heap), or
+ * from the pool named (cuMemAllocFromPoolAsync: on the pool's device,
+ * whatever the stream's device is). Stream-ordered memory belongs to its
+ * pool, not to a context: cuCtxDestroy documents that it does not free it,
+ * so it is recorded with no owning context.
  */
-static CUresult sim_alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
-{
-	struct CUmemPoolHandle_st *pool;
-	struct sim_ctx_slot slot;
-	bool captured;
-	CUresult rc;
-
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!dptr || bytesize == 0)
-		return CUDA_ERROR_INVALID_VALUE;
-	rc = sim_stream_slot(stream, &slot);
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	rc = sim_capture_alloc(stream, slot.dev, bytesize, dptr, &captured);
-	if (captured)
-		return rc;
-	/* Held throughout, so that the pool cannot be destroyed while it is used. */
-	pthread_mutex_lock(&sim_obj_lock);
-	pool = sim_devs[slot.dev].mempool;
-	rc = sim_pool_alloc(&sim_devs[slot.dev], pool, bytesize, dptr);
-	pthread_mutex_unlock(&sim_obj_lock);
-	return rc;
-}
-
-CUresult sim_impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
-{
-	return sim_alloc_async(dptr, bytesize, stream);
-}
-
-CUresult sim_impl_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
-{
-	return sim_alloc_async(dptr, bytesize, stream);
-}
-
-/* From the pool's device, whatever the stream's device is. */
-static CUresult sim_alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-				    CUstream stream)
+static CUresult sim_alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+				bool by_stream, CUstream stream)
 {
 	struct sim_ctx_slot slot;
 	bool captured;
@@ -536,36 +496,49 @@ static CUresult sim_alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemory
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!dptr || bytesize == 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (sim_pool_device(pool) < 0)
+	if (!by_stream && sim_pool_device(pool) < 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	rc = sim_stream_slot(stream, &slot);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	/* Captured: a node of the graph, on the pool's device (its properties are the node's). */
-	dev = sim_pool_device(pool);
+	dev = by_stream ? slot.dev : sim_pool_device(pool);
 	rc = dev < 0 ? CUDA_ERROR_INVALID_VALUE
 		     : sim_capture_alloc(stream, dev, bytesize, dptr, &captured);
 	if (dev < 0 || captured)
 		return rc;
 	/* Held throughout, so that the pool cannot be destroyed while it is used. */
 	pthread_mutex_lock(&sim_obj_lock);
-	dev = sim_pool_device_locked(pool);
+	if (by_stream)
+		pool = sim_devs[dev].mempool;
+	else
+		dev = sim_pool_device_locked(pool);
 	rc = dev < 0 ? CUDA_ERROR_INVALID_VALUE
 		     : sim_pool_alloc(&sim_devs[dev], pool, bytesize, dptr);
 	pthread_mutex_unlock(&sim_obj_lock);
 	return rc;
 }
 
+CUresult sim_impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+{
+	return sim_alloc_async(dptr, bytesize, NULL, true, stream);
+}
+
+CUresult sim_impl_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+{
+	return sim_alloc_async(dptr, bytesize, NULL, true, stream);
+}
+
 CUresult sim_impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
 					  CUstream stream)
 {
-	return sim_alloc_from_pool(dptr, bytesize, pool, stream);
+	return sim_alloc_async(dptr, bytesize, pool, false, stream);
 }
 
 CUresult sim_impl_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
 					       CUmemoryPool pool, CUstream stream)
 {
-	return sim_alloc_from_pool(dptr, bytesize, pool, stream);
+	return sim_alloc_async(dptr, bytesize, pool, false, stream);
 }
 
 static CUresult sim_free_async(CUdeviceptr dptr, CUstream stream)
@@ -632,77 +605,83 @@ static CUresult sim_pool_enter(CUmemoryPool pool, bool args_ok, struct sim_heap 
 	return CUDA_SUCCESS;
 }
 
-CUresult sim_impl_cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
+/*
+ * The figure attr names (the release threshold or a memory counter) and,
+ * for a high-water mark, the current figure it restarts at (else NULL);
+ * NULL for a reuse switch or an attribute that is none of the pool's.
+ */
+static uint64_t *sim_pool_figure(CUmemoryPool pool, int attr, const uint64_t **current)
+{
+	*current = NULL;
+	switch (attr) {
+	case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+		return &pool->threshold;
+	case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+		return &pool->reserved;
+	case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+		*current = &pool->reserved;
+		return &pool->reserved_high;
+	case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+		return &pool->used;
+	case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+		*current = &pool->used;
+		return &pool->used_high;
+	default:
+		return NULL;
+	}
+}
+
+/* With the pool locked: one attribute set from, or read into, *value. */
+static CUresult sim_pool_attr_locked(CUmemoryPool pool, int attr, void *value, bool set)
+{
+	const uint64_t *current;
+	uint64_t *figure = sim_pool_figure(pool, attr, &current);
+
+	if (attr >= CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES &&
+	    attr <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES) {
+		if (set)
+			pool->reuse[attr - 1] = *(int *)value;
+		else
+			*(int *)value = pool->reuse[attr - 1];
+		return CUDA_SUCCESS;
+	}
+	if (!figure)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!set) {
+		*(uint64_t *)value = *figure;
+		return CUDA_SUCCESS;
+	}
+	if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) {
+		*figure = *(uint64_t *)value;
+		return CUDA_SUCCESS;
+	}
+	/* The high-water marks can only be reset, to 0, which restarts them at current. */
+	if (!current || *(uint64_t *)value != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	*figure = *current;
+	return CUDA_SUCCESS;
+}
+
+static CUresult sim_pool_attr(CUmemoryPool pool, int attr, void *value, bool set)
 {
 	struct sim_heap *h = NULL;
 	CUresult rc = sim_pool_enter(pool, value != NULL, &h);
 
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	switch (attr) {
-	case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-	case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-	case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-		pool->reuse[attr - 1] = *(int *)value;
-		break;
-	case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-		pool->threshold = *(uint64_t *)value;
-		break;
-	/* The high-water marks can only be reset, to 0, which restarts them at current. */
-	case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-		if (*(uint64_t *)value)
-			rc = CUDA_ERROR_INVALID_VALUE;
-		else
-			pool->reserved_high = pool->reserved;
-		break;
-	case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-		if (*(uint64_t *)value)
-			rc = CUDA_ERROR_INVALID_VALUE;
-		else
-			pool->used_high = pool->used;
-		break;
-	default:
-		rc = CUDA_ERROR_INVALID_VALUE;
-		break;
-	}
+	rc = sim_pool_attr_locked(pool, attr, value, set);
 	sim_pool_unlock(h);
 	return rc;
 }
 
+CUresult sim_impl_cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+	return sim_pool_attr(pool, attr, value, true);
+}
+
 CUresult sim_impl_cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
 {
-	struct sim_heap *h = NULL;
-	CUresult rc = sim_pool_enter(pool, value != NULL, &h);
-
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	switch (attr) {
-	case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-	case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-	case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-		*(int *)value = pool->reuse[attr - 1];
-		break;
-	case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-		*(uint64_t *)value = pool->threshold;
-		break;
-	case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
-		*(uint64_t *)value = pool->reserved;
-		break;
-	case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-		*(uint64_t *)value = pool->reserved_high;
-		break;
-	case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
-		*(uint64_t *)value = pool->used;
-		break;
-	case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-		*(uint64_t *)value = pool->used_high;
-		break;
-	default:
-		rc = CUDA_ERROR_INVALID_VALUE;
-		break;
-	}
-	sim_pool_unlock(h);
-	return rc;
+	return sim_pool_attr(pool, attr, value, false);
 }
 
 CUresult sim_impl_cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)

@@ -3,7 +3,8 @@
  * launches (events are sim_events.c's). Nothing runs asynchronously: an
  * operation on a stream is done by the time its call returns, unless the
  * stream is capturing, when it is recorded into a graph to be done at each
- * launch of it.
+ * launch of it. Also what the other files' entry points and objects share:
+ * the first checks of a call, and the making and taking of an object.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -65,23 +66,16 @@ CUresult sim_stream_slot_live(CUstream stream, struct sim_ctx_slot *slot)
  */
 CUresult sim_impl_cuStreamCreate(CUstream *stream, unsigned int flags)
 {
-	const struct sim_ctx_slot *cur;
 	struct CUstream_st *s;
+	CUresult rc;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!stream || (flags & ~(unsigned int)CU_STREAM_NON_BLOCKING))
 		return CUDA_ERROR_INVALID_VALUE;
-	cur = sim_current();
-	if (!cur)
-		return CUDA_ERROR_INVALID_CONTEXT;
-	s = calloc(1, sizeof(*s));
+	s = sim_obj_new_current(sizeof(*s), SIM_OBJ_STREAM, &rc);
 	if (!s)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	s->obj.kind = SIM_OBJ_STREAM;
-	s->obj.dev = cur->dev;
-	s->obj.owner = cur->id;
-	s->obj.ctx = cur->ctx;
+		return rc;
 	s->flags = flags;
 	s->id = __atomic_add_fetch(&sim_stream_serial, 1, __ATOMIC_RELAXED);
 	sim_obj_add(&s->obj);
@@ -104,23 +98,97 @@ struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s)
 	return g;
 }
 
+/*
+ * What many entry points check first: CUDA_ERROR_NOT_INITIALIZED before
+ * cuInit, then CUDA_ERROR_INVALID_VALUE unless the caller's own check of
+ * its arguments passed (one free of side effects: it is made either way).
+ */
+CUresult sim_check_args(bool args_ok)
+{
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
+	return args_ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/*
+ * What the create calls of objects share (streams, graphs and executable
+ * graphs here, events, pools and arrays beside): a zeroed object of size
+ * bytes, a struct that starts with its struct sim_obj, of kind on dev;
+ * NULL if out of memory.
+ */
+void *sim_obj_new(size_t size, enum sim_obj_kind kind, int dev)
+{
+	struct sim_obj *o = calloc(1, size);
+
+	if (o) {
+		o->kind = kind;
+		o->dev = dev;
+	}
+	return o;
+}
+
+/*
+ * sim_obj_new for the calling thread's current context (an array's or a
+ * stream's): on its device, with its id as owner and the context itself;
+ * NULL with *rc set (CUDA_ERROR_INVALID_CONTEXT without one) if none is made.
+ */
+void *sim_obj_new_current(size_t size, enum sim_obj_kind kind, CUresult *rc)
+{
+	const struct sim_ctx_slot *cur = sim_current();
+	struct sim_obj *o = cur ? sim_obj_new(size, kind, cur->dev) : NULL;
+
+	if (o) {
+		o->owner = cur->id;
+		o->ctx = cur->ctx;
+	}
+	*rc = !cur ? CUDA_ERROR_INVALID_CONTEXT : !o ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+	return o;
+}
+
+/*
+ * What the destroy calls of objects share (streams, graphs and executable
+ * graphs here, events, pools and arrays beside): with sim_obj_lock held,
+ * the live object of kind behind handle, taken off the list; NULL if none.
+ */
+struct sim_obj *sim_obj_unlink_locked(const void *handle, enum sim_obj_kind kind)
+{
+	struct sim_obj **pp = sim_obj_find(handle, kind), *o = pp ? *pp : NULL;
+
+	if (o)
+		*pp = o->next;
+	return o;
+}
+
+/*
+ * A destroy call's opening: CUDA_ERROR_NOT_INITIALIZED before cuInit, else
+ * the object of kind behind handle taken off the list into *out, for the
+ * caller to free; missing (the call's own error) if there is none.
+ */
+CUresult sim_obj_take(const void *handle, enum sim_obj_kind kind, CUresult missing,
+		      struct sim_obj **out)
+{
+	struct sim_obj seen;
+
+	if (!sim_initialized())
+		return CUDA_ERROR_NOT_INITIALIZED;
+	*out = sim_obj_lookup(handle, kind, true, &seen);
+	return *out ? CUDA_SUCCESS : missing;
+}
+
 /* A default stream is not the caller's to destroy. */
 CUresult sim_impl_cuStreamDestroy_v2(CUstream stream)
 {
 	struct CUgraph_st *g = NULL;
-	struct sim_obj **pp, *o = NULL;
+	struct sim_obj *o;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (sim_default_stream(stream))
 		return CUDA_ERROR_INVALID_HANDLE;
 	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(stream, SIM_OBJ_STREAM);
-	if (pp) {
-		o = *pp;
-		*pp = o->next;
+	o = sim_obj_unlink_locked(stream, SIM_OBJ_STREAM);
+	if (o)
 		g = sim_stream_gone_locked((struct CUstream_st *)o);
-	}
 	pthread_mutex_unlock(&sim_obj_lock);
 	if (!o)
 		return CUDA_ERROR_INVALID_HANDLE;
@@ -132,13 +200,10 @@ CUresult sim_impl_cuStreamDestroy_v2(CUstream stream)
 static CUresult sim_stream_ctx(CUstream stream, CUcontext *pctx)
 {
 	struct sim_ctx_slot slot;
-	CUresult rc;
+	CUresult rc = sim_check_args(pctx != NULL);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!pctx)
-		return CUDA_ERROR_INVALID_VALUE;
-	rc = sim_stream_slot(stream, &slot);
+	if (rc == CUDA_SUCCESS)
+		rc = sim_stream_slot(stream, &slot);
 	if (rc == CUDA_SUCCESS)
 		*pctx = slot.ctx;
 	return rc;
@@ -524,44 +589,61 @@ static CUresult sim_stream_state(CUstream stream, struct CUstream_st *out)
 	return CUDA_SUCCESS;
 }
 
-CUresult sim_impl_cuStreamGetPriority(CUstream stream, int *priority)
+/* The fields of a stream's state that the queries read. */
+enum sim_stream_field {
+	SIM_STREAM_PRIORITY,
+	SIM_STREAM_FLAGS,
+	SIM_STREAM_ID,
+	SIM_STREAM_DEVICE,
+	SIM_STREAM_CAPTURE_STATUS,
+};
+
+/* A query: one field of the stream's state into *out, which has that field's type. */
+static CUresult sim_stream_get(CUstream stream, enum sim_stream_field field, void *out)
 {
 	struct CUstream_st s;
-	CUresult rc = priority ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
+	CUresult rc = out ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
 
-	if (rc == CUDA_SUCCESS)
-		*priority = s.priority;
-	return rc;
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	switch (field) {
+	case SIM_STREAM_PRIORITY:
+		*(int *)out = s.priority;
+		break;
+	case SIM_STREAM_FLAGS:
+		*(unsigned int *)out = s.flags;
+		break;
+	case SIM_STREAM_ID:
+		*(unsigned long long *)out = s.id;
+		break;
+	case SIM_STREAM_DEVICE:
+		*(CUdevice *)out = s.obj.dev;
+		break;
+	case SIM_STREAM_CAPTURE_STATUS:
+		*(int *)out = s.capture_status;
+		break;
+	}
+	return CUDA_SUCCESS;
+}
+
+CUresult sim_impl_cuStreamGetPriority(CUstream stream, int *priority)
+{
+	return sim_stream_get(stream, SIM_STREAM_PRIORITY, priority);
 }
 
 CUresult sim_impl_cuStreamGetFlags(CUstream stream, unsigned int *flags)
 {
-	struct CUstream_st s;
-	CUresult rc = flags ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
-
-	if (rc == CUDA_SUCCESS)
-		*flags = s.flags;
-	return rc;
+	return sim_stream_get(stream, SIM_STREAM_FLAGS, flags);
 }
 
 CUresult sim_impl_cuStreamGetId(CUstream stream, unsigned long long *id)
 {
-	struct CUstream_st s;
-	CUresult rc = id ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
-
-	if (rc == CUDA_SUCCESS)
-		*id = s.id;
-	return rc;
+	return sim_stream_get(stream, SIM_STREAM_ID, id);
 }
 
 CUresult sim_impl_cuStreamGetDevice(CUstream stream, CUdevice *dev)
 {
-	struct CUstream_st s;
-	CUresult rc = dev ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
-
-	if (rc == CUDA_SUCCESS)
-		*dev = s.obj.dev;
-	return rc;
+	return sim_stream_get(stream, SIM_STREAM_DEVICE, dev);
 }
 
 /* Everything on a stream is done by the time its call returns. */
@@ -619,11 +701,7 @@ static uint64_t sim_capture_serial;   /* atomic */
 
 static struct CUgraph_st *sim_graph_new(void)
 {
-	struct CUgraph_st *g = calloc(1, sizeof(*g));
-
-	if (g)
-		g->obj.kind = SIM_OBJ_GRAPH;
-	return g;
+	return sim_obj_new(sizeof(struct CUgraph_st), SIM_OBJ_GRAPH, 0);
 }
 
 /*
@@ -697,12 +775,10 @@ CUresult sim_impl_cuStreamEndCapture(CUstream stream, CUgraph *pg)
 {
 	struct CUgraph_st *g = NULL;
 	struct CUstream_st *s;
-	CUresult rc = CUDA_SUCCESS;
+	CUresult rc = sim_check_args(pg != NULL);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!pg)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	pthread_mutex_lock(&sim_obj_lock);
 	s = sim_stream_locked(stream);
 	if (!s || s->capture_status == CU_STREAM_CAPTURE_STATUS_NONE) {
@@ -729,12 +805,7 @@ CUresult sim_impl_cuStreamEndCapture(CUstream stream, CUgraph *pg)
 
 CUresult sim_impl_cuStreamIsCapturing(CUstream stream, int *status)
 {
-	struct CUstream_st s;
-	CUresult rc = status ? sim_stream_state(stream, &s) : CUDA_ERROR_INVALID_VALUE;
-
-	if (rc == CUDA_SUCCESS)
-		*status = s.capture_status;
-	return rc;
+	return sim_stream_get(stream, SIM_STREAM_CAPTURE_STATUS, status);
 }
 
 /* Any output may be NULL. Captured work has no dependencies to report. */
@@ -822,26 +893,22 @@ void sim_graph_free(struct CUgraph_st *g)
 
 CUresult sim_impl_cuGraphDestroy(CUgraph g)
 {
-	struct sim_obj seen, *o;
+	struct sim_obj *o;
+	CUresult rc = sim_obj_take(g, SIM_OBJ_GRAPH, CUDA_ERROR_INVALID_VALUE, &o);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	o = sim_obj_lookup(g, SIM_OBJ_GRAPH, true, &seen);
-	if (!o)
-		return CUDA_ERROR_INVALID_VALUE;
-	sim_graph_free((struct CUgraph_st *)o);
-	return CUDA_SUCCESS;
+	if (rc == CUDA_SUCCESS)
+		sim_graph_free((struct CUgraph_st *)o);
+	return rc;
 }
 
 CUresult sim_impl_cuGraphGetNodes(CUgraph g, void **nodes, size_t *n)
 {
 	struct CUgraph_st copy;
+	CUresult rc = sim_check_args(n != NULL);
 	size_t i;
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!n)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	if (!sim_obj_copy(g, SIM_OBJ_GRAPH, &copy, sizeof(copy)))
 		return CUDA_ERROR_INVALID_VALUE;
 	/* Node handles are the graph's address and the node's position: opaque, distinct. */
@@ -861,10 +928,9 @@ static CUresult sim_instantiate(CUgraphExec *pe, CUgraph g, uint64_t flags)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!pe)
 		return CUDA_ERROR_INVALID_VALUE;
-	e = calloc(1, sizeof(*e));
+	e = sim_obj_new(sizeof(*e), SIM_OBJ_EXEC, 0);
 	if (!e)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	e->obj.kind = SIM_OBJ_EXEC;
 	e->autofree = flags & SIM_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
 	pthread_mutex_lock(&sim_obj_lock);
 	pp = sim_obj_find(g, SIM_OBJ_GRAPH);
@@ -921,13 +987,11 @@ CUresult sim_impl_cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g,
 
 CUresult sim_impl_cuGraphExecDestroy(CUgraphExec e)
 {
-	struct sim_obj seen, *o;
+	struct sim_obj *o;
+	CUresult rc = sim_obj_take(e, SIM_OBJ_EXEC, CUDA_ERROR_INVALID_VALUE, &o);
 
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	o = sim_obj_lookup(e, SIM_OBJ_EXEC, true, &seen);
-	if (!o)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	sim_ops_free(((struct CUgraphExec_st *)o)->ops, ((struct CUgraphExec_st *)o)->nops);
 	free(o);
 	return CUDA_SUCCESS;

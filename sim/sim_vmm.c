@@ -267,10 +267,7 @@ CUresult sim_impl_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alig
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	v->size = size;
-	pthread_mutex_lock(&sim_va_lock);
-	v->next = sim_va_list;
-	sim_va_list = v;
-	pthread_mutex_unlock(&sim_va_lock);
+	SIM_LIST_PUSH(&sim_va_lock, sim_va_list, v);
 	*ptr = v->base;
 	return CUDA_SUCCESS;
 }
@@ -638,10 +635,7 @@ CUresult sim_impl_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h
 	m->dev = dev;
 	m->limit = sim_devs[dev].spec->bytes > m->off ? sim_devs[dev].spec->bytes - m->off : 0;
 	m->refs = 1;
-	pthread_mutex_lock(&sim_import_lock);
-	m->next = sim_import_list;
-	sim_import_list = m;
-	pthread_mutex_unlock(&sim_import_lock);
+	SIM_LIST_PUSH(&sim_import_lock, sim_import_list, m);
 	*handle = (CUmemGenericAllocationHandle)(uintptr_t)m;
 	return CUDA_SUCCESS;
 }
