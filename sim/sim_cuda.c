@@ -77,11 +77,11 @@ CUresult sim_live(void)
 	return sim_initialized() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
-CUresult sim_live_query(const void *out)
+CUresult sim_check_args(bool args_ok)
 {
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
-	return out ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+	return args_ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 bool sim_valid_dev(CUdevice dev)
@@ -92,7 +92,7 @@ bool sim_valid_dev(CUdevice dev)
 /* What most device queries check first: initialized, out-pointer, ordinal. */
 CUresult sim_check(const void *out, CUdevice dev)
 {
-	CUresult rc = sim_live_query(out);
+	CUresult rc = sim_check_args(out != NULL);
 
 	if (rc != CUDA_SUCCESS)
 		return rc;
@@ -503,17 +503,17 @@ CUresult sim_impl_cuCtxSetCurrent(CUcontext ctx)
 
 CUresult sim_impl_cuCtxGetCurrent(CUcontext *pctx)
 {
-	CUresult rc = sim_live_query(pctx);
+	CUresult rc = sim_check_args(pctx != NULL);
 
 	if (rc == CUDA_SUCCESS)
 		*pctx = sim_depth ? sim_stack[sim_depth - 1].ctx : NULL;
 	return rc;
 }
 
-/* sim_live_query, then a current context: CUDA_ERROR_INVALID_CONTEXT without one. */
+/* sim_check_args, then a current context: CUDA_ERROR_INVALID_CONTEXT without one. */
 static CUresult sim_current_query(const void *out)
 {
-	CUresult rc = sim_live_query(out);
+	CUresult rc = sim_check_args(out != NULL);
 
 	if (rc == CUDA_SUCCESS && !sim_depth)
 		rc = CUDA_ERROR_INVALID_CONTEXT;

@@ -300,8 +300,14 @@ void sim_graph_free(struct CUgraph_st *g);
 		pthread_mutex_unlock(lock); \
 	} while (0)
 
-/* sim_streams.c: what entry points open with, and what objects' create and destroy share. */
+/*
+ * sim_cuda.c: what an entry point checks first, in the driver's order:
+ * CUDA_ERROR_NOT_INITIALIZED before cuInit, then CUDA_ERROR_INVALID_VALUE
+ * unless args_ok (e.g. out != NULL); CUDA_SUCCESS otherwise.
+ */
 CUresult sim_check_args(bool args_ok);
+
+/* sim_streams.c: what objects' create and destroy share. */
 void *sim_obj_new(size_t size, enum sim_obj_kind kind, int dev);
 void *sim_obj_new_current(size_t size, enum sim_obj_kind kind, CUresult *rc);
 struct sim_obj *sim_obj_unlink_locked(const void *handle, enum sim_obj_kind kind);

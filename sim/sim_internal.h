@@ -77,11 +77,4 @@ CUresult sim_impl_cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
 
 /* sim_cuda.c, for the queries of the other files. */
 
-/*
- * What a query answered through the out pointer out checks first, in the
- * driver's order: CUDA_ERROR_NOT_INITIALIZED before cuInit, then
- * CUDA_ERROR_INVALID_VALUE for a NULL out; CUDA_SUCCESS otherwise.
- */
-CUresult sim_live_query(const void *out);
-
 #endif

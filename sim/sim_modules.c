@@ -151,7 +151,7 @@ CUresult sim_impl_cuModuleUnload(CUmodule mod)
 static CUresult sim_same_handle(void **out, void *handle, enum sim_obj_kind kind)
 {
 	struct sim_obj seen;
-	CUresult rc = sim_live_query(out);
+	CUresult rc = sim_check_args(out != NULL);
 
 	if (rc == CUDA_SUCCESS && !sim_obj_lookup(handle, kind, false, &seen))
 		rc = CUDA_ERROR_INVALID_HANDLE;
@@ -239,7 +239,7 @@ CUresult sim_impl_cuKernelGetFunction(CUfunction *f, CUkernel k)
  */
 static CUresult sim_func_copy(const void *out, const void *fn, struct CUfunc_st *f)
 {
-	CUresult rc = sim_live_query(out);
+	CUresult rc = sim_check_args(out != NULL);
 
 	if (rc == CUDA_SUCCESS && !sim_obj_copy(fn, SIM_OBJ_FUNC, f, sizeof(*f)))
 		rc = CUDA_ERROR_INVALID_HANDLE;
@@ -265,7 +265,7 @@ CUresult sim_impl_cuFuncGetModule(CUmodule *mod, CUfunction f)
 static CUresult sim_func_name(const char **name, const void *f)
 {
 	struct sim_obj **pp;
-	CUresult rc = sim_live_query(name);
+	CUresult rc = sim_check_args(name != NULL);
 
 	if (rc != CUDA_SUCCESS)
 		return rc;

@@ -103,13 +103,6 @@ struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s)
  * cuInit, then CUDA_ERROR_INVALID_VALUE unless the caller's own check of
  * its arguments passed (one free of side effects: it is made either way).
  */
-CUresult sim_check_args(bool args_ok)
-{
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	return args_ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-
 /*
  * What the create calls of objects share (streams, graphs and executable
  * graphs here, events, pools and arrays beside): a zeroed object of size
