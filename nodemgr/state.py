@@ -646,8 +646,12 @@ class Node:
     def sample(self) -> None:
         """Read every ledger once: what tasks use now and the most they have used."""
         for env in self.envs.values():
-            env.usage = env.ledger.summary()
-            self.note_usage(env.usage)
+            self.sample_env(env)
+
+    def sample_env(self, env: Env) -> None:
+        """Read one environment's ledger as sample() does."""
+        env.usage = env.ledger.summary()
+        self.note_usage(env.usage)
 
     def note_usage(self, usage: dict[str, SlotTotals]) -> None:
         """Fold slot totals (live, or of processes just reaped) into their tasks' peaks."""
