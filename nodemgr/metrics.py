@@ -250,6 +250,12 @@ class Metrics:
         self._next = now + 1.0
         node = self.node
         status = views.status(node)
+        # Each environment's tasks and their launches, in one pass over the tasks.
+        tasks: dict[str, int] = {}
+        launches: dict[str, int] = {}
+        for t in node.tasks.values():
+            tasks[t.env] = tasks.get(t.env, 0) + 1
+            launches[t.env] = launches.get(t.env, 0) + t.launches
         envs: list[EnvMetrics] = []
         for env in node.envs.values():
             live = env.usage
@@ -261,9 +267,8 @@ class Metrics:
                     "gpus": len(env.held),
                     "granted": env.memory * len(env.held),
                     "used": sum(t.used for t in live.values()),
-                    "tasks": sum(1 for t in node.tasks.values() if t.env == env.name),
-                    "launches": env.launches_done
-                    + sum(t.launches for t in node.tasks.values() if t.env == env.name),
+                    "tasks": tasks.get(env.name, 0),
+                    "launches": env.launches_done + launches.get(env.name, 0),
                 }
             )
         gpus: list[GpuMetrics] = []

@@ -32,7 +32,7 @@ from nodemgr.connections import Connections, Listener, Polled, ReplyTo, Watched,
 from nodemgr.envdirs import RestoreError
 from nodemgr.gpus import discover, lost_gpus
 from nodemgr.metrics import Metrics, MetricsError
-from nodemgr.model import Task
+from nodemgr.model import Env, Task
 from nodemgr.protocol import Err, ProtocolError
 from nodemgr.state import Node, process_start
 from nodemgr.store import Store, StoreError, cause, startup_error
@@ -108,6 +108,8 @@ class Server:
         self.watched: dict[Watched, int] = {}
         self._stop = False
         self._next_sweep = 0.0
+        # Environments of the tasks released since the last sweep (release()).
+        self._released: set[str] = set()
         self._next_health = 0.0
         self.metrics: Metrics | None = None
         # Environments whose socket could not be bound again (_check_run_dir).
@@ -209,6 +211,8 @@ class Server:
     def step(self) -> None:
         now = time.monotonic()
         timeout = max(0.0, min(self._next_sweep - now, self.config.sweep_interval))
+        if self._released:
+            timeout = 0.0  # a task ended after the last turn's reaping (_run_queue)
         # What each descriptor was when the poll returned: serving one event may close a
         # descriptor and open another under the same number, which a stale event must not
         # reach (each is checked to be still registered as what it was).
@@ -231,18 +235,13 @@ class Server:
             self._reclaim_hung(task)
         if now >= self._next_sweep:
             self._next_sweep = now + self.config.sweep_interval
+            self._released.clear()
             if self.connections.young:
                 self.connections.expire_young(now)
             self.connections.resume()  # after accept() found no descriptor: try again
             wall_ns = time.time_ns()
             for env in self.node.envs.values():
-                # Before reaping, so a process that launched and died since the
-                # last sweep still dates its task's last launch.
-                env.ledger.stamp_launches(wall_ns)
-                reaped = env.ledger.reap_totals()
-                if reaped:
-                    self.node.note_usage(reaped)
-                    log.debug("reaped dead processes' slots in %s", env.name)
+                self._reap(env, wall_ns)
             if self.node.store.pending:
                 self.node.store.flush()
             self._check_run_dir()
@@ -257,10 +256,30 @@ class Server:
                 self._check_health()
             if self.metrics is not None:
                 self.metrics.snapshot()
+        elif self._released:
+            # Tasks ended since the last sweep: their environments' dead processes' slots
+            # are reaped now, the other environments wait for the sweep.
+            wall_ns = time.time_ns()
+            for name in self._released:
+                released = self.node.envs.get(name)
+                if released is not None:
+                    self._reap(released, wall_ns)
+                    self.node.sample_env(released)
+            self._released.clear()
+            self.node.settle_draining()
         if self.node.queue:
             self._run_queue(now)
         if self.node.slicing.held_yields:
             self._answer_yields()
+
+    def _reap(self, env: Env, wall_ns: int) -> None:
+        # Before reaping, so a process that launched and died since the
+        # last sweep still dates its task's last launch.
+        env.ledger.stamp_launches(wall_ns)
+        reaped = env.ledger.reap_totals()
+        if reaped:
+            self.node.note_usage(reaped)
+            log.debug("reaped dead processes' slots in %s", env.name)
 
     def _answer_yields(self) -> None:
         """Answer the held `yield` requests whose wait is over (Slicing.answer_yields)."""
@@ -566,8 +585,9 @@ class Server:
 
     def release(self, task_id: str, reason: str, exit_code: int | None = None) -> None:
         self.unwatch(("task", task_id))
-        if self.node.release(task_id, reason, exit_code) is not None:
-            self._next_sweep = 0.0  # reap the task's processes' slots now
+        task = self.node.release(task_id, reason, exit_code)
+        if task is not None:
+            self._released.add(task.env)  # reap its processes' slots now
             if self.metrics is not None:
                 self.metrics.reclaimed(reason)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -57,6 +58,10 @@ class Node:
         self.store = store
         self.envs: dict[str, Env] = {}
         self.tasks: dict[str, Task] = {}
+        # No task has been silent since before this (monotonic): a lower bound of every
+        # task's last_seen, kept as tasks are added (a heartbeat only raises one), so that
+        # expired() scans the tasks only once the earliest of them may be past the timeout.
+        self._seen_floor = math.inf
         self.lost: set[int] = set()  # GPUs NVML reported lost; never granted again
         # GPUs an admin drained (kept in the database): no new grants, tasks run on.
         drained = store.drained_gpus()
@@ -113,7 +118,7 @@ class Node:
                 guard=shapes[rec.task_id][1] if rec.task_id in shapes else self.config.guard,
                 arrival=self.slicing.arrive(),
             )
-            self.tasks[task.task_id] = task
+            self._add_task(task)
             for index in task.gpus:
                 env.held.setdefault(index, set()).add(task.task_id)
             restored.append(task)
@@ -551,7 +556,7 @@ class Node:
             env.draining.discard(index)
         for index in decision.new:
             env.ledger.set_limit(index, env.memory)
-        self.tasks[task.task_id] = task
+        self._add_task(task)
         # Before the grant leaves: on a gated GPU its first allocation must wait its turn.
         self.slicing.retime(started)
         for w in passed:
@@ -622,15 +627,31 @@ class Node:
         self.slicing.retime(time.perf_counter())
         return task
 
+    def _add_task(self, task: Task) -> None:
+        self.tasks[task.task_id] = task
+        self._seen_floor = min(self._seen_floor, task.last_seen)
+
     def expired(self, now: float) -> list[Task]:
+        """The tasks silent for more than heartbeat_timeout at ``now`` (monotonic). Called
+        every turn of the loop: it looks at every task only when the one silent longest
+        may be past the timeout, not at every call."""
         limit = self.config.heartbeat_timeout
-        return [t for t in self.tasks.values() if now - t.last_seen > limit]
+        if now - self._seen_floor <= limit:
+            return []
+        out = [t for t in self.tasks.values() if now - t.last_seen > limit]
+        # Those returned count too: until they are released they are returned again.
+        self._seen_floor = min((t.last_seen for t in self.tasks.values()), default=math.inf)
+        return out
 
     def sample(self) -> None:
         """Read every ledger once: what tasks use now and the most they have used."""
         for env in self.envs.values():
-            env.usage = env.ledger.summary()
-            self.note_usage(env.usage)
+            self.sample_env(env)
+
+    def sample_env(self, env: Env) -> None:
+        """Read one environment's ledger as sample() does."""
+        env.usage = env.ledger.summary()
+        self.note_usage(env.usage)
 
     def note_usage(self, usage: dict[str, SlotTotals]) -> None:
         """Fold slot totals (live, or of processes just reaped) into their tasks' peaks."""

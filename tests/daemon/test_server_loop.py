@@ -89,3 +89,30 @@ def test_an_exit_event_never_ends_a_task_granted_in_the_same_step(server: Server
         for p in procs.values():
             p.kill()
             p.communicate()
+
+
+def test_expired_finds_every_silent_task_and_only_those(server: Server) -> None:
+    """The heartbeat check runs every turn but looks at the tasks only when the one silent
+    longest may be past the timeout: a heartbeat, a task granted after a look, a task
+    reclaimed, none may hide a silent task from it or show a live one."""
+    node = server.node
+    node.set_quota("alice", 1, 1 << 30)
+    limit = node.config.heartbeat_timeout
+    a = node.grant("alice", 1, None, None, "a")
+    b = node.grant("alice", 1, None, None, "b")
+    t0 = max(a.last_seen, b.last_seen)
+    assert node.expired(t0) == []
+    a.last_seen = t0 + limit  # a heartbeat
+    assert node.expired(t0 + limit + 0.01) == [b]
+    assert node.expired(t0 + limit + 0.02) == [b]  # until it is released
+    node.release(b.task_id, "timeout")
+    assert node.expired(t0 + limit + 0.03) == []
+    # Granted after that look (which found a, heard from last at t0 + limit), so silent
+    # since well before a.
+    c = node.grant("alice", 1, None, None, "c")
+    assert c.last_seen < a.last_seen
+    assert node.expired(c.last_seen + limit) == []
+    assert node.expired(c.last_seen + limit + 0.01) == [c]
+    node.release(c.task_id, "timeout")
+    node.release(a.task_id, "done")
+    assert node.expired(t0 + 10 * limit) == []
