@@ -29,13 +29,26 @@
 /* A figure read only for reports: no other memory is published through it. */
 #define LOAD_REPORT(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 
-/* The slots a reader must look at: those ever claimed (a corrupt count is cut to the table). */
-static uint32_t slots_seen(const struct gs_ledger *l)
+/*
+ * The first slot at or after `from` whose taken bit is set, GS_MAX_SLOTS if
+ * none: readers visit only those, so their cost follows the slots in use,
+ * not the table. A slot holds nothing while its bit is clear.
+ */
+static uint32_t next_taken(const struct gs_ledger *l, uint32_t from)
 {
-	uint32_t hwm = LOAD(&l->slot_hwm);
+	for (uint32_t w = from / 64; w < GS_MAX_SLOTS / 64; w++) {
+		uint64_t word = LOAD(&l->slot_taken[w]);
 
-	return hwm > GS_MAX_SLOTS ? GS_MAX_SLOTS : hwm;
+		if (w == from / 64)
+			word &= ~0ULL << (from % 64);
+		if (word != 0)
+			return w * 64 + (uint32_t)__builtin_ctzll(word);
+	}
+	return GS_MAX_SLOTS;
 }
+
+#define for_each_taken(l, i) \
+	for (uint32_t i = next_taken(l, 0); i < GS_MAX_SLOTS; i = next_taken(l, i + 1))
 
 /* Whether slot `s` is claimed by a process of `task_id`. */
 static int of_task(const struct gs_slot *s, const char *task_id)
@@ -64,7 +77,6 @@ int gs_ledger_init(struct gs_ledger *l, uint32_t ngpus)
 	l->size = sizeof(*l);
 	l->ngpus = ngpus;
 	l->nslots = GS_MAX_SLOTS;
-	l->slot_hwm = 0;
 	/* The magic goes last: a reader that sees it sees a whole header. */
 	STORE(&l->magic, (uint64_t)GS_LEDGER_MAGIC);
 	return 0;
@@ -193,9 +205,8 @@ int gs_ledger_task_remove(struct gs_ledger *l, const char *task_id)
 
 void gs_ledger_stamp_launches(struct gs_ledger *l, uint64_t now_ns)
 {
-	uint32_t hwm = slots_seen(l);
-
-	for (uint32_t i = 0; i < hwm; i++) {
+	for_each_taken(l, i)
+	{
 		struct gs_slot *s = &l->slot[i];
 		uint64_t n;
 		int t;
@@ -217,12 +228,12 @@ void gs_ledger_stamp_launches(struct gs_ledger *l, uint64_t now_ns)
 
 uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu)
 {
-	uint32_t hwm = slots_seen(l);
 	uint64_t total = 0;
 
 	if (gpu >= GS_MAX_GPUS)
 		return 0;
-	for (uint32_t i = 0; i < hwm; i++) {
+	for_each_taken(l, i)
+	{
 		uint64_t v = LOAD(&l->slot[i].used[gpu]);
 
 		/* A corrupt slot must read as "full", never wrap to "empty". */
@@ -241,13 +252,13 @@ uint64_t gs_ledger_charged(const struct gs_ledger *l, uint32_t gpu)
 int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id, uint64_t *used,
 			 uint64_t *launches, uint64_t *peak)
 {
-	uint32_t hwm = slots_seen(l);
 	int n = 0, t;
 
 	memset(used, 0, sizeof(uint64_t) * GS_MAX_GPUS);
 	*launches = 0;
 	*peak = 0;
-	for (uint32_t i = 0; i < hwm; i++) {
+	for_each_taken(l, i)
+	{
 		const struct gs_slot *s = &l->slot[i];
 
 		if (!of_task(s, task_id))
@@ -267,11 +278,11 @@ int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id, uint64_
 
 int gs_ledger_task_regions(const struct gs_ledger *l, const char *task_id, struct gs_regions *out)
 {
-	uint32_t hwm = slots_seen(l);
 	int n = 0;
 
 	memset(out, 0, sizeof(*out));
-	for (uint32_t i = 0; i < hwm; i++) {
+	for_each_taken(l, i)
+	{
 		const struct gs_slot *s = &l->slot[i];
 		uint64_t it, rel;
 
@@ -301,11 +312,11 @@ int gs_ledger_task_regions(const struct gs_ledger *l, const char *task_id, struc
 int gs_ledger_task_barrier(const struct gs_ledger *l, const char *task_id, uint64_t since_ns,
 			   uint64_t *min_iterations)
 {
-	uint32_t hwm = slots_seen(l);
 	int n = 0;
 
 	*min_iterations = 0;
-	for (uint32_t i = 0; i < hwm; i++) {
+	for_each_taken(l, i)
+	{
 		const struct gs_slot *s = &l->slot[i];
 		uint64_t it, at;
 
@@ -343,10 +354,12 @@ static void slot_info(const struct gs_slot *s, uint32_t i, struct gs_slot_info *
 
 int gs_ledger_summary(const struct gs_ledger *l, struct gs_slot_info *out, uint32_t max)
 {
-	uint32_t hwm = slots_seen(l);
 	uint32_t n = 0;
 
-	for (uint32_t i = 0; i < hwm && n < max; i++) {
+	for_each_taken(l, i)
+	{
+		if (n == max)
+			break;
 		if (LOAD(&l->slot[i].state) != GS_SLOT_USED)
 			continue;
 		slot_info(&l->slot[i], i, &out[n++]);
@@ -417,6 +430,24 @@ static void slot_clear(struct gs_ledger *l, struct gs_slot *s)
 }
 
 /*
+ * The taken bits are written only by whoever holds the slot's lock: a
+ * claimer sets its slot's bit once it holds the lock, before it charges
+ * anything; nodemgr clears a dead process's bit once it has zeroed the slot,
+ * before it lets the lock go. So a slot whose bit is clear holds nothing, a
+ * live process's bit is set (but for the moment between its lock and its
+ * bit), and a bit left set by a process that died is cleared by the reaper.
+ */
+static void mark_taken(struct gs_ledger *l, uint32_t i, int taken)
+{
+	uint64_t bit = 1ULL << (i % 64);
+
+	if (taken)
+		__atomic_fetch_or(&l->slot_taken[i / 64], bit, __ATOMIC_SEQ_CST);
+	else
+		__atomic_fetch_and(&l->slot_taken[i / 64], ~bit, __ATOMIC_SEQ_CST);
+}
+
+/*
  * With no process left, what the GPUs' counts still hold was left by a
  * process killed in the middle of a charge (or an uncharge, or a clear):
  * set them to what the slots hold. Only while this descriptor holds a lock
@@ -431,56 +462,44 @@ static void reconcile(struct gs_ledger *l, int fd)
 		.l_start = (off_t)offsetof(struct gs_ledger, slot),
 		.l_len = (off_t)sizeof(l->slot),
 	};
-	uint32_t hwm = slots_seen(l);
 	int stale = 0;
 
 	for (int g = 0; g < GS_MAX_GPUS; g++)
 		stale |= LOAD(&l->gpu[g].charged) != 0;
-	for (uint32_t i = 0; stale && i < hwm; i++)
-		if (LOAD(&l->slot[i].state) != GS_SLOT_FREE)
-			return;
-	if (!stale || fcntl(fd, F_OFD_SETLK, &fl) != 0)
+	if (!stale || next_taken(l, 0) != GS_MAX_SLOTS || fcntl(fd, F_OFD_SETLK, &fl) != 0)
 		return;
-	/* Looked again under the lock: a claimer may have marked a slot meanwhile. */
-	for (uint32_t i = 0; i < hwm; i++)
-		if (LOAD(&l->slot[i].state) != GS_SLOT_FREE)
-			goto unlock;
-	for (int g = 0; g < GS_MAX_GPUS; g++)
-		STORE(&l->gpu[g].charged, gs_ledger_used(l, (uint32_t)g));
-unlock:
+	/* Looked again under the lock: a process may have taken a slot meanwhile. */
+	if (next_taken(l, 0) == GS_MAX_SLOTS) {
+		for (int g = 0; g < GS_MAX_GPUS; g++)
+			STORE(&l->gpu[g].charged, gs_ledger_used(l, (uint32_t)g));
+	}
 	fl.l_type = F_UNLCK;
 	fcntl(fd, F_OFD_SETLK, &fl);
 }
 
 int gs_ledger_reap(struct gs_ledger *l, int fd, struct gs_slot_info *out, uint32_t max)
 {
-	uint32_t hwm = slots_seen(l);
 	int n = 0;
 
-	for (uint32_t i = 0; i < hwm; i++) {
+	for_each_taken(l, i)
+	{
 		struct gs_slot *s = &l->slot[i];
-		int rc;
+		int used, rc = slot_lock(fd, i, F_WRLCK);
 
-		uint32_t state = LOAD(&s->state);
-
-		if (state == GS_SLOT_FREE)
-			continue;
-		rc = slot_lock(fd, i, F_WRLCK);
 		if (rc == -EAGAIN || rc == -EACCES)
 			continue; /* its owner is alive */
 		if (rc != 0)
 			return rc;
-		/*
-		 * What the dead process used is reported before it is forgotten. A
-		 * slot left CLAIMING by a claimer that died, or that took another,
-		 * held nothing and is no process to report.
-		 */
-		if (state == GS_SLOT_USED && out != NULL && (uint32_t)n < max)
+		/* What the dead process used is reported before it is forgotten. */
+		used = LOAD(&s->state) == GS_SLOT_USED;
+		if (used && out != NULL && (uint32_t)n < max)
 			slot_info(s, i, &out[n]);
 		slot_clear(l, s);
 		STORE(&s->state, (uint32_t)GS_SLOT_FREE);
+		mark_taken(l, i, 0);
 		slot_lock(fd, i, F_UNLCK);
-		n += state == GS_SLOT_USED;
+		/* A process killed between its lock and its first write held nothing to report. */
+		n += used;
 	}
 	reconcile(l, fd);
 	return n;
@@ -490,8 +509,8 @@ int gs_ledger_reap(struct gs_ledger *l, int fd, struct gs_slot_info *out, uint32
 static void slot_take(struct gs_ledger *l, uint32_t i, int32_t pid, const char *task_id)
 {
 	struct gs_slot *s = &l->slot[i];
-	uint32_t hwm;
 
+	mark_taken(l, i, 1);
 	/* Whoever held this slot before is gone: its charges go with it. */
 	slot_clear(l, s);
 	s->pid = pid;
@@ -501,55 +520,35 @@ static void slot_take(struct gs_ledger *l, uint32_t i, int32_t pid, const char *
 		STORE(&s->task_index, gs_ledger_task_find(l, task_id));
 	}
 	STORE(&s->state, (uint32_t)GS_SLOT_USED);
-	hwm = LOAD(&l->slot_hwm);
-	while (hwm < i + 1 && !__atomic_compare_exchange_n(&l->slot_hwm, &hwm, i + 1, 0,
-							   __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
-		;
 }
 
 /*
- * A free slot is first marked CLAIMING (compare-and-swap), so processes
- * starting together each try the lock of a different slot instead of all
- * trying the same ones in turn: a lock attempt is a system call, and the
- * kernel's search of the file's locks grows with every process holding one.
- * The lock alone decides who owns a slot; the mark only spreads claimers.
- * Slots in use whose owner died are tried only when no free slot is left.
+ * Try the locks of slots whose taken bit is `taken`, from slot `first` on
+ * (wrapping); take the first whose lock is free. Free slots (bit clear) are
+ * found without a system call each: processes starting together look at a
+ * few cache lines, not at every slot before theirs, and try the lock of a
+ * slot no live process holds (the kernel's search of a file's locks grows
+ * with every process holding one). Starting where the pid says spreads
+ * processes starting at the same moment over different slots.
  */
-int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_id)
+static int claim_pass(struct gs_ledger *l, int fd, int32_t pid, const char *task_id, uint32_t first,
+		      int taken)
 {
-	/* Three passes: a slot may be held for a moment by nodemgr's reaper. */
-	for (int pass = 0; pass < 3; pass++) {
-		for (uint32_t i = 0; i < GS_MAX_SLOTS; i++) {
-			uint32_t free_state = GS_SLOT_FREE;
-			int rc;
+	for (uint32_t k = 0; k <= GS_MAX_SLOTS / 64; k++) {
+		uint32_t w = (first / 64 + k) % (GS_MAX_SLOTS / 64);
+		uint64_t word = LOAD(&l->slot_taken[w]);
+		uint64_t want = taken ? word : ~word;
 
-			if (LOAD(&l->slot[i].state) != GS_SLOT_FREE ||
-			    !__atomic_compare_exchange_n(&l->slot[i].state, &free_state,
-							 GS_SLOT_CLAIMING, 0, __ATOMIC_SEQ_CST,
-							 __ATOMIC_SEQ_CST))
-				continue;
-			rc = slot_lock(fd, i, F_WRLCK);
-			if (rc == 0) {
-				slot_take(l, i, pid, task_id);
-				return (int)i;
-			}
-			/*
-			 * Held by nodemgr for a moment, or by a claimer that found no
-			 * free slot (it marks the slot in use whatever the mark): the
-			 * mark goes back to free unless the slot is in use by then.
-			 */
-			free_state = GS_SLOT_CLAIMING;
-			__atomic_compare_exchange_n(&l->slot[i].state, &free_state, GS_SLOT_FREE, 0,
-						    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-			if (rc != -EAGAIN && rc != -EACCES)
-				return rc;
-		}
-		for (uint32_t i = 0; i < GS_MAX_SLOTS; i++) {
-			int rc;
+		/* The first word is visited twice: from `first` on, last up to it. */
+		if (k == 0)
+			want &= ~0ULL << (first % 64);
+		else if (k == GS_MAX_SLOTS / 64)
+			want &= ~(~0ULL << (first % 64));
+		while (want != 0) {
+			uint32_t i = w * 64 + (uint32_t)__builtin_ctzll(want);
+			int rc = slot_lock(fd, i, F_WRLCK);
 
-			if (LOAD(&l->slot[i].state) == GS_SLOT_FREE)
-				continue;
-			rc = slot_lock(fd, i, F_WRLCK);
+			want &= want - 1;
 			if (rc == -EAGAIN || rc == -EACCES)
 				continue;
 			if (rc != 0)
@@ -557,6 +556,23 @@ int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_i
 			slot_take(l, i, pid, task_id);
 			return (int)i;
 		}
+	}
+	return -ENOSPC;
+}
+
+int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_id)
+{
+	uint32_t first = ((uint32_t)pid * 2654435761u) % GS_MAX_SLOTS;
+
+	/* Three tries: nodemgr may hold every slot for a moment. */
+	for (int pass = 0; pass < 3; pass++) {
+		int rc = claim_pass(l, fd, pid, task_id, first, 0);
+
+		/* None free: a slot whose process died and is not reaped yet is taken over. */
+		if (rc == -ENOSPC)
+			rc = claim_pass(l, fd, pid, task_id, first, 1);
+		if (rc != -ENOSPC)
+			return rc;
 		usleep(1000);
 	}
 	return -ENOSPC;

@@ -26,8 +26,6 @@
 
 #define GS_SLOT_FREE 0
 #define GS_SLOT_USED 1
-/* A process is taking the slot's lock: other claimers pass it by (slots only). */
-#define GS_SLOT_CLAIMING 2
 
 /* Bits of a task entry's pause word: launches and allocations wait while any is set. */
 #define GS_PAUSE_ADMIN 1 /* an operator paused the task */
@@ -95,7 +93,7 @@ struct gs_slot {
 	uint64_t launches;
 	uint64_t last_launch_ns;
 	int32_t pid;
-	uint32_t state; /* GS_SLOT_FREE, GS_SLOT_CLAIMING or GS_SLOT_USED */
+	uint32_t state;
 	char task_id[GS_TASK_ID_LEN];
 	uint64_t peak;		/* most bytes this slot held at once, over all GPUs */
 	uint64_t launches_seen; /* nodemgr: launches at its last sweep */
@@ -115,9 +113,17 @@ struct gs_ledger {
 	uint32_t size;
 	uint32_t ngpus;
 	uint32_t nslots;
-	uint32_t slot_hwm;
-	uint32_t reserved0;
+	uint32_t reserved0[2];
 	uint64_t reserved[4];
+	/*
+	 * Bit i set: slot i is taken or being taken. A claimer sets a clear bit
+	 * (fetch-or) before trying the slot's lock, so processes starting
+	 * together each try a different slot, and readers visit only the slots
+	 * whose bit is set. A slot's bit is set while it holds anything; it is
+	 * cleared by nodemgr once it has zeroed a dead process's slot, or by a
+	 * claimer whose lock attempt failed.
+	 */
+	uint64_t slot_taken[GS_MAX_SLOTS / 64];
 	struct gs_gpu_entry gpu[GS_MAX_GPUS];
 	struct gs_task task[GS_MAX_TASKS];
 	struct gs_slot slot[GS_MAX_SLOTS];

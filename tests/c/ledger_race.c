@@ -90,8 +90,8 @@ int main(int argc, char **argv)
 		ledger->slot[i].state = GS_SLOT_USED;
 		ledger->slot[i].task_index = -1;
 		snprintf(ledger->slot[i].task_id, sizeof(ledger->slot[i].task_id), "t%d", i);
+		ledger->slot_taken[i / 64] |= 1ULL << (i % 64);
 	}
-	ledger->slot_hwm = (uint32_t)threads + 2;
 	for (uint32_t i = 0; i < 2; i++)
 		if (gs_ledger_charge(ledger, (uint32_t)threads + i, 0, CHUNK) != 0)
 			return 1;
