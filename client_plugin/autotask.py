@@ -33,6 +33,7 @@ from client_plugin.grant import (
     Progress,
     acquire,
     cancelled,
+    reclaimed_exit,
     release,
     task_environment,
 )
@@ -76,6 +77,12 @@ class Task:
             with self.lock:
                 if not self.stopped.is_set():
                     self.hb.beat()
+                    if self.hb.reclaimed is not None and os.getpid() == self.pid:
+                        # Its GPUs are gone: this process is the task, and ends now
+                        # (its CUDA work cannot go on), with the reason's exit code.
+                        line, code = reclaimed_exit(self.hb.reclaimed)
+                        _say(line)
+                        os._exit(code)
 
     def _forked(self) -> None:
         # A forked child (a DataLoader worker) shares the grant; the parent reports.

@@ -23,8 +23,10 @@ from nodemgr.client import (
     Connection,
     NoResources,
     QuotaExceeded,
+    Reclaimed,
     Unreachable,
 )
+from nodemgr.exitcodes import EXIT_RECLAIMED_OTHER, RECLAIM_EXIT_CODES
 from nodemgr.protocol import names_gpu
 
 MAX_COMMAND = 4096  # what nodemgr keeps of a command line, for display
@@ -306,7 +308,9 @@ def inherited_owner(environ: Mapping[str, str] | None = None) -> int | None:
 
 
 class Heartbeat:
-    """Keeps nodemgr told that the task lives; warns once when it stops answering."""
+    """Keeps nodemgr told that the task lives; warns once when it stops answering, and
+    once when nodemgr warns that the task is about to be reclaimed (docs/client.md,
+    "Reclaimed tasks"). When nodemgr has reclaimed the task, ``reclaimed`` says why."""
 
     def __init__(
         self, endpoint: str, task_id: str, interval: float, say: Callable[[str], None]
@@ -316,23 +320,41 @@ class Heartbeat:
         self.say = say
         self.conn = Connection(endpoint, timeout=max(min(interval, 5.0), 0.5))
         self.warned = False
+        self.idle_warned = False
+        self.reclaimed: Reclaimed | None = None
 
     def beat(self) -> None:
+        if self.reclaimed is not None:
+            return
         try:
-            self.conn.call("heartbeat", task_id=self.task_id)
+            reply = self.conn.call("heartbeat", task_id=self.task_id)
             if self.warned:
                 self.say("nodemgr answers again")
                 self.warned = False
+            warning = reply.get("warning")
+            if warning and not self.idle_warned:
+                self.say(str(warning))
+            self.idle_warned = bool(warning)
+        except Reclaimed as e:
+            self.reclaimed = e
         except GpushareError as e:  # nodemgr refused, or did not answer
             if not self.warned:
                 self.say(f"heartbeat failed, the task keeps running: {e}")
                 self.warned = True
 
     def done(self, code: int | None, signum: int | None = None) -> None:
+        if self.reclaimed is not None:
+            self.conn.close()  # nodemgr ended the task already
+            return
         try:
             report_done(self.conn, self.task_id, code, signum, self.say)
         finally:
             self.conn.close()
+
+
+def reclaimed_exit(e: Reclaimed) -> tuple[str, int]:
+    """The line to print for a reclaimed task, and the exit code of its reason."""
+    return e.message, RECLAIM_EXIT_CODES.get(e.reason, EXIT_RECLAIMED_OTHER)
 
 
 def report_done(

@@ -31,6 +31,7 @@ from client_plugin.grant import (
     cancelled,
     cpu_environment,
     inherited_owner,
+    reclaimed_exit,
     release,
     task_environment,
 )
@@ -41,6 +42,11 @@ from nodemgr.exitcodes import (
     EXIT_NO_RESOURCES,
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
+    EXIT_RECLAIMED_ADMIN,
+    EXIT_RECLAIMED_DELETED,
+    EXIT_RECLAIMED_IDLE,
+    EXIT_RECLAIMED_OTHER,
+    EXIT_RECLAIMED_TIMEOUT,
     EXIT_REFUSED,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
@@ -167,6 +173,8 @@ class Supervisor:
         self.had_terminal = self.term.holds(self.pgid)
         self.signals = _loop_signals()
         self.forwarded = _forwarded()
+        # nodemgr reclaimed the task: the exit code of its reason (the command is killed).
+        self.reclaimed: int | None = None
 
     def _killpg(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -227,6 +235,11 @@ class Supervisor:
             if self.hb is not None and now >= self.next_beat:
                 self.hb.beat()
                 self.next_beat = time.monotonic() + self.hb.interval
+                if self.hb.reclaimed is not None and self.reclaimed is None:
+                    # Its GPUs are gone: the command cannot go on, and is ended at once.
+                    line, self.reclaimed = reclaimed_exit(self.hb.reclaimed)
+                    _say(line)
+                    self._killpg(signal.SIGKILL)
         if self.had_terminal and self.term.holds(self.pgid):
             self.term.give(os.getpgrp())
         return returncode
@@ -333,8 +346,9 @@ def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> int:
         hb = None
         if grant is not None:
             hb = Heartbeat(s.endpoint, grant.task_id, grant.heartbeat_interval, _say)
-        returncode = Supervisor(child, term, s.grace, hb).run()
-        code = exit_code(returncode)
+        supervisor = Supervisor(child, term, s.grace, hb)
+        returncode = supervisor.run()
+        code = exit_code(returncode) if supervisor.reclaimed is None else supervisor.reclaimed
         if hb is not None:
             hb.done(code, -returncode if returncode < 0 else None)
         return code
@@ -350,7 +364,11 @@ EXIT_HELP = (
     f"can satisfy, busy); {EXIT_INTERNAL} gpushare-run failed; "
     f"{EXIT_NOT_EXECUTABLE} CMD not\n"
     f"executable; {EXIT_NOT_FOUND} CMD not found; "
-    f"{EXIT_CANCELLED} interrupted while waiting for GPUs."
+    f"{EXIT_CANCELLED} interrupted while waiting for GPUs;\n"
+    f"nodemgr took the GPUs back and CMD was killed: {EXIT_RECLAIMED_IDLE} idle, "
+    f"{EXIT_RECLAIMED_TIMEOUT} no heartbeat, {EXIT_RECLAIMED_ADMIN} an\n"
+    f"operator's reclaim, {EXIT_RECLAIMED_DELETED} environment deleted, "
+    f"{EXIT_RECLAIMED_OTHER} another reason."
 )
 
 F = TypeVar("F", bound=Callable[..., Any])

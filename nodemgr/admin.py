@@ -19,7 +19,7 @@ class Loop(Protocol):
     node: Node
     connections: Connections
 
-    def kill_client(self, task: Task) -> None: ...
+    def reclaim(self, task: Task, reason: str, message: str, record: str | None = None) -> None: ...
 
     def release(self, task_id: str, reason: str, exit_code: int | None = None) -> None: ...
 
@@ -33,16 +33,25 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
     if kind == "quota_set":
         env = node.set_quota(body["env"], body["gpus"], body["memory"])
         loop.connections.open_env(env)
-        return protocol.reply("quota", msg_id, **views.quota(env), over=views.over_quota(node, env))
+        return protocol.reply(
+            "quota", msg_id, **views.quota(env, node), over=views.over_quota(node, env)
+        )
     if kind == "quota_delete":
         return _delete_env(loop, body["env"], bool(body["force"]), msg_id)
     if kind == "reclaim":
         task = node.tasks.get(body["task_id"])
         if task is None:
             raise ProtocolError(Err.UNKNOWN_TASK, f"no running task {body['task_id']!r}")
-        loop.kill_client(task)
-        loop.release(task.task_id, "admin")
+        loop.reclaim(
+            task,
+            "admin",
+            "GPUs reclaimed by an operator (nodemgr reclaim); ask them why, or run the "
+            "command again",
+        )
         return protocol.reply("reclaimed", msg_id, task_id=task.task_id, env=task.env)
+    if kind == "idle_set":
+        env = node.set_idle(body["env"], body["idle_timeout"], body["idle_action"])
+        return protocol.reply("quotas", msg_id, quotas=[views.quota(env, node)])
     if kind in ("pause", "resume"):
         paused = kind == "pause"
         task = node.pause(body["task_id"], paused)
@@ -72,7 +81,7 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
         return protocol.reply("queue", msg_id, waiting=views.queue(node.queue))
     if kind == "quota_show":
         envs = [node.env(body["env"])] if body["env"] else list(node.envs.values())
-        quotas = [views.quota(e) for e in sorted(envs, key=lambda e: e.name)]
+        quotas = [views.quota(e, node) for e in sorted(envs, key=lambda e: e.name)]
         return protocol.reply("quotas", msg_id, quotas=quotas)
     if kind == "tasks":
         only = node.env(body["env"]).name if body["env"] else None
@@ -92,8 +101,13 @@ def _delete_env(loop: Loop, name: str, force: bool, msg_id: int) -> dict[str, An
             "in use; wait for them, or delete with --force to end them",
         )
     for task in tasks:
-        loop.kill_client(task)
-        loop.release(task.task_id, "admin")
+        loop.reclaim(
+            task,
+            "deleted",
+            f"GPUs reclaimed: an operator deleted the environment {name!r} (nodemgr quota "
+            "delete); ask them to create it again",
+            record="admin",
+        )
     for w in [w for w in node.queue if w.env == name]:
         node.queue.drop(w.wid)
         loop.unwatch(("wait", w.wid))

@@ -42,7 +42,15 @@ class NoResources(NodeError):
     """Not enough free GPUs now: the same request may succeed later (or wait)."""
 
 
+class Reclaimed(NodeError):
+    """A heartbeat's answer: nodemgr took the task's GPUs back. ``reason``: why
+    (protocol.RECLAIM_REASONS, or a newer one); the message says what to do."""
+
+    reason = ""
+
+
 _ERRORS: dict[str, type[NodeError]] = {
+    protocol.Err.RECLAIMED: Reclaimed,
     protocol.Err.QUOTA_ZERO: QuotaZero,
     protocol.Err.QUOTA_EXCEEDED: QuotaExceeded,
     protocol.Err.NO_RESOURCES: NoResources,
@@ -222,9 +230,12 @@ class Connection:
                 continue  # a late reply to an earlier request that timed out
             unanswered = False
             if msg["type"] == "error":
-                raise error_for(
+                err = error_for(
                     str(msg.get("error")), str(msg.get("message")), bool(msg.get("retryable"))
                 )
+                if isinstance(err, Reclaimed):
+                    err.reason = str(msg.get("reason") or "")
+                raise err
             if msg["type"] in ("queued", "held"):
                 if on_queued is not None:
                     on_queued(msg)

@@ -207,6 +207,11 @@ KEYS: tuple[Key, ...] = (
         "seconds between sweeps for dead processes' ledger slots",
     ),
     Key(
+        "node", "reclaim_grace", "reclaim_grace", Seconds(0.0, 3600.0), 5.0,
+        "seconds a reclaimed task's client has to hear why and end before it is killed"
+        " (at least two heartbeat intervals)",
+    ),
+    Key(
         "gpus", "source", "gpu_source", Choice("auto", "nvml", "simulated"), "auto",
         "`nvml`, `simulated`, or `auto` (NVML if a driver answers)",
     ),
@@ -272,6 +277,20 @@ KEYS: tuple[Key, ...] = (
     Key(
         "timeslice", "guard", "guard", Size(), "100MiB",
         "memory kept free after each task's persistent slice",
+    ),
+    Key(
+        "idle", "timeout", "idle_timeout", Seconds(0.0, 7 * DAY), 0.0,
+        "seconds without a kernel launch after which a task is idle ([nodemgr.md]"
+        "(nodemgr.md#idle-tasks)); 0 turns the idle policy off; `nodemgr idle` sets it per"
+        " environment",
+    ),
+    Key(
+        "idle", "warn_before", "idle_warn_before", Seconds(0.0, 7 * DAY), 300.0,
+        "how long before an idle task is reclaimed its user is warned",
+    ),
+    Key(
+        "idle", "action", "idle_action", Choice("reclaim", "report"), "reclaim",
+        "what happens to an idle task: `reclaim` its GPUs, or only `report` it",
     ),
 )
 # fmt: on
@@ -343,6 +362,7 @@ class Config:
     heartbeat_interval: float = _DEFAULTS["heartbeat_interval"]
     heartbeat_timeout: float = _DEFAULTS["heartbeat_timeout"]
     sweep_interval: float = _DEFAULTS["sweep_interval"]
+    reclaim_grace: float = _DEFAULTS["reclaim_grace"]
     gpu_source: str = _DEFAULTS["gpu_source"]
     sim_count: int = _DEFAULTS["sim_count"]
     sim_memory: int = _DEFAULTS["sim_memory"]
@@ -367,6 +387,16 @@ class Config:
     quantum: int = _DEFAULTS["quantum"]
     turn_timeout: float = _DEFAULTS["turn_timeout"]
     guard: int = _DEFAULTS["guard"]
+    # [idle] (docs/nodemgr.md, "Idle tasks"): the node's idle policy.
+    idle_timeout: float = _DEFAULTS["idle_timeout"]
+    idle_warn_before: float = _DEFAULTS["idle_warn_before"]
+    idle_action: str = _DEFAULTS["idle_action"]
+
+    @property
+    def grace(self) -> float:
+        """Seconds a reclaimed task's client has to end by itself: at least two heartbeat
+        intervals, so that it hears why at its next heartbeat."""
+        return max(self.reclaim_grace, 2 * self.heartbeat_interval)
 
     @property
     def admin_endpoint(self) -> str:

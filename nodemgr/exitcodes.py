@@ -13,3 +13,16 @@ EXIT_INTERNAL = 125  # gpushare-run itself failed
 EXIT_NOT_EXECUTABLE = 126  # as a shell says: CMD cannot be executed
 EXIT_NOT_FOUND = 127  # as a shell says: CMD not found
 EXIT_CANCELLED = 130  # 128 + SIGINT: interrupted while waiting for GPUs
+# gpushare-run's command ended because nodemgr reclaimed the task's GPUs (docs/client.md,
+# "Reclaimed tasks"): one code per reason, clear of the codes above and of 128+N.
+EXIT_RECLAIMED_IDLE = 90  # no kernel launched for the environment's idle timeout
+EXIT_RECLAIMED_TIMEOUT = 91  # nodemgr heard no heartbeat for its heartbeat timeout
+EXIT_RECLAIMED_ADMIN = 92  # an operator reclaimed the task (nodemgr reclaim)
+EXIT_RECLAIMED_DELETED = 93  # an operator deleted the environment (nodemgr quota delete)
+EXIT_RECLAIMED_OTHER = 94  # reclaimed for a reason this client does not know
+RECLAIM_EXIT_CODES = {
+    "idle": EXIT_RECLAIMED_IDLE,
+    "timeout": EXIT_RECLAIMED_TIMEOUT,
+    "admin": EXIT_RECLAIMED_ADMIN,
+    "deleted": EXIT_RECLAIMED_DELETED,
+}

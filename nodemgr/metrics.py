@@ -175,6 +175,11 @@ class Metrics:
         self.reclaims = Counter(
             "gpushare_reclaims", "Tasks ended, by reason", ["reason"], registry=self.registry
         )
+        self.idle_seconds = Counter(
+            "gpushare_idle_reclaimed_gpu_seconds",
+            "GPU-seconds that tasks reclaimed for idleness held while idle",
+            registry=self.registry,
+        )
         self.refusals = Counter(
             "gpushare_connections_refused",
             "Connections to an environment's endpoint refused over a cap, by cap",
@@ -232,6 +237,9 @@ class Metrics:
 
     def reclaimed(self, reason: str) -> None:
         self.reclaims.labels(reason).inc()
+
+    def idle_reclaimed(self, gpu_seconds: float) -> None:
+        self.idle_seconds.inc(gpu_seconds)
 
     def refused(self, cap: str) -> None:
         self.refusals.labels(cap).inc()

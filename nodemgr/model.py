@@ -33,6 +33,9 @@ class Env:
     # it (docs/operations.md, "Storage faults"). None: the ledger is in order.
     orphaned: str | None = None
     adopted: bool = False  # its ledger was the one an earlier nodemgr left
+    # Its own idle policy (`nodemgr idle`, docs/nodemgr.md "Idle tasks"); None: the node's.
+    idle_timeout: float | None = None
+    idle_action: str | None = None
 
 
 @dataclass

@@ -31,6 +31,10 @@ MAX_BYTES = (1 << 63) - 1
 MAX_WAIT = 7 * 86400.0
 MAX_HISTORY = 10000
 MAX_GUARD = 1 << 40
+# An environment's idle timeout (docs/nodemgr.md, "Idle tasks"): at most a week.
+MAX_IDLE = 7 * 86400.0
+# Why nodemgr reclaimed a task, as a `reclaimed` error's `reason` tells its client.
+RECLAIM_REASONS = ("idle", "timeout", "admin", "deleted")
 # A GPU's mode (docs/timeslicing.md).
 SHARED = "shared"
 TIMESLICED = "timesliced"
@@ -62,6 +66,7 @@ class Err:
     QUOTA_ZERO = "quota_zero"
     QUOTA_EXCEEDED = "quota_exceeded"
     NO_RESOURCES = "no_resources"
+    RECLAIMED = "reclaimed"
     INTERNAL = "internal"
 
     RETRYABLE = frozenset({NO_RESOURCES})
@@ -196,6 +201,11 @@ ADMIN_REQUESTS: dict[str, Schema] = {
     "mode": {"gpu": (False, _optional(_gpu)), "mode": (False, _optional(_one_of(*MODES)))},
     "drain": {"gpu": (False, _optional(_gpu)), "drained": (False, _optional(_bool))},
     "reclaim": {"task_id": (True, _task)},
+    "idle_set": {
+        "env": (True, _env),
+        "idle_timeout": (False, _optional(_number(0.0, MAX_IDLE))),
+        "idle_action": (False, _optional(_one_of("reclaim", "report"))),
+    },
     "pause": {"task_id": (True, _task)},
     "resume": {"task_id": (True, _task)},
     "history": {
@@ -277,7 +287,9 @@ def reply(kind: str, msg_id: int, **fields: Any) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "type": kind, "id": msg_id, **fields}
 
 
-def error(code: str, message: str, msg_id: int = 0) -> dict[str, Any]:
+def error(code: str, message: str, msg_id: int = 0, **fields: Any) -> dict[str, Any]:
+    """An error reply; ``fields``: what the code's reply carries besides (``reclaimed``:
+    ``reason``)."""
     return {
         "v": PROTOCOL_VERSION,
         "type": "error",
@@ -285,4 +297,5 @@ def error(code: str, message: str, msg_id: int = 0) -> dict[str, Any]:
         "error": code,
         "message": message,
         "retryable": code in Err.RETRYABLE,
+        **fields,
     }

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nodemgr import __version__, admin, envdirs, protocol, views
+from nodemgr import __version__, admin, envdirs, idle, protocol, views
 from nodemgr.config import Config, ConfigError
 from nodemgr.connections import Connections, Listener, Polled, ReplyTo, Watched, describe
 from nodemgr.envdirs import RestoreError
@@ -39,6 +39,9 @@ from nodemgr.store import Store, StoreError, cause, startup_error
 from nodemgr.transport import Conn
 
 log = logging.getLogger("nodemgr")
+
+# Reclaimed tasks whose reason a heartbeat can still be told (Server.reclaim).
+MAX_TOLD = 4096
 
 
 class StartupError(Exception):
@@ -114,6 +117,11 @@ class Server:
         self.metrics: Metrics | None = None
         # Environments whose socket could not be bound again (_check_run_dir).
         self._unbindable: set[str] = set()
+        # Reclaimed tasks (reclaim()): why, for their clients' next heartbeat, by task id
+        # (env, reason, message), the most recent MAX_TOLD; the pidfds of their clients,
+        # killed at the time given unless they ended first.
+        self._told: dict[str, tuple[str, str, str]] = {}
+        self._doomed: list[tuple[float, int]] = []
 
     def _unlock(self) -> None:
         for fd in self._lock_fds:
@@ -233,6 +241,8 @@ class Server:
         now = time.monotonic()
         for task in self.node.expired(now):
             self._reclaim_hung(task)
+        if self._doomed:
+            self._end_doomed(now)
         if now >= self._next_sweep:
             self._next_sweep = now + self.config.sweep_interval
             self._released.clear()
@@ -244,6 +254,7 @@ class Server:
                 self._reap(env, wall_ns)
             if self.node.store.pending:
                 self.node.store.flush()
+            self._check_idle()
             self._check_run_dir()
             self.node.settle_draining()
             self.node.sample()
@@ -455,10 +466,16 @@ class Server:
     ) -> dict[str, Any] | None:
         node = self.node
         if kind == "heartbeat":
+            told = self._told.get(body["task_id"])
+            if told is not None and told[0] == env and body["task_id"] not in node.tasks:
+                return protocol.error(Err.RECLAIMED, told[2], msg_id, reason=told[1])
             task = node.task(env, body["task_id"])
             task.last_seen = time.monotonic()
             if task.restored:
                 self._reattach(task, conn)
+            warning = self._idle_warning(task)
+            if warning is not None:
+                return protocol.reply("ack", msg_id, task_id=task.task_id, warning=warning)
             return protocol.reply("ack", msg_id, task_id=task.task_id)
         if kind == "request":
             return self._request(env, msg_id, body, conn, envelope)
@@ -604,20 +621,101 @@ class Server:
             if w is not None:
                 log.info("a waiting request from env %s went away with its client", w.env)
 
-    def kill_client(self, task: Task) -> None:
-        """End a task's client so nothing keeps using memory that is given back; its
-        command dies with it (gpushare-run sets PDEATHSIG)."""
-        fd = self.watched.get(("task", task.task_id))
+    def reclaim(self, task: Task, reason: str, message: str, record: str | None = None) -> None:
+        """Take a task's GPUs back now (its ledger limits drop to 0 at once) and tell its
+        client why: the answer to its next heartbeat is a `reclaimed` error with ``reason``
+        (protocol.RECLAIM_REASONS) and ``message``, and the client ends its command (or
+        itself) and exits with the reason's code. A client still running config.grace
+        seconds later is killed, so that nothing keeps using memory that is given back (its
+        command dies with it: gpushare-run sets PDEATHSIG). ``record``: the end reason the
+        task's record keeps, when it is not ``reason``."""
+        fd = self.watched.pop(("task", task.task_id), None)
         if fd is not None:
-            with contextlib.suppress(OSError):
+            self.epoll.unregister(fd)
+            del self.pidfds[fd]
+            del self.fds[fd]
+            if reason == "timeout":
+                # Presumed hung: killed now, as nothing else would end it.
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+            self._doomed.append((time.monotonic() + self.config.grace, fd))
+        self._told[task.task_id] = (task.env, reason, message)
+        while len(self._told) > MAX_TOLD:
+            del self._told[next(iter(self._told))]
+        self.release(task.task_id, record or reason)
+
+    def _end_doomed(self, now: float) -> None:
+        """Kill the clients of reclaimed tasks that outlived the grace."""
+        due = [fd for at, fd in self._doomed if at <= now]
+        self._doomed = [(at, fd) for at, fd in self._doomed if at > now]
+        for fd in due:
+            with contextlib.suppress(OSError):  # ESRCH: it ended by itself
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
+            os.close(fd)
 
     def _reclaim_hung(self, task: Task) -> None:
-        log.warning(
-            "task %s sent no heartbeat for %.1fs", task.task_id, self.config.heartbeat_timeout
+        timeout = self.config.heartbeat_timeout
+        log.warning("task %s sent no heartbeat for %.1fs", task.task_id, timeout)
+        self.reclaim(
+            task,
+            "timeout",
+            f"GPUs reclaimed: nodemgr heard no heartbeat from this task for {timeout:g}s (was "
+            "gpushare-run stopped, or the process too busy to heartbeat?); run the command "
+            "again",
         )
-        self.kill_client(task)
-        self.release(task.task_id, "timeout")
+
+    # --- idle tasks (nodemgr.idle) ---------------------------------------------------
+
+    def _check_idle(self) -> None:
+        """Bring idle times up to date; warn, report or reclaim as the policies say."""
+        node = self.node
+        now = time.time()
+        policies = {name: node.idle_policy(e) for name, e in node.envs.items()}
+        seen = []
+        for t in node.tasks.values():
+            entry = node.envs[t.env].ledger.task_entry(t.task_id)
+            last = (
+                entry.last_launch_ns / 1e9 if entry is not None and entry.last_launch_ns else None
+            )
+            blocked = entry is not None and (entry.paused or entry.gated)
+            seen.append(idle.Seen(t.task_id, t.started, last, blocked, policies[t.env]))
+        for d in node.idle.sweep(now, seen):
+            task = node.tasks[d.task_id]
+            spent = idle.duration(d.idle)
+            policy = policies[task.env]
+            if d.action == "warn":
+                log.info(
+                    "task %s env=%s idle for %s: warned",
+                    task.task_id,
+                    task.env,
+                    spent,
+                )
+            elif d.action == idle.REPORT:
+                log.warning(
+                    "task %s env=%s idle for %s (launched no kernel; its GPUs could serve others)",
+                    task.task_id,
+                    task.env,
+                    spent,
+                )
+            else:
+                log.warning(
+                    "task %s env=%s idle for %s: reclaimed",
+                    task.task_id,
+                    task.env,
+                    spent,
+                )
+                if self.metrics is not None:
+                    self.metrics.idle_reclaimed(d.idle * len(task.gpus))
+                self.reclaim(task, "idle", idle.reclaimed(d.idle, policy))
+
+    def _idle_warning(self, task: Task) -> str | None:
+        """The warning a heartbeat's answer carries while the task is about to be reclaimed
+        for idleness."""
+        node = self.node
+        if not node.idle.warned(task.task_id):
+            return None
+        spent = node.idle.idle(task.task_id, time.time()) or 0.0
+        return idle.warning(spent, node.idle_policy(node.envs[task.env]), task.task_id)
 
     # --- admin endpoint ----------------------------------------------------------
 
@@ -634,6 +732,13 @@ class Server:
                 self.connections.drop(what)
         for fd in list(self.pidfds):
             os.close(fd)
+        for _, fd in self._doomed:
+            # Reclaimed, and not yet ended: they were to be killed; nothing may keep memory
+            # that the next nodemgr gives out.
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            os.close(fd)
+        self._doomed.clear()
         for listener in self.connections.all_listeners():
             listener.sock.close()
         self.fds.clear()

@@ -18,7 +18,7 @@ import shutil
 import time
 from collections.abc import Sequence
 
-from nodemgr import envdirs, scheduler, timeslice
+from nodemgr import envdirs, idle, scheduler, timeslice
 from nodemgr.config import Config, check_gpus
 from nodemgr.gpus import Gpu, resolve
 from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, SlotTotals, TaskEntry
@@ -31,7 +31,7 @@ from nodemgr.waitqueue import Waiter, WaitQueue, competes
 log = logging.getLogger("nodemgr")
 
 # Why a task ended, as records and metrics name it (docs/operations.md).
-REASONS = ("done", "killed", "exited", "timeout", "admin", "undelivered")
+REASONS = ("done", "killed", "exited", "timeout", "admin", "idle", "undelivered")
 
 
 def process_start(pid: int) -> int | None:
@@ -73,6 +73,8 @@ class Node:
         self.queue_dirty = False
         # Time slicing (docs/timeslicing.md): modes, turns, gates, held yields.
         self.slicing = Slicing(config, gpus, store, self.envs, self.tasks)
+        # How long each task has launched no kernel (nodemgr.idle).
+        self.idle = idle.Tracker()
 
     def restore(self) -> list[Task]:
         """Load quotas and running tasks from the database, adopting the ledgers running
@@ -93,6 +95,10 @@ class Node:
                     self.config.env_dir(row.name),
                     why,
                 )
+        for name, (timeout, action) in self.store.env_idle().items():
+            if name in self.envs:
+                self.envs[name].idle_timeout = timeout
+                self.envs[name].idle_action = action
         now = time.monotonic()
         restored = []
         shapes = self.store.task_shapes()
@@ -246,6 +252,22 @@ class Node:
         self.queue_dirty = True
         log.info("quota %s: %d GPUs x %d bytes", name, gpus, memory)
         return env
+
+    def set_idle(self, name: str, timeout: float | None, action: str | None) -> Env:
+        """Give an environment its own idle policy (None: the node's), kept across
+        restarts; it applies to its running tasks at the next sweep."""
+        env = self.env(name)
+        self.store.put_env_idle(name, timeout, action)
+        env.idle_timeout, env.idle_action = timeout, action
+        log.info("idle policy %s: timeout %s, action %s", name, timeout, action)
+        return env
+
+    def idle_policy(self, env: Env) -> idle.Policy:
+        """The idle policy of an environment's tasks: its own, else the node's."""
+        c = self.config
+        timeout = c.idle_timeout if env.idle_timeout is None else env.idle_timeout
+        action = c.idle_action if env.idle_action is None else env.idle_action
+        return idle.Policy(timeout, c.idle_warn_before, action)
 
     def over_quota(self, env: Env) -> dict[int, int]:
         """The GPUs where ``env`` holds more than its memory quota, and what it holds."""

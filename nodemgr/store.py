@@ -23,7 +23,8 @@ from pathlib import Path
 
 log = logging.getLogger("nodemgr")
 
-SCHEMA_VERSION = 1
+# 2: env_idle. A version-1 database gains its new tables at start (CREATE IF NOT EXISTS).
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS envs (
@@ -61,6 +62,11 @@ CREATE TABLE IF NOT EXISTS task_shapes (
     persistent INTEGER,               -- its request's estimate, bytes; NULL: none stated
     temporary  INTEGER,
     guard      INTEGER NOT NULL       -- bytes after its persistent slice
+);
+CREATE TABLE IF NOT EXISTS env_idle (
+    name    TEXT PRIMARY KEY,         -- an environment whose idle policy is not the node's
+    timeout REAL,                     -- seconds; 0: off; NULL: the node's
+    action  TEXT                      -- "reclaim" or "report"; NULL: the node's
 );
 CREATE INDEX IF NOT EXISTS tasks_running ON tasks (task_id) WHERE ended IS NULL;
 CREATE INDEX IF NOT EXISTS tasks_started ON tasks (started);
@@ -271,6 +277,24 @@ class Store:
     def delete_env(self, name: str) -> None:
         with self._durable() as db:
             db.execute("DELETE FROM envs WHERE name = ?", (name,))
+            db.execute("DELETE FROM env_idle WHERE name = ?", (name,))
+
+    def env_idle(self) -> dict[str, tuple[float | None, str | None]]:
+        """Each environment's own idle timeout and action (None: the node's)."""
+        rows = self.db.execute("SELECT name, timeout, action FROM env_idle").fetchall()
+        return {str(n): (None if t is None else float(t), a) for n, t, a in rows}
+
+    def put_env_idle(self, name: str, timeout: float | None, action: str | None) -> None:
+        with self._durable() as db:
+            if timeout is None and action is None:
+                db.execute("DELETE FROM env_idle WHERE name = ?", (name,))
+            else:
+                db.execute(
+                    "INSERT INTO env_idle (name, timeout, action) VALUES (?, ?, ?) "
+                    "ON CONFLICT (name) DO UPDATE SET timeout = excluded.timeout, "
+                    "action = excluded.action",
+                    (name, timeout, action),
+                )
 
     # --- GPU modes (docs/timeslicing.md) ----------------------------------------
 

@@ -21,6 +21,11 @@ class QuotaView(TypedDict):
     gpus: int
     memory: int
     endpoint: str
+    # Its idle policy (docs/nodemgr.md, "Idle tasks"): the timeout (0: off) and action that
+    # apply, and whether they are its own (`nodemgr idle`) or the node's.
+    idle_timeout: float
+    idle_action: str
+    idle_own: bool
 
 
 class OverQuota(TypedDict):
@@ -51,6 +56,11 @@ class TaskView(TypedDict):
     attached: bool
     paused: bool
     last_launch: float | None
+    # Seconds since its last kernel launch (or its grant, or when it was last paused or
+    # gated), as the last sweep saw it; None: not swept yet. The idle timeout that applies
+    # to it (0: none).
+    idle: float | None
+    idle_timeout: float
     gated: bool
     iterations: int
     regions: list[TaskRegionView]
@@ -152,8 +162,17 @@ class GrantView(TypedDict):
     timesliced: list[int]
 
 
-def quota(env: Env) -> QuotaView:
-    return {"env": env.name, "gpus": env.gpus, "memory": env.memory, "endpoint": env.endpoint}
+def quota(env: Env, node: Node) -> QuotaView:
+    policy = node.idle_policy(env)
+    return {
+        "env": env.name,
+        "gpus": env.gpus,
+        "memory": env.memory,
+        "endpoint": env.endpoint,
+        "idle_timeout": policy.timeout,
+        "idle_action": policy.action,
+        "idle_own": env.idle_timeout is not None or env.idle_action is not None,
+    }
 
 
 def over_quota(node: Node, env: Env) -> list[OverQuota]:
@@ -181,6 +200,8 @@ def task(node: Node, task: Task, usage: dict[str, SlotTotals]) -> TaskView:
         "attached": not task.restored,
         "paused": entry is not None and entry.paused,
         "last_launch": stamped / 1e9 if stamped else None,
+        "idle": node.idle.idle(task.task_id, time.time()),
+        "idle_timeout": node.idle_policy(node.envs[task.env]).timeout,
         "gated": entry is not None and entry.gated,
         "iterations": entry.iterations if entry is not None else 0,
         "regions": _task_regions(node, task),

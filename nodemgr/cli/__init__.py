@@ -7,6 +7,7 @@ import click
 from nodemgr import __version__
 from nodemgr.cli.drain import drain, undrain
 from nodemgr.cli.history import history
+from nodemgr.cli.idle import idle
 from nodemgr.cli.mode import mode
 from nodemgr.cli.pause import pause
 from nodemgr.cli.quota import quota
@@ -46,6 +47,7 @@ cli.add_command(top)
 cli.add_command(mode)
 cli.add_command(drain)
 cli.add_command(undrain)
+cli.add_command(idle)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ import click
 from nodemgr import config as configmod
 from nodemgr.client import Connection, NodeError, Unreachable
 from nodemgr.exitcodes import EXIT_ADMIN_REFUSED, EXIT_CONFIG, EXIT_UNREACHABLE
+from nodemgr.idle import duration
 from nodemgr.sizes import format_size
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -152,6 +153,16 @@ def launched(task: dict[str, Any], now: float | None = None) -> str:
     return f"{ago / 3600:.0f}h ago"
 
 
+def idle_for(task: dict[str, Any]) -> str:
+    """A task's IDLE column: how long it has launched no kernel (since its grant when it
+    never did; paused or gated time does not count), "!" once past its idle timeout."""
+    spent = task.get("idle")
+    if spent is None:
+        return "-"
+    timeout = task.get("idle_timeout") or 0
+    return duration(spent) + ("!" if timeout and spent >= timeout else "")
+
+
 def task_row(task: dict[str, Any], memory: str) -> list[str]:
     """A task's row in ``nodemgr tasks`` and ``nodemgr top``; the sixth column is the size
     in its field ``memory`` (the limit per GPU, or the peak)."""
@@ -163,6 +174,7 @@ def task_row(task: dict[str, Any], memory: str) -> list[str]:
         format_size(task["memory_used"]),
         format_size(task[memory]),
         str(task["launches"]),
+        idle_for(task),
         launched(task),
         task_state(task),
         (task["command"] or "")[:40],

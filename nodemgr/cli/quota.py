@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
+from nodemgr.idle import duration
 from nodemgr.params import CountType, EnvNameType, SizeType
 from nodemgr.protocol import MAX_GPUS_PER_REQUEST
 from nodemgr.sizes import format_size, plural
@@ -31,7 +34,8 @@ def quota() -> None:
 def set_(env: str, gpus: int, memory: int, config_path: str | None, as_json: bool) -> None:
     """Create environment ENV or change its quota."""
     reply = admin_call(config_path, "quota_set", env=env, gpus=gpus, memory=memory)
-    view = {k: reply[k] for k in ("env", "gpus", "memory", "endpoint")}
+    keys = ("env", "gpus", "memory", "endpoint", "idle_timeout", "idle_action", "idle_own")
+    view = {k: reply[k] for k in keys}
     over = reply.get("over", [])
     if as_json:
         print_json({**view, "over": over})
@@ -74,9 +78,21 @@ def show(env: str | None, endpoint_only: bool, config_path: str | None, as_json:
         print_json(quotas[0] if env else quotas)
         return
     print_table(
-        ["ENV", "GPUS", "MEMORY/GPU", "ENDPOINT"],
-        [[q["env"], str(q["gpus"]), format_size(q["memory"]), q["endpoint"]] for q in quotas],
+        ["ENV", "GPUS", "MEMORY/GPU", "IDLE", "ENDPOINT"],
+        [
+            [q["env"], str(q["gpus"]), format_size(q["memory"]), idle_policy(q), q["endpoint"]]
+            for q in quotas
+        ],
     )
+
+
+def idle_policy(q: dict[str, Any]) -> str:
+    """An environment's IDLE column: its idle timeout and action, "-" when off; "*" marks
+    its own policy (nodemgr idle), as opposed to the node's."""
+    own = "*" if q.get("idle_own") else ""
+    if not q.get("idle_timeout"):
+        return "-" + own
+    return f"{duration(q['idle_timeout'])} {q['idle_action']}{own}"
 
 
 @quota.command("delete")

@@ -34,6 +34,7 @@ def tasks(env: str | None, config_path: str | None, as_json: bool) -> None:
             "USED",
             "LIMIT/GPU",
             "LAUNCHES",
+            "IDLE",
             "LAUNCHED",
             "STATE",
             "COMMAND",

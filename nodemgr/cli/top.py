@@ -124,7 +124,19 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
     )
     lines.append("")
     lines += format_table(
-        ["TASK", "ENV", "PID", "GPU", "USED", "PEAK", "LAUNCHES", "LAUNCHED", "STATE", "COMMAND"],
+        [
+            "TASK",
+            "ENV",
+            "PID",
+            "GPU",
+            "USED",
+            "PEAK",
+            "LAUNCHES",
+            "IDLE",
+            "LAUNCHED",
+            "STATE",
+            "COMMAND",
+        ],
         [task_row(t, "peak") for t in tasks],
     )
     if queue:

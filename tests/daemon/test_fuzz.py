@@ -41,7 +41,9 @@ MAX = protocol.MAX_MESSAGE_BYTES
 
 # The only hand-kept list: admin types that change state, never sent valid. Types
 # not in the schemas are simply unused.
-MUTATING_ADMIN = frozenset({"quota_set", "quota_delete", "reclaim", "pause", "resume", "drain"})
+MUTATING_ADMIN = frozenset(
+    {"quota_set", "quota_delete", "reclaim", "pause", "resume", "drain", "idle_set"}
+)
 
 PRINTABLE = bytes(0x20 + b % 0x5F for b in range(256))
 ERROR_CODES = frozenset(v for k, v in vars(Err).items() if k.isupper() and isinstance(v, str))

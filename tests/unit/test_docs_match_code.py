@@ -121,6 +121,11 @@ def test_exit_code_tables_are_the_defined_codes() -> None:
         exitcodes.EXIT_NOT_EXECUTABLE,
         exitcodes.EXIT_NOT_FOUND,
         exitcodes.EXIT_CANCELLED,
+        exitcodes.EXIT_RECLAIMED_IDLE,
+        exitcodes.EXIT_RECLAIMED_TIMEOUT,
+        exitcodes.EXIT_RECLAIMED_ADMIN,
+        exitcodes.EXIT_RECLAIMED_DELETED,
+        exitcodes.EXIT_RECLAIMED_OTHER,
     }
     # nodemgr's, in a sentence: "Exit codes: 0 success; 1 ...; 78 ...".
     sentence = re.search(r"Exit codes: 0 success(;.*?)\n\n", text, re.S)
