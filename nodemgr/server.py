@@ -42,6 +42,9 @@ log = logging.getLogger("nodemgr")
 
 # Reclaimed tasks whose reason a heartbeat can still be told (Server.reclaim).
 MAX_TOLD = 4096
+# Idle times are brought up to date once a second, not every sweep: idle timeouts are
+# minutes, and each check reads every watched task's ledger entry.
+IDLE_CHECK_INTERVAL = 1.0
 
 
 class StartupError(Exception):
@@ -111,6 +114,7 @@ class Server:
         self.watched: dict[Watched, int] = {}
         self._stop = False
         self._next_sweep = 0.0
+        self._next_idle = 0.0
         # Environments of the tasks released since the last sweep (release()).
         self._released: set[str] = set()
         self._next_health = 0.0
@@ -254,7 +258,9 @@ class Server:
                 self._reap(env, wall_ns)
             if self.node.store.pending:
                 self.node.store.flush()
-            self._check_idle()
+            if now >= self._next_idle:
+                self._next_idle = now + IDLE_CHECK_INTERVAL
+                self._check_idle()
             self._check_run_dir()
             self.node.settle_draining()
             self.node.sample()
@@ -671,8 +677,13 @@ class Server:
         node = self.node
         now = time.time()
         policies = {name: node.idle_policy(e) for name, e in node.envs.items()}
+        # Only the tasks of environments with a policy: this reads each task's ledger
+        # entry, which with thousands of tasks would cost every turn what it saves.
+        watched = {name for name, p in policies.items() if p.on}
         seen = []
         for t in node.tasks.values():
+            if t.env not in watched:
+                continue
             entry = node.envs[t.env].ledger.task_entry(t.task_id)
             last = (
                 entry.last_launch_ns / 1e9 if entry is not None and entry.last_launch_ns else None

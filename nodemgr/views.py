@@ -200,12 +200,25 @@ def task(node: Node, task: Task, usage: dict[str, SlotTotals]) -> TaskView:
         "attached": not task.restored,
         "paused": entry is not None and entry.paused,
         "last_launch": stamped / 1e9 if stamped else None,
-        "idle": node.idle.idle(task.task_id, time.time()),
+        "idle": _idle(node, task, stamped, entry is not None and (entry.paused or entry.gated)),
         "idle_timeout": node.idle_policy(node.envs[task.env]).timeout,
         "gated": entry is not None and entry.gated,
         "iterations": entry.iterations if entry is not None else 0,
         "regions": _task_regions(node, task),
     }
+
+
+def _idle(node: Node, task: Task, stamped: int, blocked: bool) -> float | None:
+    """Seconds since the task's last launch (or its start): the idle tracker's figure where
+    its environment has an idle policy, which counts a paused or gated spell as active;
+    elsewhere worked out here (None while the task is paused or waits for its turn)."""
+    now = time.time()
+    tracked = node.idle.idle(task.task_id, now)
+    if tracked is not None:
+        return tracked
+    if blocked:
+        return None
+    return max(0.0, now - max(task.started, stamped / 1e9))
 
 
 def _task_regions(node: Node, task: Task) -> list[TaskRegionView]:
