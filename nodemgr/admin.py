@@ -27,6 +27,8 @@ class Loop(Protocol):
 
     def send_later(self, to: ReplyTo, msg: dict[str, Any]) -> bool: ...
 
+    def close_env_later(self, name: str) -> None: ...
+
 
 def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str, Any]:
     node = loop.node
@@ -115,6 +117,7 @@ def _delete_env(loop: Loop, name: str, force: bool, msg_id: int) -> dict[str, An
             w.reply_to,
             protocol.error(Err.UNKNOWN_ENV, f"environment {name!r} was deleted", w.reply_to[2]),
         )
-    loop.connections.close_env(name)
+    # Its clients' connections stay for the grace, so that their heartbeats hear why.
+    loop.close_env_later(name)
     node.delete_quota(name)
     return protocol.reply("deleted", msg_id, env=name, tasks_ended=len(tasks))

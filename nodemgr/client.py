@@ -73,6 +73,12 @@ class Connection:
         self.endpoint = endpoint
         self.timeout = timeout
         self._ids = itertools.count(1)
+        # The socket was there when this connection was made, or nodemgr has answered on
+        # it: it is connected, and keeps working after the socket's name is gone (an
+        # environment deleted, whose clients' next heartbeat hears why).
+        self._connected = endpoint.startswith("ipc://") and os.path.exists(
+            endpoint[len("ipc://") :]
+        )
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -119,7 +125,7 @@ class Connection:
         when it is made again (a new nodemgr bound the socket), the request is sent again
         with the fields ``resend`` returns, ``on_lost(False)`` is called, and the first
         answer to it is awaited as above (docs/protocol.md, "Restarts")."""
-        if self.endpoint.startswith("ipc://"):
+        if self.endpoint.startswith("ipc://") and not self._connected:
             path = self.endpoint[len("ipc://") :]
             try:
                 os.stat(path)
@@ -142,7 +148,7 @@ class Connection:
         if resend is not None:
             monitor = self._sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         try:
-            return self._wait(
+            reply = self._wait(
                 kind,
                 msg_id,
                 timeout,
@@ -154,10 +160,15 @@ class Connection:
                 on_lost,
                 monitor,
             )
+        except NodeError:
+            self._connected = True
+            raise
         finally:
             if monitor is not None:
                 self._sock.disable_monitor()
                 monitor.close(linger=0)
+        self._connected = True
+        return reply
 
     def _wait(
         self,

@@ -216,11 +216,16 @@ class Connections:
 
     def close_env(self, name: str) -> None:
         """Stop serving environment ``name``: its socket, and every connection to it."""
+        for conn in self.unbind_env(name):
+            self.drop(conn)
+
+    def unbind_env(self, name: str) -> list[Conn]:
+        """Close environment ``name``'s socket, so no new connection comes; its connections
+        now, which stay open until dropped."""
         listener = self.listeners.pop(name, None)
         if listener is not None:
             self.unbind(listener)
-        for conn in [c for c in self.fds.values() if isinstance(c, Conn) and c.env == name]:
-            self.drop(conn)
+        return [c for c in self.fds.values() if isinstance(c, Conn) and c.env == name]
 
     # --- connections -------------------------------------------------------------
 

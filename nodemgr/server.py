@@ -115,6 +115,8 @@ class Server:
         self._stop = False
         self._next_sweep = 0.0
         self._next_idle = 0.0
+        # Connections of deleted environments, and when to drop them.
+        self._closing: list[tuple[float, list[Conn]]] = []
         # Environments of the tasks released since the last sweep (release()).
         self._released: set[str] = set()
         self._next_health = 0.0
@@ -247,6 +249,9 @@ class Server:
             self._reclaim_hung(task)
         if self._doomed:
             self._end_doomed(now)
+        if self._closing and self._closing[0][0] <= now:
+            for conn in self._closing.pop(0)[1]:
+                self.connections.drop(conn)
         if now >= self._next_sweep:
             self._next_sweep = now + self.config.sweep_interval
             self._released.clear()
@@ -649,6 +654,12 @@ class Server:
         while len(self._told) > MAX_TOLD:
             del self._told[next(iter(self._told))]
         self.release(task.task_id, record or reason)
+
+    def close_env_later(self, name: str) -> None:
+        """Stop serving a deleted environment: its socket now, its connections after the
+        grace (the clients of its reclaimed tasks hear why on their next heartbeat)."""
+        conns = self.connections.unbind_env(name)
+        self._closing.append((time.monotonic() + self.config.grace, conns))
 
     def _end_doomed(self, now: float) -> None:
         """Kill the clients of reclaimed tasks that outlived the grace."""

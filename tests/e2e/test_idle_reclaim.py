@@ -10,6 +10,7 @@ from typing import Any
 
 from nodemgr.exitcodes import (
     EXIT_RECLAIMED_ADMIN,
+    EXIT_RECLAIMED_DELETED,
     EXIT_RECLAIMED_IDLE,
 )
 
@@ -87,3 +88,15 @@ def test_admin_reclaim_is_told(daemon: Any, run_task: Any) -> None:
     daemon.admin("reclaim", task_id=task["task_id"])
     assert p.wait(30) == EXIT_RECLAIMED_ADMIN
     assert "GPUs reclaimed by an operator (nodemgr reclaim)" in p.stderr.read()
+
+
+def test_a_deleted_environments_user_is_told(daemon: Any, run_task: Any) -> None:
+    """The environment's socket goes at once, but its clients' connections stay for the
+    grace, so the next heartbeat hears why."""
+    ep = str(daemon.env("alice", gpus=1, memory=GiB))
+    p = start(run_task, ep, 0.0)
+    daemon.admin("quota_delete", env="alice", force=True)
+    assert not Path(ep.removeprefix("ipc://")).exists()
+    assert p.wait(30) == EXIT_RECLAIMED_DELETED
+    err = p.stderr.read()
+    assert "an operator deleted the environment 'alice'" in err, err
