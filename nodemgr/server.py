@@ -355,10 +355,10 @@ class Server:
                 self.unwatch(("wait", w.wid))
                 self.send_later(w.reply_to, protocol.error(e.code, e.message, w.reply_to[2]))
         for pos, w in enumerate(list(node.queue), 1):
-            if w.told != pos:
-                w.told = pos
+            if w.told != pos or w.told_reason != w.reason:
+                w.told, w.told_reason = pos, w.reason
                 update = protocol.reply(
-                    "queued", w.reply_to[2], position=pos, waiting=len(node.queue)
+                    "queued", w.reply_to[2], position=pos, waiting=len(node.queue), reason=w.reason
                 )
                 if not self.send_later(w.reply_to, update):
                     node.queue.drop(w.wid)
@@ -514,6 +514,7 @@ class Server:
                 body["guard"],
                 body["waited"],
                 earlier,
+                e.message,
             )
             if pid is not None:
                 try:
