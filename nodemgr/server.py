@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nodemgr import __version__, admin, envdirs, protocol, views
+from nodemgr import __version__, admin, envdirs, protocol, userview, views
 from nodemgr.config import Config, ConfigError
 from nodemgr.connections import Connections, Listener, Polled, ReplyTo, Watched, describe
 from nodemgr.envdirs import RestoreError
@@ -443,6 +443,8 @@ class Server:
             return protocol.reply("ack", msg_id, task_id=task.task_id)
         if kind == "request":
             return self._request(env, msg_id, body, conn, envelope)
+        if kind == "view":
+            return protocol.reply("view", msg_id, **userview.build(node, env))
         if kind == "quota":
             e = node.env(env)
             return protocol.reply("quota", msg_id, env=e.name, gpus=e.gpus, memory=e.memory)
