@@ -289,7 +289,7 @@ def run(s: cfg.Settings, cmd: list[str]) -> int:
     if s.devices == () and s.cpu_fallback:
         _say("CUDA_VISIBLE_DEVICES allows no GPU: running without one")
         return _supervise(s, cmd, None)
-    progress = Progress("gpushare-run", s.gpus)
+    progress = Progress("gpushare-run", s.gpus, interval=s.progress_interval)
     try:
         grant = acquire(s, " ".join(cmd), progress)
     except KeyboardInterrupt:
