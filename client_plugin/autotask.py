@@ -124,7 +124,7 @@ def start(module: str, cwd: str | None, started: int) -> None:
             f"without a GPU (set it to the environment's endpoint, or {envvars.AUTOLOAD}=0)"
         )
         return
-    progress = Progress("gpushare", s.gpus)
+    progress = Progress("gpushare", s.gpus, interval=s.progress_interval)
     try:
         grant = acquire(s, _command(), progress)
     except KeyboardInterrupt:

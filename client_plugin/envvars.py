@@ -17,6 +17,8 @@ WAIT = "GPUSHARE_WAIT"
 WAIT_TIMEOUT = "GPUSHARE_WAIT_TIMEOUT"
 CPU_FALLBACK = "GPUSHARE_CPU_FALLBACK"
 GRACE = "GPUSHARE_GRACE"
+# Waiting without a terminal: the longest time between two progress lines.
+PROGRESS_INTERVAL = "GPUSHARE_PROGRESS_INTERVAL"
 # Time-sliced GPUs (docs/timeslicing.md): the task's estimated shape, and the space
 # nodemgr keeps after its persistent slice.
 PERSISTENT = "GPUSHARE_PERSISTENT"
@@ -54,6 +56,12 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
     (WAIT_TIMEOUT, "--wait-timeout", "SECONDS", "give up waiting after this long"),
     (CPU_FALLBACK, "--cpu-fallback", "1/0", "run with no GPU on zero quota or none free"),
     (GRACE, "--grace", "SECONDS", "from a passed-on signal to killing CMD's process group"),
+    (
+        PROGRESS_INTERVAL,
+        "",
+        "SECONDS",
+        "waiting with stderr not a terminal: a progress line at least this often (30)",
+    ),
     (PERSISTENT, "--persistent", "SIZE", "time-sliced GPUs: estimated persistent memory"),
     (TEMPORARY, "--temporary", "SIZE", "time-sliced GPUs: estimated temporary memory"),
     (GUARD, "--guard", "SIZE", "time-sliced GPUs: space kept after the persistent memory"),

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from client_plugin import libs
 from client_plugin.envvars import ENDPOINT, LEDGER, SIM_GPUS, TASK_ID, TASK_OWNER, TIMESLICED
 from client_plugin.errors import GpushareError
-from client_plugin.settings import Settings, wait_seconds
+from client_plugin.settings import DEFAULT_PROGRESS_INTERVAL, Settings, wait_seconds
 from nodemgr.client import (
     FIRST_ANSWER,
     Connection,
@@ -50,12 +50,21 @@ def _clock(seconds: float) -> str:
 class Progress:
     """The wait for a grant, on stderr: redrawn in place on a terminal, else plain lines.
 
-    Plain lines come when the queue position changes, so a log is not flooded."""
+    Plain lines come when the queue position or the reason for the wait changes, and at
+    least every ``interval`` seconds in between, so a log shows the wait goes on without
+    being flooded."""
 
-    def __init__(self, prefix: str, gpus: int, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        gpus: int,
+        stream: TextIO | None = None,
+        interval: float = DEFAULT_PROGRESS_INTERVAL,
+    ) -> None:
         self.prefix = prefix
         self.gpus = gpus
         self.stream = stream if stream is not None else sys.stderr
+        self.interval = interval
         try:
             self.tty = self.stream.isatty()
         except (AttributeError, ValueError):
@@ -63,12 +72,20 @@ class Progress:
         self.started = time.monotonic()
         self.position: int | None = None
         self.waiting: int | None = None
+        self.reason = ""
         self.drawn = False
+        self.said = self.started  # when the last plain line was written
 
     def _status(self) -> str:
         where = f"position {self.position} of {self.waiting}" if self.position else "queued"
         waited = _clock(time.monotonic() - self.started)
         return f"{self.prefix}: waiting for {_plural(self.gpus, 'GPU')}: {where}, waited {waited}"
+
+    def _line(self) -> None:
+        """A plain line: position, time waited, and why."""
+        reason = f" ({self.reason})" if self.reason else ""
+        self._write(self._status() + reason + "\n")
+        self.said = time.monotonic()
 
     def _write(self, text: str) -> None:
         try:
@@ -81,13 +98,16 @@ class Progress:
         first = self.position is None
         self.position = int(update.get("position") or 0) or None
         self.waiting = int(update.get("waiting") or 0) or None
-        if first and update.get("reason"):
+        reason = str(update.get("reason") or "")
+        if reason and reason != self.reason:
+            self.reason = reason
             self.clear()
-            self._write(f"{self.prefix}: no GPUs free now: {update['reason']}\n")
+            said = "no GPUs free now" if first else "still waiting"
+            self._write(f"{self.prefix}: {said}: {reason}\n")
         if self.tty:
             self.tick()
         else:
-            self._write(self._status() + "\n")
+            self._line()
 
     def lost(self, endpoint: str, lost: bool) -> None:
         """nodemgr's connection broke (``lost``), or is back and the request sent again."""
@@ -101,9 +121,13 @@ class Progress:
             self._write(f"{self.prefix}: nodemgr is back; the request was sent again\n")
 
     def tick(self) -> None:
-        if self.tty and self.position is not None:
+        if self.position is None:
+            return
+        if self.tty:
             self._write("\r" + self._status() + "\x1b[K")
             self.drawn = True
+        elif time.monotonic() - self.said >= self.interval:
+            self._line()
 
     def clear(self) -> None:
         if self.drawn:

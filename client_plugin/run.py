@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import click
 
-from client_plugin import envvars
+from client_plugin import envvars, status
 from client_plugin import settings as cfg
 from client_plugin.grant import (
     Grant,
@@ -302,7 +302,7 @@ def run(s: cfg.Settings, cmd: list[str]) -> int:
     if s.devices == () and s.cpu_fallback:
         _say("CUDA_VISIBLE_DEVICES allows no GPU: running without one")
         return _supervise(s, cmd, None)
-    progress = Progress("gpushare-run", s.gpus)
+    progress = Progress("gpushare-run", s.gpus, interval=s.progress_interval)
     try:
         grant = acquire(s, " ".join(cmd), progress)
     except KeyboardInterrupt:
@@ -354,6 +354,22 @@ def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> int:
         return code
     finally:
         term.close()
+
+
+def show(endpoint: str, as_json: bool) -> int:
+    """``--status``: print the node as this environment sees it; returns the exit code."""
+    try:
+        status.show(endpoint, as_json, lambda text: print(text, end="", flush=True))
+    except Unreachable as e:
+        _say(
+            f"cannot reach nodemgr: {e} (is nodemgr running, and is this the "
+            f"environment's endpoint? nodemgr quota show ENV prints it)"
+        )
+        return EXIT_UNREACHABLE
+    except NodeError as e:
+        _say(f"nodemgr refused the status request ({e.code}): {e.message}")
+        return EXIT_REFUSED
+    return 0
 
 
 EXIT_HELP = (
@@ -457,7 +473,15 @@ A CUDA_VISIBLE_DEVICES already set restricts the GPUs nodemgr may grant.
     default=None,
     help=f"The environment's nodemgr endpoint [default: ${envvars.ENDPOINT}].",
 )
-@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option(
+    "--status",
+    "show_status",
+    is_flag=True,
+    help="Run nothing: show who holds the node's GPUs (by environment) and this "
+    "environment's place in the queue.",
+)
+@click.option("--json", "as_json", is_flag=True, help="With --status: print it as JSON.")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def main(
     gpus: int | None,
     memory: str | None,
@@ -469,9 +493,18 @@ def main(
     cpu_fallback: bool | None,
     grace: float | None,
     endpoint: str | None,
+    show_status: bool,
+    as_json: bool,
     cmd: tuple[str, ...],
 ) -> None:
-    """Run CMD on GPUs granted by nodemgr, within the environment's quota."""
+    """Run CMD on GPUs granted by nodemgr, within the environment's quota; with --status,
+    show the node as this environment sees it."""
+    if show_status and cmd:
+        raise click.UsageError("--status runs no command: give either --status or CMD")
+    if not show_status and not cmd:
+        raise click.UsageError("Missing argument 'CMD...'.")
+    if as_json and not show_status:
+        raise click.UsageError("--json goes with --status")
     try:
         s = cfg.from_environment()
     except cfg.SettingsError as e:
@@ -513,7 +546,7 @@ def main(
         )
         sys.exit(EXIT_USAGE)
     try:
-        code = run(s, list(cmd))
+        code = show(s.endpoint, as_json) if show_status else run(s, list(cmd))
     except Exception as e:  # a bug: say it in one line, exit with the documented code
         _say(f"internal error: {type(e).__name__}: {e}")
         code = EXIT_INTERNAL

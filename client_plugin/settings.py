@@ -20,6 +20,7 @@ from client_plugin.envvars import (
     GUARD,
     MEMORY,
     PERSISTENT,
+    PROGRESS_INTERVAL,
     TEMPORARY,
     WAIT,
     WAIT_TIMEOUT,
@@ -31,6 +32,7 @@ from nodemgr.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
 from nodemgr.sizes import parse_size
 
 DEFAULT_GRACE = 10.0
+DEFAULT_PROGRESS_INTERVAL = 30.0
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -55,6 +57,8 @@ class Settings:
     persistent: int | None = None  # estimated persistent bytes per GPU (time-sliced GPUs)
     temporary: int | None = None  # estimated temporary peak per GPU, with persistent
     guard: int | None = None  # bytes after its persistent slice; None: the node's default
+    # Waiting with stderr not a terminal: seconds between progress lines, at most.
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL
 
     def but(self, **changes: Any) -> Settings:
         """A copy with the given fields changed (None values leave a field as it is)."""
@@ -144,6 +148,8 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Settings:
         s = replace(s, cpu_fallback=parse_bool(CPU_FALLBACK, env[CPU_FALLBACK]))
     if env.get(GRACE):
         s = s.but(grace=parse_seconds(GRACE, env[GRACE]))
+    if env.get(PROGRESS_INTERVAL):
+        s = s.but(progress_interval=parse_seconds(PROGRESS_INTERVAL, env[PROGRESS_INTERVAL]))
     if env.get(ZERO_QUOTA):
         s = s.but(zero_quota=parse_zero_quota(ZERO_QUOTA, env[ZERO_QUOTA]))
     for name, key in ((PERSISTENT, "persistent"), (TEMPORARY, "temporary"), (GUARD, "guard")):

@@ -185,6 +185,7 @@ TASK_REQUESTS: dict[str, Schema] = {
         "signal": (False, _optional(_int(1, 128))),
     },
     "quota": {},
+    "view": {},
 }
 
 ADMIN_REQUESTS: dict[str, Schema] = {

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nodemgr import __version__, admin, envdirs, idle, protocol, views
+from nodemgr import __version__, admin, envdirs, idle, protocol, userview, views
 from nodemgr.config import Config, ConfigError
 from nodemgr.connections import Connections, Listener, Polled, ReplyTo, Watched, describe
 from nodemgr.envdirs import RestoreError
@@ -396,10 +396,10 @@ class Server:
                 self.unwatch(("wait", w.wid))
                 self.send_later(w.reply_to, protocol.error(e.code, e.message, w.reply_to[2]))
         for pos, w in enumerate(list(node.queue), 1):
-            if w.told != pos:
-                w.told = pos
+            if w.told != pos or w.told_reason != w.reason:
+                w.told, w.told_reason = pos, w.reason
                 update = protocol.reply(
-                    "queued", w.reply_to[2], position=pos, waiting=len(node.queue)
+                    "queued", w.reply_to[2], position=pos, waiting=len(node.queue), reason=w.reason
                 )
                 if not self.send_later(w.reply_to, update):
                     node.queue.drop(w.wid)
@@ -490,6 +490,8 @@ class Server:
             return protocol.reply("ack", msg_id, task_id=task.task_id)
         if kind == "request":
             return self._request(env, msg_id, body, conn, envelope)
+        if kind == "view":
+            return protocol.reply("view", msg_id, **userview.build(node, env))
         if kind == "quota":
             e = node.env(env)
             return protocol.reply("quota", msg_id, env=e.name, gpus=e.gpus, memory=e.memory)
@@ -561,6 +563,7 @@ class Server:
                 body["guard"],
                 body["waited"],
                 earlier,
+                e.message,
             )
             if pid is not None:
                 try:

@@ -719,6 +719,7 @@ class Node:
                     self.queue.waiters.pop(i)
                     failed.append((w, e))
                     continue
+                w.reason = e.message
                 if w.bypassed >= self.config.queue_max_bypass and w.allowed is None:
                     break
                 i += 1

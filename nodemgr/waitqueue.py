@@ -43,6 +43,8 @@ class Waiter:
     allowed: frozenset[int] | None = None  # the only GPUs it may get; None: any
     bypassed: int = 0  # grants given to later requests while this one waited
     told: int = 0  # the position it was last told
+    reason: str = ""  # why it was not granted when last tried (the scheduler's refusal)
+    told_reason: str = ""  # the reason it was last told
     estimate: tuple[int, int] | None = None  # request.persistent, request.temporary
     guard: int | None = None  # request.guard; None: timeslice.guard
 
@@ -105,6 +107,7 @@ class WaitQueue:
         guard: int | None = None,
         waited: float | None = None,
         earlier: Waiter | None = None,
+        reason: str = "",
     ) -> Waiter:
         """Put a request at the end of the queue; it is told its position at once.
 
@@ -138,6 +141,8 @@ class WaitQueue:
             told=at + 1,
             estimate=estimate,
             guard=guard,
+            reason=reason,
+            told_reason=reason,
         )
         self.waiters.insert(at, w)
         return w

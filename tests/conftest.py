@@ -559,7 +559,8 @@ class Waiting(threading.Thread):
         super().__init__(daemon=True)
         self.wait = wait
         self.fields = {"gpus": 1, **fields}
-        self.updates: list[int] = []
+        self.updates: list[int] = []  # the positions of its `queued` answers
+        self.reasons: list[str] = []  # and their reasons ("" where none)
         self.result: dict[str, Any] | None = None
         self.error: Exception | None = None
         self.conn = Connection(endpoint)
@@ -570,12 +571,16 @@ class Waiting(threading.Thread):
             self.result = self.conn.call(
                 "request",
                 timeout=self.wait + 10,
-                on_queued=lambda m: self.updates.append(int(m["position"])),
+                on_queued=self._queued,
                 wait=self.wait,
                 **self.fields,
             )
         except Exception as e:
             self.error = e
+
+    def _queued(self, msg: dict[str, Any]) -> None:
+        self.reasons.append(str(msg.get("reason") or ""))
+        self.updates.append(int(msg["position"]))
 
     def finish(self) -> dict[str, Any]:
         self.join(15)

@@ -266,3 +266,23 @@ def test_waiting_requests_are_capped_per_client_and_per_environment(
         w.conn.close()
     hold_a.close()
     hold_b.close()
+
+
+def test_a_waiter_is_told_when_the_reason_it_waits_changes(node: Any, wait_for: Any) -> None:
+    a_conn, a_task = grant(node.env("a"))
+    b_conn, _ = grant(node.env("b"))
+    waiter = Waiting(node.env("c"), 60, gpus=1)
+    wait_for(lambda: waiter.updates == [1], 5)
+    assert "free GPU" in waiter.reasons[0] and "drained" not in waiter.reasons[0]
+    node.admin("drain", gpu=0, drained=True)
+    # The same place in the queue, another reason: a `queued` says so.
+    wait_for(lambda: len(waiter.updates) == 2, 5)
+    assert waiter.updates == [1, 1]
+    assert "GPU 0 drained by an admin" in waiter.reasons[1]
+    node.admin("drain", gpu=0, drained=False)
+    wait_for(lambda: len(waiter.updates) == 3, 5)
+    assert waiter.reasons[2] == waiter.reasons[0]
+    a_conn.call("done", task_id=a_task)
+    assert waiter.finish()["type"] == "grant"
+    a_conn.close()
+    b_conn.close()
