@@ -273,6 +273,21 @@ KEYS: tuple[Key, ...] = (
         "timeslice", "guard", "guard", Size(), "100MiB",
         "memory kept free after each task's persistent slice",
     ),
+    Key(
+        "audit", "interval", "audit_interval", Seconds(0.0, 3600.0), 10.0,
+        "seconds between bypass audits of NVML's processes against the ledgers; 0 turns them"
+        " off ([operations.md](operations.md#bypass-audit))",
+    ),
+    Key(
+        "audit", "action", "audit_action", Choice("report", "kill"), "report",
+        "what the audit does with a process found bypassing: `report` (log, metric, status)"
+        " or `kill` (also SIGKILL it)",
+    ),
+    Key(
+        "audit", "tolerance", "audit_tolerance", Size(), "64MiB",
+        "bytes NVML may see a process hold beyond its slots and gpus.context_memory before"
+        " the audit reports it",
+    ),
 )
 # fmt: on
 
@@ -367,6 +382,11 @@ class Config:
     quantum: int = _DEFAULTS["quantum"]
     turn_timeout: float = _DEFAULTS["turn_timeout"]
     guard: int = _DEFAULTS["guard"]
+    # [audit] (docs/operations.md#bypass-audit): seconds between audits (0: off), what is
+    # done with a process found bypassing, and the slack allowed beyond its slots.
+    audit_interval: float = _DEFAULTS["audit_interval"]
+    audit_action: str = _DEFAULTS["audit_action"]
+    audit_tolerance: int = _DEFAULTS["audit_tolerance"]
 
     @property
     def admin_endpoint(self) -> str:

@@ -47,6 +47,8 @@ class Snapshot:
     envs: list[EnvMetrics]
     queue_length: int
     tasks: int
+    bypass_found: int = 0
+    bypass_killed: int = 0
 
 
 class _StateCollector(Collector):
@@ -72,6 +74,11 @@ class _StateCollector(Collector):
         )
         tasks = GaugeMetricFamily("gpushare_gpu_tasks", "Tasks granted a GPU", labels=g)
         lost = GaugeMetricFamily("gpushare_gpu_lost", "1 if NVML reported the GPU lost", labels=g)
+        bypass = GaugeMetricFamily(
+            "gpushare_bypass_processes",
+            "Processes the last bypass audit found holding GPU memory no ledger accounts for",
+            labels=g,
+        )
         for x in snap.gpus:
             lv = [str(x["index"]), x["uuid"]]
             total.add_metric(lv, x["memory"])
@@ -80,7 +87,18 @@ class _StateCollector(Collector):
             used.add_metric(lv, x["used"])
             tasks.add_metric(lv, x["tasks"])
             lost.add_metric(lv, 1 if x["lost"] else 0)
-        yield from (total, reserve, charged, used, tasks, lost)
+            bypass.add_metric(lv, x["bypass"])
+        yield from (total, reserve, charged, used, tasks, lost, bypass)
+        yield CounterMetricFamily(
+            "gpushare_bypass_findings",
+            "Processes found bypassing the shim, each (process, GPU) counted once",
+            value=snap.bypass_found,
+        )
+        yield CounterMetricFamily(
+            "gpushare_bypass_kills",
+            "Processes the bypass audit killed (audit.action = kill)",
+            value=snap.bypass_killed,
+        )
 
         mode = GaugeMetricFamily(
             "gpushare_gpu_timesliced", "1 if the GPU is time-sliced, 0 if shared", labels=g
@@ -276,4 +294,6 @@ class Metrics:
             envs=envs,
             queue_length=len(node.queue),
             tasks=len(node.tasks),
+            bypass_found=node.audit.found,
+            bypass_killed=node.audit.killed,
         )

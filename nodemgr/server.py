@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nodemgr import __version__, admin, envdirs, protocol, views
+from nodemgr.audit import Auditor
 from nodemgr.config import Config, ConfigError
 from nodemgr.connections import Connections, Listener, Polled, ReplyTo, Watched, describe
 from nodemgr.envdirs import RestoreError
@@ -110,6 +111,7 @@ class Server:
         self._next_sweep = 0.0
         self._next_health = 0.0
         self.metrics: Metrics | None = None
+        self.auditor = Auditor(self.node)
         # Environments whose socket could not be bound again (_check_run_dir).
         self._unbindable: set[str] = set()
 
@@ -255,6 +257,8 @@ class Server:
             if not self.node.simulated and now >= self._next_health:
                 self._next_health = now + self.config.health_interval
                 self._check_health()
+            if self.auditor.due(now):
+                self.auditor.run(now)
             if self.metrics is not None:
                 self.metrics.snapshot()
         if self.node.queue:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 
 from nodemgr import envdirs, scheduler, timeslice
+from nodemgr.audit import AuditState
 from nodemgr.config import Config, check_gpus
 from nodemgr.gpus import Gpu, resolve
 from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, SlotTotals, TaskEntry
@@ -58,6 +59,7 @@ class Node:
         self.envs: dict[str, Env] = {}
         self.tasks: dict[str, Task] = {}
         self.lost: set[int] = set()  # GPUs NVML reported lost; never granted again
+        self.audit = AuditState()  # the bypass audit's findings (nodemgr.audit)
         # GPUs an admin drained (kept in the database): no new grants, tasks run on.
         drained = store.drained_gpus()
         self.drained: set[int] = {g.index for g in gpus if g.uuid in drained}

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TypedDict
 
-from nodemgr import __version__, timeslice
+from nodemgr import __version__, audit, timeslice
 from nodemgr.gpus import sim_spec
 from nodemgr.ledger import SlotTotals
 from nodemgr.model import Env, Task
@@ -109,6 +109,7 @@ class GpuStatus(TypedDict):
     mode: str
     regions: RegionsView | None
     turn: TurnView | None
+    bypass: int  # processes the last bypass audit found holding memory there
 
 
 class StatusView(TypedDict):
@@ -121,6 +122,7 @@ class StatusView(TypedDict):
     waiting: int
     task_threshold: int
     gpus: list[GpuStatus]
+    bypass: audit.AuditView
 
 
 class ModeView(TypedDict):
@@ -232,6 +234,7 @@ def queue(waiters: Iterable[Waiter]) -> list[WaiterView]:
 
 def status(node: Node) -> StatusView:
     gpus: list[GpuStatus] = []
+    bypass = node.audit.per_gpu(len(node.gpus))
     for g, view in zip(node.gpus, node.views(), strict=True):
         holders = {e.name for e in node.envs.values() if g.index in e.held}
         used = sum(e.ledger.used(g.index) for e in node.envs.values())
@@ -251,6 +254,7 @@ def status(node: Node) -> StatusView:
                 "mode": node.slicing.mode(g.index),
                 "regions": _regions(node, g.index),
                 "turn": _turn(node, g.index),
+                "bypass": bypass[g.index],
             }
         )
     return {
@@ -263,6 +267,7 @@ def status(node: Node) -> StatusView:
         "waiting": len(node.queue),
         "task_threshold": node.config.task_threshold,
         "gpus": gpus,
+        "bypass": audit.view(node.audit),
     }
 
 

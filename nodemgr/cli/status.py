@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
@@ -40,3 +42,36 @@ def status(config_path: str | None, as_json: bool) -> None:
             for g in st["gpus"]
         ],
     )
+    _bypass(st.get("bypass"))
+
+
+def _bypass(audit: dict[str, Any] | None) -> None:
+    """The bypass audit's findings (docs/operations.md#bypass-audit), when it found any."""
+    if not audit:
+        return
+    if audit.get("error"):
+        click.echo(f"bypass audit: cannot list NVML's processes: {audit['error']}")
+    procs = audit.get("processes") or []
+    if not procs and not audit.get("found"):
+        return
+    n = len(procs)
+    click.echo(
+        f"bypass audit: {n} process{'' if n == 1 else 'es'} holding GPU memory no ledger "
+        f"accounts for now; {audit['found']} found, {audit['killed']} killed since start"
+    )
+    if procs:
+        print_table(
+            ["PID", "GPU", "NVML SEES", "LEDGER", "WHY", "ENV", "TASK"],
+            [
+                [
+                    str(p["pid"]),
+                    str(p["gpu"]),
+                    format_size(p["seen"]),
+                    format_size(p["accounted"]),
+                    p["reason"],
+                    p["env"] or "-",
+                    p["task_id"] or "-",
+                ]
+                for p in procs
+            ],
+        )
