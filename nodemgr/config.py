@@ -215,6 +215,10 @@ KEYS: tuple[Key, ...] = (
         "seconds between NVML checks for lost GPUs",
     ),
     Key(
+        "gpus", "utilization_interval", "utilization_interval", Seconds(0.0, 3600.0), 2.0,
+        "seconds between NVML samples of GPU and per-process utilisation; 0 turns them off",
+    ),
+    Key(
         "gpus", "simulated_count", "sim_count", Integer(1, MAX_SIMULATED), 4, "simulated GPUs",
     ),
     Key(
@@ -363,6 +367,7 @@ class Config:
     sim_memory: int = _DEFAULTS["sim_memory"]
     sim_name: str = _DEFAULTS["sim_name"]
     health_interval: float = _DEFAULTS["health_interval"]
+    utilization_interval: float = _DEFAULTS["utilization_interval"]
     # Bytes charged per process per GPU for its CUDA context; None: the
     # default for the GPUs found (context_memory_for).
     context_memory: int | None = None

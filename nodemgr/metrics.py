@@ -39,6 +39,7 @@ class EnvMetrics(TypedDict):
     used: int
     tasks: int
     launches: int
+    utilization: float  # the ratio its tasks' processes kept its GPUs busy, summed
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,23 @@ class _StateCollector(Collector):
             lost.add_metric(lv, 1 if x["lost"] else 0)
             bypass.add_metric(lv, x["bypass"])
         yield from (total, reserve, charged, used, tasks, lost, bypass)
+        util = GaugeMetricFamily(
+            "gpushare_gpu_utilization_ratio",
+            "Share of NVML's last sample period the GPU was busy (absent: unknown)",
+            labels=g,
+        )
+        mem_util = GaugeMetricFamily(
+            "gpushare_gpu_memory_utilization_ratio",
+            "Share of NVML's last sample period the GPU's memory was read or written",
+            labels=g,
+        )
+        for x in snap.gpus:
+            lv = [str(x["index"]), x["uuid"]]
+            if x["utilization"] is not None:
+                util.add_metric(lv, x["utilization"] / 100)
+            if x["memory_utilization"] is not None:
+                mem_util.add_metric(lv, x["memory_utilization"] / 100)
+        yield from (util, mem_util)
         yield CounterMetricFamily(
             "gpushare_bypass_findings",
             "Processes found bypassing the shim, each (process, GPU) counted once",
@@ -144,6 +162,12 @@ class _StateCollector(Collector):
             "gpushare_env_used_bytes", "Memory the environment's processes hold", labels=e
         )
         e_tasks = GaugeMetricFamily("gpushare_env_tasks", "Running tasks", labels=e)
+        e_util = GaugeMetricFamily(
+            "gpushare_env_utilization_ratio",
+            "Summed over the GPUs it holds, the share of NVML's last sample period its "
+            "processes kept them busy",
+            labels=e,
+        )
         launches = CounterMetricFamily(
             "gpushare_env_kernel_launches", "Kernel launches counted in the ledger", labels=e
         )
@@ -155,8 +179,9 @@ class _StateCollector(Collector):
             granted.add_metric(lv, y["granted"])
             e_used.add_metric(lv, y["used"])
             e_tasks.add_metric(lv, y["tasks"])
+            e_util.add_metric(lv, y["utilization"])
             launches.add_metric(lv, y["launches"])
-        yield from (q_gpus, q_mem, held, granted, e_used, e_tasks, launches)
+        yield from (q_gpus, q_mem, held, granted, e_used, e_tasks, e_util, launches)
         yield GaugeMetricFamily(
             "gpushare_queue_length", "Requests waiting for GPUs", value=snap.queue_length
         )
@@ -282,6 +307,12 @@ class Metrics:
                     "tasks": sum(1 for t in node.tasks.values() if t.env == env.name),
                     "launches": env.launches_done
                     + sum(t.launches for t in node.tasks.values() if t.env == env.name),
+                    "utilization": sum(
+                        sum(node.utilization.tasks.get(t.task_id, {}).values())
+                        for t in node.tasks.values()
+                        if t.env == env.name
+                    )
+                    / 100,
                 }
             )
         gpus: list[GpuMetrics] = []

@@ -38,6 +38,7 @@ from nodemgr.protocol import Err, ProtocolError
 from nodemgr.state import Node, process_start
 from nodemgr.store import Store, StoreError, cause, startup_error
 from nodemgr.transport import Conn
+from nodemgr.utilization import Sampler
 
 log = logging.getLogger("nodemgr")
 
@@ -112,6 +113,7 @@ class Server:
         self._next_health = 0.0
         self.metrics: Metrics | None = None
         self.auditor = Auditor(self.node)
+        self.sampler = Sampler(self.node)
         # Environments whose socket could not be bound again (_check_run_dir).
         self._unbindable: set[str] = set()
 
@@ -259,6 +261,8 @@ class Server:
                 self._check_health()
             if self.auditor.due(now):
                 self.auditor.run(now)
+            if self.sampler.due(now):
+                self.sampler.run(now)
             if self.metrics is not None:
                 self.metrics.snapshot()
         if self.node.queue:

@@ -26,6 +26,7 @@ from nodemgr.model import Env, Task
 from nodemgr.protocol import Err, ProtocolError
 from nodemgr.slicing import Slicing
 from nodemgr.store import Record, Store
+from nodemgr.utilization import Utilization
 from nodemgr.waitqueue import Waiter, WaitQueue, competes
 
 log = logging.getLogger("nodemgr")
@@ -60,6 +61,7 @@ class Node:
         self.tasks: dict[str, Task] = {}
         self.lost: set[int] = set()  # GPUs NVML reported lost; never granted again
         self.audit = AuditState()  # the bypass audit's findings (nodemgr.audit)
+        self.utilization = Utilization()  # NVML's last sample (nodemgr.utilization)
         # GPUs an admin drained (kept in the database): no new grants, tasks run on.
         drained = store.drained_gpus()
         self.drained: set[int] = {g.index for g in gpus if g.uuid in drained}

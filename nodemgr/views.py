@@ -54,6 +54,7 @@ class TaskView(TypedDict):
     gated: bool
     iterations: int
     regions: list[TaskRegionView]
+    utilization: list[int | None]  # percent per GPU of `gpus`, from NVML's last sample
 
 
 class WaiterView(TypedDict):
@@ -110,6 +111,8 @@ class GpuStatus(TypedDict):
     regions: RegionsView | None
     turn: TurnView | None
     bypass: int  # processes the last bypass audit found holding memory there
+    utilization: int | None  # percent of the last sample period it was busy; None: unknown
+    memory_utilization: int | None  # the same for its memory
 
 
 class StatusView(TypedDict):
@@ -186,6 +189,7 @@ def task(node: Node, task: Task, usage: dict[str, SlotTotals]) -> TaskView:
         "gated": entry is not None and entry.gated,
         "iterations": entry.iterations if entry is not None else 0,
         "regions": _task_regions(node, task),
+        "utilization": node.utilization.task(task.task_id, task.gpus),
     }
 
 
@@ -238,6 +242,7 @@ def status(node: Node) -> StatusView:
     for g, view in zip(node.gpus, node.views(), strict=True):
         holders = {e.name for e in node.envs.values() if g.index in e.held}
         used = sum(e.ledger.used(g.index) for e in node.envs.values())
+        sample = node.utilization.gpu(g.index)
         gpus.append(
             {
                 "index": g.index,
@@ -255,6 +260,8 @@ def status(node: Node) -> StatusView:
                 "regions": _regions(node, g.index),
                 "turn": _turn(node, g.index),
                 "bypass": bypass[g.index],
+                "utilization": None if sample is None else sample.gpu,
+                "memory_utilization": None if sample is None else sample.memory,
             }
         )
     return {

@@ -152,6 +152,11 @@ def launched(task: dict[str, Any], now: float | None = None) -> str:
     return f"{ago / 3600:.0f}h ago"
 
 
+def percent(value: int | None) -> str:
+    """A utilisation figure: ``45%``, or ``-`` when NVML gave none."""
+    return "-" if value is None else f"{value}%"
+
+
 def task_row(task: dict[str, Any], memory: str) -> list[str]:
     """A task's row in ``nodemgr tasks`` and ``nodemgr top``; the sixth column is the size
     in its field ``memory`` (the limit per GPU, or the peak)."""

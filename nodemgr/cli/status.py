@@ -6,7 +6,14 @@ from typing import Any
 
 import click
 
-from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
+from nodemgr.cli._common import (
+    admin_call,
+    config_option,
+    json_option,
+    percent,
+    print_json,
+    print_table,
+)
 from nodemgr.sizes import format_size, plural
 
 
@@ -28,7 +35,7 @@ def status(config_path: str | None, as_json: bool) -> None:
         f"{plural(st['envs'], 'environment')}, {plural(st['tasks'], 'task')}"
     )
     print_table(
-        ["GPU", "NAME", "MEMORY", "CHARGED", "USED", "TASKS", "ENVS"],
+        ["GPU", "NAME", "MEMORY", "CHARGED", "USED", "UTIL", "MEM UTIL", "TASKS", "ENVS"],
         [
             [
                 str(g["index"]) + (" drained" if g.get("drained") else ""),
@@ -36,6 +43,8 @@ def status(config_path: str | None, as_json: bool) -> None:
                 format_size(g["memory"]),
                 format_size(g["charged"]),
                 format_size(g["used"]),
+                percent(g.get("utilization")),
+                percent(g.get("memory_utilization")),
                 str(g["tasks"]),
                 ",".join(g["envs"]) or "-",
             ]
