@@ -220,6 +220,10 @@ KEYS: tuple[Key, ...] = (
         "seconds between NVML checks for lost GPUs",
     ),
     Key(
+        "gpus", "utilization_interval", "utilization_interval", Seconds(0.0, 3600.0), 2.0,
+        "seconds between NVML samples of GPU and per-process utilisation; 0 turns them off",
+    ),
+    Key(
         "gpus", "simulated_count", "sim_count", Integer(1, MAX_SIMULATED), 4, "simulated GPUs",
     ),
     Key(
@@ -291,6 +295,21 @@ KEYS: tuple[Key, ...] = (
     Key(
         "idle", "action", "idle_action", Choice("reclaim", "report"), "reclaim",
         "what happens to an idle task: `reclaim` its GPUs, or only `report` it",
+    ),
+    Key(
+        "audit", "interval", "audit_interval", Seconds(0.0, 3600.0), 10.0,
+        "seconds between bypass audits of NVML's processes against the ledgers; 0 turns them"
+        " off ([operations.md](operations.md#bypass-audit))",
+    ),
+    Key(
+        "audit", "action", "audit_action", Choice("report", "kill"), "report",
+        "what the audit does with a process found bypassing: `report` (log, metric, status)"
+        " or `kill` (also SIGKILL it)",
+    ),
+    Key(
+        "audit", "tolerance", "audit_tolerance", Size(), "64MiB",
+        "bytes NVML may see a process hold beyond its slots and gpus.context_memory before"
+        " the audit reports it",
     ),
 )
 # fmt: on
@@ -368,6 +387,7 @@ class Config:
     sim_memory: int = _DEFAULTS["sim_memory"]
     sim_name: str = _DEFAULTS["sim_name"]
     health_interval: float = _DEFAULTS["health_interval"]
+    utilization_interval: float = _DEFAULTS["utilization_interval"]
     # Bytes charged per process per GPU for its CUDA context; None: the
     # default for the GPUs found (context_memory_for).
     context_memory: int | None = None
@@ -397,6 +417,12 @@ class Config:
         """Seconds a reclaimed task's client has to end by itself: at least two heartbeat
         intervals, so that it hears why at its next heartbeat."""
         return max(self.reclaim_grace, 2 * self.heartbeat_interval)
+
+    # [audit] (docs/operations.md#bypass-audit): seconds between audits (0: off), what is
+    # done with a process found bypassing, and the slack allowed beyond its slots.
+    audit_interval: float = _DEFAULTS["audit_interval"]
+    audit_action: str = _DEFAULTS["audit_action"]
+    audit_tolerance: int = _DEFAULTS["audit_tolerance"]
 
     @property
     def admin_endpoint(self) -> str:

@@ -357,6 +357,19 @@ class Ledger:
                     t.peak = int(self._l.task[i].peak)
         return out
 
+    def slots(self) -> list[tuple[int, str, tuple[int, ...]]]:
+        """Each live slot as (pid the process recorded, task id, bytes it holds per ledger
+        GPU), read now (the bypass audit, nodemgr.audit)."""
+        n = int(lib.gs_ledger_summary(self._l, self._info, MAX_SLOTS))
+        ng = int(self._l.ngpus)
+        out = []
+        for i in range(n):
+            info = self._info[i]
+            used = self._l.slot[info.slot].used
+            tid = ffi.string(info.task_id).decode(errors="replace")
+            out.append((int(info.pid), tid, tuple(int(used[g]) for g in range(ng))))
+        return out
+
     def reap(self) -> int:
         """Free the slots of processes that have died; return how many."""
         rc = int(lib.gs_ledger_reap(self._l, self._fd, self._info, MAX_SLOTS))

@@ -39,6 +39,7 @@ class EnvMetrics(TypedDict):
     used: int
     tasks: int
     launches: int
+    utilization: float  # the ratio its tasks' processes kept its GPUs busy, summed
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class Snapshot:
     envs: list[EnvMetrics]
     queue_length: int
     tasks: int
+    bypass_found: int = 0
+    bypass_killed: int = 0
 
 
 class _StateCollector(Collector):
@@ -72,6 +75,11 @@ class _StateCollector(Collector):
         )
         tasks = GaugeMetricFamily("gpushare_gpu_tasks", "Tasks granted a GPU", labels=g)
         lost = GaugeMetricFamily("gpushare_gpu_lost", "1 if NVML reported the GPU lost", labels=g)
+        bypass = GaugeMetricFamily(
+            "gpushare_bypass_processes",
+            "Processes the last bypass audit found holding GPU memory no ledger accounts for",
+            labels=g,
+        )
         for x in snap.gpus:
             lv = [str(x["index"]), x["uuid"]]
             total.add_metric(lv, x["memory"])
@@ -80,7 +88,35 @@ class _StateCollector(Collector):
             used.add_metric(lv, x["used"])
             tasks.add_metric(lv, x["tasks"])
             lost.add_metric(lv, 1 if x["lost"] else 0)
-        yield from (total, reserve, charged, used, tasks, lost)
+            bypass.add_metric(lv, x["bypass"])
+        yield from (total, reserve, charged, used, tasks, lost, bypass)
+        util = GaugeMetricFamily(
+            "gpushare_gpu_utilization_ratio",
+            "Share of NVML's last sample period the GPU was busy (absent: unknown)",
+            labels=g,
+        )
+        mem_util = GaugeMetricFamily(
+            "gpushare_gpu_memory_utilization_ratio",
+            "Share of NVML's last sample period the GPU's memory was read or written",
+            labels=g,
+        )
+        for x in snap.gpus:
+            lv = [str(x["index"]), x["uuid"]]
+            if x["utilization"] is not None:
+                util.add_metric(lv, x["utilization"] / 100)
+            if x["memory_utilization"] is not None:
+                mem_util.add_metric(lv, x["memory_utilization"] / 100)
+        yield from (util, mem_util)
+        yield CounterMetricFamily(
+            "gpushare_bypass_findings",
+            "Processes found bypassing the shim, each (process, GPU) counted once",
+            value=snap.bypass_found,
+        )
+        yield CounterMetricFamily(
+            "gpushare_bypass_kills",
+            "Processes the bypass audit killed (audit.action = kill)",
+            value=snap.bypass_killed,
+        )
 
         mode = GaugeMetricFamily(
             "gpushare_gpu_timesliced", "1 if the GPU is time-sliced, 0 if shared", labels=g
@@ -126,6 +162,12 @@ class _StateCollector(Collector):
             "gpushare_env_used_bytes", "Memory the environment's processes hold", labels=e
         )
         e_tasks = GaugeMetricFamily("gpushare_env_tasks", "Running tasks", labels=e)
+        e_util = GaugeMetricFamily(
+            "gpushare_env_utilization_ratio",
+            "Summed over the GPUs it holds, the share of NVML's last sample period its "
+            "processes kept them busy",
+            labels=e,
+        )
         launches = CounterMetricFamily(
             "gpushare_env_kernel_launches", "Kernel launches counted in the ledger", labels=e
         )
@@ -137,8 +179,9 @@ class _StateCollector(Collector):
             granted.add_metric(lv, y["granted"])
             e_used.add_metric(lv, y["used"])
             e_tasks.add_metric(lv, y["tasks"])
+            e_util.add_metric(lv, y["utilization"])
             launches.add_metric(lv, y["launches"])
-        yield from (q_gpus, q_mem, held, granted, e_used, e_tasks, launches)
+        yield from (q_gpus, q_mem, held, granted, e_used, e_tasks, e_util, launches)
         yield GaugeMetricFamily(
             "gpushare_queue_length", "Requests waiting for GPUs", value=snap.queue_length
         )
@@ -258,12 +301,16 @@ class Metrics:
         self._next = now + 1.0
         node = self.node
         status = views.status(node)
-        # Each environment's tasks and their launches, in one pass over the tasks.
+        # Each environment's tasks, launches and utilisation, in one pass over the tasks.
         tasks: dict[str, int] = {}
         launches: dict[str, int] = {}
+        util: dict[str, int] = {}  # percent points of GPU time, summed over its tasks' GPUs
         for t in node.tasks.values():
             tasks[t.env] = tasks.get(t.env, 0) + 1
             launches[t.env] = launches.get(t.env, 0) + t.launches
+            util[t.env] = util.get(t.env, 0) + sum(
+                node.utilization.tasks.get(t.task_id, {}).values()
+            )
         envs: list[EnvMetrics] = []
         for env in node.envs.values():
             live = env.usage
@@ -277,6 +324,7 @@ class Metrics:
                     "used": sum(t.used for t in live.values()),
                     "tasks": tasks.get(env.name, 0),
                     "launches": env.launches_done + launches.get(env.name, 0),
+                    "utilization": util.get(env.name, 0) / 100,
                 }
             )
         gpus: list[GpuMetrics] = []
@@ -289,4 +337,6 @@ class Metrics:
             envs=envs,
             queue_length=len(node.queue),
             tasks=len(node.tasks),
+            bypass_found=node.audit.found,
+            bypass_killed=node.audit.killed,
         )

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nodemgr import __version__, admin, envdirs, idle, protocol, userview, views
+from nodemgr.audit import Auditor
 from nodemgr.config import Config, ConfigError
 from nodemgr.connections import Connections, Listener, Polled, ReplyTo, Watched, describe
 from nodemgr.envdirs import RestoreError
@@ -37,6 +38,7 @@ from nodemgr.protocol import Err, ProtocolError
 from nodemgr.state import Node, process_start
 from nodemgr.store import Store, StoreError, cause, startup_error
 from nodemgr.transport import Conn
+from nodemgr.utilization import Sampler
 
 log = logging.getLogger("nodemgr")
 
@@ -121,6 +123,8 @@ class Server:
         self._released: set[str] = set()
         self._next_health = 0.0
         self.metrics: Metrics | None = None
+        self.auditor = Auditor(self.node)
+        self.sampler = Sampler(self.node)
         # Environments whose socket could not be bound again (_check_run_dir).
         self._unbindable: set[str] = set()
         # Reclaimed tasks (reclaim()): why, for their clients' next heartbeat, by task id
@@ -276,6 +280,10 @@ class Server:
             if not self.node.simulated and now >= self._next_health:
                 self._next_health = now + self.config.health_interval
                 self._check_health()
+            if self.auditor.due(now):
+                self.auditor.run(now)
+            if self.sampler.due(now):
+                self.sampler.run(now)
             if self.metrics is not None:
                 self.metrics.snapshot()
         elif self._released:

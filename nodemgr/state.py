@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 
 from nodemgr import envdirs, idle, scheduler, timeslice
+from nodemgr.audit import AuditState
 from nodemgr.config import Config, check_gpus
 from nodemgr.gpus import Gpu, resolve
 from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, SlotTotals, TaskEntry
@@ -26,6 +27,7 @@ from nodemgr.model import Env, Task
 from nodemgr.protocol import Err, ProtocolError
 from nodemgr.slicing import Slicing
 from nodemgr.store import Record, Store
+from nodemgr.utilization import Utilization
 from nodemgr.waitqueue import Waiter, WaitQueue, competes
 
 log = logging.getLogger("nodemgr")
@@ -63,6 +65,8 @@ class Node:
         # expired() scans the tasks only once the earliest of them may be past the timeout.
         self._seen_floor = math.inf
         self.lost: set[int] = set()  # GPUs NVML reported lost; never granted again
+        self.audit = AuditState()  # the bypass audit's findings (nodemgr.audit)
+        self.utilization = Utilization()  # NVML's last sample (nodemgr.utilization)
         # GPUs an admin drained (kept in the database): no new grants, tasks run on.
         drained = store.drained_gpus()
         self.drained: set[int] = {g.index for g in gpus if g.uuid in drained}

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TypedDict
 
-from nodemgr import __version__, timeslice
+from nodemgr import __version__, audit, timeslice
 from nodemgr.gpus import sim_spec
 from nodemgr.ledger import SlotTotals
 from nodemgr.model import Env, Task
@@ -64,6 +64,7 @@ class TaskView(TypedDict):
     gated: bool
     iterations: int
     regions: list[TaskRegionView]
+    utilization: list[int | None]  # percent per GPU of `gpus`, from NVML's last sample
 
 
 class WaiterView(TypedDict):
@@ -119,6 +120,9 @@ class GpuStatus(TypedDict):
     mode: str
     regions: RegionsView | None
     turn: TurnView | None
+    bypass: int  # processes the last bypass audit found holding memory there
+    utilization: int | None  # percent of the last sample period it was busy; None: unknown
+    memory_utilization: int | None  # the same for its memory
 
 
 class StatusView(TypedDict):
@@ -131,6 +135,7 @@ class StatusView(TypedDict):
     waiting: int
     task_threshold: int
     gpus: list[GpuStatus]
+    bypass: audit.AuditView
 
 
 class ModeView(TypedDict):
@@ -205,6 +210,7 @@ def task(node: Node, task: Task, usage: dict[str, SlotTotals]) -> TaskView:
         "gated": entry is not None and entry.gated,
         "iterations": entry.iterations if entry is not None else 0,
         "regions": _task_regions(node, task),
+        "utilization": node.utilization.task(task.task_id, task.gpus),
     }
 
 
@@ -266,9 +272,11 @@ def queue(waiters: Iterable[Waiter]) -> list[WaiterView]:
 
 def status(node: Node) -> StatusView:
     gpus: list[GpuStatus] = []
+    bypass = node.audit.per_gpu(len(node.gpus))
     for g, view in zip(node.gpus, node.views(), strict=True):
         holders = {e.name for e in node.envs.values() if g.index in e.held}
         used = sum(e.ledger.used(g.index) for e in node.envs.values())
+        sample = node.utilization.gpu(g.index)
         gpus.append(
             {
                 "index": g.index,
@@ -285,6 +293,9 @@ def status(node: Node) -> StatusView:
                 "mode": node.slicing.mode(g.index),
                 "regions": _regions(node, g.index),
                 "turn": _turn(node, g.index),
+                "bypass": bypass[g.index],
+                "utilization": None if sample is None else sample.gpu,
+                "memory_utilization": None if sample is None else sample.memory,
             }
         )
     return {
@@ -297,6 +308,7 @@ def status(node: Node) -> StatusView:
         "waiting": len(node.queue),
         "task_threshold": node.config.task_threshold,
         "gpus": gpus,
+        "bypass": audit.view(node.audit),
     }
 
 

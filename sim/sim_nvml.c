@@ -7,8 +7,10 @@
  * NVML sees every GPU on the node: like the real library it ignores
  * CUDA_VISIBLE_DEVICES. What the simulated driver's processes hold reaches
  * it through the node's usage registry (sim_usage.c): memory used is the sum
- * of their device memory, and they are the device's compute processes. The
- * simulated GPUs have no NVLink and belong to no NVSwitch fabric.
+ * of their device memory, and they are the device's compute processes. Their
+ * kernel launches' simulated run time over the last second is each one's
+ * utilisation, and the device's is their sum, at most 100%. The simulated
+ * GPUs have no NVLink and belong to no NVSwitch fabric.
  *
  * Linked with -Bsymbolic so that calls inside the library stay inside it,
  * whatever a preloaded interposer exports.
@@ -21,6 +23,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "cuda_abi.h"
 #include "sim_attrs.h"
@@ -94,6 +97,24 @@ struct sim_nvml_fabric_v3 {
 	unsigned char healthSummary;
 };
 
+/* nvmlUtilization_t. */
+struct sim_nvml_utilization {
+	unsigned int gpu;
+	unsigned int memory;
+};
+
+/* nvmlProcessUtilizationSample_t. */
+struct sim_nvml_proc_util {
+	unsigned int pid;
+	unsigned long long timeStamp; /* CPU timestamp, microseconds */
+	unsigned int smUtil;
+	unsigned int memUtil;
+	unsigned int encUtil;
+	unsigned int decUtil;
+};
+
+_Static_assert(sizeof(struct sim_nvml_utilization) == 8, "nvmlUtilization_t");
+_Static_assert(sizeof(struct sim_nvml_proc_util) == 32, "nvmlProcessUtilizationSample_t");
 _Static_assert(sizeof(struct sim_nvml_pci) == 68, "nvmlPciInfo_t");
 _Static_assert(sizeof(struct sim_nvml_pci_legacy) == 52, "nvmlPciInfo_t, v1/v2");
 _Static_assert(sizeof(struct sim_nvml_proc_v1) == 16, "nvmlProcessInfo_v1_t");
@@ -219,6 +240,12 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
 								unsigned int *infoCount,
 								struct sim_nvml_proc_v2 *infos);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
+						      struct sim_nvml_utilization *utilization);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+							struct sim_nvml_proc_util *utilization,
+							unsigned int *processSamplesCount,
+							unsigned long long lastSeenTimeStamp);
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, struct sim_nvml_pci *pci);
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device,
 						struct sim_nvml_pci_legacy *pci);
@@ -545,6 +572,75 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev
 								struct sim_nvml_proc_v2 *infos)
 {
 	return nvml_processes(device, infoCount, infos, false);
+}
+
+/* Utilisation. */
+
+/*
+ * The device's: the share of the last second its processes' kernels kept
+ * it busy, their figures summed, at most 100. The simulation moves no
+ * memory on a timeline: memory utilisation is 0.
+ */
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
+						      struct sim_nvml_utilization *utilization)
+{
+	struct sim_usage_proc procs[SIM_USAGE_SLOTS];
+	const struct sim_spec *spec;
+	unsigned long long total;
+	unsigned int i, n, sum = 0;
+	nvmlReturn_t rc = nvml_device_out(device, utilization != NULL, &spec);
+
+	if (rc != NVML_SUCCESS)
+		return rc;
+	n = sim_usage_list(device->index, procs, SIM_USAGE_SLOTS, &total);
+	for (i = 0; i < n && i < SIM_USAGE_SLOTS; i++)
+		sum += procs[i].util;
+	utilization->gpu = sum < 100 ? sum : 100;
+	utilization->memory = 0;
+	return NVML_SUCCESS;
+}
+
+/*
+ * One sample per process using the device, taken now: its share of the last
+ * second (smUtil). None newer than lastSeenTimeStamp (microseconds, like
+ * timeStamp) is NVML_ERROR_NOT_FOUND; too little room (*count, which may be
+ * 0 with no buffer) gets the number needed and NVML_ERROR_INSUFFICIENT_SIZE.
+ */
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+							struct sim_nvml_proc_util *utilization,
+							unsigned int *processSamplesCount,
+							unsigned long long lastSeenTimeStamp)
+{
+	struct sim_usage_proc procs[SIM_USAGE_SLOTS];
+	const struct sim_spec *spec;
+	unsigned long long total, stamp;
+	struct timespec ts;
+	unsigned int i, n;
+	nvmlReturn_t rc = nvml_device_out(device, processSamplesCount != NULL, &spec);
+
+	if (rc != NVML_SUCCESS)
+		return rc;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	stamp = (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
+	n = sim_usage_list(device->index, procs, SIM_USAGE_SLOTS, &total);
+	if (n > SIM_USAGE_SLOTS)
+		n = SIM_USAGE_SLOTS;
+	if (n == 0 || stamp <= lastSeenTimeStamp)
+		return NVML_ERROR_NOT_FOUND;
+	if (!utilization || *processSamplesCount < n) {
+		*processSamplesCount = n;
+		return NVML_ERROR_INSUFFICIENT_SIZE;
+	}
+	for (i = 0; i < n; i++) {
+		utilization[i].pid = procs[i].pid;
+		utilization[i].timeStamp = stamp;
+		utilization[i].smUtil = procs[i].util;
+		utilization[i].memUtil = 0;
+		utilization[i].encUtil = 0;
+		utilization[i].decUtil = 0;
+	}
+	*processSamplesCount = n;
+	return NVML_SUCCESS;
 }
 
 /* PCI. */

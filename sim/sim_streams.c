@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "sim_driver.h"
+#include "sim_usage.h"
 
 /*
  * Streams. Nothing runs asynchronously in the simulation, so a stream is a
@@ -260,6 +261,30 @@ CUresult sim_impl_cuStreamSynchronize_ptsz(CUstream stream)
 	return sim_stream_sync(stream);
 }
 
+/*
+ * What one kernel launch keeps its device busy for, as NVML's utilisation
+ * counts it (sim_usage_busy): GPUSHARE_SIM_KERNEL_US microseconds, read once.
+ */
+#define SIM_KERNEL_ENV "GPUSHARE_SIM_KERNEL_US"
+#define SIM_KERNEL_DEFAULT_US 100ull
+
+static pthread_once_t sim_kernel_once = PTHREAD_ONCE_INIT;
+static unsigned long long sim_kernel_ns;
+
+static void sim_kernel_load(void)
+{
+	const char *v = getenv(SIM_KERNEL_ENV);
+	unsigned long long us = SIM_KERNEL_DEFAULT_US;
+	char *end;
+
+	if (v && *v) {
+		us = strtoull(v, &end, 10);
+		if (*end || us > SIM_USAGE_AHEAD_NS / 1000)
+			us = SIM_KERNEL_DEFAULT_US;
+	}
+	sim_kernel_ns = us * 1000;
+}
+
 static CUresult sim_launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
 			   unsigned int bx, unsigned int by, unsigned int bz)
 {
@@ -272,6 +297,8 @@ static CUresult sim_launch(CUfunction f, unsigned int gx, unsigned int gy, unsig
 		return CUDA_ERROR_INVALID_HANDLE;
 	if (!gx || !gy || !gz || !bx || !by || !bz)
 		return CUDA_ERROR_INVALID_VALUE;
+	pthread_once(&sim_kernel_once, sim_kernel_load);
+	sim_usage_busy(sim_devs[sim_current_dev()].spec_index, sim_kernel_ns);
 	return CUDA_SUCCESS;
 }
 

@@ -15,6 +15,15 @@
  * needs to be clean in a free slot: the next owner writes the rest before
  * publishing.
  *
+ * Busy time is kept per slot in a ring of SIM_USAGE_BUCKETS buckets of
+ * SIM_USAGE_BUCKET_NS each, a bucket holding the number of the period it
+ * counts (CLOCK_MONOTONIC / SIM_USAGE_BUCKET_NS, + 1; 0: none) and the busy
+ * nanoseconds recorded in it. Only the owner writes them, one thread at a
+ * time (under sim_usage_lock); a reader takes the buckets of the whole
+ * periods of the last second, so a ring longer than that second, the
+ * current period and the queue limit never hands it a stale or future
+ * bucket for one of those.
+ *
  * A process counts as gone when /proc has no running process of that pid
  * with the start time recorded (pid reuse cannot resurrect a slot; neither
  * can a zombie, whose contexts the real driver would have torn down at
@@ -36,18 +45,28 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sim_spec.h"
 
 #define SIM_USAGE_DEFAULT_DIR "/dev/shm"
 /* The layout's version is in the name: a later layout never reads this one's files. */
-#define SIM_USAGE_NAME "gpushare-sim-usage-v1-%u-%016" PRIx64
+#define SIM_USAGE_NAME "gpushare-sim-usage-v2-%u-%016" PRIx64
+
+#define SIM_USAGE_BUCKET_NS 100000000ull
+#define SIM_USAGE_BUCKETS 20
+_Static_assert(SIM_USAGE_BUCKETS *SIM_USAGE_BUCKET_NS >
+		       SIM_USAGE_WINDOW_NS + SIM_USAGE_AHEAD_NS + 2 * SIM_USAGE_BUCKET_NS,
+	       "the ring covers the window, the queue and the two partial buckets");
 
 struct sim_usage_slot {
 	uint64_t key;
 	uint64_t start; /* the owner's start time + 1 (clock ticks); 0: unknown */
 	uint64_t bytes;
+	uint64_t busy_until; /* CLOCK_MONOTONIC ns at which the owner's queued work ends */
+	uint64_t period[SIM_USAGE_BUCKETS]; /* the period a bucket counts, + 1; 0: none */
+	uint64_t busy[SIM_USAGE_BUCKETS];   /* busy ns recorded in it */
 };
 
 #define SIM_USAGE_SIZE (sizeof(struct sim_usage_slot) * SIM_USAGE_SLOTS)
@@ -260,6 +279,9 @@ static struct sim_usage_slot *sim_usage_claim(struct sim_usage_slot *table, int 
 		return NULL;
 	__atomic_store_n(&s->start, sim_procfs ? sim_self_start : 0, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->bytes, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->busy_until, 0, __ATOMIC_RELAXED);
+	for (i = 0; i < SIM_USAGE_BUCKETS; i++)
+		__atomic_store_n(&s->period[i], 0, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->key, sim_key_live(sim_self_pid, dev), __ATOMIC_RELEASE);
 	return s;
 }
@@ -320,11 +342,86 @@ void sim_usage_clear(int spec_index)
 	pthread_mutex_unlock(&sim_usage_lock);
 }
 
+static uint64_t sim_usage_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void sim_usage_busy(int spec_index, unsigned long long ns)
+{
+	struct sim_usage_slot *s;
+	uint64_t now, start, end, limit, t, cut, period;
+	unsigned int i;
+
+	if (spec_index < 0 || spec_index >= SIM_MAX_GPUS || ns == 0)
+		return;
+	if (!__atomic_load_n(&sim_mine[spec_index], __ATOMIC_ACQUIRE))
+		return;
+	now = sim_usage_now();
+	pthread_mutex_lock(&sim_usage_lock);
+	s = sim_mine[spec_index];
+	if (!s)
+		goto out;
+	start = __atomic_load_n(&s->busy_until, __ATOMIC_RELAXED);
+	if (start < now)
+		start = now;
+	limit = now + SIM_USAGE_AHEAD_NS;
+	end = start + ns < start || start + ns > limit ? limit : start + ns;
+	for (t = start; t < end; t = cut) {
+		period = t / SIM_USAGE_BUCKET_NS;
+		cut = (period + 1) * SIM_USAGE_BUCKET_NS;
+		if (cut > end)
+			cut = end;
+		i = (unsigned int)(period % SIM_USAGE_BUCKETS);
+		if (__atomic_load_n(&s->period[i], __ATOMIC_RELAXED) != period + 1) {
+			/* Emptied before it is relabelled: a reader never adds old time to it. */
+			__atomic_store_n(&s->busy[i], 0, __ATOMIC_RELEASE);
+			__atomic_store_n(&s->period[i], period + 1, __ATOMIC_RELEASE);
+		}
+		__atomic_store_n(&s->busy[i],
+				 __atomic_load_n(&s->busy[i], __ATOMIC_RELAXED) + (cut - t),
+				 __ATOMIC_RELEASE);
+	}
+	if (end > start)
+		__atomic_store_n(&s->busy_until, end, __ATOMIC_RELAXED);
+out:
+	pthread_mutex_unlock(&sim_usage_lock);
+}
+
+/*
+ * The share (percent) of the last second slot s's owner kept its device
+ * busy, at now: the last SIM_USAGE_WINDOW_NS of whole buckets before the
+ * current one, so a figure holds for a bucket's length (NVML's sample
+ * period) and readers within it agree.
+ */
+static unsigned int sim_usage_util(struct sim_usage_slot *s, uint64_t now)
+{
+	uint64_t current = now / SIM_USAGE_BUCKET_NS,
+		 window = SIM_USAGE_WINDOW_NS / SIM_USAGE_BUCKET_NS;
+	uint64_t from = current > window ? current - window : 0, busy = 0, period, span;
+	unsigned int i;
+
+	if (current == 0)
+		return 0;
+	span = (current - from) * SIM_USAGE_BUCKET_NS;
+	for (i = 0; i < SIM_USAGE_BUCKETS; i++) {
+		period = __atomic_load_n(&s->period[i], __ATOMIC_ACQUIRE);
+		if (period == 0 || period - 1 < from || period - 1 >= current)
+			continue;
+		busy += __atomic_load_n(&s->busy[i], __ATOMIC_ACQUIRE);
+	}
+	return busy >= span ? 100 : (unsigned int)(busy * 100 / span);
+}
+
 unsigned int sim_usage_list(int spec_index, struct sim_usage_proc *procs, unsigned int max,
 			    unsigned long long *total)
 {
 	struct sim_usage_slot *table;
 	unsigned int n = 0;
+	uint64_t now = sim_usage_now();
 	int i;
 
 	*total = 0;
@@ -364,6 +461,7 @@ unsigned int sim_usage_list(int spec_index, struct sim_usage_proc *procs, unsign
 		if (n < max) {
 			procs[n].pid = pid;
 			procs[n].bytes = bytes;
+			procs[n].util = sim_usage_util(s, now);
 		}
 		n++;
 		*total = *total > ULLONG_MAX - bytes ? ULLONG_MAX : *total + bytes;

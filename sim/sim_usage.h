@@ -3,10 +3,13 @@
  * simulated driver records, per process and device, that it holds a context
  * and how much device memory; the simulated NVML, in other processes, lists
  * them (nvmlDeviceGetComputeRunningProcesses) and sums them (memory used).
+ * It also records how long each process kept the device busy: every kernel
+ * launch counts a fixed simulated run time (sim_usage_busy), which NVML
+ * reports as utilisation over the last second.
  *
  * The table is a file mapped shared by every process of one user on one
  * simulated node: $GPUSHARE_SIM_STATE_DIR (default /dev/shm) holds
- * gpushare-sim-usage-v1-UID-NODE, NODE being sim_node_id() in hex, so lists
+ * gpushare-sim-usage-v2-UID-NODE, NODE being sim_node_id() in hex, so lists
  * with other GPUs never meet. Entries of processes that are gone are skipped
  * and reused; a full table loses the newest users, never a driver call.
  *
@@ -31,10 +34,24 @@ void sim_usage_set(int spec_index, size_t bytes);
 /* The calling process no longer uses spec_index (its last context went away). */
 void sim_usage_clear(int spec_index);
 
+/*
+ * The calling process launched work that keeps spec_index busy for ns
+ * nanoseconds, run after the work it launched before (its queue), from
+ * now at the earliest. A queue more than SIM_USAGE_AHEAD_NS ahead of now is
+ * full: the excess is not recorded (the device is busy all that time
+ * anyway). Nothing is recorded without a context on the device.
+ */
+void sim_usage_busy(int spec_index, unsigned long long ns);
+
+/* The span utilisation is reported over, and the queue limit. */
+#define SIM_USAGE_WINDOW_NS 1000000000ull
+#define SIM_USAGE_AHEAD_NS 500000000ull
+
 /* NVML's side: one live process using a device. */
 struct sim_usage_proc {
 	unsigned int pid;
 	unsigned long long bytes;
+	unsigned int util; /* percent of the last whole second its work kept the device busy */
 };
 
 /*

@@ -163,6 +163,11 @@ def idle_for(task: dict[str, Any]) -> str:
     return duration(spent) + ("!" if timeout and spent >= timeout else "")
 
 
+def percent(value: int | None) -> str:
+    """A utilisation figure: ``45%``, or ``-`` when NVML gave none."""
+    return "-" if value is None else f"{value}%"
+
+
 def task_row(task: dict[str, Any], memory: str) -> list[str]:
     """A task's row in ``nodemgr tasks`` and ``nodemgr top``; the sixth column is the size
     in its field ``memory`` (the limit per GPU, or the peak)."""

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
+from nodemgr.cli._common import (
+    admin_call,
+    config_option,
+    json_option,
+    percent,
+    print_json,
+    print_table,
+)
 from nodemgr.sizes import format_size, plural
 
 
@@ -26,7 +35,7 @@ def status(config_path: str | None, as_json: bool) -> None:
         f"{plural(st['envs'], 'environment')}, {plural(st['tasks'], 'task')}"
     )
     print_table(
-        ["GPU", "NAME", "MEMORY", "CHARGED", "USED", "TASKS", "ENVS"],
+        ["GPU", "NAME", "MEMORY", "CHARGED", "USED", "UTIL", "MEM UTIL", "TASKS", "ENVS"],
         [
             [
                 str(g["index"]) + (" drained" if g.get("drained") else ""),
@@ -34,9 +43,44 @@ def status(config_path: str | None, as_json: bool) -> None:
                 format_size(g["memory"]),
                 format_size(g["charged"]),
                 format_size(g["used"]),
+                percent(g.get("utilization")),
+                percent(g.get("memory_utilization")),
                 str(g["tasks"]),
                 ",".join(g["envs"]) or "-",
             ]
             for g in st["gpus"]
         ],
     )
+    _bypass(st.get("bypass"))
+
+
+def _bypass(audit: dict[str, Any] | None) -> None:
+    """The bypass audit's findings (docs/operations.md#bypass-audit), when it found any."""
+    if not audit:
+        return
+    if audit.get("error"):
+        click.echo(f"bypass audit: cannot list NVML's processes: {audit['error']}")
+    procs = audit.get("processes") or []
+    if not procs and not audit.get("found"):
+        return
+    n = len(procs)
+    click.echo(
+        f"bypass audit: {n} process{'' if n == 1 else 'es'} holding GPU memory no ledger "
+        f"accounts for now; {audit['found']} found, {audit['killed']} killed since start"
+    )
+    if procs:
+        print_table(
+            ["PID", "GPU", "NVML SEES", "LEDGER", "WHY", "ENV", "TASK"],
+            [
+                [
+                    str(p["pid"]),
+                    str(p["gpu"]),
+                    format_size(p["seen"]),
+                    format_size(p["accounted"]),
+                    p["reason"],
+                    p["env"] or "-",
+                    p["task_id"] or "-",
+                ]
+                for p in procs
+            ],
+        )

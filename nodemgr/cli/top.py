@@ -15,6 +15,7 @@ from nodemgr.cli._common import (
     fail,
     format_table,
     load_config,
+    percent,
     print_json,
     task_row,
 )
@@ -78,6 +79,14 @@ def timesliced_lines(gpus: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _with_util(task: dict[str, Any]) -> list[str]:
+    """A task's row, its utilisation of each of its GPUs beside its memory (``45%,10%``)."""
+    row = task_row(task, "peak")
+    util = task.get("utilization") or [None] * len(task["gpus"])
+    row.insert(5, ",".join(percent(u) for u in util))
+    return row
+
+
 def render(snap: dict[str, Any], width: int = 120) -> str:
     """One frame of ``top``; lines cut at ``width`` columns (0: not cut)."""
     st, quotas, tasks, queue = snap["status"], snap["quotas"], snap["tasks"], snap["queue"]
@@ -89,7 +98,7 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
         "",
     ]
     lines += format_table(
-        ["GPU", "MEMORY", "CHARGED", "USED", "TASKS", "ENVS"],
+        ["GPU", "MEMORY", "CHARGED", "USED", "UTIL", "MEM UTIL", "TASKS", "ENVS"],
         [
             [
                 str(g["index"])
@@ -98,6 +107,8 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
                 format_size(g["memory"]),
                 format_size(g["charged"]),
                 format_size(g["used"]),
+                percent(g.get("utilization")),
+                percent(g.get("memory_utilization")),
                 f"{g['tasks']}/{st.get('task_threshold', '-')}",
                 ",".join(g["envs"]) or "-",
             ]
@@ -130,6 +141,7 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
             "PID",
             "GPU",
             "USED",
+            "UTIL",
             "PEAK",
             "LAUNCHES",
             "IDLE",
@@ -137,7 +149,7 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
             "STATE",
             "COMMAND",
         ],
-        [task_row(t, "peak") for t in tasks],
+        [_with_util(t) for t in tasks],
     )
     if queue:
         lines.append("")

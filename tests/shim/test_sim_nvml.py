@@ -46,10 +46,11 @@ CUDA_ERROR_INVALID_VALUE = 1
 H100_PCI_DEVICE_ID = 0x233010DE
 H100_PCI_SUBSYSTEM_ID = 0x16C110DE
 
-# The registry's slots (sim_usage.c): key = pid << 8 | (device + 1), start time + 1, bytes.
-SLOT = struct.Struct("<QQQ")
+# The registry's slots (sim_usage.c): key = pid << 8 | (device + 1), start time + 1, bytes,
+# then the busy time (busy_until and 20 buckets of period and busy ns), zero here.
+SLOT = struct.Struct("<QQQ328x")
 SLOTS = 1024
-REGISTRY_NAME = re.compile(rf"gpushare-sim-usage-v1-{os.getuid()}-[0-9a-f]{{16}}")
+REGISTRY_NAME = re.compile(rf"gpushare-sim-usage-v2-{os.getuid()}-[0-9a-f]{{16}}")
 
 
 def _uuid() -> str:
@@ -502,6 +503,100 @@ def test_a_full_registry_costs_nvml_the_process_never_the_driver(sim_node: Node)
     first.wait(timeout=30)
     again = sim_node.use(1, 0)
     assert [pid for pid, _ in sim_node.listed()[1]] == [again.pid]
+
+
+# --- Utilisation ---------------------------------------------------------------------------
+
+UTIL_READER = r"""
+import ctypes, json, pynvml
+from ctypes import byref, c_uint
+
+lib = ctypes.CDLL("libnvidia-ml.so.1")
+pynvml.nvmlInit()
+
+def device(i):
+    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+    rates = pynvml.nvmlDeviceGetUtilizationRates(h)
+    count = c_uint(0)
+    probe = lib.nvmlDeviceGetProcessUtilization(h, None, byref(count), ctypes.c_ulonglong(0))
+    try:
+        procs = {p.pid: [p.smUtil, p.memUtil, p.encUtil, p.decUtil]
+                 for p in pynvml.nvmlDeviceGetProcessUtilization(h, 0)}
+        err = 0
+    except pynvml.NVMLError as e:
+        procs, err = {}, e.value
+    after = pynvml.nvmlDeviceGetUtilizationRates(h)
+    same = [rates.gpu, rates.memory] == [after.gpu, after.memory]
+    return {"gpu": rates.gpu, "memory": rates.memory, "probe": [probe, count.value],
+            "procs": procs, "err": err, "same": same}
+
+out = []
+for i in range(pynvml.nvmlDeviceGetCount()):
+    d = device(i)
+    while not d["same"]:  # read across a sample period's end: read again
+        d = device(i)
+    out.append(d)
+print(json.dumps(out))
+"""
+
+
+def test_utilisation_is_the_share_of_the_last_second_kernels_ran(
+    sim_node: Node, cbin: dict[str, Path], wait_for: Any, tmp_path: Path
+) -> None:
+    """Each launch keeps its device busy GPUSHARE_SIM_KERNEL_US (here 50 ms): 10 launches
+    are half a second of work, at most 50% of any second. A process's figure is its share,
+    the device's the sum of its processes'; a process that launched nothing is at 0, and
+    all fall back to 0 a second after the work ends."""
+    env = {**sim_node.env, "GPUSHARE_SIM_KERNEL_US": "50000"}
+    go = tmp_path / "go"
+    client = str(cbin["client"])
+    busy, idle = (
+        subprocess.Popen(
+            [client, "alloc", "1", *steps, "waitfile", str(go)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for steps in (["launch", "10"], [])
+    )
+    try:
+        for p in (busy, idle):
+            assert p.stdout is not None
+            while p.stdout.readline() not in ("waiting\n", ""):
+                pass
+
+        def read() -> list[dict[str, Any]]:
+            result: list[dict[str, Any]] = _python(UTIL_READER, sim_node.env)
+            return result
+
+        seen: list[list[dict[str, Any]]] = []
+
+        def share() -> int:
+            return int(seen[-1][0]["procs"].get(str(busy.pid), [0])[0])
+
+        def running() -> bool:
+            seen.append(read())
+            return share() > 0
+
+        wait_for(running, 10)
+        # Then idle again, a second after the work ended.
+        wait_for(lambda: not running(), 10)
+        for gpu0, gpu1 in seen:
+            procs = gpu0["procs"]
+            assert set(procs) == {str(busy.pid), str(idle.pid)}
+            assert gpu0["probe"] == [NVML_ERROR_INSUFFICIENT_SIZE, 2]
+            assert procs[str(idle.pid)] == [0, 0, 0, 0]
+            assert 0 <= procs[str(busy.pid)][0] <= 50
+            assert procs[str(busy.pid)][1:] == [0, 0, 0]
+            assert (gpu0["gpu"], gpu0["memory"]) == (procs[str(busy.pid)][0], 0)
+            # No process on the other GPU: no samples, and an idle device.
+            assert (gpu1["gpu"], gpu1["memory"], gpu1["err"]) == (0, 0, NVML_ERROR_NOT_FOUND)
+            assert gpu1["probe"] == [NVML_ERROR_NOT_FOUND, 0]
+        assert seen[-1][0]["gpu"] == 0
+    finally:
+        go.touch()
+        for p in (busy, idle):
+            p.communicate(timeout=30)
 
 
 # --- Device attributes and their overrides -------------------------------------------------

@@ -1,0 +1,70 @@
+"""The bypass audit's comparison (nodemgr.audit.compare) and its record of findings."""
+
+from __future__ import annotations
+
+from nodemgr.audit import BEYOND_SLOT, NO_SLOT, AuditState, Finding, Seen, Slot, compare
+
+MiB = 1 << 20
+
+
+def slot(pid: int, *used: int, env: str = "a", task: str = "t1") -> Slot:
+    return Slot(env, task, pid, tuple(used))
+
+
+def test_a_process_its_slot_accounts_for_is_no_finding() -> None:
+    seen = [Seen(0, 100, 100, 300 * MiB), Seen(1, 100, 100, 10 * MiB)]
+    assert compare(seen, [slot(100, 300 * MiB, 10 * MiB)], {}, 0) == []
+
+
+def test_within_the_tolerance_is_no_finding_beyond_it_is() -> None:
+    s = [slot(100, 256 * MiB)]
+    assert compare([Seen(0, 100, 100, 256 * MiB + 64 * MiB)], s, {}, 64 * MiB) == []
+    (f,) = compare([Seen(0, 100, 100, 256 * MiB + 64 * MiB + 1)], s, {}, 64 * MiB)
+    assert (f.pid, f.gpu, f.accounted, f.reason) == (100, 0, 256 * MiB, BEYOND_SLOT)
+    assert (f.env, f.task_id) == ("a", "t1")
+
+
+def test_a_process_without_a_slot_is_named_by_its_owner_if_known() -> None:
+    seen = [Seen(1, 7, 7, 512 * MiB), Seen(0, 8, 8, 512 * MiB)]
+    found = compare(seen, [slot(100, 1)], {7: ("b", "t2")}, 0)
+    assert [(f.gpu, f.pid, f.reason, f.env, f.task_id) for f in found] == [
+        (0, 8, NO_SLOT, None, None),
+        (1, 7, NO_SLOT, "b", "t2"),
+    ]
+    assert all(f.accounted == 0 for f in found)
+
+
+def test_a_slot_emptied_by_its_process_is_beyond_its_slot() -> None:
+    (f,) = compare([Seen(0, 100, 100, 256 * MiB)], [slot(100, 0)], {}, 0)
+    assert (f.reason, f.seen, f.accounted) == (BEYOND_SLOT, 256 * MiB, 0)
+
+
+def test_the_slot_is_matched_by_the_processs_own_pid_not_nvmls() -> None:
+    """NVML names a containerised process by its host pid, its slot by the pid it has in
+    its container: the audit compares the latter (Seen.own_pid, read from NSpid)."""
+    seen = [Seen(0, 4242, 12, 100 * MiB)]
+    assert compare(seen, [slot(12, 100 * MiB)], {}, 0) == []
+    (f,) = compare(seen, [slot(4242, 100 * MiB)], {}, 0)
+    assert f.pid == 4242 and f.reason == NO_SLOT
+
+
+def test_slots_of_one_pid_count_together_per_gpu() -> None:
+    slots = [slot(5, 100 * MiB, 0), slot(5, 50 * MiB, 70 * MiB, env="b", task="t9")]
+    assert compare([Seen(0, 5, 5, 150 * MiB), Seen(1, 5, 5, 70 * MiB)], slots, {}, 0) == []
+    (f,) = compare([Seen(1, 5, 5, 71 * MiB)], slots, {}, 0)
+    assert f.accounted == 70 * MiB
+
+
+def test_findings_are_new_once_and_counted_once() -> None:
+    state = AuditState()
+    a = Finding(0, 1, 10, 0, NO_SLOT, None, None)
+    b = Finding(1, 1, 10, 0, NO_SLOT, None, None)
+    assert state.update([a]) == [a]
+    assert state.update([a, b]) == [b]
+    assert state.update([a, b]) == []
+    assert state.found == 2 and state.audits == 3
+    assert state.per_gpu(3) == [1, 1, 0]
+    assert state.update([]) == [] and state.per_gpu(2) == [0, 0]
+    # Gone and back: a new finding again (a pid reused, or the process bypassing anew).
+    assert state.update([a]) == [a]
+    assert state.found == 3
