@@ -541,6 +541,10 @@ def snapshot(daemon: Any) -> dict[str, Any]:
     status = daemon.admin("status")
     for volatile in ("uptime", "id"):
         status.pop(volatile, None)
+    # Measurements, not state: NVML's utilisation is sampled every few seconds.
+    for gpu in status["gpus"]:
+        for measured in ("utilization", "memory_utilization"):
+            gpu.pop(measured, None)
     return {
         "quotas": daemon.admin("quota_show")["quotas"],
         "tasks": daemon.tasks(),
