@@ -28,23 +28,11 @@ from nodemgr.client import (
 )
 from nodemgr.exitcodes import EXIT_RECLAIMED_OTHER, RECLAIM_EXIT_CODES
 from nodemgr.protocol import names_gpu
+from nodemgr.sizes import format_clock, plural
 
 MAX_COMMAND = 4096  # what nodemgr keeps of a command line, for display
 LEDGER_NAME = "ledger"  # an environment's ledger sits beside its task socket
 REQUEST_TIMEOUT = 10.0  # seconds for nodemgr to answer, on top of any wait
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def _clock(seconds: float) -> str:
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 class Progress:
@@ -78,8 +66,8 @@ class Progress:
 
     def _status(self) -> str:
         where = f"position {self.position} of {self.waiting}" if self.position else "queued"
-        waited = _clock(time.monotonic() - self.started)
-        return f"{self.prefix}: waiting for {_plural(self.gpus, 'GPU')}: {where}, waited {waited}"
+        waited = format_clock(time.monotonic() - self.started)
+        return f"{self.prefix}: waiting for {plural(self.gpus, 'GPU')}: {where}, waited {waited}"
 
     def _line(self) -> None:
         """A plain line: position, time waited, and why."""
@@ -139,7 +127,7 @@ class Progress:
         waited = self.position is not None
         self.clear()
         if granted and waited:
-            took = _clock(time.monotonic() - self.started)
+            took = format_clock(time.monotonic() - self.started)
             self._write(f"{self.prefix}: granted after waiting {took}\n")
 
 

@@ -9,19 +9,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from nodemgr.client import FIRST_ANSWER, Connection
-from nodemgr.sizes import format_size, plural
+from nodemgr.sizes import format_clock, format_size, plural
 
 # What a reply carries besides the view itself.
 _ENVELOPE = ("v", "type", "id")
-
-
-def _clock(seconds: float) -> str:
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def fetch(endpoint: str) -> dict[str, Any]:
@@ -70,7 +61,7 @@ def _queue_lines(view: Mapping[str, Any]) -> list[str]:
             devices = ", only GPU " + ",".join(str(d) for d in w["devices"])
         lines.append(
             f"  position {w['position']}: {plural(int(w['gpus']), 'GPU')}{memory}{devices}, "
-            f"waited {_clock(float(w['waited']))}"
+            f"waited {format_clock(float(w['waited']))}"
         )
         if w.get("command"):
             lines.append(f"    command: {w['command']}")

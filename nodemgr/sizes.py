@@ -82,3 +82,14 @@ def format_size(n: int) -> str:
 def plural(count: int, noun: str) -> str:
     """``1 GPU``, ``2 GPUs``: a count with its noun."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def format_clock(seconds: float) -> str:
+    """``42s``, ``3m07s``, ``2h05m``: a duration as a waiting user reads it (whole seconds,
+    rounded down)."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"

@@ -11,7 +11,7 @@ import pytest
 
 from nodemgr import config, protocol
 from nodemgr.protocol import Err, ProtocolError
-from nodemgr.sizes import format_size, parse_seconds, parse_size
+from nodemgr.sizes import format_clock, format_size, parse_seconds, parse_size
 
 
 @pytest.mark.parametrize(
@@ -41,6 +41,12 @@ def test_format_size() -> None:
     assert format_size(8 << 30) == "8GiB"
     assert format_size(1536 << 20) == "1.50GiB"
     assert format_size(12) == "12B"
+
+
+def test_format_clock() -> None:
+    assert format_clock(59.9) == "59s"
+    assert format_clock(187) == "3m07s"
+    assert format_clock(2 * 3600 + 5 * 60 + 59) == "2h05m"
 
 
 def frame(**msg: object) -> bytes:
