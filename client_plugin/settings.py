@@ -8,8 +8,9 @@ value is an error that names the variable, never a silent default.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from client_plugin.envvars import (
@@ -130,31 +131,31 @@ def parse_zero_quota(name: str, value: str) -> str:
     return v
 
 
+# The variables from_environment reads, in the order it checks them (the first bad one is
+# the error): (name, the Settings field it sets, its parser). An empty variable is unset.
+_VARIABLES: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
+    (ENDPOINT, "endpoint", parse_endpoint),
+    (GPUS, "gpus", parse_gpus),
+    (MEMORY, "memory", parse_memory),
+    (WAIT, "wait", parse_bool),
+    (WAIT_TIMEOUT, "wait_timeout", partial(parse_seconds, allow_none=True)),
+    (CPU_FALLBACK, "cpu_fallback", parse_bool),
+    (GRACE, "grace", parse_seconds),
+    (PROGRESS_INTERVAL, "progress_interval", parse_seconds),
+    (ZERO_QUOTA, "zero_quota", parse_zero_quota),
+    (PERSISTENT, "persistent", parse_memory),
+    (TEMPORARY, "temporary", parse_memory),
+    (GUARD, "guard", parse_memory),
+)
+
+
 def from_environment(environ: Mapping[str, str] | None = None) -> Settings:
     """Settings from ``GPUSHARE_*`` variables (and the user's CUDA_VISIBLE_DEVICES)."""
     env = os.environ if environ is None else environ
     s = Settings()
-    if env.get(ENDPOINT):
-        s = s.but(endpoint=parse_endpoint(ENDPOINT, env[ENDPOINT]))
-    if env.get(GPUS):
-        s = s.but(gpus=parse_gpus(GPUS, env[GPUS]))
-    if env.get(MEMORY):
-        s = s.but(memory=parse_memory(MEMORY, env[MEMORY]))
-    if env.get(WAIT):
-        s = replace(s, wait=parse_bool(WAIT, env[WAIT]))
-    if WAIT_TIMEOUT in env:
-        s = replace(s, wait_timeout=parse_seconds(WAIT_TIMEOUT, env[WAIT_TIMEOUT], True))
-    if env.get(CPU_FALLBACK):
-        s = replace(s, cpu_fallback=parse_bool(CPU_FALLBACK, env[CPU_FALLBACK]))
-    if env.get(GRACE):
-        s = s.but(grace=parse_seconds(GRACE, env[GRACE]))
-    if env.get(PROGRESS_INTERVAL):
-        s = s.but(progress_interval=parse_seconds(PROGRESS_INTERVAL, env[PROGRESS_INTERVAL]))
-    if env.get(ZERO_QUOTA):
-        s = s.but(zero_quota=parse_zero_quota(ZERO_QUOTA, env[ZERO_QUOTA]))
-    for name, key in ((PERSISTENT, "persistent"), (TEMPORARY, "temporary"), (GUARD, "guard")):
+    for name, key, parse in _VARIABLES:
         if env.get(name):
-            s = s.but(**{key: parse_memory(name, env[name])})
+            s = replace(s, **{key: parse(name, env[name])})
     check_shape(s)
     if "CUDA_VISIBLE_DEVICES" in env:
         s = replace(s, devices=parse_devices(env["CUDA_VISIBLE_DEVICES"]))
