@@ -7,39 +7,18 @@ import pty
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import Holder
+from tests.client.conftest import gpushare_run
+from tests.conftest import BIN, Holder
 
 GiB = 1 << 30
-BIN = Path(sys.executable).parent
 SHOW = (
     "import os; print(repr(os.environ.get('CUDA_VISIBLE_DEVICES')), "
     "os.environ.get('GPUSHARE_TASK_ID'), os.environ.get('GPUSHARE_TASK_OWNER'))"
 )
-
-
-@pytest.fixture
-def node(daemon_factory: Any) -> Any:
-    # Two GPUs, one task each: easy to fill.
-    return daemon_factory(
-        {"scheduler": {"task_threshold": 1}, "gpus": {"simulated_count": 2}},
-        heartbeat_timeout=600.0,
-    )
-
-
-def gpushare_run(*args: str, env: dict[str, str] | None = None, **kw: Any) -> Any:
-    return subprocess.run(
-        [str(BIN / "gpushare-run"), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-        **kw,
-    )
 
 
 def test_settings_come_from_the_environment(node: Any) -> None:

@@ -4,37 +4,13 @@ gpushare-run and its real commands)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
+from tests.client.conftest import gpushare_run
 from tests.conftest import Holder
 
 GiB = 1 << 30
-BIN = Path(sys.executable).parent
-
-
-@pytest.fixture
-def node(daemon_factory: Any) -> Any:
-    # Two GPUs, one task each: easy to fill.
-    return daemon_factory(
-        {"scheduler": {"task_threshold": 1}, "gpus": {"simulated_count": 2}},
-        heartbeat_timeout=600.0,
-    )
-
-
-def gpushare_run(*args: str, env: dict[str, str] | None = None) -> Any:
-    return subprocess.run(
-        [str(BIN / "gpushare-run"), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def test_status_shows_holders_and_this_environments_wait(

@@ -5,35 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.conftest import Holder
-
-BIN = Path(sys.executable).parent
-
-
-@pytest.fixture
-def node(daemon_factory: Any) -> Any:
-    # Two GPUs, one task each: easy to fill.
-    return daemon_factory(
-        {"scheduler": {"task_threshold": 1}, "gpus": {"simulated_count": 2}},
-        heartbeat_timeout=600.0,
-    )
-
-
-def gpushare_run(*args: str, env: dict[str, str] | None = None) -> Any:
-    return subprocess.run(
-        [str(BIN / "gpushare-run"), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-    )
+from tests.client.conftest import gpushare_run
+from tests.conftest import BIN, Holder
 
 
 def test_a_wait_without_a_terminal_says_where_it_is_every_interval(
