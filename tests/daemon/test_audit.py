@@ -5,6 +5,7 @@ the metrics and, with audit.action = "kill", killed; a process the shim charges 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,22 @@ def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+@pytest.fixture
+def audited(
+    daemon_factory: Any, registry: Path, tmp_path: Path
+) -> Callable[[dict[str, Any]], tuple[Any, int, str, Path]]:
+    """Start a node with these [audit] settings and metrics on a free port: the node, that
+    port, the endpoint of an environment "alice" (one GPU, 4GiB) and a file whose creation
+    lets this test's tasks end."""
+
+    def start(audit: dict[str, Any]) -> tuple[Any, int, str, Path]:
+        port = free_port()
+        d = daemon_factory({"audit": audit, "metrics": {"port": port}})
+        return d, port, d.env("alice", gpus=1, memory=4 << 30), tmp_path / "go"
+
+    return start
+
+
 def findings(d: Any) -> dict[int, dict[str, Any]]:
     return {int(p["pid"]): p for p in d.admin("status")["bypass"]["processes"]}
 
@@ -46,18 +63,9 @@ def ready_pid(p: subprocess.Popen[str], word: str) -> None:
 
 
 def test_each_kind_of_bypass_is_reported_and_a_charged_process_is_not(
-    daemon_factory: Any,
-    run_task: Any,
-    wait_for: Any,
-    cbin: Any,
-    bypass: Path,
-    registry: Path,
-    tmp_path: Path,
+    audited: Any, run_task: Any, wait_for: Any, cbin: Any, bypass: Path
 ) -> None:
-    port = free_port()
-    d = daemon_factory({"audit": {"interval": 0.2}, "metrics": {"port": port}})
-    ep = d.env("alice", gpus=1, memory=4 << 30)
-    go = tmp_path / "go"
+    d, port, ep, go = audited({"interval": 0.2})
     # LD_PRELOAD unset: the shim never loads, and no slot names the process.
     plain = run_task(
         ep, "env", "-u", "LD_PRELOAD", str(cbin["client"]), "alloc", "128", "waitfile", str(go)
@@ -127,18 +135,9 @@ def test_each_kind_of_bypass_is_reported_and_a_charged_process_is_not(
 
 
 def test_the_kill_action_kills_a_bypassing_process_only(
-    daemon_factory: Any,
-    run_task: Any,
-    wait_for: Any,
-    cbin: Any,
-    bypass: Path,
-    registry: Path,
-    tmp_path: Path,
+    audited: Any, run_task: Any, wait_for: Any, cbin: Any, bypass: Path
 ) -> None:
-    port = free_port()
-    d = daemon_factory({"audit": {"interval": 0.2, "action": "kill"}, "metrics": {"port": port}})
-    ep = d.env("alice", gpus=1, memory=4 << 30)
-    go = tmp_path / "go"
+    d, port, ep, go = audited({"interval": 0.2, "action": "kill"})
     honest = run_task(ep, str(cbin["client"]), "alloc", "300", "waitfile", str(go))
     ready_pid(honest, "waiting")
     cheat = run_task(ep, str(bypass), "dlmopen", "512", str(go))
