@@ -28,6 +28,11 @@ def grant(endpoint: str, gpus: int = 1) -> tuple[Connection, str]:
     return conn, str(conn.call("request", gpus=gpus)["task_id"])
 
 
+def fill(node: Any) -> tuple[tuple[Connection, str], tuple[Connection, str]]:
+    """Tasks of a and b, one on each GPU: the node is full. Their grants, in that order."""
+    return grant(node.env("a")), grant(node.env("b"))
+
+
 def queue_len(daemon: Any) -> int:
     return len(daemon.admin("queue")["waiting"])
 
@@ -49,8 +54,7 @@ def test_typed_errors_distinguish_zero_quota_beyond_quota_and_busy(node: Any) ->
     with Connection(small) as c, pytest.raises(QuotaExceeded) as e:
         c.call("request", gpus=2)
     assert not e.value.retryable
-    hold_a, _ = grant(node.env("a"))
-    hold_b, _ = grant(node.env("b"))
+    (hold_a, _), (hold_b, _) = fill(node)
     with Connection(small) as c, pytest.raises(NoResources) as busy:
         c.call("request", gpus=1)
     assert busy.value.retryable
@@ -63,8 +67,7 @@ def test_typed_errors_distinguish_zero_quota_beyond_quota_and_busy(node: Any) ->
 
 
 def test_waiters_are_served_in_order_and_told_their_position(node: Any, wait_for: Any) -> None:
-    a_conn, a_task = grant(node.env("a"))
-    b_conn, b_task = grant(node.env("b"))
+    (a_conn, a_task), (b_conn, b_task) = fill(node)
     first = Waiting(node.env("c"), 60, gpus=1)
     wait_for(lambda: queue_len(node) == 1, 5)
     second = Waiting(node.env("d"), 60, gpus=1)
@@ -93,8 +96,7 @@ def test_waiters_are_served_in_order_and_told_their_position(node: Any, wait_for
 
 
 def test_a_wait_that_times_out_is_refused_as_retryable(node: Any) -> None:
-    hold_a, _ = grant(node.env("a"))
-    hold_b, _ = grant(node.env("b"))
+    (hold_a, _), (hold_b, _) = fill(node)
     start = time.monotonic()
     w = Waiting(node.env("c"), 0.5, gpus=1)
     with pytest.raises(NoResources, match="willing to wait"):
@@ -117,8 +119,7 @@ def test_a_large_request_is_not_starved_by_a_stream_of_small_ones(
         },
         heartbeat_timeout=600.0,
     )
-    a_conn, a_task = grant(node.env("a"))
-    b_conn, b_task = grant(node.env("b"))
+    (a_conn, a_task), (b_conn, b_task) = fill(node)
     big = Waiting(node.env("big", gpus=2), 60, gpus=2)
     wait_for(lambda: queue_len(node) == 1, 5)
 
@@ -145,8 +146,7 @@ def c_waits_behind_a_and_b(
     node: Any, run_task: Any, wait_for: Any
 ) -> tuple[tuple[Connection, str], tuple[Connection, str], subprocess.Popen[str]]:
     """Tasks of a and b hold both GPUs; gpushare-run of c waits in the queue for one."""
-    a = grant(node.env("a"))
-    b = grant(node.env("b"))
+    a, b = fill(node)
     p = run_task(node.env("c"), "true", env={"GPUSHARE_WAIT_TIMEOUT": "60"})
     wait_for(lambda: queue_len(node) == 1, 10)
     return a, b, p
@@ -180,8 +180,7 @@ def test_gpushare_run_waits_and_reports_its_position(
 def test_a_request_sent_again_keeps_its_place_and_never_waits_twice(
     node: Any, run_task: Any, wait_for: Any
 ) -> None:
-    hold_a, _ = grant(node.env("a"))
-    hold_b, _ = grant(node.env("b"))
+    (hold_a, _), (hold_b, _) = fill(node)
     ep = node.env("c")
     positions: list[int] = []
 
@@ -228,8 +227,7 @@ def test_waiting_requests_are_capped_per_client_and_per_environment(
     """Each waiting request holds a descriptor of its client process: a client may have 4
     waiting, an environment 64 (MAX_WAITING_PER_CLIENT, MAX_WAITING_PER_ENV); one more is
     refused with `busy`, and the queue, and nodemgr, go on."""
-    hold_a, _ = grant(node.env("a"))
-    hold_b, _ = grant(node.env("b"))
+    (hold_a, _), (hold_b, _) = fill(node)
     ep = node.env("c")
     mine = [Waiting(ep, 60) for _ in range(4)]
     wait_for(lambda: queue_len(node) == 4, 5)
@@ -269,8 +267,7 @@ def test_waiting_requests_are_capped_per_client_and_per_environment(
 
 
 def test_a_waiter_is_told_when_the_reason_it_waits_changes(node: Any, wait_for: Any) -> None:
-    a_conn, a_task = grant(node.env("a"))
-    b_conn, _ = grant(node.env("b"))
+    (a_conn, a_task), (b_conn, _) = fill(node)
     waiter = Waiting(node.env("c"), 60, gpus=1)
     wait_for(lambda: waiter.updates == [1], 5)
     assert "free GPU" in waiter.reasons[0] and "drained" not in waiter.reasons[0]
