@@ -186,131 +186,73 @@ class Key:
 
 # fmt: off
 KEYS: tuple[Key, ...] = (
-    Key(
-        "node", "run_dir", "run_dir", Text("a path"), None,
-        "sockets (`admin.sock`, `envs/ENV/task.sock`) and ledgers", default_doc="see below",
-    ),
-    Key(
-        "node", "state_dir", "state_dir", Text("a path"), None,
-        "the sqlite database (`nodemgr.db`) of quotas and records", default_doc="see below",
-    ),
-    Key(
-        "node", "heartbeat_interval", "heartbeat_interval", Seconds(0.01, 3600.0), 1.0,
-        "seconds between a task's heartbeats (told to clients)",
-    ),
-    Key(
-        "node", "heartbeat_timeout", "heartbeat_timeout", Seconds(0.05), 5.0,
-        "seconds of silence after which a task is ended and reclaimed (longer than the interval)",
-    ),
-    Key(
-        "node", "sweep_interval", "sweep_interval", Seconds(0.01, 60.0), 0.1,
-        "seconds between sweeps for dead processes' ledger slots",
-    ),
-    Key(
-        "node", "reclaim_grace", "reclaim_grace", Seconds(0.0, 3600.0), 5.0,
+    Key("node", "run_dir", "run_dir", Text("a path"), None,
+        "sockets (`admin.sock`, `envs/ENV/task.sock`) and ledgers", default_doc="see below"),
+    Key("node", "state_dir", "state_dir", Text("a path"), None,
+        "the sqlite database (`nodemgr.db`) of quotas and records", default_doc="see below"),
+    Key("node", "heartbeat_interval", "heartbeat_interval", Seconds(0.01, 3600.0), 1.0,
+        "seconds between a task's heartbeats (told to clients)"),
+    Key("node", "heartbeat_timeout", "heartbeat_timeout", Seconds(0.05), 5.0,
+        "seconds of silence after which a task is ended and reclaimed (longer than the interval)"),
+    Key("node", "sweep_interval", "sweep_interval", Seconds(0.01, 60.0), 0.1,
+        "seconds between sweeps for dead processes' ledger slots"),
+    Key("node", "reclaim_grace", "reclaim_grace", Seconds(0.0, 3600.0), 5.0,
         "seconds a reclaimed task's client has to hear why and end before it is killed"
-        " (at least two heartbeat intervals)",
-    ),
-    Key(
-        "gpus", "source", "gpu_source", Choice("auto", "nvml", "simulated"), "auto",
-        "`nvml`, `simulated`, or `auto` (NVML if a driver answers)",
-    ),
-    Key(
-        "gpus", "health_interval", "health_interval", Seconds(0.1, 3600.0), 5.0,
-        "seconds between NVML checks for lost GPUs",
-    ),
-    Key(
-        "gpus", "utilization_interval", "utilization_interval", Seconds(0.0, 3600.0), 2.0,
-        "seconds between NVML samples of GPU and per-process utilisation; 0 turns them off",
-    ),
-    Key(
-        "gpus", "simulated_count", "sim_count", Integer(1, MAX_SIMULATED), 4, "simulated GPUs",
-    ),
-    Key(
-        "gpus", "simulated_memory", "sim_memory", Size(positive=True), "16GiB",
-        "memory of each simulated GPU",
-    ),
-    Key(
-        "gpus", "simulated_name", "sim_name",
+        " (at least two heartbeat intervals)"),
+    Key("gpus", "source", "gpu_source", Choice("auto", "nvml", "simulated"), "auto",
+        "`nvml`, `simulated`, or `auto` (NVML if a driver answers)"),
+    Key("gpus", "health_interval", "health_interval", Seconds(0.1, 3600.0), 5.0,
+        "seconds between NVML checks for lost GPUs"),
+    Key("gpus", "utilization_interval", "utilization_interval", Seconds(0.0, 3600.0), 2.0,
+        "seconds between NVML samples of GPU and per-process utilisation; 0 turns them off"),
+    Key("gpus", "simulated_count", "sim_count", Integer(1, MAX_SIMULATED), 4, "simulated GPUs"),
+    Key("gpus", "simulated_memory", "sim_memory", Size(positive=True), "16GiB",
+        "memory of each simulated GPU"),
+    Key("gpus", "simulated_name", "sim_name",
         Text("a non-empty string without | ; or newlines", "|;\n", quote=False),
-        "gpushare Simulated GPU", "their name",
-    ),
-    Key(
-        "gpus", "context_memory", "context_memory", Size(), None,
+        "gpushare Simulated GPU", "their name"),
+    Key("gpus", "context_memory", "context_memory", Size(), None,
         "charged per process per GPU for its CUDA context"
         " ([operations.md](operations.md#context-memory))",
-        default_doc=f'`"0"` simulated, `"{format_size(NVML_CONTEXT_MEMORY)}"` NVML',
-    ),
-    Key(
-        "scheduler", "task_threshold", "task_threshold", Integer(1), 4,
-        "tasks on a GPU beyond which it is not chosen as a new GPU",
-    ),
-    Key(
-        "scheduler", "memory_reserve", "memory_reserve", Size(), "0",
-        "memory per GPU never granted (driver and overheads the shim does not charge)",
-    ),
-    Key(
-        "scheduler", "queue_max_bypass", "queue_max_bypass", Integer(0), 8,
-        "times a waiting request may be overtaken before it blocks the queue",
-    ),
-    Key(
-        "scheduler", "max_wait", "max_wait", Seconds(0.0, MAX_WAIT), 86400.0,
-        "the longest a request may wait, seconds",
-    ),
-    Key(
-        "metrics", "address", "metrics_address", Text("an address to listen on"), "127.0.0.1",
-        "where Prometheus metrics are served",
-    ),
-    Key(
-        "metrics", "port", "metrics_port", Integer(0, 65535, " (0: off)"), 0,
-        "their port; 0 turns them off",
-    ),
-    Key(
-        "timeslice", "gpus", "timeslice_gpus", GpuList(), [],
-        "GPUs that start time-sliced ([timeslicing.md](timeslicing.md))",
-    ),
-    Key(
-        "timeslice", "quantum", "quantum", Integer(1), 4,
-        "iterations per turn on a time-sliced GPU",
-    ),
-    Key(
-        "timeslice", "turn_timeout", "turn_timeout", Seconds(0.01), 30.0,
+        default_doc=f'`"0"` simulated, `"{format_size(NVML_CONTEXT_MEMORY)}"` NVML'),
+    Key("scheduler", "task_threshold", "task_threshold", Integer(1), 4,
+        "tasks on a GPU beyond which it is not chosen as a new GPU"),
+    Key("scheduler", "memory_reserve", "memory_reserve", Size(), "0",
+        "memory per GPU never granted (driver and overheads the shim does not charge)"),
+    Key("scheduler", "queue_max_bypass", "queue_max_bypass", Integer(0), 8,
+        "times a waiting request may be overtaken before it blocks the queue"),
+    Key("scheduler", "max_wait", "max_wait", Seconds(0.0, MAX_WAIT), 86400.0,
+        "the longest a request may wait, seconds"),
+    Key("metrics", "address", "metrics_address", Text("an address to listen on"), "127.0.0.1",
+        "where Prometheus metrics are served"),
+    Key("metrics", "port", "metrics_port", Integer(0, 65535, " (0: off)"), 0,
+        "their port; 0 turns them off"),
+    Key("timeslice", "gpus", "timeslice_gpus", GpuList(), [],
+        "GPUs that start time-sliced ([timeslicing.md](timeslicing.md))"),
+    Key("timeslice", "quantum", "quantum", Integer(1), 4,
+        "iterations per turn on a time-sliced GPU"),
+    Key("timeslice", "turn_timeout", "turn_timeout", Seconds(0.01), 30.0,
         "seconds a holder may go without an iteration boundary (without yielding, if it"
-        " reports none) before its turn is taken",
-    ),
-    Key(
-        "timeslice", "guard", "guard", Size(), "100MiB",
-        "memory kept free after each task's persistent slice",
-    ),
-    Key(
-        "idle", "timeout", "idle_timeout", Seconds(0.0, 7 * DAY), 0.0,
+        " reports none) before its turn is taken"),
+    Key("timeslice", "guard", "guard", Size(), "100MiB",
+        "memory kept free after each task's persistent slice"),
+    Key("idle", "timeout", "idle_timeout", Seconds(0.0, 7 * DAY), 0.0,
         "seconds without a kernel launch after which a task is idle ([nodemgr.md]"
         "(nodemgr.md#idle-tasks)); 0 turns the idle policy off; `nodemgr idle` sets it per"
-        " environment",
-    ),
-    Key(
-        "idle", "warn_before", "idle_warn_before", Seconds(0.0, 7 * DAY), 300.0,
-        "how long before an idle task is reclaimed its user is warned",
-    ),
-    Key(
-        "idle", "action", "idle_action", Choice("reclaim", "report"), "reclaim",
-        "what happens to an idle task: `reclaim` its GPUs, or only `report` it",
-    ),
-    Key(
-        "audit", "interval", "audit_interval", Seconds(0.0, 3600.0), 10.0,
+        " environment"),
+    Key("idle", "warn_before", "idle_warn_before", Seconds(0.0, 7 * DAY), 300.0,
+        "how long before an idle task is reclaimed its user is warned"),
+    Key("idle", "action", "idle_action", Choice("reclaim", "report"), "reclaim",
+        "what happens to an idle task: `reclaim` its GPUs, or only `report` it"),
+    Key("audit", "interval", "audit_interval", Seconds(0.0, 3600.0), 10.0,
         "seconds between bypass audits of NVML's processes against the ledgers; 0 turns them"
-        " off ([operations.md](operations.md#bypass-audit))",
-    ),
-    Key(
-        "audit", "action", "audit_action", Choice("report", "kill"), "report",
+        " off ([operations.md](operations.md#bypass-audit))"),
+    Key("audit", "action", "audit_action", Choice("report", "kill"), "report",
         "what the audit does with a process found bypassing: `report` (log, metric, status)"
-        " or `kill` (also SIGKILL it)",
-    ),
-    Key(
-        "audit", "tolerance", "audit_tolerance", Size(), "64MiB",
+        " or `kill` (also SIGKILL it)"),
+    Key("audit", "tolerance", "audit_tolerance", Size(), "64MiB",
         "bytes NVML may see a process hold beyond its slots and gpus.context_memory before"
-        " the audit reports it",
-    ),
+        " the audit reports it"),
 )
 # fmt: on
 
