@@ -8,9 +8,9 @@ a second, and event counters are prometheus-client's own thread-safe types.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -24,6 +24,8 @@ from nodemgr.state import Node
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 1.0)
 SWITCH_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
 WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400)
+
+Row = TypeVar("Row")
 
 
 class GpuMetrics(views.GpuStatus):
@@ -52,6 +54,105 @@ class Snapshot:
     bypass_killed: int = 0
 
 
+def _region(x: GpuMetrics, key: str) -> int:
+    regions = x["regions"]
+    return regions[key] if regions else 0  # type: ignore[literal-required]
+
+
+def _ratio(percent: int | None) -> float | None:
+    return None if percent is None else percent / 100
+
+
+# The gauges of each GPU (labels gpu, uuid): name, help, its value (None: absent).
+GPU_GAUGES: tuple[tuple[str, str, Callable[[GpuMetrics], float | None]], ...] = (
+    ("gpushare_gpu_memory_bytes", "GPU memory", lambda x: x["memory"]),
+    ("gpushare_gpu_reserved_bytes", "GPU memory kept out of every grant", lambda x: x["reserve"]),
+    (
+        "gpushare_gpu_charged_bytes",
+        "Memory promised on a GPU: holding environments' per-GPU quotas",
+        lambda x: x["charged"],
+    ),
+    ("gpushare_gpu_used_bytes", "Memory allocated on a GPU through the shim", lambda x: x["used"]),
+    ("gpushare_gpu_tasks", "Tasks granted a GPU", lambda x: x["tasks"]),
+    ("gpushare_gpu_lost", "1 if NVML reported the GPU lost", lambda x: 1 if x["lost"] else 0),
+    (
+        "gpushare_bypass_processes",
+        "Processes the last bypass audit found holding GPU memory no ledger accounts for",
+        lambda x: x["bypass"],
+    ),
+    (
+        "gpushare_gpu_utilization_ratio",
+        "Share of NVML's last sample period the GPU was busy (absent: unknown)",
+        lambda x: _ratio(x["utilization"]),
+    ),
+    (
+        "gpushare_gpu_memory_utilization_ratio",
+        "Share of NVML's last sample period the GPU's memory was read or written",
+        lambda x: _ratio(x["memory_utilization"]),
+    ),
+    (
+        "gpushare_gpu_timesliced",
+        "1 if the GPU is time-sliced, 0 if shared",
+        lambda x: 1 if x["mode"] == TIMESLICED else 0,
+    ),
+    (
+        "gpushare_gpu_persistent_region_bytes",
+        "Time-sliced GPU: bytes charged for its persistent region (slices and guards)",
+        lambda x: _region(x, "persistent"),
+    ),
+    (
+        "gpushare_gpu_temporary_region_bytes",
+        "Time-sliced GPU: bytes charged for its temporary region",
+        lambda x: _region(x, "temporary"),
+    ),
+    (
+        "gpushare_gpu_temporary_used_bytes",
+        "Time-sliced GPU: temporary bytes its tasks hold now",
+        lambda x: _region(x, "temporary_used"),
+    ),
+    ("gpushare_gpu_gated_tasks", "Tasks on the GPU waiting for its turn", lambda x: x["gated"]),
+)
+
+# The gauges of each environment (label env), as GPU_GAUGES.
+ENV_GAUGES: tuple[tuple[str, str, Callable[[EnvMetrics], float | None]], ...] = (
+    ("gpushare_env_quota_gpus", "GPU-count quota", lambda y: y["quota_gpus"]),
+    ("gpushare_env_quota_memory_bytes", "Per-GPU memory quota", lambda y: y["quota_memory"]),
+    ("gpushare_env_gpus", "GPUs the environment holds", lambda y: y["gpus"]),
+    (
+        "gpushare_env_granted_bytes",
+        "Memory granted: quota times GPUs held",
+        lambda y: y["granted"],
+    ),
+    (
+        "gpushare_env_used_bytes",
+        "Memory the environment's processes hold",
+        lambda y: y["used"],
+    ),
+    ("gpushare_env_tasks", "Running tasks", lambda y: y["tasks"]),
+    (
+        "gpushare_env_utilization_ratio",
+        "Summed over the GPUs it holds, the share of NVML's last sample period its "
+        "processes kept them busy",
+        lambda y: y["utilization"],
+    ),
+)
+
+
+def _gauges(
+    table: tuple[tuple[str, str, Callable[[Row], float | None]], ...],
+    labels: list[str],
+    rows: list[tuple[list[str], Row]],
+) -> Iterator[GaugeMetricFamily]:
+    """One family per entry of ``table``, a sample per row (label values, row)."""
+    for name, doc, value in table:
+        family = GaugeMetricFamily(name, doc, labels=labels)
+        for lv, row in rows:
+            v = value(row)
+            if v is not None:
+                family.add_metric(lv, v)
+        yield family
+
+
 class _StateCollector(Collector):
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -60,53 +161,8 @@ class _StateCollector(Collector):
         snap = self.metrics.last
         if snap is None:
             return
-        g = ["gpu", "uuid"]
-        total = GaugeMetricFamily("gpushare_gpu_memory_bytes", "GPU memory", labels=g)
-        reserve = GaugeMetricFamily(
-            "gpushare_gpu_reserved_bytes", "GPU memory kept out of every grant", labels=g
-        )
-        charged = GaugeMetricFamily(
-            "gpushare_gpu_charged_bytes",
-            "Memory promised on a GPU: holding environments' per-GPU quotas",
-            labels=g,
-        )
-        used = GaugeMetricFamily(
-            "gpushare_gpu_used_bytes", "Memory allocated on a GPU through the shim", labels=g
-        )
-        tasks = GaugeMetricFamily("gpushare_gpu_tasks", "Tasks granted a GPU", labels=g)
-        lost = GaugeMetricFamily("gpushare_gpu_lost", "1 if NVML reported the GPU lost", labels=g)
-        bypass = GaugeMetricFamily(
-            "gpushare_bypass_processes",
-            "Processes the last bypass audit found holding GPU memory no ledger accounts for",
-            labels=g,
-        )
-        for x in snap.gpus:
-            lv = [str(x["index"]), x["uuid"]]
-            total.add_metric(lv, x["memory"])
-            reserve.add_metric(lv, x["reserve"])
-            charged.add_metric(lv, x["charged"])
-            used.add_metric(lv, x["used"])
-            tasks.add_metric(lv, x["tasks"])
-            lost.add_metric(lv, 1 if x["lost"] else 0)
-            bypass.add_metric(lv, x["bypass"])
-        yield from (total, reserve, charged, used, tasks, lost, bypass)
-        util = GaugeMetricFamily(
-            "gpushare_gpu_utilization_ratio",
-            "Share of NVML's last sample period the GPU was busy (absent: unknown)",
-            labels=g,
-        )
-        mem_util = GaugeMetricFamily(
-            "gpushare_gpu_memory_utilization_ratio",
-            "Share of NVML's last sample period the GPU's memory was read or written",
-            labels=g,
-        )
-        for x in snap.gpus:
-            lv = [str(x["index"]), x["uuid"]]
-            if x["utilization"] is not None:
-                util.add_metric(lv, x["utilization"] / 100)
-            if x["memory_utilization"] is not None:
-                mem_util.add_metric(lv, x["memory_utilization"] / 100)
-        yield from (util, mem_util)
+        gpus = [([str(x["index"]), x["uuid"]], x) for x in snap.gpus]
+        yield from _gauges(GPU_GAUGES, ["gpu", "uuid"], gpus)
         yield CounterMetricFamily(
             "gpushare_bypass_findings",
             "Processes found bypassing the shim, each (process, GPU) counted once",
@@ -117,71 +173,14 @@ class _StateCollector(Collector):
             "Processes the bypass audit killed (audit.action = kill)",
             value=snap.bypass_killed,
         )
-
-        mode = GaugeMetricFamily(
-            "gpushare_gpu_timesliced", "1 if the GPU is time-sliced, 0 if shared", labels=g
-        )
-        persistent = GaugeMetricFamily(
-            "gpushare_gpu_persistent_region_bytes",
-            "Time-sliced GPU: bytes charged for its persistent region (slices and guards)",
-            labels=g,
-        )
-        temporary = GaugeMetricFamily(
-            "gpushare_gpu_temporary_region_bytes",
-            "Time-sliced GPU: bytes charged for its temporary region",
-            labels=g,
-        )
-        temp_used = GaugeMetricFamily(
-            "gpushare_gpu_temporary_used_bytes",
-            "Time-sliced GPU: temporary bytes its tasks hold now",
-            labels=g,
-        )
-        gated = GaugeMetricFamily(
-            "gpushare_gpu_gated_tasks", "Tasks on the GPU waiting for its turn", labels=g
-        )
-        for x in snap.gpus:
-            lv = [str(x["index"]), x["uuid"]]
-            regions = x["regions"]
-            mode.add_metric(lv, 1 if x["mode"] == TIMESLICED else 0)
-            persistent.add_metric(lv, regions["persistent"] if regions else 0)
-            temporary.add_metric(lv, regions["temporary"] if regions else 0)
-            temp_used.add_metric(lv, regions["temporary_used"] if regions else 0)
-            gated.add_metric(lv, x["gated"])
-        yield from (mode, persistent, temporary, temp_used, gated)
-
-        e = ["env"]
-        q_gpus = GaugeMetricFamily("gpushare_env_quota_gpus", "GPU-count quota", labels=e)
-        q_mem = GaugeMetricFamily(
-            "gpushare_env_quota_memory_bytes", "Per-GPU memory quota", labels=e
-        )
-        held = GaugeMetricFamily("gpushare_env_gpus", "GPUs the environment holds", labels=e)
-        granted = GaugeMetricFamily(
-            "gpushare_env_granted_bytes", "Memory granted: quota times GPUs held", labels=e
-        )
-        e_used = GaugeMetricFamily(
-            "gpushare_env_used_bytes", "Memory the environment's processes hold", labels=e
-        )
-        e_tasks = GaugeMetricFamily("gpushare_env_tasks", "Running tasks", labels=e)
-        e_util = GaugeMetricFamily(
-            "gpushare_env_utilization_ratio",
-            "Summed over the GPUs it holds, the share of NVML's last sample period its "
-            "processes kept them busy",
-            labels=e,
-        )
+        envs = [([y["env"]], y) for y in snap.envs]
+        yield from _gauges(ENV_GAUGES, ["env"], envs)
         launches = CounterMetricFamily(
-            "gpushare_env_kernel_launches", "Kernel launches counted in the ledger", labels=e
+            "gpushare_env_kernel_launches", "Kernel launches counted in the ledger", labels=["env"]
         )
-        for y in snap.envs:
-            lv = [y["env"]]
-            q_gpus.add_metric(lv, y["quota_gpus"])
-            q_mem.add_metric(lv, y["quota_memory"])
-            held.add_metric(lv, y["gpus"])
-            granted.add_metric(lv, y["granted"])
-            e_used.add_metric(lv, y["used"])
-            e_tasks.add_metric(lv, y["tasks"])
-            e_util.add_metric(lv, y["utilization"])
+        for lv, y in envs:
             launches.add_metric(lv, y["launches"])
-        yield from (q_gpus, q_mem, held, granted, e_used, e_tasks, e_util, launches)
+        yield launches
         yield GaugeMetricFamily(
             "gpushare_queue_length", "Requests waiting for GPUs", value=snap.queue_length
         )
@@ -209,25 +208,18 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.errors = Counter(
-            "gpushare_request_errors",
-            "Requests answered with an error",
-            ["endpoint", "code"],
-            registry=self.registry,
+        self.errors = self._counter(
+            "gpushare_request_errors", "Requests answered with an error", "endpoint", "code"
         )
-        self.reclaims = Counter(
-            "gpushare_reclaims", "Tasks ended, by reason", ["reason"], registry=self.registry
-        )
-        self.idle_seconds = Counter(
+        self.reclaims = self._counter("gpushare_reclaims", "Tasks ended, by reason", "reason")
+        self.idle_seconds = self._counter(
             "gpushare_idle_reclaimed_gpu_seconds",
             "GPU-seconds that tasks reclaimed for idleness held while idle",
-            registry=self.registry,
         )
-        self.refusals = Counter(
+        self.refusals = self._counter(
             "gpushare_connections_refused",
             "Connections to an environment's endpoint refused over a cap, by cap",
-            ["cap"],
-            registry=self.registry,
+            "cap",
         )
         self.waits = Histogram(
             "gpushare_queue_wait_seconds",
@@ -236,11 +228,8 @@ class Metrics:
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
-        self.switches = Counter(
-            "gpushare_turn_switches",
-            "Turns of a time-sliced GPU handed on to another task",
-            ["gpu"],
-            registry=self.registry,
+        self.switches = self._counter(
+            "gpushare_turn_switches", "Turns of a time-sliced GPU handed on to another task", "gpu"
         )
         self.switch_seconds = Histogram(
             "gpushare_turn_switch_seconds",
@@ -250,6 +239,9 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_StateCollector(self))
+
+    def _counter(self, name: str, doc: str, *labels: str) -> Counter:
+        return Counter(name, doc, list(labels), registry=self.registry)
 
     def start(self) -> None:
         cfg = self.config
