@@ -27,14 +27,18 @@ def test_status_shows_holders_and_this_environments_wait(
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert out.startswith("environment c\n")
-    assert "GPU 0" in out and "GPU 1" in out
-    assert "  a  1 task, holds 0B, promised 2GiB" in out
-    assert "  b  1 task, holds 0B, promised 1GiB" in out
-    assert "queue: 2 requests waiting, 1 of them this environment's" in out
-    assert "  position 1: 1 GPU, waited " in out
-    assert "    command: sh -c true # my-own-cmd" in out
-    assert "    waits for: 1 GPU needed: 0 free GPUs" in out
-    assert "  and 1 request of other environments" in out
+    for line in (
+        "GPU 0",
+        "GPU 1",
+        "  a  1 task, holds 0B, promised 2GiB",
+        "  b  1 task, holds 0B, promised 1GiB",
+        "queue: 2 requests waiting, 1 of them this environment's",
+        "  position 1: 1 GPU, waited ",
+        "    command: sh -c true # my-own-cmd",
+        "    waits for: 1 GPU needed: 0 free GPUs",
+        "  and 1 request of other environments",
+    ):
+        assert line in out, out
     for secret in ("their-cmd", a.task_id, b.task_id, str(a.pid), str(b.pid), str(other.pid)):
         assert secret not in out
 
