@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nodemgr import __version__, admin, envdirs, idle, protocol, userview, views
+from nodemgr import __version__, admin, envdirs, idle, protocol, recovery, userview, views
 from nodemgr.audit import Auditor
 from nodemgr.config import Config, ConfigError
 from nodemgr.connections import Connections, Listener, Polled, ReplyTo, Watched, describe
@@ -153,7 +153,7 @@ class Server:
         except OSError as e:
             raise StartupError(f"cannot create {run / 'admin.sock'}: {describe(e)}") from None
         try:
-            restored = self.node.restore()
+            restored = recovery.restore(self.node)
         except sqlite3.Error as e:
             raise StartupError(str(startup_error(self.config.database, e))) from None
         except RestoreError as e:
@@ -340,8 +340,8 @@ class Server:
                 conns.bind_admin()
             except (OSError, StartupError) as e:
                 log.error("cannot bind %s again: %s", admin, describe(e))
-        node.check_ledgers()
-        for name in node.repair_ledgers():
+        recovery.check_ledgers(node)
+        for name in recovery.repair_ledgers(node):
             self.connections.close_env(name)
         for env in node.envs.values():
             path = Path(env.endpoint.removeprefix("ipc://"))
