@@ -7,8 +7,10 @@ Clients speak ZeroMQ (DEALER sockets); nodemgr accepts and reads the connections
 The kernel names each connection's client process (SO_PEERCRED); a pidfd per task wakes
 the loop the moment that process ends.
 
-This module is the loop and the task endpoint; the listeners and connections are
-nodemgr.connections', the admin endpoint's requests nodemgr.admin's.
+This module is the loop: set-up, the sweep, the pidfds it watches, the wait queue's
+answers, shutdown. The listeners and connections are nodemgr.connections', the task
+endpoint's requests nodemgr.tasks', the admin endpoint's nodemgr.admin's, reclaiming
+nodemgr.reclaim's.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nodemgr import __version__, admin, envdirs, idle, protocol, userview, views
+from nodemgr import __version__, admin, envdirs, protocol, recovery, tasks, views
 from nodemgr.audit import Auditor
 from nodemgr.config import Config, ConfigError
 from nodemgr.connections import Connections, Listener, Polled, ReplyTo, Watched, describe
@@ -35,18 +37,13 @@ from nodemgr.gpus import discover, lost_gpus
 from nodemgr.metrics import Metrics, MetricsError
 from nodemgr.model import Env, Task
 from nodemgr.protocol import Err, ProtocolError
+from nodemgr.reclaim import Reclaims
 from nodemgr.state import Node, process_start
 from nodemgr.store import Store, StoreError, cause, startup_error
 from nodemgr.transport import Conn
 from nodemgr.utilization import Sampler
 
 log = logging.getLogger("nodemgr")
-
-# Reclaimed tasks whose reason a heartbeat can still be told (Server.reclaim).
-MAX_TOLD = 4096
-# Idle times are brought up to date once a second, not every sweep: idle timeouts are
-# minutes, and each check reads every watched task's ledger entry.
-IDLE_CHECK_INTERVAL = 1.0
 
 
 class StartupError(Exception):
@@ -116,9 +113,6 @@ class Server:
         self.watched: dict[Watched, int] = {}
         self._stop = False
         self._next_sweep = 0.0
-        self._next_idle = 0.0
-        # Connections of deleted environments, and when to drop them.
-        self._closing: list[tuple[float, list[Conn]]] = []
         # Environments of the tasks released since the last sweep (release()).
         self._released: set[str] = set()
         self._next_health = 0.0
@@ -127,11 +121,7 @@ class Server:
         self.sampler = Sampler(self.node)
         # Environments whose socket could not be bound again (_check_run_dir).
         self._unbindable: set[str] = set()
-        # Reclaimed tasks (reclaim()): why, for their clients' next heartbeat, by task id
-        # (env, reason, message), the most recent MAX_TOLD; the pidfds of their clients,
-        # killed at the time given unless they ended first.
-        self._told: dict[str, tuple[str, str, str]] = {}
-        self._doomed: list[tuple[float, int]] = []
+        self.reclaims = Reclaims(self)
 
     def _unlock(self) -> None:
         for fd in self._lock_fds:
@@ -153,7 +143,7 @@ class Server:
         except OSError as e:
             raise StartupError(f"cannot create {run / 'admin.sock'}: {describe(e)}") from None
         try:
-            restored = self.node.restore()
+            restored = recovery.restore(self.node)
         except sqlite3.Error as e:
             raise StartupError(str(startup_error(self.config.database, e))) from None
         except RestoreError as e:
@@ -210,7 +200,7 @@ class Server:
             )
             self.release(task.task_id, "exited")
             return
-        self._register(("task", task.task_id), fd)
+        self.register(("task", task.task_id), fd)
 
     # --- loop ------------------------------------------------------------------
 
@@ -249,13 +239,7 @@ class Server:
             else:
                 self._io(what, ev)
         now = time.monotonic()
-        for task in self.node.expired(now):
-            self._reclaim_hung(task)
-        if self._doomed:
-            self._end_doomed(now)
-        if self._closing and self._closing[0][0] <= now:
-            for conn in self._closing.pop(0)[1]:
-                self.connections.drop(conn)
+        self.reclaims.step(now)
         if now >= self._next_sweep:
             self._next_sweep = now + self.config.sweep_interval
             self._released.clear()
@@ -267,9 +251,8 @@ class Server:
                 self._reap(env, wall_ns)
             if self.node.store.pending:
                 self.node.store.flush()
-            if now >= self._next_idle:
-                self._next_idle = now + IDLE_CHECK_INTERVAL
-                self._check_idle()
+            if self.reclaims.idle_due(now):
+                self.reclaims.check_idle(now)
             self._check_run_dir()
             self.node.settle_draining()
             self.node.sample()
@@ -340,8 +323,8 @@ class Server:
                 conns.bind_admin()
             except (OSError, StartupError) as e:
                 log.error("cannot bind %s again: %s", admin, describe(e))
-        node.check_ledgers()
-        for name in node.repair_ledgers():
+        recovery.check_ledgers(node)
+        for name in recovery.repair_ledgers(node):
             self.connections.close_env(name)
         for env in node.envs.values():
             path = Path(env.endpoint.removeprefix("ipc://"))
@@ -394,7 +377,7 @@ class Server:
                 self.unwatch(("wait", w.wid))
                 if self.metrics is not None:
                     self.metrics.waited(now - w.enqueued, "granted")
-                self._watch(task)
+                self.watch(task)
                 if task.task_id in node.tasks and not self.send_later(
                     w.reply_to,
                     protocol.reply("grant", w.reply_to[2], **views.grant(self.node, task)),
@@ -456,7 +439,7 @@ class Server:
                 body = protocol.validate(msg, protocol.ADMIN_REQUESTS)
                 return self._admin(msg["type"], msg_id, body)
             body = protocol.validate(msg, protocol.TASK_REQUESTS)
-            return self._task(conn.env, msg["type"], msg_id, body, conn, envelope)
+            return tasks.handle(self, conn.env, msg["type"], msg_id, body, conn, envelope)
         except ProtocolError as e:
             return protocol.error(e.code, e.message, msg_id)
         except sqlite3.Error as e:
@@ -472,138 +455,15 @@ class Server:
             log.exception("internal error serving a request")
             return protocol.error(Err.INTERNAL, "internal error in nodemgr; see its log", msg_id)
 
-    # --- task endpoint -----------------------------------------------------------
+    # --- clients' processes (pidfds), tasks' ends ------------------------------------
 
-    def _task(
-        self,
-        env: str,
-        kind: str,
-        msg_id: int,
-        body: dict[str, Any],
-        conn: Conn,
-        envelope: list[bytes],
-    ) -> dict[str, Any] | None:
-        node = self.node
-        if kind == "heartbeat":
-            told = self._told.get(body["task_id"])
-            if told is not None and told[0] == env and body["task_id"] not in node.tasks:
-                return protocol.error(Err.RECLAIMED, told[2], msg_id, reason=told[1])
-            task = node.task(env, body["task_id"])
-            task.last_seen = time.monotonic()
-            if task.restored:
-                self._reattach(task, conn)
-            warning = self._idle_warning(task)
-            if warning is not None:
-                return protocol.reply("ack", msg_id, task_id=task.task_id, warning=warning)
-            return protocol.reply("ack", msg_id, task_id=task.task_id)
-        if kind == "request":
-            return self._request(env, msg_id, body, conn, envelope)
-        if kind == "view":
-            return protocol.reply("view", msg_id, **userview.build(node, env))
-        if kind == "quota":
-            e = node.env(env)
-            return protocol.reply("quota", msg_id, env=e.name, gpus=e.gpus, memory=e.memory)
-        if kind == "yield":
-            started = time.perf_counter()
-            to = (conn, envelope, msg_id)
-            task = node.task(env, body["task_id"])
-            passed = node.slicing.yield_turn(task, started, body["iterations"], to)
-            if passed is None:
-                # Held until the task's other processes end the turn too: `held` now, the
-                # `turn` reply later (_answer_yields).
-                return protocol.reply("held", msg_id, task_id=body["task_id"])
-            return protocol.reply("turn", msg_id, task_id=body["task_id"], passed=passed)
-        # done
-        task = node.task(env, body["task_id"])
-        reason = "killed" if body["signal"] is not None else "done"
-        self.release(task.task_id, reason, body["exit_code"])
-        return protocol.reply("ack", msg_id, task_id=task.task_id)
-
-    def _request(
-        self,
-        env: str,
-        msg_id: int,
-        body: dict[str, Any],
-        conn: Conn,
-        envelope: list[bytes],
-    ) -> dict[str, Any]:
-        node = self.node
-        allowed = node.restriction(body["devices"])
-        pid = conn.pid
-        pid_start = process_start(pid) if pid is not None else None
-        estimate = None
-        if body["persistent"] is not None:
-            estimate = (body["persistent"], body["temporary"] or 0)
-        earlier = None
-        if body["waited"] is not None:
-            # Sent again by a client that lost its connection: never wait twice.
-            earlier = node.queue.take(env, pid)
-            if earlier is not None:
-                self.unwatch(("wait", earlier.wid))
-        try:
-            task = node.grant(
-                env,
-                body["gpus"],
-                body["memory"],
-                pid,
-                body["command"],
-                pid_start,
-                overtakes=node.queue.waiters,
-                allowed=allowed,
-                estimate=estimate,
-                guard=body["guard"],
-            )
-        except ProtocolError as e:
-            wait = min(body["wait"] or 0.0, self.config.max_wait)
-            if e.code != Err.NO_RESOURCES or wait <= 0:
-                raise
-            w = node.queue.enqueue(
-                env,
-                body["gpus"],
-                body["memory"],
-                pid,
-                pid_start,
-                body["command"],
-                wait,
-                (conn, envelope, msg_id),
-                allowed,
-                estimate,
-                body["guard"],
-                body["waited"],
-                earlier,
-                e.message,
-            )
-            if pid is not None:
-                try:
-                    self._register(("wait", w.wid), os.pidfd_open(pid))
-                except OSError:
-                    node.queue.drop(w.wid)
-                    raise e from None
-            log.info("request from env %s waits (position %d): %s", env, w.told, e.message)
-            return protocol.reply(
-                "queued", msg_id, position=w.told, waiting=len(node.queue), reason=e.message
-            )
-        self._watch(task)
-        return protocol.reply("grant", msg_id, **views.grant(self.node, task))
-
-    def _reattach(self, task: Task, conn: Conn) -> None:
-        """A restored task's client is back: from now on it is watched like any other."""
-        task.restored = False
-        pid = conn.pid
-        if pid is not None and ("task", task.task_id) not in self.watched:
-            task.pid = pid
-            task.pid_start = process_start(pid)
-            self.node.store.task_attached(task.task_id, pid, task.pid_start)
-            self._watch(task)
-        log.info("task %s re-attached (pid %s)", task.task_id, task.pid)
-
-    def _register(self, what: Watched, fd: int) -> None:
+    def register(self, what: Watched, fd: int) -> None:
         self.pidfds[fd] = what
         self.watched[what] = fd
         self.fds[fd] = what
         self.epoll.register(fd, select.EPOLLIN)
 
-    def _watch(self, task: Task) -> None:
+    def watch(self, task: Task) -> None:
         if task.pid is None:
             return
         try:
@@ -612,14 +472,20 @@ class Server:
             if e.errno == errno.ESRCH:
                 self.release(task.task_id, "exited")
             return
-        self._register(("task", task.task_id), fd)
+        self.register(("task", task.task_id), fd)
 
-    def unwatch(self, what: Watched) -> None:
+    def unregister(self, what: Watched) -> int | None:
+        """Stop watching ``what``; returns its pidfd, still open, if it was watched."""
         fd = self.watched.pop(what, None)
         if fd is not None:
             self.epoll.unregister(fd)
             del self.pidfds[fd]
             del self.fds[fd]
+        return fd
+
+    def unwatch(self, what: Watched) -> None:
+        fd = self.unregister(what)
+        if fd is not None:
             os.close(fd)
 
     def release(self, task_id: str, reason: str, exit_code: int | None = None) -> None:
@@ -644,111 +510,12 @@ class Server:
                 log.info("a waiting request from env %s went away with its client", w.env)
 
     def reclaim(self, task: Task, reason: str, message: str, record: str | None = None) -> None:
-        """Take a task's GPUs back now (its ledger limits drop to 0 at once) and tell its
-        client why: the answer to its next heartbeat is a `reclaimed` error with ``reason``
-        (protocol.RECLAIM_REASONS) and ``message``, and the client ends its command (or
-        itself) and exits with the reason's code. A client still running config.grace
-        seconds later is killed, so that nothing keeps using memory that is given back (its
-        command dies with it: gpushare-run sets PDEATHSIG). ``record``: the end reason the
-        task's record keeps, when it is not ``reason``."""
-        fd = self.watched.pop(("task", task.task_id), None)
-        if fd is not None:
-            self.epoll.unregister(fd)
-            del self.pidfds[fd]
-            del self.fds[fd]
-            if reason == "timeout":
-                # Presumed hung: killed now, as nothing else would end it.
-                with contextlib.suppress(OSError):
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-            self._doomed.append((time.monotonic() + self.config.grace, fd))
-        self._told[task.task_id] = (task.env, reason, message)
-        while len(self._told) > MAX_TOLD:
-            del self._told[next(iter(self._told))]
-        self.release(task.task_id, record or reason)
+        """Take a task's GPUs back and tell its client why (Reclaims.reclaim)."""
+        self.reclaims.reclaim(task, reason, message, record)
 
     def close_env_later(self, name: str) -> None:
-        """Stop serving a deleted environment: its socket now, its connections after the
-        grace (the clients of its reclaimed tasks hear why on their next heartbeat)."""
-        conns = self.connections.unbind_env(name)
-        self._closing.append((time.monotonic() + self.config.grace, conns))
-
-    def _end_doomed(self, now: float) -> None:
-        """Kill the clients of reclaimed tasks that outlived the grace."""
-        due = [fd for at, fd in self._doomed if at <= now]
-        self._doomed = [(at, fd) for at, fd in self._doomed if at > now]
-        for fd in due:
-            with contextlib.suppress(OSError):  # ESRCH: it ended by itself
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-            os.close(fd)
-
-    def _reclaim_hung(self, task: Task) -> None:
-        timeout = self.config.heartbeat_timeout
-        log.warning("task %s sent no heartbeat for %.1fs", task.task_id, timeout)
-        self.reclaim(
-            task,
-            "timeout",
-            f"GPUs reclaimed: nodemgr heard no heartbeat from this task for {timeout:g}s (was "
-            "gpushare-run stopped, or the process too busy to heartbeat?); run the command "
-            "again",
-        )
-
-    # --- idle tasks (nodemgr.idle) ---------------------------------------------------
-
-    def _check_idle(self) -> None:
-        """Bring idle times up to date; warn, report or reclaim as the policies say."""
-        node = self.node
-        now = time.time()
-        policies = {name: node.idle_policy(e) for name, e in node.envs.items()}
-        # Only the tasks of environments with a policy: this reads each task's ledger
-        # entry, which with thousands of tasks would cost every turn what it saves.
-        watched = {name for name, p in policies.items() if p.on}
-        seen = []
-        for t in node.tasks.values():
-            if t.env not in watched:
-                continue
-            entry = node.envs[t.env].ledger.task_entry(t.task_id)
-            last = (
-                entry.last_launch_ns / 1e9 if entry is not None and entry.last_launch_ns else None
-            )
-            blocked = entry is not None and (entry.paused or entry.gated)
-            seen.append(idle.Seen(t.task_id, t.started, last, blocked, policies[t.env]))
-        for d in node.idle.sweep(now, seen):
-            task = node.tasks[d.task_id]
-            spent = idle.duration(d.idle)
-            policy = policies[task.env]
-            if d.action == "warn":
-                log.info(
-                    "task %s env=%s idle for %s: warned",
-                    task.task_id,
-                    task.env,
-                    spent,
-                )
-            elif d.action == idle.REPORT:
-                log.warning(
-                    "task %s env=%s idle for %s (launched no kernel; its GPUs could serve others)",
-                    task.task_id,
-                    task.env,
-                    spent,
-                )
-            else:
-                log.warning(
-                    "task %s env=%s idle for %s: reclaimed",
-                    task.task_id,
-                    task.env,
-                    spent,
-                )
-                if self.metrics is not None:
-                    self.metrics.idle_reclaimed(d.idle * len(task.gpus))
-                self.reclaim(task, "idle", idle.reclaimed(d.idle, policy))
-
-    def _idle_warning(self, task: Task) -> str | None:
-        """The warning a heartbeat's answer carries while the task is about to be reclaimed
-        for idleness."""
-        node = self.node
-        if not node.idle.warned(task.task_id):
-            return None
-        spent = node.idle.idle(task.task_id, time.time()) or 0.0
-        return idle.warning(spent, node.idle_policy(node.envs[task.env]), task.task_id)
+        """Stop serving a deleted environment (Reclaims.close_env_later)."""
+        self.reclaims.close_env_later(name)
 
     # --- admin endpoint ----------------------------------------------------------
 
@@ -765,13 +532,7 @@ class Server:
                 self.connections.drop(what)
         for fd in list(self.pidfds):
             os.close(fd)
-        for _, fd in self._doomed:
-            # Reclaimed, and not yet ended: they were to be killed; nothing may keep memory
-            # that the next nodemgr gives out.
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-            os.close(fd)
-        self._doomed.clear()
+        self.reclaims.close()
         for listener in self.connections.all_listeners():
             listener.sock.close()
         self.fds.clear()

@@ -4,7 +4,8 @@ Decisions about GPUs come from nodemgr.scheduler; this module applies them,
 keeps each environment's ledger limits and task entries in step with what it
 holds, and writes quotas and records through nodemgr.store before a reply
 leaves. A Node holds the wait queue (nodemgr.waitqueue) and the time slicing
-(nodemgr.slicing); nodemgr.views reads it for replies.
+(nodemgr.slicing); nodemgr.views reads it for replies. Restoring it at start, and
+replacing ledgers lost while it runs, is nodemgr.recovery's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from nodemgr import envdirs, idle, scheduler, timeslice
 from nodemgr.audit import AuditState
 from nodemgr.config import Config, check_gpus
 from nodemgr.gpus import Gpu, resolve
-from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, SlotTotals, TaskEntry
+from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, SlotTotals
 from nodemgr.model import Env, Task
 from nodemgr.protocol import Err, ProtocolError
 from nodemgr.slicing import Slicing
@@ -80,115 +81,8 @@ class Node:
         # How long each task has launched no kernel (nodemgr.idle).
         self.idle = idle.Tracker()
 
-    def restore(self) -> list[Task]:
-        """Load quotas and running tasks from the database, adopting the ledgers running
-        processes still map. Returns the tasks restored; their GPUs stay held, so nothing
-        is granted twice while their clients come back."""
-        rows = self.store.envs()
-        envdirs.check_unknown(self.config, self.gpus, {row.name for row in rows}, self.store.path)
-        for row in rows:
-            try:
-                self._open_env(row.name, row.gpus, row.memory, adopt=True)
-            except (OSError, LedgerError) as e:
-                # Its directory holds something nodemgr cannot clear or write: this
-                # environment alone is refused until a `quota set` of it succeeds.
-                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-                log.error(
-                    "environment %s refused: cannot prepare %s: %s",
-                    row.name,
-                    self.config.env_dir(row.name),
-                    why,
-                )
-        for name, (timeout, action) in self.store.env_idle().items():
-            if name in self.envs:
-                self.envs[name].idle_timeout = timeout
-                self.envs[name].idle_action = action
-        now = time.monotonic()
-        restored = []
-        shapes = self.store.task_shapes()
-        for rec in self.store.running():
-            env = self.envs.get(rec.env)
-            if env is None or any(i >= len(self.gpus) for i in rec.gpus):
-                # Its environment or GPU is gone; nothing can be held for it.
-                self.store.task_ended(rec.task_id, time.time(), "admin", rec.peak, None)
-                continue
-            task = Task(
-                rec.task_id,
-                rec.env,
-                rec.gpus,
-                rec.memory,
-                rec.pid,
-                rec.pid_start,
-                rec.command,
-                rec.started,
-                last_seen=now,
-                restored=True,
-                peak=rec.peak,
-                estimate=shapes.get(rec.task_id, (None, 0))[0],
-                guard=shapes[rec.task_id][1] if rec.task_id in shapes else self.config.guard,
-                arrival=self.slicing.arrive(),
-            )
-            self._add_task(task)
-            for index in task.gpus:
-                env.held.setdefault(index, set()).add(task.task_id)
-            restored.append(task)
-        for env in self.envs.values():
-            self._restore_entries(env)
-            for index in range(len(self.gpus)):
-                if index in env.held:
-                    env.ledger.set_limit(index, env.memory)
-                else:
-                    env.ledger.set_limit(index, 0)
-                    if env.ledger.used(index):
-                        env.draining.add(index)
-        if restored:
-            log.info("restored %d running tasks; waiting for their clients", len(restored))
-        for env in self.envs.values():
-            if not env.adopted and any(t.env == env.name for t in restored):
-                # Their processes charge a ledger file nodemgr can no longer see: a second
-                # quota beside it would overcommit.
-                env.orphaned = (
-                    "its ledger was missing or invalid at start while it had running tasks, "
-                    "whose processes may still charge the old one"
-                )
-                log.error("env %s: %s; no task is granted until they end", env.name, env.orphaned)
-            env.ledger.reap()
-            unknown = sorted(set(env.ledger.summary()) - set(self.tasks))
-            if unknown:
-                # The database lost their records (a lost WAL, kept records a crash took):
-                # their memory stays charged to the environment until they end.
-                log.error(
-                    "env %s: processes of tasks the database has no running record of "
-                    "(%s) still use its ledger; their memory stays charged to it",
-                    env.name,
-                    ", ".join(unknown),
-                )
-        # What the adopted entries say now (an earlier nodemgr may have left tasks gated,
-        # holding a turn or flagged): the first plan corrects whatever it must. The turns
-        # start from the entries, so the task that held a GPU's turn keeps it.
-        entries: dict[str, TaskEntry] = {}
-        for task in self.tasks.values():
-            entry = self.envs[task.env].ledger.task_entry(task.task_id)
-            if entry is not None:
-                entries[task.task_id] = entry
-        self.slicing.adopt(entries)
-        self.read_regions()
-        self.slicing.retime(time.perf_counter())
-        return restored
-
-    def _restore_entries(self, env: Env) -> None:
-        """Free the task entries of tasks that did not survive the restart; give restored
-        tasks theirs. An adopted entry is kept as it is, pause word included: the task's
-        processes may be waiting on it."""
-        for task_id in env.ledger.task_ids():
-            task = self.tasks.get(task_id)
-            if task is None or task.env != env.name:
-                env.ledger.task_remove(task_id)
-        for task in self.tasks.values():
-            if task.env == env.name:
-                self._add_entry(env, task.task_id)
-
-    def _add_entry(self, env: Env, task_id: str) -> None:
+    def add_entry(self, env: Env, task_id: str) -> None:
+        """Give a task its entry in its environment's ledger (what pauses and gates it)."""
         try:
             env.ledger.task_add(task_id)
         except LedgerError as e:
@@ -201,7 +95,9 @@ class Node:
 
     # --- quotas --------------------------------------------------------------------
 
-    def _open_env(self, name: str, gpus: int, memory: int, adopt: bool) -> Env:
+    def open_env(self, name: str, gpus: int, memory: int, adopt: bool) -> Env:
+        """Make an environment's directory and ledger (``adopt``: keep the ledger there,
+        if it is valid, with what running processes charge to it) and hold it."""
         env_dir = self.config.env_dir(name)
         access = self.config.access_for(name)
         uuids = [g.uuid_bytes for g in self.gpus]
@@ -248,7 +144,7 @@ class Node:
             self._check_raise(env, memory)
         self.store.put_env(name, gpus, memory, time.time())
         if env is None:
-            env = self._open_env(name, gpus, memory, adopt=False)
+            env = self.open_env(name, gpus, memory, adopt=False)
         env.gpus = gpus
         env.memory = memory
         for index in env.held:
@@ -394,47 +290,6 @@ class Node:
         if self.slicing.read_regions():
             self.queue_dirty = True
 
-    # --- ledgers lost with run_dir, memory given back -----------------------------
-
-    def check_ledgers(self) -> None:
-        """Notice a ledger whose path no longer names it (run_dir removed or replaced)."""
-        for env in self.envs.values():
-            if env.orphaned is None and not env.ledger.is_at_path():
-                env.orphaned = f"its ledger {env.ledger.path} was removed or replaced while in use"
-                log.error(
-                    "env %s: %s; its running tasks go on, no task is granted until they "
-                    "and their processes end, then a new ledger replaces it",
-                    env.name,
-                    env.orphaned,
-                )
-
-    def repair_ledgers(self) -> list[str]:
-        """Give each orphaned environment whose tasks and processes have all ended a new
-        ledger; returns their names (their sockets went with their old directory)."""
-        repaired = []
-        for env in list(self.envs.values()):
-            if env.orphaned is None or any(t.env == env.name for t in self.tasks.values()):
-                continue
-            if env.ledger.is_at_path():
-                # Made at start beside the lost one: in order once the restored tasks end.
-                env.orphaned = None
-                log.warning(
-                    "env %s: its restored tasks have ended; tasks are granted again", env.name
-                )
-                self.queue_dirty = True
-                continue
-            if env.ledger.live_pids():
-                continue
-            env.ledger.close()
-            new = self._open_env(env.name, env.gpus, env.memory, adopt=False)
-            new.launches_done = env.launches_done
-            log.warning(
-                "env %s: a new ledger replaces the lost one; tasks are granted again", env.name
-            )
-            repaired.append(env.name)
-            self.queue_dirty = True
-        return repaired
-
     def settle_draining(self) -> None:
         for env in self.envs.values():
             for index in [i for i in env.draining if env.ledger.used(i) == 0]:
@@ -576,13 +431,13 @@ class Node:
         )
         # Before the grant leaves: the command's processes look their task up
         # when they claim their ledger slots.
-        self._add_entry(env, task.task_id)
+        self.add_entry(env, task.task_id)
         for index in decision.gpus:
             env.held.setdefault(index, set()).add(task.task_id)
             env.draining.discard(index)
         for index in decision.new:
             env.ledger.set_limit(index, env.memory)
-        self._add_task(task)
+        self.add_task(task)
         # Before the grant leaves: on a gated GPU its first allocation must wait its turn.
         self.slicing.retime(started)
         for w in passed:
@@ -653,7 +508,8 @@ class Node:
         self.slicing.retime(time.perf_counter())
         return task
 
-    def _add_task(self, task: Task) -> None:
+    def add_task(self, task: Task) -> None:
+        """Hold a running task (a new grant, or one restored)."""
         self.tasks[task.task_id] = task
         self._seen_floor = min(self._seen_floor, task.last_seen)
 

@@ -1,0 +1,164 @@
+"""The task endpoint's requests (docs/protocol.md, "Task endpoint"): heartbeats, requests
+for GPUs (granted, or queued to wait), the user's view and quota, turn yields and the end
+of a task. Each environment's socket names the environment a request comes from."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Protocol
+
+from nodemgr import protocol, userview, views
+from nodemgr.config import Config
+from nodemgr.connections import Watched
+from nodemgr.model import Task
+from nodemgr.protocol import Err, ProtocolError
+from nodemgr.reclaim import Reclaims
+from nodemgr.state import Node, process_start
+from nodemgr.transport import Conn
+
+log = logging.getLogger("nodemgr")
+
+
+class Loop(Protocol):
+    """What these handlers need of the event loop (nodemgr.server.Server)."""
+
+    config: Config
+    node: Node
+    reclaims: Reclaims
+    watched: dict[Watched, int]
+
+    def release(self, task_id: str, reason: str, exit_code: int | None = None) -> None: ...
+
+    def register(self, what: Watched, fd: int) -> None: ...
+
+    def watch(self, task: Task) -> None: ...
+
+    def unwatch(self, what: Watched) -> None: ...
+
+
+def handle(
+    loop: Loop,
+    env: str,
+    kind: str,
+    msg_id: int,
+    body: dict[str, Any],
+    conn: Conn,
+    envelope: list[bytes],
+) -> dict[str, Any] | None:
+    node = loop.node
+    if kind == "heartbeat":
+        told = loop.reclaims.told(env, body["task_id"])
+        if told is not None:
+            return protocol.error(Err.RECLAIMED, told[1], msg_id, reason=told[0])
+        task = node.task(env, body["task_id"])
+        task.last_seen = time.monotonic()
+        if task.restored:
+            _reattach(loop, task, conn)
+        warning = loop.reclaims.idle_warning(task)
+        if warning is not None:
+            return protocol.reply("ack", msg_id, task_id=task.task_id, warning=warning)
+        return protocol.reply("ack", msg_id, task_id=task.task_id)
+    if kind == "request":
+        return _request(loop, env, msg_id, body, conn, envelope)
+    if kind == "view":
+        return protocol.reply("view", msg_id, **userview.build(node, env))
+    if kind == "quota":
+        e = node.env(env)
+        return protocol.reply("quota", msg_id, env=e.name, gpus=e.gpus, memory=e.memory)
+    if kind == "yield":
+        started = time.perf_counter()
+        to = (conn, envelope, msg_id)
+        task = node.task(env, body["task_id"])
+        passed = node.slicing.yield_turn(task, started, body["iterations"], to)
+        if passed is None:
+            # Held until the task's other processes end the turn too: `held` now, the
+            # `turn` reply later (Server._answer_yields).
+            return protocol.reply("held", msg_id, task_id=body["task_id"])
+        return protocol.reply("turn", msg_id, task_id=body["task_id"], passed=passed)
+    # done
+    task = node.task(env, body["task_id"])
+    reason = "killed" if body["signal"] is not None else "done"
+    loop.release(task.task_id, reason, body["exit_code"])
+    return protocol.reply("ack", msg_id, task_id=task.task_id)
+
+
+def _request(
+    loop: Loop,
+    env: str,
+    msg_id: int,
+    body: dict[str, Any],
+    conn: Conn,
+    envelope: list[bytes],
+) -> dict[str, Any]:
+    node = loop.node
+    allowed = node.restriction(body["devices"])
+    pid = conn.pid
+    pid_start = process_start(pid) if pid is not None else None
+    estimate = None
+    if body["persistent"] is not None:
+        estimate = (body["persistent"], body["temporary"] or 0)
+    earlier = None
+    if body["waited"] is not None:
+        # Sent again by a client that lost its connection: never wait twice.
+        earlier = node.queue.take(env, pid)
+        if earlier is not None:
+            loop.unwatch(("wait", earlier.wid))
+    try:
+        task = node.grant(
+            env,
+            body["gpus"],
+            body["memory"],
+            pid,
+            body["command"],
+            pid_start,
+            overtakes=node.queue.waiters,
+            allowed=allowed,
+            estimate=estimate,
+            guard=body["guard"],
+        )
+    except ProtocolError as e:
+        wait = min(body["wait"] or 0.0, loop.config.max_wait)
+        if e.code != Err.NO_RESOURCES or wait <= 0:
+            raise
+        w = node.queue.enqueue(
+            env,
+            body["gpus"],
+            body["memory"],
+            pid,
+            pid_start,
+            body["command"],
+            wait,
+            (conn, envelope, msg_id),
+            allowed,
+            estimate,
+            body["guard"],
+            body["waited"],
+            earlier,
+            e.message,
+        )
+        if pid is not None:
+            try:
+                loop.register(("wait", w.wid), os.pidfd_open(pid))
+            except OSError:
+                node.queue.drop(w.wid)
+                raise e from None
+        log.info("request from env %s waits (position %d): %s", env, w.told, e.message)
+        return protocol.reply(
+            "queued", msg_id, position=w.told, waiting=len(node.queue), reason=e.message
+        )
+    loop.watch(task)
+    return protocol.reply("grant", msg_id, **views.grant(node, task))
+
+
+def _reattach(loop: Loop, task: Task, conn: Conn) -> None:
+    """A restored task's client is back: from now on it is watched like any other."""
+    task.restored = False
+    pid = conn.pid
+    if pid is not None and ("task", task.task_id) not in loop.watched:
+        task.pid = pid
+        task.pid_start = process_start(pid)
+        loop.node.store.task_attached(task.task_id, pid, task.pid_start)
+        loop.watch(task)
+    log.info("task %s re-attached (pid %s)", task.task_id, task.pid)
