@@ -201,12 +201,12 @@ class Metrics:
         self.last: Snapshot | None = None
         self._next = 0.0
         self._http: Any = None
-        self.requests = Histogram(
+        self.requests = self._histogram(
             "gpushare_request_seconds",
             "Time nodemgr took to serve a request",
-            ["endpoint", "type"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            LATENCY_BUCKETS,
+            "endpoint",
+            "type",
         )
         self.errors = self._counter(
             "gpushare_request_errors", "Requests answered with an error", "endpoint", "code"
@@ -221,27 +221,30 @@ class Metrics:
             "Connections to an environment's endpoint refused over a cap, by cap",
             "cap",
         )
-        self.waits = Histogram(
+        self.waits = self._histogram(
             "gpushare_queue_wait_seconds",
             "Time requests spent waiting, by how the wait ended",
-            ["outcome"],
-            buckets=WAIT_BUCKETS,
-            registry=self.registry,
+            WAIT_BUCKETS,
+            "outcome",
         )
         self.switches = self._counter(
             "gpushare_turn_switches", "Turns of a time-sliced GPU handed on to another task", "gpu"
         )
-        self.switch_seconds = Histogram(
+        self.switch_seconds = self._histogram(
             "gpushare_turn_switch_seconds",
             "Time nodemgr took to hand a turn on, from the event to the next holder ungated",
-            ["gpu"],
-            buckets=SWITCH_BUCKETS,
-            registry=self.registry,
+            SWITCH_BUCKETS,
+            "gpu",
         )
         self.registry.register(_StateCollector(self))
 
     def _counter(self, name: str, doc: str, *labels: str) -> Counter:
         return Counter(name, doc, list(labels), registry=self.registry)
+
+    def _histogram(
+        self, name: str, doc: str, buckets: tuple[float, ...], *labels: str
+    ) -> Histogram:
+        return Histogram(name, doc, list(labels), buckets=buckets, registry=self.registry)
 
     def start(self) -> None:
         cfg = self.config
