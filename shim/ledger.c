@@ -50,6 +50,16 @@ static uint32_t next_taken(const struct gs_ledger *l, uint32_t from)
 #define for_each_taken(l, i) \
 	for (uint32_t i = next_taken(l, 0); i < GS_MAX_SLOTS; i = next_taken(l, i + 1))
 
+/*
+ * Whether a task entry's id and a slot's are the same: both are written
+ * zero-padded to their full length, so a fixed-size compare (inlined: on
+ * every charge and uncharge) says what strncmp would.
+ */
+static int same_task(const char *entry_id, const char *slot_id)
+{
+	return memcmp(entry_id, slot_id, GS_TASK_ID_LEN) == 0;
+}
+
 /* Whether slot `s` is claimed by a process of `task_id`. */
 static int of_task(const struct gs_slot *s, const char *task_id)
 {
@@ -221,7 +231,7 @@ void gs_ledger_stamp_launches(struct gs_ledger *l, uint64_t now_ns)
 		/* The entry the process found at claim, if it still names the process's task. */
 		t = LOAD(&s->task_index);
 		if (t >= 0 && t < GS_MAX_TASKS && LOAD(&l->task[t].state) == GS_SLOT_USED &&
-		    strncmp(l->task[t].task_id, s->task_id, GS_TASK_ID_LEN) == 0)
+		    same_task(l->task[t].task_id, s->task_id))
 			STORE(&l->task[t].last_launch_ns, now_ns);
 	}
 }
@@ -391,8 +401,7 @@ static struct gs_task *slot_task(struct gs_ledger *l, const struct gs_slot *s)
 	if (t < 0 || t >= GS_MAX_TASKS)
 		return NULL;
 	entry = &l->task[t];
-	if (LOAD(&entry->state) != GS_SLOT_USED ||
-	    strncmp(entry->task_id, s->task_id, GS_TASK_ID_LEN) != 0)
+	if (LOAD(&entry->state) != GS_SLOT_USED || !same_task(entry->task_id, s->task_id))
 		return NULL;
 	return entry;
 }
@@ -663,8 +672,12 @@ void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64
 	taken = sub_sat(&l->slot[slot].used[gpu], bytes);
 	if (taken == 0)
 		return;
-	sub_sat(&l->slot[slot].held, taken);
-	sub_sat(&l->gpu[gpu].charged, taken);
+	/*
+	 * Plain subtractions: what the slot held includes `taken`, and so does
+	 * the count (a corrupt count that wraps refuses every charge).
+	 */
+	__atomic_fetch_sub(&l->slot[slot].held, taken, __ATOMIC_SEQ_CST);
+	__atomic_fetch_sub(&l->gpu[gpu].charged, taken, __ATOMIC_SEQ_CST);
 	t = slot_task(l, &l->slot[slot]);
 	if (t != NULL)
 		sub_sat(&t->used, taken);
@@ -692,7 +705,7 @@ static int task_of_slot(const struct gs_ledger *l, const struct gs_slot *s)
 	int t = LOAD(&s->task_index);
 
 	if (t < 0 || t >= GS_MAX_TASKS || LOAD(&l->task[t].state) != GS_SLOT_USED ||
-	    strncmp(l->task[t].task_id, s->task_id, GS_TASK_ID_LEN) != 0)
+	    !same_task(l->task[t].task_id, s->task_id))
 		return -1;
 	return t;
 }
