@@ -68,7 +68,8 @@ struct sim_heap {
 	int spec_index; /* its device's place in the node (sim_usage.c) */
 	size_t arena;	/* device bytes rounded down to SIM_ALIGN */
 	size_t used;
-	size_t unpunched; /* bytes freed since free memory last went back */
+	size_t unpunched;		   /* bytes freed since free memory last went back */
+	size_t unpunched_lo, unpunched_hi; /* the span they were freed in */
 	struct sim_extent *free_ext;
 	size_t nfree, free_cap;
 	struct sim_extent *live;
