@@ -50,6 +50,9 @@ class Task:
     started: float  # wall clock
     last_seen: float  # monotonic
     restored: bool = False  # loaded at start-up; its client has not been heard since
+    # Its client runs the task's command as its children (request.wrapper: gpushare-run),
+    # and holds no GPU memory itself.
+    wrapper: bool = False
     peak: int = 0
     launches: int = 0  # the most kernel launches its live processes counted at once
     # Time slicing (docs/timeslicing.md): its request's estimate (persistent, temporary),

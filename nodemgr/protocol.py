@@ -176,6 +176,7 @@ TASK_REQUESTS: dict[str, Schema] = {
         "temporary": (False, _optional(_bytes)),
         "guard": (False, _optional(_int(0, MAX_GUARD))),
         "waited": (False, _optional(_number(0.0, MAX_WAIT))),
+        "wrapper": (False, _optional(_bool)),
     },
     "yield": {"task_id": (True, _task), "iterations": (False, _optional(_int(0, (1 << 63) - 1)))},
     "heartbeat": {"task_id": (True, _task)},

@@ -33,6 +33,71 @@ MAX_TOLD = 4096
 IDLE_CHECK_INTERVAL = 1.0
 
 
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, process group) of process ``pid`` as /proc shows it, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # After the command name, which may hold spaces and parentheses: state ppid pgrp ...
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[1]), int(fields[2])
+    except (IndexError, ValueError):
+        return None
+
+
+def _children(pid: int) -> list[int] | None:
+    """The children of process ``pid`` (every thread's), or None if they cannot be read."""
+    found: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+        for tid in threads:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found += [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        return None
+    return found
+
+
+def kill_commands(client: int, client_fd: int) -> bool:
+    """SIGKILL the process group of each child of the wrapper ``client`` (its pid as
+    nodemgr sees it; ``client_fd`` its pidfd): gpushare-run runs its command as a child
+    leading a process group of its own. Only when every child is such a leader; False
+    (nothing killed) when a child is not, or none is found, or the client has ended."""
+    children = _children(client)
+    # Alive after the read: the children read were this client's, not a later process's.
+    try:
+        signal.pidfd_send_signal(client_fd, 0)
+    except OSError:
+        return False
+    if not children:
+        return False
+    fds: list[int] = []
+    try:
+        for child in children:
+            try:
+                fds.append(os.pidfd_open(child))
+            except OSError:
+                return False  # ended meanwhile: the client is killed instead
+            # Read after the pidfd is open and checked alive after: the same process.
+            stat = _stat(child)
+            if stat is None or stat != (client, child):
+                return False
+            try:
+                signal.pidfd_send_signal(fds[-1], 0)
+            except OSError:
+                return False
+        for child in children:
+            with contextlib.suppress(OSError):
+                os.killpg(child, signal.SIGKILL)
+        return True
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 class Loop(Protocol):
     """What reclaiming needs of the event loop (nodemgr.server.Server)."""
 
@@ -64,16 +129,28 @@ class Reclaims:
         (protocol.RECLAIM_REASONS) and ``message``, and the client ends its command (or
         itself) and exits with the reason's code. A client still running config.grace
         seconds later is killed, so that nothing keeps using memory that is given back (its
-        command dies with it: gpushare-run sets PDEATHSIG). ``record``: the end reason the
-        task's record keeps, when it is not ``reason``."""
+        command dies with it: gpushare-run sets PDEATHSIG). For ``timeout`` the client is
+        killed at once, except a wrapper (request.wrapper: gpushare-run) whose command's
+        process groups can be killed instead (kill_commands): it stays, holding no memory,
+        to hear why when it runs again. ``record``: the end reason the task's record keeps,
+        when it is not ``reason``."""
         loop = self.loop
         fd = loop.unregister(("task", task.task_id))
         if fd is not None:
-            if reason == "timeout":
+            # A silent gpushare-run (stopped, or starved) holds no GPU memory; its command
+            # does. The command is killed now, and gpushare-run, once it runs again, hears
+            # why and exits with the reason's code.
+            pid = task.pid if reason == "timeout" and task.wrapper else None
+            if pid is not None and kill_commands(pid, fd):
+                log.info("task %s: killed its command; its client stays", task.task_id)
+                os.close(fd)
+                fd = None
+            if fd is not None and reason == "timeout":
                 # Presumed hung: killed now, as nothing else would end it.
                 with contextlib.suppress(OSError):
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
-            self._doomed.append((time.monotonic() + loop.config.grace, fd))
+            if fd is not None:
+                self._doomed.append((time.monotonic() + loop.config.grace, fd))
         self._told[task.task_id] = (task.env, reason, message)
         while len(self._told) > MAX_TOLD:
             del self._told[next(iter(self._told))]

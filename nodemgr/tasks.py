@@ -138,6 +138,7 @@ def _request(
             earlier,
             e.message,
         )
+        w.wrapper = body["wrapper"] is True
         if pid is not None:
             try:
                 loop.register(("wait", w.wid), os.pidfd_open(pid))
@@ -148,6 +149,7 @@ def _request(
         return protocol.reply(
             "queued", msg_id, position=w.told, waiting=len(node.queue), reason=e.message
         )
+    task.wrapper = body["wrapper"] is True
     loop.watch(task)
     return protocol.reply("grant", msg_id, **views.grant(node, task))
 

@@ -47,6 +47,7 @@ class Waiter:
     told_reason: str = ""  # the reason it was last told
     estimate: tuple[int, int] | None = None  # request.persistent, request.temporary
     guard: int | None = None  # request.guard; None: timeslice.guard
+    wrapper: bool = False  # request.wrapper
 
 
 def competes(w: Waiter, env: str, gpus: tuple[int, ...]) -> bool:
