@@ -167,7 +167,7 @@ def local_ledger(granted: str, endpoint: str) -> str:
 
 
 def _request_once(
-    s: Settings, endpoint: str, command: str, wait: float, progress: Progress
+    s: Settings, endpoint: str, command: str, wait: float, progress: Progress, wrapper: bool
 ) -> Grant:
     fields: dict[str, Any] = {
         "gpus": s.gpus,
@@ -179,6 +179,8 @@ def _request_once(
         "temporary": s.temporary,
         "guard": s.guard,
     }
+    if wrapper:
+        fields["wrapper"] = True
     asked = time.monotonic()
     queued_at: list[float] = []
 
@@ -218,9 +220,10 @@ def _request_once(
     )
 
 
-def acquire(s: Settings, command: str, progress: Progress) -> Grant:
-    """Request a grant, waiting as the settings allow. Raises Unreachable or a NodeError
-    subclass (QuotaZero, QuotaExceeded, NoResources, ...)."""
+def acquire(s: Settings, command: str, progress: Progress, wrapper: bool = False) -> Grant:
+    """Request a grant, waiting as the settings allow. ``wrapper``: the caller runs the
+    task's command as its children and holds no GPU memory itself (gpushare-run). Raises
+    Unreachable or a NodeError subclass (QuotaZero, QuotaExceeded, NoResources, ...)."""
     if not s.endpoint:
         raise ValueError("no endpoint")
     if s.devices == ():
@@ -237,7 +240,7 @@ def acquire(s: Settings, command: str, progress: Progress) -> Grant:
             left = None if deadline is None else max(0.0, deadline - asked)
             wait = wait_seconds(s) if left is None else min(wait_seconds(s), left)
             try:
-                grant = _request_once(s, s.endpoint, command, wait, progress)
+                grant = _request_once(s, s.endpoint, command, wait, progress, wrapper)
                 granted = True
                 _check_restriction(s, grant)
                 return grant
@@ -353,6 +356,18 @@ class Heartbeat:
             if not self.warned:
                 self.say(f"heartbeat failed, the task keeps running: {e}")
                 self.warned = True
+
+    def ask_reclaimed(self) -> None:
+        """One heartbeat only to learn whether nodemgr has reclaimed the task (then
+        ``reclaimed`` says why); nothing else is said."""
+        if self.reclaimed is not None:
+            return
+        try:
+            self.conn.call("heartbeat", task_id=self.task_id)
+        except Reclaimed as e:
+            self.reclaimed = e
+        except GpushareError:
+            pass
 
     def done(self, code: int | None, signum: int | None = None) -> None:
         if self.reclaimed is not None:

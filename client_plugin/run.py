@@ -240,6 +240,13 @@ class Supervisor:
                     line, self.reclaimed = reclaimed_exit(self.hb.reclaimed)
                     _say(line)
                     self._killpg(signal.SIGKILL)
+        if returncode == -signal.SIGKILL and self.hb is not None and self.reclaimed is None:
+            # nodemgr kills the command of a task it reclaimed while gpushare-run was
+            # silent (stopped, or starved): a heartbeat says so.
+            self.hb.ask_reclaimed()
+            if self.hb.reclaimed is not None:
+                line, self.reclaimed = reclaimed_exit(self.hb.reclaimed)
+                _say(line)
         if self.had_terminal and self.term.holds(self.pgid):
             self.term.give(os.getpgrp())
         return returncode
@@ -304,7 +311,7 @@ def run(s: cfg.Settings, cmd: list[str]) -> int:
         return _supervise(s, cmd, None)
     progress = Progress("gpushare-run", s.gpus, interval=s.progress_interval)
     try:
-        grant = acquire(s, " ".join(cmd), progress)
+        grant = acquire(s, " ".join(cmd), progress, wrapper=True)
     except KeyboardInterrupt:
         _say(cancelled(s.endpoint, progress))
         return EXIT_CANCELLED

@@ -94,9 +94,72 @@ def test_task_whose_heartbeats_stop_is_reclaimed_after_the_timeout(
     wait_for(lambda: daemon.tasks() == [] and daemon.gpu_used(0) == 0, timeout=10.0)
     # The timeout runs from the last heartbeat, up to one interval before the stop.
     assert time.monotonic() - stopped >= 1.5 - 0.2
-    # nodemgr ended the hung client and, with it, the process holding GPU memory.
-    assert p.wait(5) == -signal.SIGKILL
+    # nodemgr ended the process holding GPU memory (CMD's process group); gpushare-run,
+    # which holds none, hears why once it runs again.
+    os.kill(p.pid, signal.SIGCONT)
+    assert p.wait(5) == 91
     assert_pool_usable(run_task, ep, cbin)
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter (R, S, T, Z, ...), or None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2]
+
+
+def test_a_silent_gpushare_run_loses_its_command_and_says_why_when_it_runs_again(
+    daemon_factory: Any, run_task: Any, wait_for: Any
+) -> None:
+    """gpushare-run stopped alone (CMD runs on: a starved client): at the heartbeat timeout
+    nodemgr kills CMD's process group, not gpushare-run, which, continued, prints why and
+    exits 91."""
+    daemon = daemon_factory(heartbeat_interval=0.2, heartbeat_timeout=1.0, reclaim_grace=60.0)
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    p = run_task(ep, "sh", "-c", "echo $$; while :; do sleep 0.05; done")
+    cmd = int(p.stdout.readline())
+    os.kill(p.pid, signal.SIGSTOP)
+    wait_for(lambda: daemon.tasks() == [] and daemon.gpu_used(0) == 0, timeout=10.0)
+    # CMD is killed at once (a zombie until gpushare-run, stopped, reaps it) ...
+    wait_for(lambda: _state(cmd) in (None, "Z"), timeout=2.0)
+    # ... and gpushare-run is still there, stopped.
+    assert _state(p.pid) == "T"
+    [ended] = daemon.admin("history")["records"]
+    assert ended["reason"] == "timeout"
+    os.kill(p.pid, signal.SIGCONT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 91, err
+    assert err.splitlines()[-1] == (
+        "gpushare-run: GPUs reclaimed: nodemgr heard no heartbeat from this task for 1s (was "
+        "gpushare-run stopped, or the process too busy to heartbeat?); run the command again"
+    )
+
+
+def test_a_gpushare_run_granted_from_the_queue_also_keeps_running(
+    daemon_factory: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
+) -> None:
+    # One GPU, one task on it: alice's gpushare-run waits for bob's task to end.
+    daemon = daemon_factory(
+        {"scheduler": {"task_threshold": 1}, "gpus": {"simulated_count": 1}},
+        heartbeat_interval=0.2,
+        heartbeat_timeout=1.0,
+        reclaim_grace=60.0,
+    )
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    go = tmp_path / "go"
+    first = start_holder(run_task, daemon.env("bob", gpus=1, memory=GiB), cbin, go)
+    p = run_task(ep, "sh", "-c", "echo $$; while :; do sleep 0.05; done")
+    wait_for(lambda: len(daemon.admin("queue")["waiting"]) == 1, timeout=10.0)
+    go.touch()
+    assert first.wait(30) == 0
+    cmd = int(p.stdout.readline())
+    os.kill(p.pid, signal.SIGSTOP)
+    wait_for(lambda: _state(cmd) in (None, "Z"), timeout=10.0)
+    assert _state(p.pid) == "T"
+    os.kill(p.pid, signal.SIGCONT)
+    assert p.wait(30) == 91
 
 
 def test_a_running_task_keeps_its_grant(
