@@ -16,7 +16,7 @@ import signal
 import time
 from typing import Protocol
 
-from nodemgr import idle
+from nodemgr import idle, procfs
 from nodemgr.config import Config
 from nodemgr.connections import Connections, Watched
 from nodemgr.metrics import Metrics
@@ -31,21 +31,6 @@ MAX_TOLD = 4096
 # Idle times are brought up to date once a second, not every sweep: idle timeouts are
 # minutes, and each check reads every watched task's ledger entry.
 IDLE_CHECK_INTERVAL = 1.0
-
-
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, process group) of process ``pid`` as /proc shows it, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # After the command name, which may hold spaces and parentheses: state ppid pgrp ...
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[1]), int(fields[2])
-    except (IndexError, ValueError):
-        return None
 
 
 def _children(pid: int) -> list[int] | None:
@@ -82,8 +67,8 @@ def kill_commands(client: int, client_fd: int) -> bool:
             except OSError:
                 return False  # ended meanwhile: the client is killed instead
             # Read after the pidfd is open and checked alive after: the same process.
-            stat = _stat(child)
-            if stat is None or stat != (client, child):
+            # (parent, process group): the client's child, leading a group of its own.
+            if procfs.stat_ints(child, 1, 2) != (client, child):
                 return False
             try:
                 signal.pidfd_send_signal(fds[-1], 0)

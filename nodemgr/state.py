@@ -19,7 +19,7 @@ import shutil
 import time
 from collections.abc import Sequence
 
-from nodemgr import envdirs, idle, scheduler, timeslice
+from nodemgr import envdirs, idle, procfs, scheduler, timeslice
 from nodemgr.audit import AuditState
 from nodemgr.config import Config, check_gpus
 from nodemgr.gpus import Gpu, resolve
@@ -39,17 +39,8 @@ REASONS = ("done", "killed", "exited", "timeout", "admin", "idle", "undelivered"
 
 def process_start(pid: int) -> int | None:
     """The start time of process ``pid`` in clock ticks after boot, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name may hold spaces and parentheses; fields resume after the last ')'.
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
+    got = procfs.stat_ints(pid, 19)
+    return None if got is None else got[0]
 
 
 class Node:

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from nodemgr import procfs
+
 GiB = 1 << 30
 
 
@@ -101,15 +103,6 @@ def test_task_whose_heartbeats_stop_is_reclaimed_after_the_timeout(
     assert_pool_usable(run_task, ep, cbin)
 
 
-def _state(pid: int) -> str | None:
-    """A process's state letter (R, S, T, Z, ...), or None once it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2]
-
-
 def test_a_silent_gpushare_run_loses_its_command_and_says_why_when_it_runs_again(
     daemon_factory: Any, run_task: Any, wait_for: Any
 ) -> None:
@@ -123,9 +116,9 @@ def test_a_silent_gpushare_run_loses_its_command_and_says_why_when_it_runs_again
     os.kill(p.pid, signal.SIGSTOP)
     wait_for(lambda: daemon.tasks() == [] and daemon.gpu_used(0) == 0, timeout=10.0)
     # CMD is killed at once (a zombie until gpushare-run, stopped, reaps it) ...
-    wait_for(lambda: _state(cmd) in (None, "Z"), timeout=2.0)
+    wait_for(lambda: procfs.state(cmd) in (None, "Z"), timeout=2.0)
     # ... and gpushare-run is still there, stopped.
-    assert _state(p.pid) == "T"
+    assert procfs.state(p.pid) == "T"
     [ended] = daemon.admin("history")["records"]
     assert ended["reason"] == "timeout"
     os.kill(p.pid, signal.SIGCONT)
@@ -156,8 +149,8 @@ def test_a_gpushare_run_granted_from_the_queue_also_keeps_running(
     assert first.wait(30) == 0
     cmd = int(p.stdout.readline())
     os.kill(p.pid, signal.SIGSTOP)
-    wait_for(lambda: _state(cmd) in (None, "Z"), timeout=10.0)
-    assert _state(p.pid) == "T"
+    wait_for(lambda: procfs.state(cmd) in (None, "Z"), timeout=10.0)
+    assert procfs.state(p.pid) == "T"
     os.kill(p.pid, signal.SIGCONT)
     assert p.wait(30) == 91
 

@@ -1,0 +1,32 @@
+"""What nodemgr reads of a process in /proc (proc(5)), in nodemgr's pid namespace."""
+
+from __future__ import annotations
+
+
+def stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/``pid``/stat after the command name, from the state on (field 3
+    of proc(5) is index 0), or None if the process is gone or the file cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses; fields resume after the last ')'.
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def stat_ints(pid: int, *indices: int) -> tuple[int, ...] | None:
+    """The fields at ``indices`` of :func:`stat_fields` as integers, or None."""
+    fields = stat_fields(pid)
+    if fields is None:
+        return None
+    try:
+        return tuple(int(fields[i]) for i in indices)
+    except (IndexError, ValueError):
+        return None
+
+
+def state(pid: int) -> str | None:
+    """Process ``pid``'s state letter (R, S, T, Z, ...), or None once it is gone."""
+    fields = stat_fields(pid)
+    return fields[0].decode() if fields else None
