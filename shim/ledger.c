@@ -213,13 +213,26 @@ int gs_ledger_task_remove(struct gs_ledger *l, const char *task_id)
 	return 0;
 }
 
+/* The task entry slot `s` charges, if it still names the slot's task; NULL if none. */
+static struct gs_task *slot_task(struct gs_ledger *l, const struct gs_slot *s)
+{
+	int32_t t = LOAD(&s->task_index);
+	struct gs_task *entry;
+
+	if (t < 0 || t >= GS_MAX_TASKS)
+		return NULL;
+	entry = &l->task[t];
+	if (LOAD(&entry->state) != GS_SLOT_USED || !same_task(entry->task_id, s->task_id))
+		return NULL;
+	return entry;
+}
+
 void gs_ledger_stamp_launches(struct gs_ledger *l, uint64_t now_ns)
 {
-	for_each_taken(l, i)
-	{
+	for_each_taken(l, i) {
 		struct gs_slot *s = &l->slot[i];
+		struct gs_task *t;
 		uint64_t n;
-		int t;
 
 		if (LOAD(&s->state) != GS_SLOT_USED)
 			continue;
@@ -229,10 +242,9 @@ void gs_ledger_stamp_launches(struct gs_ledger *l, uint64_t now_ns)
 		STORE(&s->launches_seen, n);
 		STORE(&s->last_launch_ns, now_ns);
 		/* The entry the process found at claim, if it still names the process's task. */
-		t = LOAD(&s->task_index);
-		if (t >= 0 && t < GS_MAX_TASKS && LOAD(&l->task[t].state) == GS_SLOT_USED &&
-		    same_task(l->task[t].task_id, s->task_id))
-			STORE(&l->task[t].last_launch_ns, now_ns);
+		t = slot_task(l, s);
+		if (t != NULL)
+			STORE(&t->last_launch_ns, now_ns);
 	}
 }
 
@@ -242,8 +254,7 @@ uint64_t gs_ledger_used(const struct gs_ledger *l, uint32_t gpu)
 
 	if (gpu >= GS_MAX_GPUS)
 		return 0;
-	for_each_taken(l, i)
-	{
+	for_each_taken(l, i) {
 		uint64_t v = LOAD(&l->slot[i].used[gpu]);
 
 		/* A corrupt slot must read as "full", never wrap to "empty". */
@@ -267,8 +278,7 @@ int gs_ledger_task_usage(const struct gs_ledger *l, const char *task_id, uint64_
 	memset(used, 0, sizeof(uint64_t) * GS_MAX_GPUS);
 	*launches = 0;
 	*peak = 0;
-	for_each_taken(l, i)
-	{
+	for_each_taken(l, i) {
 		const struct gs_slot *s = &l->slot[i];
 
 		if (!of_task(s, task_id))
@@ -291,8 +301,7 @@ int gs_ledger_task_regions(const struct gs_ledger *l, const char *task_id, struc
 	int n = 0;
 
 	memset(out, 0, sizeof(*out));
-	for_each_taken(l, i)
-	{
+	for_each_taken(l, i) {
 		const struct gs_slot *s = &l->slot[i];
 		uint64_t it, rel;
 
@@ -325,8 +334,7 @@ int gs_ledger_task_barrier(const struct gs_ledger *l, const char *task_id, uint6
 	int n = 0;
 
 	*min_iterations = 0;
-	for_each_taken(l, i)
-	{
+	for_each_taken(l, i) {
 		const struct gs_slot *s = &l->slot[i];
 		uint64_t it, at;
 
@@ -366,8 +374,7 @@ int gs_ledger_summary(const struct gs_ledger *l, struct gs_slot_info *out, uint3
 {
 	uint32_t n = 0;
 
-	for_each_taken(l, i)
-	{
+	for_each_taken(l, i) {
 		if (n == max)
 			break;
 		if (LOAD(&l->slot[i].state) != GS_SLOT_USED)
@@ -391,20 +398,6 @@ static int slot_lock(int fd, uint32_t i, short type)
 }
 
 static uint64_t sub_sat(uint64_t *p, uint64_t bytes);
-
-/* The task entry slot `s` charges, if it still names the slot's task; NULL if none. */
-static struct gs_task *slot_task(struct gs_ledger *l, const struct gs_slot *s)
-{
-	int32_t t = LOAD(&s->task_index);
-	struct gs_task *entry;
-
-	if (t < 0 || t >= GS_MAX_TASKS)
-		return NULL;
-	entry = &l->task[t];
-	if (LOAD(&entry->state) != GS_SLOT_USED || !same_task(entry->task_id, s->task_id))
-		return NULL;
-	return entry;
-}
 
 /*
  * What a cleared slot held leaves its GPUs' and its task's counts. Each
@@ -490,8 +483,7 @@ int gs_ledger_reap(struct gs_ledger *l, int fd, struct gs_slot_info *out, uint32
 {
 	int n = 0;
 
-	for_each_taken(l, i)
-	{
+	for_each_taken(l, i) {
 		struct gs_slot *s = &l->slot[i];
 		int used, rc = slot_lock(fd, i, F_WRLCK);
 
@@ -700,21 +692,11 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static int task_of_slot(const struct gs_ledger *l, const struct gs_slot *s)
-{
-	int t = LOAD(&s->task_index);
-
-	if (t < 0 || t >= GS_MAX_TASKS || LOAD(&l->task[t].state) != GS_SLOT_USED ||
-	    !same_task(l->task[t].task_id, s->task_id))
-		return -1;
-	return t;
-}
-
 uint64_t gs_ledger_boundary(struct gs_ledger *l, uint32_t slot, uint64_t iterations)
 {
 	struct gs_slot *s;
+	struct gs_task *t;
 	uint64_t seen;
-	int t;
 
 	if (slot >= GS_MAX_SLOTS)
 		return iterations;
@@ -723,13 +705,13 @@ uint64_t gs_ledger_boundary(struct gs_ledger *l, uint32_t slot, uint64_t iterati
 		STORE(&s->persistent[g], LOAD(&s->used[g]));
 	STORE(&s->boundary_ns, now_ns());
 	STORE(&s->iterations, iterations);
-	t = task_of_slot(l, s);
-	if (t < 0)
+	t = slot_task(l, s);
+	if (t == NULL)
 		return iterations;
-	seen = LOAD(&l->task[t].iterations);
+	seen = LOAD(&t->iterations);
 	while (seen < iterations &&
-	       !__atomic_compare_exchange_n(&l->task[t].iterations, &seen, iterations, 0,
-					    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+	       !__atomic_compare_exchange_n(&t->iterations, &seen, iterations, 0, __ATOMIC_SEQ_CST,
+					    __ATOMIC_SEQ_CST))
 		;
 	return seen > iterations ? seen : iterations;
 }
