@@ -4,7 +4,7 @@ memory on each GPU, compared with what the environments' ledgers account for.
 A process that holds GPU memory no ledger slot accounts for went around the shim: it was
 started without LD_PRELOAD, reached the driver through a copy the shim does not hook (a
 ``dlmopen``ed libcuda), or rewrote its own slot. The comparison (``compare``) is pure;
-reading NVML and /proc and killing are at the edge (``nvml_processes``, ``own_pid``,
+reading NVML and /proc and killing are at the edge (``nvml_processes``, ``procfs.own_pid``,
 ``Auditor``).
 
 Pids: NVML names a process by its pid in the driver's (the host's) pid namespace, a slot
@@ -24,6 +24,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
+
+from nodemgr import procfs
 
 if TYPE_CHECKING:
     from nodemgr.state import Node
@@ -153,30 +155,10 @@ class AuditState:
 # --- the edge: NVML, /proc, signals ---------------------------------------------------
 
 
-def own_pid(pid: int) -> int:
-    """The pid process ``pid`` (of nodemgr's namespace) has in its own namespace: the last
-    NSpid entry of /proc/PID/status; ``pid`` itself when that cannot be read."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    fields = line.split()
-                    return int(fields[-1]) if len(fields) > 1 else pid
-    except (OSError, ValueError):
-        pass
-    return pid
-
-
 def parent(pid: int) -> int:
     """The parent of ``pid``; 0 when it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("PPid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    got = procfs.stat_ints(pid, 1)
+    return got[0] if got else 0
 
 
 def owner(pid: int, clients: Mapping[int, tuple[str, str]]) -> tuple[str, str] | None:
@@ -188,6 +170,32 @@ def owner(pid: int, clients: Mapping[int, tuple[str, str]]) -> tuple[str, str] |
         seen.add(pid)
         pid = parent(pid)
     return None
+
+
+def nvml_ready(node: Node) -> None:
+    """Make NVML's processes readable: on simulated GPUs, load the packaged simulated NVML
+    for the node's GPUs first."""
+    if node.simulated:
+        from nodemgr.gpus import sim_spec
+
+        load_simulated(sim_spec(node.gpus))
+
+
+def attribution(node: Node, pids: Iterable[int]) -> tuple[list[Slot], dict[int, tuple[str, str]]]:
+    """Every live ledger slot, and for each of ``pids`` that descends from a task's client
+    the (environment, task id) of that task: what NVML's processes are matched against."""
+    slots = [
+        Slot(env.name, tid, pid, used)
+        for env in node.envs.values()
+        for pid, tid, used in env.ledger.slots()
+    ]
+    clients = {t.pid: (t.env, t.task_id) for t in node.tasks.values() if t.pid is not None}
+    owners = {}
+    for pid in pids:
+        o = owner(pid, clients)
+        if o is not None:
+            owners[pid] = o
+    return slots, owners
 
 
 _sim_loaded = False
@@ -235,7 +243,7 @@ def nvml_processes(uuids: Sequence[str]) -> list[Seen]:
                 used = p.usedGpuMemory
                 # NVML reports "not available" (None in pynvml) without the permission.
                 nbytes = int(used) if used is not None else 0
-                out.append(Seen(index, int(p.pid), own_pid(int(p.pid)), nbytes))
+                out.append(Seen(index, int(p.pid), procfs.own_pid(int(p.pid)), nbytes))
         return out
     finally:
         pynvml.nvmlShutdown()
@@ -249,7 +257,7 @@ def kill(pid: int, own: int) -> bool:
         return False
     try:
         # Checked after opening, so the pidfd cannot name a process that took the pid later.
-        if own_pid(pid) != own:
+        if procfs.own_pid(pid) != own:
             return False
         signal.pidfd_send_signal(fd, signal.SIGKILL)
         return True
@@ -277,27 +285,14 @@ class Auditor:
         node = self.node
         self._next = now + self.config.audit_interval
         try:
-            if node.simulated:
-                from nodemgr.gpus import sim_spec
-
-                load_simulated(sim_spec(node.gpus))
+            nvml_ready(node)
             seen = nvml_processes([g.uuid for g in node.gpus])
         except Exception as e:  # pynvml.NVMLError, a missing library: said once
             if self.state.error is None:
                 log.warning("bypass audit: cannot list NVML's processes: %s", e)
             self.state.error = str(e)
             return []
-        slots = [
-            Slot(env.name, tid, pid, used)
-            for env in node.envs.values()
-            for pid, tid, used in env.ledger.slots()
-        ]
-        clients = {t.pid: (t.env, t.task_id) for t in node.tasks.values() if t.pid is not None}
-        owners = {}
-        for p in seen:
-            o = owner(p.pid, clients)
-            if o is not None:
-                owners[p.pid] = o
+        slots, owners = attribution(node, [p.pid for p in seen])
         tolerance = node.context_memory + self.config.audit_tolerance
         findings = compare(seen, slots, owners, tolerance)
         new = self.state.update(findings)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from nodemgr.sizes import format_clock
+
 RECLAIM = "reclaim"
 REPORT = "report"
 ACTIONS = (RECLAIM, REPORT)
@@ -57,13 +59,9 @@ class Decision:
 
 
 def duration(seconds: float) -> str:
-    """A short duration: 45s, 12m, 2h05m."""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m" if s % 60 == 0 else f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    """A short duration: 45s, 12m (a timeout is often whole minutes), 12m07s, 2h05m."""
+    text = format_clock(max(0.0, seconds))
+    return text.removesuffix("00s") if text.endswith("m00s") else text
 
 
 class Tracker:
@@ -113,9 +111,6 @@ class Tracker:
     def warned(self, task_id: str) -> bool:
         state = self._tasks.get(task_id)
         return state is not None and state.warned
-
-    def forget(self, task_id: str) -> None:
-        self._tasks.pop(task_id, None)
 
 
 def warning(idle: float, policy: Policy, task_id: str) -> str:

@@ -30,3 +30,17 @@ def state(pid: int) -> str | None:
     """Process ``pid``'s state letter (R, S, T, Z, ...), or None once it is gone."""
     fields = stat_fields(pid)
     return fields[0].decode() if fields else None
+
+
+def own_pid(pid: int) -> int:
+    """The pid process ``pid`` (of nodemgr's namespace) has in its own namespace: the last
+    NSpid entry of /proc/PID/status; ``pid`` itself when that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    fields = line.split()
+                    return int(fields[-1]) if len(fields) > 1 else pid
+    except (OSError, ValueError):
+        pass
+    return pid

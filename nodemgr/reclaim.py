@@ -162,7 +162,8 @@ class Reclaims:
         loop = self.loop
         for task in loop.node.expired(now):
             self._reclaim_hung(task)
-        if self._doomed:
+        # In the order they were reclaimed, each given the same grace: due ones come first.
+        if self._doomed and self._doomed[0][0] <= now:
             self._end_doomed(now)
         if self._closing and self._closing[0][0] <= now:
             for conn in self._closing.pop(0)[1]:
@@ -221,7 +222,8 @@ class Reclaims:
             last = (
                 entry.last_launch_ns / 1e9 if entry is not None and entry.last_launch_ns else None
             )
-            blocked = entry is not None and (entry.paused or entry.gated)
+            # Without an entry (all were in use) its launches are never dated: never idle.
+            blocked = entry is None or entry.paused or entry.gated
             seen.append(idle.Seen(t.task_id, t.started, last, blocked, policies[t.env]))
         for d in node.idle.sweep(wall, seen):
             task = node.tasks[d.task_id]

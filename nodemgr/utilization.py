@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nodemgr import audit
+from nodemgr import audit, procfs
 
 if TYPE_CHECKING:
     from nodemgr.state import Node
@@ -127,10 +127,7 @@ class Sampler:
         node = self.node
         self._next = now + node.config.utilization_interval
         try:
-            if node.simulated:
-                from nodemgr.gpus import sim_spec
-
-                audit.load_simulated(sim_spec(node.gpus))
+            audit.nvml_ready(node)
             samples = sample([g.uuid for g in node.gpus])
         except Exception as e:  # pynvml.NVMLError, a missing library: said once
             if self.state.error is None:
@@ -141,17 +138,7 @@ class Sampler:
             return
         self.state.error = None
         pids = {pid for s in samples for pid in s.processes}
-        own = {pid: audit.own_pid(pid) for pid in pids}
-        slots = [
-            audit.Slot(env.name, tid, pid, used)
-            for env in node.envs.values()
-            for pid, tid, used in env.ledger.slots()
-        ]
-        clients = {t.pid: (t.env, t.task_id) for t in node.tasks.values() if t.pid is not None}
-        owners = {}
-        for pid in pids:
-            o = audit.owner(pid, clients)
-            if o is not None:
-                owners[pid] = o
+        own = {pid: procfs.own_pid(pid) for pid in pids}
+        slots, owners = audit.attribution(node, pids)
         self.state.gpus = samples
         self.state.tasks = shares(samples, own, slots, owners)

@@ -205,7 +205,7 @@ def task(node: Node, task: Task, usage: dict[str, SlotTotals]) -> TaskView:
         "attached": not task.restored,
         "paused": entry is not None and entry.paused,
         "last_launch": stamped / 1e9 if stamped else None,
-        "idle": _idle(node, task, stamped, entry is not None and (entry.paused or entry.gated)),
+        "idle": _idle(node, task, stamped, entry is None or entry.paused or entry.gated),
         "idle_timeout": node.idle_policy(node.envs[task.env]).timeout,
         "gated": entry is not None and entry.gated,
         "iterations": entry.iterations if entry is not None else 0,
@@ -217,7 +217,8 @@ def task(node: Node, task: Task, usage: dict[str, SlotTotals]) -> TaskView:
 def _idle(node: Node, task: Task, stamped: int, blocked: bool) -> float | None:
     """Seconds since the task's last launch (or its start): the idle tracker's figure where
     its environment has an idle policy, which counts a paused or gated spell as active;
-    elsewhere worked out here (None while the task is paused or waits for its turn)."""
+    elsewhere worked out here (None while the task is paused or waits for its turn, or has
+    no ledger entry to date its launches)."""
     now = time.time()
     tracked = node.idle.idle(task.task_id, now)
     if tracked is not None:
