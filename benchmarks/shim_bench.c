@@ -215,6 +215,8 @@ static int start_once(int ready, int hold)
 	alloc_frees(1);
 	if (write(ready, &byte, 1) != 1)
 		die("write(ready)", errno);
+	/* Said: a process that dies before saying so then reads as end-of-file there. */
+	close(ready);
 	do
 		r = read(hold, &byte, 1);
 	while (r < 0 && errno == EINTR);

@@ -1,7 +1,9 @@
 /*
  * Ledger operations shared by the shim (inside every framework process) and
  * nodemgr (through cffi). Nothing here allocates, logs or blocks: slot locks
- * are taken with F_OFD_SETLK, never F_OFD_SETLKW.
+ * are taken with F_OFD_SETLK, never F_OFD_SETLKW. The one wait is a claim's,
+ * at most 2 ms, while free slots' locks are held for a moment (see
+ * gs_ledger_claim); nodemgr never claims.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -450,11 +452,12 @@ static void mark_taken(struct gs_ledger *l, uint32_t i, int taken)
 }
 
 /*
- * With no process left, what the GPUs' counts still hold was left by a
- * process killed in the middle of a charge (or an uncharge, or a clear):
- * set them to what the slots hold. Only while this descriptor holds a lock
- * on every slot, so no process can hold or claim one, and so charge, in the
- * meantime.
+ * With no slot taken, the slots hold nothing, and what the GPUs' counts
+ * still hold was left by a process killed in the middle of a charge (or an
+ * uncharge, or a clear): set them to zero. Only while this descriptor holds
+ * a lock on every slot, so no process can hold or claim one, and so charge,
+ * in the meantime (a claimer between its lock and its taken bit holds a
+ * lock: the range lock is then refused).
  */
 static void reconcile(struct gs_ledger *l, int fd)
 {
@@ -470,11 +473,8 @@ static void reconcile(struct gs_ledger *l, int fd)
 		stale |= LOAD(&l->gpu[g].charged) != 0;
 	if (!stale || next_taken(l, 0) != GS_MAX_SLOTS || fcntl(fd, F_OFD_SETLK, &fl) != 0)
 		return;
-	/* Looked again under the lock: a process may have taken a slot meanwhile. */
-	if (next_taken(l, 0) == GS_MAX_SLOTS) {
-		for (int g = 0; g < GS_MAX_GPUS; g++)
-			STORE(&l->gpu[g].charged, gs_ledger_used(l, (uint32_t)g));
-	}
+	for (int g = 0; g < GS_MAX_GPUS; g++)
+		STORE(&l->gpu[g].charged, 0);
 	fl.l_type = F_UNLCK;
 	fcntl(fd, F_OFD_SETLK, &fl);
 }
@@ -530,11 +530,14 @@ static void slot_take(struct gs_ledger *l, uint32_t i, int32_t pid, const char *
  * few cache lines, not at every slot before theirs, and try the lock of a
  * slot no live process holds (the kernel's search of a file's locks grows
  * with every process holding one). Starting where the pid says spreads
- * processes starting at the same moment over different slots.
+ * processes starting at the same moment over different slots. Returns the
+ * slot, -EAGAIN if every lock tried was held, -ENOSPC if none was tried.
  */
 static int claim_pass(struct gs_ledger *l, int fd, int32_t pid, const char *task_id, uint32_t first,
 		      int taken)
 {
+	int held = 0;
+
 	for (uint32_t k = 0; k <= GS_MAX_SLOTS / 64; k++) {
 		uint32_t w = (first / 64 + k) % (GS_MAX_SLOTS / 64);
 		uint64_t word = LOAD(&l->slot_taken[w]);
@@ -550,30 +553,40 @@ static int claim_pass(struct gs_ledger *l, int fd, int32_t pid, const char *task
 			int rc = slot_lock(fd, i, F_WRLCK);
 
 			want &= want - 1;
-			if (rc == -EAGAIN || rc == -EACCES)
+			if (rc == -EAGAIN || rc == -EACCES) {
+				held = 1;
 				continue;
+			}
 			if (rc != 0)
 				return rc;
 			slot_take(l, i, pid, task_id);
 			return (int)i;
 		}
 	}
-	return -ENOSPC;
+	return held ? -EAGAIN : -ENOSPC;
 }
 
 int gs_ledger_claim(struct gs_ledger *l, int fd, int32_t pid, const char *task_id)
 {
 	uint32_t first = ((uint32_t)pid * 2654435761u) % GS_MAX_SLOTS;
 
-	/* Three tries: nodemgr may hold every slot for a moment. */
+	/*
+	 * Up to three tries, a millisecond apart, but only while free slots'
+	 * locks are held: by claimers that found them at the same moment, or by
+	 * nodemgr holding every slot for a moment (reconcile()). A table whose
+	 * slots live processes hold fails at once.
+	 */
 	for (int pass = 0; pass < 3; pass++) {
-		int rc = claim_pass(l, fd, pid, task_id, first, 0);
+		int on_free = claim_pass(l, fd, pid, task_id, first, 0), rc;
 
+		if (on_free != -EAGAIN && on_free != -ENOSPC)
+			return on_free;
 		/* None free: a slot whose process died and is not reaped yet is taken over. */
-		if (rc == -ENOSPC)
-			rc = claim_pass(l, fd, pid, task_id, first, 1);
-		if (rc != -ENOSPC)
+		rc = claim_pass(l, fd, pid, task_id, first, 1);
+		if (rc != -EAGAIN && rc != -ENOSPC)
 			return rc;
+		if (on_free != -EAGAIN)
+			break;
 		usleep(1000);
 	}
 	return -ENOSPC;

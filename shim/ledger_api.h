@@ -119,7 +119,7 @@ int gs_ledger_summary(const struct gs_ledger *l, struct gs_slot_info *out, uint3
  * nodemgr: free every used slot whose owner has died (its lock is free),
  * using `fd`, an open descriptor of the ledger file. The first `max` slots
  * freed are described into `out` (may be NULL) as they were. When no slot is
- * left in use, the GPUs' `charged` counts are set to what the slots hold
+ * left in use, the GPUs' `charged` counts are set to zero
  * (see gs_ledger_charge). Returns the number of slots reaped, or a negative
  * errno value.
  */

@@ -116,12 +116,11 @@ struct gs_ledger {
 	uint32_t reserved0[2];
 	uint64_t reserved[4];
 	/*
-	 * Bit i set: slot i is taken or being taken. A claimer sets a clear bit
-	 * (fetch-or) before trying the slot's lock, so processes starting
-	 * together each try a different slot, and readers visit only the slots
-	 * whose bit is set. A slot's bit is set while it holds anything; it is
-	 * cleared by nodemgr once it has zeroed a dead process's slot, or by a
-	 * claimer whose lock attempt failed.
+	 * Bit i set: slot i is taken. Written only by whoever holds the slot's
+	 * lock: a claimer sets it once it holds the lock, before it charges
+	 * anything; nodemgr clears it once it has zeroed a dead process's slot.
+	 * Claimers try the locks of slots whose bit is clear only, and readers
+	 * visit only the slots whose bit is set.
 	 */
 	uint64_t slot_taken[GS_MAX_SLOTS / 64];
 	struct gs_gpu_entry gpu[GS_MAX_GPUS];

@@ -4,9 +4,9 @@
  *
  *   ledger_procs fit PATH PROCS ROUNDS
  *	PROCS processes, each claiming its own slot, charge 3 MiB and give it
- *	back ROUNDS times against a limit that fits 3 such charges. Each
+ *	back ROUNDS times against a limit that fits one such charge. Each
  *	granted charge is counted in a shared counter while it is held.
- *	Prints "limit=L fits=3 max_held=M granted=G refused=R charged=C used=U"
+ *	Prints "limit=L fits=1 max_held=M granted=G refused=R charged=C used=U"
  *	(C and U once all are done): max_held must never pass `fits`.
  *
  *   ledger_procs kill PATH PROCS ROUNDS
