@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nodemgr.protocol import DEVICE_NAME, MAX_WAIT
+from nodemgr.protocol import DEVICE_NAME, IDLE_ACTIONS, MAX_WAIT
 from nodemgr.sizes import format_size, parse_seconds, parse_size
 
 DEFAULT_CONFIG = Path("/etc/gpushare/nodemgr.toml")
@@ -242,7 +242,7 @@ KEYS: tuple[Key, ...] = (
         " environment"),
     Key("idle", "warn_before", "idle_warn_before", Seconds(0.0, 7 * DAY), 300.0,
         "how long before an idle task is reclaimed its user is warned"),
-    Key("idle", "action", "idle_action", Choice("reclaim", "report"), "reclaim",
+    Key("idle", "action", "idle_action", Choice(*IDLE_ACTIONS), "reclaim",
         "what happens to an idle task: `reclaim` its GPUs, or only `report` it"),
     Key("audit", "interval", "audit_interval", Seconds(0.0, 3600.0), 10.0,
         "seconds between bypass audits of NVML's processes against the ledgers; 0 turns them"

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from nodemgr.protocol import IDLE_ACTIONS
 from nodemgr.sizes import format_clock
 
-RECLAIM = "reclaim"
-REPORT = "report"
-ACTIONS = (RECLAIM, REPORT)
+ACTIONS = IDLE_ACTIONS
+RECLAIM, REPORT = ACTIONS
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,8 @@ MAX_GUARD = 1 << 40
 MAX_IDLE = 7 * 86400.0
 # Why nodemgr reclaimed a task, as a `reclaimed` error's `reason` tells its client.
 RECLAIM_REASONS = ("idle", "timeout", "admin", "deleted")
+# What an idle policy does with an idle task (docs/nodemgr.md, "Idle tasks").
+IDLE_ACTIONS = ("reclaim", "report")
 # A GPU's mode (docs/timeslicing.md).
 SHARED = "shared"
 TIMESLICED = "timesliced"
@@ -206,7 +208,7 @@ ADMIN_REQUESTS: dict[str, Schema] = {
     "idle_set": {
         "env": (True, _env),
         "idle_timeout": (False, _optional(_number(0.0, MAX_IDLE))),
-        "idle_action": (False, _optional(_one_of("reclaim", "report"))),
+        "idle_action": (False, _optional(_one_of(*IDLE_ACTIONS))),
     },
     "pause": {"task_id": (True, _task)},
     "resume": {"task_id": (True, _task)},

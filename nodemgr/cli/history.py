@@ -64,7 +64,7 @@ def history(
 
     Each record: the task, its environment and GPUs, the per-GPU memory
     granted, the peak its processes used, when it started and ended, and
-    why it ended (done, killed, exited, timeout, admin, undelivered).
+    why it ended (done, killed, exited, timeout, admin, idle, undelivered).
     """
     records = admin_call(config_path, "history", env=env, since=since, limit=limit)["records"]
     if as_json:

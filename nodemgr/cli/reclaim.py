@@ -14,9 +14,10 @@ from nodemgr.cli._common import admin_call, config_option, json_option, print_js
 def reclaim(task_id: str, config_path: str | None, as_json: bool) -> None:
     """End task TASK_ID now and give its GPUs back.
 
-    nodemgr kills the task's client (gpushare-run), whose command dies with
-    it, so nothing keeps using memory that is granted again. The record's
-    end reason is "admin".
+    Its GPUs go back at once. Its client (gpushare-run) hears why at its next
+    heartbeat, ends its command and exits 92; one still running after
+    node.reclaim_grace is killed, so nothing keeps using memory that is
+    granted again. The record's end reason is "admin".
     """
     reply = admin_call(config_path, "reclaim", task_id=task_id)
     if as_json:

@@ -1,5 +1,5 @@
 /*
- * A CUDA runtime program for the real-PyTorch tier (tests/test_torch_sim.py):
+ * A CUDA runtime program for the real-PyTorch tier (tests/real_torch/test_torch_sim.py):
  * cudaMalloc, cudaMemset, a trivial kernel, host->device->host copies and
  * cudaFree through the real libcudart (linked shared), one line per step:
  *

@@ -106,6 +106,12 @@ def test_gpu_counts_in_docs_are_the_protocols() -> None:
     assert config.MAX_SIMULATED == ledger.MAX_GPUS
 
 
+def test_every_reclaim_reason_has_its_exit_code() -> None:
+    """What a `reclaimed` error may say (protocol) and what gpushare-run maps to an exit
+    code (exitcodes) are the same reasons; others exit EXIT_RECLAIMED_OTHER."""
+    assert set(exitcodes.RECLAIM_EXIT_CODES) == set(protocol.RECLAIM_REASONS)
+
+
 def test_exit_code_tables_are_the_defined_codes() -> None:
     text = _markdown()
     # gpushare-run's table of exit codes: | code | meaning |, one row per code.
