@@ -426,6 +426,25 @@ def daemon(daemon_factory: Any) -> Daemon:
 
 
 @pytest.fixture
+def node(daemon_factory: Any) -> Daemon:
+    """Two GPUs taking one task each across environments: easy to fill, one GPU or both."""
+    d: Daemon = daemon_factory(
+        {"scheduler": {"task_threshold": 1}, "gpus": {"simulated_count": 2}},
+        heartbeat_timeout=600.0,
+    )
+    return d
+
+
+def invoke(daemon: Daemon, *args: str) -> Any:
+    """``nodemgr ARGS --config`` the daemon's config, through click's CliRunner."""
+    from click.testing import CliRunner
+
+    from nodemgr.cli import cli
+
+    return CliRunner().invoke(cli, [*args, "--config", str(daemon.config)])
+
+
+@pytest.fixture
 def server() -> Iterator[Any]:
     """nodemgr's loop in this process, on 4 simulated GPUs, for a test to step by hand (a
     nodemgr.server.Server). Imported here, not at the top: helper processes import this

@@ -7,18 +7,7 @@ import os
 import subprocess
 from typing import Any
 
-import pytest
-
 from tests.conftest import BIN
-
-
-@pytest.fixture
-def node(daemon_factory: Any) -> Any:
-    # Two GPUs, one task each: easy to fill.
-    return daemon_factory(
-        {"scheduler": {"task_threshold": 1}, "gpus": {"simulated_count": 2}},
-        heartbeat_timeout=600.0,
-    )
 
 
 def gpushare_run(*args: str, env: dict[str, str] | None = None, **kw: Any) -> Any:

@@ -14,14 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from nodemgr.cli import cli
-from tests.conftest import BIN
+from tests.conftest import BIN, invoke
 
 GiB = 1 << 30
 MiB = 1 << 20
-
-
-def invoke(daemon: Any, *args: str) -> Any:
-    return CliRunner().invoke(cli, [*args, "--config", str(daemon.config)])
 
 
 def test_quota_set_and_show(daemon: Any) -> None:

@@ -198,15 +198,6 @@ def test_a_restriction_that_can_never_be_met_is_quota_exceeded(daemon: Any) -> N
     assert daemon.admin("queue")["waiting"] == []
 
 
-@pytest.fixture
-def node(daemon_factory: Any) -> Any:
-    # One task per GPU across environments, two GPUs: easy to fill one of them.
-    return daemon_factory(
-        {"scheduler": {"task_threshold": 1}, "gpus": {"simulated_count": 2}},
-        heartbeat_timeout=600.0,
-    )
-
-
 def test_a_busy_allowed_gpu_is_retryable_and_a_waiter_gets_only_it(
     node: Any, wait_for: Any
 ) -> None:

@@ -6,17 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from click.testing import CliRunner
-
-from nodemgr.cli import cli
 from nodemgr.client import Connection
-from tests.conftest import Holder, Waiting
+from tests.conftest import Holder, Waiting, invoke
 
 GiB = 1 << 30
-
-
-def invoke(daemon: Any, *args: str) -> Any:
-    return CliRunner().invoke(cli, [*args, "--config", str(daemon.config)])
 
 
 def drained(daemon: Any) -> list[bool]:

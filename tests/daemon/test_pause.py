@@ -21,12 +21,9 @@ from nodemgr.cli import cli
 from nodemgr.client import Connection, NodeError
 from nodemgr.gpus import simulated_uuid
 from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError
+from tests.conftest import invoke
 
 MiB = 1 << 20
-
-
-def invoke(daemon: Any, *args: str) -> Any:
-    return CliRunner().invoke(cli, [*args, "--config", str(daemon.config)])
 
 
 @contextlib.contextmanager

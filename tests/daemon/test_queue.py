@@ -37,15 +37,6 @@ def queue_len(daemon: Any) -> int:
     return len(daemon.admin("queue")["waiting"])
 
 
-@pytest.fixture
-def node(daemon_factory: Any) -> Any:
-    # One task per GPU across environments: easy to fill the node.
-    return daemon_factory(
-        {"scheduler": {"task_threshold": 1}, "gpus": {"simulated_count": 2}},
-        heartbeat_timeout=600.0,
-    )
-
-
 def test_typed_errors_distinguish_zero_quota_beyond_quota_and_busy(node: Any) -> None:
     zero = node.env("zero", gpus=0)
     small = node.env("small", gpus=1)

@@ -16,15 +16,6 @@ from nodemgr.client import Connection
 GiB = 1 << 30
 
 
-@pytest.fixture
-def node(daemon_factory: Any) -> Any:
-    # Two GPUs, one task each: easy to fill.
-    return daemon_factory(
-        {"scheduler": {"task_threshold": 1}, "gpus": {"simulated_count": 2}},
-        heartbeat_timeout=600.0,
-    )
-
-
 def view(endpoint: str) -> dict[str, Any]:
     with Connection(endpoint) as conn:
         reply = conn.call("view")
