@@ -414,14 +414,19 @@ CUresult sim_pool_alloc(struct sim_device *d, struct CUmemPoolHandle_st *pool, s
  */
 void sim_heap_sweep(struct sim_heap *h, uint64_t id)
 {
-	size_t i, kept = 0, pos = 0, freed = 0;
+	size_t i, kept = 0, pos = 0, freed = 0, lo = h->arena, hi = 0;
 
 	pthread_mutex_lock(&h->lock);
 	for (i = 0; i < h->nlive; i++) {
-		if (h->live[i].owner == id)
-			freed += h->live[i].len;
-		else
-			h->live[kept++] = h->live[i];
+		struct sim_extent *e = &h->live[i];
+
+		if (e->owner != id) {
+			h->live[kept++] = *e;
+			continue;
+		}
+		freed += e->len;
+		lo = e->off < lo ? e->off : lo;
+		hi = e->off + e->len > hi ? e->off + e->len : hi;
 	}
 	if (kept < h->nlive) {
 		h->nlive = kept;
@@ -436,7 +441,7 @@ void sim_heap_sweep(struct sim_heap *h, uint64_t id)
 			if (i < kept)
 				pos = h->live[i].off + h->live[i].len;
 		}
-		sim_heap_freed(h, 0, h->arena, freed);
+		sim_heap_freed(h, lo, hi, freed);
 	}
 	pthread_mutex_unlock(&h->lock);
 }
