@@ -289,6 +289,14 @@ def _refused(e: NodeError, s: cfg.Settings) -> int:
     return _refusal(e, EXIT_REFUSED, "")
 
 
+def _unreachable(e: Unreachable) -> int:
+    _say(
+        f"cannot reach nodemgr: {e} (is nodemgr running, and is this the "
+        f"environment's endpoint? nodemgr quota show ENV prints it)"
+    )
+    return EXIT_UNREACHABLE
+
+
 def _refusal(e: NodeError, code: int, fix: str) -> int:
     _say(f"request refused ({e.code}): {e.message}" + (f" ({fix})" if fix else ""))
     return code
@@ -316,11 +324,7 @@ def run(s: cfg.Settings, cmd: list[str]) -> int:
         _say(cancelled(s.endpoint, progress))
         return EXIT_CANCELLED
     except Unreachable as e:
-        _say(
-            f"cannot reach nodemgr: {e} (is nodemgr running, and is this the "
-            f"environment's endpoint? nodemgr quota show ENV prints it)"
-        )
-        return EXIT_UNREACHABLE
+        return _unreachable(e)
     except (QuotaZero, NoResources) as e:
         if not s.cpu_fallback:
             return _refused(e, s)
@@ -368,11 +372,7 @@ def show(endpoint: str, as_json: bool) -> int:
     try:
         status.show(endpoint, as_json, lambda text: print(text, end="", flush=True))
     except Unreachable as e:
-        _say(
-            f"cannot reach nodemgr: {e} (is nodemgr running, and is this the "
-            f"environment's endpoint? nodemgr quota show ENV prints it)"
-        )
-        return EXIT_UNREACHABLE
+        return _unreachable(e)
     except NodeError as e:
         _say(f"nodemgr refused the status request ({e.code}): {e.message}")
         return EXIT_REFUSED
