@@ -22,10 +22,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def say(message: str, prefix: str = "bench") -> None:
@@ -86,6 +88,14 @@ def stop_children_on_exit() -> None:
 
 
 # --- statistics and verdicts -----------------------------------------------------------------
+
+
+def alternating(rounds: int, first: T, second: T) -> Iterator[tuple[int, T]]:
+    """(round, side) for both sides of each round, the side that goes first alternating
+    from round to round, so that a drift of the machine falls on both alike."""
+    for i in range(rounds):
+        for side in (first, second) if i % 2 == 0 else (second, first):
+            yield i, side
 
 
 def percentile(samples: list[float], q: float) -> float:

@@ -198,17 +198,15 @@ def paired(s: Setting, mode: str, n: int, reps: int, pairs: int) -> dict[str, An
     """
     runs: dict[str, list[list[float]]] = {"direct": [], "shim": []}
     recorded: list[SlotTotals] = []
-    for i in range(pairs):
-        order = ("direct", "shim") if i % 2 == 0 else ("shim", "direct")
-        for side in order:
-            env = {**s.env(side), "SHIM_BENCH_CPU": str(s.cpu)}
-            got = run_client(s, env, [mode, str(n), str(reps)], f"{mode} ({side})")
-            if len(got) != reps:
-                raise BenchError(f"{mode} ({side}): expected {reps} figures, got {got}")
-            runs[side].append(got)
-            if side == "shim":
-                # The next run would take over the dead process's slot, clearing it.
-                recorded.append(s.ledger.reap_totals().get(TASK_ID) or SlotTotals())
+    for _, side in harness.alternating(pairs, "direct", "shim"):
+        env = {**s.env(side), "SHIM_BENCH_CPU": str(s.cpu)}
+        got = run_client(s, env, [mode, str(n), str(reps)], f"{mode} ({side})")
+        if len(got) != reps:
+            raise BenchError(f"{mode} ({side}): expected {reps} figures, got {got}")
+        runs[side].append(got)
+        if side == "shim":
+            # The next run would take over the dead process's slot, clearing it.
+            recorded.append(s.ledger.reap_totals().get(TASK_ID) or SlotTotals())
     medians = {side: [statistics.median(r) for r in rs] for side, rs in runs.items()}
     sides: dict[str, Any] = {}
     for side, rs in runs.items():
@@ -443,13 +441,11 @@ def bench_init(s: Setting, quick: bool) -> dict[str, Any]:
     rounds = 1 if quick else 3
     got: dict[str, list[dict[str, Any]]] = {"direct": [], "shim": []}
     with tempfile.TemporaryDirectory(prefix="gsb-init-") as tmp:
-        for i in range(rounds):
-            order = ("direct", "shim") if i % 2 == 0 else ("shim", "direct")
-            for side in order:
-                burst = init_burst(s, s.env(side), procs, Path(tmp))
-                # Frees the slots the round's cuInit calls claimed (if they claim one).
-                burst["slots"] = s.ledger.reap()
-                got[side].append(burst)
+        for _, side in harness.alternating(rounds, "direct", "shim"):
+            burst = init_burst(s, s.env(side), procs, Path(tmp))
+            # Frees the slots the round's cuInit calls claimed (if they claim one).
+            burst["slots"] = s.ledger.reap()
+            got[side].append(burst)
     sides: dict[str, Any] = {}
     for side, rounds_got in got.items():
         ms = [x / 1e6 for r in rounds_got for x in r["init_ns"]]
@@ -491,13 +487,11 @@ def bench_startup(s: Setting, quick: bool) -> dict[str, Any]:
     rounds = 2 if quick else 5
     walls: dict[str, list[float]] = {"direct": [], "shim": []}
     slots: list[int] = []
-    for i in range(rounds):
-        order = ("direct", "shim") if i % 2 == 0 else ("shim", "direct")
-        for side in order:
-            (wall_ns,) = run_client(s, s.env(side), ["burst", str(procs)], f"burst ({side})")
-            walls[side].append(wall_ns / 1e6)
-            if side == "shim":
-                slots.append(s.ledger.reap())
+    for _, side in harness.alternating(rounds, "direct", "shim"):
+        (wall_ns,) = run_client(s, s.env(side), ["burst", str(procs)], f"burst ({side})")
+        walls[side].append(wall_ns / 1e6)
+        if side == "shim":
+            slots.append(s.ledger.reap())
     if any(n != procs for n in slots):
         raise BenchError(f"the shim runs' processes held {slots} slots, expected {procs} each")
     med = {side: statistics.median(w) for side, w in walls.items()}

@@ -231,9 +231,8 @@ class Sides:
 
 def interleaved(pairs: int, run: Callable[[bool, int], None]) -> None:
     """``run(shim, pair)`` for each pair, alternating which side goes first."""
-    for i in range(pairs):
-        for shim in (False, True) if i % 2 == 0 else (True, False):
-            run(shim, i)
+    for i, shim in harness.alternating(pairs, False, True):
+        run(shim, i)
 
 
 def _compared(samples: dict[bool, list[float]]) -> dict[str, Any]:
