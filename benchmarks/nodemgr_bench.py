@@ -35,7 +35,7 @@ from typing import Any
 
 import zmq
 
-from nodemgr import protocol
+from nodemgr import procfs, protocol
 from nodemgr.client import Connection, Unreachable, wait_until_serving
 
 SELF = Path(__file__).resolve()
@@ -76,8 +76,10 @@ def readline(proc: subprocess.Popen[str], timeout: float, what: str) -> str:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    got = procfs.stat_ints(pid, 11, 12)
+    if got is None:
+        raise BenchError(f"cannot read the CPU time of process {pid}")
+    return sum(got) / os.sysconf("SC_CLK_TCK")
 
 
 def thread_cpus(pid: int) -> list[str]:

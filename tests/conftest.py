@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from client_plugin import libs
+from nodemgr import procfs
 from nodemgr.client import Connection, NodeError, Unreachable, wait_until_serving
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -513,13 +514,7 @@ def kill_session(sid: int) -> None:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                # After the command's name: state, ppid, pgrp, session, ...
-                session = int(f.read().rsplit(")", 1)[1].split()[3])
-        except (OSError, IndexError, ValueError):
-            continue
-        if session == sid:
+        if procfs.stat_ints(int(entry), 3) == (sid,):  # its session
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry), signal.SIGKILL)
 

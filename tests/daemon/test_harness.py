@@ -11,15 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nodemgr import procfs
 from tests.conftest import Holder
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    return procfs.state(pid) not in (None, "Z")
 
 
 def test_a_held_grant_is_held_by_a_heartbeating_child(daemon: Any) -> None:

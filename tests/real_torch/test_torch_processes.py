@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from client_plugin import libs
+from nodemgr import procfs
 from tests.conftest import Daemon, shim_preload
 from tests.real_torch.test_torch_gpushare import (
     GIB,
@@ -111,12 +112,7 @@ def records(daemon: Daemon, env: str) -> list[dict[str, Any]]:
 
 def gone(pid: int) -> bool:
     """Whether process pid has ended (a zombie has)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state in ("Z", "X")
+    return procfs.state(pid) in (None, "Z", "X")
 
 
 def uuid(daemon: Daemon, index: int) -> str:
@@ -224,8 +220,7 @@ def test_dataloader_workers_share_the_task_and_pinned_memory_is_not_charged(
     main, workers = running["pid"], running["workers"]
     assert len(workers) == 2
     for w in workers:  # forked by the main process, part of the task's process tree
-        with open(f"/proc/{w}/stat") as f:
-            assert int(f.read().rsplit(")", 1)[1].split()[1]) == main
+        assert procfs.stat_ints(w, 1) == (main,)  # its parent
     assert running["pinned"] >= 128 * MIB  # batches pinned by the loader
     [task] = daemon.tasks()
     gpu = task["gpus"][0]

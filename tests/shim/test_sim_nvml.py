@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from client_plugin import libs
+from nodemgr import procfs
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -460,8 +461,9 @@ def _registry(state: Path) -> Path:
 
 def _start_time(pid: int) -> int:
     """What the registry records for pid: its start time (clock ticks) + 1."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat[stat.rindex(")") + 2 :].split()[19]) + 1
+    got = procfs.stat_ints(pid, 19)
+    assert got is not None, pid
+    return got[0] + 1
 
 
 def test_a_reused_pid_is_not_taken_for_the_old_process(sim_node: Node) -> None:
