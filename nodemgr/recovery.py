@@ -46,6 +46,7 @@ def restore(node: Node) -> list[Task]:
     now = time.monotonic()
     restored = []
     shapes = node.store.task_shapes()
+    wrappers = node.store.task_wrappers()
     for rec in node.store.running():
         env = node.envs.get(rec.env)
         if env is None or any(i >= len(node.gpus) for i in rec.gpus):
@@ -67,6 +68,7 @@ def restore(node: Node) -> list[Task]:
             estimate=shapes.get(rec.task_id, (None, 0))[0],
             guard=shapes[rec.task_id][1] if rec.task_id in shapes else node.config.guard,
             arrival=node.slicing.arrive(),
+            wrapper=rec.task_id in wrappers,
         )
         node.add_task(task)
         for index in task.gpus:

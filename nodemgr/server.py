@@ -377,7 +377,6 @@ class Server:
                 self.unwatch(("wait", w.wid))
                 if self.metrics is not None:
                     self.metrics.waited(now - w.enqueued, "granted")
-                task.wrapper = w.wrapper
                 self.watch(task)
                 if task.task_id in node.tasks and not self.send_later(
                     w.reply_to,

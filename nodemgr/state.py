@@ -361,6 +361,7 @@ class Node:
         allowed: frozenset[int] | None = None,
         estimate: tuple[int, int] | None = None,
         guard: int | None = None,
+        wrapper: bool = False,
     ) -> Task:
         """Grant a task, or raise ProtocolError (retryable when the code is no_resources).
 
@@ -369,7 +370,8 @@ class Node:
         one more overtaking each if it is made, and it is not made if one of
         them has been overtaken too often already. ``allowed``: the only GPUs
         it may get (None: any). ``estimate`` and ``guard``: the task's shape and guard
-        on time-sliced GPUs (docs/timeslicing.md).
+        on time-sliced GPUs (docs/timeslicing.md). ``wrapper``: its client runs its
+        command as its children (request.wrapper).
         """
         started = time.perf_counter()
         env = self.env(env_name)
@@ -401,6 +403,7 @@ class Node:
             estimate=estimate,
             guard=self._guard(guard),
             arrival=self.slicing.arrive(),
+            wrapper=wrapper,
         )
         self.store.task_started(
             Record(
@@ -419,6 +422,7 @@ class Node:
             ),
             task.estimate,
             task.guard,
+            wrapper,
         )
         # Before the grant leaves: the command's processes look their task up
         # when they claim their ledger slots.
@@ -564,6 +568,7 @@ class Node:
                     w.allowed,
                     w.estimate,
                     w.guard,
+                    w.wrapper,
                 )
             except ProtocolError as e:
                 if e.code != Err.NO_RESOURCES:

@@ -23,7 +23,8 @@ from pathlib import Path
 
 log = logging.getLogger("nodemgr")
 
-# 2: env_idle. A version-1 database gains its new tables at start (CREATE IF NOT EXISTS).
+# 2: env_idle, task_wrappers. A version-1 database gains its new tables at start (CREATE IF
+# NOT EXISTS).
 SCHEMA_VERSION = 2
 
 _SCHEMA = """
@@ -63,6 +64,9 @@ CREATE TABLE IF NOT EXISTS task_shapes (
     temporary  INTEGER,
     guard      INTEGER NOT NULL       -- bytes after its persistent slice
 );
+CREATE TABLE IF NOT EXISTS task_wrappers (
+    task_id TEXT PRIMARY KEY          -- a running task whose client runs its command as its
+);                                    -- children (request.wrapper), kept for after a restart
 CREATE TABLE IF NOT EXISTS env_idle (
     name    TEXT PRIMARY KEY,         -- an environment whose idle policy is not the node's
     timeout REAL,                     -- seconds; 0: off; NULL: the node's
@@ -332,9 +336,14 @@ class Store:
     # --- records ---------------------------------------------------------------
 
     def task_started(
-        self, r: Record, estimate: tuple[int, int] | None = None, guard: int | None = None
+        self,
+        r: Record,
+        estimate: tuple[int, int] | None = None,
+        guard: int | None = None,
+        wrapper: bool = False,
     ) -> None:
-        """A task began; with ``guard``, its time-slicing shape is kept until it ends."""
+        """A task began; with ``guard``, its time-slicing shape is kept until it ends, and
+        so is whether its client is a wrapper (``wrapper``)."""
 
         def op(db: sqlite3.Connection) -> None:
             db.execute(
@@ -357,8 +366,20 @@ class Store:
                     "VALUES (?, ?, ?, ?)",
                     (r.task_id, *(estimate or (None, None)), guard),
                 )
+            if wrapper:
+                db.execute(
+                    "INSERT OR REPLACE INTO task_wrappers (task_id) VALUES (?)", (r.task_id,)
+                )
 
         self._write(op)
+
+    def task_wrappers(self) -> set[str]:
+        """The running tasks whose client is a wrapper."""
+        rows = self.db.execute(
+            "SELECT w.task_id FROM task_wrappers w "
+            "JOIN tasks t ON t.task_id = w.task_id WHERE t.ended IS NULL"
+        ).fetchall()
+        return {str(tid) for (tid,) in rows}
 
     def task_shapes(self) -> dict[str, tuple[tuple[int, int] | None, int]]:
         """Per running task with a kept shape: its estimate (or None) and its guard."""
@@ -382,6 +403,7 @@ class Store:
                 (ended, reason, peak, exit_code, task_id),
             )
             db.execute("DELETE FROM task_shapes WHERE task_id = ?", (task_id,))
+            db.execute("DELETE FROM task_wrappers WHERE task_id = ?", (task_id,))
 
         self._write(op)
 

@@ -117,6 +117,7 @@ def _request(
             allowed=allowed,
             estimate=estimate,
             guard=body["guard"],
+            wrapper=body["wrapper"] is True,
         )
     except ProtocolError as e:
         wait = min(body["wait"] or 0.0, loop.config.max_wait)
@@ -137,8 +138,8 @@ def _request(
             body["waited"],
             earlier,
             e.message,
+            wrapper=body["wrapper"] is True,
         )
-        w.wrapper = body["wrapper"] is True
         if pid is not None:
             try:
                 loop.register(("wait", w.wid), os.pidfd_open(pid))
@@ -149,7 +150,6 @@ def _request(
         return protocol.reply(
             "queued", msg_id, position=w.told, waiting=len(node.queue), reason=e.message
         )
-    task.wrapper = body["wrapper"] is True
     loop.watch(task)
     return protocol.reply("grant", msg_id, **views.grant(node, task))
 

@@ -109,6 +109,7 @@ class WaitQueue:
         waited: float | None = None,
         earlier: Waiter | None = None,
         reason: str = "",
+        wrapper: bool = False,
     ) -> Waiter:
         """Put a request at the end of the queue; it is told its position at once.
 
@@ -144,6 +145,7 @@ class WaitQueue:
             guard=guard,
             reason=reason,
             told_reason=reason,
+            wrapper=wrapper,
         )
         self.waiters.insert(at, w)
         return w

@@ -130,6 +130,27 @@ def test_a_silent_gpushare_run_loses_its_command_and_says_why_when_it_runs_again
     )
 
 
+def test_a_restored_gpushare_run_is_still_a_wrapper(
+    daemon_factory: Any, run_task: Any, wait_for: Any
+) -> None:
+    """After a nodemgr restart the task is restored from the database, wrapper included: at
+    the heartbeat timeout its command is killed, not gpushare-run, which says why."""
+    daemon = daemon_factory(heartbeat_interval=0.2, heartbeat_timeout=1.0, reclaim_grace=60.0)
+    ep = daemon.env("alice", gpus=1, memory=GiB)
+    p = run_task(ep, "sh", "-c", "echo $$; while :; do sleep 0.05; done")
+    cmd = int(p.stdout.readline())
+    daemon.kill()
+    daemon.start()
+    wait_for(lambda: [t["attached"] for t in daemon.tasks()] == [True], timeout=10.0)
+    os.kill(p.pid, signal.SIGSTOP)
+    wait_for(lambda: daemon.tasks() == [], timeout=10.0)
+    wait_for(lambda: procfs.state(cmd) in (None, "Z"), timeout=2.0)
+    assert procfs.state(p.pid) == "T"
+    os.kill(p.pid, signal.SIGCONT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 91, err
+
+
 def test_a_gpushare_run_granted_from_the_queue_also_keeps_running(
     daemon_factory: Any, run_task: Any, cbin: dict[str, Path], tmp_path: Path, wait_for: Any
 ) -> None:
