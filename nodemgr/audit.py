@@ -293,8 +293,17 @@ class Auditor:
             self.state.error = str(e)
             return []
         slots, owners = attribution(node, [p.pid for p in seen])
-        tolerance = node.context_memory + self.config.audit_tolerance
-        findings = compare(seen, slots, owners, tolerance)
+        # A process may hold its GPU's context charge beyond its slots, and the slack.
+        findings = [
+            f
+            for g in node.gpus
+            for f in compare(
+                [p for p in seen if p.gpu == g.index],
+                slots,
+                owners,
+                node.context_memory[g.index] + self.config.audit_tolerance,
+            )
+        ]
         new = self.state.update(findings)
         for f in new:
             log.warning(

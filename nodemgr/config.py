@@ -22,9 +22,9 @@ from nodemgr.sizes import format_size, parse_seconds, parse_size
 
 DEFAULT_CONFIG = Path("/etc/gpushare/nodemgr.toml")
 CONFIG_ENV = "GPUSHARE_CONFIG"
-# gpus.context_memory on NVML GPUs when the config names none: an estimate of
-# what one process's CUDA context takes on a GPU, not yet measured.
-NVML_CONTEXT_MEMORY = 512 << 20
+# gpus.context_memory = "auto" (the default) where the probe cannot measure a context
+# (nodemgr.ctxprobe): an estimate of what one process's CUDA context takes on a GPU.
+CONTEXT_FALLBACK = 512 << 20
 # The mode of the admin socket and of every environment's socket and ledger unless the
 # config says otherwise.
 DEFAULT_MODE = "0600"
@@ -83,6 +83,15 @@ class Size(Parser):
         if self.positive and size <= 0:
             raise ConfigError(f"{where} must be positive")
         return size
+
+
+class ContextSize(Parser):
+    """gpus.context_memory: a size, or "auto" (None): measured per GPU model at start."""
+
+    accepts = '"auto" or a size'
+
+    def __call__(self, value: Any, where: str) -> int | None:
+        return None if value == "auto" else Size()(value, where)
 
 
 class Integer(Parser):
@@ -211,10 +220,12 @@ KEYS: tuple[Key, ...] = (
     Key("gpus", "simulated_name", "sim_name",
         Text("a non-empty string without | ; or newlines", "|;\n", quote=False),
         "gpushare Simulated GPU", "their name"),
-    Key("gpus", "context_memory", "context_memory", Size(), None,
-        "charged per process per GPU for its CUDA context"
-        " ([operations.md](operations.md#context-memory))",
-        default_doc=f'`"0"` simulated, `"{format_size(NVML_CONTEXT_MEMORY)}"` NVML'),
+    Key("gpus", "context_memory", "context_memory", ContextSize(), "auto",
+        "charged per process per GPU for its CUDA context; `auto`: measured at start on one"
+        " GPU of each model, `\"" + format_size(CONTEXT_FALLBACK) + "\"` where that fails"
+        " ([operations.md](operations.md#context-memory))"),
+    Key("gpus", "simulated_context_memory", "sim_context", Size(), "0",
+        "memory the simulated driver takes for each process's context on a simulated GPU"),
     Key("scheduler", "task_threshold", "task_threshold", Integer(1), 4,
         "tasks on a GPU beyond which it is not chosen as a new GPU"),
     Key("scheduler", "memory_reserve", "memory_reserve", Size(), "0",
@@ -328,11 +339,12 @@ class Config:
     sim_count: int = _DEFAULTS["sim_count"]
     sim_memory: int = _DEFAULTS["sim_memory"]
     sim_name: str = _DEFAULTS["sim_name"]
+    sim_context: int = _DEFAULTS["sim_context"]
     health_interval: float = _DEFAULTS["health_interval"]
     utilization_interval: float = _DEFAULTS["utilization_interval"]
-    # Bytes charged per process per GPU for its CUDA context; None: the
-    # default for the GPUs found (context_memory_for).
-    context_memory: int | None = None
+    # Bytes charged per process per GPU for its CUDA context; None: "auto", measured
+    # per GPU model at start (nodemgr.ctxprobe).
+    context_memory: int | None = _DEFAULTS["context_memory"]
     task_threshold: int = _DEFAULTS["task_threshold"]
     memory_reserve: int = _DEFAULTS["memory_reserve"]
     queue_max_bypass: int = _DEFAULTS["queue_max_bypass"]
@@ -380,19 +392,13 @@ class Config:
     def access_for(self, env: str) -> Access:
         return self.env_access.get(env, self.env_default_access)
 
-    def context_memory_for(self, simulated: bool) -> int:
-        """gpus.context_memory, or its default: 0 on simulated GPUs (the simulated driver's
-        contexts take no memory), NVML_CONTEXT_MEMORY on real ones."""
-        if self.context_memory is not None:
-            return self.context_memory
-        return 0 if simulated else NVML_CONTEXT_MEMORY
 
-
-def check_gpus(config: Config, memories: dict[int, int], simulated: bool) -> None:
-    """The sizes that only the GPUs found can judge (``memories``: bytes per GPU index):
-    the reserve and one context must leave room for something on every GPU."""
-    context = config.context_memory_for(simulated)
+def check_gpus(config: Config, memories: dict[int, int], contexts: dict[int, int]) -> None:
+    """The sizes that only the GPUs found can judge (``memories``: bytes per GPU index;
+    ``contexts``: the context charge on each): the reserve and one context must leave room
+    for something on every GPU."""
     for index, memory in sorted(memories.items()):
+        context = contexts[index]
         if config.memory_reserve >= memory:
             raise ConfigError(
                 f"scheduler.memory_reserve ({format_size(config.memory_reserve)}) is not "

@@ -20,6 +20,8 @@ class Gpu:
     uuid: str  # "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
     name: str
     memory: int  # bytes
+    # Simulated GPUs: bytes the simulated driver takes for each process's context there.
+    sim_context: int = 0
 
     @property
     def uuid_bytes(self) -> bytes:
@@ -37,14 +39,18 @@ def simulated_uuid(index: int) -> str:
 
 def simulated(config: Config) -> list[Gpu]:
     return [
-        Gpu(i, simulated_uuid(i), config.sim_name, config.sim_memory)
+        Gpu(i, simulated_uuid(i), config.sim_name, config.sim_memory, config.sim_context)
         for i in range(config.sim_count)
     ]
 
 
 def sim_spec(gpus: list[Gpu]) -> str:
-    """GPUSHARE_SIM_GPUS for the simulated driver: ``NAME|UUID|BYTES`` joined by ``;``."""
-    return ";".join(f"{g.name}|{g.uuid}|{g.memory}" for g in gpus)
+    """GPUSHARE_SIM_GPUS for the simulated driver: ``NAME|UUID|BYTES`` joined by ``;``,
+    with ``|context=BYTES`` where its contexts take memory (docs/simulator.md)."""
+    return ";".join(
+        f"{g.name}|{g.uuid}|{g.memory}" + (f"|context={g.sim_context}" if g.sim_context else "")
+        for g in gpus
+    )
 
 
 def resolve(

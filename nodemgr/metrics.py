@@ -73,6 +73,11 @@ GPU_GAUGES: tuple[tuple[str, str, Callable[[GpuMetrics], float | None]], ...] = 
         lambda x: x["charged"],
     ),
     ("gpushare_gpu_used_bytes", "Memory allocated on a GPU through the shim", lambda x: x["used"]),
+    (
+        "gpushare_gpu_context_bytes",
+        "Memory charged per process for its CUDA context on a GPU (gpus.context_memory)",
+        lambda x: x["context"],
+    ),
     ("gpushare_gpu_tasks", "Tasks granted a GPU", lambda x: x["tasks"]),
     ("gpushare_gpu_lost", "1 if NVML reported the GPU lost", lambda x: 1 if x["lost"] else 0),
     (

@@ -32,6 +32,7 @@ from nodemgr import __version__, admin, envdirs, protocol, recovery, tasks, view
 from nodemgr.audit import Auditor
 from nodemgr.config import Config, ConfigError
 from nodemgr.connections import Connections, Listener, Polled, ReplyTo, Watched, describe
+from nodemgr.ctxprobe import charges
 from nodemgr.envdirs import RestoreError
 from nodemgr.gpus import discover, lost_gpus
 from nodemgr.metrics import Metrics, MetricsError
@@ -96,8 +97,11 @@ class Server:
         except StoreError as e:
             self._unlock()
             raise StartupError(str(e)) from None
+        # Measured (gpus.context_memory = "auto") before anything is served: the probe is
+        # no task's, and must be gone before the first bypass audit.
+        contexts = charges(config, gpus, simulated)
         try:
-            self.node = Node(config, gpus, simulated, store)
+            self.node = Node(config, gpus, simulated, store, contexts)
         except (ConfigError, sqlite3.Error) as e:
             store.close()
             self._unlock()

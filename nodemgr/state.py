@@ -44,8 +44,18 @@ def process_start(pid: int) -> int | None:
 
 
 class Node:
-    def __init__(self, config: Config, gpus: list[Gpu], simulated: bool, store: Store) -> None:
-        check_gpus(config, {g.index: g.memory for g in gpus}, simulated)
+    def __init__(
+        self,
+        config: Config,
+        gpus: list[Gpu],
+        simulated: bool,
+        store: Store,
+        contexts: dict[int, tuple[int, str]],
+    ) -> None:
+        # Each GPU's context charge and where it comes from (nodemgr.ctxprobe.charges).
+        self.contexts = contexts
+        self.context_memory = {i: nbytes for i, (nbytes, _) in contexts.items()}
+        check_gpus(config, {g.index: g.memory for g in gpus}, self.context_memory)
         self.config = config
         self.gpus = gpus
         self.simulated = simulated
@@ -62,7 +72,6 @@ class Node:
         # GPUs an admin drained (kept in the database): no new grants, tasks run on.
         drained = store.drained_gpus()
         self.drained: set[int] = {g.index for g in gpus if g.uuid in drained}
-        self.context_memory = config.context_memory_for(simulated)
         self.started = time.time()
         self.queue = WaitQueue(config, self.started)
         # Set when something that could serve a waiter has changed.
@@ -118,7 +127,7 @@ class Node:
         finally:
             os.close(fd)
         for index in range(len(self.gpus)):
-            ledger.set_ctx_charge(index, self.context_memory)
+            ledger.set_ctx_charge(index, self.context_memory[index])
         env = Env(name, gpus, memory, ledger, f"ipc://{env_dir / 'task.sock'}")
         env.adopted = adopted
         self.envs[name] = env

@@ -123,6 +123,8 @@ class GpuStatus(TypedDict):
     bypass: int  # processes the last bypass audit found holding memory there
     utilization: int | None  # percent of the last sample period it was busy; None: unknown
     memory_utilization: int | None  # the same for its memory
+    context: int  # bytes charged per process for its CUDA context there
+    context_source: str  # "measured", "configured" or "fallback" (nodemgr.ctxprobe)
 
 
 class StatusView(TypedDict):
@@ -297,6 +299,8 @@ def status(node: Node) -> StatusView:
                 "bypass": bypass[g.index],
                 "utilization": None if sample is None else sample.gpu,
                 "memory_utilization": None if sample is None else sample.memory,
+                "context": node.contexts[g.index][0],
+                "context_source": node.contexts[g.index][1],
             }
         )
     return {

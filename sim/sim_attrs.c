@@ -189,6 +189,7 @@ void sim_attrs_default(struct sim_spec *spec)
 	int id;
 
 	spec->attrs[0] = 0;
+	spec->context = 0;
 	for (id = 1; id < SIM_ATTR_COUNT; id++)
 		spec->attrs[id] = sim_attr_table[id].value;
 	/* cuDeviceGetPCIBusId and NVML build the same bus id from the position. */
@@ -332,11 +333,26 @@ static bool sim_attrs_item(struct sim_spec *spec, bool *set, const char *item, s
 		spec->attrs[SIM_ATTR_CC_MINOR] = minor;
 		return true;
 	}
+	/* Not an attribute: set[0] (no attribute has id 0) says it was given. */
+	if (klen == 7 && strncasecmp(item, "context", 7) == 0) {
+		if (!sim_parse_bytes(&spec->context, val, vlen)) {
+			snprintf(why, whylen,
+				 "bad value \"%.*s\" for context: expected a byte count", (int)vlen,
+				 val);
+			return false;
+		}
+		if (set[0]) {
+			snprintf(why, whylen, "the context size is set twice");
+			return false;
+		}
+		set[0] = true;
+		return true;
+	}
 	id = sim_attr_lookup(item, klen);
 	if (id < 0) {
 		snprintf(why, whylen,
 			 "unknown attribute \"%.*s\" (an id from 1 to %d, a name such as "
-			 "multiprocessor_count, or cc or sms)",
+			 "multiprocessor_count, or cc, sms or context)",
 			 (int)klen, item, SIM_ATTR_COUNT - 1);
 		return false;
 	}

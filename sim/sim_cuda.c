@@ -377,13 +377,20 @@ static void sim_ctx_teardown(uint64_t id)
  * NVML lists the processes that hold a context on a device, with the memory
  * they use there (sim_usage.c): a context made or retained puts the process
  * on the list, and it leaves it when its last primary reference goes and it
- * holds no memory there.
+ * holds no memory there but its context's. The first one takes the
+ * device's context size (sim_heap_context_take): a device too full for it
+ * fails the context, as the real driver does.
  */
-static void sim_usage_open(struct sim_device *d)
+static CUresult sim_usage_open(struct sim_device *d)
 {
+	CUresult rc;
+
 	pthread_mutex_lock(&d->heap.lock);
-	sim_usage_set(d->spec_index, d->heap.used);
+	rc = sim_heap_context_take(d);
+	if (rc == CUDA_SUCCESS)
+		sim_usage_set(d->spec_index, d->heap.used);
 	pthread_mutex_unlock(&d->heap.lock);
+	return rc;
 }
 
 static void sim_usage_close(struct sim_device *d)
@@ -394,8 +401,10 @@ static void sim_usage_close(struct sim_device *d)
 	idle = d->primary_refs == 0;
 	pthread_mutex_unlock(&sim_ctx_lock);
 	pthread_mutex_lock(&d->heap.lock);
-	if (idle && d->heap.used == 0)
+	if (idle && d->heap.used == (d->ctx_held ? d->ctx_len : 0)) {
+		sim_heap_context_drop(d);
 		sim_usage_clear(d->spec_index);
+	}
 	pthread_mutex_unlock(&d->heap.lock);
 }
 
@@ -424,7 +433,11 @@ static CUresult sim_ctx_create(CUcontext *pctx, CUdevice dev)
 	c->next = sim_ctx_list;
 	sim_ctx_list = c;
 	pthread_mutex_unlock(&sim_ctx_lock);
-	sim_usage_open(&sim_devs[dev]);
+	rc = sim_usage_open(&sim_devs[dev]);
+	if (rc != CUDA_SUCCESS) {
+		sim_impl_cuCtxDestroy_v2(c);
+		return rc;
+	}
 	*pctx = c;
 	return CUDA_SUCCESS;
 }
@@ -567,7 +580,11 @@ CUresult sim_impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 		return rc;
 	sim_devs[dev].primary_refs++;
 	pthread_mutex_unlock(&sim_ctx_lock);
-	sim_usage_open(&sim_devs[dev]);
+	rc = sim_usage_open(&sim_devs[dev]);
+	if (rc != CUDA_SUCCESS) {
+		sim_impl_cuDevicePrimaryCtxRelease_v2(dev);
+		return rc;
+	}
 	*pctx = &sim_devs[dev].primary;
 	return CUDA_SUCCESS;
 }

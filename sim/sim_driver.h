@@ -54,6 +54,7 @@ enum sim_mem_kind {
 	SIM_MEM_PTR = 1, /* cuMemAlloc & co.: back with cuMemFree(Async) */
 	SIM_MEM_HANDLE,	 /* cuMemCreate: back with cuMemRelease */
 	SIM_MEM_ARRAY,	 /* arrays and mipmapped arrays: back with their destroy */
+	SIM_MEM_CONTEXT, /* the process's context: back when its last one goes */
 };
 
 /*
@@ -140,6 +141,9 @@ struct sim_device {
 	struct sim_heap heap;
 	struct CUctx_st primary;
 	unsigned int primary_refs; /* under sim_ctx_lock */
+	/* Under heap.lock: the context memory taken (sim_heap_context_take), if any. */
+	bool ctx_held;
+	size_t ctx_off, ctx_len;
 	struct CUmemPoolHandle_st default_pool;
 	CUmemoryPool mempool; /* the current pool; under sim_obj_lock */
 };
@@ -199,6 +203,13 @@ CUresult sim_heap_alloc(struct sim_device *d, size_t bytes, enum sim_mem_kind ki
 			CUdeviceptr *out);
 CUresult sim_mem_free(CUdeviceptr addr, enum sim_mem_kind kind);
 void sim_heap_sweep(struct sim_heap *h, uint64_t id);
+/*
+ * With d's heap locked: the process's contexts on d take the device's
+ * context size (the spec's "context") from its memory, once, as the real
+ * driver's do; sim_heap_context_drop gives it back.
+ */
+CUresult sim_heap_context_take(struct sim_device *d);
+void sim_heap_context_drop(struct sim_device *d);
 void sim_pools_settle(void);
 
 /* Registered with pthread_atfork by cuInit. */

@@ -180,6 +180,36 @@ CUresult sim_heap_take(struct sim_device *d, size_t size, size_t align, enum sim
 	return CUDA_SUCCESS;
 }
 
+CUresult sim_heap_context_take(struct sim_device *d)
+{
+	size_t size, at;
+	CUresult rc;
+
+	if (d->ctx_held || d->spec->context == 0)
+		return CUDA_SUCCESS;
+	if (!sim_round(d->spec->context, &size))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	rc = sim_heap_take(d, size, SIM_ALIGN, SIM_MEM_CONTEXT, 0, &at);
+	if (rc == CUDA_SUCCESS) {
+		d->ctx_off = d->heap.live[at].off;
+		d->ctx_len = size;
+		d->ctx_held = true;
+	}
+	return rc;
+}
+
+void sim_heap_context_drop(struct sim_device *d)
+{
+	struct sim_extent *e;
+
+	if (!d->ctx_held)
+		return;
+	e = sim_heap_find(&d->heap, d->ctx_off, SIM_MEM_CONTEXT);
+	if (e)
+		sim_heap_drop(&d->heap, e);
+	d->ctx_held = false;
+}
+
 /* bytes rounded up to the heap's granule; false if that overflows. */
 bool sim_round(size_t bytes, size_t *size)
 {

@@ -49,7 +49,7 @@ static bool sim_parse_uuid(struct sim_spec *s, const char *str, size_t len)
 	return true;
 }
 
-static bool sim_parse_bytes(size_t *out, const char *str, size_t len)
+bool sim_parse_bytes(size_t *out, const char *str, size_t len)
 {
 	uint64_t v = 0;
 	size_t i;

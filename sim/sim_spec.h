@@ -7,7 +7,8 @@
  * An entry is NAME|UUID|BYTES, or NAME|UUID|BYTES|OVERRIDES where OVERRIDES
  * is a comma-separated list of KEY=VALUE device attributes that differ from
  * the default (sim_attrs.c): KEY is an attribute's number (CUdevice_attribute)
- * or name, e.g. "cc=8.0,sms=108,l2_cache_size=41943040".
+ * or name, e.g. "cc=8.0,sms=108,l2_cache_size=41943040", or "context", the
+ * bytes each process's context takes from the device (0 by default).
  *
  * Compiled into each library with hidden visibility: nothing here is part of
  * either library's ABI.
@@ -37,6 +38,7 @@ struct sim_spec {
 	size_t bytes;
 	int index;		   /* position in the list: PCI bus index + 1 */
 	int attrs[SIM_ATTR_COUNT]; /* cuDeviceGetAttribute's answers, by id */
+	size_t context;		   /* bytes a process's context takes ("context" key; 0) */
 };
 
 /*
@@ -45,6 +47,9 @@ struct sim_spec {
  * entry is bad.
  */
 int sim_specs_load(struct sim_spec *specs);
+
+/* A decimal byte count of len bytes at str into *out; false if it is not one. */
+bool sim_parse_bytes(size_t *out, const char *str, size_t len);
 
 /*
  * The node the last successful sim_specs_load described, as a hash of its

@@ -450,15 +450,17 @@ def server() -> Iterator[Any]:
     """nodemgr's loop in this process, on 4 simulated GPUs, for a test to step by hand (a
     nodemgr.server.Server). Imported here, not at the top: helper processes import this
     module with the source tree first on their path, where the ledger bindings are not
-    built. It neither audits nor samples utilisation: those would load the simulated NVML
-    into the test process, for the tests after it too."""
+    built. It neither audits, samples utilisation nor measures a context (its charge is
+    0): those would load the simulated NVML into the test process, for the tests after it
+    too."""
     from nodemgr import config as nodemgr_config
     from nodemgr.server import Server
 
     root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
     (root / "c.toml").write_text(
         f'[node]\nrun_dir = "{root}/run"\nstate_dir = "{root}/state"\n'
-        '[gpus]\nsource = "simulated"\nutilization_interval = 0\n[audit]\ninterval = 0\n'
+        '[gpus]\nsource = "simulated"\nutilization_interval = 0\ncontext_memory = "0"\n'
+        "[audit]\ninterval = 0\n"
     )
     srv = Server(nodemgr_config.load(root / "c.toml"))
     srv.start()

@@ -51,7 +51,31 @@ def status(config_path: str | None, as_json: bool) -> None:
             for g in st["gpus"]
         ],
     )
+    _contexts(st["gpus"])
     _bypass(st.get("bypass"))
+
+
+def _contexts(gpus: list[dict[str, Any]]) -> None:
+    """What a process is charged for its CUDA context, once per figure and source
+    (docs/operations.md#context-memory)."""
+    groups: dict[tuple[int, str], list[str]] = {}
+    for g in gpus:
+        if "context" in g:
+            groups.setdefault((g["context"], g["context_source"]), []).append(str(g["index"]))
+    for (nbytes, source), indices in groups.items():
+        where = "GPU " if len(indices) == 1 else "GPUs "
+        how = _CONTEXT_SOURCES.get(source, source)
+        click.echo(
+            f"context charge: {format_size(nbytes)} per process on {where}{','.join(indices)} "
+            f"({how})"
+        )
+
+
+_CONTEXT_SOURCES = {
+    "measured": "measured at start",
+    "configured": "gpus.context_memory",
+    "fallback": "the default: a context could not be measured, see nodemgr's log",
+}
 
 
 def _bypass(audit: dict[str, Any] | None) -> None:

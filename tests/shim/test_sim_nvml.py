@@ -43,6 +43,7 @@ NVML_ERROR_UNKNOWN = 999
 # CUresult values (cuda.h).
 CUDA_SUCCESS = 0
 CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_OUT_OF_MEMORY = 2
 
 H100_PCI_DEVICE_ID = 0x233010DE
 H100_PCI_SUBSYSTEM_ID = 0x16C110DE
@@ -453,6 +454,67 @@ def test_nodes_with_other_gpus_do_not_see_each_other(tmp_path: Path) -> None:
         second.stop()
 
 
+# Retains device argv[2]'s primary context and reports (the CUDA status, and cuMemGetInfo's
+# free bytes once it has one); on "release" releases it; ends when its stdin closes.
+CONTEXT_USER = r"""
+import ctypes, sys
+cuda = ctypes.CDLL(sys.argv[1])
+dev = int(sys.argv[2])
+ctx = ctypes.c_void_p()
+assert cuda.cuInit(0) == 0
+rc = cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+if rc == 0:
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    assert cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
+print("retain", rc, free.value, flush=True)
+for line in sys.stdin:
+    print("release", cuda.cuDevicePrimaryCtxRelease_v2(dev), flush=True)
+"""
+
+
+def test_a_context_takes_the_devices_context_size(tmp_path: Path) -> None:
+    """The spec's ``context`` key: a process's first context on a device takes that many
+    bytes of it (rounded to the heap's 512-byte granule), which cuMemGetInfo and NVML count,
+    until its last context there is released; a device too small for it fails the
+    context with CUDA_ERROR_OUT_OF_MEMORY, as a real GPU does."""
+    taken = 300 * MIB + 512
+    sim = Node(
+        node(f"Sim A|{16 * GIB}|context={300 * MIB + 100}", f"Sim B|{GIB}|context={2 * GIB}"),
+        tmp_path,
+    )
+    lib = str(libs.sim_driver_dir() / "libcuda.so.1")
+    users = []
+    try:
+        for dev in (0, 1):
+            users.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", CONTEXT_USER, lib, str(dev)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env=sim.env,
+                )
+            )
+        a, b = users
+        assert a.stdout is not None and a.stdin is not None and b.stdout is not None
+        assert a.stdout.readline().split() == ["retain", "0", str(16 * GIB - taken)]
+        assert b.stdout.readline().split() == ["retain", str(CUDA_ERROR_OUT_OF_MEMORY), "0"]
+        assert sim.listed() == [[[a.pid, taken]], []]
+        for d, total in zip(sim.read(), [16 * GIB, GIB], strict=True):
+            _consistent(d, total)
+        a.stdin.write("release\n")
+        a.stdin.flush()
+        assert a.stdout.readline().split() == ["release", "0"]
+        assert sim.listed() == [[], []]
+        for d, total in zip(sim.read(), [16 * GIB, GIB], strict=True):
+            _consistent(d, total)
+    finally:
+        for user in users:
+            user.kill()
+            user.communicate(timeout=30)
+
+
 def _registry(state: Path) -> Path:
     (path,) = state.iterdir()
     assert REGISTRY_NAME.fullmatch(path.name)
@@ -769,6 +831,8 @@ def test_overrides_reach_the_driver_and_nvml() -> None:
         ("sms=1,,cc=8.0", "empty override"),
         ("sms=1,", "empty override"),
         ("sms=1|cc=8.0", "expected NAME|UUID|BYTES or NAME|UUID|BYTES|KEY=VALUE,..."),
+        ("context=12x", 'bad value "12x" for context: expected a byte count'),
+        ("context=1,context=2", "the context size is set twice"),
     ],
 )
 def test_bad_overrides_are_refused_at_init(overrides: str, message: str) -> None:

@@ -130,14 +130,17 @@ def test_config_defaults_and_errors(tmp_path: Path) -> None:
     assert c.heartbeat_timeout == 5.0
     assert c.sim_memory == 2 << 30
     assert c.task_threshold == 4
-    # Contexts cost nothing on simulated GPUs; on real ones an estimate until measured.
+    # The context charge is measured at start ("auto", None) unless a size is given.
     assert c.context_memory is None
-    assert c.context_memory_for(simulated=True) == 0
-    assert c.context_memory_for(simulated=False) == config.NVML_CONTEXT_MEMORY == 512 << 20
-    f.write_text('[gpus]\ncontext_memory = "1GiB"\n')
-    assert config.load(f).context_memory_for(simulated=True) == 1 << 30
+    assert c.sim_context == 0
+    assert config.CONTEXT_FALLBACK == 512 << 20
+    f.write_text('[gpus]\ncontext_memory = "1GiB"\nsimulated_context_memory = "96MiB"\n')
+    assert config.load(f).context_memory == 1 << 30
+    assert config.load(f).sim_context == 96 << 20
     f.write_text("[gpus]\ncontext_memory = 0\n")
-    assert config.load(f).context_memory_for(simulated=False) == 0
+    assert config.load(f).context_memory == 0
+    f.write_text('[gpus]\ncontext_memory = "auto"\n')
+    assert config.load(f).context_memory is None
     for text, needle in [
         ("[nodes]\n", "unknown section [nodes]"),
         ("[gpus]\nsource = 'cloud'\n", "gpus.source"),
@@ -145,6 +148,8 @@ def test_config_defaults_and_errors(tmp_path: Path) -> None:
         ("[gpus]\nsimulated_memory = 'big'\n", "gpus.simulated_memory"),
         ("[scheduler]\ntask_threshold = 0\n", "task_threshold"),
         ("[gpus]\ncontext_memory = '-1'\n", "gpus.context_memory"),
+        ("[gpus]\ncontext_memory = 'Auto'\n", "gpus.context_memory"),
+        ("[gpus]\nsimulated_context_memory = 'auto'\n", "gpus.simulated_context_memory"),
         ("not toml [", "not valid TOML"),
     ]:
         f.write_text(text)
@@ -280,13 +285,13 @@ def test_context_memory_and_reserve_must_fit_every_gpu(tmp_path: Path) -> None:
     f.write_text('[gpus]\ncontext_memory = "16GiB"\n')
     c = config.load(f)
     with pytest.raises(config.ConfigError, match=r"gpus.context_memory \(16GiB\) .* GPU 1"):
-        config.check_gpus(c, {0: 32 << 30, 1: 16 << 30}, simulated=True)
+        config.check_gpus(c, {0: 32 << 30, 1: 16 << 30}, {0: 16 << 30, 1: 16 << 30})
     f.write_text('[scheduler]\nmemory_reserve = "8GiB"\n[gpus]\ncontext_memory = "8GiB"\n')
     c = config.load(f)
     with pytest.raises(config.ConfigError, match=r"gpus.context_memory .*GPU 0"):
-        config.check_gpus(c, {0: 16 << 30}, simulated=True)
+        config.check_gpus(c, {0: 16 << 30}, {0: 8 << 30})
     f.write_text('[scheduler]\nmemory_reserve = "16GiB"\n')
     with pytest.raises(config.ConfigError, match=r"scheduler.memory_reserve \(16GiB\) .*GPU 0"):
-        config.check_gpus(config.load(f), {0: 16 << 30}, simulated=True)
+        config.check_gpus(config.load(f), {0: 16 << 30}, {0: 0})
     f.write_text('[scheduler]\nmemory_reserve = "1GiB"\n[gpus]\ncontext_memory = "14GiB"\n')
-    config.check_gpus(config.load(f), {0: 16 << 30}, simulated=True)
+    config.check_gpus(config.load(f), {0: 16 << 30}, {0: 14 << 30})

@@ -1,0 +1,246 @@
+"""What one process's CUDA context takes on each model of GPU: ``gpus.context_memory =
+"auto"`` (docs/operations.md#context-memory).
+
+Run as ``python -m nodemgr.ctxprobe LIBCUDA``, this module is the probe: with
+CUDA_VISIBLE_DEVICES naming one GPU it retains that GPU's primary context through the
+driver LIBCUDA (ctypes; no shim, no framework), prints ``ready`` and holds the context
+until its stdin closes. nodemgr (``charges``) starts one probe per GPU model at start-up,
+before it serves anything, reads meanwhile NVML's figure of the device memory that
+process uses, and ends it. The probe imports nothing else, so that it starts fast.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nodemgr.config import Config
+    from nodemgr.gpus import Gpu
+
+# Seconds a probe has to make its context and NVML to show it, and then to end.
+PROBE_TIMEOUT = 30.0
+# The figure is rounded up to this: the driver maps device memory in 2 MiB pages.
+PAGE = 2 << 20
+# Where a charge comes from: the config's number, a probe, or CONTEXT_FALLBACK.
+CONFIGURED, MEASURED, FALLBACK = "configured", "measured", "fallback"
+READY = "ready"
+# The driver entry points the probe calls, in order.
+STEPS = ("cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain")
+
+
+class ProbeError(Exception):
+    """No figure from the probe; the message says why."""
+
+
+def probe(library: str) -> int:
+    """The probe's body: make the context, say so, hold it until stdin closes."""
+    try:
+        cuda = ctypes.CDLL(library)
+    except OSError as e:
+        print(f"cannot load the CUDA driver {library}: {e}", file=sys.stderr)
+        return 1
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    args: dict[str, tuple[Any, ...]] = {
+        "cuInit": (0,),
+        "cuDeviceGet": (ctypes.byref(dev), 0),
+        "cuDevicePrimaryCtxRetain": (ctypes.byref(ctx), dev),
+    }
+    for name in STEPS:
+        rc = getattr(cuda, name)(*args[name])
+        if rc != 0:
+            text = ctypes.c_char_p()
+            cuda.cuGetErrorName(rc, ctypes.byref(text))
+            what = text.value.decode() if text.value else "unknown"
+            print(f"{name} failed: CUDA error {rc} ({what})", file=sys.stderr)
+            return 1
+    print(READY, flush=True)
+    sys.stdin.read()  # until nodemgr has read NVML's figure and closes it
+    return 0
+
+
+def page_up(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole PAGEs."""
+    return -(-nbytes // PAGE) * PAGE
+
+
+def _nvml_used(pynvml: Any, uuid: str, pid: int) -> int | None:
+    """NVML's figure of what process ``pid`` uses on GPU ``uuid``, or None while unlisted."""
+    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+        if p.pid == pid and p.usedGpuMemory is not None:
+            return int(p.usedGpuMemory)
+    return None
+
+
+def _free(pynvml: Any, uuid: str) -> int:
+    return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(uuid)).free)
+
+
+def _probe_env(gpu: Gpu, sim_gpus: str | None) -> dict[str, str]:
+    """The probe's environment: nodemgr's, without the shim or a task's variables, seeing
+    only ``gpu`` (and, on simulated GPUs, the node's simulated GPUs ``sim_gpus``, with the
+    simulator's own variables: where its process table lives)."""
+    from client_plugin.envvars import SIM_GPUS
+
+    keep = "GPUSHARE_SIM_" if sim_gpus is not None else "GPUSHARE_"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k != "LD_PRELOAD" and (not k.startswith("GPUSHARE_") or k.startswith(keep))
+    }
+    env["CUDA_VISIBLE_DEVICES"] = gpu.uuid
+    if sim_gpus is not None:
+        env[SIM_GPUS] = sim_gpus
+    return env
+
+
+def measure(
+    gpu: Gpu,
+    library: str,
+    sim_gpus: str | None,
+    timeout: float = PROBE_TIMEOUT,
+    command: list[str] | None = None,
+) -> int:
+    """Bytes NVML sees a probe's context take on ``gpu``, rounded up to PAGE; raise
+    ProbeError. NVML is initialised (and, on simulated GPUs, the simulated one loaded).
+    ``command`` replaces the probe's (a test's)."""
+    import select
+    import subprocess
+    import time
+
+    import pynvml
+
+    argv = command or [sys.executable, "-m", "nodemgr.ctxprobe", library]
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_probe_env(gpu, sim_gpus),
+            cwd="/",  # not a directory whose own nodemgr/ would be imported
+            start_new_session=True,  # a terminal's ^C is nodemgr's to handle
+        )
+    except OSError as e:
+        raise ProbeError(f"cannot start the probe: {e}") from None
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
+        if line != READY:
+            if not ready:
+                raise ProbeError(f"no context within {timeout:g}s")
+            proc.wait(max(0.0, deadline - time.monotonic()))
+            err = proc.stderr.read().decode(errors="replace").strip().splitlines()
+            raise ProbeError(err[-1] if err else f"the probe exited {proc.returncode}")
+        while True:
+            used = _nvml_used(pynvml, gpu.uuid, proc.pid)
+            if used is not None:
+                return page_up(used)
+            if time.monotonic() > deadline:
+                raise ProbeError(
+                    f"NVML does not list the probe (pid {proc.pid}) within {timeout:g}s "
+                    "(does nodemgr run in a pid namespace of its own?)"
+                )
+            time.sleep(0.02)  # the driver registers the process with NVML on its own time
+    except subprocess.TimeoutExpired:
+        raise ProbeError(f"the probe did not end within {timeout:g}s") from None
+    except pynvml.NVMLError as e:
+        raise ProbeError(f"NVML: {e}") from None
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def charges(config: Config, gpus: list[Gpu], simulated: bool) -> dict[int, tuple[int, str]]:
+    """The context charge of each GPU (by index) and where it comes from: the config's
+    number, or with "auto" one measurement per GPU model (name and memory), on the GPU of
+    that model with the most free memory, charged on all of them; CONTEXT_FALLBACK, with a
+    WARNING that names the fix, where the probe fails."""
+    import logging
+
+    from nodemgr.config import CONTEXT_FALLBACK, DEFAULT_CONFIG
+    from nodemgr.sizes import format_size
+
+    if config.context_memory is not None:
+        return {g.index: (config.context_memory, CONFIGURED) for g in gpus}
+    log = logging.getLogger("nodemgr")
+    models: dict[tuple[str, int], list[Gpu]] = {}
+    for g in gpus:
+        models.setdefault((g.name, g.memory), []).append(g)
+    out: dict[int, tuple[int, str]] = {}
+    for (name, _), same in models.items():
+        indices = ", ".join(str(g.index) for g in same)
+        try:
+            gpu, figure = _measure_model(same, gpus, simulated)
+        except ProbeError as e:
+            log.warning(
+                'gpus.context_memory = "auto": cannot measure a CUDA context on %s (GPUs %s): '
+                "%s; charging %s per process there instead. Set gpus.context_memory in %s to "
+                "what one CUDA process holds there (nvidia-smi's figure for it) to charge that",
+                name,
+                indices,
+                e,
+                format_size(CONTEXT_FALLBACK),
+                config.path or DEFAULT_CONFIG,
+            )
+            out.update({g.index: (CONTEXT_FALLBACK, FALLBACK) for g in same})
+            continue
+        log.info(
+            "a CUDA context takes %s on %s (measured on GPU %d): charged per process on GPUs %s",
+            format_size(figure),
+            name,
+            gpu.index,
+            indices,
+        )
+        out.update({g.index: (figure, MEASURED) for g in same})
+    return out
+
+
+def _measure_model(same: list[Gpu], gpus: list[Gpu], simulated: bool) -> tuple[Gpu, int]:
+    """(the GPU probed, its figure) for one model's GPUs ``same`` of the node's ``gpus``;
+    raise ProbeError."""
+    import pynvml
+
+    from nodemgr.gpus import sim_spec
+
+    sim_gpus: str | None = None
+    library = "libcuda.so.1"
+    if simulated:
+        from client_plugin import libs
+        from nodemgr.audit import load_simulated
+
+        try:
+            library = str(libs.sim_driver_dir() / "libcuda.so.1")
+        except FileNotFoundError as e:
+            raise ProbeError(str(e)) from None
+        # The whole node's list: the simulated NVML's process table is the node's.
+        sim_gpus = sim_spec(gpus)
+        load_simulated(sim_gpus)
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        raise ProbeError(f"NVML: {e}") from None
+    try:
+        # The probe's context takes memory for a moment: where tasks leave the most.
+        try:
+            gpu = max(same, key=lambda g: _free(pynvml, g.uuid))
+        except pynvml.NVMLError as e:
+            raise ProbeError(f"NVML: {e}") from None
+        return gpu, measure(gpu, library, sim_gpus)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(probe(sys.argv[1]))

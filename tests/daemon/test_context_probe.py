@@ -1,0 +1,119 @@
+"""gpus.context_memory = "auto" (docs/operations.md, "Context memory") through a real
+nodemgr on simulated GPUs: the probe measures the simulated driver's context size
+(gpus.simulated_context_memory) once per GPU model, nodemgr charges it on every GPU of
+that model and shows it; a size in the config overrides it; a probe that fails or hangs
+leaves the documented default and a WARNING that names the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodemgr import ctxprobe
+from nodemgr.config import CONTEXT_FALLBACK
+from nodemgr.gpus import Gpu
+from tests.conftest import free_port, invoke, scrape
+
+MiB = 1 << 20
+GiB = 1 << 30
+MEASURED = "a CUDA context takes"
+WARNED = 'WARNING nodemgr: gpus.context_memory = "auto": cannot measure a CUDA context'
+
+
+@pytest.fixture(autouse=True)
+def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A simulated process table of this test's own, for nodemgr, its probe and its tasks
+    (they inherit the variable)."""
+    path = tmp_path / "usage"
+    path.mkdir()
+    monkeypatch.setenv("GPUSHARE_SIM_STATE_DIR", str(path))
+    return path
+
+
+def contexts(d: Any) -> list[tuple[int, str]]:
+    return [(g["context"], g["context_source"]) for g in d.admin("status")["gpus"]]
+
+
+def test_auto_measures_the_simulated_context_once_and_charges_it(
+    daemon_factory: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    port = free_port()
+    # 301 MiB: the simulated driver takes it, NVML shows it, nodemgr rounds it to the page.
+    d = daemon_factory({"gpus": {"simulated_context_memory": "301MiB"}, "metrics": {"port": port}})
+    assert contexts(d) == [(302 * MiB, "measured")] * 4
+    log = d.logtext()
+    # One model (four GPUs of one name and size): one probe, charged on all four.
+    assert log.count(MEASURED) == 1
+    assert (
+        f"{MEASURED} 302MiB on gpushare Simulated GPU (measured on GPU 0): charged per "
+        "process on GPUs 0, 1, 2, 3"
+    ) in log
+    assert "WARNING" not in log
+    samples = scrape(port)
+    assert (
+        samples[
+            'gpushare_gpu_context_bytes{gpu="3",uuid="GPU-5349d000-0000-4000-8000-000000000003"}'
+        ]
+        == 302 * MiB
+    )
+    # The shim charges a task's process the measured figure for its context.
+    ep = d.env("alice", gpus=1, memory=GiB)
+    p = run_task(ep, str(cbin["client"]), "info")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert out.split() == ["info", f"free={GiB - 302 * MiB}", f"total={GiB}"]
+
+    shown = invoke(d, "status")
+    assert shown.exit_code == 0, shown.output
+    assert "context charge: 302MiB per process on GPUs 0,1,2,3 (measured at start)" in (
+        shown.output
+    )
+
+
+def test_a_size_in_the_config_overrides_auto(daemon_factory: Any) -> None:
+    d = daemon_factory({"gpus": {"simulated_context_memory": "301MiB", "context_memory": "100MiB"}})
+    assert contexts(d) == [(100 * MiB, "configured")] * 4
+    assert MEASURED not in d.logtext()
+
+
+def test_a_probe_that_fails_falls_back_with_a_warning(daemon_factory: Any) -> None:
+    # A context larger than the GPU: the simulated driver refuses it, as a full GPU would.
+    d = daemon_factory({"gpus": {"simulated_context_memory": "20GiB"}})
+    assert contexts(d) == [(CONTEXT_FALLBACK, "fallback")] * 4
+    log = d.logtext()
+    assert (
+        f"{WARNED} on gpushare Simulated GPU (GPUs 0, 1, 2, 3): cuDevicePrimaryCtxRetain "
+        "failed: CUDA error 2 (CUDA_ERROR_OUT_OF_MEMORY); charging 512MiB per process there "
+        f"instead. Set gpus.context_memory in {d.config}"
+    ) in log
+    assert MEASURED not in log
+
+
+def test_a_probe_that_hangs_is_ended_at_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's time limit: a probe that never says it is ready (it ignores its stdin
+    too) is killed and reaped, and its measurement fails, naming the limit."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    class Recorded(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    hang = [sys.executable, "-c", "import signal, time; signal.pause()"]
+    gpu = Gpu(0, "GPU-5349d000-0000-4000-8000-000000000000", "Sim", 16 * GiB)
+    with pytest.raises(ctxprobe.ProbeError, match=r"^no context within 0.5s$"):
+        ctxprobe.measure(gpu, "libcuda.so.1", None, timeout=0.5, command=hang)
+    [proc] = started
+    assert proc.returncode is not None  # reaped, not left running
+
+
+def test_page_up() -> None:
+    assert ctxprobe.page_up(0) == 0
+    assert ctxprobe.page_up(1) == 2 * MiB
+    assert ctxprobe.page_up(518 * MiB) == 518 * MiB
+    assert ctxprobe.page_up(518 * MiB + 1) == 520 * MiB
