@@ -244,7 +244,8 @@ KEYS: tuple[Key, ...] = (
         "iterations per turn on a time-sliced GPU"),
     Key("timeslice", "turn_timeout", "turn_timeout", Seconds(0.01), 30.0,
         "seconds a holder may go without an iteration boundary (without yielding, if it"
-        " reports none) before its turn is taken"),
+        " reports none), or past the end of its turn without yielding, before its turn is"
+        " taken"),
     Key("timeslice", "guard", "guard", Size(), "100MiB",
         "memory kept free after each task's persistent slice"),
     Key("idle", "timeout", "idle_timeout", Seconds(0.0, 7 * DAY), 0.0,

@@ -8,8 +8,9 @@ Two parts, both pure:
 * **Turns**: who holds each gated GPU's turn (a time-sliced GPU with two or
   more tasks), in which order the others get it, and what each task's ledger
   entry must say (``Gate``). ``settle`` follows grants, releases, mode changes;
-  ``yield_turn`` a task's ``yield``; ``expire`` applies ``turn_timeout``. Each
-  returns a ``Plan`` that nodemgr.state writes to the ledgers.
+  ``yield_turn`` a task's ``yield``; ``expire`` applies ``turn_timeout`` (to a
+  holder stuck, and to one past its turn that does not yield). Each returns a
+  ``Plan`` that nodemgr.state writes to the ledgers.
 """
 
 from __future__ import annotations
@@ -164,6 +165,9 @@ class Turns:
 
     gpus: Mapping[int, GpuTurn] = field(default_factory=dict)
     until: Mapping[str, int] = field(default_factory=dict)
+    # per task of ``until`` whose boundary count has reached its turn_until (its turn is
+    # over, it should have yielded): since when it is seen so (monotonic seconds)
+    overdue: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -383,6 +387,11 @@ def _plan(
             gates[task_id] = Gate(False, u, flags)
         else:
             gates[task_id] = Gate(True, 0, flags)
+    overdue = {
+        t: prev.overdue.get(t, s.now) if prev.until.get(t) == u else s.now
+        for t, u in until.items()
+        if s.iterations.get(t, 0) >= u
+    }
     handed = tuple(
         sorted(
             g
@@ -390,7 +399,7 @@ def _plan(
             if g in prev.gpus and turn.holder is not None and turn.holder != prev.gpus[g].holder
         )
     )
-    return Plan(Turns(gpus, until), gates, handed, passed)
+    return Plan(Turns(gpus, until, overdue), gates, handed, passed)
 
 
 def settle(prev: Turns, s: Situation) -> Plan:
@@ -455,12 +464,23 @@ def stuck(gpus: Mapping[int, GpuTurn], s: Situation, task_id: str, timeout: floa
     return s.now - last > timeout
 
 
+def overran(turns: Turns, s: Situation, task_id: str, timeout: float) -> bool:
+    """Whether a holder is past its turn by ``timeout``: its boundary count reached its
+    turn_until (where it should have yielded) more than ``timeout`` seconds ago, whatever
+    it has reported since."""
+    since = turns.overdue.get(task_id)
+    return since is not None and s.now - since > timeout
+
+
 def expire(prev: Turns, s: Situation, timeout: float) -> Plan:
-    """Pass on the turns of every running holder that is ``stuck``, and of every paused
-    holder (where a task that is not paused can take them). A holder waiting for another
-    GPU is not cut: the task it waits for is."""
+    """Pass on the turns of every running holder that is ``stuck`` or has ``overran`` its
+    turn, and of every paused holder (where a task that is not paused can take them). A
+    holder waiting for another GPU is not cut: the task it waits for is. One past its turn
+    that nobody else can relieve keeps it for another quantum, as if it had yielded."""
     gpus = _reconcile(prev, s)
     holders = sorted({t.holder for t in gpus.values() if t.holder is not None})
-    cut = [t for t in holders if _runs(gpus, s, t) and stuck(gpus, s, t, timeout)]
-    _pass_on(gpus, s, cut + _paused_holders(gpus, s))
-    return _plan(prev, s, gpus)
+    running = [t for t in holders if _runs(gpus, s, t)]
+    over = {t for t in running if overran(prev, s, t, timeout)}
+    cut = [t for t in running if t in over or stuck(gpus, s, t, timeout)]
+    kept, _ = _pass_on(gpus, s, cut + _paused_holders(gpus, s))
+    return _plan(prev, s, gpus, frozenset(kept & over))

@@ -8,6 +8,28 @@
 #include "shim.h"
 
 /*
+ * Charge `bytes` on ledger GPU `gpu` to `slot`. A refused charge may be
+ * refused for what processes of the environment that have ended still hold
+ * (their slots are freed at nodemgr's next sweep; a task running processes
+ * one after the other would be refused what the last one left): those are
+ * freed here, and the charge is tried once more, even if this process freed
+ * none (nodemgr may have, meanwhile). Only when refused: the granted charge
+ * costs what it did.
+ */
+static __attribute__((noinline, cold)) int charge_after_reap(int slot, int gpu, uint64_t bytes)
+{
+	reap_dead_slots(slot);
+	return gs_ledger_charge(g.ledger, (uint32_t)slot, (uint32_t)gpu, bytes);
+}
+
+static inline int ledger_charge(int slot, int gpu, uint64_t bytes)
+{
+	int rc = gs_ledger_charge(g.ledger, (uint32_t)slot, (uint32_t)gpu, bytes);
+
+	return likely(rc == 0) ? 0 : charge_after_reap(slot, gpu, bytes);
+}
+
+/*
  * Charge `bytes` on ledger GPU `gpu` to this process's slot. A GPU that is
  * not the node's, no free slot, or the limit: CUDA_ERROR_OUT_OF_MEMORY.
  *
@@ -25,7 +47,7 @@ CUresult charge_gpu(int gpu, uint64_t bytes, struct gs_charge *c)
 	c->slot = my_slot();
 	if (gpu < 0 || c->slot < 0)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	if (gs_ledger_charge(g.ledger, (uint32_t)c->slot, (uint32_t)gpu, bytes) != 0)
+	if (ledger_charge(c->slot, gpu, bytes) != 0)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	return CUDA_SUCCESS;
 }
@@ -709,8 +731,7 @@ static int pool_charge_to(struct gs_pool *p, uint64_t reserved, int slot, int *m
 {
 	if (reserved <= p->charged)
 		return 1;
-	if (gs_ledger_charge(g.ledger, (uint32_t)slot, (uint32_t)p->gpu, reserved - p->charged) !=
-	    0)
+	if (ledger_charge(slot, p->gpu, reserved - p->charged) != 0)
 		return 0;
 	__atomic_store_n(&p->charged, reserved, __ATOMIC_RELAXED);
 	*more = 1;

@@ -436,7 +436,7 @@ static void slot_clear(struct gs_ledger *l, struct gs_slot *s)
 /*
  * The taken bits are written only by whoever holds the slot's lock: a
  * claimer sets its slot's bit once it holds the lock, before it charges
- * anything; nodemgr clears a dead process's bit once it has zeroed the slot,
+ * anything; a reaper clears a dead process's bit once it has zeroed the slot,
  * before it lets the lock go. So a slot whose bit is clear holds nothing, a
  * live process's bit is set (but for the moment between its lock and its
  * bit), and a bit left set by a process that died is cleared by the reaper.
@@ -479,30 +479,90 @@ static void reconcile(struct gs_ledger *l, int fd)
 	fcntl(fd, F_OFD_SETLK, &fl);
 }
 
+/*
+ * Free slot `i` if its owner has died: its lock, which the kernel dropped
+ * with the owner's last descriptor of the ledger, is free to this one.
+ * Whoever takes the lock first clears the slot; a second reaper, or a
+ * claimer, finds it held, or finds the slot clear. Describes a used slot
+ * into `out` (may be NULL) before it is forgotten. Returns 1 if a process's
+ * slot was freed, 0 if the slot held none, -EAGAIN while its owner lives,
+ * or another negative errno value.
+ */
+static int reap_slot(struct gs_ledger *l, int fd, uint32_t i, struct gs_slot_info *out)
+{
+	struct gs_slot *s = &l->slot[i];
+	int used, rc = slot_lock(fd, i, F_WRLCK);
+
+	if (rc == -EACCES)
+		rc = -EAGAIN;
+	if (rc != 0)
+		return rc;
+	used = LOAD(&s->state) == GS_SLOT_USED;
+	if (used && out != NULL)
+		slot_info(s, i, out);
+	slot_clear(l, s);
+	STORE(&s->state, (uint32_t)GS_SLOT_FREE);
+	mark_taken(l, i, 0);
+	slot_lock(fd, i, F_UNLCK);
+	/* A process killed between its lock and its first write held nothing to report. */
+	return used;
+}
+
 int gs_ledger_reap(struct gs_ledger *l, int fd, struct gs_slot_info *out, uint32_t max)
 {
 	int n = 0;
 
 	for_each_taken(l, i) {
-		struct gs_slot *s = &l->slot[i];
-		int used, rc = slot_lock(fd, i, F_WRLCK);
+		int rc = reap_slot(l, fd, i, out != NULL && (uint32_t)n < max ? &out[n] : NULL);
 
-		if (rc == -EAGAIN || rc == -EACCES)
+		if (rc == -EAGAIN)
 			continue; /* its owner is alive */
-		if (rc != 0)
+		if (rc < 0)
 			return rc;
-		/* What the dead process used is reported before it is forgotten. */
-		used = LOAD(&s->state) == GS_SLOT_USED;
-		if (used && out != NULL && (uint32_t)n < max)
-			slot_info(s, i, &out[n]);
-		slot_clear(l, s);
-		STORE(&s->state, (uint32_t)GS_SLOT_FREE);
-		mark_taken(l, i, 0);
-		slot_lock(fd, i, F_UNLCK);
-		/* A process killed between its lock and its first write held nothing to report. */
-		n += used;
+		n += rc;
 	}
 	reconcile(l, fd);
+	return n;
+}
+
+/* CLOCK_REALTIME in ns: the clock of a task's last_launch_ns (nodemgr's time.time_ns()). */
+static uint64_t wall_ns(void)
+{
+	struct timespec ts;
+
+	if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int gs_ledger_reap_others(struct gs_ledger *l, int fd, uint32_t own)
+{
+	int n = 0;
+
+	for_each_taken(l, i) {
+		struct gs_slot *s = &l->slot[i];
+		struct gs_task *t;
+		int rc;
+
+		/* This descriptor's own lock: taking it again would succeed. */
+		if (i == own)
+			continue;
+		/*
+		 * A process that launched since nodemgr's last sweep and died
+		 * dates its task's last launch, as nodemgr's sweep would have
+		 * (gs_ledger_stamp_launches, before its reap). Read before
+		 * reap_slot zeroes them; a live owner's slot is left as it is.
+		 */
+		t = LOAD(&s->launches) != LOAD(&s->launches_seen) ? slot_task(l, s) : NULL;
+		rc = reap_slot(l, fd, i, NULL);
+		if (rc == -EAGAIN)
+			continue;
+		if (rc < 0)
+			return rc;
+		if (rc > 0 && t != NULL)
+			STORE(&t->last_launch_ns, wall_ns());
+		n += rc;
+	}
 	return n;
 }
 

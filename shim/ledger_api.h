@@ -126,6 +126,19 @@ int gs_ledger_summary(const struct gs_ledger *l, struct gs_slot_info *out, uint3
 int gs_ledger_reap(struct gs_ledger *l, int fd, struct gs_slot_info *out, uint32_t max);
 
 /*
+ * A process whose charge was refused: free the slots of the environment's
+ * dead processes as gs_ledger_reap does, through `fd`, the descriptor its
+ * own slot `own` is locked on (skipped: its lock is this descriptor's). A
+ * process dies with its slot's lock, whatever pid namespace it and nodemgr
+ * see each other in, so no pid is compared. The bytes a freed slot held
+ * leave the GPUs' `charged` counts, exactly once whoever reaps first; a
+ * freed slot that had launched since nodemgr last looked stamps its task's
+ * last launch. Never reconciles (the caller's slot is taken). Returns the
+ * number of slots freed, or a negative errno value.
+ */
+int gs_ledger_reap_others(struct gs_ledger *l, int fd, uint32_t own);
+
+/*
  * A process: claim a free slot for itself through `fd` (an O_RDWR
  * descriptor of its own, kept open for the life of the claim), recording
  * its task's entry in the slot; a slot of a dead process when none is free.

@@ -82,7 +82,8 @@ struct gs_task {
  * A process's charges. Per GPU, `used` splits into persistent bytes (what was
  * still allocated at the process's last iteration boundary, or marked so)
  * and temporary bytes (used - persistent: allocated since). Only the owning
- * process writes its slot, except nodemgr clearing a dead one.
+ * process writes its slot, except a reaper clearing a dead one (nodemgr, or
+ * a process of the environment whose charge was refused).
  */
 struct gs_slot {
 	uint64_t used[GS_MAX_GPUS];
@@ -118,7 +119,7 @@ struct gs_ledger {
 	/*
 	 * Bit i set: slot i is taken. Written only by whoever holds the slot's
 	 * lock: a claimer sets it once it holds the lock, before it charges
-	 * anything; nodemgr clears it once it has zeroed a dead process's slot.
+	 * anything; a reaper clears it once it has zeroed a dead process's slot.
 	 * Claimers try the locks of slots whose bit is clear only, and readers
 	 * visit only the slots whose bit is set.
 	 */

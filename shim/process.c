@@ -194,6 +194,21 @@ int my_slot(void)
 }
 
 /*
+ * A charge of this process (in `slot`) was refused: free the slots of the
+ * environment's processes that have ended, whose charges would otherwise
+ * stay until nodemgr's next sweep (gs_ledger_reap_others). One thread at a
+ * time: slot locks belong to the open file description, so two threads of
+ * this process would both be granted a dead slot's lock and clear it twice.
+ * A failure to free one leaves its charges where they are, for nodemgr.
+ */
+void reap_dead_slots(int slot)
+{
+	pthread_mutex_lock(&g.claim_mu);
+	gs_ledger_reap_others(g.ledger, g.fd, (uint32_t)slot);
+	pthread_mutex_unlock(&g.claim_mu);
+}
+
+/*
  * Ledger GPU index of a device ordinal; GS_DEV_FOREIGN for a GPU of the
  * driver's that the ledger does not have, GS_DEV_UNRESOLVED when the driver
  * cannot say which GPU the ordinal is.

@@ -167,7 +167,7 @@ struct gs_process {
 	 * by gpushare_mark_persistent, is in its slot's persistent share.
 	 */
 	uint64_t epoch;
-	pthread_mutex_t claim_mu;
+	pthread_mutex_t claim_mu;   /* claims and reaps through fd: its locks are every thread's */
 	pthread_mutex_t epoch_mu;   /* orders boundaries and marks against each other */
 	char ledger_path[PATH_MAX]; /* to map it afresh after fork */
 };
@@ -292,6 +292,7 @@ static inline void *traced_nvml_entry(int id, void **slot)
 
 /* process.c */
 int my_slot(void);
+void reap_dead_slots(int slot);
 int ledger_gpu(CUdevice dev);
 CUresult current_ctx(CUcontext *ctx, int *gpu);
 CUresult current_gpu(int *gpu);

@@ -18,6 +18,21 @@
  *	may leave the count too high, by at most one charge per killed process,
  *	never too low); then all are killed and reaped and a last line
  *	"idle charged=C used=U" must read 0 and 0.
+ *
+ *   ledger_procs reclaim PATH PROCS ROUNDS
+ *	What a refused charge of the shim does (gs_ledger_reap_others). Each
+ *	round, PROCS victims charge random sizes, filling the limit, and stop;
+ *	half of them are killed (SIGKILL). A survivor alone charges what they
+ *	held: refused, it reaps, and retried the charge is granted. Then the
+ *	other half are killed, and PROCS racers charge what those held between
+ *	them, each reaping and retrying once if refused, while a reaper frees
+ *	dead slots as nodemgr does. Prints per round "round=N solo_rc=S
+ *	solo_reaped=K stamped=1 killed=K2 reaped=R granted=G charged=C used=U": S is 1
+ *	(refused, then granted after freeing the K dead slots, K being half of
+ *	PROCS) and stamping the task's last launch (the victims launched, and no
+ *	sweep saw it), every dead slot of the race is freed exactly once (R is K2) and
+ *	the count is exact (C is U) once all are quiet; then "idle charged=C
+ *	used=U" after all are killed and reaped.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -42,8 +57,11 @@
 /* What the processes share besides the ledger: counters and the stop flag. */
 struct shared {
 	unsigned long held, max_held, granted, refused;
-	int claimed; /* children that hold their slot */
-	int go;	     /* set once all have: they start together */
+	unsigned long reaped; /* reclaim: dead slots freed by racers and the reaper */
+	unsigned long done;   /* reclaim: racers done */
+	int solo_rc;	      /* reclaim: the survivor's charge_reclaiming() */
+	int claimed;	      /* children that hold their slot */
+	int go;		      /* set once all have: they start together */
 	int stop;
 	int stopped;
 };
@@ -238,14 +256,199 @@ static int run_kill(const char *path, struct gs_ledger *l, int fd, int procs, lo
 	return 0;
 }
 
+/* A victim: charges its size, says so, and stops. */
+static void victim_child(const char *path, struct shared *sh, uint64_t bytes)
+{
+	struct gs_ledger *l;
+	int fd, s;
+
+	l = map_ledger(path, &fd);
+	if (l == NULL)
+		fail("victim map");
+	s = gs_ledger_claim(l, fd, (int32_t)getpid(), "procs");
+	if (s < 0 || gs_ledger_charge(l, (uint32_t)s, 0, bytes) != 0)
+		_exit(1);
+	/* A kernel launch, counted as the shim counts it: never seen by a sweep. */
+	__atomic_fetch_add(&l->slot[s].launches, 1, __ATOMIC_SEQ_CST);
+	__atomic_fetch_add(&sh->claimed, 1, __ATOMIC_RELEASE);
+	for (;;)
+		pause();
+}
+
+/*
+ * A charge as the shim makes it: refused, the dead processes' slots are
+ * freed (counted into *reaped) and it is tried once more. Returns 0 if
+ * granted, 1 if granted only after the reap, -1 if refused.
+ */
+static int charge_reclaiming(struct gs_ledger *l, int fd, uint32_t slot, uint64_t bytes,
+			     unsigned long *reaped)
+{
+	int n;
+
+	if (gs_ledger_charge(l, slot, 0, bytes) == 0)
+		return 0;
+	n = gs_ledger_reap_others(l, fd, slot);
+	if (n < 0)
+		fail("reap_others");
+	__atomic_fetch_add(reaped, (unsigned long)n, __ATOMIC_SEQ_CST);
+	return gs_ledger_charge(l, slot, 0, bytes) == 0 ? 1 : -1;
+}
+
+/* A racer (or the solo survivor): claims, charges `bytes` reclaiming, reports, stops. */
+static void racer_child(const char *path, struct shared *sh, uint64_t bytes, int solo)
+{
+	struct gs_ledger *l;
+	int fd, s, rc;
+
+	l = map_ledger(path, &fd);
+	if (l == NULL)
+		fail("racer map");
+	s = gs_ledger_claim(l, fd, (int32_t)getpid(), "procs");
+	if (s < 0)
+		_exit(1);
+	if (!solo) {
+		__atomic_fetch_add(&sh->claimed, 1, __ATOMIC_RELEASE);
+		while (!__atomic_load_n(&sh->go, __ATOMIC_ACQUIRE))
+			sched_yield();
+	}
+	rc = charge_reclaiming(l, fd, (uint32_t)s, bytes, &sh->reaped);
+	__atomic_fetch_add(rc >= 0 ? &sh->granted : &sh->refused, 1, __ATOMIC_SEQ_CST);
+	/* The solo survivor must have been refused first: the dead still held the limit. */
+	if (solo) {
+		sh->solo_rc = rc;
+		_exit(0);
+	}
+	__atomic_fetch_add(&sh->done, 1, __ATOMIC_RELEASE);
+	for (;;)
+		pause();
+}
+
+/* nodemgr's sweep, as fast as it goes, until stopped. */
+static void reaper_child(const char *path, struct shared *sh)
+{
+	struct gs_ledger *l;
+	int fd;
+
+	l = map_ledger(path, &fd);
+	if (l == NULL)
+		fail("reaper map");
+	__atomic_fetch_add(&sh->claimed, 1, __ATOMIC_RELEASE);
+	/* A last pass once stopped: what no racer freed is freed by the sweep. */
+	for (;;) {
+		int stopping = __atomic_load_n(&sh->stop, __ATOMIC_ACQUIRE);
+		int n = gs_ledger_reap(l, fd, NULL, 0);
+
+		if (n < 0)
+			fail("reap");
+		__atomic_fetch_add(&sh->reaped, (unsigned long)n, __ATOMIC_SEQ_CST);
+		if (stopping)
+			_exit(0);
+	}
+}
+
+static pid_t spawn(void)
+{
+	pid_t p;
+
+	/* A child must not inherit, and print again, a line not yet written. */
+	fflush(stdout);
+	p = fork();
+
+	if (p < 0)
+		fail("fork");
+	return p;
+}
+
+static void kill_all(pid_t *pid, int n)
+{
+	for (int i = 0; i < n; i++)
+		kill(pid[i], SIGKILL);
+	for (int i = 0; i < n; i++)
+		waitpid(pid[i], NULL, 0);
+}
+
+static int run_reclaim(const char *path, struct gs_ledger *l, int fd, int procs, long rounds)
+{
+	struct shared *sh = shared_page();
+	pid_t victim[MAX_PROCS], racer[MAX_PROCS + 1], solo, reaper;
+	uint64_t size[MAX_PROCS], first = 0, second = 0;
+	int half = procs / 2, task;
+
+	for (long r = 0; r < rounds; r++) {
+		int st;
+
+		memset(sh, 0, sizeof(*sh));
+		gs_ledger_set_limit(l, 0, UINT64_MAX);
+		gs_ledger_task_remove(l, "procs");
+		task = gs_ledger_task_add(l, "procs");
+		if (task < 0)
+			fail("task entry");
+		for (int i = 0; i < procs; i++) {
+			size[i] = ((uint64_t)(r * 7 + i * 13) % 64 + 1) * MIB;
+			if (i < half)
+				first += size[i];
+			else
+				second += size[i];
+			victim[i] = spawn();
+			if (victim[i] == 0)
+				victim_child(path, sh, size[i]);
+		}
+		while (__atomic_load_n(&sh->claimed, __ATOMIC_ACQUIRE) < procs)
+			nap_us(100);
+		/* The victims fill the limit: nothing more fits until the dead are reaped. */
+		gs_ledger_set_limit(l, 0, first + second);
+		kill_all(victim, half);
+		solo = spawn();
+		if (solo == 0)
+			racer_child(path, sh, first, 1);
+		if (waitpid(solo, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+			fprintf(stderr, "round %ld: the survivor failed\n", r);
+			return 1;
+		}
+		printf("round=%ld solo_rc=%d solo_reaped=%lu stamped=%d ", r, sh->solo_rc,
+		       sh->reaped, l->task[task].last_launch_ns != 0);
+		/* The survivor has exited: its slot is dead too, and is reaped with the second half. */
+		sh->reaped = 0;
+		sh->granted = 0;
+		sh->claimed = 0;
+		kill_all(victim + half, procs - half);
+		reaper = spawn();
+		if (reaper == 0)
+			reaper_child(path, sh);
+		for (int i = 0; i < procs; i++) {
+			racer[i] = spawn();
+			if (racer[i] == 0)
+				racer_child(path, sh, second / (uint64_t)procs, 0);
+		}
+		while (__atomic_load_n(&sh->claimed, __ATOMIC_ACQUIRE) < procs + 1)
+			nap_us(100);
+		__atomic_store_n(&sh->go, 1, __ATOMIC_RELEASE);
+		while (__atomic_load_n(&sh->done, __ATOMIC_ACQUIRE) < (unsigned long)procs)
+			nap_us(100);
+		__atomic_store_n(&sh->stop, 1, __ATOMIC_RELEASE);
+		waitpid(reaper, NULL, 0);
+		printf("killed=%d reaped=%lu granted=%lu charged=%llu used=%llu\n",
+		       procs - half + 1, sh->reaped, sh->granted,
+		       (unsigned long long)gs_ledger_charged(l, 0),
+		       (unsigned long long)gs_ledger_used(l, 0));
+		kill_all(racer, procs);
+		gs_ledger_reap(l, fd, NULL, 0);
+		first = second = 0;
+	}
+	printf("idle charged=%llu used=%llu\n", (unsigned long long)gs_ledger_charged(l, 0),
+	       (unsigned long long)gs_ledger_used(l, 0));
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct gs_ledger *l;
 	int procs, fd;
 	long rounds;
 
-	if (argc != 5 || (strcmp(argv[1], "fit") != 0 && strcmp(argv[1], "kill") != 0)) {
-		fprintf(stderr, "usage: ledger_procs fit|kill PATH PROCS ROUNDS\n");
+	if (argc != 5 || (strcmp(argv[1], "fit") != 0 && strcmp(argv[1], "kill") != 0 &&
+			  strcmp(argv[1], "reclaim") != 0)) {
+		fprintf(stderr, "usage: ledger_procs fit|kill|reclaim PATH PROCS ROUNDS\n");
 		return 2;
 	}
 	procs = atoi(argv[3]);
@@ -263,5 +466,7 @@ int main(int argc, char **argv)
 		fail("ledger");
 	if (strcmp(argv[1], "fit") == 0)
 		return run_fit(argv[2], l, procs, rounds);
+	if (strcmp(argv[1], "reclaim") == 0)
+		return run_reclaim(argv[2], l, fd, procs, rounds);
 	return run_kill(argv[2], l, fd, procs, rounds);
 }

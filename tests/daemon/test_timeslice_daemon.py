@@ -403,6 +403,37 @@ def test_turn_timeout_passes_the_turn_of_a_task_that_never_yields(
         assert gpu0(d)["turn"]["switches"] >= 2
 
 
+def test_a_holder_that_steps_on_past_its_turn_loses_it_after_turn_timeout(
+    daemon_factory: Any, procs: Any
+) -> None:
+    """A task that reports a boundary every step but never yields (its plugin ignores the
+    end of its turn) is never stuck; past the end of its turn by turn_timeout, it is gated
+    all the same and the other task gets the turn, again at each of its turns."""
+    d = ts_daemon(daemon_factory, turn_timeout=0.5)
+    ep = d.env("a", memory=4 * GiB)
+    a = procs(ep)
+    a.started()
+    b = procs(ep)
+    b.started()
+    i = 0
+    for _ in range(2):
+        assert gpu0(d)["turn"]["holder"] == a.task_id
+        with ledger_of(d, "a") as ledger:
+            entry = ledger.task_entry(a.task_id)
+            assert entry is not None and entry.turn_until == i + 4
+        # a steps on past its turn_until until it is gated, far more often than
+        # turn_timeout: its count never stops moving.
+        give_up = time.monotonic() + 30  # within heartbeat_timeout (60 s)
+        while not gated(d, "a", a.task_id):
+            assert time.monotonic() < give_up, f"the holder kept the turn to boundary {i}"
+            i += 1
+            a.do("boundary", i)
+            time.sleep(0.01)
+        assert i > entry.turn_until
+        assert gpu0(d)["turn"]["holder"] == b.task_id and not gated(d, "a", b.task_id)
+        assert b.do("yield") is True
+
+
 def two_processes_and_another(d: Any, procs: Any) -> tuple[Any, Any, Any]:
     """Task a of two processes (the second joins the first's grant), then task b, on GPU 0:
     a holds the turn and b waits."""
@@ -486,7 +517,8 @@ def test_the_end_of_a_turn_does_not_wait_for_a_process_that_stopped_stepping(
     """A process of the task that reported a boundary once, long ago (a parent that ran a
     few steps, then waits for its children), is not waited for: the yield of the process
     that steps passes the turn at once, never held."""
-    d = ts_daemon(daemon_factory, turn_timeout=2.0)
+    # A quantum a1 does not reach while it waits: the turn is not over (and overrun) yet.
+    d = ts_daemon(daemon_factory, turn_timeout=2.0, quantum=100)
     a1, a2, b = two_processes_and_another(d, procs)
     a = a1.task_id
     a2.do("boundary", 1)  # and no more

@@ -172,6 +172,39 @@ def test_a_process_killed_while_charging_leaves_the_count_high_never_low(tmp_pat
     assert idle == {"charged": "0", "used": "0"}
 
 
+def test_a_refused_charge_first_frees_what_dead_processes_held(tmp_path: Path) -> None:
+    """What the shim does when a charge is refused, on the ledger code it shares with
+    nodemgr (tests/c/ledger_procs.c reclaim): a survivor is refused what SIGKILLed processes
+    of the environment still hold, frees their slots (and only theirs: the others live) and
+    is granted on its retry; racers doing the same while a reaper sweeps as nodemgr does free
+    each dead slot exactly once, and the GPU's count is then exactly what the slots hold.
+    Dead processes that launched since the last sweep date their task's last launch."""
+    *rounds, idle = _ledger_procs(tmp_path, "reclaim", "16", "10")
+    assert len(rounds) == 10
+    for r in rounds:
+        assert r["solo_rc"] == "1" and r["solo_reaped"] == "8", r  # refused, then granted
+        assert r["stamped"] == "1", r  # the dead launched: their task's last launch is dated
+        assert r["reaped"] == r["killed"] == "9", r  # the second half and the survivor
+        assert int(r["granted"]) >= 1 and r["charged"] == r["used"], r
+    assert idle == {"charged": "0", "used": "0"}
+
+
+def test_processes_run_one_after_another_get_what_the_ended_ones_held(
+    daemon_factory: Any, run_task: Any, cbin: dict[str, Path]
+) -> None:
+    """A task whose processes run one after the other, each taking most of the quota (and a
+    context's charge) and exiting without freeing it: each is granted what the ended ones
+    held, without waiting for nodemgr's sweep (60 s here, so none comes between them)."""
+    d = daemon_factory(
+        {"gpus": {"simulated_count": 1, "context_memory": "256MiB"}}, sweep_interval=60.0
+    )
+    ep = d.env("a", memory=4 * GiB)
+    p = run_task(ep, "sh", "-c", f"for i in $(seq 20); do {cbin['client']} alloc 3072; done")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert lines(out) == ["alloc ok"] * 20
+
+
 def _one_gpu(daemon_factory: Any) -> Any:
     """A node of one 16 GiB GPU, all of it promisable."""
     return daemon_factory(

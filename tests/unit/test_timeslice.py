@@ -425,7 +425,7 @@ def test_every_task_runs_within_a_bounded_number_of_events() -> None:
     assert bound > 0
 
 
-def test_a_holder_that_reports_boundaries_is_cut_only_when_stuck() -> None:
+def test_a_holder_within_its_turn_that_reports_boundaries_is_cut_only_when_stuck() -> None:
     on = {0: ["a", "b"]}
     p = timeslice.settle(Turns(), sit(on, 0.0, {"a": 1}))
     # a's turn is 25 s old, but its count moved 2 s ago: it keeps the turn.
@@ -439,6 +439,45 @@ def test_a_holder_that_reports_boundaries_is_cut_only_when_stuck() -> None:
     # No progress seen during its turn: counted from the start of the turn.
     s = Situation(on, {"a": [0], "b": [0]}, {"a": 3}, 10.5, 4, progress={"a": -5.0})
     assert timeslice.expire(p.turns, s, 10.0).turns.gpus[0].holder == "b"
+
+
+def stepping(now: float, a: int, paused: frozenset[str] = frozenset()) -> Situation:
+    """a and b on GPU 0; a has reported ``a`` boundaries, the last one just now."""
+    on = {0: ["a", "b"]}
+    return Situation(on, {"a": [0], "b": [0]}, {"a": a}, now, 4, {"a": now}, paused)
+
+
+def test_a_holder_past_its_turn_loses_it_after_turn_timeout_whatever_it_reports() -> None:
+    """A holder that steps on past its turn_until without yielding (it reports boundaries,
+    so it is never stuck) loses the turn turn_timeout seconds after it reached the end of
+    its turn: counted from then, not from the start of the turn."""
+    p = timeslice.settle(Turns(), stepping(0.0, 0))
+    assert p.gates["a"] == Gate(False, 4, 1) and p.turns.overdue == {}
+    # Within its turn for 20 s (slow steps): nothing to cut.
+    p = timeslice.expire(p.turns, stepping(20.0, 3), 10.0)
+    assert p.turns.gpus[0].holder == "a" and p.turns.overdue == {}
+    # It reaches turn_until at 21 s and steps on, boundary after boundary.
+    for now, a in ((21.0, 4), (25.0, 9), (31.0, 15)):
+        p = timeslice.expire(p.turns, stepping(now, a), 10.0)
+        assert p.turns.gpus[0].holder == "a" and p.handed == (), now
+        assert p.turns.overdue == {"a": 21.0}
+    p = timeslice.expire(p.turns, stepping(31.5, 16), 10.0)
+    assert p.turns.gpus[0].holder == "b" and p.handed == (0,)
+    assert p.gates["a"].gated and not p.gates["b"].gated and p.turns.overdue == {}
+    # Its next turn counts a quantum from where it stands then.
+    p = timeslice.yield_turn(p.turns, stepping(40.0, 16), "b")
+    assert p.turns.gpus[0].holder == "a" and p.gates["a"] == Gate(False, 20, 1)
+    assert p.turns.overdue == {}
+
+
+def test_a_holder_past_its_turn_with_nobody_to_relieve_it_gets_another_quantum() -> None:
+    p = timeslice.settle(Turns(), stepping(0.0, 0))
+    b = frozenset({"b"})  # paused: it cannot take the turn
+    p = timeslice.expire(p.turns, stepping(1.0, 4, b), 10.0)
+    assert p.turns.overdue == {"a": 1.0}
+    p = timeslice.expire(p.turns, stepping(11.5, 30, b), 10.0)
+    assert p.turns.gpus[0].holder == "a" and p.handed == ()
+    assert p.gates["a"] == Gate(False, 34, 1) and p.turns.overdue == {}
 
 
 def test_a_paused_task_is_passed_over() -> None:
