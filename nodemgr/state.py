@@ -92,6 +92,7 @@ class Node:
         env_dir = self.config.env_dir(name)
         access = self.config.access_for(name)
         uuids = [g.uuid_bytes for g in self.gpus]
+        sizes = [g.memory for g in self.gpus]
         path = env_dir / "ledger"
         # Everything inside the directory goes through a descriptor of it: its owner
         # may write there, and nodemgr, as root, must follow nothing it left.
@@ -101,7 +102,7 @@ class Node:
         if adopt:
             with contextlib.suppress(OSError):
                 fd = os.open(env_dir, flags)
-            ledger = Ledger.reopen(path, uuids, dir_fd=fd) if fd >= 0 else None
+            ledger = Ledger.reopen(path, uuids, dir_fd=fd, memory=sizes) if fd >= 0 else None
         adopted = ledger is not None
         try:
             if ledger is None:
@@ -109,7 +110,7 @@ class Node:
                     os.close(fd)
                 fd = envdirs.open_empty(env_dir)
                 owner = (access.uid, access.gid)
-                ledger = Ledger.create(path, uuids, access.mode, owner, dir_fd=fd)
+                ledger = Ledger.create(path, uuids, access.mode, owner, dir_fd=fd, memory=sizes)
             ledger.chown(access.uid, access.gid, access.mode)
             # The directory's owner is the environment's user; nodemgr, root or
             # the same user, keeps its way in either way.

@@ -1,0 +1,168 @@
+"""An environment's ledger is mapped read-write into its processes: its owner may write
+anything there. nodemgr keeps serving whatever is written, believes no figure of it
+beyond what that environment may hold, rewrites what is its own to write and reports
+what NVML does not confirm (docs/containers.md, "Trust"; docs/operations.md, "Bypass
+audit")."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from nodemgr.client import Connection
+from tests.conftest import die_with_test_run
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+# The environment's owner, as a process of a task of its own: it asks for one GPU, maps
+# the ledger as the shim does, then runs one Python statement per line on stdin (names
+# kept from one line to the next: `l` the ledger, `fd` its descriptor, `tid` the task id)
+# and answers each with the JSON of the name `out`.
+HOSTILE = r"""
+import json, mmap, os, sys
+from nodemgr._ledger import ffi, lib
+from nodemgr.client import Connection
+
+conn = Connection(sys.argv[1], timeout=60)
+grant = conn.call("request", timeout=60, gpus=1)
+fd = os.open(grant["ledger"], os.O_RDWR)
+mem = mmap.mmap(fd, os.fstat(fd).st_size)
+names = {"l": ffi.cast("struct gs_ledger *", ffi.from_buffer(mem)), "lib": lib, "ffi": ffi,
+         "fd": fd, "tid": grant["task_id"].encode(), "os": os, "out": None}
+print(json.dumps(grant), flush=True)
+for line in sys.stdin:
+    names["out"] = None
+    exec(line, names)
+    print(json.dumps(names["out"]), flush=True)
+"""
+
+
+class Hostile:
+    """A task of an environment whose process writes its ledger (HOSTILE)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.p = subprocess.Popen(
+            [sys.executable, "-c", HOSTILE, endpoint],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd="/",  # the installed nodemgr (with its compiled ledger), not the source tree
+            preexec_fn=die_with_test_run(),
+        )
+        assert self.p.stdout is not None
+        line = self.p.stdout.readline()
+        assert line, "the hostile task got no grant"
+        self.grant: dict[str, Any] = json.loads(line)
+        self.task_id = str(self.grant["task_id"])
+
+    def do(self, statement: str) -> Any:
+        assert self.p.stdin is not None and self.p.stdout is not None
+        self.p.stdin.write(statement + "\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        assert line, f"the hostile process ended: {self.p.wait(10)}"
+        return json.loads(line)
+
+    def claim(self, pid: str = "os.getpid()") -> int:
+        """Take a slot (its lock and taken bit) for the task, recording ``pid``."""
+        slot = int(self.do(f"slot = out = lib.gs_ledger_claim(l, fd, {pid}, tid)"))
+        assert slot >= 0
+        return slot
+
+    def end(self) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.close()
+        assert self.p.wait(30) == 0
+
+
+@pytest.fixture
+def hostiles() -> Iterator[list[Hostile]]:
+    made: list[Hostile] = []
+    yield made
+    for h in made:
+        if h.p.poll() is None:
+            h.p.kill()
+        h.p.wait()
+        for pipe in (h.p.stdin, h.p.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def swept(d: Any, h: Hostile, wait_for: Any) -> None:
+    """Return once nodemgr has run two sweeps over ``h``'s ledger since this call: each
+    dates a launch count that moved (the slot's `last_launch_ns`), the second starts after
+    the first has ended."""
+    for _ in range(2):
+        h.do("l.slot[slot].last_launch_ns = 0; l.slot[slot].launches_seen = 0")
+        h.do("l.slot[slot].launches += 1")
+        wait_for(
+            lambda: d.proc.poll() is not None or h.do("out = l.slot[slot].last_launch_ns") != 0,
+            10,
+        )
+        assert d.proc.poll() is None, d.logtext()
+
+
+def request(endpoint: str) -> dict[str, Any]:
+    with Connection(endpoint, timeout=10) as c:
+        return c.call("request", gpus=1)
+
+
+def done(endpoint: str, task_id: str) -> None:
+    with Connection(endpoint, timeout=10) as c:
+        c.call("done", task_id=task_id)
+
+
+# What each write did before: crash nodemgr, in the sweep, the audit or a reply.
+WRITES = {
+    "task peak": "l.task[l.slot[slot].task_index].peak = 1 << 63",
+    "header ngpus": "l.ngpus = 17",
+    "slot used": "l.slot[slot].used[0] = 2**64 - 1; l.slot[slot].held = 2**64 - 1",
+    "launches": "l.slot[slot].launches = 1 << 63",
+}
+
+
+@pytest.mark.parametrize("write", sorted(WRITES))
+def test_nodemgr_serves_on_whatever_an_environment_writes_in_its_ledger(
+    daemon_factory: Any, hostiles: list[Hostile], wait_for: Any, write: str
+) -> None:
+    d = daemon_factory({"audit": {"interval": 0.1}}, heartbeat_timeout=600.0)
+    evil = d.env("mallory", gpus=1, memory=4 * GiB)
+    alice = d.env("alice", gpus=1, memory=4 * GiB)
+    h = Hostile(evil)
+    hostiles.append(h)
+    h.claim()
+    h.do(WRITES[write])
+    swept(d, h, wait_for)
+    audits = d.admin("status")["bypass"]["audits"]
+    wait_for(
+        lambda: d.proc.poll() is not None or d.admin("status")["bypass"]["audits"] > audits + 1,
+        10,
+    )
+    # Every reply that shows the ledger's figures is answered, within sane bounds.
+    tasks = {t["task_id"]: t for t in d.tasks()}
+    mine = tasks[h.task_id]
+    total = sum(g["memory"] for g in d.admin("status")["gpus"])
+    assert 0 <= mine["memory_used"] <= total and 0 <= mine["peak"] <= total
+    assert 0 <= mine["launches"] < 1 << 63
+    assert all(0 <= g["used"] <= g["memory"] for g in d.admin("status")["gpus"])
+    d.admin("history", limit=10)
+    # Another environment is served as before.
+    grant = request(alice)
+    assert grant["gpus"][0]["index"] != h.grant["gpus"][0]["index"]
+    done(alice, grant["task_id"])
+    # The hostile task ends: its record is written, within bounds, and nodemgr goes on.
+    h.end()
+    wait_for(
+        lambda: d.proc.poll() is not None or h.task_id not in {t["task_id"] for t in d.tasks()},
+        10,
+    )
+    assert d.proc.poll() is None, d.logtext()
+    [rec] = [r for r in d.admin("history", env="mallory", limit=10)["records"]]
+    assert rec["task_id"] == h.task_id and 0 <= rec["peak"] <= total
+    assert "Traceback" not in d.logtext()
