@@ -10,7 +10,8 @@ The file is mapped writable into the environment's processes, so its owner may
 write anything there. This class is the one place nodemgr reads it, and every
 figure leaves it within bounds: the GPUs are the node's (never the header's
 count), bytes at most the GPU's memory (all GPUs: the node's), counters at most
-MAX_COUNT (docs/containers.md, "Trust").
+MAX_COUNT; a task entry whose id nodemgr cannot have written is reported as
+malformed (docs/containers.md, "Trust").
 """
 
 from __future__ import annotations
@@ -350,13 +351,31 @@ class Ledger:
         )
 
     def task_ids(self) -> list[str]:
-        """The ids of every task with an entry, in entry order."""
+        """The ids of every task with a well-formed entry (free_malformed()), in entry order."""
         out = []
         for i in range(MAX_TASKS):
             t = self._l.task[i]
             if t.state == lib.GS_SLOT_USED:
-                out.append(ffi.string(t.task_id, lib.GS_TASK_ID_LEN).decode(errors="replace"))
+                tid = _entry_id(bytes(ffi.buffer(t.task_id, lib.GS_TASK_ID_LEN)))
+                if tid is not None:
+                    out.append(tid)
         return out
+
+    def free_malformed(self) -> int:
+        """Free every task entry in use whose id nodemgr cannot have written (no end within
+        the field, empty, not UTF-8, bytes after its end); return how many. A process
+        waiting on such an entry's pause word sees it cleared at its next timed re-read."""
+        n = 0
+        for i in range(MAX_TASKS):
+            t = self._l.task[i]
+            if t.state != lib.GS_SLOT_FREE and (
+                t.state != lib.GS_SLOT_USED
+                or _entry_id(bytes(ffi.buffer(t.task_id, lib.GS_TASK_ID_LEN))) is None
+            ):
+                t.paused = 0
+                t.state = lib.GS_SLOT_FREE
+                n += 1
+        return n
 
     def stamp_launches(self, now_ns: int) -> None:
         """Record ``now_ns`` as the last launch time of every task whose processes launched
@@ -438,6 +457,18 @@ def _memory(uuids: Sequence[bytes], memory: Sequence[int] | None) -> list[int]:
     if len(memory) != len(uuids):
         raise LedgerError(f"{len(uuids)} GPUs named, the memory of {len(memory)} given")
     return list(memory)
+
+
+def _entry_id(raw: bytes) -> str | None:
+    """A task entry's id field as nodemgr writes it (the id, then zeros to the end), or None
+    when it cannot be one nodemgr wrote."""
+    key, nul, rest = raw.partition(b"\0")
+    if not key or not nul or rest.strip(b"\0"):
+        return None
+    try:
+        return key.decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def _task_key(task_id: str) -> bytes:

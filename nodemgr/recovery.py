@@ -122,7 +122,15 @@ def restore(node: Node) -> list[Task]:
 def _restore_entries(node: Node, env: Env) -> None:
     """Free the task entries of tasks that did not survive the restart; give restored
     tasks theirs. An adopted entry is kept as it is, pause word included: the task's
-    processes may be waiting on it."""
+    processes may be waiting on it. An entry whose id nodemgr cannot have written (the
+    environment's processes may write the file) is freed."""
+    malformed = env.ledger.free_malformed()
+    if malformed:
+        log.warning(
+            "env %s: freed %d task entries of its ledger whose ids nodemgr never wrote",
+            env.name,
+            malformed,
+        )
     for task_id in env.ledger.task_ids():
         task = node.tasks.get(task_id)
         if task is None or task.env != env.name:

@@ -166,3 +166,25 @@ def test_nodemgr_serves_on_whatever_an_environment_writes_in_its_ledger(
     [rec] = [r for r in d.admin("history", env="mallory", limit=10)["records"]]
     assert rec["task_id"] == h.task_id and 0 <= rec["peak"] <= total
     assert "Traceback" not in d.logtext()
+
+
+def test_a_malformed_task_entry_is_freed_at_start_and_nodemgr_starts(
+    daemon_factory: Any, hostiles: list[Hostile]
+) -> None:
+    d = daemon_factory(heartbeat_timeout=600.0)
+    evil = d.env("mallory", gpus=1, memory=4 * GiB)
+    alice = d.env("alice", gpus=1, memory=4 * GiB)
+    h = Hostile(evil)
+    hostiles.append(h)
+    # Two free entries marked in use: an id with no end, and one with bytes after its end.
+    a, b = h.do("out = [i for i in range(1024) if l.task[i].state == 0][:2]")
+    h.do(f"ffi.memmove(l.task[{a}].task_id, bytes(range(200, 224)), 24); l.task[{a}].state = 1")
+    h.do(f"ffi.memmove(l.task[{b}].task_id, b'ab\\0' + bytes(21 * [1]), 24); l.task[{b}].state = 1")
+    d.kill()
+    d.start()  # nodemgr starts, the environment's running task restored
+    assert h.do(f"out = [l.task[{a}].state, l.task[{b}].state]") == [0, 0]
+    assert "env mallory: freed 2 task entries of its ledger" in d.logtext()
+    assert h.task_id in {t["task_id"] for t in d.tasks()}
+    assert h.do("out = lib.gs_ledger_task_find(l, tid)") >= 0  # its own entry is kept
+    for endpoint in (alice, evil):
+        done(endpoint, request(endpoint)["task_id"])
