@@ -11,7 +11,8 @@ write anything there. This class is the one place nodemgr reads it, and every
 figure leaves it within bounds: the GPUs are the node's (never the header's
 count), bytes at most the GPU's memory (all GPUs: the node's), counters at most
 MAX_COUNT; a task entry whose id nodemgr cannot have written is reported as
-malformed (docs/containers.md, "Trust").
+malformed. What only nodemgr writes (limits, context charges, GPU UUIDs, the GPU
+count) is checked and written again by ``repair`` (docs/containers.md, "Trust").
 """
 
 from __future__ import annotations
@@ -110,10 +111,17 @@ class Ledger:
         self._buf = ffi.from_buffer(mem)
         self._l = ffi.cast("struct gs_ledger *", self._buf)
         self._info = ffi.new("struct gs_slot_info[]", MAX_SLOTS)
-        # The node's GPUs: their count and memory bound what is read here.
+        # The node's GPUs: their count, UUIDs and memory bound what is read here.
         self.ngpus = len(uuids)
+        self._uuids = [bytes(u) for u in uuids] + [bytes(16)] * (MAX_GPUS - len(uuids))
         self._memory = list(memory)
         self._total = sum(self._memory)
+        # What nodemgr wrote (repair() puts it back), and per GPU the most the environment
+        # may hold there: the highest limit published since what it holds last fitted
+        # the limit in force (a lowered quota, a GPU it no longer holds).
+        self._limits = [0] * MAX_GPUS
+        self._ctx = [0] * MAX_GPUS
+        self._ceiling = [0] * MAX_GPUS
 
     @classmethod
     def create(
@@ -224,6 +232,11 @@ class Ledger:
         own = os.fstat(self._fd)
         return own.st_nlink > 0 and (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
+    def file_id(self) -> tuple[int, int]:
+        """The file's (st_dev, st_ino): how a process mapping it is recognised."""
+        st = os.fstat(self._fd)
+        return (st.st_dev, st.st_ino)
+
     def close(self) -> None:
         self._l = ffi.NULL
         ffi.release(self._buf)
@@ -232,9 +245,19 @@ class Ledger:
 
     def set_limit(self, gpu: int, nbytes: int) -> None:
         lib.gs_ledger_set_limit(self._l, gpu, nbytes)
+        if 0 <= gpu < MAX_GPUS:
+            self._limits[gpu] = nbytes
+            self._ceiling[gpu] = max(self._ceiling[gpu], nbytes)
 
     def limit(self, gpu: int) -> int:
-        return int(lib.gs_ledger_limit(self._l, gpu))
+        """The limit nodemgr set on ``gpu`` (what the file says may differ until repair())."""
+        return self._limits[gpu] if 0 <= gpu < MAX_GPUS else 0
+
+    def may_hold(self, gpu: int, nbytes: int) -> None:
+        """An earlier nodemgr let the environment hold up to ``nbytes`` on ``gpu``: believe
+        its slots that far there (held()) until what they hold fits the limit now."""
+        if 0 <= gpu < self.ngpus:
+            self._ceiling[gpu] = max(self._ceiling[gpu], nbytes)
 
     def set_ctx_charge(self, gpu: int, nbytes: int) -> None:
         """What the shim charges a process for its CUDA context on ``gpu``, from its next
@@ -242,6 +265,28 @@ class Ledger:
         if not 0 <= gpu < MAX_GPUS:
             raise LedgerError(f"no GPU {gpu} in a ledger (at most {MAX_GPUS})")
         lib.gs_ledger_set_ctx_charge(self._l, gpu, nbytes)
+        self._ctx[gpu] = nbytes
+
+    def repair(self) -> list[str]:
+        """Write again what only nodemgr writes (the GPU count, each GPU entry's UUID, limit
+        and context charge) where the file says otherwise; what was wrong, in words."""
+        fixed = []
+        if self._l.ngpus != self.ngpus:
+            fixed.append(f"GPU count {int(self._l.ngpus)} (nodemgr's: {self.ngpus})")
+            self._l.ngpus = self.ngpus
+        for g in range(MAX_GPUS):
+            e = self._l.gpu[g]
+            if bytes(ffi.buffer(e.uuid, 16)) != self._uuids[g]:
+                fixed.append(f"UUID of GPU entry {g}")
+                ffi.memmove(e.uuid, self._uuids[g], 16)
+            if e.limit != self._limits[g]:
+                fixed.append(f"limit on GPU {g} {int(e.limit)} (nodemgr's: {self._limits[g]})")
+                lib.gs_ledger_set_limit(self._l, g, self._limits[g])
+            if e.ctx_charge != self._ctx[g]:
+                ctx = int(e.ctx_charge)
+                fixed.append(f"context charge on GPU {g} {ctx} (nodemgr's: {self._ctx[g]})")
+                lib.gs_ledger_set_ctx_charge(self._l, g, self._ctx[g])
+        return fixed
 
     def ctx_charge(self, gpu: int) -> int:
         if not 0 <= gpu < MAX_GPUS:
@@ -257,6 +302,10 @@ class Ledger:
     def _all(self, nbytes: int) -> int:
         """Bytes read for all GPUs: at most the node's memory."""
         return min(int(nbytes), self._total)
+
+    def _bound(self, gpu: int) -> int:
+        """The most the environment may hold on ``gpu``: see held()."""
+        return min(self._memory[gpu], self._ceiling[gpu])
 
     # --- task entries: nodemgr alone writes them, from one thread -------------------
 
@@ -307,12 +356,14 @@ class Ledger:
             raise LedgerError(f"{self.path}: {doing} task {task_id}: {os.strerror(-rc)}")
 
     def task_regions(self, task_id: str) -> Regions:
-        """The task's memory by region, summed over its live processes."""
+        """The task's memory by region, summed over its live processes; per GPU at most what
+        the environment may hold there (held())."""
         out = ffi.new("struct gs_regions *")
         n = int(lib.gs_ledger_task_regions(self._l, task_id.encode(), out))
+        bound = [self._bound(g) for g in range(self.ngpus)]
 
         def per_gpu(figures: Any) -> tuple[int, ...]:
-            return tuple(self._bytes(g, figures[g]) for g in range(self.ngpus))
+            return tuple(min(int(figures[g]), bound[g]) for g in range(self.ngpus))
 
         return Regions(
             n,
@@ -385,6 +436,19 @@ class Ledger:
     def used(self, gpu: int) -> int:
         """What the slots hold on ``gpu``, as they say (at most its memory): for reports."""
         return self._bytes(gpu, lib.gs_ledger_used(self._l, gpu)) if 0 <= gpu < self.ngpus else 0
+
+    def held(self, gpu: int) -> int:
+        """What the environment is counted as holding on ``gpu`` when others' grants are
+        decided: what its slots say, but never more than nodemgr let it hold there, the
+        highest limit published since what they hold last fitted the limit in force (so a
+        lowered quota or a GPU given back still counts what the environment kept until it
+        frees it). A slot written to hold more cannot cost another environment anything."""
+        used = self.used(gpu)
+        if not 0 <= gpu < self.ngpus:
+            return 0
+        if used <= self._limits[gpu]:
+            self._ceiling[gpu] = self._limits[gpu]
+        return min(used, self._ceiling[gpu])
 
     def task_usage(self, task_id: str) -> SlotTotals:
         """The totals of the live processes of ``task_id``."""

@@ -82,6 +82,8 @@ def restore(node: Node) -> list[Task]:
             else:
                 env.ledger.set_limit(index, 0)
                 if env.ledger.used(index):
+                    # Its processes may keep what the last limit there let them hold.
+                    env.ledger.may_hold(index, env.memory)
                     env.draining.add(index)
     if restored:
         log.info("restored %d running tasks; waiting for their clients", len(restored))

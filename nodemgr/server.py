@@ -308,6 +308,15 @@ class Server:
             self._answer_yields()
 
     def _sweep(self, env: Env, wall_ns: int) -> None:
+        # What only nodemgr writes (a limit, a context charge) is put back first, so that
+        # a limit an environment raised for itself holds at most until this sweep.
+        fixed = env.ledger.repair()
+        if self.node.audit.ledger_checked(env.name, fixed):
+            log.warning(
+                "env %s wrote in its ledger what only nodemgr writes; written again: %s",
+                env.name,
+                "; ".join(fixed),
+            )
         # Before reaping, so a process that launched and died since the
         # last sweep still dates its task's last launch.
         env.ledger.stamp_launches(wall_ns)

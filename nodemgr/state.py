@@ -197,6 +197,7 @@ class Node:
         env = self.env(name)
         self.store.delete_env(name)
         del self.envs[name]
+        self.audit.forget_env(name)
         env.ledger.close()
         shutil.rmtree(self.config.env_dir(name), ignore_errors=True)
         self.queue_dirty = True
@@ -219,17 +220,19 @@ class Node:
         """Memory promised on a GPU: each holding environment's per-GPU quota, or what it
         holds there when that is more (its quota was lowered below it); on a time-sliced
         GPU, the regions' charge instead, and never less than what is held there; and what
-        draining environments still hold there."""
+        draining environments still hold there. What an environment holds is what its
+        ledger says within what nodemgr let it hold (Ledger.held): a ledger written to say
+        more costs the other environments nothing."""
         if self.slicing.timesliced(index):
             draining = sum(
-                e.ledger.used(index)
+                e.ledger.held(index)
                 for e in self.envs.values()
                 if index in e.draining and index not in e.held
             )
-            held = sum(e.ledger.used(index) for e in self.envs.values() if index in e.held)
+            held = sum(e.ledger.held(index) for e in self.envs.values() if index in e.held)
             return max(self.slicing.region_charge(index).total, held) + draining
         return sum(
-            max(e.memory, e.ledger.used(index)) if index in e.held else e.ledger.used(index)
+            max(e.memory, e.ledger.held(index)) if index in e.held else e.ledger.held(index)
             for e in self.envs.values()
             if index in e.held or index in e.draining
         )

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -188,3 +189,111 @@ def test_a_malformed_task_entry_is_freed_at_start_and_nodemgr_starts(
     assert h.do("out = lib.gs_ledger_task_find(l, tid)") >= 0  # its own entry is kept
     for endpoint in (alice, evil):
         done(endpoint, request(endpoint)["task_id"])
+
+
+@pytest.fixture
+def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A simulated node's usage registry of this test's own (nodemgr and its tasks inherit
+    the variable): no other test's processes are on its GPUs."""
+    path = tmp_path / "usage"
+    path.mkdir()
+    monkeypatch.setenv("GPUSHARE_SIM_STATE_DIR", str(path))
+    return path
+
+
+def findings(d: Any) -> list[dict[str, Any]]:
+    return list(d.admin("status")["bypass"]["processes"])
+
+
+def test_a_fake_slot_costs_others_nothing_and_the_audit_reports_it(
+    daemon_factory: Any, registry: Path, hostiles: list[Hostile], wait_for: Any
+) -> None:
+    d = daemon_factory(
+        {"audit": {"interval": 0.1}, "gpus": {"simulated_count": 1}}, heartbeat_timeout=600.0
+    )
+    evil = d.env("mallory", gpus=1, memory=4 * GiB)
+    alice = d.env("alice", gpus=1, memory=12 * GiB)
+    h = Hostile(evil)
+    hostiles.append(h)
+    # A slot of its own, its lock held, saying it holds 12 GiB of the 16 GiB GPU.
+    h.claim()
+    h.do("l.slot[slot].used[0] = 12 << 30; l.slot[slot].held = 12 << 30")
+    swept(d, h, wait_for)
+    # Its quota is 4 GiB there: alice's 12 GiB still fit.
+    grant = request(alice)
+    assert grant["gpus"][0]["index"] == 0
+    wait_for(lambda: any(f["reason"] == "ledger beyond NVML" for f in findings(d)), 10)
+    [f] = findings(d)
+    assert (f["pid"], f["gpu"], f["seen"], f["accounted"], f["env"], f["task_id"]) == (
+        h.p.pid,
+        0,
+        0,
+        12 * GiB,
+        "mallory",
+        h.task_id,
+    )
+    st = d.admin("status")
+    # Not a process holding memory around the shim: not counted as one, never killed.
+    assert st["gpus"][0]["bypass"] == 0 and st["bypass"]["found"] == 1
+    assert f"ledger: pid {h.p.pid} holds {12 * GiB} bytes on GPU 0, NVML sees 0" in d.logtext()
+    done(alice, grant["task_id"])
+
+
+def test_a_limit_an_environment_raises_in_its_ledger_is_written_back_and_reported(
+    daemon_factory: Any, hostiles: list[Hostile], wait_for: Any
+) -> None:
+    d = daemon_factory(heartbeat_timeout=600.0)
+    evil = d.env("mallory", gpus=1, memory=4 * GiB)
+    h = Hostile(evil)
+    hostiles.append(h)
+    gpu = h.grant["gpus"][0]["index"]
+    h.do(f"l.gpu[{gpu}].limit = 16 << 30; l.gpu[{gpu}].ctx_charge = 1")
+    back = f"out = [l.gpu[{gpu}].limit, l.gpu[{gpu}].ctx_charge]"
+    wait_for(lambda: h.do(back) == [4 * GiB, 0], 10)
+    audit = d.admin("status")["bypass"]
+    assert audit["rewrites"] >= 1
+    [rewrote] = audit["ledgers"]
+    assert rewrote["env"] == "mallory"
+    assert f"limit on GPU {gpu} {16 * GiB} (nodemgr's: {4 * GiB})" in rewrote["rewrote"]
+    assert "context charge" in rewrote["rewrote"]
+    assert "env mallory wrote in its ledger what only nodemgr writes" in d.logtext()
+
+
+def test_a_process_without_the_shim_covered_by_a_fake_slot_is_found(
+    daemon_factory: Any,
+    registry: Path,
+    hostiles: list[Hostile],
+    run_task: Any,
+    cbin: Any,
+    tmp_path: Path,
+    wait_for: Any,
+) -> None:
+    d = daemon_factory({"audit": {"interval": 0.1}}, heartbeat_timeout=600.0)
+    evil = d.env("mallory", gpus=2, memory=4 * GiB)
+    go = tmp_path / "go"
+    plain = run_task(
+        evil, "env", "-u", "LD_PRELOAD", str(cbin["client"]), "alloc", "128", "waitfile", str(go)
+    )
+    assert plain.stdout is not None
+    for line in plain.stdout:
+        if line.startswith("waiting"):
+            break
+    wait_for(lambda: [f["reason"] for f in findings(d)] == ["no slot"], 10)
+    [f] = findings(d)
+    # Another process of the environment writes a slot for it that says exactly what NVML
+    # sees it hold: the figures agree, but the process maps no ledger.
+    h = Hostile(evil)
+    hostiles.append(h)
+    h.claim(pid=str(f["pid"]))
+    h.do(f"l.slot[slot].used[{f['gpu']}] = {128 * MiB}")
+    wait_for(lambda: [g["reason"] for g in findings(d)] == ["slot not its own"], 10)
+    [g] = findings(d)
+    assert (g["pid"], g["gpu"], g["seen"], g["accounted"], g["env"]) == (
+        f["pid"],
+        f["gpu"],
+        128 * MiB,
+        128 * MiB,
+        "mallory",
+    )
+    go.touch()
+    assert plain.wait(30) == 0
