@@ -7,15 +7,17 @@ audit")."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nodemgr.client import Connection
+from nodemgr.client import Connection, NodeError
 from tests.conftest import die_with_test_run
 
 GiB = 1 << 30
@@ -297,3 +299,61 @@ def test_a_process_without_the_shim_covered_by_a_fake_slot_is_found(
     )
     go.touch()
     assert plain.wait(30) == 0
+
+
+# --- the loop itself: what still fails is logged and ends nothing --------------------------
+
+
+def test_a_failure_in_one_environments_sweep_stops_no_other_and_not_the_loop(
+    server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = server.node
+    for name in ("A", "B"):
+        node.set_quota(name, 1, 1 << 30)
+    sample = node.sample_env
+
+    def failing(env: Any) -> None:
+        if env.name == "A":
+            raise RuntimeError("A's ledger cannot be read")
+        sample(env)
+
+    monkeypatch.setattr(node, "sample_env", failing)
+    for _ in range(3):
+        node.envs["B"].usage = None
+        server._next_sweep = 0.0
+        server.step()
+        assert node.envs["B"].usage == {}  # B's sweep went on
+    assert caplog.text.count("internal error sampling the ledger of env A") == 1
+    assert "A's ledger cannot be read" in caplog.text
+
+
+def test_a_reply_that_cannot_be_encoded_answers_that_request_with_an_internal_error(
+    server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from nodemgr import views
+
+    status = views.status
+    monkeypatch.setattr(views, "status", lambda node: {**status(node), "pid": 1 << 70})
+    endpoint = f"ipc://{server.config.run_dir / 'admin.sock'}"
+    answers: list[Any] = []
+
+    def ask() -> None:
+        with Connection(endpoint, timeout=10) as c:
+            try:
+                answers.append(c.call("status"))
+            except NodeError as e:
+                answers.append(e)
+
+    for expect_error in (True, False):
+        asking = threading.Thread(target=ask)
+        asking.start()
+        while asking.is_alive():
+            server.step()
+        asking.join()
+        answer = answers.pop()
+        if expect_error:
+            assert isinstance(answer, NodeError) and answer.code == "internal", answer
+            assert "internal error encoding a status reply" in caplog.text
+            monkeypatch.setattr(views, "status", status)
+        else:
+            assert answer["pid"] == os.getpid()
