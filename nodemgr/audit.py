@@ -3,9 +3,12 @@ memory on each GPU, compared with what the environments' ledgers account for.
 
 A process that holds GPU memory no ledger slot accounts for went around the shim: it was
 started without LD_PRELOAD, reached the driver through a copy the shim does not hook (a
-``dlmopen``ed libcuda), or rewrote its own slot. The comparison (``compare``) is pure;
-reading NVML and /proc and killing are at the edge (``nvml_processes``, ``procfs.own_pid``,
-``Auditor``).
+``dlmopen``ed libcuda), or rewrote its own slot. The other way round, a ledger is its
+environment's to write: a slot claiming memory NVML does not see its process hold, or a
+slot written for a process that does not map that ledger (a process without the shim,
+covered by a slot another process wrote), is reported too. The comparison (``compare``)
+is pure; reading NVML and /proc and killing are at the edge (``nvml_processes``,
+``procfs.own_pid``, ``procfs.mapped_files``, ``Auditor``).
 
 Pids: NVML names a process by its pid in the driver's (the host's) pid namespace, a slot
 by the pid the process itself got from getpid(), in its container's namespace. nodemgr
@@ -35,6 +38,14 @@ log = logging.getLogger("nodemgr")
 # Why a process is a finding.
 NO_SLOT = "no slot"  # no ledger slot names it: the shim never charged it
 BEYOND_SLOT = "beyond its slot"  # it holds more than its slots account for
+# Slots name it, but it maps none of their ledgers: someone else wrote them (it runs
+# without the shim).
+NOT_ITS_SLOT = "slot not its own"
+# Its slots say it holds more than NVML sees it hold: the ledger was written to say so.
+UNSEEN = "ledger beyond NVML"
+# The findings of processes that hold memory around the shim: counted per GPU, and what
+# audit.action = "kill" kills. An UNSEEN finding holds nothing NVML sees.
+BYPASSES = (NO_SLOT, BEYOND_SLOT, NOT_ITS_SLOT)
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,7 @@ class Slot:
     task_id: str
     pid: int  # the pid the process recorded: its own getpid()
     used: tuple[int, ...]  # bytes per GPU index
+    ledger: tuple[int, int] | None = None  # its ledger file's (st_dev, st_ino)
 
 
 @dataclass(frozen=True)
@@ -62,16 +74,26 @@ class Finding:
     """A process holding more GPU memory than the ledgers account for."""
 
     gpu: int
-    pid: int  # NVML's
+    pid: int  # NVML's; for UNSEEN, the slots' where NVML lists no such process
     seen: int  # bytes NVML sees it hold on the GPU
     accounted: int  # bytes the ledgers' slots of that pid hold there
-    reason: str  # NO_SLOT or BEYOND_SLOT
+    reason: str  # NO_SLOT, BEYOND_SLOT, NOT_ITS_SLOT or UNSEEN
     env: str | None  # the environment, when nodemgr knows the process
     task_id: str | None
 
     @property
-    def key(self) -> tuple[int, int]:
-        return (self.pid, self.gpu)
+    def key(self) -> tuple[int, int, str]:
+        return (self.pid, self.gpu, self.reason)
+
+
+def _accounted(slots: Iterable[Slot]) -> dict[tuple[int, int], int]:
+    """Bytes per (pid, GPU) that ``slots`` account for."""
+    out: dict[tuple[int, int], int] = {}
+    for s in slots:
+        for gpu, nbytes in enumerate(s.used):
+            if nbytes:
+                out[(s.pid, gpu)] = out.get((s.pid, gpu), 0) + nbytes
+    return out
 
 
 def compare(
@@ -79,6 +101,7 @@ def compare(
     slots: Iterable[Slot],
     owners: Mapping[int, tuple[str, str]],
     tolerance: int,
+    mapped: Mapping[int, frozenset[tuple[int, int]]] | None = None,
 ) -> list[Finding]:
     """The processes ``seen`` holding more than ``tolerance`` bytes beyond what ``slots``
     account for on a GPU, in (GPU, pid) order.
@@ -86,19 +109,61 @@ def compare(
     A process is matched to the slots recording its own pid (``Seen.own_pid``); the
     slots of several environments recording the same pid all count for it. ``owners``
     maps an NVML pid to the (environment, task id) it belongs to, for a process without
-    a slot (a task's client or its descendant)."""
+    a slot (a task's client or its descendant). ``mapped``: the files (st_dev, st_ino)
+    each NVML pid maps, where they could be read; a process holding memory that maps none
+    of the ledgers of the slots naming it is NOT_ITS_SLOT, whatever they say."""
     by_pid: dict[int, list[Slot]] = {}
     for s in slots:
         by_pid.setdefault(s.pid, []).append(s)
+    mapped = mapped or {}
     out = []
     for p in sorted(seen, key=lambda p: (p.gpu, p.pid)):
         mine = by_pid.get(p.own_pid, [])
         accounted = sum(s.used[p.gpu] for s in mine if p.gpu < len(s.used))
+        files = mapped.get(p.pid)
+        if (
+            mine
+            and files is not None
+            and p.bytes > tolerance
+            and not any(s.ledger in files for s in mine if s.ledger is not None)
+        ):
+            out.append(
+                Finding(
+                    p.gpu, p.pid, p.bytes, accounted, NOT_ITS_SLOT, mine[0].env, mine[0].task_id
+                )
+            )
+            continue
         if p.bytes <= accounted + tolerance:
             continue
         env, task_id = (mine[0].env, mine[0].task_id) if mine else owners.get(p.pid, (None, None))
         reason = BEYOND_SLOT if mine else NO_SLOT
         out.append(Finding(p.gpu, p.pid, p.bytes, accounted, reason, env, task_id))
+    return out
+
+
+def unconfirmed(
+    seen: Iterable[Seen], slots: Iterable[Slot], tolerance: int, earlier: Iterable[Slot]
+) -> list[Finding]:
+    """The slots (summed per own pid and GPU) that say their process holds more than
+    ``tolerance`` bytes beyond what NVML sees it hold (UNSEEN), in (GPU, pid) order: a
+    ledger written to say so. ``earlier``: the slots as read before NVML was asked; a
+    figure counts only as far as it was there in both reads (a charge precedes the
+    driver's allocation, so a slot read after NVML may hold one NVML did not see yet)."""
+    nvml: dict[tuple[int, int], int] = {}
+    nvml_pid: dict[int, int] = {}
+    for p in seen:
+        nvml[(p.own_pid, p.gpu)] = nvml.get((p.own_pid, p.gpu), 0) + p.bytes
+        nvml_pid[p.own_pid] = p.pid
+    slots = list(slots)
+    named = {s.pid: s for s in slots}
+    before = _accounted(earlier)
+    out = []
+    for (pid, gpu), nbytes in sorted(_accounted(slots).items(), key=lambda kv: kv[0][::-1]):
+        nbytes = min(nbytes, before.get((pid, gpu), 0))
+        sees = nvml.get((pid, gpu), 0)
+        if nbytes > sees + tolerance:
+            s = named[pid]
+            out.append(Finding(gpu, nvml_pid.get(pid, pid), sees, nbytes, UNSEEN, s.env, s.task_id))
     return out
 
 
@@ -112,12 +177,19 @@ class FindingView(TypedDict):
     task_id: str | None
 
 
+class RewriteView(TypedDict):
+    env: str
+    rewrote: str
+
+
 class AuditView(TypedDict):
     found: int
     killed: int
     audits: int
     error: str | None
     processes: list[FindingView]
+    rewrites: int
+    ledgers: list[RewriteView]
 
 
 @dataclass
@@ -129,7 +201,28 @@ class AuditState:
     killed: int = 0  # processes the audit killed (audit.action = "kill")
     audits: int = 0
     error: str | None = None  # why the last audit could not ask NVML, if it could not
-    _known: set[tuple[int, int]] = field(default_factory=set)
+    _known: set[tuple[int, int, str]] = field(default_factory=set)
+    # Ledgers in which nodemgr found what only it writes changed (a raised limit), and
+    # wrote it again: how many times, and per environment what it last wrote again.
+    rewrites: int = 0
+    rewritten: dict[str, str] = field(default_factory=dict)
+    _tampered: set[str] = field(default_factory=set)
+
+    def ledger_checked(self, env: str, fixed: list[str]) -> bool:
+        """Take what a sweep wrote again in ``env``'s ledger (nothing: it was intact);
+        return whether to log it (the ledger was intact at the check before)."""
+        if not fixed:
+            self._tampered.discard(env)
+            return False
+        self.rewrites += 1
+        self.rewritten[env] = "; ".join(fixed)
+        new = env not in self._tampered
+        self._tampered.add(env)
+        return new
+
+    def forget_env(self, env: str) -> None:
+        self.rewritten.pop(env, None)
+        self._tampered.discard(env)
 
     def update(self, findings: list[Finding]) -> list[Finding]:
         """Take the findings of a new audit; return those not found by the one before
@@ -147,7 +240,7 @@ class AuditState:
         """How many processes the last audit found bypassing on each GPU."""
         counts = [0] * ngpus
         for f in self.findings:
-            if f.gpu < ngpus:
+            if f.gpu < ngpus and f.reason in BYPASSES:
                 counts[f.gpu] += 1
         return counts
 
@@ -181,14 +274,19 @@ def nvml_ready(node: Node) -> None:
         load_simulated(sim_spec(node.gpus))
 
 
+def ledger_slots(node: Node) -> list[Slot]:
+    """Every live slot of every environment's ledger, read now."""
+    out = []
+    for env in node.envs.values():
+        fid = env.ledger.file_id()
+        out += [Slot(env.name, tid, pid, used, fid) for pid, tid, used in env.ledger.slots()]
+    return out
+
+
 def attribution(node: Node, pids: Iterable[int]) -> tuple[list[Slot], dict[int, tuple[str, str]]]:
     """Every live ledger slot, and for each of ``pids`` that descends from a task's client
     the (environment, task id) of that task: what NVML's processes are matched against."""
-    slots = [
-        Slot(env.name, tid, pid, used)
-        for env in node.envs.values()
-        for pid, tid, used in env.ledger.slots()
-    ]
+    slots = ledger_slots(node)
     clients = {t.pid: (t.env, t.task_id) for t in node.tasks.values() if t.pid is not None}
     owners = {}
     for pid in pids:
@@ -284,6 +382,7 @@ class Auditor:
         """Audit now; return the new findings."""
         node = self.node
         self._next = now + self.config.audit_interval
+        earlier = ledger_slots(node)
         try:
             nvml_ready(node)
             seen = nvml_processes([g.uuid for g in node.gpus])
@@ -293,31 +392,36 @@ class Auditor:
             self.state.error = str(e)
             return []
         slots, owners = attribution(node, [p.pid for p in seen])
+        slotted = {s.pid for s in slots}
+        mapped = {}
+        for p in seen:
+            if p.own_pid in slotted:
+                files = procfs.mapped_files(p.pid)
+                if files is not None:
+                    mapped[p.pid] = files
         # A process may hold its GPU's context charge beyond its slots, and the slack.
-        findings = [
-            f
-            for g in node.gpus
-            for f in compare(
-                [p for p in seen if p.gpu == g.index],
-                slots,
-                owners,
-                node.context_memory[g.index] + self.config.audit_tolerance,
-            )
-        ]
+        findings = []
+        for g in node.gpus:
+            tolerance = node.context_memory[g.index] + self.config.audit_tolerance
+            on_gpu = [p for p in seen if p.gpu == g.index]
+            findings += compare(on_gpu, slots, owners, tolerance, mapped)
+            findings += [
+                f for f in unconfirmed(seen, slots, tolerance, earlier) if f.gpu == g.index
+            ]
+        findings.sort(key=lambda f: (f.gpu, f.pid))
         new = self.state.update(findings)
         for f in new:
+            what = "ledger: pid %d holds %d bytes on GPU %d, NVML sees %d (%s%s)"
+            args = (f.pid, f.accounted, f.gpu, f.seen)
+            if f.reason != UNSEEN:
+                what = "bypass: pid %d holds %d bytes on GPU %d, its ledger slots %d (%s%s)"
+                args = (f.pid, f.seen, f.gpu, f.accounted)
             log.warning(
-                "bypass: pid %d holds %d bytes on GPU %d, its ledger slots %d (%s%s)",
-                f.pid,
-                f.seen,
-                f.gpu,
-                f.accounted,
-                f.reason,
-                f", env {f.env}, task {f.task_id}" if f.env else ", no task",
+                what, *args, f.reason, f", env {f.env}, task {f.task_id}" if f.env else ", no task"
             )
         if self.config.audit_action == "kill":
             own = {p.pid: p.own_pid for p in seen}
-            for pid in sorted({f.pid for f in findings}):
+            for pid in sorted({f.pid for f in findings if f.reason in BYPASSES}):
                 if kill(pid, own[pid]):
                     self.state.killed += 1
                     log.warning("bypass: killed pid %d (audit.action = kill)", pid)
@@ -343,4 +447,6 @@ def view(state: AuditState) -> AuditView:
             }
             for f in state.findings
         ],
+        "rewrites": state.rewrites,
+        "ledgers": [{"env": e, "rewrote": w} for e, w in sorted(state.rewritten.items())],
     }

@@ -5,6 +5,14 @@ keeps one task entry per running task (whose pause word holds the task's
 kernel launches), reads usage and reaps the slots of dead processes. The C
 code doing so is the same ledger.c the shim is built from, reached through
 cffi.
+
+The file is mapped writable into the environment's processes, so its owner may
+write anything there. This class is the one place nodemgr reads it, and every
+figure leaves it within bounds: the GPUs are the node's (never the header's
+count), bytes at most the GPU's memory (all GPUs: the node's), counters at most
+MAX_COUNT; a task entry whose id nodemgr cannot have written is reported as
+malformed. What only nodemgr writes (limits, context charges, GPU UUIDs, the GPU
+count) is checked and written again by ``repair`` (docs/containers.md, "Trust").
 """
 
 from __future__ import annotations
@@ -15,9 +23,10 @@ import mmap
 import os
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from nodemgr._ledger import ffi, lib
 
@@ -28,6 +37,11 @@ TASK_TIMESLICED: int = lib.GS_TASK_TIMESLICED
 MAX_SLOTS: int = lib.GS_MAX_SLOTS
 MAX_TASKS: int = lib.GS_MAX_TASKS
 SIZE: int = ffi.sizeof("struct gs_ledger")
+# The most any counter read from a ledger is taken to be: what sqlite and msgpack's signed
+# integers hold, so that no sum of a few of them overflows a record or a reply.
+MAX_COUNT: int = (1 << 63) - 1
+# A GPU's memory where the caller names none (a ledger mapped only to look at it).
+MAX_GPU_BYTES: int = 1 << 50
 
 
 @dataclass
@@ -88,13 +102,26 @@ def _dir(path: Path) -> Iterator[int]:
 class Ledger:
     """One environment's ledger, owned by nodemgr."""
 
-    def __init__(self, path: Path, fd: int, mem: mmap.mmap) -> None:
+    def __init__(
+        self, path: Path, fd: int, mem: mmap.mmap, uuids: Sequence[bytes], memory: Sequence[int]
+    ) -> None:
         self.path = path
         self._fd = fd
         self._mem = mem
         self._buf = ffi.from_buffer(mem)
         self._l = ffi.cast("struct gs_ledger *", self._buf)
         self._info = ffi.new("struct gs_slot_info[]", MAX_SLOTS)
+        # The node's GPUs: their count, UUIDs and memory bound what is read here.
+        self.ngpus = len(uuids)
+        self._uuids = [bytes(u) for u in uuids] + [bytes(16)] * (MAX_GPUS - len(uuids))
+        self._memory = list(memory)
+        self._total = sum(self._memory)
+        # What nodemgr wrote (repair() puts it back), and per GPU the most the environment
+        # may hold there: the highest limit published since what it holds last fitted
+        # the limit in force (a lowered quota, a GPU it no longer holds).
+        self._limits = [0] * MAX_GPUS
+        self._ctx = [0] * MAX_GPUS
+        self._ceiling = [0] * MAX_GPUS
 
     @classmethod
     def create(
@@ -104,10 +131,12 @@ class Ledger:
         mode: int = 0o600,
         owner: tuple[int, int] | None = None,
         dir_fd: int | None = None,
+        memory: Sequence[int] | None = None,
     ) -> Ledger:
-        """Write a fresh ledger for GPUs with these 16-byte UUIDs, give it ``owner`` (uid,
-        gid; default: ours) and ``mode`` and publish it at ``path``. ``dir_fd``, when given,
-        is ``path``'s directory, held open.
+        """Write a fresh ledger for GPUs with these 16-byte UUIDs (and ``memory``, bytes
+        each; default MAX_GPU_BYTES), give it ``owner`` (uid, gid; default: ours) and
+        ``mode`` and publish it at ``path``. ``dir_fd``, when given, is ``path``'s
+        directory, held open.
 
         Built under a fresh temporary name and renamed into place, so a process
         never maps a half-written header. The directory may be writable by the
@@ -119,7 +148,7 @@ class Ledger:
             raise LedgerError(f"a ledger holds at most {MAX_GPUS} GPUs, this node has {len(uuids)}")
         if dir_fd is None:
             with _dir(path.parent) as fd:
-                return cls.create(path, uuids, mode, owner, fd)
+                return cls.create(path, uuids, mode, owner, fd, memory)
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         while True:
             tmp = f"{path.name}.new-{secrets.token_hex(8)}"
@@ -134,7 +163,7 @@ class Ledger:
             os.fchmod(fd, mode)
             os.ftruncate(fd, SIZE)
             mem = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            ledger = cls(path, fd, mem)
+            ledger = cls(path, fd, mem, uuids, _memory(uuids, memory))
             for i, uuid in enumerate(uuids):
                 ffi.memmove(ledger._l.gpu[i].uuid, uuid, 16)
                 ledger._l.gpu[i].node_index = i
@@ -150,9 +179,16 @@ class Ledger:
         return ledger
 
     @classmethod
-    def reopen(cls, path: Path, uuids: list[bytes], dir_fd: int | None = None) -> Ledger | None:
+    def reopen(
+        cls,
+        path: Path,
+        uuids: list[bytes],
+        dir_fd: int | None = None,
+        memory: Sequence[int] | None = None,
+    ) -> Ledger | None:
         """Map the ledger an earlier nodemgr left at ``path`` (in the directory ``dir_fd``, when
-        given), if it is valid and for these GPUs; None otherwise.
+        given), if it is valid and for these GPUs (of ``memory`` bytes each, as in
+        create()); None otherwise.
 
         Running processes have it mapped and charge to it: after a restart
         nodemgr must adopt that very file, not replace it. Only a regular file
@@ -172,7 +208,7 @@ class Ledger:
         except (OSError, LedgerError):
             os.close(fd)
             return None
-        ledger = cls(path, fd, mem)
+        ledger = cls(path, fd, mem, uuids, _memory(uuids, memory))
         ok = lib.gs_ledger_check(ledger._l, SIZE) == 0 and ledger._l.ngpus == len(uuids)
         ok = ok and all(
             bytes(ffi.buffer(ledger._l.gpu[i].uuid, 16)) == uuid for i, uuid in enumerate(uuids)
@@ -196,6 +232,11 @@ class Ledger:
         own = os.fstat(self._fd)
         return own.st_nlink > 0 and (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
+    def file_id(self) -> tuple[int, int]:
+        """The file's (st_dev, st_ino): how a process mapping it is recognised."""
+        st = os.fstat(self._fd)
+        return (st.st_dev, st.st_ino)
+
     def close(self) -> None:
         self._l = ffi.NULL
         ffi.release(self._buf)
@@ -204,9 +245,19 @@ class Ledger:
 
     def set_limit(self, gpu: int, nbytes: int) -> None:
         lib.gs_ledger_set_limit(self._l, gpu, nbytes)
+        if 0 <= gpu < MAX_GPUS:
+            self._limits[gpu] = nbytes
+            self._ceiling[gpu] = max(self._ceiling[gpu], nbytes)
 
     def limit(self, gpu: int) -> int:
-        return int(lib.gs_ledger_limit(self._l, gpu))
+        """The limit nodemgr set on ``gpu`` (what the file says may differ until repair())."""
+        return self._limits[gpu] if 0 <= gpu < MAX_GPUS else 0
+
+    def may_hold(self, gpu: int, nbytes: int) -> None:
+        """An earlier nodemgr let the environment hold up to ``nbytes`` on ``gpu``: believe
+        its slots that far there (held()) until what they hold fits the limit now."""
+        if 0 <= gpu < self.ngpus:
+            self._ceiling[gpu] = max(self._ceiling[gpu], nbytes)
 
     def set_ctx_charge(self, gpu: int, nbytes: int) -> None:
         """What the shim charges a process for its CUDA context on ``gpu``, from its next
@@ -214,11 +265,47 @@ class Ledger:
         if not 0 <= gpu < MAX_GPUS:
             raise LedgerError(f"no GPU {gpu} in a ledger (at most {MAX_GPUS})")
         lib.gs_ledger_set_ctx_charge(self._l, gpu, nbytes)
+        self._ctx[gpu] = nbytes
+
+    def repair(self) -> list[str]:
+        """Write again what only nodemgr writes (the GPU count, each GPU entry's UUID, limit
+        and context charge) where the file says otherwise; what was wrong, in words."""
+        fixed = []
+        if self._l.ngpus != self.ngpus:
+            fixed.append(f"GPU count {int(self._l.ngpus)} (nodemgr's: {self.ngpus})")
+            self._l.ngpus = self.ngpus
+        for g in range(MAX_GPUS):
+            e = self._l.gpu[g]
+            if bytes(ffi.buffer(e.uuid, 16)) != self._uuids[g]:
+                fixed.append(f"UUID of GPU entry {g}")
+                ffi.memmove(e.uuid, self._uuids[g], 16)
+            if e.limit != self._limits[g]:
+                fixed.append(f"limit on GPU {g} {int(e.limit)} (nodemgr's: {self._limits[g]})")
+                lib.gs_ledger_set_limit(self._l, g, self._limits[g])
+            if e.ctx_charge != self._ctx[g]:
+                ctx = int(e.ctx_charge)
+                fixed.append(f"context charge on GPU {g} {ctx} (nodemgr's: {self._ctx[g]})")
+                lib.gs_ledger_set_ctx_charge(self._l, g, self._ctx[g])
+        return fixed
 
     def ctx_charge(self, gpu: int) -> int:
         if not 0 <= gpu < MAX_GPUS:
             raise LedgerError(f"no GPU {gpu} in a ledger (at most {MAX_GPUS})")
-        return int(self._l.gpu[gpu].ctx_charge)
+        return self._bytes(gpu, self._l.gpu[gpu].ctx_charge)
+
+    # --- bounds of what is read: the file is the environment's to write ---------------
+
+    def _bytes(self, gpu: int, nbytes: int) -> int:
+        """Bytes read for ``gpu``: at most its memory (0 for a GPU the node lacks)."""
+        return min(int(nbytes), self._memory[gpu]) if 0 <= gpu < self.ngpus else 0
+
+    def _all(self, nbytes: int) -> int:
+        """Bytes read for all GPUs: at most the node's memory."""
+        return min(int(nbytes), self._total)
+
+    def _bound(self, gpu: int) -> int:
+        """The most the environment may hold on ``gpu``: see held()."""
+        return min(self._memory[gpu], self._ceiling[gpu])
 
     # --- task entries: nodemgr alone writes them, from one thread -------------------
 
@@ -269,19 +356,24 @@ class Ledger:
             raise LedgerError(f"{self.path}: {doing} task {task_id}: {os.strerror(-rc)}")
 
     def task_regions(self, task_id: str) -> Regions:
-        """The task's memory by region, summed over its live processes."""
+        """The task's memory by region, summed over its live processes; per GPU at most what
+        the environment may hold there (held())."""
         out = ffi.new("struct gs_regions *")
         n = int(lib.gs_ledger_task_regions(self._l, task_id.encode(), out))
-        ng = int(self._l.ngpus)
+        bound = [self._bound(g) for g in range(self.ngpus)]
+
+        def per_gpu(figures: Any) -> tuple[int, ...]:
+            return tuple(min(int(figures[g]), bound[g]) for g in range(self.ngpus))
+
         return Regions(
             n,
-            tuple(int(out.used[g]) for g in range(ng)),
-            tuple(int(out.persistent[g]) for g in range(ng)),
-            tuple(int(out.temp_peak[g]) for g in range(ng)),
-            tuple(int(out.settled[g]) for g in range(ng)),
-            int(out.iterations),
-            int(out.releases),
-            int(out.min_iterations),
+            per_gpu(out.used),
+            per_gpu(out.persistent),
+            per_gpu(out.temp_peak),
+            per_gpu(out.settled),
+            min(int(out.iterations), MAX_COUNT),
+            min(int(out.releases), MAX_COUNT),
+            min(int(out.min_iterations), MAX_COUNT),
         )
 
     def task_barrier(self, task_id: str, since_ns: int) -> tuple[int, int]:
@@ -290,7 +382,7 @@ class Ledger:
         CLOCK_MONOTONIC nanoseconds (time.monotonic_ns())."""
         out = ffi.new("uint64_t *")
         n = int(lib.gs_ledger_task_barrier(self._l, task_id.encode(), max(0, since_ns), out))
-        return n, int(out[0])
+        return n, min(int(out[0]), MAX_COUNT)
 
     def task_entry(self, task_id: str) -> TaskEntry | None:
         """The task's entry, or None if it has none."""
@@ -302,21 +394,39 @@ class Ledger:
         return TaskEntry(
             i,
             bool(word & PAUSE_ADMIN),
-            int(t.last_launch_ns),
+            min(int(t.last_launch_ns), MAX_COUNT),
             bool(word & PAUSE_TURN),
-            int(t.iterations),
-            int(t.turn_until),
+            min(int(t.iterations), MAX_COUNT),
+            min(int(t.turn_until), MAX_COUNT),
             int(t.flags),
         )
 
     def task_ids(self) -> list[str]:
-        """The ids of every task with an entry, in entry order."""
+        """The ids of every task with a well-formed entry (free_malformed()), in entry order."""
         out = []
         for i in range(MAX_TASKS):
             t = self._l.task[i]
             if t.state == lib.GS_SLOT_USED:
-                out.append(ffi.string(t.task_id, lib.GS_TASK_ID_LEN).decode(errors="replace"))
+                tid = _entry_id(bytes(ffi.buffer(t.task_id, lib.GS_TASK_ID_LEN)))
+                if tid is not None:
+                    out.append(tid)
         return out
+
+    def free_malformed(self) -> int:
+        """Free every task entry in use whose id nodemgr cannot have written (no end within
+        the field, empty, not UTF-8, bytes after its end); return how many. A process
+        waiting on such an entry's pause word sees it cleared at its next timed re-read."""
+        n = 0
+        for i in range(MAX_TASKS):
+            t = self._l.task[i]
+            if t.state != lib.GS_SLOT_FREE and (
+                t.state != lib.GS_SLOT_USED
+                or _entry_id(bytes(ffi.buffer(t.task_id, lib.GS_TASK_ID_LEN))) is None
+            ):
+                t.paused = 0
+                t.state = lib.GS_SLOT_FREE
+                n += 1
+        return n
 
     def stamp_launches(self, now_ns: int) -> None:
         """Record ``now_ns`` as the last launch time of every task whose processes launched
@@ -324,7 +434,21 @@ class Ledger:
         lib.gs_ledger_stamp_launches(self._l, now_ns)
 
     def used(self, gpu: int) -> int:
-        return int(lib.gs_ledger_used(self._l, gpu))
+        """What the slots hold on ``gpu``, as they say (at most its memory): for reports."""
+        return self._bytes(gpu, lib.gs_ledger_used(self._l, gpu)) if 0 <= gpu < self.ngpus else 0
+
+    def held(self, gpu: int) -> int:
+        """What the environment is counted as holding on ``gpu`` when others' grants are
+        decided: what its slots say, but never more than nodemgr let it hold there, the
+        highest limit published since what they hold last fitted the limit in force (so a
+        lowered quota or a GPU given back still counts what the environment kept until it
+        frees it). A slot written to hold more cannot cost another environment anything."""
+        used = self.used(gpu)
+        if not 0 <= gpu < self.ngpus:
+            return 0
+        if used <= self._limits[gpu]:
+            self._ceiling[gpu] = self._limits[gpu]
+        return min(used, self._ceiling[gpu])
 
     def task_usage(self, task_id: str) -> SlotTotals:
         """The totals of the live processes of ``task_id``."""
@@ -332,7 +456,8 @@ class Ledger:
         launches = ffi.new("uint64_t *")
         peak = ffi.new("uint64_t *")
         n = lib.gs_ledger_task_usage(self._l, task_id.encode(), used, launches, peak)
-        return SlotTotals(int(n), sum(int(x) for x in used), int(peak[0]), int(launches[0]))
+        total = self._all(sum(self._bytes(g, used[g]) for g in range(self.ngpus)))
+        return SlotTotals(int(n), total, self._all(peak[0]), min(int(launches[0]), MAX_COUNT))
 
     def summary(self) -> dict[str, SlotTotals]:
         """Per task id, the totals of its live processes' slots (one pass over the ledger)."""
@@ -347,27 +472,28 @@ class Ledger:
             if t is None:
                 t = out[tid] = SlotTotals()
             t.processes += 1
-            t.used += int(info.used)
-            t.peak += int(info.peak)
-            t.launches += int(info.launches)
+            t.used = self._all(t.used + int(info.used))
+            t.peak = self._all(t.peak + int(info.peak))
+            t.launches = min(t.launches + int(info.launches), MAX_COUNT)
         for tid, t in out.items():
             with contextlib.suppress(LedgerError):
                 i = int(lib.gs_ledger_task_find(self._l, _task_key(tid)))
                 if i >= 0 and self._l.task[i].peak:
-                    t.peak = int(self._l.task[i].peak)
+                    t.peak = self._all(self._l.task[i].peak)
         return out
 
     def slots(self) -> list[tuple[int, str, tuple[int, ...]]]:
         """Each live slot as (pid the process recorded, task id, bytes it holds per ledger
         GPU), read now (the bypass audit, nodemgr.audit)."""
         n = int(lib.gs_ledger_summary(self._l, self._info, MAX_SLOTS))
-        ng = int(self._l.ngpus)
         out = []
         for i in range(n):
             info = self._info[i]
             used = self._l.slot[info.slot].used
             tid = ffi.string(info.task_id).decode(errors="replace")
-            out.append((int(info.pid), tid, tuple(int(used[g]) for g in range(ng))))
+            out.append(
+                (int(info.pid), tid, tuple(self._bytes(g, used[g]) for g in range(self.ngpus)))
+            )
         return out
 
     def reap(self) -> int:
@@ -387,6 +513,26 @@ class Ledger:
         """Free the slots of processes that have died; per task id, what they had used."""
         rc = self.reap()
         return self._totals(min(rc, MAX_SLOTS))
+
+
+def _memory(uuids: Sequence[bytes], memory: Sequence[int] | None) -> list[int]:
+    if memory is None:
+        return [MAX_GPU_BYTES] * len(uuids)
+    if len(memory) != len(uuids):
+        raise LedgerError(f"{len(uuids)} GPUs named, the memory of {len(memory)} given")
+    return list(memory)
+
+
+def _entry_id(raw: bytes) -> str | None:
+    """A task entry's id field as nodemgr writes it (the id, then zeros to the end), or None
+    when it cannot be one nodemgr wrote."""
+    key, nul, rest = raw.partition(b"\0")
+    if not key or not nul or rest.strip(b"\0"):
+        return None
+    try:
+        return key.decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def _task_key(task_id: str) -> bytes:

@@ -52,6 +52,7 @@ class Snapshot:
     tasks: int
     bypass_found: int = 0
     bypass_killed: int = 0
+    ledger_rewrites: int = 0
 
 
 def _region(x: GpuMetrics, key: str) -> int:
@@ -177,6 +178,11 @@ class _StateCollector(Collector):
             "gpushare_bypass_kills",
             "Processes the bypass audit killed (audit.action = kill)",
             value=snap.bypass_killed,
+        )
+        yield CounterMetricFamily(
+            "gpushare_ledger_rewrites",
+            "Sweeps that wrote back in an environment's ledger what only nodemgr writes",
+            value=snap.ledger_rewrites,
         )
         envs = [([y["env"]], y) for y in snap.envs]
         yield from _gauges(ENV_GAUGES, ["env"], envs)
@@ -339,4 +345,5 @@ class Metrics:
             tasks=len(node.tasks),
             bypass_found=node.audit.found,
             bypass_killed=node.audit.killed,
+            ledger_rewrites=node.audit.rewrites,
         )

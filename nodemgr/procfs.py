@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 def stat_fields(pid: int) -> list[bytes] | None:
     """The fields of /proc/``pid``/stat after the command name, from the state on (field 3
@@ -44,3 +46,25 @@ def own_pid(pid: int) -> int:
     except (OSError, ValueError):
         pass
     return pid
+
+
+def mapped_files(pid: int) -> frozenset[tuple[int, int]] | None:
+    """The files process ``pid`` maps, as (st_dev, st_ino), from /proc/``pid``/maps; None
+    if it cannot be read (the process is gone, or nodemgr may not read it)."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    out = set()
+    for line in lines:
+        # address perms offset dev inode [path]; dev is "major:minor" in hex.
+        fields = line.split(maxsplit=5)
+        try:
+            major, minor = fields[3].split(b":")
+            ino = int(fields[4])
+            if ino:
+                out.add((os.makedev(int(major, 16), int(minor, 16)), ino))
+        except (IndexError, ValueError):
+            continue
+    return frozenset(out)

@@ -82,6 +82,8 @@ def restore(node: Node) -> list[Task]:
             else:
                 env.ledger.set_limit(index, 0)
                 if env.ledger.used(index):
+                    # Its processes may keep what the last limit there let them hold.
+                    env.ledger.may_hold(index, env.memory)
                     env.draining.add(index)
     if restored:
         log.info("restored %d running tasks; waiting for their clients", len(restored))
@@ -122,7 +124,15 @@ def restore(node: Node) -> list[Task]:
 def _restore_entries(node: Node, env: Env) -> None:
     """Free the task entries of tasks that did not survive the restart; give restored
     tasks theirs. An adopted entry is kept as it is, pause word included: the task's
-    processes may be waiting on it."""
+    processes may be waiting on it. An entry whose id nodemgr cannot have written (the
+    environment's processes may write the file) is freed."""
+    malformed = env.ledger.free_malformed()
+    if malformed:
+        log.warning(
+            "env %s: freed %d task entries of its ledger whose ids nodemgr never wrote",
+            env.name,
+            malformed,
+        )
     for task_id in env.ledger.task_ids():
         task = node.tasks.get(task_id)
         if task is None or task.env != env.name:

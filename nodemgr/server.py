@@ -25,6 +25,7 @@ import select
 import signal
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,8 @@ class Server:
         # Environments whose socket could not be bound again (_check_run_dir).
         self._unbindable: set[str] = set()
         self.reclaims = Reclaims(self)
+        # What failed at its last try (_safely): logged once until it succeeds again.
+        self._failing: set[str] = set()
 
     def _unlock(self) -> None:
         for fd in self._lock_fds:
@@ -216,9 +219,22 @@ class Server:
         signal.signal(signal.SIGINT, self.request_stop)
         try:
             while not self._stop:
-                self.step()
+                # One bad record or reply never ends the loop: what failed is logged.
+                self._safely("in the loop", self.step)
         finally:
             self.close()
+
+    def _safely(self, what: str, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn(*args)``; an unexpected exception is logged (once, until ``what``
+        succeeds again) and the loop goes on."""
+        try:
+            fn(*args)
+        except Exception:
+            if what not in self._failing:
+                log.exception("internal error %s; nodemgr goes on", what)
+            self._failing.add(what)
+        else:
+            self._failing.discard(what)
 
     def step(self) -> None:
         now = time.monotonic()
@@ -251,28 +267,30 @@ class Server:
                 self.connections.expire_young(now)
             self.connections.resume()  # after accept() found no descriptor: try again
             wall_ns = time.time_ns()
-            for env in self.node.envs.values():
-                self._reap(env, wall_ns)
+            # Each environment's ledger on its own: one that fails stops no other's sweep.
+            for env in list(self.node.envs.values()):
+                self._safely(f"sweeping the ledger of env {env.name}", self._sweep, env, wall_ns)
             if self.node.store.pending:
-                self.node.store.flush()
+                self._safely("writing records", self.node.store.flush)
             if self.reclaims.idle_due(now):
-                self.reclaims.check_idle(now)
-            self._check_run_dir()
-            self.node.settle_draining()
-            self.node.sample()
+                self._safely("checking idle tasks", self.reclaims.check_idle, now)
+            self._safely("checking run_dir", self._check_run_dir)
+            self._safely("settling draining GPUs", self.node.settle_draining)
+            for env in list(self.node.envs.values()):
+                self._safely(f"sampling the ledger of env {env.name}", self.node.sample_env, env)
             # Time slicing: learn shapes (a charge that drops retries waiting requests),
             # and take the turn from a holder past timeslice.turn_timeout.
-            self.node.read_regions()
-            self.node.slicing.expire_turns()
+            self._safely("reading time-sliced tasks' regions", self.node.read_regions)
+            self._safely("ending turns", self.node.slicing.expire_turns)
             if not self.node.simulated and now >= self._next_health:
                 self._next_health = now + self.config.health_interval
-                self._check_health()
+                self._safely("checking GPU health", self._check_health)
             if self.auditor.due(now):
-                self.auditor.run(now)
+                self._safely("auditing", self.auditor.run, now)
             if self.sampler.due(now):
-                self.sampler.run(now)
+                self._safely("sampling utilisation", self.sampler.run, now)
             if self.metrics is not None:
-                self.metrics.snapshot()
+                self._safely("taking the metrics' snapshot", self.metrics.snapshot)
         elif self._released:
             # Tasks ended since the last sweep: their environments' dead processes' slots
             # are reaped now, the other environments wait for the sweep.
@@ -280,16 +298,29 @@ class Server:
             for name in self._released:
                 released = self.node.envs.get(name)
                 if released is not None:
-                    self._reap(released, wall_ns)
-                    self.node.sample_env(released)
+                    self._safely(
+                        f"sweeping the ledger of env {name}", self._sweep, released, wall_ns
+                    )
+                    self._safely(
+                        f"sampling the ledger of env {name}", self.node.sample_env, released
+                    )
             self._released.clear()
-            self.node.settle_draining()
+            self._safely("settling draining GPUs", self.node.settle_draining)
         if self.node.queue:
             self._run_queue(now)
         if self.node.slicing.held_yields:
             self._answer_yields()
 
-    def _reap(self, env: Env, wall_ns: int) -> None:
+    def _sweep(self, env: Env, wall_ns: int) -> None:
+        # What only nodemgr writes (a limit, a context charge) is put back first, so that
+        # a limit an environment raised for itself holds at most until this sweep.
+        fixed = env.ledger.repair()
+        if self.node.audit.ledger_checked(env.name, fixed):
+            log.warning(
+                "env %s wrote in its ledger what only nodemgr writes; written again: %s",
+                env.name,
+                "; ".join(fixed),
+            )
         # Before reaping, so a process that launched and died since the
         # last sweep still dates its task's last launch.
         env.ledger.stamp_launches(wall_ns)
@@ -401,10 +432,25 @@ class Server:
                     self.unwatch(("wait", w.wid))
 
     def send_later(self, to: ReplyTo, msg: dict[str, Any]) -> bool:
+        """Send ``msg``; False when it cannot be (a vanished client, a reply that cannot be
+        encoded: its client gets an internal error instead)."""
         conn, envelope, _ = to
-        sent = conn.send([*envelope, protocol.encode(msg)])
+        data, encoded = self._encode(msg)
+        sent = conn.send([*envelope, data]) and encoded
         self.connections.settle(conn)
         return sent
+
+    def _encode(self, msg: dict[str, Any]) -> tuple[bytes, bool]:
+        """``msg`` encoded, and True; a reply that cannot be encoded is logged and an
+        internal error (False) goes instead, to that request alone."""
+        try:
+            return protocol.encode(msg), True
+        except Exception:
+            log.exception("internal error encoding a %s reply", msg.get("type"))
+            failed = protocol.error(
+                Err.INTERNAL, "internal error in nodemgr; see its log", int(msg.get("id", 0))
+            )
+            return protocol.encode(failed), False
 
     def _serve(self, conn: Conn, frames: list[bytes]) -> None:
         """Answer one message that arrived on ``conn``."""
@@ -427,8 +473,10 @@ class Server:
             self.metrics.served(
                 "admin" if conn.env is None else "task", out, time.perf_counter() - started
             )
-        if not conn.send([*envelope, protocol.encode(out)]):
-            log.warning("reply to a vanished client dropped")
+        data, encoded = self._encode(out)
+        if not conn.send([*envelope, data]) or not encoded:
+            if encoded:
+                log.warning("reply to a vanished client dropped")
             if out["type"] == "grant":
                 # Its sender is gone, and the pid read for it may already
                 # name another process: the grant must not stand.

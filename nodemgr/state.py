@@ -101,6 +101,7 @@ class Node:
         env_dir = self.config.env_dir(name)
         access = self.config.access_for(name)
         uuids = [g.uuid_bytes for g in self.gpus]
+        sizes = [g.memory for g in self.gpus]
         path = env_dir / "ledger"
         # Everything inside the directory goes through a descriptor of it: its owner
         # may write there, and nodemgr, as root, must follow nothing it left.
@@ -110,7 +111,7 @@ class Node:
         if adopt:
             with contextlib.suppress(OSError):
                 fd = os.open(env_dir, flags)
-            ledger = Ledger.reopen(path, uuids, dir_fd=fd) if fd >= 0 else None
+            ledger = Ledger.reopen(path, uuids, dir_fd=fd, memory=sizes) if fd >= 0 else None
         adopted = ledger is not None
         try:
             if ledger is None:
@@ -118,7 +119,7 @@ class Node:
                     os.close(fd)
                 fd = envdirs.open_empty(env_dir)
                 owner = (access.uid, access.gid)
-                ledger = Ledger.create(path, uuids, access.mode, owner, dir_fd=fd)
+                ledger = Ledger.create(path, uuids, access.mode, owner, dir_fd=fd, memory=sizes)
             ledger.chown(access.uid, access.gid, access.mode)
             # The directory's owner is the environment's user; nodemgr, root or
             # the same user, keeps its way in either way.
@@ -205,6 +206,7 @@ class Node:
         env = self.env(name)
         self.store.delete_env(name)
         del self.envs[name]
+        self.audit.forget_env(name)
         env.ledger.close()
         shutil.rmtree(self.config.env_dir(name), ignore_errors=True)
         self.queue_dirty = True
@@ -227,17 +229,19 @@ class Node:
         """Memory promised on a GPU: each holding environment's per-GPU quota, or what it
         holds there when that is more (its quota was lowered below it); on a time-sliced
         GPU, the regions' charge instead, and never less than what is held there; and what
-        draining environments still hold there."""
+        draining environments still hold there. What an environment holds is what its
+        ledger says within what nodemgr let it hold (Ledger.held): a ledger written to say
+        more costs the other environments nothing."""
         if self.slicing.timesliced(index):
             draining = sum(
-                e.ledger.used(index)
+                e.ledger.held(index)
                 for e in self.envs.values()
                 if index in e.draining and index not in e.held
             )
-            held = sum(e.ledger.used(index) for e in self.envs.values() if index in e.held)
+            held = sum(e.ledger.held(index) for e in self.envs.values() if index in e.held)
             return max(self.slicing.region_charge(index).total, held) + draining
         return sum(
-            max(e.memory, e.ledger.used(index)) if index in e.held else e.ledger.used(index)
+            max(e.memory, e.ledger.held(index)) if index in e.held else e.ledger.held(index)
             for e in self.envs.values()
             if index in e.held or index in e.draining
         )

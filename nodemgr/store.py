@@ -440,6 +440,10 @@ class Store:
                     )
                 self.failing = cause(e, self.path)
                 return False
+            except Exception:
+                # Not the database's doing (a value it cannot take): this record can never
+                # be written, and kept first it would hold back every later one.
+                log.exception("a record nodemgr cannot write is dropped")
             self.pending.popleft()
             written += 1
         if self.failing is not None:

@@ -84,6 +84,11 @@ def _bypass(audit: dict[str, Any] | None) -> None:
         return
     if audit.get("error"):
         click.echo(f"bypass audit: cannot list NVML's processes: {audit['error']}")
+    for rewrite in audit.get("ledgers") or []:
+        click.echo(
+            f"ledgers rewritten: env {rewrite['env']} wrote what only nodemgr writes; "
+            f"written back: {rewrite['rewrote']}"
+        )
     procs = audit.get("processes") or []
     if not procs and not audit.get("found"):
         return

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from nodemgr.audit import BEYOND_SLOT, NO_SLOT, AuditState, Finding, Seen, Slot, compare
+from nodemgr.audit import (
+    BEYOND_SLOT,
+    NO_SLOT,
+    NOT_ITS_SLOT,
+    UNSEEN,
+    AuditState,
+    Finding,
+    Seen,
+    Slot,
+    compare,
+    unconfirmed,
+)
 
 MiB = 1 << 20
 
@@ -68,3 +79,27 @@ def test_findings_are_new_once_and_counted_once() -> None:
     # Gone and back: a new finding again (a pid reused, or the process bypassing anew).
     assert state.update([a]) == [a]
     assert state.found == 3
+
+
+def test_a_slot_naming_a_process_that_maps_none_of_its_ledgers_is_not_its_own() -> None:
+    ledger = (1, 2)
+    covered = [Slot("a", "t1", 100, (128 * MiB,), ledger)]
+    seen = [Seen(0, 4100, 100, 128 * MiB)]
+    # The figures agree; only what the process maps tells the slot is not its own.
+    assert compare(seen, covered, {}, 0) == []
+    assert compare(seen, covered, {}, 0, {4100: frozenset({ledger, (1, 3)})}) == []
+    (f,) = compare(seen, covered, {}, 0, {4100: frozenset({(1, 3)})})
+    assert (f.pid, f.reason, f.seen, f.accounted) == (4100, NOT_ITS_SLOT, 128 * MiB, 128 * MiB)
+    assert f.env == "a"
+
+
+def test_a_slot_claiming_more_than_nvml_sees_in_both_reads_is_unconfirmed() -> None:
+    fake = [slot(100, 12 << 30), slot(101, 0, 300 * MiB, task="t2")]
+    seen = [Seen(1, 4101, 101, 300 * MiB)]
+    (f,) = unconfirmed(seen, fake, 64 * MiB, fake)
+    assert (f.gpu, f.pid, f.seen, f.accounted, f.reason) == (0, 100, 0, 12 << 30, UNSEEN)
+    # A charge made between the two reads (the driver's allocation may not be made yet).
+    assert unconfirmed(seen, fake, 64 * MiB, [slot(101, 0, 300 * MiB, task="t2")]) == []
+    # NVML's pid names the process where NVML lists it.
+    (g,) = unconfirmed(seen, [slot(101, 0, 1 << 30)], 64 * MiB, [slot(101, 0, 1 << 30)])
+    assert (g.pid, g.seen, g.accounted) == (4101, 300 * MiB, 1 << 30)
