@@ -219,17 +219,14 @@ def ratio_result(
     with_shim = [r[key] for r in runs[True]]
     without = [r[key] for r in runs[False]]
     w, wo = statistics.median(with_shim), statistics.median(without)
-    ratio = w / wo
-    met = ratio >= target if op == ">=" else ratio <= target
-    return {
+    result = {
         f"with_shim_{unit}": [round(x, 4) for x in with_shim],
         f"without_shim_{unit}": [round(x, 4) for x in without],
         f"median_with_shim_{unit}": round(w, 4),
         f"median_without_shim_{unit}": round(wo, 4),
-        "ratio": round(ratio, 5),
-        "target": {"metric": "ratio", "op": op, "value": target},
-        "met": bool(met),
+        "ratio": round(w / wo, 5),
     }
+    return harness.judge(result, "ratio", op, target)
 
 
 def run_benchmarks(
