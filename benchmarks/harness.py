@@ -423,16 +423,19 @@ def report(
     load_before: float,
     results: dict[str, Any],
     broken: bool = False,
+    extra: Mapping[str, Any] | None = None,
 ) -> int:
     """Print the JSON document (and write it to ``--out``); return the exit status.
 
     The document: ``machine`` (what ``describe`` returns, then the load averages),
-    ``quick`` and ``benchmarks`` (``results``). The status: 2 if a benchmark could not
-    run (``broken``), 1 if ``--check`` is given and a target was missed, else 0.
+    ``quick``, ``benchmarks`` (``results``) and what ``extra`` holds. The status: 2 if a
+    benchmark could not run (``broken``), 1 if ``--check`` is given and a target was
+    missed, else 0.
     """
     # Other work on the machine shows in the figures; the load average says how much.
     load = {"loadavg_1m_before": load_before, "loadavg_1m_after": loadavg()}
     doc = {"machine": {**describe(), **load}, "quick": args.quick, "benchmarks": results}
+    doc.update(extra or {})
     text = json.dumps(doc, indent=2)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,15 @@
 """The logic of the GPU benchmarks (benchmarks/gpu_timeslice_bench.py, benchmarks/gpu_bench.py)
 proven without a GPU: how the time-slicing benchmark sizes its jobs and quota from the GPU's
-memory."""
+memory, and what the launch-rate benchmark records of each run (the whole benchmark run on the
+simulated driver, with a fake torch)."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,3 +61,207 @@ def test_the_model_is_not_below_what_was_measured() -> None:
 def test_a_gpu_too_small_is_refused_with_its_size() -> None:
     with pytest.raises(harness.BenchError, match="a GPU of 1024 MiB is too small"):
         ts.plan_job(1 * GiB)
+
+
+# --- the launch-rate benchmark's records of each run, on the simulated driver ---------------
+
+# A stand-in for the little of torch gpu_bench's measuring program uses: x.add_(1) is one
+# cuLaunchKernel through the simulated driver (the stand-in torch's launch), so that under
+# gpushare-run the shim counts it as it counts a real torch's.
+FAKE_TORCH = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("torch.cuda", {cuda!r})
+cuda = importlib.util.module_from_spec(spec)
+sys.modules["torch.cuda"] = cuda
+spec.loader.exec_module(cuda)
+cuda.is_available = lambda: True
+cuda.get_device_name = lambda index=0: "Simulated for gpu_bench"
+__version__ = "0.0-gpu-bench-test"
+
+class version:
+    cuda = "sim"
+
+class _Tensor:
+    def add_(self, value):
+        cuda.launch()
+        return self
+
+def zeros(*shape, device=None):
+    return _Tensor()
+
+def set_num_threads(n):
+    pass
+"""
+
+
+@pytest.fixture
+def fake_torch_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """This Python with the fake torch first on its path and the simulated driver (4 GPUs,
+    as the benchmark's nodemgr below simulates them) for runs with and without the shim."""
+    from client_plugin import libs
+    from nodemgr import gpus
+    from nodemgr.config import Config
+
+    pkg = tmp_path / "fake" / "torch"
+    pkg.mkdir(parents=True)
+    standin = ROOT / "tests" / "fixtures" / "standin" / "torch" / "cuda.py"
+    (pkg / "__init__.py").write_text(FAKE_TORCH.format(cuda=str(standin)))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(libs.sim_driver_dir()))
+    config = Config(tmp_path / "unused.toml", tmp_path / "unused-run")
+    monkeypatch.setenv("GPUSHARE_SIM_GPUS", gpus.sim_spec(gpus.simulated(config)))
+    return sys.executable
+
+
+def test_each_run_is_recorded_with_what_could_explain_it(
+    fake_torch_python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpu_bench's whole run (--quick, launch_rate) with nodemgr on simulated GPUs instead of
+    NVML's: every measuring run's record is in the document, with the shim's trace of the
+    runs under gpushare-run (every launch counted, no wait for the pause word), the CPUs
+    it ran on (pinned, nodemgr elsewhere), its resource use, nodemgr's CPU time, other
+    processes' CPU use, and no GPU figures where NVML has none."""
+    import benchmarks.nodemgr_bench as nb
+    from benchmarks import gpu_bench
+
+    real_daemon = nb.daemon
+
+    def simulated_daemon(cpus: set[int] | None = None, **config: Any) -> Any:
+        assert config == {"gpus": {"source": "nvml"}}
+        return real_daemon(cpus)  # nodemgr_bench's simulated GPUs, as the fake torch sees
+
+    monkeypatch.setattr(nb, "daemon", simulated_daemon)
+    out = tmp_path / "gpu.json"
+    argv = ["--quick", "--only", "launch_rate", "--python", fake_torch_python, "--out", str(out)]
+    assert gpu_bench.main(argv) == 0
+    doc = json.loads(out.read_text())
+    lr = doc["benchmarks"]["launch_rate"]
+    assert lr["target"] == {"metric": "ratio", "op": ">=", "value": 0.995}
+    assert len(lr["with_shim_per_s"]) == len(lr["without_shim_per_s"]) == 2
+    assert isinstance(lr["slow_runs"], list)
+    runs = doc["runs"]
+    # the warm-up (with the shim, not counted), then two pairs, the side going first alternating
+    assert [(r["order"], r["pair"], r["shim"]) for r in runs] == [
+        (0, 0, True), (1, 1, False), (2, 1, True), (3, 2, True), (4, 2, False)
+    ]  # fmt: skip
+    usable = sorted(os.sched_getaffinity(0))
+    pinned = [usable[-1]] if len(usable) > 1 else None
+    assert doc["machine"]["measuring_cpus"] == pinned
+    launches = 1000 + 3 * 20_000  # warm-up loop, then --quick's loops
+    for r in runs:
+        assert len(r["launches_per_s_loops"]) == 3
+        assert r["launches_per_s"] == pytest.approx(max(r["launches_per_s_loops"]), abs=0.1)
+        if pinned:
+            assert r["affinity"] == pinned
+            assert r["cpu_start"] == r["cpu_end"] == pinned[0]
+            assert set(r["cpu_time"]) == {"all", f"cpu{pinned[0]}"}
+        assert r["cpu_time"]["all"]["busy_s"] >= 0
+        assert r["run_processes"]["utime"] > 0
+        assert r["nodemgr_cpu_s"] >= 0
+        assert r["others_cpu_s"] >= 0 and len(r["others_busiest"]) <= 3
+        assert r["gpu_before"] is None and r["gpu_after"] is None  # no NVML here
+        assert r["wall_s"] > 0
+        if r["shim"]:
+            trace = r["shim_trace"]
+            assert trace["mode"] == "enforce"
+            assert trace["launches"] == launches
+            assert trace["pause_waits"] == 0
+            assert trace["calls"]["cuLaunchKernel"] == launches
+        else:
+            assert "shim_trace" not in r
+
+
+def test_cpu_figures_from_proc_stat() -> None:
+    before = gpu_bench_mod().cpu_lines(
+        "cpu  100 0 50 1000 10 0 0 5 0 0\ncpu0 60 0 30 500 5 0 0 5 0 0\nintr 1 2\n"
+    )
+    after = gpu_bench_mod().cpu_lines(
+        "cpu  200 0 70 1100 30 0 0 45 0 0\ncpu0 150 0 40 510 5 0 0 45 0 0\nintr 1 2\n"
+    )
+    assert set(before) == {"cpu", "cpu0"}
+    assert gpu_bench_mod().cpu_delta(before, after, "cpu", 100) == {
+        "busy_s": 1.2,
+        "idle_s": 1.2,
+        "steal_s": 0.4,
+    }
+    assert gpu_bench_mod().cpu_delta(before, after, "cpu0", 100) == {
+        "busy_s": 1.0,
+        "idle_s": 0.1,
+        "steal_s": 0.4,
+    }
+    assert gpu_bench_mod().cpu_delta(before, after, "cpu1", 100) is None
+
+
+def test_the_busiest_other_processes() -> None:
+    before = {1: ("init", 10), 50: ("nodemgr", 100), 60: ("python3", 500), 70: ("kworker", 3)}
+    after = {
+        1: ("init", 10),
+        50: ("nodemgr", 300),  # excluded: reported on its own
+        60: ("python3", 800),
+        70: ("kworker", 4),
+        80: ("stress", 120),  # started during the run: all of its time counts
+        60_000: ("bash", 0),
+    }
+    total, top = gpu_bench_mod().busiest(before, after, [50], 100, n=2)
+    assert total == pytest.approx(4.21)
+    assert top == [
+        {"pid": 60, "comm": "python3", "cpu_s": 3.0},
+        {"pid": 80, "comm": "stress", "cpu_s": 1.2},
+    ]
+
+
+def test_a_trace_read_for_the_record(tmp_path: Path) -> None:
+    trace = tmp_path / "trace"
+    trace.write_text(
+        "pid=7 mode=enforce launches=120 pause_waits=2 pause_wait_us=5000\n"
+        "pid=7 hook=cuLaunchKernel calls=120 dlsym=0 gpa=1\n"
+        "pid=7 hook=cuGetProcAddress_v2 calls=0 dlsym=1 gpa=0\n"
+        "pid=7 hook=cuMemAlloc_v2 calls=3 dlsym=0 gpa=1\n"
+    )
+    assert gpu_bench_mod().read_trace(trace) == {
+        "mode": "enforce",
+        "launches": 120,
+        "pause_waits": 2,
+        "pause_wait_us": 5000,
+        "calls": {"cuLaunchKernel": 120, "cuMemAlloc_v2": 3},
+    }
+    assert gpu_bench_mod().read_trace(tmp_path / "none") == {
+        "error": f"no trace at {tmp_path / 'none'}"
+    }
+
+
+def test_cpu_clock_from_cpufreq_else_cpuinfo(tmp_path: Path) -> None:
+    (tmp_path / "cpu3" / "cpufreq").mkdir(parents=True)
+    (tmp_path / "cpu3" / "cpufreq" / "scaling_cur_freq").write_text("2450000\n")
+    info = "processor\t: 0\ncpu MHz\t\t: 1999.998\n\nprocessor\t: 1\ncpu MHz\t\t: 2100.5\n"
+    g = gpu_bench_mod()
+    assert g.cpu_mhz(3, tmp_path, info) == 2450.0
+    assert g.cpu_mhz(1, tmp_path, info) == 2100.5
+    assert g.cpu_mhz(2, tmp_path, info) is None
+    assert g.cpu_mhz(None, tmp_path, info) is None
+
+
+def test_slow_runs_are_pointed_out_per_side() -> None:
+    runs = [
+        {"shim": True, "v": 158.0},
+        {"shim": False, "v": 164.0},
+        {"shim": True, "v": 114.0},
+        {"shim": False, "v": 160.0},
+        {"shim": True, "v": 157.0},
+        {"shim": False, "v": 140.0},
+        {"shim": True, "v": 107.0},
+    ]
+    assert gpu_bench_mod().slow_runs(runs, "v", True) == [2, 5, 6]
+    step = [{"shim": True, "v": 1.0}, {"shim": True, "v": 1.2}, {"shim": True, "v": 1.0}]
+    assert gpu_bench_mod().slow_runs(step, "v", False) == [1]
+
+
+def test_pinning_needs_two_cpus() -> None:
+    assert gpu_bench_mod().pin_cpus([3, 0, 7, 5]) == ([7], {0, 3, 5})
+    assert gpu_bench_mod().pin_cpus([2]) is None
+
+
+def gpu_bench_mod() -> Any:
+    from benchmarks import gpu_bench
+
+    return gpu_bench
