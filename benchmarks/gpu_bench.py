@@ -517,13 +517,16 @@ def ratio_result(
 
 
 def pin_cpus(usable: Iterable[int]) -> tuple[list[int], set[int]] | None:
-    """Where the measuring processes run (one CPU, the highest usable) and nodemgr (the
-    others), so that where the scheduler happens to put them is the same for both sides and
-    nodemgr never takes the measuring CPU; None with fewer than two CPUs."""
+    """Where the measuring processes run and where nodemgr does (the other CPUs), so that
+    where the scheduler happens to put them is the same for both sides and nodemgr never
+    takes a measuring CPU: the highest two CPUs (one on a machine of fewer than four,
+    since PyTorch's autograd thread takes turns with the launching one); None with fewer
+    than two CPUs."""
     cpus = sorted(usable)
     if len(cpus) < 2:
         return None
-    return [cpus[-1]], set(cpus[:-1])
+    n = 2 if len(cpus) >= 4 else 1
+    return cpus[-n:], set(cpus[:-n])
 
 
 def run_benchmarks(
@@ -598,7 +601,7 @@ def run_benchmarks(
     except (harness.BenchError, OSError, Unreachable) as e:
         raise BenchError(f"{type(e).__name__}: {e}") from None
     counted = [r for r in records if r["pair"] > 0]
-    where = f"each pinned to CPU {pinned[0][0]}" if pinned else "not pinned"
+    where = f"pinned to CPUs {pinned[0]}" if pinned else "not pinned"
     results: dict[str, Any] = {}
     if "launch_rate" in only:
         results["launch_rate"] = {
