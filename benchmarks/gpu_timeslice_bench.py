@@ -130,13 +130,8 @@ def _train(args: list[str]) -> int:
 
     torch: Any = importlib.import_module("torch")
 
-    name, iterations, out, batch, big_bytes = (
-        args[0],
-        int(args[1]),
-        args[2],
-        int(args[3]),
-        int(args[4]),
-    )
+    name, out = args[0], args[2]
+    iterations, batch, big_bytes = int(args[1]), int(args[3]), int(args[4])
     hidden, layers = 1024, 4  # ROW_PERSISTENT and ROW_TEMPORARY were measured with these
     torch.backends.cuda.matmul.allow_tf32 = True
     dev = torch.device("cuda")

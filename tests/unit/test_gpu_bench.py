@@ -70,7 +70,15 @@ def test_a_gpu_too_small_is_refused_with_its_size() -> None:
 # cuLaunchKernel through the simulated driver (the stand-in torch's launch), so that under
 # gpushare-run the shim counts it as it counts a real torch's.
 FAKE_TORCH = """
-import importlib.util, sys
+import importlib.util, os, sys
+# GPUSHARE_TEST_FAIL_AT=N: the Nth process that imports this torch fails
+count = os.environ.get("GPUSHARE_TEST_FAIL_AT")
+if count:
+    with open(os.environ["GPUSHARE_TEST_FAIL_COUNT"], "a+") as f:
+        f.write("x")
+        f.seek(0)
+        if len(f.read()) == int(count):
+            sys.exit("fake torch: failing as told")
 spec = importlib.util.spec_from_file_location("torch.cuda", {cuda!r})
 cuda = importlib.util.module_from_spec(spec)
 sys.modules["torch.cuda"] = cuda
@@ -171,6 +179,31 @@ def test_each_run_is_recorded_with_what_could_explain_it(
             assert trace["calls"]["cuLaunchKernel"] == launches
         else:
             assert "shim_trace" not in r
+
+
+def test_runs_that_ended_are_kept_when_a_later_one_fails(
+    fake_torch_python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fourth process (the probe, the warm-up and the first run without the shim came
+    before it) fails: the benchmark exits 2 and its document is still written, with the
+    records of the two runs that ended and each benchmark's error."""
+    import benchmarks.nodemgr_bench as nb
+    from benchmarks import gpu_bench
+
+    real_daemon = nb.daemon
+    monkeypatch.setattr(nb, "daemon", lambda cpus=None, **config: real_daemon(cpus))
+    monkeypatch.setenv("GPUSHARE_TEST_FAIL_AT", "4")
+    monkeypatch.setenv("GPUSHARE_TEST_FAIL_COUNT", str(tmp_path / "count"))
+    out = tmp_path / "gpu.json"
+    argv = ["--quick", "--only", "launch_rate", "--python", fake_torch_python, "--out", str(out)]
+    assert gpu_bench.main(argv) == 2
+    doc = json.loads(out.read_text())
+    assert [(r["pair"], r["shim"]) for r in doc["runs"]] == [(0, True), (1, False)]
+    assert list(doc["benchmarks"]) == ["launch_rate"]
+    error = doc["benchmarks"]["launch_rate"]["error"]
+    assert error.startswith("BenchError: run with the shim: exit 1"), error
+    assert "fake torch: failing as told" in error
+    assert doc["machine"]["torch"] == "0.0-gpu-bench-test"
 
 
 def test_cpu_figures_from_proc_stat() -> None:
