@@ -292,7 +292,7 @@ def read_trace(path: Path) -> dict[str, Any]:
             calls[fields["hook"]] = calls.get(fields["hook"], 0) + int(fields.get("calls", 0))
         elif "mode" in fields:
             out["mode"] = fields["mode"]
-            for key in ("launches", "pause_waits", "pause_wait_us"):
+            for key in ("slot", "launches", "pause_waits", "pause_wait_us"):
                 if key in fields:
                     out[key] = int(fields[key])
     out["calls"] = {k: v for k, v in sorted(calls.items()) if v}

@@ -512,6 +512,7 @@ def test_the_trace_counts_launches_and_waits_on_the_pause_word(
         c.waits_on(1)
         ledger.task_pause(TASK, False)
         assert c.readline() == "alloc a 0"
+        [slot] = [i for i in range(1024) if ledger._l.slot[i].pid == c.p.pid]
         assert c.finish() == ""
     finally:
         c.kill()
@@ -519,6 +520,7 @@ def test_the_trace_counts_launches_and_waits_on_the_pause_word(
     fields = dict(f.split("=", 1) for f in line.split())
     assert fields["pid"] == str(c.p.pid)
     assert fields["mode"] == "enforce"
+    assert fields["slot"] == str(slot)
     assert fields["launches"] == "3"
     assert fields["pause_waits"] == "2"
     assert int(fields["pause_wait_us"]) > 0

@@ -174,6 +174,7 @@ def test_each_run_is_recorded_with_what_could_explain_it(
         if r["shim"]:
             trace = r["shim_trace"]
             assert trace["mode"] == "enforce"
+            assert trace["slot"] >= 0
             assert trace["launches"] == launches
             assert trace["pause_waits"] == 0
             assert trace["calls"]["cuLaunchKernel"] == launches
@@ -248,13 +249,14 @@ def test_the_busiest_other_processes() -> None:
 def test_a_trace_read_for_the_record(tmp_path: Path) -> None:
     trace = tmp_path / "trace"
     trace.write_text(
-        "pid=7 mode=enforce launches=120 pause_waits=2 pause_wait_us=5000\n"
+        "pid=7 mode=enforce slot=3 launches=120 pause_waits=2 pause_wait_us=5000\n"
         "pid=7 hook=cuLaunchKernel calls=120 dlsym=0 gpa=1\n"
         "pid=7 hook=cuGetProcAddress_v2 calls=0 dlsym=1 gpa=0\n"
         "pid=7 hook=cuMemAlloc_v2 calls=3 dlsym=0 gpa=1\n"
     )
     assert gpu_bench_mod().read_trace(trace) == {
         "mode": "enforce",
+        "slot": 3,
         "launches": 120,
         "pause_waits": 2,
         "pause_wait_us": 5000,
