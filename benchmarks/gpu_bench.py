@@ -363,7 +363,7 @@ class Observer:
             if first.isdigit():
                 self.handle = self.nv.nvmlDeviceGetHandleByIndex(int(first))
             else:
-                self.handle = self.nv.nvmlDeviceGetHandleByUUID(first.encode())
+                self.handle = self.nv.nvmlDeviceGetHandleByUUID(first)
         except Exception:
             self.handle = None
 

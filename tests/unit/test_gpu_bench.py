@@ -383,3 +383,47 @@ def test_the_lease_script_runs_every_step_and_records_each(tmp_path: Path) -> No
     )
     assert any(c.endswith(f"--python {fake} --out {out}/gpu.json") for c in made)
     assert any(f"gpu_timeslice_bench.py --quick --out {out}/gpu_timeslice.json" in c for c in made)
+
+
+def test_the_gpu_state_is_read_where_nvml_answers_and_null_where_not(tmp_path: Path) -> None:
+    """The records' NVML figures, read by the benchmark's observer in a process on the
+    simulated NVML (which answers some of the questions asked): a figure NVML does not give
+    is null, and none stops the record."""
+    from client_plugin import libs
+    from nodemgr import gpus
+    from nodemgr.config import Config
+
+    config = Config(tmp_path / "unused.toml", tmp_path / "unused-run")
+    script = (
+        "import json, sys\n"
+        f"sys.path.append({str(ROOT)!r})\n"
+        "from benchmarks import gpu_bench\n"
+        "o = gpu_bench.Observer(1)\n"
+        "o.gpu(sys.argv[1])\n"
+        "print(json.dumps(o.before()['nvml']))\n"
+        "o.close()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES")}
+    env["LD_LIBRARY_PATH"] = str(libs.sim_driver_dir())
+    env["GPUSHARE_SIM_GPUS"] = gpus.sim_spec(gpus.simulated(config))
+    r = subprocess.run(
+        [sys.executable, "-c", script, gpus.simulated_uuid(1)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=tmp_path,
+    )
+    state = json.loads(r.stdout)
+    assert set(state) == {
+        "sm_mhz",
+        "memory_mhz",
+        "utilization_gpu",
+        "utilization_memory",
+        "temperature_c",
+        "power_w",
+        "pstate",
+        "clocks_event_reasons",
+    }
+    assert any(v is not None for v in state.values()), state  # the GPU was found
