@@ -668,9 +668,18 @@ def main(argv: list[str] | None = None) -> int:
         return harness.report(
             args, lambda: describe, load_before, failed, broken=True, extra={"runs": records}
         )
-    except KeyboardInterrupt:
-        say("interrupted")
-        return 130
+    except (KeyboardInterrupt, SystemExit) as e:
+        # Ctrl-C, or SIGTERM (harness.stop_children_on_exit: a time limit, say): the runs
+        # that ended are kept as above; the status says how it was stopped.
+        status = 130 if isinstance(e, KeyboardInterrupt) else e.code
+        say(f"interrupted (exit {status})")
+        if records:
+            stopped = BenchError(f"stopped (exit {status}) after {len(records)} runs")
+            failed = {name: harness.error_result(stopped) for name in only}
+            harness.report(
+                args, lambda: describe, load_before, failed, broken=True, extra={"runs": records}
+            )
+        return status if isinstance(status, int) else 1
     for name, r in results.items():
         say(f"{name}: {harness.verdict(r)}")
     say(f"done in {time.monotonic() - start:.0f}s")

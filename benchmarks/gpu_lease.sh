@@ -21,6 +21,7 @@ OUT=$(cd "$1" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WHEELS=${2:-$ROOT/.whl}
 PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 # a step stopped at its time limit still leaves all it printed
 STEPS=$OUT/steps.txt
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpulease-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT

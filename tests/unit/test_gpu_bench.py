@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # last, as the benchmarks do: installed gpushare wins
 from benchmarks import gpu_timeslice_bench as ts  # noqa: E402
 from benchmarks import harness  # noqa: E402
+from nodemgr import procfs  # noqa: E402
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -70,15 +72,21 @@ def test_a_gpu_too_small_is_refused_with_its_size() -> None:
 # cuLaunchKernel through the simulated driver (the stand-in torch's launch), so that under
 # gpushare-run the shim counts it as it counts a real torch's.
 FAKE_TORCH = """
-import importlib.util, os, sys
-# GPUSHARE_TEST_FAIL_AT=N: the Nth process that imports this torch fails
-count = os.environ.get("GPUSHARE_TEST_FAIL_AT")
-if count:
-    with open(os.environ["GPUSHARE_TEST_FAIL_COUNT"], "a+") as f:
-        f.write("x")
+import importlib.util, os, sys, time
+# Each process that imports this torch adds a line to GPUSHARE_TEST_COUNT (if set); the Nth
+# fails if GPUSHARE_TEST_FAIL_AT=N, or waits until its parent is gone if GPUSHARE_TEST_HOLD_AT=N.
+if os.environ.get("GPUSHARE_TEST_COUNT"):
+    with open(os.environ["GPUSHARE_TEST_COUNT"], "a+") as f:
+        f.write(f"{{os.getpid()}}\\n")
         f.seek(0)
-        if len(f.read()) == int(count):
-            sys.exit("fake torch: failing as told")
+        nth = str(len(f.read().splitlines()))
+    if nth == os.environ.get("GPUSHARE_TEST_FAIL_AT"):
+        sys.exit("fake torch: failing as told")
+    if nth == os.environ.get("GPUSHARE_TEST_HOLD_AT"):
+        parent = os.getppid()
+        while os.getppid() == parent:
+            time.sleep(0.05)
+        sys.exit("fake torch: held until its parent ended")
 spec = importlib.util.spec_from_file_location("torch.cuda", {cuda!r})
 cuda = importlib.util.module_from_spec(spec)
 sys.modules["torch.cuda"] = cuda
@@ -194,7 +202,7 @@ def test_runs_that_ended_are_kept_when_a_later_one_fails(
     real_daemon = nb.daemon
     monkeypatch.setattr(nb, "daemon", lambda cpus=None, **config: real_daemon(cpus))
     monkeypatch.setenv("GPUSHARE_TEST_FAIL_AT", "4")
-    monkeypatch.setenv("GPUSHARE_TEST_FAIL_COUNT", str(tmp_path / "count"))
+    monkeypatch.setenv("GPUSHARE_TEST_COUNT", str(tmp_path / "count"))
     out = tmp_path / "gpu.json"
     argv = ["--quick", "--only", "launch_rate", "--python", fake_torch_python, "--out", str(out)]
     assert gpu_bench.main(argv) == 2
@@ -205,6 +213,59 @@ def test_runs_that_ended_are_kept_when_a_later_one_fails(
     assert error.startswith("BenchError: run with the shim: exit 1"), error
     assert "fake torch: failing as told" in error
     assert doc["machine"]["torch"] == "0.0-gpu-bench-test"
+
+
+# gpu_bench.py as a process of its own, nodemgr on simulated GPUs instead of NVML's.
+SIMULATED_GPU_BENCH = """
+import sys
+sys.path.append(sys.argv[1])
+import benchmarks.nodemgr_bench as nb
+from benchmarks import gpu_bench
+real_daemon = nb.daemon
+nb.daemon = lambda cpus=None, **config: real_daemon(cpus)
+sys.exit(gpu_bench.main(sys.argv[2:]))
+"""
+
+
+def test_a_stopped_benchmark_keeps_the_runs_that_ended(
+    fake_torch_python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM (a time limit's) while the fourth process runs: the benchmark stops its
+    helpers, writes its document with the runs that ended, and exits 143."""
+    count = tmp_path / "count"
+    monkeypatch.setenv("GPUSHARE_TEST_COUNT", str(count))
+    monkeypatch.setenv("GPUSHARE_TEST_HOLD_AT", "4")
+    out = tmp_path / "gpu.json"
+    argv = ["--quick", "--only", "launch_rate", "--python", fake_torch_python, "--out", str(out)]
+    bench = subprocess.Popen(
+        [sys.executable, "-c", SIMULATED_GPU_BENCH, str(ROOT), *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (count.exists() and len(count.read_text().splitlines()) >= 4):
+            assert bench.poll() is None, bench.communicate()[1]
+            assert time.monotonic() < deadline, "the fourth process never started"
+            time.sleep(0.05)
+        bench.terminate()
+        _, err = bench.communicate(timeout=120)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 143, err
+    doc = json.loads(out.read_text())
+    assert [(r["pair"], r["shim"]) for r in doc["runs"]] == [(0, True), (1, False)]
+    assert (
+        doc["benchmarks"]["launch_rate"]["error"] == "BenchError: stopped (exit 143) after 2 runs"
+    )
+    held = int(count.read_text().splitlines()[3])
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{held}").exists() and procfs.state(held) not in (None, "Z"):
+        assert time.monotonic() < deadline, "the held measuring process outlived its run"
+        time.sleep(0.05)
 
 
 def test_cpu_figures_from_proc_stat() -> None:
