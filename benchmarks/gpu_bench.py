@@ -15,7 +15,8 @@ with CUDA, no NVIDIA GPU, nodemgr did not start, a run failed).
 
 The measuring program needs PyTorch with CUDA: ``--python``, else
 ``$GPUSHARE_TORCH_PYTHON``, else this Python if it has torch, else ``python3`` on PATH.
-It imports nothing of gpushare, so that Python need not have gpushare installed.
+It imports nothing of gpushare but ``nodemgr.procfs`` (standard library only, found in
+this checkout when not installed), so that Python need not have gpushare installed.
 """
 
 from __future__ import annotations
@@ -215,7 +216,7 @@ def cpu_lines(text: str) -> dict[str, list[int]]:
     """/proc/stat's cpu lines: "cpu" (all CPUs) and "cpuN" -> their jiffies."""
     out = {}
     for line in text.splitlines():
-        name, *fields = line.split()
+        name, *fields = line.split() or [""]
         if name.startswith("cpu"):
             out[name] = [int(x) for x in fields[: len(_JIFFIES)]]
     return out
