@@ -7,9 +7,11 @@
 #
 # PYTHON: the Python with PyTorch (default python3). WHEELS: a folder of wheels of what that
 # Python lacks and gpushare needs (cffi, pycparser, pyzmq), installed with --no-index
-# (default: .whl in the checkout; none: nothing installed). Each step runs under a time limit;
-# one that fails or times out is recorded in OUTDIR/steps.txt and the next one still runs.
-# Exit status: 0 when every step passed, else 1. About 6 minutes on an H200.
+# (default: .whl in the checkout; none: nothing installed). Each step runs under a time limit,
+# and all of them within GPU_LEASE_BUDGET seconds (default 420); one that fails or times out
+# is recorded in OUTDIR/steps.txt and the next one still runs (one with under 20 s of the
+# budget left is skipped). Exit status: 0 when every step passed, else 1. About 6 minutes on
+# an H200.
 set -u
 
 if [ $# -lt 1 ]; then
@@ -23,18 +25,28 @@ WHEELS=${2:-$ROOT/.whl}
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 # a step stopped at its time limit still leaves all it printed
 STEPS=$OUT/steps.txt
+BUDGET=${GPU_LEASE_BUDGET:-420}
+BEGAN=$(date +%s)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpulease-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 cd "$ROOT" || exit 2
 : >"$STEPS"
 failed=0
 
-# step NAME LOG SECONDS COMMAND...: run COMMAND with a time limit, its output appended to
-# LOG; one line in steps.txt: the name, the exit status (124: timed out), the seconds taken.
+# step NAME LOG SECONDS COMMAND...: run COMMAND with a time limit (SECONDS, or what is left
+# of the budget if less), its output appended to LOG; one line in steps.txt: the name, the
+# exit status (124: timed out), the seconds taken.
 step() {
-	local name=$1 log=$2 limit=$3 start rc
+	local name=$1 log=$2 limit=$3 start rc left
 	shift 3
 	start=$(date +%s)
+	left=$((BUDGET - (start - BEGAN)))
+	if [ "$left" -lt 20 ]; then
+		echo "$name skipped: ${left}s of the ${BUDGET}s budget left" | tee -a "$STEPS" "$log"
+		failed=1
+		return 1
+	fi
+	[ "$limit" -le "$left" ] || limit=$left
 	echo "=== $name: $* (limit ${limit}s)" >>"$log"
 	timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
 	rc=$?
@@ -65,7 +77,7 @@ if step build "$SETUP" 300 "$PY" -m pip wheel --no-deps --no-build-isolation --n
 	step install "$SETUP" 120 sh -c '"$1" -m pip install --no-index --no-deps --force-reinstall --no-cache-dir "$2"/gpushare-*.whl' \
 		sh "$PY" "$WORK/wheel"
 else
-	echo "install skipped: the build failed" | tee -a "$STEPS" "$SETUP"
+	echo "install skipped: no gpushare wheel was built" | tee -a "$STEPS" "$SETUP"
 	failed=1
 fi
 "$PY" -m pip list 2>/dev/null | grep -i -E '^(gpushare|torch|cffi|pycparser|pyzmq|msgpack|click|prometheus.client|nvidia-ml-py|pytest) ' >>"$SETUP"
@@ -74,15 +86,16 @@ fi
 step tests-gpu "$OUT/tests-gpu.log" 240 env GPUSHARE_TEST_TORCH_PYTHON="$PY" \
 	"$PY" -m pytest -p no:cacheprovider -m gpu tests/gpu -v -rs
 
-# What the shim costs a PyTorch program: 8 interleaved pairs of runs (about 3.5 minutes).
-step bench-gpu "$OUT/gpu.log" 330 "$PY" benchmarks/gpu_bench.py --python "$PY" --out "$OUT/gpu.json"
-
 # Two training loops time-sliced (about 1.5 minutes): --quick, 12 iterations a job.
-step bench-gpu-timeslice "$OUT/gpu_timeslice.log" 240 "$PY" benchmarks/gpu_timeslice_bench.py \
+step bench-gpu-timeslice "$OUT/gpu_timeslice.log" 180 "$PY" benchmarks/gpu_timeslice_bench.py \
 	--quick --out "$OUT/gpu_timeslice.json"
 
+# What the shim costs a PyTorch program: 8 interleaved pairs of runs (about 3.5 minutes).
+# Last: stopped at the end of the budget, it still writes the runs that ended.
+step bench-gpu "$OUT/gpu.log" 330 "$PY" benchmarks/gpu_bench.py --python "$PY" --out "$OUT/gpu.json"
+
 # One line per benchmark: met or missed, and the figure its target is about.
-for doc in "$OUT/gpu.json" "$OUT/gpu_timeslice.json"; do
+for doc in "$OUT/gpu_timeslice.json" "$OUT/gpu.json"; do
 	[ -s "$doc" ] || continue
 	"$PY" - "$doc" <<'EOF' | tee -a "$STEPS"
 import json, sys

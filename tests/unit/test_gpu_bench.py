@@ -422,8 +422,8 @@ def test_the_lease_script_runs_every_step_and_records_each(tmp_path: Path) -> No
         "build rc=0",
         "install rc=0",
         "tests-gpu rc=1",
-        "bench-gpu rc=0",
         "bench-gpu-timeslice rc=2",
+        "bench-gpu rc=0",
     ]
     assert steps[6:] == ["launch_rate: MISSED (ratio = 0.9, target >= 0.995)"]
     assert sorted(p.name for p in out.iterdir()) == [
@@ -444,6 +444,38 @@ def test_the_lease_script_runs_every_step_and_records_each(tmp_path: Path) -> No
     )
     assert any(c.endswith(f"--python {fake} --out {out}/gpu.json") for c in made)
     assert any(f"gpu_timeslice_bench.py --quick --out {out}/gpu_timeslice.json" in c for c in made)
+
+
+def test_the_lease_script_skips_steps_past_its_budget(tmp_path: Path) -> None:
+    """With no budget left every step is skipped and said so; nothing is run."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON.format(calls=calls, python=sys.executable))
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
+    r = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_lease.sh"), str(out), str(tmp_path / "none")],
+        env={**env, "PYTHON": str(fake), "GPU_LEASE_BUDGET": "10"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode == 1, r.stderr
+    steps = (out / "steps.txt").read_text().splitlines()
+    assert steps[0] == f"wheels: none in {tmp_path / 'none'}"
+    assert [line.split(":")[0] for line in steps[1:]] == [
+        "build skipped",
+        "install skipped",
+        "tests-gpu skipped",
+        "bench-gpu-timeslice skipped",
+        "bench-gpu skipped",
+    ]
+    made = calls.read_text().splitlines() if calls.exists() else []
+    ran = [c for c in made if " -m pip install" in c or " -m pip wheel" in c]
+    ran += [c for c in made if " -m pytest" in c or "benchmarks/" in c]
+    assert not ran, made
 
 
 def test_the_gpu_state_is_read_where_nvml_answers_and_null_where_not(tmp_path: Path) -> None:
