@@ -16,12 +16,14 @@ import atexit
 import contextlib
 import functools
 import json
+import operator
 import os
 import platform
 import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,12 +142,45 @@ def turn_switches(
     return out
 
 
+# A target is one condition {"metric", "op", "value"} or a list of them, all of which must
+# hold; a metric names a figure of the result, a dotted path reaching into nested ones
+# ("switch_after_release_ms.p50").
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "<=": operator.le,
+    ">=": operator.ge,
+    "==": operator.eq,
+}
+
+
+def figure(result: Mapping[str, Any], metric: str) -> Any:
+    """The figure ``metric`` (a dotted path) names in ``result``; None when it has none."""
+    got: Any = result
+    for part in metric.split("."):
+        if not isinstance(got, Mapping) or part not in got:
+            return None
+        got = got[part]
+    return got
+
+
+def _holds(result: Mapping[str, Any], condition: Mapping[str, Any]) -> bool:
+    """Whether one condition holds; never, when its figure is missing or not a number."""
+    got = figure(result, condition["metric"])
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        return False
+    return bool(_OPS[condition["op"]](got, condition["value"]))
+
+
 def judge(result: dict[str, Any], metric: str, op: str, value: float) -> dict[str, Any]:
     """Add the target (``metric`` ``op`` ``value``) and whether it was met to ``result``."""
-    got = result[metric]
-    met = got <= value if op == "<=" else got >= value
     result["target"] = {"metric": metric, "op": op, "value": value}
-    result["met"] = bool(met)
+    result["met"] = _holds(result, result["target"])
+    return result
+
+
+def judge_all(result: dict[str, Any], conditions: list[tuple[str, str, float]]) -> dict[str, Any]:
+    """Add a target of several conditions (metric, op, value), met when every one holds."""
+    result["target"] = [{"metric": m, "op": op, "value": v} for m, op, v in conditions]
+    result["met"] = bool(conditions) and all(_holds(result, c) for c in result["target"])
     return result
 
 
@@ -154,14 +189,40 @@ def error_result(e: BaseException) -> dict[str, Any]:
     return {"error": f"{type(e).__name__}: {e}", "met": False}
 
 
-def verdict(result: dict[str, Any]) -> str:
+def _is_condition(target: Any) -> bool:
+    return (
+        isinstance(target, Mapping)
+        and isinstance(target.get("metric"), str)
+        and target.get("op") in _OPS
+        and "value" in target
+    )
+
+
+def _describe_target(result: Mapping[str, Any], target: Any) -> str:
+    conditions = target if isinstance(target, list) else [target]
+    if not conditions or not all(_is_condition(c) for c in conditions):
+        return f"target not judged here: {json.dumps(target, default=str)}"
+    parts = []
+    for c in conditions:
+        got = figure(result, c["metric"])
+        shown = "missing" if got is None else got
+        parts.append(f"{c['metric']} = {shown}, target {c['op']} {c['value']}")
+    return "; ".join(parts)
+
+
+def verdict(result: Mapping[str, Any]) -> str:
     """How a benchmark's result reads in a progress line: met, MISSED or ERROR, and the
-    figure its target is about."""
+    figures its target is about. Any result reads, whatever its target's shape: one this
+    module cannot judge is shown as it is, so that the report of a run is never lost."""
     r = result
-    text = "ERROR " + r["error"] if "error" in r else ("met" if r["met"] else "MISSED")
+    if "error" in r:
+        text = f"ERROR {r['error']}"
+    elif "met" not in r:
+        text = "NOT JUDGED"
+    else:
+        text = "met" if r["met"] else "MISSED"
     if "target" in r:
-        t = r["target"]
-        text += f" ({t['metric']} = {r[t['metric']]}, target {t['op']} {t['value']})"
+        text += f" ({_describe_target(r, r['target'])})"
     return text
 
 
@@ -173,8 +234,10 @@ def run_one(
 ) -> bool:
     """Run benchmark ``name`` into ``results``, saying so; True if it could not run.
 
-    One of ``errors`` makes its entry an error instead; the helper processes it
-    started are stopped however it ends.
+    One of ``errors`` makes its entry an error instead, and so does any other exception
+    (a fault of the benchmark itself, its traceback said on stderr), so that the other
+    benchmarks still run and the report is written; the helper processes it started are
+    stopped however it ends.
     """
     say(f"{name} ...")
     start = time.monotonic()
@@ -183,6 +246,10 @@ def run_one(
         results[name] = bench()
     except errors as e:
         broken = True
+        results[name] = error_result(e)
+    except Exception as e:
+        broken = True
+        say(f"{name}: unexpected error\n{traceback.format_exc().rstrip()}")
         results[name] = error_result(e)
     finally:
         kill_all()
@@ -356,16 +423,19 @@ def report(
     load_before: float,
     results: dict[str, Any],
     broken: bool = False,
+    extra: Mapping[str, Any] | None = None,
 ) -> int:
     """Print the JSON document (and write it to ``--out``); return the exit status.
 
     The document: ``machine`` (what ``describe`` returns, then the load averages),
-    ``quick`` and ``benchmarks`` (``results``). The status: 2 if a benchmark could not
-    run (``broken``), 1 if ``--check`` is given and a target was missed, else 0.
+    ``quick``, ``benchmarks`` (``results``) and what ``extra`` holds. The status: 2 if a
+    benchmark could not run (``broken``), 1 if ``--check`` is given and a target was
+    missed, else 0.
     """
     # Other work on the machine shows in the figures; the load average says how much.
     load = {"loadavg_1m_before": load_before, "loadavg_1m_after": loadavg()}
     doc = {"machine": {**describe(), **load}, "quick": args.quick, "benchmarks": results}
+    doc.update(extra or {})
     text = json.dumps(doc, indent=2)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -373,7 +443,7 @@ def report(
     print(text)
     if broken:
         return 2
-    if args.check and not all(r["met"] for r in results.values()):
+    if args.check and not all(r.get("met") for r in results.values()):
         return 1
     return 0
 

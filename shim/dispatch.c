@@ -341,13 +341,26 @@ __attribute__((destructor)) static void gs_unload(void)
 	static const char *const modes[] = { "inert", "enforce", "broken" };
 	char buf[8192];
 	size_t n = 0;
+	uint64_t launches;
 	int fd;
 
 	if (g.trace_path == NULL)
 		return;
-	/* One write per process, so lines from many processes never interleave. */
-	n += (size_t)snprintf(buf + n, sizeof(buf) - n, "pid=%d mode=%s\n", (int)getpid(),
-			      modes[mode_acquire()]);
+	/*
+	 * One write per process, so lines from many processes never interleave.
+	 * slot: its ledger slot (-1: none); launches: its launch counter (the
+	 * slot's, once it has one); pause_waits: launches and allocations that
+	 * waited for the pause word, for pause_wait_us in all.
+	 */
+	launches =
+		__atomic_load_n(__atomic_load_n(&hot.launches, __ATOMIC_ACQUIRE), __ATOMIC_RELAXED);
+	n += (size_t)
+		snprintf(buf + n, sizeof(buf) - n,
+			 "pid=%d mode=%s slot=%d launches=%llu pause_waits=%lu pause_wait_us=%lu\n",
+			 (int)getpid(), modes[mode_acquire()],
+			 __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), (unsigned long long)launches,
+			 __atomic_load_n(&trace.pause_waits, __ATOMIC_RELAXED),
+			 __atomic_load_n(&trace.pause_wait_ns, __ATOMIC_RELAXED) / 1000);
 	for (int i = 0; i < GS_NENTRIES && n < sizeof(buf); i++) {
 		if (!trace.calls[i] && !trace.via_dlsym[i] && !trace.via_gpa[i])
 			continue;

@@ -341,8 +341,10 @@ __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 	const struct gs_task *entry =
 		(const struct gs_task *)((const char *)word - offsetof(struct gs_task, paused));
 	struct timespec ts = { 0, 250 * 1000 * 1000 };
+	struct timespec start, end;
 	uint32_t seen;
 
+	clock_gettime(CLOCK_MONOTONIC, &start);
 	while ((seen = __atomic_load_n(word, __ATOMIC_ACQUIRE)) != 0) {
 		/*
 		 * A process that outlived its task may find the entry handed to a
@@ -350,10 +352,16 @@ __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 		 */
 		if (strncmp(entry->task_id, g.task_id, GS_TASK_ID_LEN) != 0) {
 			__atomic_store_n(&hot.pause, &never_paused, __ATOMIC_RELEASE);
-			return;
+			break;
 		}
 		syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
 	}
+	clock_gettime(CLOCK_MONOTONIC, &end);
+	__atomic_fetch_add(&trace.pause_waits, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&trace.pause_wait_ns,
+			   (unsigned long)((end.tv_sec - start.tv_sec) * 1000000000L +
+					   (end.tv_nsec - start.tv_nsec)),
+			   __ATOMIC_RELAXED);
 }
 
 /* --- load, fork, exit ---------------------------------------------------------- */

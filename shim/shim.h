@@ -198,6 +198,13 @@ struct gs_trace {
 	unsigned long calls[GS_NENTRIES];
 	unsigned long via_dlsym[GS_NENTRIES];
 	unsigned long via_gpa[GS_NENTRIES];
+	/*
+	 * Launches and allocations that found the pause word set, and the time
+	 * they waited: counted in the wait itself (off the hot path), whether or
+	 * not a trace is written, so that a trace tells whether a slow run waited.
+	 */
+	unsigned long pause_waits;
+	unsigned long pause_wait_ns;
 };
 
 extern struct gs_trace trace;

@@ -157,8 +157,15 @@ class Child:
     """The CHILD program under the shim: enforcing ``ledger`` for TASK, or inert (None),
     or without the shim at all (``preload=False``)."""
 
-    def __init__(self, ledger: Ledger | None, cwd: Path, preload: bool = True) -> None:
+    def __init__(
+        self,
+        ledger: Ledger | None,
+        cwd: Path,
+        preload: bool = True,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         env = {k: v for k, v in os.environ.items() if k not in (*AT_LOAD, "LD_PRELOAD")}
+        env.update(extra_env or {})
         env["LD_LIBRARY_PATH"] = str(libs.sim_driver_dir())
         env["GPUSHARE_SIM_GPUS"] = gpus.sim_spec(NODE)
         if preload:
@@ -483,6 +490,40 @@ def test_a_launch_waits_while_the_task_is_gated(child: Child, ledger: Ledger) ->
     assert child.readline() == "launch 0"
     assert ledger.task_usage(TASK).launches == 2
     assert child.finish() == ""
+
+
+def test_the_trace_counts_launches_and_waits_on_the_pause_word(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """GPUSHARE_TRACE's first line of a process: its launch counter and how many launches
+    and allocations waited for the pause word (what the GPU benchmark records per run)."""
+    trace = tmp_path / "trace"
+    c = Child(ledger, tmp_path, extra_env={"GPUSHARE_TRACE": str(trace)})
+    try:
+        assert c("launch") == "launch 0"
+        assert c("launch") == "launch 0"
+        ledger.task_gate(TASK, True)
+        c.send("launch")
+        c.waits_on(2)
+        ledger.task_gate(TASK, False)
+        assert c.readline() == "launch 0"
+        ledger.task_pause(TASK, True)
+        c.send("alloc a 1")
+        c.waits_on(1)
+        ledger.task_pause(TASK, False)
+        assert c.readline() == "alloc a 0"
+        [slot] = [i for i in range(1024) if ledger._l.slot[i].pid == c.p.pid]
+        assert c.finish() == ""
+    finally:
+        c.kill()
+    [line] = [x for x in trace.read_text().splitlines() if " mode=" in x]
+    fields = dict(f.split("=", 1) for f in line.split())
+    assert fields["pid"] == str(c.p.pid)
+    assert fields["mode"] == "enforce"
+    assert fields["slot"] == str(slot)
+    assert fields["launches"] == "3"
+    assert fields["pause_waits"] == "2"
+    assert int(fields["pause_wait_us"]) > 0
 
 
 def test_admin_pause_and_turn_gate_combine(child: Child, ledger: Ledger) -> None:
