@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import itertools
 import json
 import os
@@ -114,6 +115,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# --- time limits ----------------------------------------------------------------------------
+# Every test has a time limit (pytest-timeout: `timeout` in pyproject.toml, or a test's
+# `timeout` mark). At the limit SIGALRM fails the test, with every thread's stack, and the
+# run goes on. A test stuck where no signal handler can run (C code that holds the GIL or
+# retries its call when interrupted) is ended later by faulthandler's watchdog, a thread of
+# C: it prints every thread's stack and exits the process (under xdist its worker, a
+# crash that ends the run: --max-worker-restart=0 in pyproject.toml).
+WATCHDOG_GRACE = 60.0  # the most the watchdog waits past the limit (at most the limit again)
+_watchdog_fd = -1  # the terminal's stderr, kept from before pytest captured it
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _watchdog_fd
+    if _watchdog_fd < 0 and sys.__stderr__ is not None:
+        _watchdog_fd = os.dup(sys.__stderr__.fileno())
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
+    """Arm the watchdog; pytest-timeout's own hook then sets its SIGALRM timer."""
+    limit = float(settings.timeout)
+    later = limit + min(limit, WATCHDOG_GRACE)
+    faulthandler.dump_traceback_later(later, exit=True, file=_watchdog_fd)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_timeout_cancel_timer(item: pytest.Item) -> None:
+    faulthandler.cancel_dump_traceback_later()
 
 
 def cc(out: Path, *args: str) -> Path:

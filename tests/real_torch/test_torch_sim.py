@@ -93,6 +93,9 @@ CASE_TIMEOUT = 30.0
 GROUP_TIMEOUT = 300.0  # one mode's cases in one process
 SOLO_TIMEOUT = CASE_TIMEOUT + 30.0  # one case in a process of its own
 SOLO_PARALLEL = max(2, min(4, len(os.sched_getaffinity(0)) // 2))  # re-runs at a time
+# The first test of a mode runs all its cases (a process resumed after a case that hangs,
+# then re-runs alone): more than the suite's per-test limit.
+pytestmark = pytest.mark.timeout(3 * GROUP_TIMEOUT)
 
 
 TEST_CASES: dict[str, str] = {}  # test function name -> the case it checks
@@ -599,6 +602,8 @@ def cudart_kernel(torch_python: str, tmp_path_factory: pytest.TempPathFactory) -
     return exe
 
 
+# Its fixture may install nvcc into the torch venv (600 s at most) and build (300 s).
+@pytest.mark.timeout(1200)
 def test_cudart_program_built_with_nvcc(cudart_kernel: Path) -> None:
     env = torch_env(None)
     ldd = subprocess.run(["ldd", str(cudart_kernel)], capture_output=True, text=True, env=env)
