@@ -53,7 +53,11 @@ def _sanitizer_runtime() -> list[str]:
     if SANITIZER != "address":
         return []
     path = subprocess.run(
-        ["cc", "-print-file-name=libasan.so"], capture_output=True, text=True, check=True
+        ["cc", "-print-file-name=libasan.so"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     ).stdout.strip()
     return [path]
 
@@ -165,6 +169,7 @@ def cc(out: Path, *args: str) -> Path:
             *args,
         ],
         check=True,
+        timeout=120,
     )
     return out
 
@@ -206,7 +211,13 @@ def run_probe(probe: Path, mode: str, stdin: str = "") -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES")}
     env.pop("GPUSHARE_SIM_GPUS", None)
     return subprocess.run(
-        [str(probe), mode], input=stdin, capture_output=True, text=True, check=True, env=env
+        [str(probe), mode],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        timeout=120,
     ).stdout
 
 
@@ -417,7 +428,7 @@ class Daemon:
     def kill(self) -> None:
         """SIGKILL, as a crash would: no clean-up runs."""
         self.proc.kill()
-        self.proc.wait()
+        self.proc.wait(30)
 
     def stop(self) -> None:
         self.keeper.stop()
@@ -427,7 +438,7 @@ class Daemon:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait()
+                self.proc.wait(30)
         if not self.log.closed:
             self.log.close()
 
@@ -568,7 +579,7 @@ def run_task() -> Iterator[Any]:
     yield start
     for p in started:
         kill_session(p.pid)
-        p.communicate()
+        p.communicate(timeout=30)
 
 
 class Holder:
@@ -693,7 +704,12 @@ def run_ways(
     for way, extra in (("plain", {}), ("inert", {"LD_PRELOAD": shim_preload()})):
         with feed.open() as f:
             run = subprocess.run(
-                list(argv), stdin=f, capture_output=True, text=True, env=driver_env(lib, **extra)
+                list(argv),
+                stdin=f,
+                capture_output=True,
+                text=True,
+                env=driver_env(lib, **extra),
+                timeout=120,
             )
         out[way] = Result(run.returncode, run.stdout, run.stderr)
     ep = daemon.env("alice", gpus=1, memory=1 << 30)

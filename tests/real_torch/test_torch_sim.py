@@ -160,7 +160,7 @@ def run_process(argv: list[str], env: dict[str, str], timeout: float, cwd: Path)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            proc.wait(30)
         seconds = time.monotonic() - started
         out.seek(0)
         err.seek(0)
@@ -606,7 +606,9 @@ def cudart_kernel(torch_python: str, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.mark.timeout(1200)
 def test_cudart_program_built_with_nvcc(cudart_kernel: Path) -> None:
     env = torch_env(None)
-    ldd = subprocess.run(["ldd", str(cudart_kernel)], capture_output=True, text=True, env=env)
+    ldd = subprocess.run(
+        ["ldd", str(cudart_kernel)], capture_output=True, text=True, env=env, timeout=120
+    )
     linked = [line for line in ldd.stdout.splitlines() if "libcudart" in line]
     assert len(linked) == 1 and str(pinned_cudart_dir()) in linked[0], ldd.stdout
     p = subprocess.run([str(cudart_kernel)], capture_output=True, text=True, env=env, timeout=60)

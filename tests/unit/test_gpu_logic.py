@@ -99,7 +99,7 @@ def test_installed_origin_asks_the_jobs_python_not_the_source_tree(
     if not bare or installed_origin(bare) is not None:
         pytest.skip(f"no Python without gpushare to compare with ({bare!r})")
     fooled = subprocess.run(
-        [bare, "-c", "import client_plugin.iterations"], cwd=ROOT, capture_output=True
+        [bare, "-c", "import client_plugin.iterations"], cwd=ROOT, capture_output=True, timeout=120
     )
     assert fooled.returncode == 0, "the source tree is not what a `-c` in the checkout finds"
 

@@ -4,6 +4,7 @@ conftest, on a few small test files in a directory of their own."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -107,3 +108,39 @@ def test_a_crashed_worker_ends_the_run(tmp_path: Path) -> None:
     )
     assert rc == 1, out
     assert "crashed while running 'test_a.py::test_crash'" in out, out
+
+
+# subprocess's calls that wait for a process, and the Popen methods that do.
+WAITING_CALLS = frozenset({"run", "call", "check_call", "check_output"})
+
+
+def untimed_waits(source: str) -> list[int]:
+    """Lines of ``source`` that wait for a process without a timeout: subprocess.run (and
+    the like) without ``timeout=``, ``.communicate()`` without ``timeout=``, and a bare
+    ``.wait()``."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        name = node.func.attr
+        keywords = {k.arg for k in node.keywords}
+        on_subprocess = isinstance(node.func.value, ast.Name) and node.func.value.id == "subprocess"
+        if (
+            (on_subprocess and name in WAITING_CALLS and not keywords & {"timeout", None})
+            or (name == "communicate" and "timeout" not in keywords)
+            or (name == "wait" and not node.args and not node.keywords)
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_every_process_a_test_waits_for_has_a_timeout() -> None:
+    """A child that hangs fails its test at its own timeout, saying which it was, before
+    the test's time limit; none waits for good."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for line in untimed_waits(path.read_text())
+    ]
+    assert not found, "waits for a process without a timeout:\n" + "\n".join(found)
+    assert untimed_waits("import subprocess\nsubprocess.run(['true'])\np.communicate()\n") == [2, 3]
