@@ -106,7 +106,13 @@ pytest: install torch-env real-driver
 	GPUSHARE_TEST_REAL_DRIVER=$(CURDIR)/$(REAL_DRIVER) $(PYTEST) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests - failing" >&2; fi; exit $$rc
 
-test: lint pytest debug-test
+# Every step runs even when one before it failed (make -k): a failed pytest does not hide
+# the sanitizer tier's result. make still fails, and says which steps did.
+TEST_STEPS := lint pytest debug-test
+test:
+	@$(MAKE) --no-print-directory -k $(TEST_STEPS) || { \
+		echo "make: test FAILED: the steps marked *** above; each step of $(TEST_STEPS)" \
+			"ran unless what it needs failed" >&2; exit 1; }
 
 # Benchmarks: JSON on stdout and in build/bench/NAME.json, one document per
 # script (nodemgr: a real daemon on simulated GPUs; shim: the preload library

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import itertools
 import json
 import os
@@ -52,7 +53,11 @@ def _sanitizer_runtime() -> list[str]:
     if SANITIZER != "address":
         return []
     path = subprocess.run(
-        ["cc", "-print-file-name=libasan.so"], capture_output=True, text=True, check=True
+        ["cc", "-print-file-name=libasan.so"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     ).stdout.strip()
     return [path]
 
@@ -116,6 +121,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+# --- time limits ----------------------------------------------------------------------------
+# Every test has a time limit (pytest-timeout: `timeout` in pyproject.toml, or a test's
+# `timeout` mark). At the limit SIGALRM fails the test, with every thread's stack, and the
+# run goes on. A test stuck where no signal handler can run (C code that holds the GIL or
+# retries its call when interrupted) is ended later by faulthandler's watchdog, a thread of
+# C: it prints every thread's stack and exits the process (under xdist its worker, a
+# crash that ends the run: --max-worker-restart=0 in pyproject.toml).
+WATCHDOG_GRACE = 60.0  # the most the watchdog waits past the limit (at most the limit again)
+_watchdog_fd = -1  # the terminal's stderr, kept from before pytest captured it
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _watchdog_fd
+    if _watchdog_fd < 0 and sys.__stderr__ is not None:
+        _watchdog_fd = os.dup(sys.__stderr__.fileno())
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
+    """Arm the watchdog; pytest-timeout's own hook then sets its SIGALRM timer."""
+    limit = float(settings.timeout)
+    later = limit + min(limit, WATCHDOG_GRACE)
+    faulthandler.dump_traceback_later(later, exit=True, file=_watchdog_fd)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_timeout_cancel_timer(item: pytest.Item) -> None:
+    faulthandler.cancel_dump_traceback_later()
+
+
 def cc(out: Path, *args: str) -> Path:
     subprocess.run(
         [
@@ -134,6 +169,7 @@ def cc(out: Path, *args: str) -> Path:
             *args,
         ],
         check=True,
+        timeout=120,
     )
     return out
 
@@ -175,7 +211,13 @@ def run_probe(probe: Path, mode: str, stdin: str = "") -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES")}
     env.pop("GPUSHARE_SIM_GPUS", None)
     return subprocess.run(
-        [str(probe), mode], input=stdin, capture_output=True, text=True, check=True, env=env
+        [str(probe), mode],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        timeout=120,
     ).stdout
 
 
@@ -386,7 +428,7 @@ class Daemon:
     def kill(self) -> None:
         """SIGKILL, as a crash would: no clean-up runs."""
         self.proc.kill()
-        self.proc.wait()
+        self.proc.wait(30)
 
     def stop(self) -> None:
         self.keeper.stop()
@@ -396,7 +438,7 @@ class Daemon:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait()
+                self.proc.wait(30)
         if not self.log.closed:
             self.log.close()
 
@@ -539,7 +581,7 @@ def run_task() -> Iterator[Any]:
     yield start
     for p in started:
         kill_session(p.pid)
-        p.communicate()
+        p.communicate(timeout=30)
 
 
 class Holder:
@@ -664,7 +706,12 @@ def run_ways(
     for way, extra in (("plain", {}), ("inert", {"LD_PRELOAD": shim_preload()})):
         with feed.open() as f:
             run = subprocess.run(
-                list(argv), stdin=f, capture_output=True, text=True, env=driver_env(lib, **extra)
+                list(argv),
+                stdin=f,
+                capture_output=True,
+                text=True,
+                env=driver_env(lib, **extra),
+                timeout=120,
             )
         out[way] = Result(run.returncode, run.stdout, run.stderr)
     ep = daemon.env("alice", gpus=1, memory=1 << 30)

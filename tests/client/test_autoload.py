@@ -90,7 +90,7 @@ def finish(p: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
         if p.poll() is None:
-            p.communicate()
+            p.communicate(timeout=30)
 
 
 def finish_ok(p: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:

@@ -26,7 +26,12 @@ DAEMON_SIDE = ["nodemgr.config", "nodemgr.state", "nodemgr.gpus", "nodemgr.serve
 def test_client_imports_no_daemon_module(module: str, tmp_path: Path) -> None:
     code = f"import json, sys, {module}; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     ).stdout
     loaded = json.loads(out)
     assert module in loaded

@@ -277,7 +277,7 @@ def hold_connections(endpoint: str, n: int, handshake: bool = True) -> subproces
 def end(procs: list[subprocess.Popen[str]]) -> None:
     for p in procs:
         p.kill()
-        p.communicate()
+        p.communicate(timeout=30)
 
 
 def test_an_environment_over_its_share_of_descriptors_is_refused_others_served(

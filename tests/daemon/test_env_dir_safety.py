@@ -60,7 +60,7 @@ def _racing(d: Any, env: str, name: str, target: Path, spoil: bool) -> Iterator[
             racer.wait(10)
         except subprocess.TimeoutExpired:
             racer.kill()
-            racer.wait()
+            racer.wait(30)
     assert racer.returncode == 0
 
 

@@ -53,12 +53,12 @@ def test_a_daemon_dies_with_the_test_run(wait_for: Any) -> None:
     try:
         assert _alive(nodemgr)
         runner.send_signal(signal.SIGKILL)
-        runner.communicate()
+        runner.communicate(timeout=30)
         wait_for(lambda: not _alive(nodemgr), 5)
     finally:
         if _alive(nodemgr):
             os.kill(nodemgr, signal.SIGKILL)
-        subprocess.run(["rm", "-rf", str(root)], check=False)
+        subprocess.run(["rm", "-rf", str(root)], check=False, timeout=120)
 
 
 def test_a_grant_the_test_process_holds_is_kept_alive() -> None:
@@ -90,6 +90,6 @@ def test_a_grant_the_test_process_holds_is_kept_alive() -> None:
             [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
         )
     finally:
-        subprocess.run(["rm", "-rf", str(root)], check=False)
+        subprocess.run(["rm", "-rf", str(root)], check=False, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout == "alive\n"

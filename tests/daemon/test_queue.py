@@ -148,7 +148,7 @@ def test_a_waiter_whose_client_dies_leaves_the_queue(
 ) -> None:
     (hold_a, _), (hold_b, _), p = c_waits_behind_a_and_b(node, run_task, wait_for)
     p.kill()
-    p.wait()
+    p.wait(30)
     wait_for(lambda: queue_len(node) == 0, 2)
     for c in (hold_a, hold_b):
         c.close()
@@ -239,7 +239,11 @@ def test_waiting_requests_are_capped_per_client_and_per_environment(
             assert [p.stdout.readline().strip() for _ in range(4)] == ["queued"] * 4
         assert queue_len(node) == 64
         last = subprocess.run(
-            [sys.executable, "-c", WAITER, ep, "1"], input="", capture_output=True, text=True
+            [sys.executable, "-c", WAITER, ep, "1"],
+            input="",
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert last.stdout.split() == ["error"]  # busy: 64 already wait
         assert queue_len(node) == 64
@@ -247,7 +251,7 @@ def test_waiting_requests_are_capped_per_client_and_per_environment(
     finally:
         for p in others:
             p.kill()
-            p.communicate()
+            p.communicate(timeout=30)
     # Deleting the environment answers its waiting requests (unknown_env): threads end.
     node.admin("quota_delete", env="c", force=True)
     for w in mine:

@@ -59,7 +59,7 @@ def test_sigkill_and_restart_keeps_quotas_history_and_running_tasks(
 
     d.kill()
     os.killpg(doomed.pid, signal.SIGKILL)
-    doomed.wait()
+    doomed.wait(30)
     d.start()
 
     assert d.admin("quota_show")["quotas"] == quotas

@@ -88,7 +88,7 @@ def test_an_exit_event_never_ends_a_task_granted_in_the_same_step(server: Server
     finally:
         for p in procs.values():
             p.kill()
-            p.communicate()
+            p.communicate(timeout=30)
 
 
 def test_expired_finds_every_silent_task_and_only_those(server: Server) -> None:

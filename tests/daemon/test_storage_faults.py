@@ -35,13 +35,14 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(where)],
         capture_output=True,
         text=True,
+        timeout=120,
     )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
         yield where
     finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
+        subprocess.run(["umount", "-l", str(where)], check=False, timeout=120)
 
 
 def fill(disk: Path) -> Path:
@@ -118,7 +119,7 @@ def test_full_disk_keeps_records_and_serving(
     assert d.proc.poll() is None
     # A task starts and ends while the disk is still full.
     p = run_task(alice, "true")
-    assert p.wait(30) == 0, p.communicate()
+    assert p.wait(30) == 0, p.communicate(timeout=30)
     assert d.proc.poll() is None
     assert "the disk holding it is full" in d.logtext()
     # A quota change cannot be made durable: refused, naming the cause, nothing changed.
@@ -142,7 +143,7 @@ def test_restart_on_a_full_disk_serves(
     filler = fill(small_disk)
     d.kill()
     os.killpg(p.pid, 9)
-    p.wait()
+    p.wait(30)
     # Its client ended while nodemgr was down: the end is kept until it can be written.
     d.start()
     assert d.tasks() == []
@@ -169,11 +170,11 @@ def test_start_on_a_read_only_disk_names_the_cause(daemon_factory: Any, small_di
     d = daemon_factory(state_dir=str(small_disk / "state"))
     d.env("alice")
     d.stop()
-    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True, timeout=120)
     try:
         r = serve(d.config)
     finally:
-        subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
+        subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True, timeout=120)
     assert r.returncode == 78, r.stderr
     assert "Read-only file system" in r.stderr
     assert "Traceback" not in r.stderr
@@ -220,7 +221,7 @@ def test_lost_database_beside_live_ledgers_refuses_to_start(
         _, err = proc.communicate(timeout=15)
     except subprocess.TimeoutExpired:
         proc.kill()
-        _, err = proc.communicate()
+        _, err = proc.communicate(timeout=30)
         pytest.fail(f"nodemgr started beside a live ledger it has no record of: {err}")
     assert proc.returncode == 78, err
     assert "knows no environment alice" in err
@@ -250,7 +251,7 @@ def test_run_dir_removed_under_nodemgr_is_made_again(
     assert p.wait(30) == 0
     wait_for(lambda: "a new ledger replaces the lost one" in d.logtext(), 10)
     q = run_task(alice, str(cbin["client"]), "alloc", "512")
-    assert q.wait(30) == 0, q.communicate()
+    assert q.wait(30) == 0, q.communicate(timeout=30)
 
 
 def test_restart_after_run_dir_lost_never_doubles_a_quota(
@@ -271,4 +272,4 @@ def test_restart_after_run_dir_lost_never_doubles_a_quota(
     assert p.wait(30) == 0
     wait_for(lambda: d.tasks() == [], 10)
     q = run_task(alice, str(cbin["client"]), "alloc", "512")
-    assert q.wait(30) == 0, q.communicate()
+    assert q.wait(30) == 0, q.communicate(timeout=30)

@@ -285,6 +285,7 @@ def test_killed_holder_hands_the_turn_on_at_once(
             capture_output=True,
             text=True,
             check=True,
+            timeout=120,
         ).stdout.split()[0]
     )
     os.kill(job_pid, signal.SIGKILL)

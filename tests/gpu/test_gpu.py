@@ -196,7 +196,7 @@ def _failed(p: subprocess.Popen[str], why: str) -> NoReturn:
     """Fail the test with ``why`` and whatever the task printed (killing it first)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(p.pid, signal.SIGKILL)  # gpushare-run and its command: a session of theirs
-    out, err = p.communicate()
+    out, err = p.communicate(timeout=30)
     pytest.fail(f"{why} (exit {p.returncode})\nstdout:\n{out}\nstderr:\n{err}")
 
 

@@ -88,7 +88,7 @@ def container() -> Iterator[Any]:
     for p in started:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
+        p.communicate(timeout=30)
 
 
 @pytest.fixture

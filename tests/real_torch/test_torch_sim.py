@@ -93,6 +93,9 @@ CASE_TIMEOUT = 30.0
 GROUP_TIMEOUT = 300.0  # one mode's cases in one process
 SOLO_TIMEOUT = CASE_TIMEOUT + 30.0  # one case in a process of its own
 SOLO_PARALLEL = max(2, min(4, len(os.sched_getaffinity(0)) // 2))  # re-runs at a time
+# The first test of a mode runs all its cases (a process resumed after a case that hangs,
+# then re-runs alone): more than the suite's per-test limit.
+pytestmark = pytest.mark.timeout(3 * GROUP_TIMEOUT)
 
 
 TEST_CASES: dict[str, str] = {}  # test function name -> the case it checks
@@ -157,7 +160,7 @@ def run_process(argv: list[str], env: dict[str, str], timeout: float, cwd: Path)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            proc.wait(30)
         seconds = time.monotonic() - started
         out.seek(0)
         err.seek(0)
@@ -599,9 +602,13 @@ def cudart_kernel(torch_python: str, tmp_path_factory: pytest.TempPathFactory) -
     return exe
 
 
+# Its fixture may install nvcc into the torch venv (600 s at most) and build (300 s).
+@pytest.mark.timeout(1200)
 def test_cudart_program_built_with_nvcc(cudart_kernel: Path) -> None:
     env = torch_env(None)
-    ldd = subprocess.run(["ldd", str(cudart_kernel)], capture_output=True, text=True, env=env)
+    ldd = subprocess.run(
+        ["ldd", str(cudart_kernel)], capture_output=True, text=True, env=env, timeout=120
+    )
     linked = [line for line in ldd.stdout.splitlines() if "libcudart" in line]
     assert len(linked) == 1 and str(pinned_cudart_dir()) in linked[0], ldd.stdout
     p = subprocess.run([str(cudart_kernel)], capture_output=True, text=True, env=env, timeout=60)

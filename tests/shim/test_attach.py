@@ -282,7 +282,11 @@ def test_the_cdef_and_the_header_agree(tmp_path: Path) -> None:
         + "\treturn 0;\n}\n"
     )
     out = subprocess.run(
-        [str(cc(tmp_path / "agree", str(src)))], capture_output=True, text=True, check=True
+        [str(cc(tmp_path / "agree", str(src)))],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     ).stdout
     in_header = {n: int(v) for n, v in (ln.split() for ln in lines(out))}
     in_cdef: dict[str, int] = {}

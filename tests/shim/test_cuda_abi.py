@@ -71,8 +71,11 @@ def _facts(tmp_path: Path, name: str, source: str, include: Path) -> list[str]:
         check=True,
         capture_output=True,
         text=True,
+        timeout=120,
     )
-    return subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
+    return subprocess.run(
+        [str(exe)], check=True, capture_output=True, text=True, timeout=120
+    ).stdout.split("\n")
 
 
 def test_cuda_abi_h_lays_out_what_cuda_h_does(tmp_path: Path) -> None:

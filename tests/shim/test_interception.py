@@ -19,13 +19,16 @@ GPUSHARE_H = ROOT / "shim" / "gpushare.h"
 
 
 def test_rtld_next_and_default_unchanged_by_the_shim(cbin: dict[str, Path]) -> None:
-    plain = subprocess.run([cbin["probe"]], capture_output=True, text=True, check=True).stdout
+    plain = subprocess.run(
+        [cbin["probe"]], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
     hooked = subprocess.run(
         [cbin["probe"]],
         capture_output=True,
         text=True,
         check=True,
         env={**os.environ, "LD_PRELOAD": shim_preload()},
+        timeout=120,
     ).stdout
     assert hooked == plain
     # And plain is what glibc promises, so the comparison means something.
@@ -48,12 +51,16 @@ def public_api() -> set[str]:
 def test_shim_exports_only_its_hooks_and_api_and_needs_no_libpython() -> None:
     shim = str(libs.shim_path())
     dyn = subprocess.run(
-        ["readelf", "-dW", shim], capture_output=True, text=True, check=True
+        ["readelf", "-dW", shim], capture_output=True, text=True, check=True, timeout=120
     ).stdout
     needed = [ln.split("[")[1].rstrip("]") for ln in dyn.splitlines() if "(NEEDED)" in ln]
     assert not [n for n in needed if "python" in n], needed
     syms = subprocess.run(
-        ["nm", "-D", "--defined-only", shim], capture_output=True, text=True, check=True
+        ["nm", "-D", "--defined-only", shim],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     ).stdout.split()
     exported = {s for s in syms[2::3]}
     table = hook_table()
@@ -175,7 +182,9 @@ def test_a_program_linked_with_a_name_the_driver_lacks_gets_not_found(
     the call returns CUDA_ERROR_NOT_FOUND (500)."""
     sim = libs.sim_driver_dir()
     prog = cc(tmp_path / "linked_v4", str(CSRC / "linked_v4.c"), f"-L{sim}", "-l:libcuda.so.1")
-    plain = subprocess.run([prog], capture_output=True, text=True, env=driver_env(partial_driver))
+    plain = subprocess.run(
+        [prog], capture_output=True, text=True, env=driver_env(partial_driver), timeout=120
+    )
     assert plain.returncode != 0
     assert "undefined symbol: cuCtxCreate_v4" in plain.stderr
     shim = subprocess.run(
@@ -183,5 +192,6 @@ def test_a_program_linked_with_a_name_the_driver_lacks_gets_not_found(
         capture_output=True,
         text=True,
         env=driver_env(partial_driver, LD_PRELOAD=shim_preload()),
+        timeout=120,
     )
     assert (shim.returncode, shim.stdout, shim.stderr) == (0, "cuCtxCreate_v4 500\n", "")

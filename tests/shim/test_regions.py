@@ -227,7 +227,7 @@ class Child:
     def kill(self) -> None:
         if self.p.poll() is None:
             self.p.kill()
-            self.p.wait()
+            self.p.wait(30)
         for f in (self.p.stdin, self.p.stdout, self.p.stderr):
             if f is not None:
                 f.close()

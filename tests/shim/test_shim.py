@@ -68,7 +68,7 @@ def test_get_proc_address_wraps_exactly_the_variants_it_hooks(cbin: dict[str, Pa
     args = [str(a) for req in _gpa_requests() for a in ("gpa", *req)]
     env = {**os.environ, "LD_LIBRARY_PATH": str(libs.sim_driver_dir())}
     plain = subprocess.run(
-        [cbin["client"], *args], capture_output=True, text=True, env=env, check=True
+        [cbin["client"], *args], capture_output=True, text=True, env=env, check=True, timeout=120
     ).stdout
     hooked = subprocess.run(
         [cbin["client"], *args],
@@ -76,6 +76,7 @@ def test_get_proc_address_wraps_exactly_the_variants_it_hooks(cbin: dict[str, Pa
         text=True,
         env={**env, "LD_PRELOAD": shim_preload()},
         check=True,
+        timeout=120,
     ).stdout
     wrapped = {e.abi for e in hook_table() if e.kind == "GS_HOOK"}
     plain_rows, hooked_rows = lines(plain), lines(hooked)
@@ -110,6 +111,7 @@ def test_old_abi_variants_are_the_drivers_own(cbin: dict[str, Path]) -> None:
         text=True,
         env=env,
         check=True,
+        timeout=120,
     ).stdout
     assert lines(out) == [
         "gpa cuMemAlloc 2000 0 rc=0 status=0 libcuda.so.1:cuMemAlloc",

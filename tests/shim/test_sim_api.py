@@ -81,7 +81,11 @@ def include_dir() -> Path:
 
 def test_generated_table_is_current() -> None:
     done = subprocess.run(
-        [sys.executable, str(GEN_API), "--check"], capture_output=True, text=True, check=False
+        [sys.executable, str(GEN_API), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
 
@@ -94,6 +98,7 @@ def test_check_fails_on_a_stale_table(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         check=False,
+        timeout=120,
     )
     assert done.returncode == 1
     assert "python sim/gen_api.py" in done.stderr
@@ -154,6 +159,7 @@ def test_sim_driver_exports_exactly_the_table() -> None:
         capture_output=True,
         text=True,
         check=True,
+        timeout=120,
     ).stdout
     functions = set()
     for line in listing.splitlines():
@@ -176,6 +182,7 @@ def test_no_entry_with_a_float_parameter_is_implemented() -> None:
         capture_output=True,
         text=True,
         check=True,
+        timeout=120,
     ).stdout
     symbols = [line.split()[-1] for line in listing.splitlines()]
     implemented = {
@@ -253,6 +260,7 @@ def test_generator_fails_loudly_on_what_it_cannot_read(tmp_path: Path, header: s
         capture_output=True,
         text=True,
         check=False,
+        timeout=120,
     )
     assert done.returncode == 2
     assert "CUmysteryType" in done.stderr

@@ -532,7 +532,12 @@ def _pynvml(gpus: str | None) -> dict[str, object]:
     if gpus is not None:
         env["GPUSHARE_SIM_GPUS"] = gpus
     run = subprocess.run(
-        [sys.executable, "-c", NVML_SCRIPT], capture_output=True, text=True, env=env, check=True
+        [sys.executable, "-c", NVML_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=120,
     )
     result: dict[str, object] = json.loads(run.stdout)
     return result

@@ -64,16 +64,19 @@ def test_two_jobs_pinned_to_the_picked_gpu_share_it(
 ) -> None:
     """On a node of four GPUs, two one-GPU tasks of two environments pinned as the GPU
     benchmark and test pin them both get the one time-sliced GPU picked; two more
-    environments' tasks, not pinned, get two different GPUs (why the pin is needed)."""
+    environments' tasks, not pinned, get two different GPUs (why the pin is needed).
+
+    Each task is granted before the next starts: the GPU an unpinned task gets depends on
+    what runs already (before the pinned ones, the empty time-sliced GPU ranks as a shared
+    one, and the second unpinned task would land on it), so the order is the test's."""
     gpu = pick_gpu(node([6, 1, 3, 9]), need=4 * GiB)
     assert gpu is not None and gpu.index == 1
     d: Daemon = daemon_factory(sections={"timeslice": {"gpus": [gpu.uuid]}})
     sleep = ("sleep", "60")
-    for name in ("a", "b"):
-        run_task(d.env(name, gpus=1, memory=4 * GiB), *sleep, env=pinned(gpu))
-    for name in ("c", "d"):
-        run_task(d.env(name, gpus=1, memory=4 * GiB), *sleep)
-    wait_for(lambda: len(d.tasks()) == 4, 30)
+    for name in ("a", "b", "c", "d"):
+        ep = d.env(name, gpus=1, memory=4 * GiB)
+        run_task(ep, *sleep, env=pinned(gpu) if name in ("a", "b") else None)
+        wait_for(lambda name=name: name in {t["env"] for t in d.tasks()}, 30)
     on = {t["env"]: t["gpus"] for t in d.tasks()}
     assert on["a"] == on["b"] == [gpu.index]
     assert on["c"] != on["d"], on
@@ -96,7 +99,7 @@ def test_installed_origin_asks_the_jobs_python_not_the_source_tree(
     if not bare or installed_origin(bare) is not None:
         pytest.skip(f"no Python without gpushare to compare with ({bare!r})")
     fooled = subprocess.run(
-        [bare, "-c", "import client_plugin.iterations"], cwd=ROOT, capture_output=True
+        [bare, "-c", "import client_plugin.iterations"], cwd=ROOT, capture_output=True, timeout=120
     )
     assert fooled.returncode == 0, "the source tree is not what a `-c` in the checkout finds"
 

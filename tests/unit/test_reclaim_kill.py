@@ -45,7 +45,10 @@ def spawn() -> Iterator[Spawn]:
         os.close(fd)
     for p in procs:
         p.kill()
-        p.communicate()
+        # Not communicate(): a child it left behind (a `sleep 30`) holds its stdout open.
+        p.wait(30)
+        assert p.stdout is not None
+        p.stdout.close()
 
 
 def test_children_leading_their_groups_are_killed_with_their_groups(spawn: Spawn) -> None:
@@ -73,5 +76,5 @@ def test_a_client_without_children_or_ended_kills_nothing(spawn: Spawn) -> None:
     client, _, fd = spawn("sh", "-c", "echo 0; exec sleep 30")
     assert not kill_commands(client.pid, fd)
     client.kill()
-    client.wait()
+    client.wait(30)
     assert not kill_commands(client.pid, fd)
