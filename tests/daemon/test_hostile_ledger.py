@@ -91,7 +91,7 @@ def hostiles() -> Iterator[list[Hostile]]:
     for h in made:
         if h.p.poll() is None:
             h.p.kill()
-        h.p.wait()
+        h.p.wait(timeout=30)
         for pipe in (h.p.stdin, h.p.stdout):
             if pipe is not None:
                 pipe.close()

@@ -246,7 +246,7 @@ def test_a_stopped_benchmark_keeps_the_runs_that_ended(
     try:
         deadline = time.monotonic() + 120
         while not (count.exists() and len(count.read_text().splitlines()) >= 4):
-            assert bench.poll() is None, bench.communicate()[1]
+            assert bench.poll() is None, bench.communicate(timeout=30)[1]
             assert time.monotonic() < deadline, "the fourth process never started"
             time.sleep(0.05)
         bench.terminate()
@@ -254,7 +254,7 @@ def test_a_stopped_benchmark_keeps_the_runs_that_ended(
     finally:
         if bench.poll() is None:
             bench.kill()
-            bench.wait()
+            bench.wait(timeout=30)
     assert bench.returncode == 143, err
     doc = json.loads(out.read_text())
     assert [(r["pair"], r["shim"]) for r in doc["runs"]] == [(0, True), (1, False)]
