@@ -211,6 +211,10 @@ KEYS: tuple[Key, ...] = (
     Key("gpus", "simulated_name", "sim_name",
         Text("a non-empty string without | ; or newlines", "|;\n", quote=False),
         "gpushare Simulated GPU", "their name"),
+    Key("gpus", "simulated_state_dir", "simulated_state_dir", Text("a path"), None,
+        "the simulated GPUs' directory: the process table of every process of the node's"
+        " tasks, which their NVML reads ([simulator.md](simulator.md#nodemgrs-simulated-gpus))",
+        default_doc="`RUN_DIR/sim`"),
     Key("gpus", "context_memory", "context_memory", Size(), None,
         "charged per process per GPU for its CUDA context"
         " ([operations.md](operations.md#context-memory))",
@@ -328,6 +332,8 @@ class Config:
     sim_count: int = _DEFAULTS["sim_count"]
     sim_memory: int = _DEFAULTS["sim_memory"]
     sim_name: str = _DEFAULTS["sim_name"]
+    # gpus.simulated_state_dir as set; None: in run_dir (sim_state_dir).
+    simulated_state_dir: Path | None = None
     health_interval: float = _DEFAULTS["health_interval"]
     utilization_interval: float = _DEFAULTS["utilization_interval"]
     # Bytes charged per process per GPU for its CUDA context; None: the
@@ -369,6 +375,12 @@ class Config:
     @property
     def admin_endpoint(self) -> str:
         return f"ipc://{self.run_dir / 'admin.sock'}"
+
+    @property
+    def sim_state_dir(self) -> Path:
+        """The simulated GPUs' directory (GPUSHARE_SIM_STATE_DIR for the node's tasks and
+        its own simulated NVML): one simulated node, so one nodemgr's."""
+        return self.simulated_state_dir or self.run_dir / "sim"
 
     @property
     def database(self) -> Path:
@@ -429,6 +441,13 @@ def default_state_dir() -> Path:
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "gpushare"
     return Path.home() / ".local" / "state" / "gpushare"
+
+
+def _path(value: str, file: Path | None) -> Path:
+    """A path the config file gives: a relative one is relative to the file's directory."""
+    if file is None or os.path.isabs(value):
+        return Path(value)
+    return file.parent / value
 
 
 _ACCESS_NAMES = {name for name, _, _ in ACCESS_KEYS}
@@ -529,10 +548,9 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     for attr, default in (("run_dir", default_run_dir), ("state_dir", default_state_dir)):
         if attr not in values:
             values[attr] = default()
-        elif file is not None and not os.path.isabs(values[attr]):
-            values[attr] = file.parent / values[attr]
-        else:
-            values[attr] = Path(values[attr])
+    for attr in ("run_dir", "state_dir", "simulated_state_dir"):
+        if isinstance(values.get(attr), str):
+            values[attr] = _path(values[attr], file)
     if values["heartbeat_timeout"] <= values["heartbeat_interval"]:
         raise ConfigError(
             f"node.heartbeat_timeout ({values['heartbeat_timeout']}) must be longer than "

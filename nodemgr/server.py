@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from nodemgr import __version__, admin, envdirs, protocol, recovery, tasks, views
-from nodemgr.audit import Auditor
+from nodemgr.audit import Auditor, nvml_ready
 from nodemgr.config import Config, ConfigError
 from nodemgr.connections import Connections, Listener, Polled, ReplyTo, Watched, describe
 from nodemgr.envdirs import RestoreError
@@ -138,6 +138,8 @@ class Server:
         except OSError as e:
             raise StartupError(f"cannot create run directory {run}: {e.strerror}") from None
         self._lock_fds.append(_lock(run / "nodemgr.lock", f"run directory {run}"))
+        if self.node.simulated:
+            self._simulated_node()
         try:
             self.connections.bind_admin()
         except OSError as e:
@@ -170,6 +172,26 @@ class Server:
             self.config.admin_endpoint,
             self.connections.limit(),
         )
+
+    def _simulated_node(self) -> None:
+        """Make the simulated GPUs' directory (docs/simulator.md, "nodemgr's simulated
+        GPUs"), searchable by every user, and their process table in it through nodemgr's
+        own simulated NVML, so that the table is nodemgr's and every user's processes
+        record there. Without the audit and utilisation sampling nodemgr never reads NVML:
+        the first process to use a GPU makes the table."""
+        path = self.config.sim_state_dir
+        try:
+            path.mkdir(parents=True, exist_ok=True, mode=0o711)
+        except OSError as e:
+            raise StartupError(
+                f"cannot create the simulated GPUs' directory {path} "
+                f"(gpus.simulated_state_dir): {e.strerror}"
+            ) from None
+        if self.config.audit_interval > 0 or self.config.utilization_interval > 0:
+            try:
+                nvml_ready(self.node)
+            except Exception as e:  # a missing or broken packaged library
+                raise StartupError(f"cannot load the simulated NVML: {e}") from None
 
     # --- connections' messages ----------------------------------------------------
 
