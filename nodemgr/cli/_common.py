@@ -63,6 +63,19 @@ def check_access(cfg: configmod.Config) -> None:
             pass  # not there or not listening: the call says so
 
 
+def start_hint(cfg: configmod.Config) -> str:
+    """What to do when nodemgr does not answer at ``cfg``'s admin socket. Without a config
+    file a user's commands look in a directory of their own: a nodemgr serving the node's
+    (a config file's, or root's) is named, with how to reach it."""
+    node = configmod.NODE_RUN_DIR / "admin.sock"
+    if cfg.path is None and cfg.run_dir != configmod.NODE_RUN_DIR and node.exists():
+        return (
+            f"a nodemgr serves at {node}: name its config with --config or ${configmod.CONFIG_ENV}"
+        )
+    config = f" --config {cfg.path}" if cfg.path else ""
+    return f"is nodemgr running with this config? start it with: nodemgr serve{config}"
+
+
 def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, Any]:
     cfg = load_config(config_path)
     check_access(cfg)
@@ -70,11 +83,7 @@ def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, A
         with Connection(cfg.admin_endpoint, timeout=5.0) as conn:
             return conn.call(kind, **fields)
     except Unreachable as e:
-        fail(
-            f"{e} (is nodemgr running with this config? start it with: nodemgr serve"
-            f"{' --config ' + str(cfg.path) if cfg.path else ''})",
-            EXIT_UNREACHABLE,
-        )
+        fail(f"{e} ({start_hint(cfg)})", EXIT_UNREACHABLE)
     except NodeError as e:
         fail(e.message, EXIT_ADMIN_REFUSED)
 
