@@ -572,6 +572,7 @@ class Server:
         for fd in list(self.pidfds):
             os.close(fd)
         self.reclaims.close()
+        self.connections.remove_sockets()
         for listener in self.connections.all_listeners():
             listener.sock.close()
         self.fds.clear()
