@@ -191,7 +191,8 @@ class Server:
         GPUs"), searchable by every user, take their locks there, and make their process
         table through nodemgr's own simulated NVML, so that the table is nodemgr's and
         every user's processes record there. Without the audit and utilisation sampling
-        nodemgr never reads NVML: the first process to use a GPU makes the table."""
+        nodemgr never reads NVML: the first process to use a GPU makes the table (as it
+        does when that NVML cannot be loaded, which is logged)."""
         path = self.config.sim_state_dir
         try:
             path.mkdir(parents=True, exist_ok=True, mode=0o711)
@@ -207,8 +208,12 @@ class Server:
         if self.config.audit_interval > 0 or self.config.utilization_interval > 0:
             try:
                 nvml_ready(self.node)
-            except Exception as e:  # a missing or broken packaged library
-                raise StartupError(f"cannot load the simulated NVML: {e}") from None
+            except Exception as e:  # a missing or broken library: the audit says so too
+                log.warning(
+                    "cannot load the simulated NVML to make the process table in %s: %s",
+                    path,
+                    e,
+                )
 
     # --- connections' messages ----------------------------------------------------
 
