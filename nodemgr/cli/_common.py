@@ -104,7 +104,8 @@ def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, A
         with Connection(cfg.admin_endpoint, timeout=5.0) as conn:
             return conn.call(kind, **fields)
     except Unreachable as e:
-        fail(f"{e} ({SILENT})", EXIT_UNREACHABLE)
+        why = not_running(cfg)  # gone meanwhile (stopped, killed), or silent
+        fail(f"{why} ({start_hint(cfg)})" if why else f"{e} ({SILENT})", EXIT_UNREACHABLE)
     except NodeError as e:
         fail(e.message, EXIT_ADMIN_REFUSED)
 

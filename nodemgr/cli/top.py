@@ -204,7 +204,9 @@ def top(interval: float, iterations: int | None, config_path: str | None, as_jso
                     try:
                         snap = snapshot(conn)
                     except Unreachable as e:
-                        why = f"{e} ({SILENT})"
+                        # Gone meanwhile (stopped, killed), or silent.
+                        gone = not_running(cfg)
+                        why = f"{gone} ({start_hint(cfg)})" if gone else f"{e} ({SILENT})"
                     except NodeError as e:
                         fail(e.message, 1)
                 if as_json:
