@@ -43,6 +43,7 @@ TASK_OWNER = "GPUSHARE_TASK_OWNER"
 # same process, restarted with the shim or exec'ing another program, keeps it alive.
 AUTOLOAD_HOLDER = "GPUSHARE_AUTOLOAD_HOLDER"
 SIM_GPUS = "GPUSHARE_SIM_GPUS"
+SIM_STATE_DIR = "GPUSHARE_SIM_STATE_DIR"
 # Builds other than the packaged ones (a debug or sanitizer build).
 SHIM = "GPUSHARE_SHIM"
 SIM_DIR = "GPUSHARE_SIM_DIR"
@@ -80,6 +81,7 @@ TASK_VARIABLES: tuple[tuple[str, str], ...] = (
     (TASK_OWNER, "the pid of the process holding the grant: others ask for none"),
     (AUTOLOAD_HOLDER, "the auto-loaded task's holder: PID,HEARTBEAT_INTERVAL"),
     (SIM_GPUS, "simulated nodes only: the simulated driver's GPUs"),
+    (SIM_STATE_DIR, "simulated nodes only: the directory of the node's shared process table"),
 )
 
 

@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from client_plugin import libs
-from client_plugin.envvars import ENDPOINT, LEDGER, SIM_GPUS, TASK_ID, TASK_OWNER, TIMESLICED
+from client_plugin.envvars import (
+    ENDPOINT,
+    LEDGER,
+    SIM_GPUS,
+    SIM_STATE_DIR,
+    TASK_ID,
+    TASK_OWNER,
+    TIMESLICED,
+)
 from client_plugin.errors import GpushareError
 from client_plugin.settings import DEFAULT_PROGRESS_INTERVAL, Settings, wait_seconds
 from nodemgr.client import (
@@ -148,6 +156,8 @@ class Grant:
     heartbeat_interval: float
     simulated: bool
     sim_gpus: str | None
+    # The simulated node's process table's directory (None: a nodemgr that names none).
+    sim_state_dir: str | None = None
     endpoint: str = ""  # where it was granted: the task's processes reach nodemgr there
     timesliced: tuple[int, ...] = ()  # node indices of its time-sliced GPUs
 
@@ -215,6 +225,7 @@ def _request_once(
         heartbeat_interval=float(reply["heartbeat_interval"]),
         simulated=bool(reply.get("simulated")),
         sim_gpus=reply.get("sim_gpus"),
+        sim_state_dir=reply.get("sim_state_dir"),
         endpoint=endpoint,
         timesliced=tuple(int(i) for i in reply.get("timesliced") or ()),
     )
@@ -299,6 +310,9 @@ def task_environment(
             paths.append(env["LD_LIBRARY_PATH"])
         env["LD_LIBRARY_PATH"] = ":".join(paths)
         env[SIM_GPUS] = grant.sim_gpus or ""
+        if grant.sim_state_dir:
+            # Every process of the task records in its nodemgr's table, and no other's.
+            env[SIM_STATE_DIR] = grant.sim_state_dir
     return env
 
 

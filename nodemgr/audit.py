@@ -26,6 +26,7 @@ import signal
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from nodemgr import procfs
@@ -267,11 +268,11 @@ def owner(pid: int, clients: Mapping[int, tuple[str, str]]) -> tuple[str, str] |
 
 def nvml_ready(node: Node) -> None:
     """Make NVML's processes readable: on simulated GPUs, load the packaged simulated NVML
-    for the node's GPUs first."""
+    for the node's GPUs and their directory first."""
     if node.simulated:
         from nodemgr.gpus import sim_spec
 
-        load_simulated(sim_spec(node.gpus))
+        load_simulated(sim_spec(node.gpus), node.config.sim_state_dir)
 
 
 def ledger_slots(node: Node) -> list[Slot]:
@@ -299,30 +300,34 @@ def attribution(node: Node, pids: Iterable[int]) -> tuple[list[Slot], dict[int, 
 _sim_loaded = False
 
 
-def load_simulated(spec: str) -> None:
+def load_simulated(spec: str, state_dir: Path) -> None:
     """Make pynvml reach the simulated NVML of the simulated GPUs ``spec`` (nodemgr.gpus.
-    sim_spec): the packaged library, loaded by path before pynvml loads it by name, told
-    the GPUs the tasks' simulated driver is told of (GPUSHARE_SIM_GPUS, which it reads at
-    its first initialisation in the process; the variable is put back after it)."""
+    sim_spec) whose process table is in ``state_dir``: the packaged library, loaded by path
+    before pynvml loads it by name, told what the tasks' simulated driver is told
+    (GPUSHARE_SIM_GPUS and GPUSHARE_SIM_STATE_DIR, which it reads at its first
+    initialisation in the process, when it maps the table, making it if it is not there;
+    the variables are put back after it)."""
     global _sim_loaded
     if _sim_loaded:
         return
     import pynvml
 
     from client_plugin import libs
-    from client_plugin.envvars import SIM_GPUS
+    from client_plugin.envvars import SIM_GPUS, SIM_STATE_DIR
 
     ctypes.CDLL(str(libs.sim_driver_dir() / "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
-    saved = os.environ.get(SIM_GPUS)
-    os.environ[SIM_GPUS] = spec
+    told = {SIM_GPUS: spec, SIM_STATE_DIR: str(state_dir)}
+    saved = {name: os.environ.get(name) for name in told}
+    os.environ.update(told)
     try:
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()
     finally:
-        if saved is None:
-            del os.environ[SIM_GPUS]
-        else:
-            os.environ[SIM_GPUS] = saved
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
     _sim_loaded = True
 
 

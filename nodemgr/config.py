@@ -21,6 +21,8 @@ from nodemgr.protocol import DEVICE_NAME, IDLE_ACTIONS, MAX_WAIT
 from nodemgr.sizes import format_size, parse_seconds, parse_size
 
 DEFAULT_CONFIG = Path("/etc/gpushare/nodemgr.toml")
+# node.run_dir when a config file names none (and root's without one).
+NODE_RUN_DIR = Path("/run/gpushare")
 CONFIG_ENV = "GPUSHARE_CONFIG"
 # gpus.context_memory = "auto" (the default) where the probe cannot measure a context
 # (nodemgr.ctxprobe): an estimate of what one process's CUDA context takes on a GPU.
@@ -196,7 +198,8 @@ class Key:
 # fmt: off
 KEYS: tuple[Key, ...] = (
     Key("node", "run_dir", "run_dir", Text("a path"), None,
-        "sockets (`admin.sock`, `envs/ENV/task.sock`) and ledgers", default_doc="see below"),
+        "sockets (`admin.sock`, `envs/ENV/task.sock`) and ledgers; relative: to the file's"
+        " directory", default_doc="see below"),
     Key("node", "state_dir", "state_dir", Text("a path"), None,
         "the sqlite database (`nodemgr.db`) of quotas and records", default_doc="see below"),
     Key("node", "heartbeat_interval", "heartbeat_interval", Seconds(0.01, 3600.0), 1.0,
@@ -226,6 +229,11 @@ KEYS: tuple[Key, ...] = (
         " ([operations.md](operations.md#context-memory))"),
     Key("gpus", "simulated_context_memory", "sim_context", Size(), "0",
         "memory the simulated driver takes for each process's context on a simulated GPU"),
+    Key("gpus", "simulated_state_dir", "simulated_state_dir", Text("a path"), None,
+        "the simulated GPUs' directory: the process table of every process of the node's"
+        " tasks, which their NVML reads, and the GPUs' locks: one nodemgr per directory"
+        " ([simulator.md](simulator.md#nodemgrs-simulated-gpus))",
+        default_doc="`RUN_DIR/sim`"),
     Key("scheduler", "task_threshold", "task_threshold", Integer(1), 4,
         "tasks on a GPU beyond which it is not chosen as a new GPU"),
     Key("scheduler", "memory_reserve", "memory_reserve", Size(), "0",
@@ -341,6 +349,8 @@ class Config:
     sim_memory: int = _DEFAULTS["sim_memory"]
     sim_name: str = _DEFAULTS["sim_name"]
     sim_context: int = _DEFAULTS["sim_context"]
+    # gpus.simulated_state_dir as set; None: in run_dir (sim_state_dir).
+    simulated_state_dir: Path | None = None
     health_interval: float = _DEFAULTS["health_interval"]
     utilization_interval: float = _DEFAULTS["utilization_interval"]
     # Bytes charged per process per GPU for its CUDA context; None: "auto", measured
@@ -384,6 +394,12 @@ class Config:
         return f"ipc://{self.run_dir / 'admin.sock'}"
 
     @property
+    def sim_state_dir(self) -> Path:
+        """The simulated GPUs' directory (GPUSHARE_SIM_STATE_DIR for the node's tasks and
+        its own simulated NVML): one simulated node, so one nodemgr's."""
+        return self.simulated_state_dir or self.run_dir / "sim"
+
+    @property
     def database(self) -> Path:
         return self.state_dir / "nodemgr.db"
 
@@ -414,14 +430,16 @@ def check_gpus(config: Config, memories: dict[int, int], contexts: dict[int, int
             )
 
 
-def default_run_dir() -> Path:
+def default_run_dir(file: Path | None = None) -> Path:
     """Where sockets and ledgers live when the config names no ``run_dir``.
 
-    /run/gpushare for root; a per-user runtime directory otherwise, so that
-    ``make run`` works without privileges.
+    With a config file (``file``), /run/gpushare whoever asks: the file names a node, whose
+    daemon and every client of it must agree on the place, however they run. With none,
+    /run/gpushare for root and a per-user runtime directory otherwise, so that a daemon and
+    its commands of one user work without privileges.
     """
-    if os.geteuid() == 0:
-        return Path("/run/gpushare")
+    if file is not None or os.geteuid() == 0:
+        return NODE_RUN_DIR
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg and os.access(xdg, os.W_OK):
         return Path(xdg) / "gpushare"
@@ -436,6 +454,15 @@ def default_state_dir() -> Path:
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "gpushare"
     return Path.home() / ".local" / "state" / "gpushare"
+
+
+def _path(value: str, file: Path | None) -> Path:
+    """A path the config file gives: a relative one is relative to the file's directory,
+    and made absolute, so that it names the same place from any working directory (an
+    endpoint handed to a client, a socket's path)."""
+    if file is None or os.path.isabs(value):
+        return Path(value)
+    return Path(os.path.normpath(os.path.join(os.path.abspath(file.parent), value)))
 
 
 _ACCESS_NAMES = {name for name, _, _ in ACCESS_KEYS}
@@ -533,13 +560,13 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
             values[k.attr] = k.parse(table[k.name], k.path)
         elif k.default is not None:
             values[k.attr] = _DEFAULTS[k.attr]
-    for attr, default in (("run_dir", default_run_dir), ("state_dir", default_state_dir)):
-        if attr not in values:
-            values[attr] = default()
-        elif file is not None and not os.path.isabs(values[attr]):
-            values[attr] = file.parent / values[attr]
-        else:
-            values[attr] = Path(values[attr])
+    if "run_dir" not in values:
+        values["run_dir"] = default_run_dir(file)
+    if "state_dir" not in values:
+        values["state_dir"] = default_state_dir()
+    for attr in ("run_dir", "state_dir", "simulated_state_dir"):
+        if isinstance(values.get(attr), str):
+            values[attr] = _path(values[attr], file)
     if values["heartbeat_timeout"] <= values["heartbeat_interval"]:
         raise ConfigError(
             f"node.heartbeat_timeout ({values['heartbeat_timeout']}) must be longer than "

@@ -60,6 +60,8 @@ class Listener:
     sock: socket.socket
     env: str | None
     path: Path
+    # The socket file's (st_dev, st_ino): what remove_sockets may remove.
+    ident: tuple[int, int] = (0, 0)
 
     @property
     def fd(self) -> int:
@@ -173,6 +175,7 @@ class Connections:
             sock.listen(socket.SOMAXCONN)
             os.chown(private, access.uid, access.gid)
             os.chmod(private, access.mode)
+            st = os.stat(private)
             try:
                 os.rename(private, path.name, dst_dir_fd=dir_fd)
             except OSError as e:
@@ -187,11 +190,24 @@ class Connections:
             with contextlib.suppress(OSError):
                 private.unlink()
             raise
-        listener = Listener(sock, env, path)
+        listener = Listener(sock, env, path, (st.st_dev, st.st_ino))
         self.fds[listener.fd] = listener
         paused = self.paused_admin or (env is not None and self.paused_envs)
         self.epoll.register(listener.fd, 0 if paused else select.EPOLLIN)
         return listener
+
+    def remove_sockets(self) -> None:
+        """Remove every listener's socket file, at a clean stop: a client then finds no
+        socket and says at once that nodemgr is not running, where a socket left behind
+        would have it wait for an answer. Only a file that is still the one bound is
+        removed (an environment's directory is its owner's), through its directory's
+        descriptor; the listeners stay open."""
+        for listener in self.all_listeners():
+            path = listener.path
+            with contextlib.suppress(OSError), open_dir(path.parent) as fd:
+                st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) == listener.ident:
+                    os.unlink(path.name, dir_fd=fd)
 
     def unbind(self, listener: Listener) -> None:
         self.epoll.unregister(listener.fd)

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nodemgr import __version__, admin, envdirs, protocol, recovery, tasks, views
-from nodemgr.audit import Auditor
+from nodemgr import __version__, admin, envdirs, gpulock, protocol, recovery, tasks, views
+from nodemgr.audit import Auditor, nvml_ready
 from nodemgr.config import Config, ConfigError
 from nodemgr.connections import Connections, Listener, Polled, ReplyTo, Watched, describe
 from nodemgr.ctxprobe import charges
@@ -143,8 +143,16 @@ class Server:
             run.mkdir(parents=True, exist_ok=True, mode=0o711)
             (run / "envs").mkdir(exist_ok=True, mode=0o711)
         except OSError as e:
-            raise StartupError(f"cannot create run directory {run}: {e.strerror}") from None
+            raise StartupError(
+                f"cannot create run directory {run}: {e.strerror} (node.run_dir names it)"
+            ) from None
         self._lock_fds.append(_lock(run / "nodemgr.lock", f"run directory {run}"))
+        if self.node.simulated:
+            self._simulated_node()
+        else:
+            self._hold_gpus(
+                gpulock.nvml_lock_dir(), "stop that nodemgr first: one nodemgr serves a GPU"
+            )
         try:
             self.connections.bind_admin()
         except OSError as e:
@@ -177,6 +185,42 @@ class Server:
             self.config.admin_endpoint,
             self.connections.limit(),
         )
+
+    def _hold_gpus(self, directory: Path, fix: str) -> None:
+        """Take the node's GPUs from any other nodemgr (nodemgr.gpulock), or refuse to start."""
+        try:
+            self._lock_fds += gpulock.hold(self.node.gpus, directory, self.config.run_dir, fix)
+        except gpulock.GpuHeld as e:
+            raise StartupError(str(e)) from None
+
+    def _simulated_node(self) -> None:
+        """Make the simulated GPUs' directory (docs/simulator.md, "nodemgr's simulated
+        GPUs"), searchable by every user, take their locks there, and make their process
+        table through nodemgr's own simulated NVML, so that the table is nodemgr's and
+        every user's processes record there. Without the audit and utilisation sampling
+        nodemgr never reads NVML: the first process to use a GPU makes the table (as it
+        does when that NVML cannot be loaded, which is logged)."""
+        path = self.config.sim_state_dir
+        try:
+            path.mkdir(parents=True, exist_ok=True, mode=0o711)
+        except OSError as e:
+            raise StartupError(
+                f"cannot create the simulated GPUs' directory {path} "
+                f"(gpus.simulated_state_dir): {e.strerror}"
+            ) from None
+        self._hold_gpus(
+            path,
+            "stop that nodemgr first, or give this one a gpus.simulated_state_dir of its own",
+        )
+        if self.config.audit_interval > 0 or self.config.utilization_interval > 0:
+            try:
+                nvml_ready(self.node)
+            except Exception as e:  # a missing or broken library: the audit says so too
+                log.warning(
+                    "cannot load the simulated NVML to make the process table in %s: %s",
+                    path,
+                    e,
+                )
 
     # --- connections' messages ----------------------------------------------------
 
@@ -585,6 +629,7 @@ class Server:
         for fd in list(self.pidfds):
             os.close(fd)
         self.reclaims.close()
+        self.connections.remove_sockets()
         for listener in self.connections.all_listeners():
             listener.sock.close()
         self.fds.clear()

@@ -166,6 +166,7 @@ class GrantView(TypedDict):
     heartbeat_timeout: float
     simulated: bool
     sim_gpus: str | None
+    sim_state_dir: str | None
     timesliced: list[int]
 
 
@@ -406,5 +407,6 @@ def grant(node: Node, task: Task) -> GrantView:
         "heartbeat_timeout": node.config.heartbeat_timeout,
         "simulated": node.simulated,
         "sim_gpus": sim_spec(node.gpus) if node.simulated else None,
+        "sim_state_dir": str(node.config.sim_state_dir) if node.simulated else None,
         "timesliced": [i for i in task.gpus if node.slicing.timesliced(i)],
     }

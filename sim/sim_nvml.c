@@ -162,6 +162,7 @@ static void nvml_load(void)
 		nvml_devs[i].index = i;
 	nvml_ndevs = n;
 	nvml_load_result = NVML_SUCCESS;
+	sim_usage_ready();
 }
 
 static bool nvml_live(void)

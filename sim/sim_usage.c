@@ -51,8 +51,12 @@
 #include "sim_spec.h"
 
 #define SIM_USAGE_DEFAULT_DIR "/dev/shm"
-/* The layout's version is in the name: a later layout never reads this one's files. */
-#define SIM_USAGE_NAME "gpushare-sim-usage-v2-%u-%016" PRIx64
+/*
+ * The layout's version is in the names: a later layout never reads this
+ * one's files. The node (sim_node_id) too: lists with other GPUs never meet.
+ */
+#define SIM_USAGE_NAME "gpushare-sim-usage-v2-%016" PRIx64
+#define SIM_USAGE_USER_NAME "gpushare-sim-usage-v2-%u-%016" PRIx64
 
 #define SIM_USAGE_BUCKET_NS 100000000ull
 #define SIM_USAGE_BUCKETS 20
@@ -158,28 +162,77 @@ static bool sim_usage_alive(uint32_t pid, uint64_t start)
 	return kill((pid_t)pid, 0) == 0 || errno != ESRCH;
 }
 
-/* The file of this user's table for this node. */
-static bool sim_usage_path(char *path, size_t len)
+/*
+ * The file of this node's table: in $GPUSHARE_SIM_STATE_DIR (*dir set to it)
+ * every user's, the processes of a nodemgr's tasks meeting there; else this
+ * user's own in /dev/shm (*dir NULL).
+ */
+static bool sim_usage_path(char *path, size_t len, const char **dir)
 {
-	const char *dir = getenv(SIM_USAGE_DIR_ENV);
 	uint64_t node = sim_node_id();
 	int n;
 
+	*dir = getenv(SIM_USAGE_DIR_ENV);
+	if (*dir && !**dir)
+		*dir = NULL;
 	if (!node)
 		return false;
-	if (!dir || !*dir)
-		dir = SIM_USAGE_DEFAULT_DIR;
-	n = snprintf(path, len, "%s/" SIM_USAGE_NAME, dir, (unsigned int)getuid(), node);
+	if (*dir)
+		n = snprintf(path, len, "%s/" SIM_USAGE_NAME, *dir, node);
+	else
+		n = snprintf(path, len, SIM_USAGE_DEFAULT_DIR "/" SIM_USAGE_USER_NAME,
+			     (unsigned int)getuid(), node);
 	return n > 0 && (size_t)n < len;
 }
 
 /*
+ * Whether a table file st may be used: one of this user's own, or in a state
+ * dir one of the dir's owner (nodemgr makes it there for all its users); a
+ * file another user put in a directory open to all is never trusted.
+ */
+static bool sim_usage_trusted(const struct stat *st, const char *dir)
+{
+	struct stat ds;
+
+	if (!S_ISREG(st->st_mode))
+		return false;
+	if (st->st_uid == getuid())
+		return true;
+	return dir && stat(dir, &ds) == 0 && st->st_uid == ds.st_uid;
+}
+
+/*
+ * Opens the table file, making it first if create. One made in a state dir
+ * is 0666, whatever the umask, so that every user's processes record in it
+ * (NVML lists every user's processes).
+ */
+static int sim_usage_open_file(const char *path, const char *dir, bool create)
+{
+	int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW, fd;
+
+	if (create && dir) {
+		fd = open(path, flags | O_CREAT | O_EXCL, 0600);
+		if (fd >= 0) {
+			if (fchmod(fd, 0666) == 0)
+				return fd;
+			close(fd);
+			return -1;
+		}
+		if (errno != EEXIST)
+			return -1;
+	}
+	return open(path, flags | (create ? O_CREAT : 0), 0600);
+}
+
+/*
  * Maps the table, making it first if create; under sim_usage_lock. A reader
- * does not create it: no file means nobody has used the node yet.
+ * listing processes does not create it: no file means nobody has used the
+ * node yet (NVML's start makes it in a state dir: sim_usage_ready).
  */
 static struct sim_usage_slot *sim_usage_map(bool create)
 {
 	char path[PATH_MAX];
+	const char *dir;
 	struct stat st;
 	void *map = NULL;
 	uint64_t probe;
@@ -187,13 +240,12 @@ static struct sim_usage_slot *sim_usage_map(bool create)
 
 	if (sim_usage_table)
 		return sim_usage_table;
-	if (!sim_usage_path(path, sizeof(path)))
+	if (!sim_usage_path(path, sizeof(path), &dir))
 		return NULL;
-	fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0600);
+	fd = sim_usage_open_file(path, dir, create);
 	if (fd < 0)
 		return NULL;
-	/* /dev/shm is everyone's: use only a file of this user's own. */
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != getuid())
+	if (fstat(fd, &st) != 0 || !sim_usage_trusted(&st, dir))
 		goto out;
 	if ((size_t)st.st_size < SIM_USAGE_SIZE) {
 		/*
@@ -320,6 +372,18 @@ void sim_usage_set(int spec_index, size_t bytes)
 out:
 	if (s)
 		__atomic_store_n(&s->bytes, (uint64_t)bytes, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&sim_usage_lock);
+}
+
+void sim_usage_ready(void)
+{
+	const char *dir = getenv(SIM_USAGE_DIR_ENV);
+
+	if (!dir || !*dir)
+		return;
+	pthread_once(&sim_atfork_once, sim_usage_atfork);
+	pthread_mutex_lock(&sim_usage_lock);
+	sim_usage_map(true);
 	pthread_mutex_unlock(&sim_usage_lock);
 }
 

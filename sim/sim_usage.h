@@ -7,11 +7,14 @@
  * launch counts a fixed simulated run time (sim_usage_busy), which NVML
  * reports as utilisation over the last second.
  *
- * The table is a file mapped shared by every process of one user on one
- * simulated node: $GPUSHARE_SIM_STATE_DIR (default /dev/shm) holds
- * gpushare-sim-usage-v2-UID-NODE, NODE being sim_node_id() in hex, so lists
- * with other GPUs never meet. Entries of processes that are gone are skipped
- * and reused; a full table loses the newest users, never a driver call.
+ * The table is a file mapped shared by the processes of one simulated node:
+ * with $GPUSHARE_SIM_STATE_DIR set (nodemgr names its own for its tasks),
+ * DIR/gpushare-sim-usage-v2-NODE, shared by every user (made 0666, and
+ * trusted when it is the user's own or the directory owner's); without,
+ * /dev/shm/gpushare-sim-usage-v2-UID-NODE, this user's alone. NODE is
+ * sim_node_id() in hex, so lists with other GPUs never meet. Entries of
+ * processes that are gone are skipped and reused; a full table loses the
+ * newest users, never a driver call.
  *
  * Compiled into both libraries with hidden visibility.
  */
@@ -46,6 +49,13 @@ void sim_usage_busy(int spec_index, unsigned long long ns);
 /* The span utilisation is reported over, and the queue limit. */
 #define SIM_USAGE_WINDOW_NS 1000000000ull
 #define SIM_USAGE_AHEAD_NS 500000000ull
+
+/*
+ * NVML's start: in a state dir, map the node's table, making it if it is
+ * not there, so that it is the directory owner's (nodemgr's) and open to the
+ * processes of every user, who cannot make files there.
+ */
+void sim_usage_ready(void);
 
 /* NVML's side: one live process using a device. */
 struct sim_usage_proc {

@@ -46,11 +46,16 @@ def load_config(path: str | None) -> configmod.Config:
         fail(str(e), EXIT_CONFIG)
 
 
-def check_access(cfg: configmod.Config) -> None:
-    """Fail with the cause when the admin socket refuses this user: zmq connects in the
-    background, so a refusal would otherwise read as nodemgr not answering."""
+def not_running(cfg: configmod.Config) -> str | None:
+    """Why nodemgr is not running at ``cfg``'s admin socket, as connecting to it tells at
+    once: no socket there (a nodemgr stopped cleanly removes it), or one nothing listens on
+    (a killed nodemgr leaves it). None when something listens: only waiting for its answer
+    tells a nodemgr that is stopped or stuck. Fails with the cause when the socket refuses
+    this user: zmq connects in the background, so a refusal would otherwise read as
+    nodemgr not answering."""
     path = cfg.run_dir / "admin.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2.0)  # a full backlog answers EAGAIN at once: it listens
         try:
             probe.connect(str(path))
         except PermissionError:
@@ -59,22 +64,48 @@ def check_access(cfg: configmod.Config) -> None:
                 "[admin] owner/group/mode let in (and log in again after joining the group)",
                 EXIT_UNREACHABLE,
             )
+        except FileNotFoundError:
+            return f"nodemgr is not running: no socket at {path}"
+        except ConnectionRefusedError:
+            return (
+                f"nodemgr is not running: nothing listens at {path} (left by a nodemgr "
+                "that was killed)"
+            )
         except OSError:
-            pass  # not there or not listening: the call says so
+            pass  # something listens: the call says whether it answers
+    return None
+
+
+def start_hint(cfg: configmod.Config) -> str:
+    """What to do when nodemgr is not running at ``cfg``'s admin socket. Without a config
+    file a user's commands look in a directory of their own: a nodemgr serving the node's
+    (a config file's, or root's) is named, with how to reach it."""
+    node = configmod.NODE_RUN_DIR / "admin.sock"
+    if cfg.path is None and cfg.run_dir != configmod.NODE_RUN_DIR and node.exists():
+        return (
+            f"a nodemgr serves at {node}: name its config with --config or ${configmod.CONFIG_ENV}"
+        )
+    config = f" --config {cfg.path}" if cfg.path else ""
+    return (
+        f"start it with: nodemgr serve{config}, or give this command the config nodemgr runs with"
+    )
+
+
+# An answer that does not come although something listens at the admin socket.
+SILENT = "its process is alive but does not answer: stopped (SIGSTOP) or stuck? see its log"
 
 
 def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, Any]:
     cfg = load_config(config_path)
-    check_access(cfg)
+    why = not_running(cfg)
+    if why is not None:
+        fail(f"{why} ({start_hint(cfg)})", EXIT_UNREACHABLE)
     try:
         with Connection(cfg.admin_endpoint, timeout=5.0) as conn:
             return conn.call(kind, **fields)
     except Unreachable as e:
-        fail(
-            f"{e} (is nodemgr running with this config? start it with: nodemgr serve"
-            f"{' --config ' + str(cfg.path) if cfg.path else ''})",
-            EXIT_UNREACHABLE,
-        )
+        why = not_running(cfg)  # gone meanwhile (stopped, killed), or silent
+        fail(f"{why} ({start_hint(cfg)})" if why else f"{e} ({SILENT})", EXIT_UNREACHABLE)
     except NodeError as e:
         fail(e.message, EXIT_ADMIN_REFUSED)
 

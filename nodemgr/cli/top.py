@@ -10,13 +10,15 @@ from typing import Any
 import click
 
 from nodemgr.cli._common import (
-    check_access,
+    SILENT,
     config_option,
     fail,
     format_table,
     load_config,
+    not_running,
     percent,
     print_json,
+    start_hint,
     task_row,
 )
 from nodemgr.client import Connection, NodeError, Unreachable
@@ -190,27 +192,56 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
 def top(interval: float, iterations: int | None, config_path: str | None, as_json: bool) -> None:
     """A live view of GPUs, environments, tasks and the wait queue."""
     cfg = load_config(config_path)
-    check_access(cfg)
     count = 0
+    away_since: str | None = None  # when nodemgr was last found not answering
     try:
         with Connection(cfg.admin_endpoint, timeout=5.0) as conn:
             while True:
-                try:
-                    snap = snapshot(conn)
-                except Unreachable as e:
-                    fail(f"{e} (is nodemgr running?)", EXIT_UNREACHABLE)
-                except NodeError as e:
-                    fail(e.message, 1)
+                why = not_running(cfg)
+                if why is not None:
+                    why = f"{why} ({start_hint(cfg)})"
+                else:
+                    try:
+                        snap = snapshot(conn)
+                    except Unreachable as e:
+                        # Gone meanwhile (stopped, killed), or silent.
+                        gone = not_running(cfg)
+                        why = f"{gone} ({start_hint(cfg)})" if gone else f"{e} ({SILENT})"
+                    except NodeError as e:
+                        fail(e.message, 1)
                 if as_json:
+                    if why is not None:
+                        fail(why, EXIT_UNREACHABLE)
                     print_json(snap)
                     return
-                # Cut to a terminal's width; whole lines into a pipe or a file.
-                width = shutil.get_terminal_size((120, 40)).columns if sys.stdout.isatty() else 0
+                if why is None:
+                    away_since = None
+                    frame = render(snap, _width())
+                else:
+                    # Gone for now (stopped, restarting): said, and asked again each interval.
+                    away_since = away_since or time.strftime("%H:%M:%S")
+                    frame = away(why, away_since, _width())
                 # Home and clear: redraw in place, as top does.
-                click.echo("\x1b[H\x1b[2J" + render(snap, width), nl=True)
+                click.echo("\x1b[H\x1b[2J" + frame, nl=True)
                 count += 1
                 if iterations and count >= iterations:
                     return
                 time.sleep(interval)
     except KeyboardInterrupt:
         return
+
+
+def _width() -> int:
+    """A terminal's width to cut lines at; 0 (whole lines) into a pipe or a file."""
+    return shutil.get_terminal_size((120, 40)).columns if sys.stdout.isatty() else 0
+
+
+def away(why: str, since: str, width: int = 120) -> str:
+    """``top``'s frame while nodemgr does not answer; lines cut at ``width`` (0: not cut)."""
+    lines = [
+        f"nodemgr  {time.strftime('%H:%M:%S')}  away since {since}: waiting for it to come back"
+        " (Ctrl-C to quit)",
+        "",
+        why,
+    ]
+    return "\n".join(line[:width] if width else line for line in lines)

@@ -24,20 +24,11 @@ def bypass(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A simulated node's usage registry of this test's own, for nodemgr and its tasks
-    alike (they inherit the variable): no other test's processes are on its GPUs."""
-    path = tmp_path / "usage"
-    path.mkdir()
-    monkeypatch.setenv("GPUSHARE_SIM_STATE_DIR", str(path))
-    return path
-
-
-@pytest.fixture
 def audited(
-    daemon_factory: Any, registry: Path, tmp_path: Path
+    daemon_factory: Any, tmp_path: Path
 ) -> Callable[[dict[str, Any]], tuple[Any, int, str, Path]]:
-    """Start a node with these [audit] settings and metrics on a free port: the node, that
+    """Start a node (its simulated GPUs its own: no other test's processes are on them)
+    with these [audit] settings and metrics on a free port: the node, that
     port, the endpoint of an environment "alice" (one GPU, 4GiB) and a file whose creation
     lets this test's tasks end."""
 

@@ -135,7 +135,7 @@ def test_unreachable_daemon_exit_code(tmp_path: Path) -> None:
     cfg.write_text(f'[node]\nrun_dir = "{tmp_path}"\n')
     r = CliRunner().invoke(cli, ["status", "--config", str(cfg)])
     assert r.exit_code == 69
-    assert "is nodemgr running" in r.output
+    assert f"nodemgr is not running: no socket at {tmp_path}/admin.sock" in r.output
 
 
 def test_bad_config_exit_code(tmp_path: Path) -> None:

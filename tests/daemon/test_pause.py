@@ -135,7 +135,7 @@ def test_cli_pause_without_nodemgr_exits_69(tmp_path: Path) -> None:
     for kind in ("pause", "resume"):
         r = CliRunner().invoke(cli, [kind, "0123456789abcdef", "--config", str(cfg)])
         assert r.exit_code == 69
-        assert "is nodemgr running" in r.output
+        assert f"nodemgr is not running: no socket at {tmp_path}/admin.sock" in r.output
 
 
 def test_a_task_endpoint_does_not_serve_pause_or_resume(

@@ -26,9 +26,7 @@ def test_a_tasks_kernels_show_as_its_gpus_and_its_own_utilisation(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A registry of this test's own (no other test's processes), and 50 ms per launch.
-    (tmp_path / "usage").mkdir()
-    monkeypatch.setenv("GPUSHARE_SIM_STATE_DIR", str(tmp_path / "usage"))
+    # 50 ms per launch (the node's simulated GPUs are its own: no other test's processes).
     monkeypatch.setenv("GPUSHARE_SIM_KERNEL_US", "50000")
     port = free_port()
     d = daemon_factory(

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
+import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,7 +56,9 @@ H100_PCI_SUBSYSTEM_ID = 0x16C110DE
 # then the busy time (busy_until and 20 buckets of period and busy ns), zero here.
 SLOT = struct.Struct("<QQQ328x")
 SLOTS = 1024
-REGISTRY_NAME = re.compile(rf"gpushare-sim-usage-v2-{os.getuid()}-[0-9a-f]{{16}}")
+# In a state directory (GPUSHARE_SIM_STATE_DIR) the table is every user's: named for the
+# node alone.
+REGISTRY_NAME = re.compile(r"gpushare-sim-usage-v2-[0-9a-f]{16}")
 
 
 def _uuid() -> str:
@@ -264,9 +270,11 @@ def test_nvml_entry_points_pytorch_asserts_on(tmp_path: Path) -> None:
 # --- Process lists and memory used, from the simulated driver's processes ------------------
 
 DRIVER_USER = r"""
-import ctypes, sys
+import ctypes, os, sys
 cuda = ctypes.CDLL(sys.argv[1])
 dev, nbytes = int(sys.argv[2]), int(sys.argv[3])
+if len(sys.argv) > 4:  # as another user (gid, uid): started as root, who may read Python
+    os.setgid(int(sys.argv[4])); os.setgroups([]); os.setuid(int(sys.argv[5]))
 def check(rc, what):
     if rc:
         print(f"{what} failed: {rc}", flush=True)
@@ -331,11 +339,15 @@ class Node:
         self.env = _env(gpus, state)
         self.children: list[subprocess.Popen[str]] = []
 
-    def use(self, dev: int, nbytes: int) -> subprocess.Popen[str]:
-        """A process holding a context on dev (its position) and nbytes of its memory."""
+    def use(
+        self, dev: int, nbytes: int, user: pwd.struct_passwd | None = None
+    ) -> subprocess.Popen[str]:
+        """A process holding a context on dev (its position) and nbytes of its memory; run
+        as ``user`` when given."""
         lib = str(libs.sim_driver_dir() / "libcuda.so.1")
+        who = [] if user is None else [str(user.pw_gid), str(user.pw_uid)]
         child = subprocess.Popen(
-            [sys.executable, "-c", DRIVER_USER, lib, str(dev), str(nbytes)],
+            [sys.executable, "-c", DRIVER_USER, lib, str(dev), str(nbytes), *who],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -432,10 +444,58 @@ def test_nvml_lists_the_processes_that_use_each_gpu(sim_node: Node) -> None:
     for d, total in zip(final, totals, strict=True):
         _consistent(d, total)
 
-    # One table, in the directory given, named for this user and this node.
+    # One table, in the directory given, named for this node.
     files = [p.name for p in sim_node.state.iterdir()]
     assert len(files) == 1
     assert REGISTRY_NAME.fullmatch(files[0])
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory of root's that other users may pass through (a test's own tmp_path is
+    not reachable by them)."""
+    path = Path(tempfile.mkdtemp(prefix="gs-sim-"))
+    os.chmod(path, 0o711)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_a_state_dir_table_shows_every_users_processes(open_dir: Path) -> None:
+    """NVML lists every user's processes: the table its start makes in a state directory is
+    open to all (nodemgr, as root, sees what its users' processes hold)."""
+    nobody = pwd.getpwnam("nobody")
+    n = Node(node("Sim A|17179869184", "Sim B|8589934592"), open_dir)
+    try:
+        assert n.listed() == [[], []]
+        table = _registry(open_dir)
+        st = table.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o666)
+        theirs = n.use(1, 64 * MIB, user=nobody)
+        mine = n.use(0, 0)
+        assert [[pid for pid, _ in gpu] for gpu in n.listed()] == [[mine.pid], [theirs.pid]]
+        assert list(open_dir.iterdir()) == [table]
+    finally:
+        n.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_a_table_another_user_planted_is_not_trusted(open_dir: Path) -> None:
+    """In a directory open to all, a table that another user made (and could take away
+    from everyone, or fill) is used by nobody but that user."""
+    os.chmod(open_dir, 0o1777)
+    nobody = pwd.getpwnam("nobody")
+    n = Node(node("Sim A|17179869184"), open_dir)
+    try:
+        theirs = n.use(0, 64 * MIB, user=nobody)
+        assert _registry(open_dir).stat().st_uid == nobody.pw_uid
+        mine = n.use(0, 0)
+        assert n.listed() == [[]]
+        assert theirs.poll() is None and mine.poll() is None
+    finally:
+        n.stop()
 
 
 def test_nodes_with_other_gpus_do_not_see_each_other(tmp_path: Path) -> None:

@@ -1,0 +1,217 @@
+"""Where a node's nodemgr is found, and one nodemgr per GPU (docs/nodemgr.md,
+"Configuration"): a config file names the node's run directory for every user alike, the
+shipped configs set it, and a second nodemgr on GPUs another one serves does not start."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodemgr import config
+from nodemgr.exitcodes import EXIT_CONFIG
+from nodemgr.gpus import simulated_uuid
+from tests.conftest import BIN
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_second_nodemgr_on_the_same_gpus_exits_78_naming_the_holder(
+    daemon_factory: Any, tmp_path: Path
+) -> None:
+    """Two nodemgrs with their own run and state directories on one simulated node (one
+    gpus.simulated_state_dir): the second is refused while the first runs, and starts once
+    the first is killed (the kernel frees its locks)."""
+    node = {"gpus": {"simulated_state_dir": str(tmp_path / "node")}}
+    first = daemon_factory(node)
+    second = tmp_path / "second.toml"
+    second.write_text(
+        f'[node]\nrun_dir = "{tmp_path}/run2"\nstate_dir = "{tmp_path}/state2"\n'
+        f'[gpus]\nsource = "simulated"\nsimulated_state_dir = "{tmp_path}/node"\n'
+    )
+    refused = subprocess.run(
+        [str(BIN / "nodemgr"), "serve", "--config", str(second)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == EXIT_CONFIG, refused.stderr
+    lock = tmp_path / "node" / f"gpushare-{simulated_uuid(0)}.lock"
+    assert (
+        f"GPU 0 ({simulated_uuid(0)}) is already served by nodemgr pid {first.proc.pid}, "
+        f"run directory {first.run_dir} (lock {lock}): stop that nodemgr first, or give "
+        "this one a gpus.simulated_state_dir of its own"
+    ) in refused.stderr
+    assert not (tmp_path / "run2" / "admin.sock").exists()
+    assert first.admin("status")["tasks"] == 0  # the first serves on
+    first.kill()
+    again = daemon_factory(node)  # waits until it serves
+    assert again.admin("status")["simulated"]
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory of root's that other users may read (a test's tmp_path is not)."""
+    path = Path(tempfile.mkdtemp(prefix="gs-node-"))
+    os.chmod(path, 0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# The CLI as another user. Python itself is not theirs to read here: it is started as
+# root, loads nodemgr, and then becomes the user.
+CLI_AS = """
+import os, sys
+from nodemgr import config
+from nodemgr.cli import cli
+if sys.argv[3]:
+    config.NODE_RUN_DIR = type(config.NODE_RUN_DIR)(sys.argv[3])
+os.setgid(int(sys.argv[1])); os.setgroups([]); os.setuid(int(sys.argv[2]))
+cli(sys.argv[4:])
+"""
+
+
+def cli_as(user: pwd.struct_passwd | None, *args: str, node_run_dir: str = "") -> Any:
+    """``nodemgr ARGS`` as ``user`` (None: root), with neither $GPUSHARE_CONFIG nor
+    $XDG_RUNTIME_DIR; ``node_run_dir`` stands for /run/gpushare."""
+    env = {k: v for k, v in os.environ.items() if k not in (config.CONFIG_ENV, "XDG_RUNTIME_DIR")}
+    ids = ["0", "0"] if user is None else [str(user.pw_gid), str(user.pw_uid)]
+    return subprocess.run(
+        [sys.executable, "-c", CLI_AS, *ids, node_run_dir, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+        timeout=60,
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+@pytest.mark.skipif(
+    (config.NODE_RUN_DIR / "admin.sock").exists(), reason="a nodemgr serves this node"
+)
+def test_a_config_file_names_the_same_run_dir_for_every_user(open_dir: Path) -> None:
+    """A config that leaves run_dir unset means /run/gpushare to root and to any other
+    user alike: an operator who is not root finds the node's nodemgr, not one of their own."""
+    cfg = open_dir / "node.toml"
+    cfg.write_text('[gpus]\nsource = "simulated"\n')
+    cfg.chmod(0o644)
+    nobody = pwd.getpwnam("nobody")
+    for user in (None, nobody):
+        out = cli_as(user, "status", "--config", str(cfg))
+        assert out.returncode == 69, out.stderr
+        assert "/run/gpushare/admin.sock" in out.stderr, out.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+@pytest.mark.skipif(config.DEFAULT_CONFIG.exists(), reason="this node has a config file")
+def test_a_user_without_a_config_is_told_where_the_nodes_nodemgr_is(daemon: Any) -> None:
+    """Without a config file another user's commands look in their own run directory: the
+    error names the node's nodemgr's socket and how to reach it."""
+    os.chmod(daemon.root, 0o755)
+    os.chmod(daemon.run_dir, 0o711)
+    out = cli_as(pwd.getpwnam("nobody"), "status", node_run_dir=str(daemon.run_dir))
+    assert out.returncode == 69, out.stderr
+    assert (
+        f"a nodemgr serves at {daemon.run_dir}/admin.sock: name its config with --config "
+        f"or ${config.CONFIG_ENV}"
+    ) in out.stderr
+
+
+@pytest.mark.parametrize("name", ["nodemgr.toml", "sim.toml"])
+def test_the_shipped_configs_set_the_run_dir(name: str) -> None:
+    """Each names its run directory, absolute from any working directory."""
+    path = ROOT / "configs" / name
+    assert "run_dir" in tomllib.loads(path.read_text())["node"]
+    here = os.getcwd()
+    try:
+        os.chdir("/")
+        from_root = config.load(Path("/") / path.relative_to("/")).run_dir
+        os.chdir(path.parent)
+        from_configs = config.load(name).run_dir
+    finally:
+        os.chdir(here)
+    assert from_root.is_absolute() and from_root == from_configs
+    if name == "sim.toml":
+        assert from_root == ROOT / "build" / "run"
+
+
+# Holds GPU 0's lock in a directory as another user until stdin closes, as a nodemgr of
+# theirs on the node's real GPUs would (nodemgr.gpulock, whose NVML lock directory is open
+# to all).
+HOLD_AS = """
+import os, sys
+from pathlib import Path
+from nodemgr import gpulock
+from nodemgr.gpus import Gpu
+os.setgid(int(sys.argv[1])); os.setgroups([]); os.setuid(int(sys.argv[2]))
+gpu = Gpu(0, sys.argv[4], "GPU", 1 << 30)
+try:
+    fds = gpulock.hold([gpu], Path(sys.argv[3]), Path("/run/theirs"), "stop it")
+except gpulock.GpuHeld as e:
+    print(e, flush=True)
+    sys.exit(3)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_a_gpu_lock_in_a_directory_open_to_all_holds_across_users(open_dir: Path) -> None:
+    """Root and another user take turns at one GPU's lock: the lock file root made (0644,
+    root's) still locks for the other user, who may only read it, and each refusal names
+    the holder's pid, with a run directory only where the holder wrote it."""
+    from nodemgr import gpulock
+    from nodemgr.gpus import Gpu
+
+    os.chmod(open_dir, 0o1777)
+    nobody = pwd.getpwnam("nobody")
+    uuid = simulated_uuid(7)
+    gpu = Gpu(0, uuid, "GPU", 1 << 30)
+    lock = gpulock.lock_path(open_dir, gpu)
+    ids = [str(nobody.pw_gid), str(nobody.pw_uid)]
+
+    def hold_as_nobody() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-c", HOLD_AS, *ids, str(open_dir), uuid],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    fds = gpulock.hold([gpu], open_dir, Path("/run/mine"), "stop it")
+    try:
+        refused = hold_as_nobody()
+        out, _ = refused.communicate(timeout=30)
+        assert refused.returncode == 3, out
+        assert out.strip() == (
+            f"GPU 0 ({uuid}) is already served by nodemgr pid {os.getpid()}, run directory "
+            f"/run/mine (lock {lock}): stop it"
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert (lock.stat().st_uid, lock.stat().st_mode & 0o777) == (0, 0o644)
+    theirs = hold_as_nobody()
+    assert theirs.stdout is not None
+    try:
+        assert theirs.stdout.readline() == "held\n"
+        with pytest.raises(gpulock.GpuHeld) as held:
+            gpulock.hold([gpu], open_dir, Path("/run/mine"), "stop it")
+        # They could not write root's file: what it says is root's, and not told as theirs.
+        assert str(held.value) == (
+            f"GPU 0 ({uuid}) is already served by nodemgr pid {theirs.pid} (lock {lock}): stop it"
+        )
+    finally:
+        theirs.communicate(timeout=30)

@@ -1,0 +1,123 @@
+"""How clients find nodemgr gone (docs/nodemgr.md, `serve` and `top`): a clean stop
+removes its sockets, so they fail at once; a killed nodemgr's socket, which nothing listens
+on, is told at once too; only a nodemgr that is alive and silent costs the wait for its
+answer. `nodemgr top` waits for nodemgr to come back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from typing import Any
+
+import pytest
+
+from nodemgr.client import FIRST_ANSWER
+from tests.conftest import BIN, invoke
+
+
+def stopped(d: Any, sig: int) -> None:
+    d.proc.send_signal(sig)
+    assert d.proc.wait(30) == 0, d.logtext()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_clean_stop_removes_the_sockets_and_clients_fail_at_once(
+    daemon: Any, run_task: Any, sig: int
+) -> None:
+    ep = daemon.env("alice")
+    env_dir = daemon.run_dir / "envs" / "alice"
+    stopped(daemon, sig)
+    assert not (daemon.run_dir / "admin.sock").exists()
+    assert not (env_dir / "task.sock").exists()
+    assert (env_dir / "ledger").is_file()  # kept for the next start to adopt
+    r = invoke(daemon, "status")
+    assert r.exit_code == 69, r.output
+    assert (
+        f"nodemgr is not running: no socket at {daemon.run_dir}/admin.sock (start it with: "
+        f"nodemgr serve --config {daemon.config}, or give this command the config nodemgr "
+        "runs with)"
+    ) in r.output
+    p = run_task(ep, "true")
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 69, err
+    assert f"no nodemgr socket at {env_dir}/task.sock" in err
+    assert "did not answer" not in err
+    daemon.start()
+    assert daemon.admin("quota_show", env="alice")["quotas"][0]["endpoint"] == ep
+    assert run_task(ep, "true").wait(60) == 0
+
+
+def test_a_killed_nodemgr_is_told_at_once_and_a_silent_one_after_the_wait(
+    daemon: Any,
+) -> None:
+    os.kill(daemon.proc.pid, signal.SIGSTOP)
+    try:
+        r = invoke(daemon, "status")
+    finally:
+        os.kill(daemon.proc.pid, signal.SIGCONT)
+    assert r.exit_code == 69, r.output
+    assert (
+        f"nodemgr did not answer at ipc://{daemon.run_dir}/admin.sock within "
+        f"{FIRST_ANSWER:g}s (its process is alive but does not answer"
+    ) in r.output
+    daemon.kill()
+    assert (daemon.run_dir / "admin.sock").is_socket()  # left behind
+    r = invoke(daemon, "status")
+    assert r.exit_code == 69, r.output
+    assert (
+        f"nodemgr is not running: nothing listens at {daemon.run_dir}/admin.sock (left by a "
+        "nodemgr that was killed)"
+    ) in r.output
+
+
+class Lines(threading.Thread):
+    """A process's output, line by line, as it comes."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        super().__init__(daemon=True)
+        self.proc = proc
+        self.lines: list[str] = []
+        self.start()
+
+    def run(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def since(self, mark: int, text: str) -> int | None:
+        """The index of the first line from ``mark`` on that holds ``text``."""
+        for i, line in enumerate(self.lines[mark:], mark):
+            if text in line:
+                return i
+        return None
+
+
+def test_top_waits_while_nodemgr_is_away_and_resumes(daemon: Any, wait_for: Any) -> None:
+    daemon.env("alice")
+    top = subprocess.Popen(
+        [str(BIN / "nodemgr"), "top", "--interval", "0.1", "--config", str(daemon.config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    out = Lines(top)
+    try:
+        wait_for(lambda: out.since(0, "GPU  MEMORY") is not None, 30)
+        stopped(daemon, signal.SIGTERM)
+        mark = len(out.lines)
+        wait_for(lambda: out.since(mark, "nodemgr is not running: no socket at") is not None, 30)
+        away = out.since(mark, "waiting for it to come back")
+        assert away is not None and top.poll() is None
+        daemon.start()
+        wait_for(lambda: out.since(away, "GPU  MEMORY") is not None, 30)
+        assert top.poll() is None
+    finally:
+        top.send_signal(signal.SIGINT)
+        top.wait(30)
+        out.join(30)
+        assert top.stdout is not None
+        top.stdout.close()
+    assert top.returncode == 0, "".join(out.lines)
