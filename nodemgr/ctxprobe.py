@@ -17,6 +17,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from nodemgr.config import Config
     from nodemgr.gpus import Gpu
 
@@ -79,11 +81,11 @@ def _free(pynvml: Any, uuid: str) -> int:
     return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(uuid)).free)
 
 
-def _probe_env(gpu: Gpu, sim_gpus: str | None) -> dict[str, str]:
+def _probe_env(gpu: Gpu, sim_gpus: str | None, sim_state_dir: Path | None) -> dict[str, str]:
     """The probe's environment: nodemgr's, without the shim or a task's variables, seeing
-    only ``gpu`` (and, on simulated GPUs, the node's simulated GPUs ``sim_gpus``, with the
-    simulator's own variables: where its process table lives)."""
-    from client_plugin.envvars import SIM_GPUS
+    only ``gpu`` (and, on simulated GPUs, the node's simulated GPUs ``sim_gpus`` and their
+    directory ``sim_state_dir``, where their process table lives)."""
+    from client_plugin.envvars import SIM_GPUS, SIM_STATE_DIR
 
     keep = "GPUSHARE_SIM_" if sim_gpus is not None else "GPUSHARE_"
     env = {
@@ -94,6 +96,8 @@ def _probe_env(gpu: Gpu, sim_gpus: str | None) -> dict[str, str]:
     env["CUDA_VISIBLE_DEVICES"] = gpu.uuid
     if sim_gpus is not None:
         env[SIM_GPUS] = sim_gpus
+    if sim_state_dir is not None:
+        env[SIM_STATE_DIR] = str(sim_state_dir)
     return env
 
 
@@ -101,6 +105,7 @@ def measure(
     gpu: Gpu,
     library: str,
     sim_gpus: str | None,
+    sim_state_dir: Path | None = None,
     timeout: float = PROBE_TIMEOUT,
     command: list[str] | None = None,
 ) -> int:
@@ -120,7 +125,7 @@ def measure(
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=_probe_env(gpu, sim_gpus),
+            env=_probe_env(gpu, sim_gpus, sim_state_dir),
             cwd="/",  # not a directory whose own nodemgr/ would be imported
             start_new_session=True,  # a terminal's ^C is nodemgr's to handle
         )
@@ -182,7 +187,7 @@ def charges(config: Config, gpus: list[Gpu], simulated: bool) -> dict[int, tuple
     for (name, _), same in models.items():
         indices = ", ".join(str(g.index) for g in same)
         try:
-            gpu, figure = _measure_model(same, gpus, simulated)
+            gpu, figure = _measure_model(same, gpus, config.sim_state_dir if simulated else None)
         except ProbeError as e:
             log.warning(
                 'gpus.context_memory = "auto": cannot measure a CUDA context on %s (GPUs %s): '
@@ -207,16 +212,16 @@ def charges(config: Config, gpus: list[Gpu], simulated: bool) -> dict[int, tuple
     return out
 
 
-def _measure_model(same: list[Gpu], gpus: list[Gpu], simulated: bool) -> tuple[Gpu, int]:
-    """(the GPU probed, its figure) for one model's GPUs ``same`` of the node's ``gpus``;
-    raise ProbeError."""
+def _measure_model(same: list[Gpu], gpus: list[Gpu], sim_state_dir: Path | None) -> tuple[Gpu, int]:
+    """(the GPU probed, its figure) for one model's GPUs ``same`` of the node's ``gpus``,
+    simulated ones where ``sim_state_dir`` names their directory; raise ProbeError."""
     import pynvml
 
     from nodemgr.gpus import sim_spec
 
     sim_gpus: str | None = None
     library = "libcuda.so.1"
-    if simulated:
+    if sim_state_dir is not None:
         from client_plugin import libs
         from nodemgr.audit import load_simulated
 
@@ -226,7 +231,7 @@ def _measure_model(same: list[Gpu], gpus: list[Gpu], simulated: bool) -> tuple[G
             raise ProbeError(str(e)) from None
         # The whole node's list: the simulated NVML's process table is the node's.
         sim_gpus = sim_spec(gpus)
-        load_simulated(sim_gpus)
+        load_simulated(sim_gpus, sim_state_dir)
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as e:
@@ -237,7 +242,7 @@ def _measure_model(same: list[Gpu], gpus: list[Gpu], simulated: bool) -> tuple[G
             gpu = max(same, key=lambda g: _free(pynvml, g.uuid))
         except pynvml.NVMLError as e:
             raise ProbeError(f"NVML: {e}") from None
-        return gpu, measure(gpu, library, sim_gpus)
+        return gpu, measure(gpu, library, sim_gpus, sim_state_dir)
     finally:
         pynvml.nvmlShutdown()
 

@@ -35,7 +35,7 @@ from nodemgr.config import Config, ConfigError
 from nodemgr.connections import Connections, Listener, Polled, ReplyTo, Watched, describe
 from nodemgr.ctxprobe import charges
 from nodemgr.envdirs import RestoreError
-from nodemgr.gpus import discover, lost_gpus
+from nodemgr.gpus import Gpu, discover, lost_gpus
 from nodemgr.metrics import Metrics, MetricsError
 from nodemgr.model import Env, Task
 from nodemgr.protocol import Err, ProtocolError
@@ -98,8 +98,15 @@ class Server:
         except StoreError as e:
             self._unlock()
             raise StartupError(str(e)) from None
-        # Measured (gpus.context_memory = "auto") before anything is served: the probe is
-        # no task's, and must be gone before the first bypass audit.
+        try:
+            self._claim_gpus(gpus, simulated)
+        except StartupError:
+            store.close()
+            self._unlock()
+            raise
+        # Measured (gpus.context_memory = "auto") once the GPUs are this nodemgr's and
+        # before anything is served: the probe is no task's, and must be gone before the
+        # first bypass audit.
         contexts = charges(config, gpus, simulated)
         try:
             self.node = Node(config, gpus, simulated, store, contexts)
@@ -148,11 +155,7 @@ class Server:
             ) from None
         self._lock_fds.append(_lock(run / "nodemgr.lock", f"run directory {run}"))
         if self.node.simulated:
-            self._simulated_node()
-        else:
-            self._hold_gpus(
-                gpulock.nvml_lock_dir(), "stop that nodemgr first: one nodemgr serves a GPU"
-            )
+            self._simulated_table()
         try:
             self.connections.bind_admin()
         except OSError as e:
@@ -186,20 +189,22 @@ class Server:
             self.connections.limit(),
         )
 
-    def _hold_gpus(self, directory: Path, fix: str) -> None:
+    def _hold_gpus(self, gpus: list[Gpu], directory: Path, fix: str) -> None:
         """Take the node's GPUs from any other nodemgr (nodemgr.gpulock), or refuse to start."""
         try:
-            self._lock_fds += gpulock.hold(self.node.gpus, directory, self.config.run_dir, fix)
+            self._lock_fds += gpulock.hold(gpus, directory, self.config.run_dir, fix)
         except gpulock.GpuHeld as e:
             raise StartupError(str(e)) from None
 
-    def _simulated_node(self) -> None:
-        """Make the simulated GPUs' directory (docs/simulator.md, "nodemgr's simulated
-        GPUs"), searchable by every user, take their locks there, and make their process
-        table through nodemgr's own simulated NVML, so that the table is nodemgr's and
-        every user's processes record there. Without the audit and utilisation sampling
-        nodemgr never reads NVML: the first process to use a GPU makes the table (as it
-        does when that NVML cannot be loaded, which is logged)."""
+    def _claim_gpus(self, gpus: list[Gpu], simulated: bool) -> None:
+        """Hold the node's GPUs: real ones by their locks in a node-wide directory,
+        simulated ones by their locks in their directory (docs/simulator.md, "nodemgr's
+        simulated GPUs"), made here searchable by every user."""
+        if not simulated:
+            self._hold_gpus(
+                gpus, gpulock.nvml_lock_dir(), "stop that nodemgr first: one nodemgr serves a GPU"
+            )
+            return
         path = self.config.sim_state_dir
         try:
             path.mkdir(parents=True, exist_ok=True, mode=0o711)
@@ -209,16 +214,23 @@ class Server:
                 f"(gpus.simulated_state_dir): {e.strerror}"
             ) from None
         self._hold_gpus(
+            gpus,
             path,
             "stop that nodemgr first, or give this one a gpus.simulated_state_dir of its own",
         )
+
+    def _simulated_table(self) -> None:
+        """Make the simulated GPUs' process table through nodemgr's own simulated NVML, so
+        that the table is nodemgr's and every user's processes record there. Without the
+        audit and utilisation sampling nodemgr never reads NVML: the first process to use a
+        GPU makes the table (as it does when that NVML cannot be loaded, which is logged)."""
         if self.config.audit_interval > 0 or self.config.utilization_interval > 0:
             try:
                 nvml_ready(self.node)
             except Exception as e:  # a missing or broken library: the audit says so too
                 log.warning(
                     "cannot load the simulated NVML to make the process table in %s: %s",
-                    path,
+                    self.config.sim_state_dir,
                     e,
                 )
 
