@@ -21,6 +21,11 @@ PROTOCOL_VERSION = 1
 # Beyond either, nodemgr drops the sender's connection without reading on (transport.py).
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_FRAMES = 8
+# A reply may be larger: nodemgr drops a connection whose unread replies pass its endpoint's
+# limit (connections.py), and a client reads one reply up to that size. A task endpoint's
+# replies are a few KiB; the admin's `tasks` or `history` can be megabytes.
+MAX_TASK_REPLY_BYTES = 1 << 20
+MAX_ADMIN_REPLY_BYTES = 256 << 20
 
 ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # A task id: what a ledger slot holds (shim/ledger_layout.h: GS_TASK_ID_LEN, less its NUL).
@@ -231,10 +236,12 @@ def envelope_ok(sizes: list[int]) -> bool:
     return len(sizes) == 1 or (len(sizes) == 2 and sizes[0] == 0)
 
 
-def decode(frame: bytes) -> dict[str, Any]:
-    """Unpack one frame into a map with ``v``, ``type`` and ``id``; raise ProtocolError."""
-    if len(frame) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(Err.BAD_REQUEST, f"message larger than {MAX_MESSAGE_BYTES} bytes")
+def decode(frame: bytes, limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any]:
+    """Unpack one frame of at most ``limit`` bytes (a request's, by default; a client
+    reading replies passes its endpoint's reply limit) into a map with ``v``, ``type`` and
+    ``id``; raise ProtocolError."""
+    if len(frame) > limit:
+        raise ProtocolError(Err.BAD_REQUEST, f"message larger than {limit} bytes")
     try:
         msg = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except (ValueError, TypeError, msgpack.UnpackException):

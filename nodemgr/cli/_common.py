@@ -15,6 +15,7 @@ from nodemgr import config as configmod
 from nodemgr.client import Connection, NodeError, Unreachable
 from nodemgr.exitcodes import EXIT_ADMIN_REFUSED, EXIT_CONFIG, EXIT_UNREACHABLE
 from nodemgr.idle import duration
+from nodemgr.protocol import MAX_ADMIN_REPLY_BYTES
 from nodemgr.sizes import format_size
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -67,7 +68,7 @@ def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, A
     cfg = load_config(config_path)
     check_access(cfg)
     try:
-        with Connection(cfg.admin_endpoint, timeout=5.0) as conn:
+        with Connection(cfg.admin_endpoint, timeout=5.0, max_reply=MAX_ADMIN_REPLY_BYTES) as conn:
             return conn.call(kind, **fields)
     except Unreachable as e:
         fail(

@@ -22,7 +22,7 @@ from nodemgr.cli._common import (
 from nodemgr.client import Connection, NodeError, Unreachable
 from nodemgr.exitcodes import EXIT_UNREACHABLE
 from nodemgr.params import CountType, SecondsType
-from nodemgr.protocol import TIMESLICED
+from nodemgr.protocol import MAX_ADMIN_REPLY_BYTES, TIMESLICED
 from nodemgr.sizes import format_size, plural
 
 
@@ -193,7 +193,7 @@ def top(interval: float, iterations: int | None, config_path: str | None, as_jso
     check_access(cfg)
     count = 0
     try:
-        with Connection(cfg.admin_endpoint, timeout=5.0) as conn:
+        with Connection(cfg.admin_endpoint, timeout=5.0, max_reply=MAX_ADMIN_REPLY_BYTES) as conn:
             while True:
                 try:
                     snap = snapshot(conn)

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from nodemgr import protocol
 from nodemgr.cli import cli
-from tests.conftest import BIN, invoke
+from tests.conftest import BIN, Holder, invoke
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -411,3 +412,33 @@ def test_a_running_task_shows_the_quota_now_and_its_peak_so_far(
     assert rec["ended"] is None and rec["peak"] == 300 * MiB
     go.touch()
     assert p.wait(30) == 0
+
+
+def test_replies_beyond_the_request_limit_are_read_whole(daemon_factory: Any) -> None:
+    """`tasks` and `history` answer with more than a request may hold (64 KiB): the CLI
+    reads replies up to the admin endpoint's reply limit. 600 tasks from 20 processes, 30
+    each, across 20 environments (a slow heartbeat keeps them cheap)."""
+    d = daemon_factory(
+        {"scheduler": {"task_threshold": 1000}}, heartbeat_interval=30.0, heartbeat_timeout=600.0
+    )
+    holders = [Holder(d.env(f"e{i}", memory=256 * MiB), count=30) for i in range(20)]
+    try:
+        r = invoke(d, "tasks", "--json")
+        assert r.exit_code == 0, r.output
+        assert len(r.output) > protocol.MAX_MESSAGE_BYTES
+        listed = json.loads(r.output)
+        assert sorted(t["task_id"] for t in listed) == sorted(
+            t for h in holders for t in h.task_ids
+        )
+        r = invoke(d, "tasks")
+        assert r.exit_code == 0, r.output
+        assert len(r.output.splitlines()) == 1 + 600
+    finally:
+        for h in holders:
+            h.close()
+    r = invoke(d, "history", "--limit", "400", "--json")
+    assert r.exit_code == 0, r.output
+    records = json.loads(r.output)
+    assert len(records) == 400 and all(x["reason"] == "done" for x in records)
+    r = invoke(d, "history", "--limit", "400")
+    assert r.exit_code == 0 and len(r.output.splitlines()) == 1 + 400
