@@ -4,10 +4,11 @@ value with exit 2 and the accepted form, through the one parser of its kind."""
 from __future__ import annotations
 
 import re
+import reprlib
 
 import click
 
-from nodemgr.protocol import ENV_NAME
+from nodemgr.protocol import DEVICE_NAME, ENV_NAME, MAX_GPUS_PER_REQUEST
 from nodemgr.sizes import parse_seconds, parse_size
 
 _COUNT = re.compile(r"^\s*[0-9]+\s*$")
@@ -84,3 +85,34 @@ class EnvNameType(click.ParamType):  # type: ignore[type-arg]
                 ctx,
             )
         return text
+
+
+ALL_GPUS = "all"
+
+
+class GpuType(click.ParamType):  # type: ignore[type-arg]
+    """A GPU as the admin commands name it: an index as `nodemgr status` numbers them (an
+    int), a GPU UUID or a prefix of one (a str, as nodemgr resolves it), or "all"."""
+
+    name = "GPU"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | str:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        text = str(value)
+        if text == ALL_GPUS:
+            return text
+        if DEVICE_NAME.fullmatch(text):
+            if not text.isdigit():
+                return text
+            if int(text) < MAX_GPUS_PER_REQUEST:
+                return int(text)
+        self.fail(
+            f"{reprlib.repr(text)} is not a GPU: an index from 0 to {MAX_GPUS_PER_REQUEST - 1} "
+            "as `nodemgr status` numbers them, a GPU UUID (GPU-...) or a prefix of one of at "
+            'least 8 characters, or "all"',
+            param,
+            ctx,
+        )

@@ -299,6 +299,12 @@ def test_shell_completion_as_documented() -> None:
         (["quota", "set", "a", "--gpus", "1", "--memory", "1" + "0" * 400 + ".5"], "out of range"),
         (["history", "--since", "1" + "0" * 400 + "d"], "neither a duration"),
         (["history", "--since", "\uff17d"], "neither a duration"),
+        (["mode", "99999999999999999999"], "'99999999999999999999' is not a GPU: an index"),
+        (["mode", "99999999999999999999", "shared"], "is not a GPU: an index from 0 to 63"),
+        (["drain", "99999999999999999999"], "is not a GPU: an index from 0 to 63"),
+        (["undrain", "64"], "'64' is not a GPU"),
+        (["drain", "\uff11"], "is not a GPU"),
+        (["mode", "shared"], "'shared' is not a GPU"),
     ],
 )
 def test_cli_input_errors_are_usage_errors(tmp_path: Path, args: list[str], needle: str) -> None:
@@ -442,3 +448,19 @@ def test_replies_beyond_the_request_limit_are_read_whole(daemon_factory: Any) ->
     assert len(records) == 400 and all(x["reason"] == "done" for x in records)
     r = invoke(d, "history", "--limit", "400")
     assert r.exit_code == 0 and len(r.output.splitlines()) == 1 + 400
+
+
+def test_a_gpu_no_request_can_name_is_a_usage_error_on_a_live_node(daemon: Any) -> None:
+    for args in (["mode", "99999999999999999999"], ["drain", "99999999999999999999"]):
+        r = invoke(daemon, *args)
+        assert r.exit_code == 2, (args, r.output)
+        assert "is not a GPU: an index from 0 to 63" in r.output
+        assert r.exception is None or isinstance(r.exception, SystemExit)
+    # What a GPU may be named still reaches nodemgr.
+    r = invoke(daemon, "drain", "1", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)[0]["drained"] is True
+    r = invoke(daemon, "undrain", "all", "--json")
+    assert r.exit_code == 0 and not any(g["drained"] for g in json.loads(r.output))
+    uuid = daemon.admin("status")["gpus"][2]["uuid"]
+    r = invoke(daemon, "mode", uuid, "--json")
+    assert r.exit_code == 0 and json.loads(r.output)[0]["index"] == 2
