@@ -252,6 +252,9 @@ def test_cpu_fallback_for_cuda_visible_devices_minus_one(node: Any) -> None:
         (["--gpus", "\uff12"], {}, "is not a whole number from 1"),
         (["--memory", "1" + "0" * 400 + ".5"], {}, "--memory: size out of range"),
         ([], {"GPUSHARE_WAIT_TIMEOUT": "1e400"}, "GPUSHARE_WAIT_TIMEOUT='1e400'"),
+        ([], {"GPUSHARE_WAIT_TIMEOUT": "inf"}, "GPUSHARE_WAIT_TIMEOUT='inf'"),
+        ([], {"GPUSHARE_WAIT_TIMEOUT": "Infinity"}, "GPUSHARE_WAIT_TIMEOUT='Infinity'"),
+        ([], {"GPUSHARE_WAIT_TIMEOUT": "nan"}, "GPUSHARE_WAIT_TIMEOUT='nan'"),
         ([], {"GPUSHARE_GRACE": "\uff13"}, "is not a number of seconds"),
     ],
 )
