@@ -9,7 +9,7 @@ from nodemgr import protocol, views
 from nodemgr.connections import Connections, ReplyTo, Watched
 from nodemgr.model import Task
 from nodemgr.protocol import Err, ProtocolError
-from nodemgr.sizes import plural
+from nodemgr.sizes import format_size, plural
 from nodemgr.state import Node
 
 
@@ -33,7 +33,17 @@ class Loop(Protocol):
 def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str, Any]:
     node = loop.node
     if kind == "quota_set":
-        env = node.set_quota(body["env"], body["gpus"], body["memory"])
+        gpus, memory = _quota_asked(node, body)
+        if not body["force"]:
+            problem = unservable(
+                gpus,
+                memory,
+                [(g.index, g.name, g.memory, node.capacity(g.index)) for g in node.gpus],
+                node.context_memory,
+            )
+            if problem is not None:
+                raise ProtocolError(Err.QUOTA_EXCEEDED, f"{body['env']}: {problem}")
+        env = node.set_quota(body["env"], gpus, memory)
         loop.connections.open_env(env)
         return protocol.reply(
             "quota", msg_id, **views.quota(env, node), over=views.over_quota(node, env)
@@ -89,6 +99,57 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
         only = node.env(body["env"]).name if body["env"] else None
         return protocol.reply("tasks", msg_id, tasks=views.tasks(node, only))
     return protocol.reply("status", msg_id, **views.status(node))
+
+
+def _quota_asked(node: Node, body: dict[str, Any]) -> tuple[int, int]:
+    """The GPU count and per-GPU memory a ``quota_set`` asks for: a field left out keeps the
+    environment's (a new environment needs both)."""
+    env = node.envs.get(body["env"])
+    gpus = body["gpus"] if body["gpus"] is not None else env.gpus if env else None
+    memory = body["memory"] if body["memory"] is not None else env.memory if env else None
+    if gpus is None or memory is None:
+        raise ProtocolError(
+            Err.BAD_REQUEST,
+            f"environment {body['env']!r} does not exist yet: give both its GPU count and "
+            "its memory per GPU (nodemgr quota set ENV --gpus N --memory SIZE)",
+        )
+    return gpus, memory
+
+
+def unservable(
+    gpus: int, memory: int, node_gpus: list[tuple[int, str, int, int]], context: int
+) -> str | None:
+    """Why a quota of ``gpus`` GPUs of ``memory`` bytes each could never be served on GPUs
+    (index, name, memory, capacity: what may be promised of it) whose processes are each
+    charged ``context`` bytes for a CUDA context; None when it can be. A zero GPU count
+    (tasks run on the CPU) is always servable."""
+    fix = "; set it anyway with --force"
+    if gpus == 0:
+        return None
+    if gpus > len(node_gpus):
+        return (
+            f"a quota of {plural(gpus, 'GPU')} can never be granted in full: this node has "
+            f"{plural(len(node_gpus), 'GPU')}; give --gpus {len(node_gpus)} or fewer{fix}"
+        )
+    if memory == 0:
+        return (
+            "0 bytes per GPU grants GPUs on which nothing can be allocated; give --memory, "
+            f"or --gpus 0 to run its tasks on the CPU{fix}"
+        )
+    index, name, total, capacity = max(node_gpus, key=lambda g: (g[3], -g[0]))
+    if memory > capacity:
+        kept = f", less the {format_size(total - capacity)} reserve" if total > capacity else ""
+        return (
+            f"{format_size(memory)} per GPU is more than any GPU of this node can give: the "
+            f"largest, GPU {index} ({name}), has {format_size(capacity)} ({format_size(total)}"
+            f"{kept}); give --memory {format_size(capacity)} or less{fix}"
+        )
+    if memory <= context:
+        return (
+            f"{format_size(memory)} per GPU leaves no room for a process's CUDA context, "
+            f"charged {format_size(context)} (gpus.context_memory); give more{fix}"
+        )
+    return None
 
 
 def _delete_env(loop: Loop, name: str, force: bool, msg_id: int) -> dict[str, Any]:

@@ -9,23 +9,36 @@ import reprlib
 import click
 
 from nodemgr.protocol import DEVICE_NAME, ENV_NAME, MAX_GPUS_PER_REQUEST
-from nodemgr.sizes import parse_seconds, parse_size
+from nodemgr.sizes import parse_seconds, parse_size, unitless
 
 _COUNT = re.compile(r"^\s*[0-9]+\s*$")
 
 
 class SizeType(click.ParamType):  # type: ignore[type-arg]
-    """Bytes, or a number with a unit: 512MiB, 8GiB, 1.5G."""
+    """Bytes, or a number with a unit: 512MiB, 8GiB, 1.5G. With ``warn_unitless``, a bare
+    number other than 0 is still bytes but warned of on stderr (``--memory 12`` is seldom
+    meant as 12 bytes)."""
 
     name = "SIZE"
+
+    def __init__(self, warn_unitless: bool = False) -> None:
+        self.warn_unitless = warn_unitless
 
     def convert(
         self, value: object, param: click.Parameter | None, ctx: click.Context | None
     ) -> int:
         try:
-            return parse_size(value if isinstance(value, int) else str(value))
+            n = parse_size(value if isinstance(value, int) else str(value))
         except ValueError as e:
             self.fail(str(e), param, ctx)
+        if self.warn_unitless and n and isinstance(value, str) and unitless(value):
+            option = param.opts[0] if param is not None and param.opts else "the size"
+            click.echo(
+                f"warning: {option} {value.strip()} has no unit, so it is {value.strip()} "
+                f"bytes; write a unit for more ({value.strip()}GiB, {value.strip()}MiB)",
+                err=True,
+            )
+        return n
 
 
 class SecondsType(click.ParamType):  # type: ignore[type-arg]

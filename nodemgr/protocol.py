@@ -199,8 +199,9 @@ TASK_REQUESTS: dict[str, Schema] = {
 ADMIN_REQUESTS: dict[str, Schema] = {
     "quota_set": {
         "env": (True, _env),
-        "gpus": (True, _int(0, MAX_GPUS_PER_REQUEST)),
-        "memory": (True, _bytes),
+        "gpus": (False, _optional(_int(0, MAX_GPUS_PER_REQUEST))),
+        "memory": (False, _optional(_bytes)),
+        "force": (False, _optional(_bool)),
     },
     "quota_show": {"env": (False, _optional(_env))},
     "quota_delete": {"env": (True, _env), "force": (False, _optional(_bool))},

@@ -378,9 +378,11 @@ class Daemon:
         ) as conn:
             return conn.call(kind, **fields)
 
-    def env(self, name: str, gpus: int = 1, memory: int = 1 << 30) -> str:
-        """Create an environment; return its task endpoint."""
-        return str(self.admin("quota_set", env=name, gpus=gpus, memory=memory)["endpoint"])
+    def env(self, name: str, gpus: int = 1, memory: int = 1 << 30, force: bool = False) -> str:
+        """Create an environment; return its task endpoint. ``force``: even with a quota no
+        GPU of the node could serve."""
+        reply = self.admin("quota_set", env=name, gpus=gpus, memory=memory, force=force)
+        return str(reply["endpoint"])
 
     def tasks(self) -> list[dict[str, Any]]:
         return list(self.admin("tasks")["tasks"])

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from nodemgr import protocol
 from nodemgr.cli import cli
+from nodemgr.sizes import parse_size
 from tests.conftest import BIN, Holder, invoke
 
 GiB = 1 << 30
@@ -464,3 +465,63 @@ def test_a_gpu_no_request_can_name_is_a_usage_error_on_a_live_node(daemon: Any) 
     uuid = daemon.admin("status")["gpus"][2]["uuid"]
     r = invoke(daemon, "mode", uuid, "--json")
     assert r.exit_code == 0 and json.loads(r.output)[0]["index"] == 2
+
+
+def test_quotas_no_gpu_could_serve_are_refused_unless_forced(daemon_factory: Any) -> None:
+    d = daemon_factory(
+        {"scheduler": {"memory_reserve": "1GiB"}, "gpus": {"context_memory": "256MiB"}}
+    )
+    for args, needle in (
+        (
+            ["--gpus", "1", "--memory", "100GiB"],
+            "100GiB per GPU is more than any GPU of this node can give: the largest, GPU 0 "
+            "(gpushare Simulated GPU), has 15GiB (16GiB, less the 1GiB reserve); "
+            "give --memory 15GiB",
+        ),
+        (["--gpus", "5", "--memory", "1GiB"], "this node has 4 GPUs; give --gpus 4 or fewer"),
+        (["--gpus", "1", "--memory", "0"], "0 bytes per GPU grants GPUs on which nothing"),
+        (
+            ["--gpus", "1", "--memory", "200MiB"],
+            "200MiB per GPU leaves no room for a process's CUDA context, charged 256MiB",
+        ),
+    ):
+        r = invoke(d, "quota", "set", "x", *args)
+        assert r.exit_code == 1, (args, r.output)
+        assert needle in r.stderr and "set it anyway with --force" in r.stderr, r.stderr
+        assert d.admin("quota_show")["quotas"] == []  # nothing was made
+        r = invoke(d, "quota", "set", "x", *args, "--force", "--json")
+        assert r.exit_code == 0, r.output
+        shown = d.admin("quota_show", env="x")["quotas"][0]
+        assert (shown["gpus"], shown["memory"]) == (int(args[1]), parse_size(args[3]))
+        assert invoke(d, "quota", "delete", "x").exit_code == 0
+    # What can be served is set without --force: the largest GPU's whole capacity, every
+    # GPU, or no GPU at all.
+    for args in (["--gpus", "4", "--memory", "15GiB"], ["--gpus", "0", "--memory", "0"]):
+        r = invoke(d, "quota", "set", "ok", *args)
+        assert r.exit_code == 0, (args, r.output)
+
+
+def test_a_size_without_a_unit_is_bytes_and_warned_of(daemon: Any) -> None:
+    r = invoke(daemon, "quota", "set", "alice", "--gpus", "1", "--memory", "12")
+    assert r.exit_code == 0, r.output
+    assert "warning: --memory 12 has no unit, so it is 12 bytes" in r.stderr
+    assert daemon.admin("quota_show", env="alice")["quotas"][0]["memory"] == 12
+    r = invoke(daemon, "quota", "set", "alice", "--memory", "12GiB")
+    assert r.exit_code == 0 and "warning" not in r.stderr
+    r = invoke(daemon, "quota", "set", "alice", "--gpus", "0", "--memory", "0")
+    assert r.exit_code == 0 and "warning" not in r.stderr
+
+
+def test_quota_set_changes_one_field_and_keeps_the_other(daemon: Any) -> None:
+    assert invoke(daemon, "quota", "set", "alice", "--gpus", "2", "--memory", "8GiB").exit_code == 0
+    r = invoke(daemon, "quota", "set", "alice", "--memory", "4GiB")
+    assert r.exit_code == 0 and "alice: 2 GPUs x 4GiB" in r.output, r.output
+    r = invoke(daemon, "quota", "set", "alice", "--gpus", "3", "--json")
+    assert r.exit_code == 0
+    assert (json.loads(r.output)["gpus"], json.loads(r.output)["memory"]) == (3, 4 * GiB)
+    # A new environment needs both; neither is a usage error.
+    r = invoke(daemon, "quota", "set", "bob", "--gpus", "1")
+    assert r.exit_code == 1 and "'bob' does not exist yet: give both" in r.stderr
+    assert [q["env"] for q in daemon.admin("quota_show")["quotas"]] == ["alice"]
+    r = invoke(daemon, "quota", "set", "alice")
+    assert r.exit_code == 2 and "give --gpus, --memory or both" in r.output
