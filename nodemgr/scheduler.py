@@ -191,10 +191,22 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
             NO_RESOURCES,
             f"{plural(ask.need, 'GPU')} needed: {plural(len(candidates), 'free GPU')}{among} "
             f"can take this environment and it holds {len(reusable)}{of_them}; "
-            "wait for other tasks to end" + _drained(drained),
+            + _wait_advice(drained, sum(not g.drained for g in could_hold) < ask.need),
         )
     new = tuple(g.index for g in candidates)
     return Choice(new + tuple(reusable[:reuse]), new)
+
+
+def _wait_advice(drained: Sequence[int], undrain_only: bool) -> str:
+    """What a request refused for want of free GPUs waits for: other tasks to end, or, when
+    GPUs it could use are drained and too few others could ever serve it, an undrain."""
+    if not drained:
+        return "wait for other tasks to end"
+    if undrain_only:
+        return "only an admin's undrain (nodemgr undrain) lets it through" + _drained(drained)
+    return "wait for other tasks to end, or an admin's undrain (nodemgr undrain)" + _drained(
+        drained
+    )
 
 
 def _drained(indices: Sequence[int]) -> str:

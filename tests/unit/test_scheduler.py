@@ -67,6 +67,24 @@ def test_a_drained_gpu_is_never_chosen_and_a_request_for_it_may_wait() -> None:
     assert select(ask(1, 1, {0: 1}), undrained, T) == Choice((0,), ())
 
 
+def test_a_refusal_says_only_an_undrain_helps_when_no_other_gpu_could_serve() -> None:
+    """Waiting for other tasks cannot help a request that, with every task gone, still has
+    too few GPUs that are not drained: its refusal says what does."""
+    only = [GpuView(0, 0, 16 * GiB, 16 * GiB, drained=True), GpuView(1, T, 16 * GiB, 16 * GiB)]
+    r = select(ask(2, 2), only, T)
+    assert isinstance(r, Refusal) and r.code == "no_resources"
+    assert "only an admin's undrain (nodemgr undrain) lets it through" in r.message
+    assert "wait for other tasks" not in r.message
+    assert r.message.endswith("(GPU 0 drained by an admin)")
+    # GPU 1 alone could serve one GPU once its tasks end: either helps.
+    r = select(ask(1, 1), only, T)
+    assert isinstance(r, Refusal) and r.code == "no_resources"
+    assert "wait for other tasks to end, or an admin's undrain (nodemgr undrain)" in r.message
+    # No GPU drained: only the tasks.
+    r = select(ask(1, 1), [replace(v, drained=False, tasks=T) for v in only], T)
+    assert isinstance(r, Refusal) and r.message.endswith("wait for other tasks to end")
+
+
 def test_more_gpus_than_the_node_can_ever_give_is_not_retryable() -> None:
     r = select(ask(3, 4), gpus(0, 0), T)
     assert refused(r, "quota_exceeded")
