@@ -160,8 +160,8 @@ def _delete_env(loop: Loop, name: str, force: bool, msg_id: int) -> dict[str, An
     if (tasks or held) and not force:
         raise ProtocolError(
             Err.BUSY,
-            f"environment {name!r} has {plural(len(tasks), 'running task')} and {held} bytes "
-            "in use; wait for them, or delete with --force to end them",
+            f"environment {name!r} has {plural(len(tasks), 'running task')} and "
+            f"{format_size(held)} in use; wait for them, or delete with --force to end them",
         )
     for task in tasks:
         loop.reclaim(

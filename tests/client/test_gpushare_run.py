@@ -90,7 +90,7 @@ def test_memory_hint_beyond_quota_is_refused(daemon: Any) -> None:
     ep = daemon.env("alice", memory=GiB)
     r = gpushare_run("--endpoint", ep, "--memory", "2GiB", "true")
     assert r.returncode == 77
-    assert "memory quota is 1073741824 bytes per GPU" in r.stderr
+    assert "needs 2GiB per GPU but this environment's memory quota is 1GiB per GPU" in r.stderr
 
 
 def test_no_free_gpu_is_a_retryable_refusal(daemon: Any, run_task: Any, tmp_path: Path) -> None:

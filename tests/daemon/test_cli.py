@@ -192,7 +192,7 @@ def test_quota_delete_refuses_while_busy_and_forces_with_records_kept(
     wait_for(lambda: len(daemon.tasks()) == 1, 10)
     r = invoke(daemon, "quota", "delete", "alice")
     assert r.exit_code == 1
-    assert "1 running task and" in r.output and "--force" in r.output
+    assert "1 running task and 0B in use" in r.output and "--force" in r.output
     r = invoke(daemon, "quota", "delete", "alice", "--force", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output) == {"env": "alice", "tasks_ended": 1}

@@ -50,7 +50,7 @@ def test_new_allowed_zero_and_used_below_need_is_beyond_quota() -> None:
 def test_memory_hint_beyond_the_quota_is_refused_and_says_so() -> None:
     r = select(Ask(1, 2, GiB, {}, memory_hint=2 * GiB), gpus(0), T)
     assert refused(r, "quota_exceeded")
-    assert isinstance(r, Refusal) and "memory quota is 1073741824" in r.message
+    assert isinstance(r, Refusal) and "memory quota is 1GiB per GPU" in r.message
 
 
 def test_a_drained_gpu_is_never_chosen_and_a_request_for_it_may_wait() -> None:
