@@ -79,6 +79,14 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
             node.set_drained(indices, body["drained"])
         return protocol.reply("drains", msg_id, gpus=views.drains(node, indices))
     if kind == "history":
+        name = body["env"]
+        # A deleted environment's records stay: only a name never used is unknown.
+        if name is not None and name not in node.envs and not node.store.history(name, None, 1):
+            raise ProtocolError(
+                Err.UNKNOWN_ENV,
+                f"no environment {name!r} now, and no records of one; `nodemgr quota show` "
+                "lists the environments",
+            )
         limit = body["limit"] or 1000
         # A running task's peak so far is in its ledger, not yet in its record.
         live = {t["task_id"]: t["peak"] for t in views.tasks(node, body["env"])}

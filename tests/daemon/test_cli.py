@@ -234,6 +234,11 @@ def test_history_filters_by_env_and_time(daemon: Any, run_task: Any) -> None:
     assert len(json.loads(invoke(daemon, "history", "--since", "1h", "--json").output)) == 2
     r = invoke(daemon, "history", "--since", "yesterday")
     assert r.exit_code == 2 and "neither a duration" in r.output
+    # A name no environment ever had is an error, not an empty history.
+    r = invoke(daemon, "history", "nobody")
+    assert r.exit_code == 1 and "no environment 'nobody' now, and no records of one" in r.stderr
+    daemon.env("carol")  # an environment with no records yet has an empty history
+    assert json.loads(invoke(daemon, "history", "carol", "--json").output) == []
     r = invoke(daemon, "history")
     assert "REASON" in r.output and "alice" in r.output
 
