@@ -259,6 +259,14 @@ def test_top_draws_gpus_envs_tasks_and_queue(daemon: Any, run_task: Any, wait_fo
     assert r.output.count("GPU  MEMORY") == 2
     assert "\x1b[" not in r.output
     assert "1 task " in r.output and "alice" in r.output and "sleep 60" in r.output
+    # -n and -d as in procps top: frames, and seconds between them.
+    r = invoke(daemon, "top", "-n", "3", "-d", "0.1")
+    assert r.exit_code == 0, r.output
+    assert r.output.count("GPU  MEMORY") == 3
+    r = invoke(daemon, "top", "-n", "0.5")
+    assert r.exit_code == 2
+    assert "-n is the number of frames, as in procps top" in r.output
+    assert "-d/--delay" in r.output
     snap = json.loads(invoke(daemon, "top", "--json").output)
     assert set(snap) == {"status", "quotas", "tasks", "queue"}
     assert snap["tasks"][0]["env"] == "alice"
