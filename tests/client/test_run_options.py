@@ -81,6 +81,17 @@ def test_help_shows_examples_and_exit_codes() -> None:
         assert text in r.stdout
 
 
+def test_version_is_nodemgrs() -> None:
+    r = gpushare_run("--version")
+    assert r.returncode == 0, r.stderr
+    nodemgr = subprocess.run(
+        [str(BIN / "nodemgr"), "--version"], capture_output=True, text=True, timeout=30
+    )
+    assert nodemgr.returncode == 0
+    version = nodemgr.stdout.split()[-1]
+    assert r.stdout == f"gpushare-run, version {version}\n"
+
+
 def test_waits_by_default_until_gpus_come_free(node: Any, wait_for: Any) -> None:
     a, b = Holder(node.env("a")), Holder(node.env("b"))
     p = subprocess.Popen(
