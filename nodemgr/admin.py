@@ -98,7 +98,9 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
             records.append(view)
         return protocol.reply("history", msg_id, records=records)
     if kind == "queue":
-        return protocol.reply("queue", msg_id, waiting=views.queue(node.queue))
+        only = node.env(body["env"]).name if body["env"] else None
+        waiting = [w for w in views.queue(node.queue) if only is None or w["env"] == only]
+        return protocol.reply("queue", msg_id, waiting=waiting)
     if kind == "quota_show":
         envs = [node.env(body["env"])] if body["env"] else list(node.envs.values())
         quotas = [views.quota(e, node) for e in sorted(envs, key=lambda e: e.name)]

@@ -206,7 +206,7 @@ ADMIN_REQUESTS: dict[str, Schema] = {
     "quota_show": {"env": (False, _optional(_env))},
     "quota_delete": {"env": (True, _env), "force": (False, _optional(_bool))},
     "tasks": {"env": (False, _optional(_env))},
-    "queue": {},
+    "queue": {"env": (False, _optional(_env))},
     "status": {},
     "mode": {"gpu": (False, _optional(_gpu)), "mode": (False, _optional(_one_of(*MODES)))},
     "drain": {"gpu": (False, _optional(_gpu)), "drained": (False, _optional(_bool))},

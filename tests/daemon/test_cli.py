@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from nodemgr import protocol
 from nodemgr.cli import cli
 from nodemgr.sizes import parse_size
-from tests.conftest import BIN, Holder, invoke
+from tests.conftest import BIN, Holder, Waiting, invoke
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -538,3 +538,47 @@ def test_quota_set_changes_one_field_and_keeps_the_other(daemon: Any) -> None:
     assert [q["env"] for q in daemon.admin("quota_show")["quotas"]] == ["alice"]
     r = invoke(daemon, "quota", "set", "alice")
     assert r.exit_code == 2 and "give --gpus, --memory or both" in r.output
+
+
+def test_queue_lists_waiting_requests_per_environment(node: Any, wait_for: Any) -> None:
+    held = [Holder(node.env(name)) for name in ("a", "b")]  # both GPUs, one task each
+    first = Waiting(node.env("c"), 60, gpus=1, memory=512 * MiB, command="train.py")
+    wait_for(lambda: len(node.admin("queue")["waiting"]) == 1, 10)
+    second = Waiting(node.env("d"), 60, gpus=1, devices=["1"])
+    wait_for(lambda: len(node.admin("queue")["waiting"]) == 2, 10)
+    try:
+        r = invoke(node, "queue", "--json")
+        assert r.exit_code == 0, r.output
+        listed = json.loads(r.output)
+        assert [(w["position"], w["env"], w["gpus"]) for w in listed] == [(1, "c", 1), (2, "d", 1)]
+        assert (listed[0]["memory"], listed[0]["devices"]) == (512 * MiB, None)
+        assert (listed[1]["memory"], listed[1]["devices"]) == (None, [1])
+        assert all("wait for other tasks to end" in w["reason"] for w in listed)
+        lines = invoke(node, "queue").output.splitlines()
+        assert lines[0].split() == [
+            "POS",
+            "ENV",
+            "GPUS",
+            "GPU",
+            "MEMORY",
+            "PID",
+            "WAITED",
+            "LEFT",
+            "COMMAND",
+            "WHY",
+        ]
+        assert lines[1].split()[:5] == ["1", "c", "1", "any", "512MiB"]
+        assert "train.py" in lines[1]
+        assert lines[2].split()[:5] == ["2", "d", "1", "1", "-"]
+        # One environment's requests keep their places in the whole queue.
+        r = invoke(node, "queue", "--env", "d", "--json")
+        assert [(w["position"], w["env"]) for w in json.loads(r.output)] == [(2, "d")]
+        assert json.loads(invoke(node, "queue", "--env", "a", "--json").output) == []
+        r = invoke(node, "queue", "--env", "nobody")
+        assert r.exit_code == 1 and "no environment 'nobody'" in r.stderr
+    finally:
+        held[0].close()
+        assert first.finish()["env"] == "c"
+        held[1].close()
+        assert second.finish()["env"] == "d"
+    assert json.loads(invoke(node, "queue", "--json").output) == []
