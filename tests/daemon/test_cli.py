@@ -582,3 +582,12 @@ def test_queue_lists_waiting_requests_per_environment(node: Any, wait_for: Any) 
         held[1].close()
         assert second.finish()["env"] == "d"
     assert json.loads(invoke(node, "queue", "--json").output) == []
+
+
+def test_pause_and_resume_help_say_what_waits() -> None:
+    """As docs/nodemgr.md says: launches and allocations wait, frees do not."""
+    text = " ".join(CliRunner().invoke(cli, ["pause", "--help"]).output.split())
+    assert "waits in its next kernel launch or allocation (frees are not held)" in text
+    assert "until: nodemgr resume TASK_ID" in text
+    text = " ".join(CliRunner().invoke(cli, ["resume", "--help"]).output.split())
+    assert "waiting in a kernel launch or allocation go on" in text
