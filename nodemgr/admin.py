@@ -34,7 +34,7 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
     node = loop.node
     if kind == "quota_set":
         gpus, memory = _quota_asked(node, body)
-        if not body["force"]:
+        if not body.get("force"):
             problem = unservable(
                 gpus,
                 memory,
@@ -115,8 +115,11 @@ def _quota_asked(node: Node, body: dict[str, Any]) -> tuple[int, int]:
     """The GPU count and per-GPU memory a ``quota_set`` asks for: a field left out keeps the
     environment's (a new environment needs both)."""
     env = node.envs.get(body["env"])
-    gpus = body["gpus"] if body["gpus"] is not None else env.gpus if env else None
-    memory = body["memory"] if body["memory"] is not None else env.memory if env else None
+    # .get: the fields are optional (validate() makes them None; the loop's own callers
+    # may leave them out).
+    gpus, memory = body.get("gpus"), body.get("memory")
+    gpus = env.gpus if gpus is None and env else gpus
+    memory = env.memory if memory is None and env else memory
     if gpus is None or memory is None:
         raise ProtocolError(
             Err.BAD_REQUEST,
