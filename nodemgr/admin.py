@@ -9,7 +9,7 @@ from nodemgr import protocol, views
 from nodemgr.connections import Connections, ReplyTo, Watched
 from nodemgr.model import Task
 from nodemgr.protocol import Err, ProtocolError
-from nodemgr.sizes import format_size, plural
+from nodemgr.sizes import format_size, parse_size, plural
 from nodemgr.state import Node
 
 
@@ -152,10 +152,13 @@ def unservable(
     index, name, total, capacity = max(node_gpus, key=lambda g: (g[3], -g[0]))
     if memory > capacity:
         kept = f", less the {format_size(total - capacity)} reserve" if total > capacity else ""
+        most = format_size(capacity)
+        if parse_size(most) > capacity:  # rounded up ("16.00GiB" for a little less)
+            most = f"{capacity >> 20}MiB"
         return (
             f"{format_size(memory)} per GPU is more than any GPU of this node can give: the "
             f"largest, GPU {index} ({name}), has {format_size(capacity)} ({format_size(total)}"
-            f"{kept}); give --memory {format_size(capacity)} or less{fix}"
+            f"{kept}); give --memory {most} or less{fix}"
         )
     if memory <= context:
         return (
