@@ -61,7 +61,8 @@ $(TORCH_STAMP):
 	touch $@
 
 # gpushare itself goes into the torch venv as a user installs it beside their framework
-# (`pip install gpushare`): the same wheel as the main venv's, so that auto-load and the
+# (its wheel, `pip install build/wheel/gpushare-*.whl`; the project is not on PyPI): the
+# same wheel as the main venv's, so that auto-load and the
 # iteration hooks run inside the real torch process.
 TORCH_GPUSHARE := $(TORCH_VENV)/.gpushare
 $(TORCH_GPUSHARE): $(TORCH_STAMP) $(VENV)/.installed

@@ -176,7 +176,11 @@ class Daemon:
             return "(no log)"
 
     def admin(self, kind: str, timeout: float = 10.0, **fields: Any) -> dict[str, Any]:
-        with Connection(f"ipc://{self.run_dir / 'admin.sock'}", timeout=timeout) as conn:
+        with Connection(
+            f"ipc://{self.run_dir / 'admin.sock'}",
+            timeout=timeout,
+            max_reply=protocol.MAX_ADMIN_REPLY_BYTES,
+        ) as conn:
             return conn.call(kind, **fields)
 
     def env(self, name: str, gpus: int, memory: int) -> str:

@@ -35,6 +35,7 @@ from client_plugin.grant import (
     release,
     task_environment,
 )
+from nodemgr import __version__
 from nodemgr.client import NodeError, NoResources, QuotaZero, Unreachable
 from nodemgr.exitcodes import (
     EXIT_CANCELLED,
@@ -427,6 +428,7 @@ A CUDA_VISIBLE_DEVICES already set restricts the GPUs nodemgr may grant.
     },
     epilog=EPILOG,
 )
+@click.version_option(__version__, prog_name="gpushare-run")
 @click.option(
     "--gpus",
     type=CountType(1, MAX_GPUS_PER_REQUEST),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Any
 
 from client_plugin.envvars import (
@@ -75,12 +74,10 @@ def parse_bool(name: str, value: str) -> bool:
     raise SettingsError(f"{name}={value!r}: use 1 or 0 (also true/false, yes/no, on/off)")
 
 
-def parse_seconds(name: str, value: str, allow_none: bool = False) -> float | None:
-    v = value.strip().lower()
-    if allow_none and v in ("", "none", "inf", "infinity"):
-        return None
+def parse_seconds(name: str, value: str) -> float:
+    """A finite number of seconds (never inf: an unset variable is the one "no limit")."""
     try:
-        return sizes.parse_seconds(v, 0.0, MAX_WAIT)
+        return sizes.parse_seconds(value.strip(), 0.0, MAX_WAIT)
     except ValueError as e:
         raise SettingsError(f"{name}={value!r}: {e}") from None
 
@@ -138,7 +135,7 @@ _VARIABLES: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     (GPUS, "gpus", parse_gpus),
     (MEMORY, "memory", parse_memory),
     (WAIT, "wait", parse_bool),
-    (WAIT_TIMEOUT, "wait_timeout", partial(parse_seconds, allow_none=True)),
+    (WAIT_TIMEOUT, "wait_timeout", parse_seconds),
     (CPU_FALLBACK, "cpu_fallback", parse_bool),
     (GRACE, "grace", parse_seconds),
     (PROGRESS_INTERVAL, "progress_interval", parse_seconds),

@@ -110,6 +110,15 @@ def _ledger_problem(path: str) -> str:
         os.stat(path)
     except OSError as e:
         return e.strerror or str(e)
+    try:
+        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return (
+            f"on a read-only mount: mount {os.path.dirname(path) or '.'} read-write "
+            "(docs/containers.md)"
+        )
     if not os.access(path, os.R_OK | os.W_OK):
         return "not readable and writable by this process"
     return "not a gpushare ledger of this shim's version"

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from nodemgr.client import Connection, wait_until_serving
+from nodemgr.protocol import MAX_ADMIN_REPLY_BYTES
 
 SELF = Path(__file__).resolve()
 BIN = Path(sys.executable).parent  # nodemgr and gpushare-run installed beside this Python
@@ -270,7 +271,9 @@ class Demo:
         return subprocess.Popen(wrapped, start_new_session=True, **popen)
 
     def admin(self, kind: str, **fields: Any) -> dict[str, Any]:
-        with Connection(f"ipc://{self.run_dir / 'admin.sock'}", timeout=5.0) as conn:
+        with Connection(
+            f"ipc://{self.run_dir / 'admin.sock'}", timeout=5.0, max_reply=MAX_ADMIN_REPLY_BYTES
+        ) as conn:
             return conn.call(kind, **fields)
 
     def nodemgr(self, *args: str) -> None:

@@ -9,7 +9,7 @@ from nodemgr import protocol, views
 from nodemgr.connections import Connections, ReplyTo, Watched
 from nodemgr.model import Task
 from nodemgr.protocol import Err, ProtocolError
-from nodemgr.sizes import plural
+from nodemgr.sizes import format_size, parse_size, plural
 from nodemgr.state import Node
 
 
@@ -33,7 +33,17 @@ class Loop(Protocol):
 def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str, Any]:
     node = loop.node
     if kind == "quota_set":
-        env = node.set_quota(body["env"], body["gpus"], body["memory"])
+        gpus, memory = _quota_asked(node, body)
+        if not body.get("force"):
+            problem = unservable(
+                gpus,
+                memory,
+                [(g.index, g.name, g.memory, node.capacity(g.index)) for g in node.gpus],
+                min(node.context_memory.values()),
+            )
+            if problem is not None:
+                raise ProtocolError(Err.QUOTA_EXCEEDED, f"{body['env']}: {problem}")
+        env = node.set_quota(body["env"], gpus, memory)
         loop.connections.open_env(env)
         return protocol.reply(
             "quota", msg_id, **views.quota(env, node), over=views.over_quota(node, env)
@@ -69,6 +79,14 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
             node.set_drained(indices, body["drained"])
         return protocol.reply("drains", msg_id, gpus=views.drains(node, indices))
     if kind == "history":
+        name = body["env"]
+        # A deleted environment's records stay: only a name never used is unknown.
+        if name is not None and name not in node.envs and not node.store.history(name, None, 1):
+            raise ProtocolError(
+                Err.UNKNOWN_ENV,
+                f"no environment {name!r} now, and no records of one; `nodemgr quota show` "
+                "lists the environments",
+            )
         limit = body["limit"] or 1000
         # A running task's peak so far is in its ledger, not yet in its record.
         live = {t["task_id"]: t["peak"] for t in views.tasks(node, body["env"])}
@@ -80,7 +98,9 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
             records.append(view)
         return protocol.reply("history", msg_id, records=records)
     if kind == "queue":
-        return protocol.reply("queue", msg_id, waiting=views.queue(node.queue))
+        only = node.env(body["env"]).name if body["env"] else None
+        waiting = [w for w in views.queue(node.queue) if only is None or w["env"] == only]
+        return protocol.reply("queue", msg_id, waiting=waiting)
     if kind == "quota_show":
         envs = [node.env(body["env"])] if body["env"] else list(node.envs.values())
         quotas = [views.quota(e, node) for e in sorted(envs, key=lambda e: e.name)]
@@ -91,6 +111,63 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
     return protocol.reply("status", msg_id, **views.status(node))
 
 
+def _quota_asked(node: Node, body: dict[str, Any]) -> tuple[int, int]:
+    """The GPU count and per-GPU memory a ``quota_set`` asks for: a field left out keeps the
+    environment's (a new environment needs both)."""
+    env = node.envs.get(body["env"])
+    # .get: the fields are optional (validate() makes them None; the loop's own callers
+    # may leave them out).
+    gpus, memory = body.get("gpus"), body.get("memory")
+    gpus = env.gpus if gpus is None and env else gpus
+    memory = env.memory if memory is None and env else memory
+    if gpus is None or memory is None:
+        raise ProtocolError(
+            Err.BAD_REQUEST,
+            f"environment {body['env']!r} does not exist yet: give both its GPU count and "
+            "its memory per GPU (nodemgr quota set ENV --gpus N --memory SIZE)",
+        )
+    return gpus, memory
+
+
+def unservable(
+    gpus: int, memory: int, node_gpus: list[tuple[int, str, int, int]], context: int
+) -> str | None:
+    """Why a quota of ``gpus`` GPUs of ``memory`` bytes each could never be served on GPUs
+    (index, name, memory, capacity: what may be promised of it) on the least of which
+    a process is charged ``context`` bytes for its CUDA context; None when it can be. A
+    zero GPU count (tasks run on the CPU) is always servable."""
+    fix = "; set it anyway with --force"
+    if gpus == 0:
+        return None
+    if gpus > len(node_gpus):
+        return (
+            f"a quota of {plural(gpus, 'GPU')} can never be granted in full: this node has "
+            f"{plural(len(node_gpus), 'GPU')}; give --gpus {len(node_gpus)} or fewer{fix}"
+        )
+    if memory == 0:
+        return (
+            "0 bytes per GPU grants GPUs on which nothing can be allocated; give --memory, "
+            f"or --gpus 0 to run its tasks on the CPU{fix}"
+        )
+    index, name, total, capacity = max(node_gpus, key=lambda g: (g[3], -g[0]))
+    if memory > capacity:
+        kept = f", less the {format_size(total - capacity)} reserve" if total > capacity else ""
+        most = format_size(capacity)
+        if parse_size(most) > capacity:  # rounded up ("16.00GiB" for a little less)
+            most = f"{capacity >> 20}MiB"
+        return (
+            f"{format_size(memory)} per GPU is more than any GPU of this node can give: the "
+            f"largest, GPU {index} ({name}), has {format_size(capacity)} ({format_size(total)}"
+            f"{kept}); give --memory {most} or less{fix}"
+        )
+    if memory <= context:
+        return (
+            f"{format_size(memory)} per GPU leaves no room for a process's CUDA context, "
+            f"charged {format_size(context)} (gpus.context_memory); give more{fix}"
+        )
+    return None
+
+
 def _delete_env(loop: Loop, name: str, force: bool, msg_id: int) -> dict[str, Any]:
     node = loop.node
     env = node.env(name)
@@ -99,8 +176,8 @@ def _delete_env(loop: Loop, name: str, force: bool, msg_id: int) -> dict[str, An
     if (tasks or held) and not force:
         raise ProtocolError(
             Err.BUSY,
-            f"environment {name!r} has {plural(len(tasks), 'running task')} and {held} bytes "
-            "in use; wait for them, or delete with --force to end them",
+            f"environment {name!r} has {plural(len(tasks), 'running task')} and "
+            f"{format_size(held)} in use; wait for them, or delete with --force to end them",
         )
     for task in tasks:
         loop.reclaim(

@@ -67,11 +67,19 @@ class Unreachable(GpushareError):
 
 
 class Connection:
-    """One DEALER socket; :meth:`call` sends a request and waits for its reply."""
+    """One DEALER socket; :meth:`call` sends a request and waits for its reply.
+    ``max_reply``: the largest reply it reads, its endpoint's (protocol.MAX_TASK_REPLY_BYTES,
+    or MAX_ADMIN_REPLY_BYTES for the admin endpoint)."""
 
-    def __init__(self, endpoint: str, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        timeout: float = 5.0,
+        max_reply: int = protocol.MAX_TASK_REPLY_BYTES,
+    ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
+        self.max_reply = max_reply
         self._ids = itertools.count(1)
         # The socket was there when this connection was made, or nodemgr has answered on
         # it: it is connected, and keeps working after the socket's name is gone (an
@@ -234,7 +242,7 @@ class Connection:
                     on_tick()
                 continue
             try:
-                msg = protocol.decode(self._sock.recv())
+                msg = protocol.decode(self._sock.recv(), self.max_reply)
             except protocol.ProtocolError as e:
                 raise NodeError(e.code, f"unreadable reply from nodemgr: {e.message}") from None
             if msg.get("id") != msg_id:
@@ -262,7 +270,9 @@ def wait_until_serving(endpoint: str, alive: Callable[[], bool], timeout: float)
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with Connection(endpoint, timeout=0.5) as conn:
+            with Connection(
+                endpoint, timeout=0.5, max_reply=protocol.MAX_ADMIN_REPLY_BYTES
+            ) as conn:
                 conn.call("status")
             return True
         except Unreachable:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from nodemgr.config import Access, Config
 from nodemgr.model import Env
-from nodemgr.protocol import Err, ProtocolError
+from nodemgr.protocol import MAX_ADMIN_REPLY_BYTES, MAX_TASK_REPLY_BYTES, Err, ProtocolError
 from nodemgr.transport import Conn, peer_pid
 
 log = logging.getLogger("nodemgr")
@@ -42,10 +42,6 @@ MAX_REFUSING_PER_ENV = 16
 FD_RESERVE = 256
 # Seconds a connection has to finish the ZMTP handshake, and a refused one to be answered.
 HANDSHAKE_TIMEOUT = 10.0
-# Bytes of replies a client may leave unread before its connection is dropped: a task
-# endpoint's replies are a few KiB; the admin's `tasks` or `history` can be megabytes.
-TASK_OUT_LIMIT = 1 << 20
-ADMIN_OUT_LIMIT = 256 << 20
 # Connections accepted per listener per turn of the loop.
 ACCEPT_BATCH = 64
 
@@ -268,7 +264,7 @@ class Connections:
             sock.setblocking(False)
             pid = peer_pid(sock)
             now = time.monotonic()
-            out_limit = ADMIN_OUT_LIMIT if env is None else TASK_OUT_LIMIT
+            out_limit = MAX_ADMIN_REPLY_BYTES if env is None else MAX_TASK_REPLY_BYTES
             refusal = self._over_cap(env, pid)
             if refusal is not None:
                 assert env is not None

@@ -9,6 +9,7 @@ operator, or waiting for its turn on a time-sliced GPU, its idle time starts aga
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -114,8 +115,10 @@ class Tracker:
 
 
 def warning(idle: float, policy: Policy, task_id: str) -> str:
-    """What the user of a task about to be reclaimed is told (once, on stderr)."""
-    left = max(0.0, policy.timeout - idle)
+    """What the user of a task about to be reclaimed is told (once, on stderr). The idle
+    time is rounded down and the time left up, so the two add up to the timeout (not one
+    second short) and time left is never said as 0s."""
+    left = math.ceil(max(0.0, policy.timeout - idle))
     return (
         f"task {task_id} has launched no kernel for {duration(idle)}: its GPUs are reclaimed "
         f"in {duration(left)} unless a kernel runs (the idle timeout of its environment is "

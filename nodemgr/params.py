@@ -4,27 +4,41 @@ value with exit 2 and the accepted form, through the one parser of its kind."""
 from __future__ import annotations
 
 import re
+import reprlib
 
 import click
 
-from nodemgr.protocol import ENV_NAME
-from nodemgr.sizes import parse_seconds, parse_size
+from nodemgr.protocol import DEVICE_NAME, ENV_NAME, MAX_GPUS_PER_REQUEST
+from nodemgr.sizes import parse_seconds, parse_size, unitless
 
 _COUNT = re.compile(r"^\s*[0-9]+\s*$")
 
 
 class SizeType(click.ParamType):  # type: ignore[type-arg]
-    """Bytes, or a number with a unit: 512MiB, 8GiB, 1.5G."""
+    """Bytes, or a number with a unit: 512MiB, 8GiB, 1.5G. With ``warn_unitless``, a bare
+    number other than 0 is still bytes but warned of on stderr (``--memory 12`` is seldom
+    meant as 12 bytes)."""
 
     name = "SIZE"
+
+    def __init__(self, warn_unitless: bool = False) -> None:
+        self.warn_unitless = warn_unitless
 
     def convert(
         self, value: object, param: click.Parameter | None, ctx: click.Context | None
     ) -> int:
         try:
-            return parse_size(value if isinstance(value, int) else str(value))
+            n = parse_size(value if isinstance(value, int) else str(value))
         except ValueError as e:
             self.fail(str(e), param, ctx)
+        if self.warn_unitless and n and isinstance(value, str) and unitless(value):
+            option = param.opts[0] if param is not None and param.opts else "the size"
+            click.echo(
+                f"warning: {option} {value.strip()} has no unit, so it is {value.strip()} "
+                f"bytes; write a unit for more ({value.strip()}GiB, {value.strip()}MiB)",
+                err=True,
+            )
+        return n
 
 
 class SecondsType(click.ParamType):  # type: ignore[type-arg]
@@ -84,3 +98,34 @@ class EnvNameType(click.ParamType):  # type: ignore[type-arg]
                 ctx,
             )
         return text
+
+
+ALL_GPUS = "all"
+
+
+class GpuType(click.ParamType):  # type: ignore[type-arg]
+    """A GPU as the admin commands name it: an index as `nodemgr status` numbers them (an
+    int), a GPU UUID or a prefix of one (a str, as nodemgr resolves it), or "all"."""
+
+    name = "GPU"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | str:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        text = str(value)
+        if text == ALL_GPUS:
+            return text
+        if DEVICE_NAME.fullmatch(text):
+            if not text.isdigit():
+                return text
+            if int(text) < MAX_GPUS_PER_REQUEST:
+                return int(text)
+        self.fail(
+            f"{reprlib.repr(text)} is not a GPU: an index from 0 to {MAX_GPUS_PER_REQUEST - 1} "
+            "as `nodemgr status` numbers them, a GPU UUID (GPU-...) or a prefix of one of at "
+            'least 8 characters, or "all"',
+            param,
+            ctx,
+        )

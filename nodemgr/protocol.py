@@ -21,6 +21,11 @@ PROTOCOL_VERSION = 1
 # Beyond either, nodemgr drops the sender's connection without reading on (transport.py).
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_FRAMES = 8
+# A reply may be larger: nodemgr drops a connection whose unread replies pass its endpoint's
+# limit (connections.py), and a client reads one reply up to that size. A task endpoint's
+# replies are a few KiB; the admin's `tasks` or `history` can be megabytes.
+MAX_TASK_REPLY_BYTES = 1 << 20
+MAX_ADMIN_REPLY_BYTES = 256 << 20
 
 ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # A task id: what a ledger slot holds (shim/ledger_layout.h: GS_TASK_ID_LEN, less its NUL).
@@ -194,13 +199,14 @@ TASK_REQUESTS: dict[str, Schema] = {
 ADMIN_REQUESTS: dict[str, Schema] = {
     "quota_set": {
         "env": (True, _env),
-        "gpus": (True, _int(0, MAX_GPUS_PER_REQUEST)),
-        "memory": (True, _bytes),
+        "gpus": (False, _optional(_int(0, MAX_GPUS_PER_REQUEST))),
+        "memory": (False, _optional(_bytes)),
+        "force": (False, _optional(_bool)),
     },
     "quota_show": {"env": (False, _optional(_env))},
     "quota_delete": {"env": (True, _env), "force": (False, _optional(_bool))},
     "tasks": {"env": (False, _optional(_env))},
-    "queue": {},
+    "queue": {"env": (False, _optional(_env))},
     "status": {},
     "mode": {"gpu": (False, _optional(_gpu)), "mode": (False, _optional(_one_of(*MODES)))},
     "drain": {"gpu": (False, _optional(_gpu)), "drained": (False, _optional(_bool))},
@@ -231,10 +237,12 @@ def envelope_ok(sizes: list[int]) -> bool:
     return len(sizes) == 1 or (len(sizes) == 2 and sizes[0] == 0)
 
 
-def decode(frame: bytes) -> dict[str, Any]:
-    """Unpack one frame into a map with ``v``, ``type`` and ``id``; raise ProtocolError."""
-    if len(frame) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(Err.BAD_REQUEST, f"message larger than {MAX_MESSAGE_BYTES} bytes")
+def decode(frame: bytes, limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any]:
+    """Unpack one frame of at most ``limit`` bytes (a request's, by default; a client
+    reading replies passes its endpoint's reply limit) into a map with ``v``, ``type`` and
+    ``id``; raise ProtocolError."""
+    if len(frame) > limit:
+        raise ProtocolError(Err.BAD_REQUEST, f"message larger than {limit} bytes")
     try:
         msg = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except (ValueError, TypeError, msgpack.UnpackException):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from nodemgr.sizes import plural
+from nodemgr.sizes import format_size, plural
 
 # Refusal codes; the same strings as nodemgr.protocol.Err.
 QUOTA_ZERO = "quota_zero"  # the environment may not use GPUs at all
@@ -96,15 +96,17 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
     if ask.memory_hint is not None and ask.memory_hint > ask.memory:
         return Refusal(
             QUOTA_EXCEEDED,
-            f"the task says it needs {ask.memory_hint} bytes per GPU but this environment's "
-            f"memory quota is {ask.memory} bytes per GPU; ask for less or ask an admin "
+            f"the task says it needs {format_size(ask.memory_hint)} per GPU but this "
+            f"environment's memory quota is {format_size(ask.memory)} per GPU; ask for less "
+            "or ask an admin "
             "to raise the quota",
         )
     if ask.estimate is not None and sum(ask.estimate) > ask.memory:
         return Refusal(
             QUOTA_EXCEEDED,
-            f"the task estimates {ask.estimate[0]} persistent and {ask.estimate[1]} temporary "
-            f"bytes per GPU but this environment's memory quota is {ask.memory} bytes per GPU; "
+            f"the task estimates {format_size(ask.estimate[0])} persistent and "
+            f"{format_size(ask.estimate[1])} temporary per GPU but this environment's memory "
+            f"quota is {format_size(ask.memory)} per GPU; "
             "ask for less or ask an admin to raise the quota",
         )
     # An environment that may take no new GPU yet holds fewer than it asks for
@@ -120,14 +122,16 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
     if not could_hold:
         return Refusal(
             QUOTA_EXCEEDED,
-            f"this environment's per-GPU memory quota of {ask.memory} bytes is more than any "
+            f"this environment's per-GPU memory quota of {format_size(ask.memory)} is more "
+            "than any "
             "GPU of this node can give; ask an admin to lower it",
         )
     if ask.need > len(could_hold):
         return Refusal(
             QUOTA_EXCEEDED,
             f"asked for {plural(ask.need, 'GPU')} but only {plural(len(could_hold), 'GPU')} "
-            f"of this node can hold this environment's memory quota of {ask.memory} bytes per GPU",
+            f"of this node can hold this environment's memory quota of "
+            f"{format_size(ask.memory)} per GPU",
         )
     allowed = ask.allowed
     if allowed is not None:
@@ -137,7 +141,7 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
                 QUOTA_EXCEEDED,
                 f"asked for {plural(ask.need, 'GPU')} but the request's CUDA_VISIBLE_DEVICES "
                 f"allows {_names(allowed)}, of which {len(could_hold)} can hold this environment's "
-                f"memory quota of {ask.memory} bytes per GPU (the others are lost or too "
+                f"memory quota of {format_size(ask.memory)} per GPU (the others are lost or too "
                 "small); allow more GPUs, or unset CUDA_VISIBLE_DEVICES",
             )
         usable = [g for g in usable if g.index in allowed]
@@ -191,10 +195,22 @@ def select(ask: Ask, gpus: Sequence[GpuView], threshold: int) -> Choice | Refusa
             NO_RESOURCES,
             f"{plural(ask.need, 'GPU')} needed: {plural(len(candidates), 'free GPU')}{among} "
             f"can take this environment and it holds {len(reusable)}{of_them}; "
-            "wait for other tasks to end" + _drained(drained),
+            + _wait_advice(drained, sum(not g.drained for g in could_hold) < ask.need),
         )
     new = tuple(g.index for g in candidates)
     return Choice(new + tuple(reusable[:reuse]), new)
+
+
+def _wait_advice(drained: Sequence[int], undrain_only: bool) -> str:
+    """What a request refused for want of free GPUs waits for: other tasks to end, or, when
+    GPUs it could use are drained and too few others could ever serve it, an undrain."""
+    if not drained:
+        return "wait for other tasks to end"
+    if undrain_only:
+        return "only an admin's undrain (nodemgr undrain) lets it through" + _drained(drained)
+    return "wait for other tasks to end, or an admin's undrain (nodemgr undrain)" + _drained(
+        drained
+    )
 
 
 def _drained(indices: Sequence[int]) -> str:

@@ -58,6 +58,12 @@ def parse_size(text: str | int) -> int:
     return value
 
 
+def unitless(text: str) -> bool:
+    """Whether a size as written has no unit (``12``: bytes), as opposed to ``12GiB``."""
+    m = _SIZE.match(text)
+    return m is not None and m.group(2) == ""
+
+
 def parse_seconds(value: object, low: float, high: float) -> float:
     """A duration in seconds from ``low`` to ``high``: a number, or a string of one written
     with ASCII digits (``2``, ``0.5``, ``1e-3``); never NaN or infinite. Raise ValueError

@@ -26,6 +26,7 @@ from nodemgr.gpus import Gpu, resolve
 from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError, SlotTotals
 from nodemgr.model import Env, Task
 from nodemgr.protocol import Err, ProtocolError
+from nodemgr.sizes import format_size
 from nodemgr.slicing import Slicing
 from nodemgr.store import Record, Store
 from nodemgr.utilization import Utilization
@@ -188,12 +189,12 @@ class Node:
             env.memory = old
         if over:
             where = "; ".join(
-                f"GPU {i} would be promised {promised} of its {cap} bytes"
+                f"GPU {i} would be promised {format_size(promised)} of its {format_size(cap)}"
                 for i, promised, cap in over
             )
             raise ProtocolError(
                 Err.NO_RESOURCES,
-                f"environment {env.name} cannot have {memory} bytes per GPU while it runs: "
+                f"environment {env.name} cannot have {format_size(memory)} per GPU while it runs: "
                 f"{where}. Raise it by less, or once its tasks there have ended",
             )
 

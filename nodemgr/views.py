@@ -77,6 +77,8 @@ class WaiterView(TypedDict):
     bypassed: int
     command: str | None
     devices: list[int] | None
+    memory: int | None
+    reason: str
 
 
 class SliceView(TypedDict):
@@ -269,6 +271,8 @@ def queue(waiters: Iterable[Waiter]) -> list[WaiterView]:
             "bypassed": w.bypassed,
             "command": w.command,
             "devices": None if w.allowed is None else sorted(w.allowed),
+            "memory": w.memory,
+            "reason": w.reason,
         }
         for pos, w in enumerate(waiters, 1)
     ]

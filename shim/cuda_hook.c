@@ -73,6 +73,9 @@ GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 	gs_fn_cuDeviceTotalMem_v2 fn = TRACED_FN(cuDeviceTotalMem_v2);
 	CUresult rc = fn != NULL ? fn(bytes, dev) : CUDA_ERROR_NOT_FOUND;
 
+	/* A broken shim allocates nothing: it shows nothing, never the whole device. */
+	if (rc == CUDA_SUCCESS && g.mode == GS_BROKEN)
+		*bytes = 0;
 	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE)
 		return rc;
 	gpu = ledger_gpu(dev);
@@ -92,6 +95,8 @@ GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 	gs_fn_cuMemGetInfo_v2 fn = TRACED_FN(cuMemGetInfo_v2);
 	CUresult rc = fn != NULL ? fn(free_bytes, total_bytes) : CUDA_ERROR_NOT_FOUND;
 
+	if (rc == CUDA_SUCCESS && g.mode == GS_BROKEN)
+		*free_bytes = *total_bytes = 0; /* as cuDeviceTotalMem_v2 */
 	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE)
 		return rc;
 	if (current_gpu(&gpu) != CUDA_SUCCESS)
@@ -915,8 +920,11 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m
 {
 	gs_fn_nvmlDeviceGetMemoryInfo fn = TRACED_NVML_FN(nvmlDeviceGetMemoryInfo);
 	nvmlReturn_t rc = fn != NULL ? fn(dev, mem) : NVML_ERROR_FUNCTION_NOT_FOUND;
+	enum gs_mode mode = mode_acquire();
 
-	if (rc == NVML_SUCCESS && mode_acquire() == GS_ENFORCE)
+	if (rc == NVML_SUCCESS && mode == GS_BROKEN)
+		mem->total = mem->free = mem->used = 0; /* as cuDeviceTotalMem_v2 */
+	if (rc == NVML_SUCCESS && mode == GS_ENFORCE)
 		nvml_share(dev, &mem->total, &mem->free, &mem->used);
 	return rc;
 }
@@ -925,8 +933,11 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v
 {
 	gs_fn_nvmlDeviceGetMemoryInfo_v2 fn = TRACED_NVML_FN(nvmlDeviceGetMemoryInfo_v2);
 	nvmlReturn_t rc = fn != NULL ? fn(dev, mem) : NVML_ERROR_FUNCTION_NOT_FOUND;
+	enum gs_mode mode = mode_acquire();
 
-	if (rc == NVML_SUCCESS && mode_acquire() == GS_ENFORCE && nvml_gpu(dev) >= 0) {
+	if (rc == NVML_SUCCESS && mode == GS_BROKEN)
+		mem->total = mem->reserved = mem->free = mem->used = 0; /* as cuDeviceTotalMem_v2 */
+	if (rc == NVML_SUCCESS && mode == GS_ENFORCE && nvml_gpu(dev) >= 0) {
 		/* The driver's reservation is not the environment's to see. */
 		mem->total -= mem->reserved < mem->total ? mem->reserved : mem->total;
 		mem->reserved = 0;

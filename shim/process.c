@@ -98,19 +98,47 @@ static void start_enforcing(const char *path, int fd, struct gs_ledger *map)
 	__atomic_store_n(&g.mode, GS_ENFORCE, __ATOMIC_RELEASE);
 }
 
+/*
+ * What to do about a ledger that could not be opened for reading and writing,
+ * by the open's errno: the shim writes its slot there, so a read-only mount of
+ * the environment's directory (a container's) is its own case.
+ */
+static const char *unopened_hint(int err)
+{
+	switch (err) {
+	case EROFS:
+		return "it is on a read-only mount: mount the directory read-write "
+		       "(docs/containers.md)";
+	case EACCES:
+	case EPERM:
+		return "this user may not write it: nodemgr's config sets the directory's and "
+		       "ledger's owner, group and mode (env_defaults, env.NAME)";
+	default:
+		return "is nodemgr running, and the environment's directory there?";
+	}
+}
+
 /* GPUSHARE_LEDGER at load: a ledger named but unusable breaks the process, aloud. */
 static void attach_at_load(const char *path)
 {
 	struct gs_ledger *map = NULL;
-	int fd = -1;
+	const char *slash = strrchr(path, '/');
+	int fd = -1, err;
 
 	switch (open_ledger(path, &fd, &map)) {
 	case GS_LEDGER_USABLE:
 		start_enforcing(path, fd, map);
 		return;
 	case GS_LEDGER_UNOPENED:
-		say("cannot open ledger %s: %s; GPU allocations will fail (is nodemgr running?)",
-		    path, strerror(errno));
+		err = errno;
+		/* The directory is what a container mounts: name it, not only the file. */
+		say("cannot open ledger %s for writing: %s; %s (directory %.*s); GPU "
+		    "allocations will fail and no GPU memory is shown",
+		    path, strerror(err), unopened_hint(err),
+		    slash == NULL   ? 1
+		    : slash == path ? 1
+				    : (int)(slash - path),
+		    slash == NULL ? "." : path);
 		break;
 	case GS_LEDGER_SHORT:
 		say("ledger %s is too small; GPU allocations will fail", path);

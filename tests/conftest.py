@@ -29,6 +29,7 @@ import pytest
 from client_plugin import libs
 from nodemgr import procfs
 from nodemgr.client import Connection, NodeError, Unreachable, wait_until_serving
+from nodemgr.protocol import MAX_ADMIN_REPLY_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -412,12 +413,18 @@ class Daemon:
         return (self.root / "nodemgr.log").read_text()
 
     def admin(self, kind: str, timeout: float = 5.0, **fields: Any) -> dict[str, Any]:
-        with Connection(f"ipc://{self.run_dir / 'admin.sock'}", timeout=timeout) as conn:
+        with Connection(
+            f"ipc://{self.run_dir / 'admin.sock'}",
+            timeout=timeout,
+            max_reply=MAX_ADMIN_REPLY_BYTES,
+        ) as conn:
             return conn.call(kind, **fields)
 
-    def env(self, name: str, gpus: int = 1, memory: int = 1 << 30) -> str:
-        """Create an environment; return its task endpoint."""
-        return str(self.admin("quota_set", env=name, gpus=gpus, memory=memory)["endpoint"])
+    def env(self, name: str, gpus: int = 1, memory: int = 1 << 30, force: bool = False) -> str:
+        """Create an environment; return its task endpoint. ``force``: even with a quota no
+        GPU of the node could serve."""
+        reply = self.admin("quota_set", env=name, gpus=gpus, memory=memory, force=force)
+        return str(reply["endpoint"])
 
     def tasks(self) -> list[dict[str, Any]]:
         return list(self.admin("tasks")["tasks"])
@@ -585,23 +592,32 @@ def run_task() -> Iterator[Any]:
 
 
 class Holder:
-    """A task of one GPU held until close() by a child process (tests/fixtures/grant_holder.py) that
-    heartbeats: nodemgr's reclaim of a silent task can never hit the test process."""
+    """Tasks of one GPU each (``count`` of them, 1 by default) held until close() by a child
+    process (tests/fixtures/grant_holder.py) that heartbeats: nodemgr's reclaim of a silent
+    task can never hit the test process."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, count: int = 1) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).parent / "fixtures" / "grant_holder.py"), endpoint],
+            [
+                sys.executable,
+                str(Path(__file__).parent / "fixtures" / "grant_holder.py"),
+                endpoint,
+                str(count),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             preexec_fn=die_with_test_run(),
         )
         assert self.proc.stdout is not None
-        grant = json.loads(self.proc.stdout.readline() or "{}")
-        if "task_id" not in grant:
-            self.proc.communicate(timeout=15)
-            raise AssertionError(f"the holder got no grant: {grant}")
-        self.task_id = str(grant["task_id"])
+        self.task_ids: list[str] = []
+        for _ in range(count):
+            grant = json.loads(self.proc.stdout.readline() or "{}")
+            if "task_id" not in grant:
+                self.proc.communicate(timeout=15)
+                raise AssertionError(f"the holder got no grant: {grant}")
+            self.task_ids.append(str(grant["task_id"]))
+        self.task_id = self.task_ids[0]
         self.pid = self.proc.pid
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ from nodemgr.cli.history import history
 from nodemgr.cli.idle import idle
 from nodemgr.cli.mode import mode
 from nodemgr.cli.pause import pause
+from nodemgr.cli.queue import queue
 from nodemgr.cli.quota import quota
 from nodemgr.cli.reclaim import reclaim
 from nodemgr.cli.resume import resume
@@ -38,6 +39,7 @@ def cli() -> None:
 cli.add_command(serve)
 cli.add_command(quota)
 cli.add_command(tasks)
+cli.add_command(queue)
 cli.add_command(status)
 cli.add_command(history)
 cli.add_command(reclaim)

@@ -15,6 +15,8 @@ from nodemgr import config as configmod
 from nodemgr.client import Connection, NodeError, Unreachable
 from nodemgr.exitcodes import EXIT_ADMIN_REFUSED, EXIT_CONFIG, EXIT_UNREACHABLE
 from nodemgr.idle import duration
+from nodemgr.params import ALL_GPUS
+from nodemgr.protocol import MAX_ADMIN_REPLY_BYTES
 from nodemgr.sizes import format_size
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -101,7 +103,7 @@ def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, A
     if why is not None:
         fail(f"{why} ({start_hint(cfg)})", EXIT_UNREACHABLE)
     try:
-        with Connection(cfg.admin_endpoint, timeout=5.0) as conn:
+        with Connection(cfg.admin_endpoint, timeout=5.0, max_reply=MAX_ADMIN_REPLY_BYTES) as conn:
             return conn.call(kind, **fields)
     except Unreachable as e:
         why = not_running(cfg)  # gone meanwhile (stopped, killed), or silent
@@ -110,20 +112,13 @@ def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, A
         fail(e.message, EXIT_ADMIN_REFUSED)
 
 
-def gpu_fields(gpu: str | None) -> dict[str, Any]:
-    """The ``gpu`` field of an admin request from a GPU argument: an index, a UUID (or a
-    prefix of one), or "all" or nothing for every GPU."""
-    if gpu is None or gpu == "all":
-        return {}
-    return {"gpu": int(gpu) if gpu.isascii() and gpu.isdigit() else gpu}
-
-
 def gpu_request(
-    config_path: str | None, kind: str, gpu: str | None, **change: Any
+    config_path: str | None, kind: str, gpu: int | str | None, **change: Any
 ) -> list[dict[str, Any]]:
-    """The GPUs a per-GPU admin request answers with; GPU as ``gpu_fields`` reads it, and
-    each setting in ``change`` sent unless it is None."""
-    fields = gpu_fields(gpu)
+    """The GPUs a per-GPU admin request answers with; ``gpu`` as params.GpuType reads it
+    (an index, a UUID or a prefix of one; "all" or None: every GPU), and each setting in
+    ``change`` sent unless it is None."""
+    fields: dict[str, Any] = {} if gpu is None or gpu == ALL_GPUS else {"gpu": gpu}
     fields.update({k: v for k, v in change.items() if v is not None})
     gpus: list[dict[str, Any]] = admin_call(config_path, kind, **fields)["gpus"]
     return gpus

@@ -7,13 +7,16 @@ from typing import Any
 import click
 
 from nodemgr.cli._common import config_option, gpu_request, json_option, print_gpus
+from nodemgr.params import GpuType
 
 
 def _state_row(g: dict[str, Any]) -> list[str]:
     return [str(g["index"]), g["uuid"], "drained" if g["drained"] else "open", str(g["tasks"])]
 
 
-def _drain(gpu: str | None, drained: bool | None, config_path: str | None, as_json: bool) -> None:
+def _drain(
+    gpu: int | str | None, drained: bool | None, config_path: str | None, as_json: bool
+) -> None:
     print_gpus(
         gpu_request(config_path, "drain", gpu, drained=drained),
         as_json,
@@ -23,11 +26,11 @@ def _drain(gpu: str | None, drained: bool | None, config_path: str | None, as_js
 
 
 @click.command()
-@click.argument("gpu", required=False)
+@click.argument("gpu", type=GpuType(), required=False)
 @click.option("--show", is_flag=True, help="Only show which GPUs are drained.")
 @config_option
 @json_option
-def drain(gpu: str | None, show: bool, config_path: str | None, as_json: bool) -> None:
+def drain(gpu: int | str | None, show: bool, config_path: str | None, as_json: bool) -> None:
     """Drain GPU (an index or UUID as `nodemgr status` shows them, or "all"): no new task
     is granted it, the tasks on it run on and waiting requests wait. Kept across restarts;
     `nodemgr undrain` ends it.
@@ -42,10 +45,10 @@ def drain(gpu: str | None, show: bool, config_path: str | None, as_json: bool) -
 
 
 @click.command()
-@click.argument("gpu")
+@click.argument("gpu", type=GpuType())
 @config_option
 @json_option
-def undrain(gpu: str, config_path: str | None, as_json: bool) -> None:
+def undrain(gpu: int | str, config_path: str | None, as_json: bool) -> None:
     """Grant GPU (an index or UUID, or "all") to new tasks again; waiting requests are
     tried at once."""
     _drain(gpu, False, config_path, as_json)

@@ -5,16 +5,17 @@ from __future__ import annotations
 import click
 
 from nodemgr.cli._common import config_option, gpu_request, json_option, print_gpus
+from nodemgr.params import GpuType
 from nodemgr.protocol import MODES, SHARED
 from nodemgr.sizes import format_size
 
 
 @click.command()
-@click.argument("gpu", required=False)
+@click.argument("gpu", type=GpuType(), required=False)
 @click.argument("mode", required=False, type=click.Choice(MODES))
 @config_option
 @json_option
-def mode(gpu: str | None, mode: str | None, config_path: str | None, as_json: bool) -> None:
+def mode(gpu: int | str | None, mode: str | None, config_path: str | None, as_json: bool) -> None:
     """Show every GPU's mode, or GPU's; with MODE, set it.
 
     GPU is an index or a UUID as `nodemgr status` shows them, or "all". MODE is

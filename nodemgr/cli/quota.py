@@ -21,19 +21,43 @@ def quota() -> None:
 @quota.command("set")
 @click.argument("env", type=EnvNameType())
 @click.option(
-    "--gpus", type=CountType(0, MAX_GPUS_PER_REQUEST), required=True, help="GPU-count quota."
+    "--gpus",
+    type=CountType(0, MAX_GPUS_PER_REQUEST),
+    default=None,
+    help="GPU-count quota [default: ENV's, unchanged; a new ENV needs it].",
 )
 @click.option(
     "--memory",
-    type=SizeType(),
-    required=True,
-    help="Memory per GPU: bytes or 512MiB, 8GiB, 1.5G, ...",
+    type=SizeType(warn_unitless=True),
+    default=None,
+    help="Memory per GPU: 512MiB, 8GiB, 1.5G, ... (a bare number is bytes) "
+    "[default: ENV's, unchanged; a new ENV needs it].",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Set it even though no GPU of this node could serve it (more GPUs than the node "
+    "has, more memory than its largest GPU, 0 bytes or less than a CUDA context).",
 )
 @config_option
 @json_option
-def set_(env: str, gpus: int, memory: int, config_path: str | None, as_json: bool) -> None:
-    """Create environment ENV or change its quota."""
-    reply = admin_call(config_path, "quota_set", env=env, gpus=gpus, memory=memory)
+def set_(
+    env: str,
+    gpus: int | None,
+    memory: int | None,
+    force: bool,
+    config_path: str | None,
+    as_json: bool,
+) -> None:
+    """Create environment ENV or change its quota; an option left out keeps ENV's.
+
+    \b
+    nodemgr quota set alice --gpus 2 --memory 8GiB
+    nodemgr quota set alice --memory 12GiB    # alice keeps her 2 GPUs
+    """
+    if gpus is None and memory is None:
+        raise click.UsageError("give --gpus, --memory or both")
+    reply = admin_call(config_path, "quota_set", env=env, gpus=gpus, memory=memory, force=force)
     keys = ("env", "gpus", "memory", "endpoint", "idle_timeout", "idle_action", "idle_own")
     view = {k: reply[k] for k in keys}
     over = reply.get("over", [])
@@ -41,7 +65,8 @@ def set_(env: str, gpus: int, memory: int, config_path: str | None, as_json: boo
         print_json({**view, "over": over})
         return
     click.echo(
-        f"{env}: {plural(gpus, 'GPU')} x {format_size(memory)}; task endpoint {view['endpoint']}"
+        f"{env}: {plural(view['gpus'], 'GPU')} x {format_size(view['memory'])}; "
+        f"task endpoint {view['endpoint']}"
     )
     for o in over:
         click.echo(

@@ -12,7 +12,8 @@ from nodemgr.cli._common import admin_call, config_option, json_option, print_js
 @config_option
 @json_option
 def resume(task_id: str, config_path: str | None, as_json: bool) -> None:
-    """Resume task TASK_ID: processes waiting in a kernel launch go on at once.
+    """Resume task TASK_ID: processes waiting in a kernel launch or allocation go on at
+    once.
 
     Resuming a task that is not paused changes nothing.
     """

@@ -24,7 +24,7 @@ from nodemgr.cli._common import (
 from nodemgr.client import Connection, NodeError, Unreachable
 from nodemgr.exitcodes import EXIT_UNREACHABLE
 from nodemgr.params import CountType, SecondsType
-from nodemgr.protocol import TIMESLICED
+from nodemgr.protocol import MAX_ADMIN_REPLY_BYTES, TIMESLICED
 from nodemgr.sizes import format_size, plural
 
 
@@ -172,30 +172,51 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
     return "\n".join(line[:width] if width else line for line in lines)
 
 
+class IterationsType(CountType):
+    """``-n``: how many frames, as procps top's ``-n`` (it was once the interval here: a
+    refusal says where that went)."""
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as e:
+            self.fail(
+                f"{e.message} (-n is the number of frames, as in procps top; the seconds "
+                "between them are -d/--delay)",
+                param,
+                ctx,
+            )
+
+
 @click.command()
 @click.option(
-    "-n",
+    "-d",
+    "--delay",
     "--interval",
+    "delay",
     type=SecondsType(0.1, 3600.0),
     default=2.0,
     show_default=True,
-    help="Seconds between refreshes.",
+    help="Seconds between frames, as procps top's -d (--interval is the same).",
 )
 @click.option(
+    "-n",
     "--iterations",
-    type=CountType(1),
+    type=IterationsType(1),
     default=None,
-    help="Stop after N refreshes (default: run until Ctrl-C).",
+    help="Stop after N frames, as procps top's -n (default: run until Ctrl-C).",
 )
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Print one snapshot as JSON and exit.")
-def top(interval: float, iterations: int | None, config_path: str | None, as_json: bool) -> None:
+def top(delay: float, iterations: int | None, config_path: str | None, as_json: bool) -> None:
     """A live view of GPUs, environments, tasks and the wait queue."""
     cfg = load_config(config_path)
     count = 0
     away_since: str | None = None  # when nodemgr was last found not answering
     try:
-        with Connection(cfg.admin_endpoint, timeout=5.0) as conn:
+        with Connection(cfg.admin_endpoint, timeout=5.0, max_reply=MAX_ADMIN_REPLY_BYTES) as conn:
             while True:
                 why = not_running(cfg)
                 if why is not None:
@@ -226,7 +247,7 @@ def top(interval: float, iterations: int | None, config_path: str | None, as_jso
                 count += 1
                 if iterations and count >= iterations:
                     return
-                time.sleep(interval)
+                time.sleep(delay)
     except KeyboardInterrupt:
         return
 

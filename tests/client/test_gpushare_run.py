@@ -90,7 +90,7 @@ def test_memory_hint_beyond_quota_is_refused(daemon: Any) -> None:
     ep = daemon.env("alice", memory=GiB)
     r = gpushare_run("--endpoint", ep, "--memory", "2GiB", "true")
     assert r.returncode == 77
-    assert "memory quota is 1073741824 bytes per GPU" in r.stderr
+    assert "needs 2GiB per GPU but this environment's memory quota is 1GiB per GPU" in r.stderr
 
 
 def test_no_free_gpu_is_a_retryable_refusal(daemon: Any, run_task: Any, tmp_path: Path) -> None:
@@ -195,12 +195,12 @@ def test_command_can_still_be_interrupted(daemon: Any, run_task: Any) -> None:
 
 
 def test_requests_no_node_can_satisfy_are_refused_not_retried(daemon: Any, run_task: Any) -> None:
-    many = daemon.env("many", gpus=8)
+    many = daemon.env("many", gpus=8, force=True)
     p = run_task(many, "true", gpus=5)
     _, err = p.communicate(timeout=30)
     assert p.returncode == 77
     assert "only 4 GPUs of this node" in err
-    huge = daemon.env("huge", gpus=1, memory=17 * GiB)
+    huge = daemon.env("huge", gpus=1, memory=17 * GiB, force=True)
     p = run_task(huge, "true")
     _, err = p.communicate(timeout=30)
     assert p.returncode == 77

@@ -81,6 +81,17 @@ def test_help_shows_examples_and_exit_codes() -> None:
         assert text in r.stdout
 
 
+def test_version_is_nodemgrs() -> None:
+    r = gpushare_run("--version")
+    assert r.returncode == 0, r.stderr
+    nodemgr = subprocess.run(
+        [str(BIN / "nodemgr"), "--version"], capture_output=True, text=True, timeout=30
+    )
+    assert nodemgr.returncode == 0
+    version = nodemgr.stdout.split()[-1]
+    assert r.stdout == f"gpushare-run, version {version}\n"
+
+
 def test_waits_by_default_until_gpus_come_free(node: Any, wait_for: Any) -> None:
     a, b = Holder(node.env("a")), Holder(node.env("b"))
     p = subprocess.Popen(
@@ -252,6 +263,9 @@ def test_cpu_fallback_for_cuda_visible_devices_minus_one(node: Any) -> None:
         (["--gpus", "\uff12"], {}, "is not a whole number from 1"),
         (["--memory", "1" + "0" * 400 + ".5"], {}, "--memory: size out of range"),
         ([], {"GPUSHARE_WAIT_TIMEOUT": "1e400"}, "GPUSHARE_WAIT_TIMEOUT='1e400'"),
+        ([], {"GPUSHARE_WAIT_TIMEOUT": "inf"}, "GPUSHARE_WAIT_TIMEOUT='inf'"),
+        ([], {"GPUSHARE_WAIT_TIMEOUT": "Infinity"}, "GPUSHARE_WAIT_TIMEOUT='Infinity'"),
+        ([], {"GPUSHARE_WAIT_TIMEOUT": "nan"}, "GPUSHARE_WAIT_TIMEOUT='nan'"),
         ([], {"GPUSHARE_GRACE": "\uff13"}, "is not a number of seconds"),
     ],
 )

@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from nodemgr import protocol
 from nodemgr.cli import cli
-from tests.conftest import BIN, invoke
+from nodemgr.sizes import parse_size
+from tests.conftest import BIN, Holder, Waiting, invoke
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -190,7 +192,7 @@ def test_quota_delete_refuses_while_busy_and_forces_with_records_kept(
     wait_for(lambda: len(daemon.tasks()) == 1, 10)
     r = invoke(daemon, "quota", "delete", "alice")
     assert r.exit_code == 1
-    assert "1 running task and" in r.output and "--force" in r.output
+    assert "1 running task and 0B in use" in r.output and "--force" in r.output
     r = invoke(daemon, "quota", "delete", "alice", "--force", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output) == {"env": "alice", "tasks_ended": 1}
@@ -232,6 +234,11 @@ def test_history_filters_by_env_and_time(daemon: Any, run_task: Any) -> None:
     assert len(json.loads(invoke(daemon, "history", "--since", "1h", "--json").output)) == 2
     r = invoke(daemon, "history", "--since", "yesterday")
     assert r.exit_code == 2 and "neither a duration" in r.output
+    # A name no environment ever had is an error, not an empty history.
+    r = invoke(daemon, "history", "nobody")
+    assert r.exit_code == 1 and "no environment 'nobody' now, and no records of one" in r.stderr
+    daemon.env("carol")  # an environment with no records yet has an empty history
+    assert json.loads(invoke(daemon, "history", "carol", "--json").output) == []
     r = invoke(daemon, "history")
     assert "REASON" in r.output and "alice" in r.output
 
@@ -252,6 +259,14 @@ def test_top_draws_gpus_envs_tasks_and_queue(daemon: Any, run_task: Any, wait_fo
     assert r.output.count("GPU  MEMORY") == 2
     assert "\x1b[" not in r.output
     assert "1 task " in r.output and "alice" in r.output and "sleep 60" in r.output
+    # -n and -d as in procps top: frames, and seconds between them.
+    r = invoke(daemon, "top", "-n", "3", "-d", "0.1")
+    assert r.exit_code == 0, r.output
+    assert r.output.count("GPU  MEMORY") == 3
+    r = invoke(daemon, "top", "-n", "0.5")
+    assert r.exit_code == 2
+    assert "-n is the number of frames, as in procps top" in r.output
+    assert "-d/--delay" in r.output
     snap = json.loads(invoke(daemon, "top", "--json").output)
     assert set(snap) == {"status", "quotas", "tasks", "queue"}
     assert snap["tasks"][0]["env"] == "alice"
@@ -298,6 +313,12 @@ def test_shell_completion_as_documented() -> None:
         (["quota", "set", "a", "--gpus", "1", "--memory", "1" + "0" * 400 + ".5"], "out of range"),
         (["history", "--since", "1" + "0" * 400 + "d"], "neither a duration"),
         (["history", "--since", "\uff17d"], "neither a duration"),
+        (["mode", "99999999999999999999"], "'99999999999999999999' is not a GPU: an index"),
+        (["mode", "99999999999999999999", "shared"], "is not a GPU: an index from 0 to 63"),
+        (["drain", "99999999999999999999"], "is not a GPU: an index from 0 to 63"),
+        (["undrain", "64"], "'64' is not a GPU"),
+        (["drain", "\uff11"], "is not a GPU"),
+        (["mode", "shared"], "'shared' is not a GPU"),
     ],
 )
 def test_cli_input_errors_are_usage_errors(tmp_path: Path, args: list[str], needle: str) -> None:
@@ -411,3 +432,162 @@ def test_a_running_task_shows_the_quota_now_and_its_peak_so_far(
     assert rec["ended"] is None and rec["peak"] == 300 * MiB
     go.touch()
     assert p.wait(30) == 0
+
+
+def test_replies_beyond_the_request_limit_are_read_whole(daemon_factory: Any) -> None:
+    """`tasks` and `history` answer with more than a request may hold (64 KiB): the CLI
+    reads replies up to the admin endpoint's reply limit. 600 tasks from 20 processes, 30
+    each, across 20 environments (a slow heartbeat keeps them cheap)."""
+    d = daemon_factory(
+        {"scheduler": {"task_threshold": 1000}}, heartbeat_interval=30.0, heartbeat_timeout=600.0
+    )
+    holders = [Holder(d.env(f"e{i}", memory=256 * MiB), count=30) for i in range(20)]
+    try:
+        r = invoke(d, "tasks", "--json")
+        assert r.exit_code == 0, r.output
+        assert len(r.output) > protocol.MAX_MESSAGE_BYTES
+        listed = json.loads(r.output)
+        assert sorted(t["task_id"] for t in listed) == sorted(
+            t for h in holders for t in h.task_ids
+        )
+        r = invoke(d, "tasks")
+        assert r.exit_code == 0, r.output
+        assert len(r.output.splitlines()) == 1 + 600
+    finally:
+        for h in holders:
+            h.close()
+    r = invoke(d, "history", "--limit", "400", "--json")
+    assert r.exit_code == 0, r.output
+    records = json.loads(r.output)
+    assert len(records) == 400 and all(x["reason"] == "done" for x in records)
+    r = invoke(d, "history", "--limit", "400")
+    assert r.exit_code == 0 and len(r.output.splitlines()) == 1 + 400
+
+
+def test_a_gpu_no_request_can_name_is_a_usage_error_on_a_live_node(daemon: Any) -> None:
+    for args in (["mode", "99999999999999999999"], ["drain", "99999999999999999999"]):
+        r = invoke(daemon, *args)
+        assert r.exit_code == 2, (args, r.output)
+        assert "is not a GPU: an index from 0 to 63" in r.output
+        assert r.exception is None or isinstance(r.exception, SystemExit)
+    # What a GPU may be named still reaches nodemgr.
+    r = invoke(daemon, "drain", "1", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)[0]["drained"] is True
+    r = invoke(daemon, "undrain", "all", "--json")
+    assert r.exit_code == 0 and not any(g["drained"] for g in json.loads(r.output))
+    uuid = daemon.admin("status")["gpus"][2]["uuid"]
+    r = invoke(daemon, "mode", uuid, "--json")
+    assert r.exit_code == 0 and json.loads(r.output)[0]["index"] == 2
+
+
+def test_quotas_no_gpu_could_serve_are_refused_unless_forced(daemon_factory: Any) -> None:
+    d = daemon_factory(
+        {"scheduler": {"memory_reserve": "1GiB"}, "gpus": {"context_memory": "256MiB"}}
+    )
+    for args, needle in (
+        (
+            ["--gpus", "1", "--memory", "100GiB"],
+            "100GiB per GPU is more than any GPU of this node can give: the largest, GPU 0 "
+            "(gpushare Simulated GPU), has 15GiB (16GiB, less the 1GiB reserve); "
+            "give --memory 15GiB",
+        ),
+        (["--gpus", "5", "--memory", "1GiB"], "this node has 4 GPUs; give --gpus 4 or fewer"),
+        (["--gpus", "1", "--memory", "0"], "0 bytes per GPU grants GPUs on which nothing"),
+        (
+            ["--gpus", "1", "--memory", "200MiB"],
+            "200MiB per GPU leaves no room for a process's CUDA context, charged 256MiB",
+        ),
+    ):
+        r = invoke(d, "quota", "set", "x", *args)
+        assert r.exit_code == 1, (args, r.output)
+        assert needle in r.stderr and "set it anyway with --force" in r.stderr, r.stderr
+        assert d.admin("quota_show")["quotas"] == []  # nothing was made
+        r = invoke(d, "quota", "set", "x", *args, "--force", "--json")
+        assert r.exit_code == 0, r.output
+        shown = d.admin("quota_show", env="x")["quotas"][0]
+        assert (shown["gpus"], shown["memory"]) == (int(args[1]), parse_size(args[3]))
+        assert invoke(d, "quota", "delete", "x").exit_code == 0
+    # What can be served is set without --force: the largest GPU's whole capacity, every
+    # GPU, or no GPU at all.
+    for args in (["--gpus", "4", "--memory", "15GiB"], ["--gpus", "0", "--memory", "0"]):
+        r = invoke(d, "quota", "set", "ok", *args)
+        assert r.exit_code == 0, (args, r.output)
+
+
+def test_a_size_without_a_unit_is_bytes_and_warned_of(daemon: Any) -> None:
+    r = invoke(daemon, "quota", "set", "alice", "--gpus", "1", "--memory", "12")
+    assert r.exit_code == 0, r.output
+    assert "warning: --memory 12 has no unit, so it is 12 bytes" in r.stderr
+    assert daemon.admin("quota_show", env="alice")["quotas"][0]["memory"] == 12
+    r = invoke(daemon, "quota", "set", "alice", "--memory", "12GiB")
+    assert r.exit_code == 0 and "warning" not in r.stderr
+    r = invoke(daemon, "quota", "set", "alice", "--gpus", "0", "--memory", "0")
+    assert r.exit_code == 0 and "warning" not in r.stderr
+
+
+def test_quota_set_changes_one_field_and_keeps_the_other(daemon: Any) -> None:
+    assert invoke(daemon, "quota", "set", "alice", "--gpus", "2", "--memory", "8GiB").exit_code == 0
+    r = invoke(daemon, "quota", "set", "alice", "--memory", "4GiB")
+    assert r.exit_code == 0 and "alice: 2 GPUs x 4GiB" in r.output, r.output
+    r = invoke(daemon, "quota", "set", "alice", "--gpus", "3", "--json")
+    assert r.exit_code == 0
+    assert (json.loads(r.output)["gpus"], json.loads(r.output)["memory"]) == (3, 4 * GiB)
+    # A new environment needs both; neither is a usage error.
+    r = invoke(daemon, "quota", "set", "bob", "--gpus", "1")
+    assert r.exit_code == 1 and "'bob' does not exist yet: give both" in r.stderr
+    assert [q["env"] for q in daemon.admin("quota_show")["quotas"]] == ["alice"]
+    r = invoke(daemon, "quota", "set", "alice")
+    assert r.exit_code == 2 and "give --gpus, --memory or both" in r.output
+
+
+def test_queue_lists_waiting_requests_per_environment(node: Any, wait_for: Any) -> None:
+    held = [Holder(node.env(name)) for name in ("a", "b")]  # both GPUs, one task each
+    first = Waiting(node.env("c"), 60, gpus=1, memory=512 * MiB, command="train.py")
+    wait_for(lambda: len(node.admin("queue")["waiting"]) == 1, 10)
+    second = Waiting(node.env("d"), 60, gpus=1, devices=["1"])
+    wait_for(lambda: len(node.admin("queue")["waiting"]) == 2, 10)
+    try:
+        r = invoke(node, "queue", "--json")
+        assert r.exit_code == 0, r.output
+        listed = json.loads(r.output)
+        assert [(w["position"], w["env"], w["gpus"]) for w in listed] == [(1, "c", 1), (2, "d", 1)]
+        assert (listed[0]["memory"], listed[0]["devices"]) == (512 * MiB, None)
+        assert (listed[1]["memory"], listed[1]["devices"]) == (None, [1])
+        assert all("wait for other tasks to end" in w["reason"] for w in listed)
+        lines = invoke(node, "queue").output.splitlines()
+        assert lines[0].split() == [
+            "POS",
+            "ENV",
+            "GPUS",
+            "GPU",
+            "MEMORY",
+            "PID",
+            "WAITED",
+            "LEFT",
+            "COMMAND",
+            "WHY",
+        ]
+        assert lines[1].split()[:5] == ["1", "c", "1", "any", "512MiB"]
+        assert "train.py" in lines[1]
+        assert lines[2].split()[:5] == ["2", "d", "1", "1", "-"]
+        # One environment's requests keep their places in the whole queue.
+        r = invoke(node, "queue", "--env", "d", "--json")
+        assert [(w["position"], w["env"]) for w in json.loads(r.output)] == [(2, "d")]
+        assert json.loads(invoke(node, "queue", "--env", "a", "--json").output) == []
+        r = invoke(node, "queue", "--env", "nobody")
+        assert r.exit_code == 1 and "no environment 'nobody'" in r.stderr
+    finally:
+        held[0].close()
+        assert first.finish()["env"] == "c"
+        held[1].close()
+        assert second.finish()["env"] == "d"
+    assert json.loads(invoke(node, "queue", "--json").output) == []
+
+
+def test_pause_and_resume_help_say_what_waits() -> None:
+    """As docs/nodemgr.md says: launches and allocations wait, frees do not."""
+    text = " ".join(CliRunner().invoke(cli, ["pause", "--help"]).output.split())
+    assert "waits in its next kernel launch or allocation (frees are not held)" in text
+    assert "until: nodemgr resume TASK_ID" in text
+    text = " ".join(CliRunner().invoke(cli, ["resume", "--help"]).output.split())
+    assert "waiting in a kernel launch or allocation go on" in text

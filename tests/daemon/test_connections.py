@@ -384,5 +384,6 @@ def test_the_documented_limits_are_the_code_s() -> None:
         ("MAX_FRAMES", f"{protocol.MAX_FRAMES} frames"),
     ):
         assert f"{value} (`{name}`)" in " ".join(text.split()).replace(" together", ""), name
-    assert f"{connections.TASK_OUT_LIMIT // MiB} MiB on a task endpoint" in text
+    assert f"{protocol.MAX_TASK_REPLY_BYTES // MiB} MiB on a task endpoint" in text
+    assert f"{protocol.MAX_ADMIN_REPLY_BYTES // MiB} MiB on the admin endpoint" in text
     assert f"less {connections.FD_RESERVE} for its own files" in text

@@ -27,7 +27,7 @@ def test_sigkill_and_restart_keeps_quotas_history_and_running_tasks(
     )
     alice = d.env("alice", gpus=1, memory=GiB)
     d.env("bob", gpus=1, memory=GiB)
-    d.env("carol", gpus=1, memory=0)
+    d.env("carol", gpus=1, memory=0, force=True)
     quotas = d.admin("quota_show")["quotas"]
 
     # A finished task, so history has an ended record to keep.

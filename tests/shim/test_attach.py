@@ -413,3 +413,73 @@ def test_without_the_preload_loaded_is_false_and_loads_nothing(
     assert r.returncode == 0, r.stderr
     out = [ln.split(" | ")[0] for ln in lines(r.stdout)]
     assert out == ["False", "attach ShimNotLoaded", "mode ShimNotLoaded", "False"]
+
+
+# --- a ledger the process cannot write ---------------------------------------------------
+
+# Runs "$@" with the directory "$0" bind-mounted read-only over itself, in a mount namespace
+# of its own (as a container's read-only mount of an environment's directory).
+READ_ONLY = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+NVML_MEMORY = """
+import pynvml
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+m1 = pynvml.nvmlDeviceGetMemoryInfo(h)
+m2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+print("nvml", m1.total, m1.free, m1.used, m2.total, m2.free, m2.used)
+"""
+
+
+def read_only(directory: Path, *argv: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    unshare = ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "-r", "--mount"]
+    probe = subprocess.run(
+        [*unshare, "sh", "-c", READ_ONLY, str(directory), "true"], env=environment(preload=False)
+    )
+    if probe.returncode != 0:
+        pytest.skip("needs a mount namespace of its own (root, or user namespaces)")
+    # The shim only in the program: preloaded in mount, it would hold the ledger open for
+    # writing and the remount would be refused.
+    program = ["env", "-i", *(f"{k}={v}" for k, v in {**environment(), **extra}.items()), *argv]
+    return subprocess.run(
+        [*unshare, "sh", "-c", READ_ONLY, str(directory), *program],
+        capture_output=True,
+        text=True,
+        env=environment(preload=False),
+        timeout=60,
+    )
+
+
+def test_a_ledger_on_a_read_only_mount_names_the_mount_and_shows_no_memory(
+    cbin: dict[str, Path], ledger: Ledger, tmp_path: Path
+) -> None:
+    """The shim opens the ledger for writing: on a read-only mount it says which
+    directory to mount read-write, refuses allocations, and shows no GPU memory, not the
+    whole device (which a framework would size itself by)."""
+    at_load = {"GPUSHARE_LEDGER": str(ledger.path), "GPUSHARE_TASK_ID": TASK}
+    steps = ["mode", "info", "totalmem", "alloc", "1"]
+    r = read_only(tmp_path, str(cbin["client"]), *steps, **at_load)
+    assert r.returncode == 0, r.stderr
+    assert lines(r.stdout) == ["mode broken", "info free=0 total=0", "totalmem 0", "alloc err 800"]
+    assert f"cannot open ledger {ledger.path} for writing: Read-only file system" in r.stderr
+    hint = "read-only mount: mount the directory read-write (docs/containers.md)"
+    assert f"{hint} (directory {tmp_path})" in r.stderr
+    assert "is nodemgr running" not in r.stderr
+    r = read_only(tmp_path, sys.executable, "-c", NVML_MEMORY, **at_load)
+    assert r.returncode == 0, r.stderr
+    assert lines(r.stdout) == ["nvml 0 0 0 0 0 0"]
+    # Without the shim's ledger the same process sees the simulated GPU whole.
+    r = read_only(tmp_path, sys.executable, "-c", NVML_MEMORY)
+    assert lines(r.stdout)[0].split()[1] == str(DEVICE)
+
+
+def test_late_attach_to_a_ledger_on_a_read_only_mount_names_the_mount(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    code = (
+        "import sys\nfrom client_plugin import shim\n"
+        "try:\n    shim.attach(sys.argv[1], sys.argv[2])\n"
+        "except shim.ShimLedgerError as e:\n    print(e)\n"
+    )
+    r = read_only(tmp_path, sys.executable, "-c", code, str(ledger.path), TASK)
+    assert r.returncode == 0, r.stderr
+    assert f"on a read-only mount: mount {tmp_path} read-write" in r.stdout, r.stdout

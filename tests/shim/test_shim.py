@@ -545,7 +545,8 @@ def test_a_context_that_does_not_fit_is_refused(
     daemon_factory: Any, run_task: Any, cbin: dict[str, Path]
 ) -> None:
     d = daemon_factory(sections={"gpus": {"context_memory": "96MiB"}})
-    ep = d.env("small", gpus=1, memory=64 * MiB)
+    # A quota no context fits in: nodemgr refuses it unless forced.
+    ep = d.env("small", gpus=1, memory=64 * MiB, force=True)
     p = run_task(ep, str(cbin["client"]), "info")
     out, _ = p.communicate(timeout=60)
     assert lines(out) == ["init err 2"]  # CUDA_ERROR_OUT_OF_MEMORY from the retain

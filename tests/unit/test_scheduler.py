@@ -50,7 +50,7 @@ def test_new_allowed_zero_and_used_below_need_is_beyond_quota() -> None:
 def test_memory_hint_beyond_the_quota_is_refused_and_says_so() -> None:
     r = select(Ask(1, 2, GiB, {}, memory_hint=2 * GiB), gpus(0), T)
     assert refused(r, "quota_exceeded")
-    assert isinstance(r, Refusal) and "memory quota is 1073741824" in r.message
+    assert isinstance(r, Refusal) and "memory quota is 1GiB per GPU" in r.message
 
 
 def test_a_drained_gpu_is_never_chosen_and_a_request_for_it_may_wait() -> None:
@@ -65,6 +65,24 @@ def test_a_drained_gpu_is_never_chosen_and_a_request_for_it_may_wait() -> None:
     assert refused(select(ask(1, 1, {0: 1}), views, T), "no_resources")
     undrained = [replace(v, drained=False) for v in views]
     assert select(ask(1, 1, {0: 1}), undrained, T) == Choice((0,), ())
+
+
+def test_a_refusal_says_only_an_undrain_helps_when_no_other_gpu_could_serve() -> None:
+    """Waiting for other tasks cannot help a request that, with every task gone, still has
+    too few GPUs that are not drained: its refusal says what does."""
+    only = [GpuView(0, 0, 16 * GiB, 16 * GiB, drained=True), GpuView(1, T, 16 * GiB, 16 * GiB)]
+    r = select(ask(2, 2), only, T)
+    assert isinstance(r, Refusal) and r.code == "no_resources"
+    assert "only an admin's undrain (nodemgr undrain) lets it through" in r.message
+    assert "wait for other tasks" not in r.message
+    assert r.message.endswith("(GPU 0 drained by an admin)")
+    # GPU 1 alone could serve one GPU once its tasks end: either helps.
+    r = select(ask(1, 1), only, T)
+    assert isinstance(r, Refusal) and r.code == "no_resources"
+    assert "wait for other tasks to end, or an admin's undrain (nodemgr undrain)" in r.message
+    # No GPU drained: only the tasks.
+    r = select(ask(1, 1), [replace(v, drained=False, tasks=T) for v in only], T)
+    assert isinstance(r, Refusal) and r.message.endswith("wait for other tasks to end")
 
 
 def test_more_gpus_than_the_node_can_ever_give_is_not_retryable() -> None:

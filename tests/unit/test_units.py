@@ -295,3 +295,16 @@ def test_context_memory_and_reserve_must_fit_every_gpu(tmp_path: Path) -> None:
         config.check_gpus(config.load(f), {0: 16 << 30}, {0: 0})
     f.write_text('[scheduler]\nmemory_reserve = "1GiB"\n[gpus]\ncontext_memory = "14GiB"\n')
     config.check_gpus(config.load(f), {0: 16 << 30}, {0: 14 << 30})
+
+
+def test_a_suggested_quota_is_never_more_than_the_gpu_can_give() -> None:
+    """What admin.unservable tells an operator to give instead is accepted as given."""
+    from nodemgr.admin import unservable
+    from nodemgr.sizes import parse_size
+
+    for capacity in (16 << 30, (16 << 30) - 1, 15_996_000_000, 80 * 10**9):
+        why = unservable(1, capacity + 1, [(0, "G", capacity, capacity)], 0)
+        assert why is not None
+        suggested = why.split("give --memory ")[1].split()[0]
+        assert parse_size(suggested) <= capacity, why
+        assert unservable(1, parse_size(suggested), [(0, "G", capacity, capacity)], 0) is None
