@@ -433,7 +433,9 @@ print("nvml", m1.total, m1.free, m1.used, m2.total, m2.free, m2.used)
 def read_only(directory: Path, *argv: str, **extra: str) -> subprocess.CompletedProcess[str]:
     unshare = ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "-r", "--mount"]
     probe = subprocess.run(
-        [*unshare, "sh", "-c", READ_ONLY, str(directory), "true"], env=environment(preload=False)
+        [*unshare, "sh", "-c", READ_ONLY, str(directory), "true"],
+        env=environment(preload=False),
+        timeout=120,
     )
     if probe.returncode != 0:
         pytest.skip("needs a mount namespace of its own (root, or user namespaces)")
