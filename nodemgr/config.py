@@ -253,6 +253,11 @@ KEYS: tuple[Key, ...] = (
     Key("audit", "tolerance", "audit_tolerance", Size(), "64MiB",
         "bytes NVML may see a process hold beyond its slots and gpus.context_memory before"
         " the audit reports it"),
+    Key("limits", "tasks_per_env", "tasks_per_env", Integer(1), 1024,
+        "running tasks one environment may hold; more are refused `busy` (each holds a"
+        " descriptor: [operations.md](operations.md#what-a-node-can-hold))"),
+    Key("limits", "tasks_per_client", "tasks_per_client", Integer(1), 64,
+        "running tasks one client process may hold in an environment; more are refused `busy`"),
 )
 # fmt: on
 
@@ -365,6 +370,10 @@ class Config:
     audit_interval: float = _DEFAULTS["audit_interval"]
     audit_action: str = _DEFAULTS["audit_action"]
     audit_tolerance: int = _DEFAULTS["audit_tolerance"]
+    # [limits] (docs/operations.md#what-a-node-can-hold): caps on what one environment and
+    # one client process may hold.
+    tasks_per_env: int = _DEFAULTS["tasks_per_env"]
+    tasks_per_client: int = _DEFAULTS["tasks_per_client"]
 
     @property
     def admin_endpoint(self) -> str:

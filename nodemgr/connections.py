@@ -40,6 +40,18 @@ MAX_REFUSING_PER_ENV = 16
 # Descriptors kept out of the connections' share of the limit: the database, NVML, the
 # metrics server, ledgers being re-made, pidfds opened while connections are at their cap.
 FD_RESERVE = 256
+# The share of the descriptors left beside FD_RESERVE that one environment's running tasks
+# may hold at most (each holds a pidfd of its client): a quarter, whatever
+# limits.tasks_per_env says, so that another environment always gets in.
+TASK_SHARE = 4
+
+
+def task_cap(tasks_per_env: int, nofile: int) -> int:
+    """The running tasks one environment may hold: limits.tasks_per_env, or less where the
+    descriptor limit ``nofile`` leaves less (docs/operations.md, "What a node can hold")."""
+    return max(1, min(tasks_per_env, (nofile - FD_RESERVE) // TASK_SHARE))
+
+
 # Seconds a connection has to finish the ZMTP handshake, and a refused one to be answered.
 HANDSHAKE_TIMEOUT = 10.0
 # Bytes of replies a client may leave unread before its connection is dropped: a task

@@ -31,7 +31,15 @@ from typing import Any
 from nodemgr import __version__, admin, envdirs, protocol, recovery, tasks, views
 from nodemgr.audit import Auditor
 from nodemgr.config import Config, ConfigError
-from nodemgr.connections import Connections, Listener, Polled, ReplyTo, Watched, describe
+from nodemgr.connections import (
+    Connections,
+    Listener,
+    Polled,
+    ReplyTo,
+    Watched,
+    describe,
+    task_cap,
+)
 from nodemgr.envdirs import RestoreError
 from nodemgr.gpus import discover, lost_gpus
 from nodemgr.metrics import Metrics, MetricsError
@@ -105,6 +113,7 @@ class Server:
                 raise StartupError(str(startup_error(config.database, e))) from None
             raise StartupError(str(e)) from None
         self.nofile = _raise_nofile()
+        self.node.max_tasks_per_env = task_cap(config.tasks_per_env, self.nofile)
         self.epoll = select.epoll()
         # Everything the loop polls, by descriptor: listeners, connections, pidfds.
         self.fds: dict[int, Polled] = {}
@@ -163,12 +172,15 @@ class Server:
             self.connections.on_refused = self.metrics.refused
         kind = "simulated" if self.node.simulated else "NVML"
         log.info(
-            "nodemgr %s serving %d %s GPUs; admin endpoint %s; up to %d connections",
+            "nodemgr %s serving %d %s GPUs; admin endpoint %s; up to %d connections, "
+            "%d running tasks per environment (descriptor limit %d)",
             __version__,
             len(self.node.gpus),
             kind,
             self.config.admin_endpoint,
             self.connections.limit(),
+            self.node.max_tasks_per_env,
+            self.nofile,
         )
 
     # --- connections' messages ----------------------------------------------------
