@@ -258,6 +258,11 @@ KEYS: tuple[Key, ...] = (
         " descriptor: [operations.md](operations.md#what-a-node-can-hold))"),
     Key("limits", "tasks_per_client", "tasks_per_client", Integer(1), 64,
         "running tasks one client process may hold in an environment; more are refused `busy`"),
+    Key("limits", "views_per_second", "views_per_second", Integer(1, 1_000_000), 20,
+        "`view` requests (`gpushare-run --status`) served per second per environment, on"
+        " average; more are refused `busy`"),
+    Key("limits", "view_burst", "view_burst", Integer(1, 1_000_000), 40,
+        "`view` requests an environment may send at once beyond that rate"),
 )
 # fmt: on
 
@@ -374,6 +379,8 @@ class Config:
     # one client process may hold.
     tasks_per_env: int = _DEFAULTS["tasks_per_env"]
     tasks_per_client: int = _DEFAULTS["tasks_per_client"]
+    views_per_second: int = _DEFAULTS["views_per_second"]
+    view_burst: int = _DEFAULTS["view_burst"]
 
     @property
     def admin_endpoint(self) -> str:

@@ -45,6 +45,7 @@ from nodemgr.gpus import discover, lost_gpus
 from nodemgr.metrics import Metrics, MetricsError
 from nodemgr.model import Env, Task
 from nodemgr.protocol import Err, ProtocolError
+from nodemgr.ratelimit import TokenBuckets
 from nodemgr.reclaim import Reclaims
 from nodemgr.state import Node, process_start
 from nodemgr.store import Store, StoreError, cause, startup_error
@@ -131,6 +132,8 @@ class Server:
         # Environments whose socket could not be bound again (_check_run_dir).
         self._unbindable: set[str] = set()
         self.reclaims = Reclaims(self)
+        # Each environment's `view` requests (nodemgr.tasks).
+        self.views = TokenBuckets(config.views_per_second, config.view_burst)
 
     def _unlock(self) -> None:
         for fd in self._lock_fds:

@@ -125,3 +125,48 @@ def test_nodemgr_raises_its_descriptor_limit_and_caps_tasks_by_it(daemon_factory
     finally:
         for g in grabbers:
             g.close()
+
+
+# Sends N `view` requests at once on one connection and prints each answer's type and code.
+VIEWER = """
+import sys, msgpack, zmq
+s = zmq.Context().socket(zmq.DEALER)
+s.connect(sys.argv[1])
+n = int(sys.argv[2])
+for i in range(n):
+    s.send(msgpack.packb({"v": 1, "type": "view", "id": i + 1}))
+answers = {}
+for _ in range(n):
+    r = msgpack.unpackb(s.recv())
+    answers[r["id"]] = (r["type"], r.get("error", "-"), r.get("message", "-"))
+for i in range(n):
+    print(*answers[i + 1], flush=True)
+"""
+
+
+def _views(endpoint: str, n: int) -> list[list[str]]:
+    out = subprocess.run(
+        [sys.executable, "-c", VIEWER, endpoint, str(n)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    return [line.split(" ", 2) for line in out.splitlines()]
+
+
+def test_views_are_rate_limited_per_environment(daemon_factory: Any) -> None:
+    """An environment sending `view`s in a loop gets `busy` past its burst; another
+    environment's views and grants are served as before."""
+    d = daemon_factory({"limits": {"views_per_second": 1, "view_burst": 5}})
+    flood = _views(d.env("a", gpus=1, memory=MiB), 200)
+    kinds = [a[0] if a[0] == "view" else a[1] for a in flood]
+    assert kinds[:5] == ["view"] * 5
+    assert kinds.count("busy") >= 150, kinds
+    busy = next(a for a in flood if a[1] == "busy")[2]
+    assert "limits.views_per_second" in busy and "environment a" in busy
+    ep = d.env("b", gpus=1, memory=MiB)
+    assert [a[0] for a in _views(ep, 5)] == ["view"] * 5
+    with Connection(ep) as c:
+        grant = c.call("request", gpus=1)
+        c.call("done", task_id=grant["task_id"])
