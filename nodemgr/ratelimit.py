@@ -4,7 +4,13 @@ environment's user can provoke at will (docs/operations.md, "Storage faults").""
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
+
+# Seconds between two lines of the same kind about one environment, for the lines its
+# user can provoke in a loop (a ledger or socket replaced: docs/operations.md).
+ENV_LOG_INTERVAL = 60.0
 
 
 @dataclass
@@ -62,3 +68,13 @@ def suppressed_note(count: int) -> str:
     if not count:
         return ""
     return f" ({count} more like it since the last such line, not logged)"
+
+
+def log_throttled(
+    logger: logging.Logger, throttle: LogThrottle, key: str, level: int, message: str
+) -> None:
+    """Log ``message`` unless ``throttle`` holds lines of ``key`` back now; a line said
+    counts those held back since the last."""
+    suppressed = throttle.allow(key, time.monotonic())
+    if suppressed is not None:
+        logger.log(level, "%s%s", message, suppressed_note(suppressed))

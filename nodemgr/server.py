@@ -45,7 +45,7 @@ from nodemgr.gpus import discover, lost_gpus
 from nodemgr.metrics import Metrics, MetricsError
 from nodemgr.model import Env, Task
 from nodemgr.protocol import Err, ProtocolError
-from nodemgr.ratelimit import TokenBuckets
+from nodemgr.ratelimit import ENV_LOG_INTERVAL, LogThrottle, TokenBuckets, log_throttled
 from nodemgr.reclaim import Reclaims
 from nodemgr.state import Node, process_start
 from nodemgr.store import Store, StoreError, cause, startup_error
@@ -132,6 +132,8 @@ class Server:
         # Environments whose socket could not be bound again (_check_run_dir).
         self._unbindable: set[str] = set()
         self.reclaims = Reclaims(self)
+        # Lines about an environment its user can provoke in a loop (_check_run_dir).
+        self._env_log = LogThrottle(ENV_LOG_INTERVAL)
         # Each environment's `view` requests (nodemgr.tasks).
         self.views = TokenBuckets(config.views_per_second, config.view_burst)
 
@@ -338,15 +340,22 @@ class Server:
                 conns.bind_admin()
             except (OSError, StartupError) as e:
                 log.error("cannot bind %s again: %s", admin, describe(e))
-        recovery.check_ledgers(node)
-        for name in recovery.repair_ledgers(node):
+        recovery.check_ledgers(node, self._env_log)
+        for name in recovery.repair_ledgers(node, self._env_log):
             self.connections.close_env(name)
         for env in node.envs.values():
             path = Path(env.endpoint.removeprefix("ipc://"))
             if path.is_socket() and env.name in conns.listeners:
                 continue
             if env.name not in self._unbindable:
-                log.error("%s was removed; binding it again", path)
+                # Its directory is its user's, who may remove the socket in a loop.
+                log_throttled(
+                    log,
+                    self._env_log,
+                    f"{env.name}/socket",
+                    logging.ERROR,
+                    f"{path} was removed; binding it again",
+                )
             self.connections.close_env(env.name)
             try:
                 envdirs.ready(self.config, env.name)

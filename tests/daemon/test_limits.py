@@ -5,8 +5,10 @@ the others (docs/operations.md, "What a node can hold")."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from nodemgr.client import Connection
@@ -170,3 +172,46 @@ def test_views_are_rate_limited_per_environment(daemon_factory: Any) -> None:
     with Connection(ep) as c:
         grant = c.call("request", gpus=1)
         c.call("done", task_id=grant["task_id"])
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return os.stat(path, follow_symlinks=False).st_size
+    except FileNotFoundError:
+        return None
+
+
+def test_a_ledger_and_socket_replaced_in_a_loop_log_once(
+    daemon_factory: Any, wait_for: Any
+) -> None:
+    """An environment's user may replace its ledger and socket over and over; each kind of
+    line about it is logged once per interval, not once per replacement."""
+    d = daemon_factory()
+    d.env("a", gpus=1, memory=MiB)
+    env_dir = d.run_dir / "envs" / "a"
+    rounds = 8
+    for i in range(rounds):
+        fake = env_dir / f"fake{i}"
+        fake.write_bytes(b"\0" * 4096)
+        os.rename(fake, env_dir / "ledger")
+        # nodemgr makes a new ledger in its place (no ledger is 4096 zeros), and binds the
+        # socket again.
+        wait_for(
+            lambda: (
+                _size(env_dir / "ledger") not in (4096, None)
+                and (env_dir / "task.sock").is_socket()
+            ),
+            15,
+        )
+        (env_dir / "task.sock").unlink()
+        wait_for(lambda: (env_dir / "task.sock").is_socket(), 15)
+    log = d.logtext()
+    for line in (
+        "env a: its ledger",
+        "env a: a new ledger replaces the lost one",
+        "task.sock was removed; binding it again",
+    ):
+        said = log.count(line)
+        assert 1 <= said < rounds, (line, said, log)
+    # nodemgr serves it still.
+    assert [a[0] for a in _views(d.env("a", gpus=1, memory=MiB), 1)] == ["view"]
