@@ -22,6 +22,9 @@ from nodemgr.sizes import format_size, parse_seconds, parse_size
 
 DEFAULT_CONFIG = Path("/etc/gpushare/nodemgr.toml")
 CONFIG_ENV = "GPUSHARE_CONFIG"
+# `nodemgr serve`'s flag that starts nodemgr although run_dir holds ledgers, used by no
+# process, of environments its database does not know (nodemgr.envdirs.check_unknown).
+FORGET_FLAG = "--forget-unknown-envs"
 # gpus.context_memory on NVML GPUs when the config names none: an estimate of
 # what one process's CUDA context takes on a GPU, not yet measured.
 NVML_CONTEXT_MEMORY = 512 << 20

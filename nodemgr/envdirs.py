@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from nodemgr.config import Config
+from nodemgr.config import FORGET_FLAG, Config
 from nodemgr.gpus import Gpu
 from nodemgr.ledger import Ledger
 
@@ -45,10 +45,13 @@ def open_empty(path: Path) -> int:
     return fd
 
 
-def check_unknown(config: Config, gpus: list[Gpu], known: set[str], database: Path) -> None:
-    """Refuse to start beside live ledgers of environments the database does not know:
-    it was emptied, replaced or lost its WAL, and creating such an environment again
-    would give it a second quota beside the memory its processes hold."""
+def check_unknown(
+    config: Config, gpus: list[Gpu], known: set[str], database: Path, forget: bool = False
+) -> None:
+    """Refuse to start beside ledgers of environments the database does not know: it was
+    emptied, replaced or lost its WAL. Live ones (processes use them) always: creating such
+    an environment again would give it a second quota beside the memory its processes hold.
+    Unused ones unless ``forget`` (FORGET_FLAG): starting would quietly lose their quotas."""
     root = config.run_dir / "envs"
     try:
         names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.is_symlink())
@@ -56,6 +59,7 @@ def check_unknown(config: Config, gpus: list[Gpu], known: set[str], database: Pa
         return
     uuids = [g.uuid_bytes for g in gpus]
     live: dict[str, list[int]] = {}
+    unused: list[str] = []
     for name in names:
         if name in known:
             continue
@@ -69,12 +73,7 @@ def check_unknown(config: Config, gpus: list[Gpu], known: set[str], database: Pa
         if pids:
             live[name] = pids
         else:
-            log.warning(
-                "%s is left from environment %s, which the database does not know; "
-                "it is replaced if that environment is created",
-                root / name,
-                name,
-            )
+            unused.append(name)
     if live:
         what = "; ".join(
             f"{name} (pids {', '.join(map(str, pids))})" for name, pids in live.items()
@@ -84,6 +83,21 @@ def check_unknown(config: Config, gpus: list[Gpu], known: set[str], database: Pa
             f"but live processes use their ledgers in {root}: {what}. The database was "
             "emptied, replaced or lost its -wal file: restore it from a backup with its "
             "-wal, or end those processes, then start nodemgr again"
+        )
+    if unused and not forget:
+        raise RestoreError(
+            f"the database {database} knows no environment {', '.join(unused)}, but their "
+            f"ledgers are in {root}: the database was emptied, replaced or lost its -wal "
+            "file, and their quotas with it. Restore it from a backup with its -wal; or, to "
+            f"start without them, run `nodemgr serve {FORGET_FLAG}` once"
+        )
+    for name in unused:
+        log.warning(
+            "%s is left from environment %s, which the database does not know (%s); "
+            "it is replaced if that environment is created",
+            root / name,
+            name,
+            FORGET_FLAG,
         )
 
 

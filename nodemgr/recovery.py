@@ -21,12 +21,15 @@ from nodemgr.state import Node
 log = logging.getLogger("nodemgr")
 
 
-def restore(node: Node) -> list[Task]:
+def restore(node: Node, forget_unknown: bool = False) -> list[Task]:
     """Load quotas and running tasks from the database, adopting the ledgers running
     processes still map. Returns the tasks restored; their GPUs stay held, so nothing
-    is granted twice while their clients come back."""
+    is granted twice while their clients come back. ``forget_unknown``: start although
+    unused ledgers of environments the database does not know are left
+    (envdirs.check_unknown)."""
     rows = node.store.envs()
-    envdirs.check_unknown(node.config, node.gpus, {row.name for row in rows}, node.store.path)
+    known = {row.name for row in rows}
+    envdirs.check_unknown(node.config, node.gpus, known, node.store.path, forget_unknown)
     for row in rows:
         try:
             node.open_env(row.name, row.gpus, row.memory, adopt=True)

@@ -87,8 +87,10 @@ def _raise_nofile() -> int:
 
 
 class Server:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, forget_unknown: bool = False) -> None:
+        """``forget_unknown``: `nodemgr serve --forget-unknown-envs` (recovery.restore)."""
         self.config = config
+        self.forget_unknown = forget_unknown
         gpus, simulated = discover(config)
         self._lock_fds: list[int] = []
         try:
@@ -157,7 +159,7 @@ class Server:
         except OSError as e:
             raise StartupError(f"cannot create {run / 'admin.sock'}: {describe(e)}") from None
         try:
-            restored = recovery.restore(self.node)
+            restored = recovery.restore(self.node, self.forget_unknown)
         except sqlite3.Error as e:
             raise StartupError(str(startup_error(self.config.database, e))) from None
         except RestoreError as e:
