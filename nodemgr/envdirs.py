@@ -3,9 +3,10 @@ and finding at start the ledgers of environments the database does not know."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import shutil
+import secrets
 from pathlib import Path
 
 from nodemgr.config import FORGET_FLAG, Config
@@ -20,29 +21,87 @@ class RestoreError(Exception):
     memory in use."""
 
 
-def open_empty(path: Path) -> int:
-    """Make ``path`` an empty directory and return a descriptor of it, keeping the directory
-    itself if there is one: containers bind-mount it, and a mount keeps showing a replaced
-    directory's old, deleted self.
+# The names nodemgr makes in an environment's directory (its socket and its ledger).
+OWN_NAMES = ("task.sock", "ledger")
+# The most other entries nodemgr removes from an environment's directory at once: its user
+# may have planted any number there, and nodemgr's start (or a `quota set`, a `quota
+# delete`) must not wait on them. Those beyond are left, said in the log.
+MAX_CLEARED = 1024
 
-    Its parent is nodemgr's; its entries may be the environment user's doing, so
-    they are removed through the descriptor and no link among them is followed."""
+
+def _clear(fd: int, path: Path) -> int:
+    """Clear the directory ``fd`` (at ``path``, for the log) for a new ledger and socket:
+    whatever is at OWN_NAMES goes (a directory is moved aside: it may hold any number of
+    entries), then at most MAX_CLEARED other entries, directories among them left as they
+    are. Returns how many entries are left. Its entries may be the environment user's
+    doing: they are removed through the descriptor and no link among them is followed."""
+    for name in OWN_NAMES:
+        try:
+            os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            aside = f"{name}.moved-{secrets.token_hex(4)}"
+            os.rename(name, aside, src_dir_fd=fd, dst_dir_fd=fd)
+            log.warning("%s was a directory: moved it aside to %s", path / name, path / aside)
+    left = cleared = 0
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            if cleared >= MAX_CLEARED:
+                left += 1
+                continue
+            cleared += 1
+            try:
+                os.unlink(entry.name, dir_fd=fd)
+            except IsADirectoryError:
+                left += 1
+            except FileNotFoundError:
+                pass
+    if left:
+        log.warning(
+            "%s: left %d entries its user made there (nodemgr removes at most %d at once)",
+            path,
+            left,
+            MAX_CLEARED,
+        )
+    return left
+
+
+def open_empty(path: Path) -> int:
+    """Make ``path`` a directory cleared for a new ledger and socket (_clear) and return a
+    descriptor of it, keeping the directory itself if there is one: containers bind-mount
+    it, and a mount keeps showing a replaced directory's old, deleted self.
+
+    Its parent is nodemgr's; its entries may be the environment user's doing."""
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         path.unlink()
     path.mkdir(parents=True, mode=0o700, exist_ok=True)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        for name in os.listdir(fd):  # left by an earlier run, or made by a mount: not usable
-            try:
-                os.unlink(name, dir_fd=fd)
-            except IsADirectoryError:
-                shutil.rmtree(name, dir_fd=fd)
-            except FileNotFoundError:
-                pass
+        _clear(fd, path)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def remove(path: Path) -> None:
+    """Remove a deleted environment's directory, as far as _clear can empty it (what its
+    user left beyond stays, with the directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        left = _clear(fd, path)
+    except OSError as e:
+        log.warning("cannot clear %s: %s", path, e.strerror or e)
+        left = 1
+    finally:
+        os.close(fd)
+    if not left:
+        with contextlib.suppress(OSError):
+            path.rmdir()
 
 
 def check_unknown(

@@ -16,7 +16,6 @@ import logging
 import math
 import os
 import secrets
-import shutil
 import time
 from collections.abc import Sequence
 
@@ -206,7 +205,7 @@ class Node:
         self.store.delete_env(name)
         del self.envs[name]
         env.ledger.close()
-        shutil.rmtree(self.config.env_dir(name), ignore_errors=True)
+        envdirs.remove(self.config.env_dir(name))
         self.queue_dirty = True
         log.info("quota %s deleted", name)
         return env
