@@ -35,6 +35,9 @@ MAX_GUARD = 1 << 40
 MAX_IDLE = 7 * 86400.0
 # Why nodemgr reclaimed a task, as a `reclaimed` error's `reason` tells its client.
 RECLAIM_REASONS = ("idle", "timeout", "admin", "deleted")
+# An operator's reason for `reclaim`, shown to the task's user: one line of printable text.
+MAX_NOTE = 500
+NOTE = re.compile(r"[^\x00-\x1f\x7f]+")
 # What an idle policy does with an idle task (docs/nodemgr.md, "Idle tasks").
 IDLE_ACTIONS = ("reclaim", "report")
 # A GPU's mode (docs/timeslicing.md).
@@ -204,7 +207,7 @@ ADMIN_REQUESTS: dict[str, Schema] = {
     "status": {},
     "mode": {"gpu": (False, _optional(_gpu)), "mode": (False, _optional(_one_of(*MODES)))},
     "drain": {"gpu": (False, _optional(_gpu)), "drained": (False, _optional(_bool))},
-    "reclaim": {"task_id": (True, _task)},
+    "reclaim": {"task_id": (True, _task), "reason": (False, _optional(_str(NOTE, MAX_NOTE)))},
     "idle_set": {
         "env": (True, _env),
         "idle_timeout": (False, _optional(_number(0.0, MAX_IDLE))),
