@@ -465,6 +465,7 @@ class Node:
         if task is None:
             return None
         self._uncount(task_id)
+        self.audit.notices.pop(task_id, None)
         env = self.envs[task.env]
         # Read while the task's entry is there: it holds the task's exact peak.
         totals = env.ledger.task_usage(task_id)

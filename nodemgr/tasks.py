@@ -58,10 +58,14 @@ def handle(
         task.last_seen = time.monotonic()
         if task.restored:
             _reattach(loop, task, conn)
+        extra: dict[str, Any] = {}
         warning = loop.reclaims.idle_warning(task)
         if warning is not None:
-            return protocol.reply("ack", msg_id, task_id=task.task_id, warning=warning)
-        return protocol.reply("ack", msg_id, task_id=task.task_id)
+            extra["warning"] = warning
+        notices = node.audit.take_notices(task.task_id)
+        if notices:
+            extra["notices"] = notices
+        return protocol.reply("ack", msg_id, task_id=task.task_id, **extra)
     if kind == "request":
         return _request(loop, env, msg_id, body, conn, envelope)
     if kind == "view":
