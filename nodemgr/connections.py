@@ -35,6 +35,8 @@ log = logging.getLogger("nodemgr")
 # `busy` answer to its first request and is closed.
 MAX_CONNECTIONS_PER_ENV = 4096
 MAX_CONNECTIONS_PER_CLIENT = 16
+# The caps a connection can be refused over (_over_cap), as the metrics name them.
+CAPS = ("env", "client")
 # Connections being refused at once per environment; beyond this one is closed unanswered.
 MAX_REFUSING_PER_ENV = 16
 # Descriptors kept out of the connections' share of the limit: the database, NVML, the
