@@ -278,6 +278,7 @@ ACCESS_KEYS: tuple[tuple[str, str, str], ...] = (
 # The access tables: (table, what it sets).
 ACCESS_TABLES: tuple[tuple[str, str], ...] = (
     ("admin", "the admin socket's"),
+    ("readers", "the read-only admin socket's (`view.sock`: views only)"),
     ("env_defaults", "every environment's socket and ledger"),
 )
 
@@ -353,6 +354,8 @@ class Config:
     metrics_address: str = _DEFAULTS["metrics_address"]
     metrics_port: int = _DEFAULTS["metrics_port"]
     admin_access: Access = field(default_factory=_own_access)
+    # [readers]: who may reach view.sock, the admin endpoint's views without its changes.
+    reader_access: Access = field(default_factory=_own_access)
     env_default_access: Access = field(default_factory=_own_access)
     env_access: dict[str, Access] = field(default_factory=dict)
     # [timeslice] (docs/timeslicing.md): the GPUs that start time-sliced, by index or
@@ -388,6 +391,11 @@ class Config:
     @property
     def admin_endpoint(self) -> str:
         return f"ipc://{self.run_dir / 'admin.sock'}"
+
+    @property
+    def reader_endpoint(self) -> str:
+        """The read-only admin socket's: the views only (docs/operations.md, "Access")."""
+        return f"ipc://{self.run_dir / 'view.sock'}"
 
     @property
     def database(self) -> Path:
@@ -564,6 +572,7 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     return Config(
         path=file,
         admin_access=_access(data.get("admin", {}), "admin", _own_access()),
+        reader_access=_access(data.get("readers", {}), "readers", _own_access()),
         env_default_access=env_default,
         env_access=env_access,
         **values,

@@ -69,11 +69,13 @@ _ACCEPT_EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 @dataclass(eq=False)
 class Listener:
-    """A listening socket: an environment's (env is its name) or the admin's (None)."""
+    """A listening socket: an environment's (env is its name) or the admin's (None);
+    ``readonly``: the read-only admin socket's, which serves views only."""
 
     sock: socket.socket
     env: str | None
     path: Path
+    readonly: bool = False
 
     @property
     def fd(self) -> int:
@@ -122,6 +124,7 @@ class Connections:
         self.envs = envs  # the node's environments: each holds a ledger's descriptor
         self.nofile = nofile
         self.admin: Listener | None = None
+        self.readers: Listener | None = None
         self.listeners: dict[str, Listener] = {}
         self.conns = 0
         self.conns_of_env: collections.Counter[str] = collections.Counter()
@@ -147,6 +150,13 @@ class Connections:
         self._prepare_bind_dir()
         with open_dir(run) as fd:
             self.admin = self._bind(fd, run / "admin.sock", self.config.admin_access, None)
+
+    def bind_readers(self) -> None:
+        """Serve the read-only admin endpoint (run_dir/view.sock). Raises OSError."""
+        run = self.config.run_dir
+        with open_dir(run) as fd:
+            self.readers = self._bind(fd, run / "view.sock", self.config.reader_access, None)
+        self.readers.readonly = True
 
     def polled(self, listener: Listener) -> bool:
         """Whether ``listener`` is polled now (not paused)."""
@@ -276,6 +286,7 @@ class Connections:
                     sock.close()
                     continue
             conn = Conn(sock, env, pid, out_limit, now + HANDSHAKE_TIMEOUT)
+            conn.readonly = listener.readonly
             self.fds[conn.fd] = conn
             self.conns += 1
             self.young.add(conn)
@@ -344,7 +355,8 @@ class Connections:
         self.paused_envs = not envs
 
     def all_listeners(self) -> list[Listener]:
-        return [*self.listeners.values(), *([self.admin] if self.admin is not None else [])]
+        admins = [x for x in (self.admin, self.readers) if x is not None]
+        return [*self.listeners.values(), *admins]
 
     def settle(self, conn: Conn) -> None:
         """Drop ``conn`` if it broke, else poll it for writing exactly while it has output."""

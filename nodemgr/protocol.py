@@ -72,6 +72,7 @@ class Err:
     QUOTA_EXCEEDED = "quota_exceeded"
     NO_RESOURCES = "no_resources"
     RECLAIMED = "reclaimed"
+    FORBIDDEN = "forbidden"
     INTERNAL = "internal"
 
     RETRYABLE = frozenset({NO_RESOURCES})
@@ -221,6 +222,21 @@ ADMIN_REQUESTS: dict[str, Schema] = {
         "limit": (False, _optional(_int(1, MAX_HISTORY))),
     },
 }
+
+
+# The admin requests that only read (with `mode` and `drain` only when they change nothing):
+# all the read-only admin socket serves (docs/operations.md, "Access").
+VIEW_REQUESTS = frozenset({"quota_show", "tasks", "queue", "status", "history", "mode", "drain"})
+
+
+def is_view(kind: str, fields: dict[str, Any]) -> bool:
+    """Whether admin request ``kind`` with ``fields`` only reads: `mode` without a
+    ``mode``, `drain` without ``drained``."""
+    if kind == "mode":
+        return fields.get("mode") is None
+    if kind == "drain":
+        return fields.get("drained") is None
+    return kind in VIEW_REQUESTS
 
 
 def encode(msg: dict[str, Any]) -> bytes:

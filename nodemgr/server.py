@@ -156,8 +156,9 @@ class Server:
         self._lock_fds.append(_lock(run / "nodemgr.lock", f"run directory {run}"))
         try:
             self.connections.bind_admin()
+            self.connections.bind_readers()
         except OSError as e:
-            raise StartupError(f"cannot create {run / 'admin.sock'}: {describe(e)}") from None
+            raise StartupError(f"cannot create the admin sockets in {run}: {describe(e)}") from None
         try:
             restored = recovery.restore(self.node, self.forget_unknown)
         except sqlite3.Error as e:
@@ -342,6 +343,15 @@ class Server:
                 conns.bind_admin()
             except (OSError, StartupError) as e:
                 log.error("cannot bind %s again: %s", admin, describe(e))
+        readers = run / "view.sock"
+        if conns.readers is not None and not readers.is_socket():
+            log.error("%s was removed; binding it again", readers)
+            conns.unbind(conns.readers)
+            conns.readers = None
+            try:
+                conns.bind_readers()
+            except OSError as e:
+                log.error("cannot bind %s again: %s", readers, describe(e))
         recovery.check_ledgers(node, self._env_log)
         for name in recovery.repair_ledgers(node, self._env_log):
             self.connections.close_env(name)
@@ -463,6 +473,15 @@ class Server:
             msg_id = msg["id"]
             if conn.env is None:
                 body = protocol.validate(msg, protocol.ADMIN_REQUESTS)
+                if conn.readonly and not protocol.is_view(msg["type"], body):
+                    raise ProtocolError(
+                        Err.FORBIDDEN,
+                        f"{msg['type']} changes what nodemgr does, and the read-only admin "
+                        f"socket {self.config.run_dir / 'view.sock'} serves views only "
+                        "(status, tasks, queue, history, quota show, mode and drain --show); "
+                        f"it needs the admin socket {self.config.run_dir / 'admin.sock'}, "
+                        "which the config's [admin] owner/group/mode let in",
+                    )
                 return self._admin(msg["type"], msg_id, body)
             body = protocol.validate(msg, protocol.TASK_REQUESTS)
             return tasks.handle(self, conn.env, msg["type"], msg_id, body, conn, envelope)
@@ -566,6 +585,7 @@ class Server:
         self.watched.clear()
         self.connections.listeners.clear()
         self.connections.admin = None
+        self.connections.readers = None
         self.epoll.close()
         self.node.close()
         self._unlock()

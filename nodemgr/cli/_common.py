@@ -15,6 +15,7 @@ from nodemgr import config as configmod
 from nodemgr.client import Connection, NodeError, Unreachable
 from nodemgr.exitcodes import EXIT_ADMIN_REFUSED, EXIT_CONFIG, EXIT_UNREACHABLE
 from nodemgr.idle import duration
+from nodemgr.protocol import is_view
 from nodemgr.sizes import format_size
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,28 +47,46 @@ def load_config(path: str | None) -> configmod.Config:
         fail(str(e), EXIT_CONFIG)
 
 
-def check_access(cfg: configmod.Config) -> None:
-    """Fail with the cause when the admin socket refuses this user: zmq connects in the
-    background, so a refusal would otherwise read as nodemgr not answering."""
-    path = cfg.run_dir / "admin.sock"
+def _refused(endpoint: str) -> bool:
+    """Whether the socket at ``endpoint`` refuses this user (permission denied)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         try:
-            probe.connect(str(path))
+            probe.connect(endpoint.removeprefix("ipc://"))
         except PermissionError:
-            fail(
-                f"permission denied on {path}: run this as root, or as a user the config's "
-                "[admin] owner/group/mode let in (and log in again after joining the group)",
-                EXIT_UNREACHABLE,
-            )
+            return True
         except OSError:
             pass  # not there or not listening: the call says so
+    return False
+
+
+def check_access(cfg: configmod.Config, view: bool = False) -> str:
+    """The endpoint to call: the admin socket, or for a ``view`` (protocol.is_view) the
+    read-only one when only that lets this user in. Fail with the cause when they refuse
+    this user: zmq connects in the background, so a refusal would otherwise read as
+    nodemgr not answering."""
+    if not _refused(cfg.admin_endpoint):
+        return cfg.admin_endpoint
+    if view and not _refused(cfg.reader_endpoint):
+        return cfg.reader_endpoint
+    path = cfg.run_dir / "admin.sock"
+    readers = (
+        f"; views need only {cfg.run_dir / 'view.sock'}, which [readers] owner/group/mode let in"
+        if view
+        else ""
+    )
+    fail(
+        f"permission denied on {path}: run this as root, or as a user the config's "
+        "[admin] owner/group/mode let in (and log in again after joining the group)"
+        f"{readers}",
+        EXIT_UNREACHABLE,
+    )
 
 
 def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, Any]:
     cfg = load_config(config_path)
-    check_access(cfg)
+    endpoint = check_access(cfg, is_view(kind, fields))
     try:
-        with Connection(cfg.admin_endpoint, timeout=5.0) as conn:
+        with Connection(endpoint, timeout=5.0) as conn:
             return conn.call(kind, **fields)
     except Unreachable as e:
         fail(

@@ -190,10 +190,10 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
 def top(interval: float, iterations: int | None, config_path: str | None, as_json: bool) -> None:
     """A live view of GPUs, environments, tasks and the wait queue."""
     cfg = load_config(config_path)
-    check_access(cfg)
+    endpoint = check_access(cfg, view=True)
     count = 0
     try:
-        with Connection(cfg.admin_endpoint, timeout=5.0) as conn:
+        with Connection(endpoint, timeout=5.0) as conn:
             while True:
                 try:
                     snap = snapshot(conn)
