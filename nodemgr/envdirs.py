@@ -23,18 +23,48 @@ class RestoreError(Exception):
 
 # The names nodemgr makes in an environment's directory (its socket and its ledger).
 OWN_NAMES = ("task.sock", "ledger")
-# The most other entries nodemgr removes from an environment's directory at once: its user
-# may have planted any number there, and nodemgr's start (or a `quota set`, a `quota
-# delete`) must not wait on them. Those beyond are left, said in the log.
+# The most entries nodemgr removes from an environment's directory at once (those in its
+# subdirectories counted, MAX_DEPTH deep at most): its user may have planted any number
+# there, and nodemgr's start (or a `quota set`, a `quota delete`) must not wait on them.
+# Those beyond are left, said in the log.
 MAX_CLEARED = 1024
+MAX_DEPTH = 16
 
 
-def _clear(fd: int, path: Path) -> int:
+def _remove(dir_fd: int, name: str, budget: list[int], depth: int = 0) -> bool:
+    """Remove entry ``name`` of the directory ``dir_fd``, a subdirectory with what it holds,
+    spending ``budget[0]`` per entry; False when the budget or MAX_DEPTH ran out first (what
+    is left stays). No link is followed: a directory is opened O_NOFOLLOW."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+        return True
+    except FileNotFoundError:
+        return True
+    except IsADirectoryError:
+        pass
+    if depth >= MAX_DEPTH:
+        return False
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if budget[0] <= 0:
+                    return False
+                budget[0] -= 1
+                if not _remove(fd, entry.name, budget, depth + 1):
+                    return False
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
+    return True
+
+
+def _clear(fd: int, path: Path) -> bool:
     """Clear the directory ``fd`` (at ``path``, for the log) for a new ledger and socket:
-    whatever is at OWN_NAMES goes (a directory is moved aside: it may hold any number of
-    entries), then at most MAX_CLEARED other entries, directories among them left as they
-    are. Returns how many entries are left. Its entries may be the environment user's
-    doing: they are removed through the descriptor and no link among them is followed."""
+    whatever is at OWN_NAMES goes (a directory is moved aside, to be removed with the
+    rest), then every other entry, MAX_CLEARED at most. Returns whether it is empty.
+    Its entries may be the environment user's doing: they are removed through the
+    descriptor and no link among them is followed."""
     for name in OWN_NAMES:
         try:
             os.unlink(name, dir_fd=fd)
@@ -44,27 +74,22 @@ def _clear(fd: int, path: Path) -> int:
             aside = f"{name}.moved-{secrets.token_hex(4)}"
             os.rename(name, aside, src_dir_fd=fd, dst_dir_fd=fd)
             log.warning("%s was a directory: moved it aside to %s", path / name, path / aside)
-    left = cleared = 0
+    budget = [MAX_CLEARED]
     with os.scandir(fd) as entries:
         for entry in entries:
-            if cleared >= MAX_CLEARED:
-                left += 1
-                continue
-            cleared += 1
-            try:
-                os.unlink(entry.name, dir_fd=fd)
-            except IsADirectoryError:
-                left += 1
-            except FileNotFoundError:
-                pass
-    if left:
-        log.warning(
-            "%s: left %d entries its user made there (nodemgr removes at most %d at once)",
-            path,
-            left,
-            MAX_CLEARED,
-        )
-    return left
+            if budget[0] > 0:
+                budget[0] -= 1
+                if _remove(fd, entry.name, budget):
+                    continue
+            log.warning(
+                "%s: removed %d entries its user made there, the most nodemgr removes at "
+                "once (or %d levels deep); left the rest",
+                path,
+                MAX_CLEARED - budget[0],
+                MAX_DEPTH,
+            )
+            return False
+    return True
 
 
 def open_empty(path: Path) -> int:
@@ -93,13 +118,13 @@ def remove(path: Path) -> None:
     except OSError:
         return
     try:
-        left = _clear(fd, path)
+        empty = _clear(fd, path)
     except OSError as e:
         log.warning("cannot clear %s: %s", path, e.strerror or e)
-        left = 1
+        empty = False
     finally:
         os.close(fd)
-    if not left:
+    if empty:
         with contextlib.suppress(OSError):
             path.rmdir()
 
