@@ -561,6 +561,7 @@ class Server:
     def close_env_later(self, name: str) -> None:
         """Stop serving a deleted environment (Reclaims.close_env_later)."""
         self.reclaims.close_env_later(name)
+        self.views.forget(name)
 
     # --- admin endpoint ----------------------------------------------------------
 
