@@ -19,7 +19,7 @@ all: install
 $(VENV)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "setuptools>=70" "cffi>=1.17" wheel
+	$(BIN)/python -m pip install -q "setuptools>=77" "cffi>=1.17" wheel
 	touch $@
 
 # The package is built and installed like a user's `pip install .`; tests run

@@ -364,6 +364,7 @@ class Heartbeat:
             if warning and not self.idle_warned:
                 self.say(str(warning))
             self.idle_warned = bool(warning)
+            self._notices(reply)
         except Reclaimed as e:
             self.reclaimed = e
         except GpushareError as e:  # nodemgr refused, or did not answer
@@ -373,15 +374,24 @@ class Heartbeat:
 
     def ask_reclaimed(self) -> None:
         """One heartbeat only to learn whether nodemgr has reclaimed the task (then
-        ``reclaimed`` says why); nothing else is said."""
+        ``reclaimed`` says why), or killed a process of it (its notices are said); nothing
+        else is said."""
         if self.reclaimed is not None:
             return
         try:
-            self.conn.call("heartbeat", task_id=self.task_id)
+            self._notices(self.conn.call("heartbeat", task_id=self.task_id))
         except Reclaimed as e:
             self.reclaimed = e
         except GpushareError:
             pass
+
+    def _notices(self, ack: dict[str, Any]) -> None:
+        """Say what nodemgr tells the task once (an `ack`'s ``notices``: why the bypass
+        audit killed one of its processes)."""
+        notices = ack.get("notices")
+        if isinstance(notices, list):
+            for notice in notices:
+                self.say(str(notice))
 
     def done(self, code: int | None, signum: int | None = None) -> None:
         if self.reclaimed is not None:

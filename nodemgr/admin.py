@@ -30,6 +30,16 @@ class Loop(Protocol):
     def close_env_later(self, name: str) -> None: ...
 
 
+def reclaimed_by_operator(reason: str | None) -> str:
+    """What the client of a task an operator reclaimed is told (with their reason)."""
+    if reason is None:
+        return (
+            "GPUs reclaimed by an operator (nodemgr reclaim); ask them why, or run the "
+            "command again"
+        )
+    return f"GPUs reclaimed by an operator (nodemgr reclaim): {reason}"
+
+
 def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str, Any]:
     node = loop.node
     if kind == "quota_set":
@@ -54,12 +64,7 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
         task = node.tasks.get(body["task_id"])
         if task is None:
             raise ProtocolError(Err.UNKNOWN_TASK, f"no running task {body['task_id']!r}")
-        loop.reclaim(
-            task,
-            "admin",
-            "GPUs reclaimed by an operator (nodemgr reclaim); ask them why, or run the "
-            "command again",
-        )
+        loop.reclaim(task, "admin", reclaimed_by_operator(body["reason"]))
         return protocol.reply("reclaimed", msg_id, task_id=task.task_id, env=task.env)
     if kind == "idle_set":
         env = node.set_idle(body["env"], body["idle_timeout"], body["idle_action"])

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from nodemgr import procfs
+from nodemgr.sizes import format_size
 
 if TYPE_CHECKING:
     from nodemgr.state import Node
@@ -193,6 +194,10 @@ class AuditView(TypedDict):
     ledgers: list[RewriteView]
 
 
+# Notices kept for one task's next heartbeat at most (AuditState.notices).
+MAX_NOTICES = 8
+
+
 @dataclass
 class AuditState:
     """What the audits found: the findings of the last one, and counts since start."""
@@ -224,6 +229,13 @@ class AuditState:
     def forget_env(self, env: str) -> None:
         self.rewritten.pop(env, None)
         self._tampered.discard(env)
+
+    # Why the audit killed processes of a task, by task id, for its client's next heartbeat
+    # (take_notices); forgotten when the task ends.
+    notices: dict[str, list[str]] = field(default_factory=dict)
+
+    def take_notices(self, task_id: str) -> list[str]:
+        return self.notices.pop(task_id, [])
 
     def update(self, findings: list[Finding]) -> list[Finding]:
         """Take the findings of a new audit; return those not found by the one before
@@ -430,7 +442,33 @@ class Auditor:
                 if kill(pid, own[pid]):
                     self.state.killed += 1
                     log.warning("bypass: killed pid %d (audit.action = kill)", pid)
+                    found = [f for f in findings if f.pid == pid]
+                    self._tell(own[pid], found)
         return new
+
+    def _tell(self, pid: int, found: list[Finding]) -> None:
+        """Keep why a task's process (``pid``, its own) was killed for its client's next
+        heartbeat."""
+        task_id = next((f.task_id for f in found if f.task_id is not None), None)
+        if task_id is None or task_id not in self.node.tasks:
+            return
+        notices = self.state.notices.setdefault(task_id, [])
+        if len(notices) < MAX_NOTICES:
+            notices.append(killed_notice(pid, found))
+
+
+def killed_notice(pid: int, found: list[Finding]) -> str:
+    """What the user of a task whose process ``pid`` (its own pid) the audit killed is told."""
+    where = ", ".join(
+        f"{format_size(f.seen)} on GPU {f.gpu} where its ledger slots account for "
+        f"{format_size(f.accounted)} ({f.reason})"
+        for f in found
+    )
+    return (
+        f"nodemgr's bypass audit killed process {pid} of this task (audit.action = kill): "
+        f"it held {where}. Run CUDA programs with gpushare's shim preloaded, and load "
+        "libcuda only the usual way"
+    )
 
 
 def view(state: AuditState) -> AuditView:

@@ -27,6 +27,9 @@ CONFIG_ENV = "GPUSHARE_CONFIG"
 # gpus.context_memory = "auto" (the default) where the probe cannot measure a context
 # (nodemgr.ctxprobe): an estimate of what one process's CUDA context takes on a GPU.
 CONTEXT_FALLBACK = 512 << 20
+# `nodemgr serve`'s flag that starts nodemgr although run_dir holds ledgers, used by no
+# process, of environments its database does not know (nodemgr.envdirs.check_unknown).
+FORGET_FLAG = "--forget-unknown-envs"
 # The mode of the admin socket and of every environment's socket and ledger unless the
 # config says otherwise.
 DEFAULT_MODE = "0600"
@@ -273,6 +276,16 @@ KEYS: tuple[Key, ...] = (
     Key("audit", "tolerance", "audit_tolerance", Size(), "64MiB",
         "bytes NVML may see a process hold beyond its slots and gpus.context_memory before"
         " the audit reports it"),
+    Key("limits", "tasks_per_env", "tasks_per_env", Integer(1), 1024,
+        "running tasks one environment may hold; more are refused `busy` (each holds a"
+        " descriptor: [operations.md](operations.md#what-a-node-can-hold))"),
+    Key("limits", "tasks_per_client", "tasks_per_client", Integer(1), 64,
+        "running tasks one client process may hold in an environment; more are refused `busy`"),
+    Key("limits", "views_per_second", "views_per_second", Integer(1, 1_000_000), 20,
+        "`view` requests (`gpushare-run --status`) served per second per environment, on"
+        " average; more are refused `busy`"),
+    Key("limits", "view_burst", "view_burst", Integer(1, 1_000_000), 40,
+        "`view` requests an environment may send at once beyond that rate"),
 )
 # fmt: on
 
@@ -285,6 +298,7 @@ ACCESS_KEYS: tuple[tuple[str, str, str], ...] = (
 # The access tables: (table, what it sets).
 ACCESS_TABLES: tuple[tuple[str, str], ...] = (
     ("admin", "the admin socket's"),
+    ("readers", "the read-only admin socket's (`view.sock`: views only)"),
     ("env_defaults", "every environment's socket and ledger"),
 )
 
@@ -363,6 +377,8 @@ class Config:
     metrics_address: str = _DEFAULTS["metrics_address"]
     metrics_port: int = _DEFAULTS["metrics_port"]
     admin_access: Access = field(default_factory=_own_access)
+    # [readers]: who may reach view.sock, the admin endpoint's views without its changes.
+    reader_access: Access = field(default_factory=_own_access)
     env_default_access: Access = field(default_factory=_own_access)
     env_access: dict[str, Access] = field(default_factory=dict)
     # [timeslice] (docs/timeslicing.md): the GPUs that start time-sliced, by index or
@@ -388,6 +404,12 @@ class Config:
     audit_interval: float = _DEFAULTS["audit_interval"]
     audit_action: str = _DEFAULTS["audit_action"]
     audit_tolerance: int = _DEFAULTS["audit_tolerance"]
+    # [limits] (docs/operations.md#what-a-node-can-hold): caps on what one environment and
+    # one client process may hold.
+    tasks_per_env: int = _DEFAULTS["tasks_per_env"]
+    tasks_per_client: int = _DEFAULTS["tasks_per_client"]
+    views_per_second: int = _DEFAULTS["views_per_second"]
+    view_burst: int = _DEFAULTS["view_burst"]
 
     @property
     def admin_endpoint(self) -> str:
@@ -398,6 +420,11 @@ class Config:
         """The simulated GPUs' directory (GPUSHARE_SIM_STATE_DIR for the node's tasks and
         its own simulated NVML): one simulated node, so one nodemgr's."""
         return self.simulated_state_dir or self.run_dir / "sim"
+
+    @property
+    def reader_endpoint(self) -> str:
+        """The read-only admin socket's: the views only (docs/operations.md, "Access")."""
+        return f"ipc://{self.run_dir / 'view.sock'}"
 
     @property
     def database(self) -> Path:
@@ -579,6 +606,7 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     return Config(
         path=file,
         admin_access=_access(data.get("admin", {}), "admin", _own_access()),
+        reader_access=_access(data.get("readers", {}), "readers", _own_access()),
         env_default_access=env_default,
         env_access=env_access,
         **values,

@@ -35,11 +35,25 @@ log = logging.getLogger("nodemgr")
 # `busy` answer to its first request and is closed.
 MAX_CONNECTIONS_PER_ENV = 4096
 MAX_CONNECTIONS_PER_CLIENT = 16
+# The caps a connection can be refused over (_over_cap), as the metrics name them.
+CAPS = ("env", "client")
 # Connections being refused at once per environment; beyond this one is closed unanswered.
 MAX_REFUSING_PER_ENV = 16
 # Descriptors kept out of the connections' share of the limit: the database, NVML, the
 # metrics server, ledgers being re-made, pidfds opened while connections are at their cap.
 FD_RESERVE = 256
+# The share of the descriptors left beside FD_RESERVE that one environment's running tasks
+# may hold at most (each holds a pidfd of its client): a quarter, whatever
+# limits.tasks_per_env says, so that another environment always gets in.
+TASK_SHARE = 4
+
+
+def task_cap(tasks_per_env: int, nofile: int) -> int:
+    """The running tasks one environment may hold: limits.tasks_per_env, or less where the
+    descriptor limit ``nofile`` leaves less (docs/operations.md, "What a node can hold")."""
+    return max(1, min(tasks_per_env, (nofile - FD_RESERVE) // TASK_SHARE))
+
+
 # Seconds a connection has to finish the ZMTP handshake, and a refused one to be answered.
 HANDSHAKE_TIMEOUT = 10.0
 # Connections accepted per listener per turn of the loop.
@@ -51,13 +65,15 @@ _ACCEPT_EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 @dataclass(eq=False)
 class Listener:
-    """A listening socket: an environment's (env is its name) or the admin's (None)."""
+    """A listening socket: an environment's (env is its name) or the admin's (None);
+    ``readonly``: the read-only admin socket's, which serves views only."""
 
     sock: socket.socket
     env: str | None
     path: Path
     # The socket file's (st_dev, st_ino): what remove_sockets may remove.
     ident: tuple[int, int] = (0, 0)
+    readonly: bool = False
 
     @property
     def fd(self) -> int:
@@ -106,6 +122,7 @@ class Connections:
         self.envs = envs  # the node's environments: each holds a ledger's descriptor
         self.nofile = nofile
         self.admin: Listener | None = None
+        self.readers: Listener | None = None
         self.listeners: dict[str, Listener] = {}
         self.conns = 0
         self.conns_of_env: collections.Counter[str] = collections.Counter()
@@ -131,6 +148,13 @@ class Connections:
         self._prepare_bind_dir()
         with open_dir(run) as fd:
             self.admin = self._bind(fd, run / "admin.sock", self.config.admin_access, None)
+
+    def bind_readers(self) -> None:
+        """Serve the read-only admin endpoint (run_dir/view.sock). Raises OSError."""
+        run = self.config.run_dir
+        with open_dir(run) as fd:
+            self.readers = self._bind(fd, run / "view.sock", self.config.reader_access, None)
+        self.readers.readonly = True
 
     def polled(self, listener: Listener) -> bool:
         """Whether ``listener`` is polled now (not paused)."""
@@ -274,6 +298,7 @@ class Connections:
                     sock.close()
                     continue
             conn = Conn(sock, env, pid, out_limit, now + HANDSHAKE_TIMEOUT)
+            conn.readonly = listener.readonly
             self.fds[conn.fd] = conn
             self.conns += 1
             self.young.add(conn)
@@ -342,7 +367,8 @@ class Connections:
         self.paused_envs = not envs
 
     def all_listeners(self) -> list[Listener]:
-        return [*self.listeners.values(), *([self.admin] if self.admin is not None else [])]
+        admins = [x for x in (self.admin, self.readers) if x is not None]
+        return [*self.listeners.values(), *admins]
 
     def settle(self, conn: Conn) -> None:
         """Drop ``conn`` if it broke, else poll it for writing exactly while it has output."""

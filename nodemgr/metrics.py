@@ -18,12 +18,16 @@ from prometheus_client.registry import Collector
 
 from nodemgr import views
 from nodemgr.config import Config
-from nodemgr.protocol import TIMESLICED
-from nodemgr.state import Node
+from nodemgr.connections import CAPS
+from nodemgr.protocol import TIMESLICED, Err
+from nodemgr.state import REASONS, Node
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 1.0)
 SWITCH_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
 WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400)
+# The `endpoint` label of request metrics, and the `outcome` of a wait's.
+ENDPOINTS = ("admin", "task")
+WAIT_OUTCOMES = ("granted", "timeout")
 
 Row = TypeVar("Row")
 
@@ -248,6 +252,26 @@ class Metrics:
             "gpu",
         )
         self.registry.register(_StateCollector(self))
+        self._zeros()
+
+    def _zeros(self) -> None:
+        """Every labelled series whose labels are known at start exists from the start, at
+        0, so that a query or an alert on one needs no `or vector(0)` until it first moves:
+        each reason a task ends for, each cap, each error code of each endpoint, each
+        outcome of a wait, each GPU's turns."""
+        for reason in REASONS:
+            self.reclaims.labels(reason)
+        for cap in CAPS:
+            self.refusals.labels(cap)
+        codes = [v for k, v in vars(Err).items() if k.isupper() and isinstance(v, str)]
+        for endpoint in ENDPOINTS:
+            for code in codes:
+                self.errors.labels(endpoint, code)
+        for outcome in WAIT_OUTCOMES:
+            self.waits.labels(outcome)
+        for gpu in self.node.gpus:
+            self.switches.labels(str(gpu.index))
+            self.switch_seconds.labels(str(gpu.index))
 
     def _counter(self, name: str, doc: str, *labels: str) -> Counter:
         return Counter(name, doc, list(labels), registry=self.registry)

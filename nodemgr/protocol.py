@@ -40,6 +40,9 @@ MAX_GUARD = 1 << 40
 MAX_IDLE = 7 * 86400.0
 # Why nodemgr reclaimed a task, as a `reclaimed` error's `reason` tells its client.
 RECLAIM_REASONS = ("idle", "timeout", "admin", "deleted")
+# An operator's reason for `reclaim`, shown to the task's user: one line of printable text.
+MAX_NOTE = 500
+NOTE = re.compile(r"[^\x00-\x1f\x7f]+")
 # What an idle policy does with an idle task (docs/nodemgr.md, "Idle tasks").
 IDLE_ACTIONS = ("reclaim", "report")
 # A GPU's mode (docs/timeslicing.md).
@@ -74,6 +77,7 @@ class Err:
     QUOTA_EXCEEDED = "quota_exceeded"
     NO_RESOURCES = "no_resources"
     RECLAIMED = "reclaimed"
+    FORBIDDEN = "forbidden"
     INTERNAL = "internal"
 
     RETRYABLE = frozenset({NO_RESOURCES})
@@ -210,7 +214,7 @@ ADMIN_REQUESTS: dict[str, Schema] = {
     "status": {},
     "mode": {"gpu": (False, _optional(_gpu)), "mode": (False, _optional(_one_of(*MODES)))},
     "drain": {"gpu": (False, _optional(_gpu)), "drained": (False, _optional(_bool))},
-    "reclaim": {"task_id": (True, _task)},
+    "reclaim": {"task_id": (True, _task), "reason": (False, _optional(_str(NOTE, MAX_NOTE)))},
     "idle_set": {
         "env": (True, _env),
         "idle_timeout": (False, _optional(_number(0.0, MAX_IDLE))),
@@ -224,6 +228,21 @@ ADMIN_REQUESTS: dict[str, Schema] = {
         "limit": (False, _optional(_int(1, MAX_HISTORY))),
     },
 }
+
+
+# The admin requests that only read (with `mode` and `drain` only when they change nothing):
+# all the read-only admin socket serves (docs/operations.md, "Access").
+VIEW_REQUESTS = frozenset({"quota_show", "tasks", "queue", "status", "history", "mode", "drain"})
+
+
+def is_view(kind: str, fields: dict[str, Any]) -> bool:
+    """Whether admin request ``kind`` with ``fields`` only reads: `mode` without a
+    ``mode``, `drain` without ``drained``."""
+    if kind == "mode":
+        return fields.get("mode") is None
+    if kind == "drain":
+        return fields.get("drained") is None
+    return kind in VIEW_REQUESTS
 
 
 def encode(msg: dict[str, Any]) -> bytes:

@@ -15,17 +15,21 @@ import time
 from nodemgr import envdirs
 from nodemgr.ledger import LedgerError, TaskEntry
 from nodemgr.model import Env, Task
+from nodemgr.ratelimit import LogThrottle, log_throttled
 from nodemgr.state import Node
 
 log = logging.getLogger("nodemgr")
 
 
-def restore(node: Node) -> list[Task]:
+def restore(node: Node, forget_unknown: bool = False) -> list[Task]:
     """Load quotas and running tasks from the database, adopting the ledgers running
     processes still map. Returns the tasks restored; their GPUs stay held, so nothing
-    is granted twice while their clients come back."""
+    is granted twice while their clients come back. ``forget_unknown``: start although
+    unused ledgers of environments the database does not know are left
+    (envdirs.check_unknown)."""
     rows = node.store.envs()
-    envdirs.check_unknown(node.config, node.gpus, {row.name for row in rows}, node.store.path)
+    known = {row.name for row in rows}
+    envdirs.check_unknown(node.config, node.gpus, known, node.store.path, forget_unknown)
     for row in rows:
         try:
             node.open_env(row.name, row.gpus, row.memory, adopt=True)
@@ -145,20 +149,23 @@ def _restore_entries(node: Node, env: Env) -> None:
 # --- ledgers lost with run_dir -------------------------------------------------
 
 
-def check_ledgers(node: Node) -> None:
-    """Notice a ledger whose path no longer names it (run_dir removed or replaced)."""
+def check_ledgers(node: Node, throttle: LogThrottle) -> None:
+    """Notice a ledger whose path no longer names it (run_dir removed or replaced). Said
+    once per environment per ``throttle`` interval: its user may replace it in a loop."""
     for env in node.envs.values():
         if env.orphaned is None and not env.ledger.is_at_path():
             env.orphaned = f"its ledger {env.ledger.path} was removed or replaced while in use"
-            log.error(
-                "env %s: %s; its running tasks go on, no task is granted until they "
-                "and their processes end, then a new ledger replaces it",
-                env.name,
-                env.orphaned,
+            log_throttled(
+                log,
+                throttle,
+                f"{env.name}/ledger",
+                logging.ERROR,
+                f"env {env.name}: {env.orphaned}; its running tasks go on, no task is granted "
+                "until they and their processes end, then a new ledger replaces it",
             )
 
 
-def repair_ledgers(node: Node) -> list[str]:
+def repair_ledgers(node: Node, throttle: LogThrottle) -> list[str]:
     """Give each orphaned environment whose tasks and processes have all ended a new
     ledger; returns their names (their sockets went with their old directory)."""
     repaired = []
@@ -176,7 +183,13 @@ def repair_ledgers(node: Node) -> list[str]:
         env.ledger.close()
         new = node.open_env(env.name, env.gpus, env.memory, adopt=False)
         new.launches_done = env.launches_done
-        log.warning("env %s: a new ledger replaces the lost one; tasks are granted again", env.name)
+        log_throttled(
+            log,
+            throttle,
+            f"{env.name}/new-ledger",
+            logging.WARNING,
+            f"env {env.name}: a new ledger replaces the lost one; tasks are granted again",
+        )
         repaired.append(env.name)
         node.queue_dirty = True
     return repaired

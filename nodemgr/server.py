@@ -32,13 +32,22 @@ from typing import Any
 from nodemgr import __version__, admin, envdirs, gpulock, protocol, recovery, tasks, views
 from nodemgr.audit import Auditor, nvml_ready
 from nodemgr.config import Config, ConfigError
-from nodemgr.connections import Connections, Listener, Polled, ReplyTo, Watched, describe
+from nodemgr.connections import (
+    Connections,
+    Listener,
+    Polled,
+    ReplyTo,
+    Watched,
+    describe,
+    task_cap,
+)
 from nodemgr.ctxprobe import charges
 from nodemgr.envdirs import RestoreError
 from nodemgr.gpus import Gpu, discover, lost_gpus
 from nodemgr.metrics import Metrics, MetricsError
 from nodemgr.model import Env, Task
 from nodemgr.protocol import Err, ProtocolError
+from nodemgr.ratelimit import ENV_LOG_INTERVAL, LogThrottle, TokenBuckets, log_throttled
 from nodemgr.reclaim import Reclaims
 from nodemgr.state import Node, process_start
 from nodemgr.store import Store, StoreError, cause, startup_error
@@ -80,8 +89,10 @@ def _raise_nofile() -> int:
 
 
 class Server:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, forget_unknown: bool = False) -> None:
+        """``forget_unknown``: `nodemgr serve --forget-unknown-envs` (recovery.restore)."""
         self.config = config
+        self.forget_unknown = forget_unknown
         gpus, simulated = discover(config)
         self._lock_fds: list[int] = []
         try:
@@ -117,6 +128,7 @@ class Server:
                 raise StartupError(str(startup_error(config.database, e))) from None
             raise StartupError(str(e)) from None
         self.nofile = _raise_nofile()
+        self.node.max_tasks_per_env = task_cap(config.tasks_per_env, self.nofile)
         self.epoll = select.epoll()
         # Everything the loop polls, by descriptor: listeners, connections, pidfds.
         self.fds: dict[int, Polled] = {}
@@ -136,6 +148,10 @@ class Server:
         self.reclaims = Reclaims(self)
         # What failed at its last try (_safely): logged once until it succeeds again.
         self._failing: set[str] = set()
+        # Lines about an environment its user can provoke in a loop (_check_run_dir).
+        self._env_log = LogThrottle(ENV_LOG_INTERVAL)
+        # Each environment's `view` requests (nodemgr.tasks).
+        self.views = TokenBuckets(config.views_per_second, config.view_burst)
 
     def _unlock(self) -> None:
         for fd in self._lock_fds:
@@ -158,10 +174,11 @@ class Server:
             self._simulated_table()
         try:
             self.connections.bind_admin()
+            self.connections.bind_readers()
         except OSError as e:
-            raise StartupError(f"cannot create {run / 'admin.sock'}: {describe(e)}") from None
+            raise StartupError(f"cannot create the admin sockets in {run}: {describe(e)}") from None
         try:
-            restored = recovery.restore(self.node)
+            restored = recovery.restore(self.node, self.forget_unknown)
         except sqlite3.Error as e:
             raise StartupError(str(startup_error(self.config.database, e))) from None
         except RestoreError as e:
@@ -181,12 +198,15 @@ class Server:
             self.connections.on_refused = self.metrics.refused
         kind = "simulated" if self.node.simulated else "NVML"
         log.info(
-            "nodemgr %s serving %d %s GPUs; admin endpoint %s; up to %d connections",
+            "nodemgr %s serving %d %s GPUs; admin endpoint %s; up to %d connections, "
+            "%d running tasks per environment (descriptor limit %d)",
             __version__,
             len(self.node.gpus),
             kind,
             self.config.admin_endpoint,
             self.connections.limit(),
+            self.node.max_tasks_per_env,
+            self.nofile,
         )
 
     def _hold_gpus(self, gpus: list[Gpu], directory: Path, fix: str) -> None:
@@ -414,15 +434,31 @@ class Server:
                 conns.bind_admin()
             except (OSError, StartupError) as e:
                 log.error("cannot bind %s again: %s", admin, describe(e))
-        recovery.check_ledgers(node)
-        for name in recovery.repair_ledgers(node):
+        readers = run / "view.sock"
+        if conns.readers is not None and not readers.is_socket():
+            log.error("%s was removed; binding it again", readers)
+            conns.unbind(conns.readers)
+            conns.readers = None
+            try:
+                conns.bind_readers()
+            except OSError as e:
+                log.error("cannot bind %s again: %s", readers, describe(e))
+        recovery.check_ledgers(node, self._env_log)
+        for name in recovery.repair_ledgers(node, self._env_log):
             self.connections.close_env(name)
         for env in node.envs.values():
             path = Path(env.endpoint.removeprefix("ipc://"))
             if path.is_socket() and env.name in conns.listeners:
                 continue
             if env.name not in self._unbindable:
-                log.error("%s was removed; binding it again", path)
+                # Its directory is its user's, who may remove the socket in a loop.
+                log_throttled(
+                    log,
+                    self._env_log,
+                    f"{env.name}/socket",
+                    logging.ERROR,
+                    f"{path} was removed; binding it again",
+                )
             self.connections.close_env(env.name)
             try:
                 envdirs.ready(self.config, env.name)
@@ -545,6 +581,15 @@ class Server:
             msg_id = msg["id"]
             if conn.env is None:
                 body = protocol.validate(msg, protocol.ADMIN_REQUESTS)
+                if conn.readonly and not protocol.is_view(msg["type"], body):
+                    raise ProtocolError(
+                        Err.FORBIDDEN,
+                        f"{msg['type']} changes what nodemgr does, and the read-only admin "
+                        f"socket {self.config.run_dir / 'view.sock'} serves views only "
+                        "(status, tasks, queue, history, quota show, mode and drain --show); "
+                        f"it needs the admin socket {self.config.run_dir / 'admin.sock'}, "
+                        "which the config's [admin] owner/group/mode let in",
+                    )
                 return self._admin(msg["type"], msg_id, body)
             body = protocol.validate(msg, protocol.TASK_REQUESTS)
             return tasks.handle(self, conn.env, msg["type"], msg_id, body, conn, envelope)
@@ -624,6 +669,7 @@ class Server:
     def close_env_later(self, name: str) -> None:
         """Stop serving a deleted environment (Reclaims.close_env_later)."""
         self.reclaims.close_env_later(name)
+        self.views.forget(name)
 
     # --- admin endpoint ----------------------------------------------------------
 
@@ -649,6 +695,7 @@ class Server:
         self.watched.clear()
         self.connections.listeners.clear()
         self.connections.admin = None
+        self.connections.readers = None
         self.epoll.close()
         self.node.close()
         self._unlock()

@@ -10,12 +10,12 @@ replacing ledgers lost while it runs, is nodemgr.recovery's.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
 import os
 import secrets
-import shutil
 import time
 from collections.abc import Sequence
 
@@ -63,6 +63,14 @@ class Node:
         self.store = store
         self.envs: dict[str, Env] = {}
         self.tasks: dict[str, Task] = {}
+        # Running tasks by environment and by (environment, client pid as granted), each
+        # capped ([limits]; check_task_room): every task holds a pidfd of its client.
+        self.tasks_of_env: collections.Counter[str] = collections.Counter()
+        self.tasks_of_client: collections.Counter[tuple[str, int]] = collections.Counter()
+        self._counted: dict[str, tuple[str, int | None]] = {}
+        # The cap per environment: limits.tasks_per_env, lowered by the server to what the
+        # descriptor limit allows (connections.task_cap).
+        self.max_tasks_per_env = config.tasks_per_env
         # No task has been silent since before this (monotonic): a lower bound of every
         # task's last_seen, kept as tasks are added (a heartbeat only raises one), so that
         # expired() scans the tasks only once the earliest of them may be past the timeout.
@@ -209,7 +217,7 @@ class Node:
         del self.envs[name]
         self.audit.forget_env(name)
         env.ledger.close()
-        shutil.rmtree(self.config.env_dir(name), ignore_errors=True)
+        envdirs.remove(self.config.env_dir(name))
         self.queue_dirty = True
         log.info("quota %s deleted", name)
         return env
@@ -394,6 +402,7 @@ class Node:
                 Err.NO_RESOURCES,
                 f"environment {env.name}: {env.orphaned}; no task is granted until they end",
             )
+        self.check_task_room(env.name, pid)
         decision = self.decide(env, need, memory, allowed, estimate, guard)
         if isinstance(decision, scheduler.Refusal):
             raise ProtocolError(decision.code, decision.message)
@@ -469,6 +478,8 @@ class Node:
         task = self.tasks.pop(task_id, None)
         if task is None:
             return None
+        self._uncount(task_id)
+        self.audit.notices.pop(task_id, None)
         env = self.envs[task.env]
         # Read while the task's entry is there: it holds the task's exact peak.
         totals = env.ledger.task_usage(task_id)
@@ -517,10 +528,43 @@ class Node:
         self.slicing.retime(time.perf_counter())
         return task
 
+    def check_task_room(self, env: str, pid: int | None) -> None:
+        """Refuse (``busy``) a task beyond limits.tasks_per_env or limits.tasks_per_client."""
+        cap = self.max_tasks_per_env
+        if self.tasks_of_env[env] >= cap:
+            raise ProtocolError(
+                Err.BUSY,
+                f"environment {env} already has {self.tasks_of_env[env]} running tasks, the "
+                f"most one environment may hold (limits.tasks_per_env, {cap}); end some of "
+                "them first",
+            )
+        cap = self.config.tasks_per_client
+        if pid is not None and self.tasks_of_client[env, pid] >= cap:
+            raise ProtocolError(
+                Err.BUSY,
+                f"process {pid} already holds {self.tasks_of_client[env, pid]} running tasks "
+                f"in environment {env}, the most one process may hold "
+                f"(limits.tasks_per_client, {cap}); end some of them first",
+            )
+
     def add_task(self, task: Task) -> None:
         """Hold a running task (a new grant, or one restored)."""
         self.tasks[task.task_id] = task
+        self._counted[task.task_id] = (task.env, task.pid)
+        self.tasks_of_env[task.env] += 1
+        if task.pid is not None:
+            self.tasks_of_client[task.env, task.pid] += 1
         self._seen_floor = min(self._seen_floor, task.last_seen)
+
+    def _uncount(self, task_id: str) -> None:
+        env, pid = self._counted.pop(task_id)
+        self.tasks_of_env[env] -= 1
+        if not self.tasks_of_env[env]:
+            del self.tasks_of_env[env]
+        if pid is not None:
+            self.tasks_of_client[env, pid] -= 1
+            if not self.tasks_of_client[env, pid]:
+                del self.tasks_of_client[env, pid]
 
     def expired(self, now: float) -> list[Task]:
         """The tasks silent for more than heartbeat_timeout at ``now`` (monotonic). Called

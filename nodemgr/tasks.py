@@ -14,6 +14,7 @@ from nodemgr.config import Config
 from nodemgr.connections import Watched
 from nodemgr.model import Task
 from nodemgr.protocol import Err, ProtocolError
+from nodemgr.ratelimit import TokenBuckets
 from nodemgr.reclaim import Reclaims
 from nodemgr.state import Node, process_start
 from nodemgr.transport import Conn
@@ -28,6 +29,7 @@ class Loop(Protocol):
     node: Node
     reclaims: Reclaims
     watched: dict[Watched, int]
+    views: TokenBuckets
 
     def release(self, task_id: str, reason: str, exit_code: int | None = None) -> None: ...
 
@@ -56,13 +58,26 @@ def handle(
         task.last_seen = time.monotonic()
         if task.restored:
             _reattach(loop, task, conn)
+        extra: dict[str, Any] = {}
         warning = loop.reclaims.idle_warning(task)
         if warning is not None:
-            return protocol.reply("ack", msg_id, task_id=task.task_id, warning=warning)
-        return protocol.reply("ack", msg_id, task_id=task.task_id)
+            extra["warning"] = warning
+        notices = node.audit.take_notices(task.task_id)
+        if notices:
+            extra["notices"] = notices
+        return protocol.reply("ack", msg_id, task_id=task.task_id, **extra)
     if kind == "request":
         return _request(loop, env, msg_id, body, conn, envelope)
     if kind == "view":
+        # Each view walks every GPU, holder and waiting request: one environment sending
+        # them in a loop must not slow the others' grants.
+        if not loop.views.take(env, time.monotonic()):
+            raise ProtocolError(
+                Err.BUSY,
+                f"environment {env} sent more than {loop.config.view_burst} view requests "
+                f"at once, or more than {loop.config.views_per_second} a second "
+                "(limits.views_per_second, limits.view_burst); ask less often",
+            )
         return protocol.reply("view", msg_id, **userview.build(node, env))
     if kind == "quota":
         e = node.env(env)

@@ -107,6 +107,7 @@ class Conn:
         "fd",
         "out_limit",
         "pid",
+        "readonly",
         "refusal",
         "sock",
         "watching_out",
@@ -123,6 +124,7 @@ class Conn:
         self.sock = sock
         self.fd = sock.fileno()
         self.env = env  # None: the admin endpoint
+        self.readonly = False  # the read-only admin endpoint's: views only
         self.pid = pid
         self.out_limit = out_limit
         self.closed = False

@@ -360,11 +360,12 @@ class Daemon:
         self,
         root: Path,
         sections: dict[str, dict[str, Any]] | None = None,
-        nofile: int | None = None,
+        nofile: int | tuple[int, int] | None = None,
         **node: Any,
     ) -> None:
         self.root = root
-        self.nofile = nofile  # its descriptor limit (soft and hard), if not the test run's
+        # Its descriptor limit (soft and hard, or both), if not the test run's.
+        self.nofile = (nofile, nofile) if isinstance(nofile, int) else nofile
         root.mkdir(parents=True, exist_ok=True)
         self.run_dir = root / "run"
         self.state_dir = root / "state"
@@ -396,7 +397,7 @@ class Daemon:
         def prepare() -> None:
             arm()
             if nofile is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+                resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
 
         self.proc = subprocess.Popen(
             [str(BIN / "nodemgr"), "serve", "--config", str(self.config)],
@@ -457,7 +458,9 @@ def daemon_factory() -> Iterator[Any]:
     root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
 
     def make(
-        sections: dict[str, dict[str, Any]] | None = None, nofile: int | None = None, **node: Any
+        sections: dict[str, dict[str, Any]] | None = None,
+        nofile: int | tuple[int, int] | None = None,
+        **node: Any,
     ) -> Daemon:
         d = Daemon(root / str(len(made)) if made else root, sections, nofile, **node)
         made.append(d)

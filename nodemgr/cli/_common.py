@@ -7,6 +7,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -16,7 +17,7 @@ from nodemgr.client import Connection, NodeError, Unreachable
 from nodemgr.exitcodes import EXIT_ADMIN_REFUSED, EXIT_CONFIG, EXIT_UNREACHABLE
 from nodemgr.idle import duration
 from nodemgr.params import ALL_GPUS
-from nodemgr.protocol import MAX_ADMIN_REPLY_BYTES
+from nodemgr.protocol import MAX_ADMIN_REPLY_BYTES, is_view
 from nodemgr.sizes import format_size
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -48,33 +49,57 @@ def load_config(path: str | None) -> configmod.Config:
         fail(str(e), EXIT_CONFIG)
 
 
-def not_running(cfg: configmod.Config) -> str | None:
-    """Why nodemgr is not running at ``cfg``'s admin socket, as connecting to it tells at
-    once: no socket there (a nodemgr stopped cleanly removes it), or one nothing listens on
-    (a killed nodemgr leaves it). None when something listens: only waiting for its answer
-    tells a nodemgr that is stopped or stuck. Fails with the cause when the socket refuses
+def _connect(path: Path) -> type[OSError] | None:
+    """What connecting to the socket at ``path`` answers at once: PermissionError (it
+    refuses this user), FileNotFoundError (no socket: a nodemgr stopped cleanly removes
+    it), ConnectionRefusedError (nothing listens: a killed nodemgr leaves it); None when
+    something listens (a full backlog answers EAGAIN at once: it listens)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2.0)
+        try:
+            probe.connect(str(path))
+        except (PermissionError, FileNotFoundError, ConnectionRefusedError) as e:
+            return type(e)
+        except OSError:
+            pass
+    return None
+
+
+def check_access(cfg: configmod.Config, view: bool = False) -> str:
+    """The endpoint to call: the admin socket, or for a ``view`` (protocol.is_view) the
+    read-only one when only that lets this user in. Fail with the cause when they refuse
     this user: zmq connects in the background, so a refusal would otherwise read as
     nodemgr not answering."""
     path = cfg.run_dir / "admin.sock"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(2.0)  # a full backlog answers EAGAIN at once: it listens
-        try:
-            probe.connect(str(path))
-        except PermissionError:
-            fail(
-                f"permission denied on {path}: run this as root, or as a user the config's "
-                "[admin] owner/group/mode let in (and log in again after joining the group)",
-                EXIT_UNREACHABLE,
-            )
-        except FileNotFoundError:
-            return f"nodemgr is not running: no socket at {path}"
-        except ConnectionRefusedError:
-            return (
-                f"nodemgr is not running: nothing listens at {path} (left by a nodemgr "
-                "that was killed)"
-            )
-        except OSError:
-            pass  # something listens: the call says whether it answers
+    if _connect(path) is not PermissionError:
+        return cfg.admin_endpoint
+    if view and _connect(cfg.run_dir / "view.sock") is not PermissionError:
+        return cfg.reader_endpoint
+    readers = (
+        f"; views need only {cfg.run_dir / 'view.sock'}, which [readers] owner/group/mode let in"
+        if view
+        else ""
+    )
+    fail(
+        f"permission denied on {path}: run this as root, or as a user the config's "
+        "[admin] owner/group/mode let in (and log in again after joining the group)"
+        f"{readers}",
+        EXIT_UNREACHABLE,
+    )
+
+
+def not_running(endpoint: str) -> str | None:
+    """Why nodemgr is not running at ``endpoint`` (check_access's), as connecting to it
+    tells at once: no socket there, or one nothing listens on. None when something listens:
+    only waiting for its answer tells a nodemgr that is stopped or stuck."""
+    path = Path(endpoint.removeprefix("ipc://"))
+    got = _connect(path)
+    if got is FileNotFoundError:
+        return f"nodemgr is not running: no socket at {path}"
+    if got is ConnectionRefusedError:
+        return (
+            f"nodemgr is not running: nothing listens at {path} (left by a nodemgr that was killed)"
+        )
     return None
 
 
@@ -99,14 +124,15 @@ SILENT = "its process is alive but does not answer: stopped (SIGSTOP) or stuck? 
 
 def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, Any]:
     cfg = load_config(config_path)
-    why = not_running(cfg)
+    endpoint = check_access(cfg, is_view(kind, fields))
+    why = not_running(endpoint)
     if why is not None:
         fail(f"{why} ({start_hint(cfg)})", EXIT_UNREACHABLE)
     try:
-        with Connection(cfg.admin_endpoint, timeout=5.0, max_reply=MAX_ADMIN_REPLY_BYTES) as conn:
+        with Connection(endpoint, timeout=5.0, max_reply=MAX_ADMIN_REPLY_BYTES) as conn:
             return conn.call(kind, **fields)
     except Unreachable as e:
-        why = not_running(cfg)  # gone meanwhile (stopped, killed), or silent
+        why = not_running(endpoint)  # gone meanwhile (stopped, killed), or silent
         fail(f"{why} ({start_hint(cfg)})" if why else f"{e} ({SILENT})", EXIT_UNREACHABLE)
     except NodeError as e:
         fail(e.message, EXIT_ADMIN_REFUSED)

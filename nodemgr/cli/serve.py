@@ -7,6 +7,7 @@ import logging
 import click
 
 from nodemgr.cli._common import config_option, fail, load_config
+from nodemgr.config import FORGET_FLAG
 from nodemgr.exitcodes import EXIT_CONFIG
 from nodemgr.gpus import InventoryError
 
@@ -14,7 +15,14 @@ from nodemgr.gpus import InventoryError
 @click.command()
 @config_option
 @click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
-def serve(config_path: str | None, verbose: bool) -> None:
+@click.option(
+    FORGET_FLAG,
+    "forget_unknown",
+    is_flag=True,
+    help="Start although run_dir holds ledgers, used by no process, of environments the "
+    "database does not know (it was emptied or replaced): their quotas are lost.",
+)
+def serve(config_path: str | None, verbose: bool, forget_unknown: bool) -> None:
     """Run nodemgr in the foreground until SIGTERM or Ctrl-C."""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -26,7 +34,7 @@ def serve(config_path: str | None, verbose: bool) -> None:
 
     cfg = load_config(config_path)
     try:
-        server = Server(cfg)
+        server = Server(cfg, forget_unknown)
         server.start()
     except (StartupError, InventoryError) as e:
         fail(str(e), EXIT_CONFIG)

@@ -11,6 +11,7 @@ import click
 
 from nodemgr.cli._common import (
     SILENT,
+    check_access,
     config_option,
     fail,
     format_table,
@@ -213,12 +214,13 @@ class IterationsType(CountType):
 def top(delay: float, iterations: int | None, config_path: str | None, as_json: bool) -> None:
     """A live view of GPUs, environments, tasks and the wait queue."""
     cfg = load_config(config_path)
+    endpoint = check_access(cfg, view=True)
     count = 0
     away_since: str | None = None  # when nodemgr was last found not answering
     try:
-        with Connection(cfg.admin_endpoint, timeout=5.0, max_reply=MAX_ADMIN_REPLY_BYTES) as conn:
+        with Connection(endpoint, timeout=5.0, max_reply=MAX_ADMIN_REPLY_BYTES) as conn:
             while True:
-                why = not_running(cfg)
+                why = not_running(endpoint)
                 if why is not None:
                     why = f"{why} ({start_hint(cfg)})"
                 else:
@@ -226,7 +228,7 @@ def top(delay: float, iterations: int | None, config_path: str | None, as_json: 
                         snap = snapshot(conn)
                     except Unreachable as e:
                         # Gone meanwhile (stopped, killed), or silent.
-                        gone = not_running(cfg)
+                        gone = not_running(endpoint)
                         why = f"{gone} ({start_hint(cfg)})" if gone else f"{e} ({SILENT})"
                     except NodeError as e:
                         fail(e.message, 1)

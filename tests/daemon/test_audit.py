@@ -142,3 +142,19 @@ def test_the_kill_action_kills_a_bypassing_process_only(
     assert honest.poll() is None
     go.touch()
     assert honest.wait(30) == 0
+
+
+def test_the_user_of_a_task_whose_process_is_killed_is_told_why(
+    audited: Any, run_task: Any, bypass: Path
+) -> None:
+    """A bypassing command killed under audit.action = "kill": its gpushare-run learns why
+    at its next heartbeat and prints it before it exits as its command did."""
+    _, _, ep, go = audited({"interval": 0.2, "action": "kill"})
+    cheat = run_task(ep, str(bypass), "dlmopen", "512", str(go))
+    ready_pid(cheat, "ready")
+    assert cheat.wait(30) == 137
+    assert cheat.stderr is not None
+    err = cheat.stderr.read()
+    assert "gpushare-run: nodemgr's bypass audit killed process" in err, err
+    assert "of this task (audit.action = kill): it held 512MiB on GPU 0" in err, err
+    assert "Run CUDA programs with gpushare's shim preloaded" in err

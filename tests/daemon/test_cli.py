@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from nodemgr import protocol
 from nodemgr.cli import cli
+from nodemgr.client import Connection, NodeError
 from nodemgr.sizes import parse_size
 from tests.conftest import BIN, Holder, Waiting, invoke
 
@@ -591,3 +592,61 @@ def test_pause_and_resume_help_say_what_waits() -> None:
     assert "until: nodemgr resume TASK_ID" in text
     text = " ".join(CliRunner().invoke(cli, ["resume", "--help"]).output.split())
     assert "waiting in a kernel launch or allocation go on" in text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_a_reader_sees_the_views_and_changes_nothing(daemon_factory: Any) -> None:
+    """[readers] lets a user reach view.sock but not admin.sock: the view commands work
+    for it, every change is refused, on the CLI and on the wire, naming the admin socket."""
+    d = daemon_factory({"readers": {"mode": "0666"}})
+    d.env("alice")
+    os.chmod(d.root, 0o755)
+    os.chmod(d.run_dir, 0o711)
+    with tempfile.TemporaryDirectory(dir="/tmp") as public:
+        os.chmod(public, 0o755)
+        cfg = Path(public) / "c.toml"
+        cfg.write_text(d.config.read_text())
+        cfg.chmod(0o644)
+
+        def as_nobody(*args: str) -> Any:
+            os.seteuid(65534)
+            try:
+                return CliRunner().invoke(cli, [*args, "--config", str(cfg)])
+            finally:
+                os.seteuid(0)
+
+        for args in (
+            ["status"],
+            ["tasks"],
+            ["history"],
+            ["quota", "show"],
+            ["mode"],
+            ["drain", "--show"],
+            ["top", "--iterations", "1"],
+        ):
+            r = as_nobody(*args)
+            assert r.exit_code == 0, (args, r.output)
+        assert "alice" in as_nobody("quota", "show").output
+        for args in (["quota", "set", "bob", "--gpus", "1", "--memory", "1GiB"], ["drain", "0"]):
+            r = as_nobody(*args)
+            assert r.exit_code == 69, (args, r.output)
+            assert f"permission denied on {d.run_dir}/admin.sock" in r.output
+    # On the wire: the read-only socket answers views and refuses every change.
+    with Connection(f"ipc://{d.run_dir}/view.sock") as c:
+        assert c.call("status")["envs"] == 1
+        assert c.call("mode", gpu=0)["gpus"][0]["mode"] == "shared"
+        for kind, fields in (
+            ("quota_set", {"env": "bob", "gpus": 1, "memory": 1}),
+            ("quota_delete", {"env": "alice"}),
+            ("mode", {"gpu": 0, "mode": "timesliced"}),
+            ("drain", {"gpu": 0, "drained": True}),
+            ("reclaim", {"task_id": "0123456789abcdef"}),
+            ("pause", {"task_id": "0123456789abcdef"}),
+            ("idle_set", {"env": "alice"}),
+        ):
+            with pytest.raises(NodeError) as e:
+                c.call(kind, **fields)
+            assert e.value.code == "forbidden", kind
+            assert f"{d.run_dir}/admin.sock" in e.value.message
+    assert [q["env"] for q in d.admin("quota_show")["quotas"]] == ["alice"]
+    assert d.admin("mode", gpu=0)["gpus"][0]["mode"] == "shared"

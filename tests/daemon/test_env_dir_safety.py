@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from nodemgr.client import Connection, NodeError
+from nodemgr.envdirs import MAX_CLEARED
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 
@@ -230,3 +231,36 @@ def test_an_entry_nodemgr_cannot_clear_refuses_only_its_environment(
     # Once the entry can go, a quota set serves it again.
     assert d.env("a") == ep
     assert _quota(ep)["env"] == "a"
+
+
+def test_files_planted_by_the_thousand_are_cleared_only_so_far(daemon_factory: Any) -> None:
+    """A user who plants any number of files in its directory (some in subdirectories) and
+    spoils its ledger does not hold up nodemgr's start: at most MAX_CLEARED of them are
+    removed, the rest are left (said in the log), and the environment is served with a new
+    ledger."""
+    d = daemon_factory()
+    ep = d.env("a")
+    env_dir = d.run_dir / "envs" / "a"
+    d.kill()
+    (env_dir / "ledger").write_bytes(b"not a ledger")
+    (env_dir / "deep" / "er").mkdir(parents=True)
+    for i in range(MAX_CLEARED + 50):
+        (env_dir / "deep" / "er" / f"f{i}").touch()
+    fd = os.open(env_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(MAX_CLEARED + 50):
+            os.close(os.open(f"planted{i}", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+    finally:
+        os.close(fd)
+    d.start()
+    assert _quota(ep)["env"] == "a"
+    left = [p for p in os.listdir(env_dir) if p.startswith("planted")]
+    left += os.listdir(env_dir / "deep" / "er") if (env_dir / "deep").exists() else []
+    # MAX_CLEARED entries are removed (the two directories among them if they went).
+    assert (
+        2 * (MAX_CLEARED + 50) - MAX_CLEARED
+        <= len(left)
+        <= 2 * (MAX_CLEARED + 50) - (MAX_CLEARED - 2)
+    )
+    assert f"{env_dir}: removed {MAX_CLEARED} entries its user made there" in d.logtext()
+    assert os.stat(env_dir / "ledger").st_size > len(b"not a ledger")

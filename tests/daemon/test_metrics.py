@@ -9,8 +9,14 @@ from typing import Any
 import pytest
 
 from nodemgr.client import Connection, QuotaExceeded
+from nodemgr.connections import CAPS
 from nodemgr.gpus import Gpu, lost_gpus
+from nodemgr.state import REASONS
 from tests.conftest import free_port, scrape
+
+
+def _uuid(d: Any, index: int) -> str:
+    return str(d.admin("status")["gpus"][index]["uuid"])
 
 
 def test_metrics_show_quota_grants_use_reclaims_and_latency(
@@ -77,3 +83,31 @@ def test_a_gpu_nvml_reports_lost_is_found(monkeypatch: pytest.MonkeyPatch) -> No
     gpus = [Gpu(i, f"GPU-0000000{i}", "x", 1) for i in range(3)]
     assert lost_gpus(gpus) == {1}
     assert len(calls) == 3
+
+
+def test_labelled_series_exist_at_zero_from_the_start(daemon_factory: Any) -> None:
+    """Before anything has happened, every series whose labels are known is there at 0: each
+    reason a task ends for, each cap, each error code of each endpoint, each wait outcome,
+    each GPU's and each environment's."""
+    port = free_port()
+    d = daemon_factory({"metrics": {"port": port}, "gpus": {"simulated_count": 2}})
+    d.env("alice")
+    d.stop()
+    d.log = open(d.root / "nodemgr.log", "a")  # noqa: SIM115 (closed by d.stop)
+    d.start()  # alice is known from the start
+    m = scrape(port)
+    for reason in REASONS:
+        assert m[f'gpushare_reclaims_total{{reason="{reason}"}}'] == 0, reason
+    for cap in CAPS:
+        assert m[f'gpushare_connections_refused_total{{cap="{cap}"}}'] == 0
+    for endpoint in ("admin", "task"):
+        for code in ("busy", "bad_request", "no_resources", "internal"):
+            assert m[f'gpushare_request_errors_total{{code="{code}",endpoint="{endpoint}"}}'] == 0
+    for outcome in ("granted", "timeout"):
+        assert m[f'gpushare_queue_wait_seconds_count{{outcome="{outcome}"}}'] == 0
+    for gpu in ("0", "1"):
+        assert m[f'gpushare_turn_switches_total{{gpu="{gpu}"}}'] == 0
+        assert m[f'gpushare_turn_switch_seconds_count{{gpu="{gpu}"}}'] == 0
+        assert m[f'gpushare_gpu_tasks{{gpu="{gpu}",uuid="{_uuid(d, int(gpu))}"}}'] == 0
+    for name in ("gpus", "used_bytes", "tasks", "kernel_launches_total", "utilization_ratio"):
+        assert m[f'gpushare_env_{name}{{env="alice"}}'] == 0, name

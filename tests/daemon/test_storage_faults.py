@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from nodemgr.client import Connection, NoResources
+from nodemgr.client import Connection, NoResources, wait_until_serving
 from tests.conftest import BIN, Daemon
 
 MiB = 1 << 20
@@ -227,6 +227,41 @@ def test_lost_database_beside_live_ledgers_refuses_to_start(
     assert "knows no environment alice" in err
     assert str(p.pid) in err or "pids" in err
     assert "Traceback" not in err
+
+
+def test_emptied_database_beside_unused_ledgers_starts_only_when_told(
+    daemon_factory: Any,
+) -> None:
+    """No process uses alice's ledger, but the database that knew her quota is gone: nodemgr
+    does not quietly start with no quotas; `--forget-unknown-envs` starts it without them."""
+    d = daemon_factory()
+    d.env("alice")
+    d.stop()
+    for name in ("nodemgr.db", "nodemgr.db-wal", "nodemgr.db-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            (d.state_dir / name).unlink()
+    r = serve(d.config)
+    assert r.returncode == 78, r.stderr
+    assert "knows no environment alice" in r.stderr
+    assert "nodemgr serve --forget-unknown-envs" in r.stderr
+    assert "Traceback" not in r.stderr
+    d.log = open(d.root / "nodemgr.log", "a")  # noqa: SIM115 (closed by d.stop)
+    d.proc = subprocess.Popen(
+        [str(BIN / "nodemgr"), "serve", "--forget-unknown-envs", "--config", str(d.config)],
+        stdout=d.log,
+        stderr=subprocess.STDOUT,
+    )
+    assert wait_until_serving(
+        f"ipc://{d.run_dir / 'admin.sock'}", lambda: d.proc.poll() is None, 15
+    ), d.logtext()
+    assert d.admin("quota_show")["quotas"] == []
+    assert "left from environment alice" in d.logtext()
+    # Created again, alice gets a new ledger, and the next start needs no flag.
+    d.env("alice")
+    d.stop()
+    d.log = open(d.root / "nodemgr.log", "a")  # noqa: SIM115
+    d.start()
+    assert [q["env"] for q in d.admin("quota_show")["quotas"]] == ["alice"]
 
 
 def test_run_dir_removed_under_nodemgr_is_made_again(

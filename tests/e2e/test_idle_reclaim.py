@@ -8,11 +8,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from nodemgr.client import NodeError
 from nodemgr.exitcodes import (
     EXIT_RECLAIMED_ADMIN,
     EXIT_RECLAIMED_DELETED,
     EXIT_RECLAIMED_IDLE,
 )
+from tests.conftest import invoke
 
 STANDIN = Path(__file__).resolve().parent.parent / "fixtures" / "standin"
 GiB = 1 << 30
@@ -100,3 +104,23 @@ def test_a_deleted_environments_user_is_told(daemon: Any, run_task: Any) -> None
     assert p.wait(30) == EXIT_RECLAIMED_DELETED
     err = p.stderr.read()
     assert "an operator deleted the environment 'alice'" in err, err
+
+
+def test_the_operators_reason_reaches_the_user(daemon: Any, run_task: Any) -> None:
+    """`nodemgr reclaim --reason` travels in the `reclaimed` answer to the task's client,
+    which prints it with its exit 92 line."""
+    p = start(run_task, str(daemon.env("alice", gpus=1, memory=GiB)), 0.0)
+    [task] = daemon.tasks()
+    why = "GPU 0 goes into maintenance at 14:00, see #ops"
+    r = invoke(daemon, "reclaim", task["task_id"], "--reason", why)
+    assert r.exit_code == 0, r.output
+    assert p.wait(30) == EXIT_RECLAIMED_ADMIN
+    err = p.stderr.read()
+    assert f"GPUs reclaimed by an operator (nodemgr reclaim): {why}" in err
+    # One printable line only: nothing the operator writes can move the user's cursor.
+    for bad in ("two\nlines", "\x1b[2J", "x" * 501):
+        r = invoke(daemon, "reclaim", "0123456789abcdef", "--reason", bad)
+        assert r.exit_code == 2 and "--reason" in r.output
+        with pytest.raises(NodeError) as e:
+            daemon.admin("reclaim", task_id="0123456789abcdef", reason=bad)
+        assert e.value.code == "bad_request"
