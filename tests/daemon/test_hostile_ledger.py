@@ -241,6 +241,27 @@ def test_a_fake_slot_costs_others_nothing_and_the_audit_reports_it(
     done(alice, grant["task_id"])
 
 
+def test_a_fake_slot_counts_only_the_quota_in_force_once_the_quota_was_lowered(
+    daemon_factory: Any, hostiles: list[Hostile], wait_for: Any
+) -> None:
+    """The GPU was granted under a 12 GiB quota and given back empty; the quota is lowered
+    to 4 GiB and the GPU granted again: a slot written to say 12 GiB keeps 4 GiB from the
+    others, not the 12 GiB of the earlier limit."""
+    d = daemon_factory({"gpus": {"simulated_count": 1}}, heartbeat_timeout=600.0)
+    evil = d.env("mallory", gpus=1, memory=12 * GiB)
+    done(evil, request(evil)["task_id"])
+    d.env("mallory", gpus=1, memory=4 * GiB)
+    alice = d.env("alice", gpus=1, memory=12 * GiB)
+    h = Hostile(evil)
+    hostiles.append(h)
+    h.claim()
+    h.do("l.slot[slot].used[0] = 12 << 30; l.slot[slot].held = 12 << 30")
+    swept(d, h, wait_for)
+    grant = request(alice)
+    assert grant["gpus"][0]["index"] == 0
+    done(alice, grant["task_id"])
+
+
 def test_a_limit_an_environment_raises_in_its_ledger_is_written_back_and_reported(
     daemon_factory: Any, hostiles: list[Hostile], wait_for: Any
 ) -> None:
