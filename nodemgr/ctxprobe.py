@@ -85,7 +85,8 @@ def _probe_env(gpu: Gpu, sim_gpus: str | None) -> dict[str, str]:
     simulator's own variables: where its process table lives)."""
     from client_plugin.envvars import SIM_GPUS
 
-    keep = "GPUSHARE_SIM_" if sim_gpus is not None else "GPUSHARE_"
+    # gpushare's variables but, on simulated GPUs, the simulator's ("" would keep them all).
+    keep = ("GPUSHARE_SIM_",) if sim_gpus is not None else ()
     env = {
         k: v
         for k, v in os.environ.items()
