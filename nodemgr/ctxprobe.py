@@ -227,7 +227,10 @@ def _measure_model(same: list[Gpu], gpus: list[Gpu], simulated: bool) -> tuple[G
             raise ProbeError(str(e)) from None
         # The whole node's list: the simulated NVML's process table is the node's.
         sim_gpus = sim_spec(gpus)
-        load_simulated(sim_gpus)
+        try:
+            load_simulated(sim_gpus)
+        except (OSError, pynvml.NVMLError) as e:
+            raise ProbeError(f"the simulated NVML: {e}") from None
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as e:

@@ -135,6 +135,27 @@ def test_the_probe_runs_without_the_shim_or_a_tasks_variables(
         assert env["CUDA_VISIBLE_DEVICES"] == gpu.uuid
 
 
+def test_a_simulated_nvml_that_cannot_be_loaded_is_a_failed_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A simulated NVML that cannot be loaded (a broken install) fails the measurement as
+    a probe that fails does: the default charge and a WARNING, not a nodemgr that cannot
+    start."""
+    from nodemgr import audit, config, gpus
+
+    def broken(spec: str) -> None:
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(audit, "load_simulated", broken)
+    (tmp_path / "c.toml").write_text('[gpus]\nsource = "simulated"\nsimulated_count = 2\n')
+    cfg = config.load(tmp_path / "c.toml")
+    assert ctxprobe.charges(cfg, gpus.simulated(cfg), True) == {
+        0: (CONTEXT_FALLBACK, "fallback"),
+        1: (CONTEXT_FALLBACK, "fallback"),
+    }
+    assert "the simulated NVML: libnvidia-ml.so.1: cannot open shared object file" in caplog.text
+
+
 def test_page_up() -> None:
     assert ctxprobe.page_up(0) == 0
     assert ctxprobe.page_up(1) == 2 * MiB
