@@ -239,7 +239,8 @@ class AuditState:
 
     def update(self, findings: list[Finding]) -> list[Finding]:
         """Take the findings of a new audit; return those not found by the one before
-        (each is logged and counted once, however many audits find it)."""
+        (each, by its key (pid, GPU, reason), is logged and counted once, however many
+        audits in a row find it)."""
         self.audits += 1
         self.error = None
         keys = {f.key for f in findings}

@@ -87,7 +87,8 @@ def _probe_env(gpu: Gpu, sim_gpus: str | None, sim_state_dir: Path | None) -> di
     directory ``sim_state_dir``, where their process table lives)."""
     from client_plugin.envvars import SIM_GPUS, SIM_STATE_DIR
 
-    keep = "GPUSHARE_SIM_" if sim_gpus is not None else "GPUSHARE_"
+    # gpushare's variables but, on simulated GPUs, the simulator's ("" would keep them all).
+    keep = ("GPUSHARE_SIM_",) if sim_gpus is not None else ()
     env = {
         k: v
         for k, v in os.environ.items()
@@ -231,7 +232,10 @@ def _measure_model(same: list[Gpu], gpus: list[Gpu], sim_state_dir: Path | None)
             raise ProbeError(str(e)) from None
         # The whole node's list: the simulated NVML's process table is the node's.
         sim_gpus = sim_spec(gpus)
-        load_simulated(sim_gpus, sim_state_dir)
+        try:
+            load_simulated(sim_gpus, sim_state_dir)
+        except (OSError, pynvml.NVMLError) as e:
+            raise ProbeError(f"the simulated NVML: {e}") from None
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as e:

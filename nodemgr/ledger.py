@@ -247,7 +247,10 @@ class Ledger:
         lib.gs_ledger_set_limit(self._l, gpu, nbytes)
         if 0 <= gpu < MAX_GPUS:
             self._limits[gpu] = nbytes
-            self._ceiling[gpu] = max(self._ceiling[gpu], nbytes)
+            # Where what the slots hold fits the new limit, an earlier, higher one no
+            # longer counts (held()): a GPU granted again under a lowered quota.
+            fits = self.used(gpu) <= nbytes
+            self._ceiling[gpu] = nbytes if fits else max(self._ceiling[gpu], nbytes)
 
     def limit(self, gpu: int) -> int:
         """The limit nodemgr set on ``gpu`` (what the file says may differ until repair())."""

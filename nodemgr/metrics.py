@@ -175,7 +175,7 @@ class _StateCollector(Collector):
         yield from _gauges(GPU_GAUGES, ["gpu", "uuid"], gpus)
         yield CounterMetricFamily(
             "gpushare_bypass_findings",
-            "Processes found bypassing the shim, each (process, GPU) counted once",
+            "Bypass audit findings, each (process, GPU, reason) counted once",
             value=snap.bypass_found,
         )
         yield CounterMetricFamily(

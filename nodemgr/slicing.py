@@ -374,7 +374,8 @@ class Slicing:
 
     def expire_turns(self) -> None:
         """Pass on the turns of holders stuck for timeslice.turn_timeout (no boundary for
-        that long, or never one and a turn that old)."""
+        that long, or never one and a turn that old) or past the end of their turn for that
+        long without yielding (timeslice.expire)."""
         if self._idle():
             return
         started = time.perf_counter()

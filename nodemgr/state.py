@@ -578,13 +578,10 @@ class Node:
         self._seen_floor = min((t.last_seen for t in self.tasks.values()), default=math.inf)
         return out
 
-    def sample(self) -> None:
-        """Read every ledger once: what tasks use now and the most they have used."""
-        for env in self.envs.values():
-            self.sample_env(env)
-
     def sample_env(self, env: Env) -> None:
-        """Read one environment's ledger as sample() does."""
+        """Read one environment's ledger: what its tasks use now and the most they have
+        used (the sweep reads each environment's on its own, so that one failing stops no
+        other's)."""
         env.usage = env.ledger.summary()
         self.note_usage(env.usage)
 

@@ -525,12 +525,16 @@ int gs_ledger_reap(struct gs_ledger *l, int fd, struct gs_slot_info *out, uint32
 	return n;
 }
 
-/* CLOCK_REALTIME in ns: the clock of a task's last_launch_ns (nodemgr's time.time_ns()). */
-static uint64_t wall_ns(void)
+/*
+ * Clock `id` in ns. CLOCK_REALTIME is the clock of a task's last_launch_ns
+ * (nodemgr's time.time_ns()), CLOCK_MONOTONIC that of a slot's boundary_ns
+ * (nodemgr's time.monotonic_ns()).
+ */
+static uint64_t clock_ns(clockid_t id)
 {
 	struct timespec ts;
 
-	if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
+	if (clock_gettime(id, &ts) != 0)
 		return 0;
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
@@ -560,7 +564,7 @@ int gs_ledger_reap_others(struct gs_ledger *l, int fd, uint32_t own)
 		if (rc < 0)
 			return rc;
 		if (rc > 0 && t != NULL)
-			STORE(&t->last_launch_ns, wall_ns());
+			STORE(&t->last_launch_ns, clock_ns(CLOCK_REALTIME));
 		n += rc;
 	}
 	return n;
@@ -755,16 +759,6 @@ void gs_ledger_uncharge(struct gs_ledger *l, uint32_t slot, uint32_t gpu, uint64
  * read-modify-writes of a slot's figures are compare-and-swap loops.
  */
 
-/* CLOCK_MONOTONIC in ns: the clock of a slot's boundary_ns (nodemgr's time.monotonic_ns()). */
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-		return 0;
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 uint64_t gs_ledger_boundary(struct gs_ledger *l, uint32_t slot, uint64_t iterations)
 {
 	struct gs_slot *s;
@@ -776,7 +770,7 @@ uint64_t gs_ledger_boundary(struct gs_ledger *l, uint32_t slot, uint64_t iterati
 	s = &l->slot[slot];
 	for (int g = 0; g < GS_MAX_GPUS; g++)
 		STORE(&s->persistent[g], LOAD(&s->used[g]));
-	STORE(&s->boundary_ns, now_ns());
+	STORE(&s->boundary_ns, clock_ns(CLOCK_MONOTONIC));
 	STORE(&s->iterations, iterations);
 	t = slot_task(l, s);
 	if (t == NULL)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from client_plugin.envvars import SIM_GPUS
 from nodemgr import ctxprobe
 from nodemgr.config import CONTEXT_FALLBACK
 from nodemgr.gpus import Gpu
@@ -110,6 +111,49 @@ def test_a_probe_that_hangs_is_ended_at_its_timeout(monkeypatch: pytest.MonkeyPa
         ctxprobe.measure(gpu, "libcuda.so.1", None, timeout=0.5, command=hang)
     [proc] = started
     assert proc.returncode is not None  # reaped, not left running
+
+
+def test_the_probe_runs_without_the_shim_or_a_tasks_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A nodemgr started from a task's shell: its probe gets neither the shim nor the task's
+    gpushare variables, on NVML GPUs as on simulated ones, where it keeps the simulator's."""
+    monkeypatch.setenv("LD_PRELOAD", "libgpushare.so")
+    monkeypatch.setenv("GPUSHARE_LEDGER", "/run/gpushare/envs/a/ledger")
+    monkeypatch.setenv("GPUSHARE_TASK_ID", "0123456789abcdef")
+    monkeypatch.setenv("OTHER", "kept")
+    gpu = Gpu(1, "GPU-5349d000-0000-4000-8000-000000000001", "Sim", 16 * GiB)
+    for sim_gpus in (None, "Sim|GPU-5349d000-0000-4000-8000-000000000001|17179869184"):
+        env = ctxprobe._probe_env(gpu, sim_gpus)
+        gpushare = {k for k in env if k.startswith("GPUSHARE_")}
+        if sim_gpus is None:
+            assert gpushare == set()
+        else:
+            assert all(k.startswith("GPUSHARE_SIM_") for k in gpushare)
+            assert env[SIM_GPUS] == sim_gpus and "GPUSHARE_SIM_STATE_DIR" in env  # (registry)
+        assert "LD_PRELOAD" not in env and env["OTHER"] == "kept"
+        assert env["CUDA_VISIBLE_DEVICES"] == gpu.uuid
+
+
+def test_a_simulated_nvml_that_cannot_be_loaded_is_a_failed_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A simulated NVML that cannot be loaded (a broken install) fails the measurement as
+    a probe that fails does: the default charge and a WARNING, not a nodemgr that cannot
+    start."""
+    from nodemgr import audit, config, gpus
+
+    def broken(spec: str) -> None:
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(audit, "load_simulated", broken)
+    (tmp_path / "c.toml").write_text('[gpus]\nsource = "simulated"\nsimulated_count = 2\n')
+    cfg = config.load(tmp_path / "c.toml")
+    assert ctxprobe.charges(cfg, gpus.simulated(cfg), True) == {
+        0: (CONTEXT_FALLBACK, "fallback"),
+        1: (CONTEXT_FALLBACK, "fallback"),
+    }
+    assert "the simulated NVML: libnvidia-ml.so.1: cannot open shared object file" in caplog.text
 
 
 def test_page_up() -> None:

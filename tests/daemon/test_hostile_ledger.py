@@ -207,6 +207,17 @@ def findings(d: Any) -> list[dict[str, Any]]:
     return list(d.admin("status")["bypass"]["processes"])
 
 
+def says_12_gib(d: Any, endpoint: str, hostiles: list[Hostile], wait_for: Any) -> Hostile:
+    """A task of the environment at ``endpoint`` whose process takes a slot of its own (its
+    lock held) and writes it to say 12 GiB on GPU 0; returned once nodemgr has swept it."""
+    h = Hostile(endpoint)
+    hostiles.append(h)
+    h.claim()
+    h.do("l.slot[slot].used[0] = 12 << 30; l.slot[slot].held = 12 << 30")
+    swept(d, h, wait_for)
+    return h
+
+
 def test_a_fake_slot_costs_others_nothing_and_the_audit_reports_it(
     daemon_factory: Any, registry: Path, hostiles: list[Hostile], wait_for: Any
 ) -> None:
@@ -215,12 +226,7 @@ def test_a_fake_slot_costs_others_nothing_and_the_audit_reports_it(
     )
     evil = d.env("mallory", gpus=1, memory=4 * GiB)
     alice = d.env("alice", gpus=1, memory=12 * GiB)
-    h = Hostile(evil)
-    hostiles.append(h)
-    # A slot of its own, its lock held, saying it holds 12 GiB of the 16 GiB GPU.
-    h.claim()
-    h.do("l.slot[slot].used[0] = 12 << 30; l.slot[slot].held = 12 << 30")
-    swept(d, h, wait_for)
+    h = says_12_gib(d, evil, hostiles, wait_for)
     # Its quota is 4 GiB there: alice's 12 GiB still fit.
     grant = request(alice)
     assert grant["gpus"][0]["index"] == 0
@@ -238,6 +244,23 @@ def test_a_fake_slot_costs_others_nothing_and_the_audit_reports_it(
     # Not a process holding memory around the shim: not counted as one, never killed.
     assert st["gpus"][0]["bypass"] == 0 and st["bypass"]["found"] == 1
     assert f"ledger: pid {h.p.pid} holds {12 * GiB} bytes on GPU 0, NVML sees 0" in d.logtext()
+    done(alice, grant["task_id"])
+
+
+def test_a_fake_slot_counts_only_the_quota_in_force_once_the_quota_was_lowered(
+    daemon_factory: Any, hostiles: list[Hostile], wait_for: Any
+) -> None:
+    """The GPU was granted under a 12 GiB quota and given back empty; the quota is lowered
+    to 4 GiB and the GPU granted again: a slot written to say 12 GiB keeps 4 GiB from the
+    others, not the 12 GiB of the earlier limit."""
+    d = daemon_factory({"gpus": {"simulated_count": 1}}, heartbeat_timeout=600.0)
+    evil = d.env("mallory", gpus=1, memory=12 * GiB)
+    done(evil, request(evil)["task_id"])
+    d.env("mallory", gpus=1, memory=4 * GiB)
+    alice = d.env("alice", gpus=1, memory=12 * GiB)
+    says_12_gib(d, evil, hostiles, wait_for)
+    grant = request(alice)
+    assert grant["gpus"][0]["index"] == 0
     done(alice, grant["task_id"])
 
 

@@ -404,12 +404,15 @@ def test_turn_timeout_passes_the_turn_of_a_task_that_never_yields(
 
 
 def test_a_holder_that_steps_on_past_its_turn_loses_it_after_turn_timeout(
-    daemon_factory: Any, procs: Any
+    daemon_factory: Any, procs: Any, wait_for: Any
 ) -> None:
     """A task that reports a boundary every step but never yields (its plugin ignores the
     end of its turn) is never stuck; past the end of its turn by turn_timeout, it is gated
-    all the same and the other task gets the turn, again at each of its turns."""
-    d = ts_daemon(daemon_factory, turn_timeout=0.5)
+    all the same and the other task gets the turn, again at each of its turns. The other
+    task reports no boundaries: it loses the turn at its yield or, should this test be
+    slow to send it, when its turn is turn_timeout old; either way a gets it back. Only a
+    stall of turn_timeout while a steps could cut a as stuck instead."""
+    d = ts_daemon(daemon_factory, turn_timeout=2.0)
     ep = d.env("a", memory=4 * GiB)
     a = procs(ep)
     a.started()
@@ -417,7 +420,8 @@ def test_a_holder_that_steps_on_past_its_turn_loses_it_after_turn_timeout(
     b.started()
     i = 0
     for _ in range(2):
-        assert gpu0(d)["turn"]["holder"] == a.task_id
+        wait_for(lambda: gpu0(d)["turn"]["holder"] == a.task_id, 30)
+        switches = gpu0(d)["turn"]["switches"]
         with ledger_of(d, "a") as ledger:
             entry = ledger.task_entry(a.task_id)
             assert entry is not None and entry.turn_until == i + 4
@@ -429,9 +433,9 @@ def test_a_holder_that_steps_on_past_its_turn_loses_it_after_turn_timeout(
             i += 1
             a.do("boundary", i)
             time.sleep(0.01)
-        assert i > entry.turn_until
-        assert gpu0(d)["turn"]["holder"] == b.task_id and not gated(d, "a", b.task_id)
-        assert b.do("yield") is True
+        assert i > entry.turn_until  # gated past the end of its turn, not within it
+        assert gpu0(d)["turn"]["switches"] > switches  # the turn went to b
+        b.do("yield")
 
 
 def two_processes_and_another(d: Any, procs: Any) -> tuple[Any, Any, Any]:
