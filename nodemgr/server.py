@@ -136,6 +136,9 @@ class Server:
         self.pidfds: dict[int, Watched] = {}
         self.watched: dict[Watched, int] = {}
         self._stop = False
+        # The read end of the pipe a signal's arrival is written to (serve_forever), polled
+        # so that SIGTERM ends the wait at once, however long the sweep interval.
+        self._wakeup = -1
         self._next_sweep = 0.0
         # Environments of the tasks released since the last sweep (release()).
         self._released: set[str] = set()
@@ -293,11 +296,22 @@ class Server:
     def serve_forever(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        # The handler runs between two waits, and the wait it interrupted is resumed with
+        # what is left of its timeout (PEP 475): a byte written to a polled pipe as the
+        # signal arrives ends that wait, or the next one when it came before.
+        self._wakeup, wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        was = signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
+        self.epoll.register(self._wakeup, select.EPOLLIN)
         try:
             while not self._stop:
                 # One bad record or reply never ends the loop: what failed is logged.
                 self._safely("in the loop", self.step)
         finally:
+            signal.set_wakeup_fd(was)
+            self.epoll.unregister(self._wakeup)
+            os.close(self._wakeup)
+            os.close(wake)
+            self._wakeup = -1
             self.close()
 
     def _safely(self, what: str, fn: Callable[..., object], *args: Any) -> None:
@@ -321,6 +335,10 @@ class Server:
         # descriptor and open another under the same number, which a stale event must not
         # reach (each is checked to be still registered as what it was).
         events = [(self.fds.get(fd), fd, ev) for fd, ev in self.epoll.poll(timeout)]
+        if any(fd == self._wakeup for _, fd, _ in events):
+            # Signals' numbers: their handlers have run; emptied, or the pipe stays ready.
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wakeup, 4096)
         # Process exits first, for the same reason: serving a message may close a pidfd and
         # open a new one under the same number.
         for what, fd, _ in events:

@@ -49,6 +49,24 @@ def test_a_clean_stop_removes_the_sockets_and_clients_fail_at_once(
     assert run_task(ep, "true").wait(60) == 0
 
 
+def test_sigterm_ends_the_wait_whatever_the_sweep_interval(daemon_factory: Any) -> None:
+    """nodemgr waits for its next event or sweep; a signal is one of its events. With a
+    sweep a minute away and no client to wake it, SIGTERM still stops it cleanly at once
+    (20 s: a loaded machine's bound, a third of that sweep interval)."""
+    d = daemon_factory(sweep_interval=60)
+    d.env("alice")
+    d.keeper.stop()  # its heartbeats would wake the loop
+    d.proc.send_signal(signal.SIGTERM)
+    try:
+        code = d.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("nodemgr did not stop within 20 s of SIGTERM")
+    assert code == 0, d.logtext()
+    assert "nodemgr stopped" in d.logtext()
+    assert not (d.run_dir / "admin.sock").exists()
+    assert not (d.run_dir / "envs" / "alice" / "task.sock").exists()
+
+
 def test_a_killed_nodemgr_is_told_at_once_and_a_silent_one_after_the_wait(
     daemon: Any,
 ) -> None:
