@@ -135,6 +135,8 @@ class Connections:
         self.paused_envs = False
         self.paused_admin = False
         self._pause_said = -60.0
+        # Listeners not polled until the next sweep (retry_held): accepting on them failed.
+        self.held: set[Listener] = set()
         self._bind_dir = config.run_dir / ".bind"
         self._binds = 0
         # Called with the cap's name for each connection refused over a cap; the metrics'.
@@ -365,6 +367,20 @@ class Connections:
                 self.epoll.modify(listener.fd, select.EPOLLIN)
         self.paused_admin = False
         self.paused_envs = not envs
+
+    def hold(self, listener: Listener) -> None:
+        """Stop polling ``listener`` until the next sweep: accepting on it failed, and
+        its waiting connection, still there, must not end every wait until then."""
+        if self.fds.get(listener.fd) is listener:
+            self.epoll.modify(listener.fd, 0)
+            self.held.add(listener)
+
+    def retry_held(self) -> None:
+        """Poll the listeners held (hold) again, unless paused (resume polls them then)."""
+        for listener in self.held:
+            if self.fds.get(listener.fd) is listener and self.polled(listener):
+                self.epoll.modify(listener.fd, select.EPOLLIN)
+        self.held.clear()
 
     def all_listeners(self) -> list[Listener]:
         admins = [x for x in (self.admin, self.readers) if x is not None]

@@ -9,6 +9,7 @@ EXIT_UNREACHABLE = 69  # EX_UNAVAILABLE: nodemgr unreachable, or its socket refu
 EXIT_NO_RESOURCES = 75  # EX_TEMPFAIL: no GPUs free, now or within the wait
 EXIT_REFUSED = 77  # EX_NOPERM: gpushare-run's request refused (quota, node, environment)
 EXIT_CONFIG = 78  # EX_CONFIG: bad configuration, or nodemgr could not start
+EXIT_SOFTWARE = 70  # EX_SOFTWARE: nodemgr's loop kept failing; it stopped to be restarted
 EXIT_INTERNAL = 125  # gpushare-run itself failed
 EXIT_NOT_EXECUTABLE = 126  # as a shell says: CMD cannot be executed
 EXIT_NOT_FOUND = 127  # as a shell says: CMD not found

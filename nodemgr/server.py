@@ -25,6 +25,7 @@ import select
 import signal
 import sqlite3
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from nodemgr.connections import (
 )
 from nodemgr.ctxprobe import charges
 from nodemgr.envdirs import RestoreError
+from nodemgr.exitcodes import EXIT_SOFTWARE
 from nodemgr.gpus import Gpu, discover, lost_gpus
 from nodemgr.metrics import Metrics, MetricsError
 from nodemgr.model import Env, Task
@@ -55,6 +57,10 @@ from nodemgr.transport import Conn
 from nodemgr.utilization import Sampler
 
 log = logging.getLogger("nodemgr")
+
+# Turns of the loop that may fail in a row before nodemgr stops (serve_forever): a failure
+# that repeats at every turn serves nothing, and a restart starts from the database.
+MAX_FAILED_TURNS = 100
 
 
 class StartupError(Exception):
@@ -136,6 +142,9 @@ class Server:
         self.pidfds: dict[int, Watched] = {}
         self.watched: dict[Watched, int] = {}
         self._stop = False
+        # The read end of the pipe a signal's arrival is written to (serve_forever), polled
+        # so that SIGTERM ends the wait at once, however long the sweep interval.
+        self._wakeup = -1
         self._next_sweep = 0.0
         # Environments of the tasks released since the last sweep (release()).
         self._released: set[str] = set()
@@ -290,27 +299,68 @@ class Server:
     def request_stop(self, *_: object) -> None:
         self._stop = True
 
-    def serve_forever(self) -> None:
+    def serve_forever(self) -> int:
+        """Serve until SIGTERM or SIGINT (0), or until MAX_FAILED_TURNS turns in a row
+        failed (EXIT_SOFTWARE): the status for nodemgr to exit with."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        # The handler runs between two waits, and the wait it interrupted is resumed with
+        # what is left of its timeout (PEP 475): a byte written to a polled pipe as the
+        # signal arrives ends that wait, or the next one when it came before.
+        self._wakeup, wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        was = signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
+        self.epoll.register(self._wakeup, select.EPOLLIN)
         try:
+            failed = 0
             while not self._stop:
-                # One bad record or reply never ends the loop: what failed is logged.
-                self._safely("in the loop", self.step)
+                # One bad record or reply never ends the loop: what failed is logged, once
+                # until a turn succeeds again.
+                try:
+                    self.step()
+                except Exception as e:
+                    failed += 1
+                    if failed == 1:
+                        log.exception("internal error in the loop; nodemgr goes on")
+                    if failed >= MAX_FAILED_TURNS:
+                        self._give_up(failed, e)
+                        return EXIT_SOFTWARE
+                else:
+                    failed = 0
+            return 0
         finally:
+            signal.set_wakeup_fd(was)
+            self.epoll.unregister(self._wakeup)
+            os.close(self._wakeup)
+            os.close(wake)
+            self._wakeup = -1
             self.close()
 
-    def _safely(self, what: str, fn: Callable[..., object], *args: Any) -> None:
+    def _give_up(self, failed: int, e: Exception) -> None:
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        log.error(
+            "internal error in the loop %d times in a row, the last in %s (%s:%d): %s; "
+            "nodemgr stops with exit status %d for its service manager to restart it",
+            failed,
+            where.name,
+            where.filename,
+            where.lineno or 0,
+            "".join(traceback.format_exception_only(e)).strip(),
+            EXIT_SOFTWARE,
+            exc_info=e,
+        )
+
+    def _safely(self, what: str, fn: Callable[..., object], *args: Any) -> bool:
         """Run ``fn(*args)``; an unexpected exception is logged (once, until ``what``
-        succeeds again) and the loop goes on."""
+        succeeds again) and the loop goes on. False when it failed."""
         try:
             fn(*args)
         except Exception:
             if what not in self._failing:
                 log.exception("internal error %s; nodemgr goes on", what)
             self._failing.add(what)
-        else:
-            self._failing.discard(what)
+            return False
+        self._failing.discard(what)
+        return True
 
     def step(self) -> None:
         now = time.monotonic()
@@ -321,19 +371,31 @@ class Server:
         # descriptor and open another under the same number, which a stale event must not
         # reach (each is checked to be still registered as what it was).
         events = [(self.fds.get(fd), fd, ev) for fd, ev in self.epoll.poll(timeout)]
+        if any(fd == self._wakeup for _, fd, _ in events):
+            # Signals' numbers: their handlers have run; emptied, or the pipe stays ready.
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wakeup, 4096)
         # Process exits first, for the same reason: serving a message may close a pidfd and
         # open a new one under the same number.
+        # Each event is handled on its own: one whose handling failed is put out of the
+        # wait (its pidfd unwatched, its listener held, its connection dropped), since it
+        # stays ready and would end every later wait, and the others are served.
         for what, fd, _ in events:
-            if isinstance(what, tuple) and self.fds.get(fd) is what:
-                self._process_exited(fd)
+            if not isinstance(what, tuple) or self.fds.get(fd) is not what:
+                continue
+            if not self._safely("handling a client's exit", self._process_exited, fd):
+                # A task is left to its heartbeat timeout, a waiting request to its own.
+                self.unwatch(what)
         for what, fd, ev in events:
             if what is None or isinstance(what, tuple) or self.fds.get(fd) is not what:
                 continue
             if isinstance(what, Listener):
-                if self.connections.polled(what):
-                    self.connections.accept(what)
-            else:
-                self._io(what, ev)
+                if self.connections.polled(what) and not self._safely(
+                    "accepting a connection", self.connections.accept, what
+                ):
+                    self.connections.hold(what)
+            elif not self._safely("serving a connection", self._io, what, ev):
+                self.connections.drop(what)
         now = time.monotonic()
         self.reclaims.step(now)
         if now >= self._next_sweep:
@@ -342,6 +404,7 @@ class Server:
             if self.connections.young:
                 self.connections.expire_young(now)
             self.connections.resume()  # after accept() found no descriptor: try again
+            self.connections.retry_held()  # after accept() failed
             wall_ns = time.time_ns()
             # Each environment's ledger on its own: one that fails stops no other's sweep.
             for env in list(self.node.envs.values()):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import click
 
@@ -38,4 +39,6 @@ def serve(config_path: str | None, verbose: bool, forget_unknown: bool) -> None:
         server.start()
     except (StartupError, InventoryError) as e:
         fail(str(e), EXIT_CONFIG)
-    server.serve_forever()
+    code = server.serve_forever()
+    if code:
+        sys.exit(code)  # EXIT_SOFTWARE: the loop kept failing (said in the log)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import select
+import socket
 import subprocess
 import sys
 import textwrap
 
+import msgpack
+import pytest
+import zmq
+
+from nodemgr.connections import Listener
 from nodemgr.server import Server
 from nodemgr.transport import Conn
 
@@ -116,3 +123,122 @@ def test_expired_finds_every_silent_task_and_only_those(server: Server) -> None:
     node.release(c.task_id, "timeout")
     node.release(a.task_id, "done")
     assert node.expired(t0 + 10 * limit) == []
+
+
+class Admin:
+    """A client of the in-process server's admin socket, answered as the test steps it."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.connect(f"ipc://{server.config.run_dir / 'admin.sock'}")
+        self.sent = 0
+
+    def status(self) -> None:
+        """Ask for the status; step the loop until the answer comes."""
+        self.sent += 1
+        self.sock.send(msgpack.packb({"v": 1, "type": "status", "id": self.sent}))
+        while not self.sock.poll(0):
+            self.server.step()
+        reply = msgpack.unpackb(self.sock.recv())
+        assert (reply["type"], reply["id"]) == ("status", self.sent), reply
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+def test_a_client_whose_events_fail_is_put_out_of_the_wait(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Handling a client's exit, and serving its connection, raise every time. Each event
+    stays ready until handled: failed, it is handled once and put out of the wait (the
+    pidfd unwatched, the connection dropped), so that no later turn fails or ends its wait
+    on it, and the admin socket is served all along."""
+    ep = server._admin("quota_set", 0, {"env": "A", "gpus": 1, "memory": 1 << 30})["endpoint"]
+    p = subprocess.Popen(
+        [sys.executable, "-c", CLIENT, ep, "hold"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None
+        while not select.select([p.stdout], [], [], 0.02)[0]:
+            server.step()
+        task_id = p.stdout.readline().strip()
+        assert ("task", task_id) in server.watched
+    finally:
+        p.kill()
+        p.communicate(timeout=30)
+    exits: list[int] = []
+    served: collections.Counter[Conn] = collections.Counter()
+
+    def exited(fd: int) -> None:
+        exits.append(fd)
+        raise RuntimeError("a client's exit that cannot be handled")
+
+    serve = server._io
+
+    def io(conn: Conn, events: int) -> None:
+        if conn.env == "A":
+            served[conn] += 1
+            raise RuntimeError("a connection that cannot be served")
+        serve(conn, events)
+
+    monkeypatch.setattr(server, "_process_exited", exited)
+    monkeypatch.setattr(server, "_io", io)
+    admin = Admin(server)
+    try:
+        for _ in range(10):
+            admin.status()
+    finally:
+        admin.close()
+    assert len(exits) == 1
+    assert ("task", task_id) not in server.watched
+    [(conn, times)] = served.items()
+    assert times == 1
+    assert conn.closed and server.fds.get(conn.fd) is not conn
+
+
+def test_a_listener_whose_accept_fails_waits_for_the_sweep(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Accepting on A's socket raises: its waiting connection stays there, so the listener
+    is not polled until the next sweep (none comes here until the test lets it), and the
+    admin socket is served meanwhile. At the sweep it is polled, and accepts, again."""
+    ep = server._admin("quota_set", 0, {"env": "A", "gpus": 1, "memory": 1 << 30})["endpoint"]
+    listener = server.connections.listeners["A"]
+    tries: list[Listener] = []
+    accept = server.connections.accept
+
+    def failing(what: Listener) -> None:
+        if what is listener:
+            tries.append(what)
+            raise RuntimeError("a listener that cannot accept")
+        accept(what)
+
+    monkeypatch.setattr(server.connections, "accept", failing)
+    server.step()  # the first turn sweeps
+    server._next_sweep = float("inf")  # and no other until the test says so
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.connect(ep.removeprefix("ipc://"))
+        admin = Admin(server)
+        try:
+            while not tries:
+                server.step()
+            for _ in range(10):
+                admin.status()
+        finally:
+            admin.close()
+        assert len(tries) == 1
+        assert not any(isinstance(c, Conn) and c.env == "A" for c in server.fds.values())
+        monkeypatch.setattr(server.connections, "accept", accept)
+        server._next_sweep = 0.0
+        while not any(isinstance(c, Conn) and c.env == "A" for c in server.fds.values()):
+            server.step()
+        assert len(tries) == 1
+    finally:
+        client.close()

@@ -6,15 +6,22 @@ answer. `nodemgr top` waits for nodemgr to come back."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
+import textwrap
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nodemgr.client import FIRST_ANSWER
-from tests.conftest import BIN, invoke
+from nodemgr.exitcodes import EXIT_SOFTWARE
+from nodemgr.server import MAX_FAILED_TURNS
+from tests.conftest import BIN, die_with_test_run, invoke
 
 
 def stopped(d: Any, sig: int) -> None:
@@ -47,6 +54,77 @@ def test_a_clean_stop_removes_the_sockets_and_clients_fail_at_once(
     daemon.start()
     assert daemon.admin("quota_show", env="alice")["quotas"][0]["endpoint"] == ep
     assert run_task(ep, "true").wait(60) == 0
+
+
+def test_sigterm_ends_the_wait_whatever_the_sweep_interval(daemon_factory: Any) -> None:
+    """nodemgr waits for its next event or sweep; a signal is one of its events. With a
+    sweep a minute away and no client to wake it, SIGTERM still stops it cleanly at once
+    (20 s: a loaded machine's bound, a third of that sweep interval)."""
+    d = daemon_factory(sweep_interval=60)
+    d.env("alice")
+    d.keeper.stop()  # its heartbeats would wake the loop
+    d.proc.send_signal(signal.SIGTERM)
+    try:
+        code = d.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("nodemgr did not stop within 20 s of SIGTERM")
+    assert code == 0, d.logtext()
+    assert "nodemgr stopped" in d.logtext()
+    assert not (d.run_dir / "admin.sock").exists()
+    assert not (d.run_dir / "envs" / "alice" / "task.sock").exists()
+
+
+# `nodemgr serve` with a fault that fails every turn of its loop: its reclaims' step raises.
+BROKEN = textwrap.dedent(
+    """
+    import sys
+    from nodemgr import reclaim
+    from nodemgr.cli import main
+
+    def failing_step(self, now):
+        raise RuntimeError("a turn that always fails")
+
+    reclaim.Reclaims.step = failing_step
+    sys.argv[1:] = ["serve", "--config", sys.argv[1]]
+    main()
+    """
+)
+
+
+def test_a_loop_that_fails_at_every_turn_stops_to_be_restarted() -> None:
+    """A failure at every turn serves nothing reliably and leaves the wait no time (the
+    sweep never comes to set it): nodemgr does not spin, it stops cleanly with
+    EXIT_SOFTWARE, for systemd's Restart=on-failure, naming what failed."""
+    root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))  # short: sun_path
+    try:
+        config = root / "nodemgr.toml"
+        config.write_text(
+            f'[node]\nrun_dir = "{root}/run"\nstate_dir = "{root}/state"\n'
+            '[gpus]\nsource = "simulated"\n'
+        )
+        p = subprocess.run(
+            [sys.executable, "-c", BROKEN, str(config)],
+            cwd=root,  # not the source tree, where the ledger bindings are not built
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=die_with_test_run(),
+        )
+        log = p.stdout + p.stderr
+        assert p.returncode == EXIT_SOFTWARE, log
+        assert log.count("internal error in the loop; nodemgr goes on") == 1, log
+        assert (
+            f"internal error in the loop {MAX_FAILED_TURNS} times in a row, the last in "
+            "failing_step (<string>:"
+        ) in log
+        assert (
+            "RuntimeError: a turn that always fails; nodemgr stops with exit status "
+            f"{EXIT_SOFTWARE} for its service manager to restart it"
+        ) in log
+        assert "nodemgr stopped" in log
+        assert not (root / "run" / "admin.sock").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_killed_nodemgr_is_told_at_once_and_a_silent_one_after_the_wait(

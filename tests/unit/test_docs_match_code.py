@@ -140,8 +140,17 @@ def test_exit_code_tables_are_the_defined_codes() -> None:
         exitcodes.EXIT_ADMIN_REFUSED,
         exitcodes.EXIT_USAGE,
         exitcodes.EXIT_UNREACHABLE,
+        exitcodes.EXIT_SOFTWARE,
         exitcodes.EXIT_CONFIG,
     }
+
+
+def test_the_failed_turns_bound_in_docs_is_the_servers() -> None:
+    from nodemgr.server import MAX_FAILED_TURNS
+
+    said = f"{MAX_FAILED_TURNS} in a row"
+    for doc in (DOCS / "nodemgr.md", DOCS / "operations.md", DOCS.parent / "README.md"):
+        assert said in doc.read_text(), doc
 
 
 # A field as docs/protocol.md writes it: `name` (type...), the type in balanced parentheses.
