@@ -68,7 +68,7 @@ class Slot:
     task_id: str
     pid: int  # the pid the process recorded: its own getpid()
     used: tuple[int, ...]  # bytes per GPU index
-    ledger: tuple[int, int] | None = None  # its ledger file's (st_dev, st_ino)
+    ledger: tuple[int, int] | None = None  # its ledger file (Ledger.file_id)
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def compare(
     A process is matched to the slots recording its own pid (``Seen.own_pid``); the
     slots of several environments recording the same pid all count for it. ``owners``
     maps an NVML pid to the (environment, task id) it belongs to, for a process without
-    a slot (a task's client or its descendant). ``mapped``: the files (st_dev, st_ino)
+    a slot (a task's client or its descendant). ``mapped``: the files (device, inode)
     each NVML pid maps, where they could be read; a process holding memory that maps none
     of the ledgers of the slots naming it is NOT_ITS_SLOT, whatever they say."""
     by_pid: dict[int, list[Slot]] = {}

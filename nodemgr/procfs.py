@@ -48,23 +48,47 @@ def own_pid(pid: int) -> int:
     return pid
 
 
-def mapped_files(pid: int) -> frozenset[tuple[int, int]] | None:
-    """The files process ``pid`` maps, as (st_dev, st_ino), from /proc/``pid``/maps; None
-    if it cannot be read (the process is gone, or nodemgr may not read it)."""
+def maps(pid: int | str) -> bytes | None:
+    """/proc/``pid``/maps (``"self"``: nodemgr's own), or None if it cannot be read (the
+    process is gone, or nodemgr may not read it)."""
     try:
         with open(f"/proc/{pid}/maps", "rb") as f:
-            lines = f.read().splitlines()
+            return f.read()
     except OSError:
         return None
-    out = set()
-    for line in lines:
-        # address perms offset dev inode [path]; dev is "major:minor" in hex.
-        fields = line.split(maxsplit=5)
-        try:
-            major, minor = fields[3].split(b":")
-            ino = int(fields[4])
-            if ino:
-                out.add((os.makedev(int(major, 16), int(minor, 16)), ino))
-        except (IndexError, ValueError):
-            continue
-    return frozenset(out)
+
+
+def _range_file(line: bytes) -> tuple[int, int, tuple[int, int]] | None:
+    """(start, end, (device, inode)) of one maps line; None for a line that maps no file
+    or cannot be read."""
+    # address perms offset dev inode [path]; address is "start-end", dev "major:minor",
+    # all in hex.
+    fields = line.split(maxsplit=5)
+    try:
+        start, end = fields[0].split(b"-")
+        major, minor = fields[3].split(b":")
+        ino = int(fields[4])
+        if not ino:
+            return None
+        return int(start, 16), int(end, 16), (os.makedev(int(major, 16), int(minor, 16)), ino)
+    except (IndexError, ValueError):
+        return None
+
+
+def mapping_at(maps: bytes, address: int) -> tuple[int, int] | None:
+    """The (device, inode) ``maps`` (a /proc/PID/maps text) shows for the file mapped at
+    ``address``; None where no file is mapped there."""
+    for line in maps.splitlines():
+        got = _range_file(line)
+        if got is not None and got[0] <= address < got[1]:
+            return got[2]
+    return None
+
+
+def mapped_files(pid: int) -> frozenset[tuple[int, int]] | None:
+    """The files process ``pid`` maps, as (device, inode) as /proc/``pid``/maps shows
+    them; None if it cannot be read (the process is gone, or nodemgr may not read it)."""
+    text = maps(pid)
+    if text is None:
+        return None
+    return frozenset(got[2] for got in map(_range_file, text.splitlines()) if got is not None)

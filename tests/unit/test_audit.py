@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
+
+from nodemgr import procfs
 from nodemgr.audit import (
     BEYOND_SLOT,
     NO_SLOT,
@@ -14,6 +20,7 @@ from nodemgr.audit import (
     compare,
     unconfirmed,
 )
+from nodemgr.ledger import Ledger
 
 MiB = 1 << 20
 
@@ -91,6 +98,35 @@ def test_a_slot_naming_a_process_that_maps_none_of_its_ledgers_is_not_its_own() 
     (f,) = compare(seen, covered, {}, 0, {4100: frozenset({(1, 3)})})
     assert (f.pid, f.reason, f.seen, f.accounted) == (4100, NOT_ITS_SLOT, 128 * MiB, 128 * MiB)
     assert f.env == "a"
+
+
+def test_a_ledger_is_known_by_the_device_maps_shows_not_by_fstats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On btrfs (a subvolume's st_dev) and overlayfs /proc/PID/maps shows a file under
+    another device than fstat's: a process that maps its own ledger is not flagged there."""
+    ledger = Ledger.create(tmp_path / "ledger", [bytes(16)])
+    st = os.stat(tmp_path / "ledger")
+    other = "fe:2a"  # the device maps shows
+    assert os.makedev(0xFE, 0x2A) != st.st_dev
+    lines = []
+    for line in (procfs.maps("self") or b"").decode().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) > 4 and int(fields[4]) == st.st_ino:
+            fields[3] = other
+            line = " ".join(fields)
+        lines.append(line)
+    assert any(other in line for line in lines)  # nodemgr maps it
+    shown = "\n".join(lines).encode() + b"\n"
+    monkeypatch.setattr(procfs, "maps", lambda pid: shown)  # and so does the process
+    try:
+        mine = [Slot("a", "t1", 100, (128 * MiB,), ledger.file_id())]
+        mapped = procfs.mapped_files(4100)
+        assert mapped is not None
+        assert compare([Seen(0, 4100, 100, 128 * MiB)], mine, {}, 0, {4100: mapped}) == []
+        assert ledger.file_id() == (os.makedev(0xFE, 0x2A), st.st_ino)
+    finally:
+        ledger.close()
 
 
 def test_a_slot_claiming_more_than_nvml_sees_in_both_reads_is_unconfirmed() -> None:
