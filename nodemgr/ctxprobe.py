@@ -81,7 +81,7 @@ def _free(pynvml: Any, uuid: str) -> int:
     return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(uuid)).free)
 
 
-def _probe_env(gpu: Gpu, sim_gpus: str | None, sim_state_dir: Path | None) -> dict[str, str]:
+def _probe_env(gpu: Gpu, sim_gpus: str | None, sim_state_dir: Path | None = None) -> dict[str, str]:
     """The probe's environment: nodemgr's, without the shim or a task's variables, seeing
     only ``gpu`` (and, on simulated GPUs, the node's simulated GPUs ``sim_gpus`` and their
     directory ``sim_state_dir``, where their process table lives)."""
