@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import subprocess
     from pathlib import Path
 
     from nodemgr.config import Config
@@ -113,7 +114,6 @@ def measure(
     """Bytes NVML sees a probe's context take on ``gpu``, rounded up to PAGE; raise
     ProbeError. NVML is initialised (and, on simulated GPUs, the simulated one loaded).
     ``command`` replaces the probe's (a test's)."""
-    import select
     import subprocess
     import time
 
@@ -135,13 +135,12 @@ def measure(
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     deadline = time.monotonic() + timeout
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], timeout)
-        line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
-        if line != READY:
-            if not ready:
+        said, ended = _read_line(proc.stdout.fileno(), deadline)
+        if said != READY:
+            if not ended:
                 raise ProbeError(f"no context within {timeout:g}s")
             proc.wait(max(0.0, deadline - time.monotonic()))
-            err = proc.stderr.read().decode(errors="replace").strip().splitlines()
+            err = _read_written(proc.stderr.fileno()).strip().splitlines()
             raise ProbeError(err[-1] if err else f"the probe exited {proc.returncode}")
         while True:
             used = _nvml_used(pynvml, gpu.uuid, proc.pid)
@@ -159,13 +158,74 @@ def measure(
         raise ProbeError(f"NVML: {e}") from None
     finally:
         proc.stdin.close()
-        try:
-            proc.wait(max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _end(proc, max(1.0, deadline - time.monotonic()))
         proc.stdout.close()
         proc.stderr.close()
+
+
+def _read_line(fd: int, deadline: float) -> tuple[str, bool]:
+    """The first line read from ``fd`` (without its newline), and whether it ended (a
+    newline or end of file) before ``deadline`` (time.monotonic()): a probe that writes
+    half a line and hangs does not hang nodemgr."""
+    import select
+    import time
+
+    got = b""
+    while b"\n" not in got:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return got.decode(errors="replace").strip(), False
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        got += chunk
+    return got.partition(b"\n")[0].decode(errors="replace").strip(), True
+
+
+def _read_written(fd: int) -> str:
+    """What an ended probe wrote to ``fd``, read without waiting for the end of file: a
+    process the probe started may hold the pipe open."""
+    import select
+
+    got = b""
+    while select.select([fd], [], [], 0)[0]:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        got += chunk
+    return got.decode(errors="replace")
+
+
+# Seconds a probe killed at its time limit has to be reaped before nodemgr goes on without.
+KILL_WAIT = 5.0
+
+
+def _end(proc: subprocess.Popen[bytes], wait: float) -> None:
+    """Reap ``proc`` within ``wait`` seconds of its stdin closing, else kill its process
+    group (the probe's session: what it started too) and reap it; one that even SIGKILL
+    does not end (stuck in the kernel) is logged and left, so start-up goes on."""
+    import logging
+    import signal
+    import subprocess
+
+    try:
+        proc.wait(wait)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    # Not reaped yet, so its pid (the group's id) cannot name another process.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        proc.kill()
+    try:
+        proc.wait(KILL_WAIT)
+    except subprocess.TimeoutExpired:
+        logging.getLogger("nodemgr").warning(
+            "the context probe (pid %d) did not end %gs after SIGKILL; going on without it",
+            proc.pid,
+            KILL_WAIT,
+        )
 
 
 def charges(config: Config, gpus: list[Gpu], simulated: bool) -> dict[int, tuple[int, str]]:

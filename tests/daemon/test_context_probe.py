@@ -6,6 +6,8 @@ leaves the documented default and a WARNING that names the fix."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +113,40 @@ def test_a_probe_that_hangs_is_ended_at_its_timeout(monkeypatch: pytest.MonkeyPa
         ctxprobe.measure(gpu, "libcuda.so.1", None, timeout=0.5, command=hang)
     [proc] = started
     assert proc.returncode is not None  # reaped, not left running
+
+
+def test_a_probe_whose_child_holds_its_stderr_fails_without_waiting_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A probe that fails and leaves a process of its own holding its stderr open: its
+    last line of stderr is the error, read without waiting for the end of the file, which
+    never comes (start-up would hang)."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    class Recorded(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    leaves = (
+        "import os, signal, sys\n"
+        "if os.fork() == 0:\n"
+        "    os.close(1)\n"
+        "    signal.pause()\n"
+        "sys.exit('cuInit failed: CUDA error 100 (CUDA_ERROR_NO_DEVICE)')\n"
+    )
+    gpu = Gpu(0, "GPU-5349d000-0000-4000-8000-000000000000", "Sim", 16 * GiB)
+    try:
+        with pytest.raises(ctxprobe.ProbeError, match=r"^cuInit failed: CUDA error 100 "):
+            ctxprobe.measure(
+                gpu, "libcuda.so.1", None, timeout=120, command=[sys.executable, "-c", leaves]
+            )
+    finally:
+        # Its child, still in its group (which keeps the group's id from being reused).
+        [proc] = started
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1
 
 
 def test_the_probe_runs_without_the_shim_or_a_tasks_variables(
