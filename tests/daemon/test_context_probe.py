@@ -179,7 +179,7 @@ def test_a_simulated_nvml_that_cannot_be_loaded_is_a_failed_probe(
     start."""
     from nodemgr import audit, config, gpus
 
-    def broken(spec: str) -> None:
+    def broken(spec: str, state_dir: Path) -> None:
         raise OSError("libnvidia-ml.so.1: cannot open shared object file")
 
     monkeypatch.setattr(audit, "load_simulated", broken)
