@@ -236,7 +236,7 @@ class Ledger:
 
     def file_id(self) -> tuple[int, int]:
         """The file's (device, inode) as /proc/PID/maps shows it: how a process mapping it
-        is recognised (nodemgr.procfs.mapped_files). Taken from nodemgr's own mapping of
+        is recognised (nodemgr.procfs.maps_files). Taken from nodemgr's own mapping of
         it, not from fstat: maps shows the device of the filesystem's superblock, which on
         btrfs (a subvolume's st_dev) differs from fstat's, and on overlayfs the underlying
         file's device and inode."""

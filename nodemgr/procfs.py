@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 
 def stat_fields(pid: int) -> list[bytes] | None:
@@ -85,10 +86,24 @@ def mapping_at(maps: bytes, address: int) -> tuple[int, int] | None:
     return None
 
 
-def mapped_files(pid: int) -> frozenset[tuple[int, int]] | None:
-    """The files process ``pid`` maps, as (device, inode) as /proc/``pid``/maps shows
-    them; None if it cannot be read (the process is gone, or nodemgr may not read it)."""
+def maps_files(pid: int, files: Iterable[tuple[int, int]]) -> frozenset[tuple[int, int]] | None:
+    """Which of ``files`` (device, inode, as Ledger.file_id gives them) process ``pid``
+    maps, from /proc/``pid``/maps; None if it cannot be read (the process is gone, or
+    nodemgr may not read it). Only the lines holding one of their inode numbers are
+    parsed: a process may map thousands of files, and the audit asks at every run."""
     text = maps(pid)
     if text is None:
         return None
-    return frozenset(got[2] for got in map(_range_file, text.splitlines()) if got is not None)
+    out = set()
+    for dev, ino in set(files):
+        token = b" %d " % ino
+        at = text.find(token)
+        while at >= 0:
+            start = text.rfind(b"\n", 0, at) + 1
+            end = text.find(b"\n", at)
+            got = _range_file(text[start : end if end >= 0 else len(text)])
+            if got is not None and got[2] == (dev, ino):
+                out.add((dev, ino))
+                break
+            at = text.find(token, at + 1)
+    return frozenset(out)
