@@ -1,7 +1,7 @@
 """What one process's CUDA context takes on each model of GPU: ``gpus.context_memory =
 "auto"`` (docs/operations.md#context-memory).
 
-Run as ``python -m nodemgr.ctxprobe LIBCUDA``, this module is the probe: with
+Run as ``python -P -m nodemgr.ctxprobe LIBCUDA``, this module is the probe: with
 CUDA_VISIBLE_DEVICES naming one GPU it retains that GPU's primary context through the
 driver LIBCUDA (ctypes; no shim, no framework), prints ``ready`` and holds the context
 until its stdin closes. nodemgr (``charges``) starts one probe per GPU model at start-up,
@@ -82,18 +82,27 @@ def _free(pynvml: Any, uuid: str) -> int:
     return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(uuid)).free)
 
 
+def probe_argv(library: str) -> list[str]:
+    """The probe's command line: -P keeps the working directory off sys.path, so that no
+    nodemgr/ there (or in "/", where it runs) stands in for nodemgr's own."""
+    return [sys.executable, "-P", "-m", "nodemgr.ctxprobe", library]
+
+
 def _probe_env(gpu: Gpu, sim_gpus: str | None, sim_state_dir: Path | None = None) -> dict[str, str]:
-    """The probe's environment: nodemgr's, without the shim or a task's variables, seeing
-    only ``gpu`` (and, on simulated GPUs, the node's simulated GPUs ``sim_gpus`` and their
-    directory ``sim_state_dir``, where their process table lives)."""
+    """The probe's environment: nodemgr's, without the shim, a task's variables or the
+    simulator's trace and timing knobs, seeing only ``gpu`` (and, on simulated GPUs, the
+    node's simulated GPUs ``sim_gpus`` and their directory ``sim_state_dir``, where their
+    process table lives)."""
     from client_plugin.envvars import SIM_GPUS, SIM_STATE_DIR
 
-    # gpushare's variables but, on simulated GPUs, the simulator's ("" would keep them all).
-    keep = ("GPUSHARE_SIM_",) if sim_gpus is not None else ()
+    # None of gpushare's variables but, on simulated GPUs, the two that say which GPUs
+    # and process table the simulated driver serves (GPUSHARE_SIM_TRACE would have the
+    # probe append to a file nodemgr's environment names).
+    keep = (SIM_GPUS, SIM_STATE_DIR) if sim_gpus is not None else ()
     env = {
         k: v
         for k, v in os.environ.items()
-        if k != "LD_PRELOAD" and (not k.startswith("GPUSHARE_") or k.startswith(keep))
+        if k != "LD_PRELOAD" and (not k.startswith("GPUSHARE_") or k in keep)
     }
     env["CUDA_VISIBLE_DEVICES"] = gpu.uuid
     if sim_gpus is not None:
@@ -119,7 +128,7 @@ def measure(
 
     import pynvml
 
-    argv = command or [sys.executable, "-m", "nodemgr.ctxprobe", library]
+    argv = command or probe_argv(library)
     try:
         proc = subprocess.Popen(
             argv,
@@ -127,7 +136,7 @@ def measure(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=_probe_env(gpu, sim_gpus, sim_state_dir),
-            cwd="/",  # not a directory whose own nodemgr/ would be imported
+            cwd="/",  # not nodemgr's, nor on sys.path (probe_argv)
             start_new_session=True,  # a terminal's ^C is nodemgr's to handle
         )
     except OSError as e:

@@ -171,6 +171,32 @@ def test_the_probe_runs_without_the_shim_or_a_tasks_variables(
         assert env["CUDA_VISIBLE_DEVICES"] == gpu.uuid
 
 
+def test_the_probe_gets_neither_the_simulators_trace_nor_its_knobs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """nodemgr's own GPUSHARE_SIM_TRACE (or kernel timing) is not the probe's: it would
+    append the probe's calls to that file."""
+    monkeypatch.setenv("GPUSHARE_SIM_TRACE", str(tmp_path / "trace"))
+    monkeypatch.setenv("GPUSHARE_SIM_KERNEL_US", "5")
+    gpu = Gpu(1, "GPU-5349d000-0000-4000-8000-000000000001", "Sim", 16 * GiB)
+    env = ctxprobe._probe_env(gpu, "Sim|GPU-5349d000-0000-4000-8000-000000000001|17179869184")
+    assert {k for k in env if k.startswith("GPUSHARE_")} == {SIM_GPUS, "GPUSHARE_SIM_STATE_DIR"}
+
+
+def test_the_probe_imports_no_nodemgr_of_its_working_directory(tmp_path: Path) -> None:
+    """The probe's command line keeps its working directory off sys.path: a nodemgr/
+    there is not the probe that runs."""
+    stand_in = tmp_path / "nodemgr"
+    stand_in.mkdir()
+    (stand_in / "__init__.py").write_text("")
+    (stand_in / "ctxprobe.py").write_text("import sys\nsys.exit('a stand-in ran')\n")
+    argv = ctxprobe.probe_argv(str(tmp_path / "no-libcuda.so.1"))
+    p = subprocess.run(argv, cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    assert p.returncode == 1
+    assert "a stand-in ran" not in p.stderr
+    assert f"cannot load the CUDA driver {tmp_path / 'no-libcuda.so.1'}" in p.stderr
+
+
 def test_a_simulated_nvml_that_cannot_be_loaded_is_a_failed_probe(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
