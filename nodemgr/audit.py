@@ -8,7 +8,7 @@ environment's to write: a slot claiming memory NVML does not see its process hol
 slot written for a process that does not map that ledger (a process without the shim,
 covered by a slot another process wrote), is reported too. The comparison (``compare``)
 is pure; reading NVML and /proc and killing are at the edge (``nvml_processes``,
-``procfs.own_pid``, ``procfs.mapped_files``, ``Auditor``).
+``procfs.own_pid``, ``procfs.maps_files``, ``Auditor``).
 
 Pids: NVML names a process by its pid in the driver's (the host's) pid namespace, a slot
 by the pid the process itself got from getpid(), in its container's namespace. nodemgr
@@ -68,7 +68,7 @@ class Slot:
     task_id: str
     pid: int  # the pid the process recorded: its own getpid()
     used: tuple[int, ...]  # bytes per GPU index
-    ledger: tuple[int, int] | None = None  # its ledger file's (st_dev, st_ino)
+    ledger: tuple[int, int] | None = None  # its ledger file (Ledger.file_id)
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def compare(
     A process is matched to the slots recording its own pid (``Seen.own_pid``); the
     slots of several environments recording the same pid all count for it. ``owners``
     maps an NVML pid to the (environment, task id) it belongs to, for a process without
-    a slot (a task's client or its descendant). ``mapped``: the files (st_dev, st_ino)
+    a slot (a task's client or its descendant). ``mapped``: the files (device, inode)
     each NVML pid maps, where they could be read; a process holding memory that maps none
     of the ledgers of the slots naming it is NOT_ITS_SLOT, whatever they say."""
     by_pid: dict[int, list[Slot]] = {}
@@ -392,6 +392,8 @@ class Auditor:
         self.state: AuditState = node.audit
         # The first audit one interval after start, like every later one.
         self._next = time.monotonic() + self.config.audit_interval
+        # The ledgers (Ledger.file_id) each process, by (pid, start time), was found mapping.
+        self._maps_ledgers: dict[tuple[int, int], frozenset[tuple[int, int]]] = {}
 
     def due(self, now: float) -> bool:
         return self.config.audit_interval > 0 and now >= self._next
@@ -410,13 +412,7 @@ class Auditor:
             self.state.error = str(e)
             return []
         slots, owners = attribution(node, [p.pid for p in seen])
-        slotted = {s.pid for s in slots}
-        mapped = {}
-        for p in seen:
-            if p.own_pid in slotted:
-                files = procfs.mapped_files(p.pid)
-                if files is not None:
-                    mapped[p.pid] = files
+        mapped = self._mapped(seen, slots)
         # A process may hold its GPU's context charge beyond its slots, and the slack.
         findings = []
         for g in node.gpus:
@@ -446,6 +442,37 @@ class Auditor:
                     found = [f for f in findings if f.pid == pid]
                     self._tell(own[pid], found)
         return new
+
+    def _mapped(
+        self, seen: Iterable[Seen], slots: Iterable[Slot]
+    ) -> dict[int, frozenset[tuple[int, int]]]:
+        """compare()'s ``mapped``: per NVML pid of ``seen`` that ``slots`` name, which of
+        their ledgers it maps, where that can be read. A process once found mapping a
+        ledger is remembered (by pid and start time) as mapping it, and its maps not read
+        again for it: the audit runs every few seconds, a process may map thousands of
+        files, and a process that unmaps its ledger gains nothing it could not by mapping
+        it in the first place."""
+        from nodemgr.state import process_start
+
+        ledgers: dict[int, set[tuple[int, int]]] = {}
+        for s in slots:
+            if s.ledger is not None:
+                ledgers.setdefault(s.pid, set()).add(s.ledger)
+        mapped: dict[int, frozenset[tuple[int, int]]] = {}
+        known: dict[tuple[int, int], frozenset[tuple[int, int]]] = {}
+        for pid, own in {(p.pid, p.own_pid) for p in seen}:  # once per process, not per GPU
+            wanted = ledgers.get(own)
+            start = process_start(pid)
+            if not wanted or start is None:
+                continue
+            was = self._maps_ledgers.get((pid, start), frozenset())
+            files = was & wanted or procfs.maps_files(pid, wanted)
+            if files is not None:
+                mapped[pid] = files
+                known[(pid, start)] = was | files
+        # Only the processes NVML still lists are remembered.
+        self._maps_ledgers = known
+        return mapped
 
     def _tell(self, pid: int, found: list[Finding]) -> None:
         """Keep why a task's process (``pid``, its own) was killed for its client's next

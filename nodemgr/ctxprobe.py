@@ -1,7 +1,7 @@
 """What one process's CUDA context takes on each model of GPU: ``gpus.context_memory =
 "auto"`` (docs/operations.md#context-memory).
 
-Run as ``python -m nodemgr.ctxprobe LIBCUDA``, this module is the probe: with
+Run as ``python -P -m nodemgr.ctxprobe LIBCUDA``, this module is the probe: with
 CUDA_VISIBLE_DEVICES naming one GPU it retains that GPU's primary context through the
 driver LIBCUDA (ctypes; no shim, no framework), prints ``ready`` and holds the context
 until its stdin closes. nodemgr (``charges``) starts one probe per GPU model at start-up,
@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import subprocess
     from pathlib import Path
 
     from nodemgr.config import Config
@@ -81,18 +82,27 @@ def _free(pynvml: Any, uuid: str) -> int:
     return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(uuid)).free)
 
 
-def _probe_env(gpu: Gpu, sim_gpus: str | None, sim_state_dir: Path | None) -> dict[str, str]:
-    """The probe's environment: nodemgr's, without the shim or a task's variables, seeing
-    only ``gpu`` (and, on simulated GPUs, the node's simulated GPUs ``sim_gpus`` and their
-    directory ``sim_state_dir``, where their process table lives)."""
+def probe_argv(library: str) -> list[str]:
+    """The probe's command line: -P keeps the working directory off sys.path, so that no
+    nodemgr/ there (or in "/", where it runs) stands in for nodemgr's own."""
+    return [sys.executable, "-P", "-m", "nodemgr.ctxprobe", library]
+
+
+def _probe_env(gpu: Gpu, sim_gpus: str | None, sim_state_dir: Path | None = None) -> dict[str, str]:
+    """The probe's environment: nodemgr's, without the shim, a task's variables or the
+    simulator's trace and timing knobs, seeing only ``gpu`` (and, on simulated GPUs, the
+    node's simulated GPUs ``sim_gpus`` and their directory ``sim_state_dir``, where their
+    process table lives)."""
     from client_plugin.envvars import SIM_GPUS, SIM_STATE_DIR
 
-    # gpushare's variables but, on simulated GPUs, the simulator's ("" would keep them all).
-    keep = ("GPUSHARE_SIM_",) if sim_gpus is not None else ()
+    # None of gpushare's variables but, on simulated GPUs, the two that say which GPUs
+    # and process table the simulated driver serves (GPUSHARE_SIM_TRACE would have the
+    # probe append to a file nodemgr's environment names).
+    keep = (SIM_GPUS, SIM_STATE_DIR) if sim_gpus is not None else ()
     env = {
         k: v
         for k, v in os.environ.items()
-        if k != "LD_PRELOAD" and (not k.startswith("GPUSHARE_") or k.startswith(keep))
+        if k != "LD_PRELOAD" and (not k.startswith("GPUSHARE_") or k in keep)
     }
     env["CUDA_VISIBLE_DEVICES"] = gpu.uuid
     if sim_gpus is not None:
@@ -113,13 +123,12 @@ def measure(
     """Bytes NVML sees a probe's context take on ``gpu``, rounded up to PAGE; raise
     ProbeError. NVML is initialised (and, on simulated GPUs, the simulated one loaded).
     ``command`` replaces the probe's (a test's)."""
-    import select
     import subprocess
     import time
 
     import pynvml
 
-    argv = command or [sys.executable, "-m", "nodemgr.ctxprobe", library]
+    argv = command or probe_argv(library)
     try:
         proc = subprocess.Popen(
             argv,
@@ -127,7 +136,7 @@ def measure(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=_probe_env(gpu, sim_gpus, sim_state_dir),
-            cwd="/",  # not a directory whose own nodemgr/ would be imported
+            cwd="/",  # not nodemgr's, nor on sys.path (probe_argv)
             start_new_session=True,  # a terminal's ^C is nodemgr's to handle
         )
     except OSError as e:
@@ -135,13 +144,12 @@ def measure(
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     deadline = time.monotonic() + timeout
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], timeout)
-        line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
-        if line != READY:
-            if not ready:
+        said, ended = _read_line(proc.stdout.fileno(), deadline)
+        if said != READY:
+            if not ended:
                 raise ProbeError(f"no context within {timeout:g}s")
             proc.wait(max(0.0, deadline - time.monotonic()))
-            err = proc.stderr.read().decode(errors="replace").strip().splitlines()
+            err = _read_written(proc.stderr.fileno()).strip().splitlines()
             raise ProbeError(err[-1] if err else f"the probe exited {proc.returncode}")
         while True:
             used = _nvml_used(pynvml, gpu.uuid, proc.pid)
@@ -159,13 +167,74 @@ def measure(
         raise ProbeError(f"NVML: {e}") from None
     finally:
         proc.stdin.close()
-        try:
-            proc.wait(max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _end(proc, max(1.0, deadline - time.monotonic()))
         proc.stdout.close()
         proc.stderr.close()
+
+
+def _read_line(fd: int, deadline: float) -> tuple[str, bool]:
+    """The first line read from ``fd`` (without its newline), and whether it ended (a
+    newline or end of file) before ``deadline`` (time.monotonic()): a probe that writes
+    half a line and hangs does not hang nodemgr."""
+    import select
+    import time
+
+    got = b""
+    while b"\n" not in got:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return got.decode(errors="replace").strip(), False
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        got += chunk
+    return got.partition(b"\n")[0].decode(errors="replace").strip(), True
+
+
+def _read_written(fd: int) -> str:
+    """What an ended probe wrote to ``fd``, read without waiting for the end of file: a
+    process the probe started may hold the pipe open."""
+    import select
+
+    got = b""
+    while select.select([fd], [], [], 0)[0]:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        got += chunk
+    return got.decode(errors="replace")
+
+
+# Seconds a probe killed at its time limit has to be reaped before nodemgr goes on without.
+KILL_WAIT = 5.0
+
+
+def _end(proc: subprocess.Popen[bytes], wait: float) -> None:
+    """Reap ``proc`` within ``wait`` seconds of its stdin closing, else kill its process
+    group (the probe's session: what it started too) and reap it; one that even SIGKILL
+    does not end (stuck in the kernel) is logged and left, so start-up goes on."""
+    import logging
+    import signal
+    import subprocess
+
+    try:
+        proc.wait(wait)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    # Not reaped yet, so its pid (the group's id) cannot name another process.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        proc.kill()
+    try:
+        proc.wait(KILL_WAIT)
+    except subprocess.TimeoutExpired:
+        logging.getLogger("nodemgr").warning(
+            "the context probe (pid %d) did not end %gs after SIGKILL; going on without it",
+            proc.pid,
+            KILL_WAIT,
+        )
 
 
 def charges(config: Config, gpus: list[Gpu], simulated: bool) -> dict[int, tuple[int, str]]:

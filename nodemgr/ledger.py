@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nodemgr import procfs
 from nodemgr._ledger import ffi, lib
 
 MAX_GPUS: int = lib.GS_MAX_GPUS
@@ -122,6 +123,7 @@ class Ledger:
         self._limits = [0] * MAX_GPUS
         self._ctx = [0] * MAX_GPUS
         self._ceiling = [0] * MAX_GPUS
+        self._file_id: tuple[int, int] | None = None  # file_id(), once read
 
     @classmethod
     def create(
@@ -233,9 +235,18 @@ class Ledger:
         return own.st_nlink > 0 and (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
     def file_id(self) -> tuple[int, int]:
-        """The file's (st_dev, st_ino): how a process mapping it is recognised."""
-        st = os.fstat(self._fd)
-        return (st.st_dev, st.st_ino)
+        """The file's (device, inode) as /proc/PID/maps shows it: how a process mapping it
+        is recognised (nodemgr.procfs.maps_files). Taken from nodemgr's own mapping of
+        it, not from fstat: maps shows the device of the filesystem's superblock, which on
+        btrfs (a subvolume's st_dev) differs from fstat's, and on overlayfs the underlying
+        file's device and inode."""
+        if self._file_id is None:
+            address = int(ffi.cast("uintptr_t", self._buf))
+            self._file_id = procfs.mapping_at(procfs.maps("self") or b"", address)
+        if self._file_id is None:  # /proc not mounted: what fstat says, not remembered
+            st = os.fstat(self._fd)
+            return (st.st_dev, st.st_ino)
+        return self._file_id
 
     def close(self) -> None:
         self._l = ffi.NULL

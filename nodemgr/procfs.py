@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 
 def stat_fields(pid: int) -> list[bytes] | None:
@@ -48,23 +49,61 @@ def own_pid(pid: int) -> int:
     return pid
 
 
-def mapped_files(pid: int) -> frozenset[tuple[int, int]] | None:
-    """The files process ``pid`` maps, as (st_dev, st_ino), from /proc/``pid``/maps; None
-    if it cannot be read (the process is gone, or nodemgr may not read it)."""
+def maps(pid: int | str) -> bytes | None:
+    """/proc/``pid``/maps (``"self"``: nodemgr's own), or None if it cannot be read (the
+    process is gone, or nodemgr may not read it)."""
     try:
         with open(f"/proc/{pid}/maps", "rb") as f:
-            lines = f.read().splitlines()
+            return f.read()
     except OSError:
         return None
+
+
+def _range_file(line: bytes) -> tuple[int, int, tuple[int, int]] | None:
+    """(start, end, (device, inode)) of one maps line; None for a line that maps no file
+    or cannot be read."""
+    # address perms offset dev inode [path]; address is "start-end", dev "major:minor",
+    # all in hex.
+    fields = line.split(maxsplit=5)
+    try:
+        start, end = fields[0].split(b"-")
+        major, minor = fields[3].split(b":")
+        ino = int(fields[4])
+        if not ino:
+            return None
+        return int(start, 16), int(end, 16), (os.makedev(int(major, 16), int(minor, 16)), ino)
+    except (IndexError, ValueError):
+        return None
+
+
+def mapping_at(maps: bytes, address: int) -> tuple[int, int] | None:
+    """The (device, inode) ``maps`` (a /proc/PID/maps text) shows for the file mapped at
+    ``address``; None where no file is mapped there."""
+    for line in maps.splitlines():
+        got = _range_file(line)
+        if got is not None and got[0] <= address < got[1]:
+            return got[2]
+    return None
+
+
+def maps_files(pid: int, files: Iterable[tuple[int, int]]) -> frozenset[tuple[int, int]] | None:
+    """Which of ``files`` (device, inode, as Ledger.file_id gives them) process ``pid``
+    maps, from /proc/``pid``/maps; None if it cannot be read (the process is gone, or
+    nodemgr may not read it). Only the lines holding one of their inode numbers are
+    parsed: a process may map thousands of files, and the audit asks at every run."""
+    text = maps(pid)
+    if text is None:
+        return None
     out = set()
-    for line in lines:
-        # address perms offset dev inode [path]; dev is "major:minor" in hex.
-        fields = line.split(maxsplit=5)
-        try:
-            major, minor = fields[3].split(b":")
-            ino = int(fields[4])
-            if ino:
-                out.add((os.makedev(int(major, 16), int(minor, 16)), ino))
-        except (IndexError, ValueError):
-            continue
+    for dev, ino in set(files):
+        token = b" %d " % ino
+        at = text.find(token)
+        while at >= 0:
+            start = text.rfind(b"\n", 0, at) + 1
+            end = text.find(b"\n", at)
+            got = _range_file(text[start : end if end >= 0 else len(text)])
+            if got is not None and got[2] == (dev, ino):
+                out.add((dev, ino))
+                break
+            at = text.find(token, at + 1)
     return frozenset(out)

@@ -6,6 +6,8 @@ leaves the documented default and a WARNING that names the fix."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +115,40 @@ def test_a_probe_that_hangs_is_ended_at_its_timeout(monkeypatch: pytest.MonkeyPa
     assert proc.returncode is not None  # reaped, not left running
 
 
+def test_a_probe_whose_child_holds_its_stderr_fails_without_waiting_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A probe that fails and leaves a process of its own holding its stderr open: its
+    last line of stderr is the error, read without waiting for the end of the file, which
+    never comes (start-up would hang)."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    class Recorded(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    leaves = (
+        "import os, signal, sys\n"
+        "if os.fork() == 0:\n"
+        "    os.close(1)\n"
+        "    signal.pause()\n"
+        "sys.exit('cuInit failed: CUDA error 100 (CUDA_ERROR_NO_DEVICE)')\n"
+    )
+    gpu = Gpu(0, "GPU-5349d000-0000-4000-8000-000000000000", "Sim", 16 * GiB)
+    try:
+        with pytest.raises(ctxprobe.ProbeError, match=r"^cuInit failed: CUDA error 100 "):
+            ctxprobe.measure(
+                gpu, "libcuda.so.1", None, timeout=120, command=[sys.executable, "-c", leaves]
+            )
+    finally:
+        # Its child, still in its group (which keeps the group's id from being reused).
+        [proc] = started
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1
+
+
 def test_the_probe_runs_without_the_shim_or_a_tasks_variables(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -134,6 +170,32 @@ def test_the_probe_runs_without_the_shim_or_a_tasks_variables(
             assert env[SIM_GPUS] == sim_gpus and env["GPUSHARE_SIM_STATE_DIR"] == str(node)
         assert "LD_PRELOAD" not in env and env["OTHER"] == "kept"
         assert env["CUDA_VISIBLE_DEVICES"] == gpu.uuid
+
+
+def test_the_probe_gets_neither_the_simulators_trace_nor_its_knobs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """nodemgr's own GPUSHARE_SIM_TRACE (or kernel timing) is not the probe's: it would
+    append the probe's calls to that file."""
+    monkeypatch.setenv("GPUSHARE_SIM_TRACE", str(tmp_path / "trace"))
+    monkeypatch.setenv("GPUSHARE_SIM_KERNEL_US", "5")
+    gpu = Gpu(1, "GPU-5349d000-0000-4000-8000-000000000001", "Sim", 16 * GiB)
+    env = ctxprobe._probe_env(gpu, "Sim|GPU-5349d000-0000-4000-8000-000000000001|17179869184")
+    assert {k for k in env if k.startswith("GPUSHARE_")} == {SIM_GPUS, "GPUSHARE_SIM_STATE_DIR"}
+
+
+def test_the_probe_imports_no_nodemgr_of_its_working_directory(tmp_path: Path) -> None:
+    """The probe's command line keeps its working directory off sys.path: a nodemgr/
+    there is not the probe that runs."""
+    stand_in = tmp_path / "nodemgr"
+    stand_in.mkdir()
+    (stand_in / "__init__.py").write_text("")
+    (stand_in / "ctxprobe.py").write_text("import sys\nsys.exit('a stand-in ran')\n")
+    argv = ctxprobe.probe_argv(str(tmp_path / "no-libcuda.so.1"))
+    p = subprocess.run(argv, cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    assert p.returncode == 1
+    assert "a stand-in ran" not in p.stderr
+    assert f"cannot load the CUDA driver {tmp_path / 'no-libcuda.so.1'}" in p.stderr
 
 
 def test_a_simulated_nvml_that_cannot_be_loaded_is_a_failed_probe(

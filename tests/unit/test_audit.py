@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from nodemgr import procfs
 from nodemgr.audit import (
     BEYOND_SLOT,
     NO_SLOT,
     NOT_ITS_SLOT,
     UNSEEN,
+    Auditor,
     AuditState,
     Finding,
     Seen,
@@ -14,6 +24,7 @@ from nodemgr.audit import (
     compare,
     unconfirmed,
 )
+from nodemgr.ledger import Ledger
 
 MiB = 1 << 20
 
@@ -93,6 +104,35 @@ def test_a_slot_naming_a_process_that_maps_none_of_its_ledgers_is_not_its_own() 
     assert f.env == "a"
 
 
+def test_a_ledger_is_known_by_the_device_maps_shows_not_by_fstats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On btrfs (a subvolume's st_dev) and overlayfs /proc/PID/maps shows a file under
+    another device than fstat's: a process that maps its own ledger is not flagged there."""
+    ledger = Ledger.create(tmp_path / "ledger", [bytes(16)])
+    st = os.stat(tmp_path / "ledger")
+    other = "fe:2a"  # the device maps shows
+    assert os.makedev(0xFE, 0x2A) != st.st_dev
+    lines = []
+    for line in (procfs.maps("self") or b"").decode().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) > 4 and int(fields[4]) == st.st_ino:
+            fields[3] = other
+            line = " ".join(fields)
+        lines.append(line)
+    assert any(other in line for line in lines)  # nodemgr maps it
+    shown = "\n".join(lines).encode() + b"\n"
+    monkeypatch.setattr(procfs, "maps", lambda pid: shown)  # and so does the process
+    try:
+        mine = [Slot("a", "t1", 100, (128 * MiB,), ledger.file_id())]
+        mapped = procfs.maps_files(4100, [ledger.file_id()])
+        assert mapped is not None
+        assert compare([Seen(0, 4100, 100, 128 * MiB)], mine, {}, 0, {4100: mapped}) == []
+        assert ledger.file_id() == (os.makedev(0xFE, 0x2A), st.st_ino)
+    finally:
+        ledger.close()
+
+
 def test_a_slot_claiming_more_than_nvml_sees_in_both_reads_is_unconfirmed() -> None:
     fake = [slot(100, 12 << 30), slot(101, 0, 300 * MiB, task="t2")]
     seen = [Seen(1, 4101, 101, 300 * MiB)]
@@ -103,3 +143,60 @@ def test_a_slot_claiming_more_than_nvml_sees_in_both_reads_is_unconfirmed() -> N
     # NVML's pid names the process where NVML lists it.
     (g,) = unconfirmed(seen, [slot(101, 0, 1 << 30)], 64 * MiB, [slot(101, 0, 1 << 30)])
     assert (g.pid, g.seen, g.accounted) == (4101, 300 * MiB, 1 << 30)
+
+
+def test_maps_files_finds_a_mapped_ledger_by_its_lines_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = Ledger.create(tmp_path / "ledger", [bytes(16)])
+    try:
+        fid = ledger.file_id()
+        other = (fid[0], fid[1] + 1)
+        assert procfs.maps_files(os.getpid(), [fid, other]) == frozenset({fid})
+        # The inode's number elsewhere on a line (a path, another device's file) is not it.
+        dev = f"{os.major(fid[0]):02x}:{os.minor(fid[0]):02x}"
+        fake = (
+            f"7f0000000000-7f0000001000 r--p 00000000 {dev} 7 /x/ {dev} {fid[1]} y\n"
+            f"7f0000001000-7f0000002000 rw-s 00000000 fe:2a {fid[1]}    /y\n"
+        ).encode()
+        monkeypatch.setattr(procfs, "maps", lambda pid: fake)
+        assert procfs.maps_files(4100, [fid]) == frozenset()
+        monkeypatch.setattr(procfs, "maps", lambda pid: None)
+        assert procfs.maps_files(4100, [fid]) is None
+    finally:
+        ledger.close()
+
+
+def test_a_process_found_mapping_its_ledger_is_remembered_by_pid_and_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The audit reads a process's maps until it finds a ledger there, not at every run."""
+    ledger = Ledger.create(tmp_path / "ledger", [bytes(16)])
+    try:
+        node: Any = SimpleNamespace(config=SimpleNamespace(audit_interval=5.0), audit=AuditState())
+        auditor = Auditor(node)
+        me = os.getpid()
+        seen = [Seen(0, me, me, MiB), Seen(1, me, me, MiB)]
+        slots = [Slot("a", "t1", me, (MiB, MiB), ledger.file_id())]
+        reads: list[int] = []
+        real = procfs.maps_files
+
+        def counted(pid: int, files: Any) -> Any:
+            reads.append(pid)
+            return real(pid, files)
+
+        monkeypatch.setattr(procfs, "maps_files", counted)
+        assert auditor._mapped(seen, slots) == {me: {ledger.file_id()}}
+        assert reads == [me]  # once for its two GPUs
+        assert auditor._mapped(seen, slots) == {me: {ledger.file_id()}}
+        assert reads == [me]  # remembered
+        # A slot naming another ledger is looked for in its maps.
+        elsewhere = (ledger.file_id()[0], ledger.file_id()[1] + 1)
+        assert auditor._mapped(seen, [replace(slots[0], ledger=elsewhere)]) == {me: frozenset()}
+        assert reads == [me, me]
+        # A process NVML no longer lists is forgotten.
+        assert auditor._mapped([], slots) == {}
+        assert auditor._mapped(seen, slots) == {me: {ledger.file_id()}}
+        assert reads == [me, me, me]
+    finally:
+        ledger.close()
