@@ -228,10 +228,12 @@ KEYS: tuple[Key, ...] = (
         "gpushare Simulated GPU", "their name"),
     Key("gpus", "context_memory", "context_memory", ContextSize(), "auto",
         "charged per process per GPU for its CUDA context; `auto`: measured at start on one"
-        " GPU of each model, `\"" + format_size(CONTEXT_FALLBACK) + "\"` where that fails"
+        " GPU of each model, `\"" + format_size(CONTEXT_FALLBACK) + "\"` where that fails on"
+        " NVML GPUs"
         " ([operations.md](operations.md#context-memory))"),
     Key("gpus", "simulated_context_memory", "sim_context", Size(), "0",
-        "memory the simulated driver takes for each process's context on a simulated GPU"),
+        "memory the simulated driver takes for each process's context on a simulated GPU"
+        " (less than gpus.simulated_memory)"),
     Key("gpus", "simulated_state_dir", "simulated_state_dir", Text("a path"), None,
         "the simulated GPUs' directory: the process table of every process of the node's"
         " tasks, which their NVML reads, and the GPUs' locks: one nodemgr per directory"
@@ -598,6 +600,11 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
         raise ConfigError(
             f"node.heartbeat_timeout ({values['heartbeat_timeout']}) must be longer than "
             f"node.heartbeat_interval ({values['heartbeat_interval']})"
+        )
+    if values["sim_context"] >= values["sim_memory"]:
+        raise ConfigError(
+            f"gpus.simulated_context_memory ({format_size(values['sim_context'])}) must be "
+            f"less than gpus.simulated_memory ({format_size(values['sim_memory'])})"
         )
     env_default = _access(data.get("env_defaults", {}), "env_defaults", _own_access())
     env_access = {}

@@ -240,8 +240,10 @@ def _end(proc: subprocess.Popen[bytes], wait: float) -> None:
 def charges(config: Config, gpus: list[Gpu], simulated: bool) -> dict[int, tuple[int, str]]:
     """The context charge of each GPU (by index) and where it comes from: the config's
     number, or with "auto" one measurement per GPU model (name and memory), on the GPU of
-    that model with the most free memory, charged on all of them; CONTEXT_FALLBACK, with a
-    WARNING that names the fix, where the probe fails."""
+    that model with the most free memory, charged on all of them. Where the probe fails, a
+    WARNING that names the fix, and on NVML GPUs CONTEXT_FALLBACK; on simulated ones what
+    their driver is told a context takes (gpus.simulated_context_memory), a fact the probe
+    only confirms."""
     import logging
 
     from nodemgr.config import CONTEXT_FALLBACK, DEFAULT_CONFIG
@@ -253,6 +255,7 @@ def charges(config: Config, gpus: list[Gpu], simulated: bool) -> dict[int, tuple
     models: dict[tuple[str, int], list[Gpu]] = {}
     for g in gpus:
         models.setdefault((g.name, g.memory), []).append(g)
+    fallback = config.sim_context if simulated else CONTEXT_FALLBACK
     out: dict[int, tuple[int, str]] = {}
     for (name, _), same in models.items():
         indices = ", ".join(str(g.index) for g in same)
@@ -266,10 +269,10 @@ def charges(config: Config, gpus: list[Gpu], simulated: bool) -> dict[int, tuple
                 name,
                 indices,
                 e,
-                format_size(CONTEXT_FALLBACK),
+                format_size(fallback),
                 config.path or DEFAULT_CONFIG,
             )
-            out.update({g.index: (CONTEXT_FALLBACK, FALLBACK) for g in same})
+            out.update({g.index: (fallback, FALLBACK) for g in same})
             continue
         log.info(
             "a CUDA context takes %s on %s (measured on GPU %d): charged per process on GPUs %s",

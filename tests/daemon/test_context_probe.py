@@ -24,7 +24,6 @@ from tests.conftest import free_port, invoke, scrape
 MiB = 1 << 20
 GiB = 1 << 30
 MEASURED = "a CUDA context takes"
-WARNED = 'WARNING nodemgr: gpus.context_memory = "auto": cannot measure a CUDA context'
 
 
 @pytest.fixture(autouse=True)
@@ -83,17 +82,53 @@ def test_a_size_in_the_config_overrides_auto(daemon_factory: Any) -> None:
     assert MEASURED not in d.logtext()
 
 
-def test_a_probe_that_fails_falls_back_with_a_warning(daemon_factory: Any) -> None:
-    # A context larger than the GPU: the simulated driver refuses it, as a full GPU would.
-    d = daemon_factory({"gpus": {"simulated_context_memory": "20GiB"}})
-    assert contexts(d) == [(CONTEXT_FALLBACK, "fallback")] * 4
-    log = d.logtext()
+def test_a_simulated_context_larger_than_its_gpu_is_a_bad_config(tmp_path: Path) -> None:
+    """What the simulated driver is told a context takes must leave room on its GPU: a
+    probe could only fail there, and the charge it falls back to (that very size) could
+    never be granted."""
+    from nodemgr import config
+
+    (tmp_path / "c.toml").write_text('[gpus]\nsimulated_context_memory = "16GiB"\n')
+    with pytest.raises(config.ConfigError) as e:
+        config.load(tmp_path / "c.toml")
+    assert str(e.value) == (
+        "gpus.simulated_context_memory (16GiB) must be less than gpus.simulated_memory (16GiB)"
+    )
+
+
+def test_a_probe_that_fails_falls_back_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A probe that fails (here: the simulated driver refuses its context, as a full GPU
+    would): a WARNING naming the fix, and the fallback charge: on NVML GPUs the estimate
+    CONTEXT_FALLBACK, on simulated ones the size their driver is told a context takes."""
+    from nodemgr import config, gpus
+
+    def full(gpu: Gpu, *args: Any, **kwargs: Any) -> int:
+        raise ctxprobe.ProbeError(
+            "cuDevicePrimaryCtxRetain failed: CUDA error 2 (CUDA_ERROR_OUT_OF_MEMORY)"
+        )
+
+    monkeypatch.setattr(ctxprobe, "measure", full)
+    (tmp_path / "c.toml").write_text(
+        '[gpus]\nsource = "simulated"\nsimulated_count = 2\nsimulated_context_memory = "300MiB"\n'
+    )
+    cfg = config.load(tmp_path / "c.toml")
+    assert ctxprobe.charges(cfg, gpus.simulated(cfg), True) == {
+        0: (300 * MiB, "fallback"),
+        1: (300 * MiB, "fallback"),
+    }
     assert (
-        f"{WARNED} on gpushare Simulated GPU (GPUs 0, 1, 2, 3): cuDevicePrimaryCtxRetain "
-        "failed: CUDA error 2 (CUDA_ERROR_OUT_OF_MEMORY); charging 512MiB per process there "
-        f"instead. Set gpus.context_memory in {d.config}"
-    ) in log
-    assert MEASURED not in log
+        'gpus.context_memory = "auto": cannot measure a CUDA context on gpushare Simulated '
+        "GPU (GPUs 0, 1): cuDevicePrimaryCtxRetain "
+        "failed: CUDA error 2 (CUDA_ERROR_OUT_OF_MEMORY); charging 300MiB per process there "
+        f"instead. Set gpus.context_memory in {cfg.path}"
+    ) in caplog.text
+    caplog.clear()
+    nvml = [gpus.Gpu(0, "GPU-5349d000-0000-4000-8000-000000000000", "NVIDIA H200", 141 * GiB)]
+    monkeypatch.setattr(ctxprobe, "_measure_model", lambda *a: full(nvml[0]))
+    assert ctxprobe.charges(cfg, nvml, False) == {0: (CONTEXT_FALLBACK, "fallback")}
+    assert "charging 512MiB per process there instead" in caplog.text
 
 
 def test_a_probe_that_hangs_is_ended_at_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,8 +236,9 @@ def test_the_probe_imports_no_nodemgr_of_its_working_directory(tmp_path: Path) -
 def test_a_simulated_nvml_that_cannot_be_loaded_is_a_failed_probe(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A simulated NVML that cannot be loaded (a broken install) fails the measurement as
-    a probe that fails does: the default charge and a WARNING, not a nodemgr that cannot
+    """A simulated NVML that cannot be loaded (a broken install, a sanitizer build) fails
+    the measurement as a probe that fails does: the fallback charge (on simulated GPUs the
+    size their driver is told a context takes) and a WARNING, not a nodemgr that cannot
     start."""
     from nodemgr import audit, config, gpus
 
@@ -213,8 +249,8 @@ def test_a_simulated_nvml_that_cannot_be_loaded_is_a_failed_probe(
     (tmp_path / "c.toml").write_text('[gpus]\nsource = "simulated"\nsimulated_count = 2\n')
     cfg = config.load(tmp_path / "c.toml")
     assert ctxprobe.charges(cfg, gpus.simulated(cfg), True) == {
-        0: (CONTEXT_FALLBACK, "fallback"),
-        1: (CONTEXT_FALLBACK, "fallback"),
+        0: (0, "fallback"),
+        1: (0, "fallback"),
     }
     assert "the simulated NVML: libnvidia-ml.so.1: cannot open shared object file" in caplog.text
 
