@@ -48,7 +48,7 @@ class Grabber:
 
     def close(self) -> None:
         self.proc.kill()
-        self.proc.communicate()
+        self.proc.communicate(timeout=30)
 
 
 def test_running_tasks_are_capped_per_client_and_per_environment(
