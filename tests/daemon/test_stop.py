@@ -34,6 +34,7 @@ def test_a_clean_stop_removes_the_sockets_and_clients_fail_at_once(
     env_dir = daemon.run_dir / "envs" / "alice"
     stopped(daemon, sig)
     assert not (daemon.run_dir / "admin.sock").exists()
+    assert not (daemon.run_dir / "view.sock").exists()
     assert not (env_dir / "task.sock").exists()
     assert (env_dir / "ledger").is_file()  # kept for the next start to adopt
     r = invoke(daemon, "status")
