@@ -45,11 +45,14 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
     if kind == "quota_set":
         gpus, memory = _quota_asked(node, body)
         if not body.get("force"):
+            charge = node.context_memory
             problem = unservable(
                 gpus,
                 memory,
-                [(g.index, g.name, g.memory, node.capacity(g.index)) for g in node.gpus],
-                min(node.context_memory.values()),
+                [
+                    (g.index, g.name, g.memory, node.capacity(g.index), charge[g.index])
+                    for g in node.gpus
+                ],
             )
             if problem is not None:
                 raise ProtocolError(Err.QUOTA_EXCEEDED, f"{body['env']}: {problem}")
@@ -135,12 +138,13 @@ def _quota_asked(node: Node, body: dict[str, Any]) -> tuple[int, int]:
 
 
 def unservable(
-    gpus: int, memory: int, node_gpus: list[tuple[int, str, int, int]], context: int
+    gpus: int, memory: int, node_gpus: list[tuple[int, str, int, int, int]]
 ) -> str | None:
     """Why a quota of ``gpus`` GPUs of ``memory`` bytes each could never be served on GPUs
-    (index, name, memory, capacity: what may be promised of it) on the least of which
-    a process is charged ``context`` bytes for its CUDA context; None when it can be. A
-    zero GPU count (tasks run on the CPU) is always servable."""
+    (index, name, memory, capacity: what may be promised of it, context: what a process is
+    charged there for its CUDA context); None when it can be: ``gpus`` of them can each
+    give ``memory`` with room for a context. A zero GPU count (tasks run on the CPU) is
+    always servable."""
     fix = "; set it anyway with --force"
     if gpus == 0:
         return None
@@ -154,7 +158,7 @@ def unservable(
             "0 bytes per GPU grants GPUs on which nothing can be allocated; give --memory, "
             f"or --gpus 0 to run its tasks on the CPU{fix}"
         )
-    index, name, total, capacity = max(node_gpus, key=lambda g: (g[3], -g[0]))
+    index, name, total, capacity, _ = max(node_gpus, key=lambda g: (g[3], -g[0]))
     if memory > capacity:
         kept = f", less the {format_size(total - capacity)} reserve" if total > capacity else ""
         most = format_size(capacity)
@@ -165,10 +169,22 @@ def unservable(
             f"largest, GPU {index} ({name}), has {format_size(capacity)} ({format_size(total)}"
             f"{kept}); give --memory {most} or less{fix}"
         )
+    context = min(g[4] for g in node_gpus)
     if memory <= context:
         return (
             f"{format_size(memory)} per GPU leaves no room for a process's CUDA context, "
             f"charged {format_size(context)} (gpus.context_memory); give more{fix}"
+        )
+    # GPUs of different models: each of the quota's GPUs must give it all.
+    serving = [str(g[0]) for g in node_gpus if g[4] < memory <= g[3]]
+    if len(serving) < gpus:
+        some = f"only GPU{'s' if len(serving) > 1 else ''} {','.join(serving)} of"
+        where = some if serving else "no GPU on"
+        return (
+            f"a quota of {plural(gpus, 'GPU')} with {format_size(memory)} each can never be "
+            f"granted in full: {where} this node can give {format_size(memory)} and a "
+            f"process's CUDA context besides; give --gpus {len(serving)} or fewer, or less "
+            f"--memory{fix}"
         )
     return None
 

@@ -182,6 +182,29 @@ class Server:
         if self.node.simulated:
             self._simulated_table()
         try:
+            self._open(run)
+        except StartupError:
+            # Sockets left behind would read as a nodemgr that was killed ("left by ..."):
+            # removed, as at a clean stop, so that commands say it is not running.
+            self.connections.remove_sockets()
+            raise
+        kind = "simulated" if self.node.simulated else "NVML"
+        log.info(
+            "nodemgr %s serving %d %s GPUs; admin endpoint %s; up to %d connections, "
+            "%d running tasks per environment (descriptor limit %d)",
+            __version__,
+            len(self.node.gpus),
+            kind,
+            self.config.admin_endpoint,
+            self.connections.limit(),
+            self.node.max_tasks_per_env,
+            self.nofile,
+        )
+
+    def _open(self, run: Path) -> None:
+        """Serve the admin sockets, restore quotas and tasks, serve each environment's
+        socket and the metrics; raise StartupError."""
+        try:
             self.connections.bind_admin()
             self.connections.bind_readers()
         except OSError as e:
@@ -205,18 +228,6 @@ class Server:
                 raise StartupError(str(e)) from None
             self.node.slicing.on_switch = self.metrics.switched
             self.connections.on_refused = self.metrics.refused
-        kind = "simulated" if self.node.simulated else "NVML"
-        log.info(
-            "nodemgr %s serving %d %s GPUs; admin endpoint %s; up to %d connections, "
-            "%d running tasks per environment (descriptor limit %d)",
-            __version__,
-            len(self.node.gpus),
-            kind,
-            self.config.admin_endpoint,
-            self.connections.limit(),
-            self.node.max_tasks_per_env,
-            self.nofile,
-        )
 
     def _hold_gpus(self, gpus: list[Gpu], directory: Path, fix: str) -> None:
         """Take the node's GPUs from any other nodemgr (nodemgr.gpulock), or refuse to start."""

@@ -594,6 +594,20 @@ def run_task() -> Iterator[Any]:
         p.communicate(timeout=30)
 
 
+# `python -c CLI_AS GID UID NODE_RUN_DIR ARGS...`: the nodemgr CLI as another user (NODE_RUN_DIR,
+# if not empty, stands for /run/gpushare). Python itself is not theirs to read here: it is
+# started as root, loads nodemgr, and then becomes the user.
+CLI_AS = """
+import os, sys
+from nodemgr import config
+from nodemgr.cli import cli
+if sys.argv[3]:
+    config.NODE_RUN_DIR = type(config.NODE_RUN_DIR)(sys.argv[3])
+os.setgid(int(sys.argv[1])); os.setgroups([]); os.setuid(int(sys.argv[2]))
+cli(sys.argv[4:])
+"""
+
+
 class Holder:
     """Tasks of one GPU each (``count`` of them, 1 by default) held until close() by a child
     process (tests/fixtures/grant_holder.py) that heartbeats: nodemgr's reclaim of a silent

@@ -37,7 +37,8 @@ def quota() -> None:
     "--force",
     is_flag=True,
     help="Set it even though no GPU of this node could serve it (more GPUs than the node "
-    "has, more memory than its largest GPU, 0 bytes or less than a CUDA context).",
+    "has or than can each give the memory, more memory than its largest GPU, 0 bytes or "
+    "less than a CUDA context).",
 )
 @config_option
 @json_option

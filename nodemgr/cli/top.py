@@ -214,44 +214,55 @@ class IterationsType(CountType):
 def top(delay: float, iterations: int | None, config_path: str | None, as_json: bool) -> None:
     """A live view of GPUs, environments, tasks and the wait queue."""
     cfg = load_config(config_path)
-    endpoint = check_access(cfg, view=True)
     count = 0
     away_since: str | None = None  # when nodemgr was last found not answering
+    conn: Connection | None = None
     try:
-        with Connection(endpoint, timeout=5.0, max_reply=MAX_ADMIN_REPLY_BYTES) as conn:
-            while True:
-                why = not_running(endpoint)
+        while True:
+            if conn is None or away_since is not None:
+                # Which socket lets this user in shows only while nodemgr serves: asked
+                # again after it was away (a reader's is view.sock, once it is back).
+                chosen = check_access(cfg, view=True)
+                if conn is None or conn.endpoint != chosen:
+                    if conn is not None:
+                        conn.close()
+                    conn = Connection(chosen, timeout=5.0, max_reply=MAX_ADMIN_REPLY_BYTES)
+            endpoint = conn.endpoint
+            why = not_running(endpoint)
+            if why is not None:
+                why = f"{why} ({start_hint(cfg)})"
+            else:
+                try:
+                    snap = snapshot(conn)
+                except Unreachable as e:
+                    # Gone meanwhile (stopped, killed), or silent.
+                    gone = not_running(endpoint)
+                    why = f"{gone} ({start_hint(cfg)})" if gone else f"{e} ({SILENT})"
+                except NodeError as e:
+                    fail(e.message, 1)
+            if as_json:
                 if why is not None:
-                    why = f"{why} ({start_hint(cfg)})"
-                else:
-                    try:
-                        snap = snapshot(conn)
-                    except Unreachable as e:
-                        # Gone meanwhile (stopped, killed), or silent.
-                        gone = not_running(endpoint)
-                        why = f"{gone} ({start_hint(cfg)})" if gone else f"{e} ({SILENT})"
-                    except NodeError as e:
-                        fail(e.message, 1)
-                if as_json:
-                    if why is not None:
-                        fail(why, EXIT_UNREACHABLE)
-                    print_json(snap)
-                    return
-                if why is None:
-                    away_since = None
-                    frame = render(snap, _width())
-                else:
-                    # Gone for now (stopped, restarting): said, and asked again each interval.
-                    away_since = away_since or time.strftime("%H:%M:%S")
-                    frame = away(why, away_since, _width())
-                # Home and clear: redraw in place, as top does.
-                click.echo("\x1b[H\x1b[2J" + frame, nl=True)
-                count += 1
-                if iterations and count >= iterations:
-                    return
-                time.sleep(delay)
+                    fail(why, EXIT_UNREACHABLE)
+                print_json(snap)
+                return
+            if why is None:
+                away_since = None
+                frame = render(snap, _width())
+            else:
+                # Gone for now (stopped, restarting): said, and asked again each interval.
+                away_since = away_since or time.strftime("%H:%M:%S")
+                frame = away(why, away_since, _width())
+            # Home and clear: redraw in place, as top does.
+            click.echo("\x1b[H\x1b[2J" + frame, nl=True)
+            count += 1
+            if iterations and count >= iterations:
+                return
+            time.sleep(delay)
     except KeyboardInterrupt:
         return
+    finally:
+        if conn is not None:
+            conn.close()
 
 
 def _width() -> int:

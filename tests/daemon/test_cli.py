@@ -618,6 +618,7 @@ def test_a_reader_sees_the_views_and_changes_nothing(daemon_factory: Any) -> Non
         for args in (
             ["status"],
             ["tasks"],
+            ["queue"],
             ["history"],
             ["quota", "show"],
             ["mode"],

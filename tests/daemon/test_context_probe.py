@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from client_plugin.envvars import SIM_GPUS
+from client_plugin.envvars import SIM_GPUS, SIM_STATE_DIR
 from nodemgr import ctxprobe
 from nodemgr.config import CONTEXT_FALLBACK
 from nodemgr.gpus import Gpu
@@ -193,6 +193,8 @@ def test_the_probe_runs_without_the_shim_or_a_tasks_variables(
     monkeypatch.setenv("GPUSHARE_LEDGER", "/run/gpushare/envs/a/ledger")
     monkeypatch.setenv("GPUSHARE_TASK_ID", "0123456789abcdef")
     monkeypatch.setenv("OTHER", "kept")
+    # Another node's simulated GPUs (the shell's): the probe's are its nodemgr's.
+    monkeypatch.setenv(SIM_STATE_DIR, "/elsewhere/sim")
     gpu = Gpu(1, "GPU-5349d000-0000-4000-8000-000000000001", "Sim", 16 * GiB)
     node = Path("/run/gpushare/sim")
     for sim_gpus in (None, "Sim|GPU-5349d000-0000-4000-8000-000000000001|17179869184"):
@@ -202,7 +204,7 @@ def test_the_probe_runs_without_the_shim_or_a_tasks_variables(
             assert gpushare == set()
         else:
             assert all(k.startswith("GPUSHARE_SIM_") for k in gpushare)
-            assert env[SIM_GPUS] == sim_gpus and env["GPUSHARE_SIM_STATE_DIR"] == str(node)
+            assert env[SIM_GPUS] == sim_gpus and env[SIM_STATE_DIR] == str(node)
         assert "LD_PRELOAD" not in env and env["OTHER"] == "kept"
         assert env["CUDA_VISIBLE_DEVICES"] == gpu.uuid
 
@@ -242,7 +244,10 @@ def test_a_simulated_nvml_that_cannot_be_loaded_is_a_failed_probe(
     start."""
     from nodemgr import audit, config, gpus
 
+    dirs = []
+
     def broken(spec: str, state_dir: Path) -> None:
+        dirs.append(state_dir)
         raise OSError("libnvidia-ml.so.1: cannot open shared object file")
 
     monkeypatch.setattr(audit, "load_simulated", broken)
@@ -253,6 +258,7 @@ def test_a_simulated_nvml_that_cannot_be_loaded_is_a_failed_probe(
         1: (0, "fallback"),
     }
     assert "the simulated NVML: libnvidia-ml.so.1: cannot open shared object file" in caplog.text
+    assert dirs == [cfg.sim_state_dir]  # the node's simulated NVML, whose table tasks share
 
 
 def test_page_up() -> None:

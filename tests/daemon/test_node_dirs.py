@@ -20,7 +20,7 @@ import pytest
 from nodemgr import config
 from nodemgr.exitcodes import EXIT_CONFIG
 from nodemgr.gpus import simulated_uuid
-from tests.conftest import BIN
+from tests.conftest import BIN, CLI_AS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,19 +67,6 @@ def open_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-# The CLI as another user. Python itself is not theirs to read here: it is started as
-# root, loads nodemgr, and then becomes the user.
-CLI_AS = """
-import os, sys
-from nodemgr import config
-from nodemgr.cli import cli
-if sys.argv[3]:
-    config.NODE_RUN_DIR = type(config.NODE_RUN_DIR)(sys.argv[3])
-os.setgid(int(sys.argv[1])); os.setgroups([]); os.setuid(int(sys.argv[2]))
-cli(sys.argv[4:])
-"""
 
 
 def cli_as(user: pwd.struct_passwd | None, *args: str, node_run_dir: str = "") -> Any:

@@ -6,6 +6,7 @@ answer. `nodemgr top` waits for nodemgr to come back."""
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 from nodemgr.client import FIRST_ANSWER
 from nodemgr.exitcodes import EXIT_SOFTWARE
 from nodemgr.server import MAX_FAILED_TURNS
-from tests.conftest import BIN, die_with_test_run, invoke
+from tests.conftest import BIN, CLI_AS, die_with_test_run, invoke
 
 
 def stopped(d: Any, sig: int) -> None:
@@ -37,6 +38,7 @@ def test_a_clean_stop_removes_the_sockets_and_clients_fail_at_once(
     env_dir = daemon.run_dir / "envs" / "alice"
     stopped(daemon, sig)
     assert not (daemon.run_dir / "admin.sock").exists()
+    assert not (daemon.run_dir / "view.sock").exists()
     assert not (env_dir / "task.sock").exists()
     assert (env_dir / "ledger").is_file()  # kept for the next start to adopt
     r = invoke(daemon, "status")
@@ -199,3 +201,46 @@ def test_top_waits_while_nodemgr_is_away_and_resumes(daemon: Any, wait_for: Any)
         assert top.stdout is not None
         top.stdout.close()
     assert top.returncode == 0, "".join(out.lines)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_a_readers_top_started_while_nodemgr_is_away_finds_it_back(
+    daemon_factory: Any, wait_for: Any
+) -> None:
+    """A user [readers] lets in, but not [admin], runs `top` while nodemgr is stopped:
+    when nodemgr is back, top shows it through view.sock (only then can it tell which
+    socket lets the user in)."""
+    d = daemon_factory({"readers": {"mode": "0666"}})
+    d.env("alice")
+    os.chmod(d.root, 0o755)
+    os.chmod(d.run_dir, 0o711)
+    stopped(d, signal.SIGTERM)
+    nobody = pwd.getpwnam("nobody")
+    with tempfile.TemporaryDirectory(dir="/tmp") as public:
+        os.chmod(public, 0o755)
+        cfg = Path(public) / "c.toml"
+        cfg.write_text(d.config.read_text())
+        cfg.chmod(0o644)
+        ids = [str(nobody.pw_gid), str(nobody.pw_uid)]
+        top = subprocess.Popen(
+            [sys.executable, "-c", CLI_AS, *ids, "", "top", "--delay", "0.1", "--config", str(cfg)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cwd="/",
+        )
+        out = Lines(top)
+        try:
+            wait_for(lambda: out.since(0, "nodemgr is not running: no socket at") is not None, 30)
+            mark = len(out.lines)
+            d.start()
+            wait_for(lambda: out.since(mark, "GPU  MEMORY") is not None, 60)
+            assert out.since(mark, "alice") is not None
+        finally:
+            top.send_signal(signal.SIGINT)
+            top.wait(30)
+            out.join(30)
+            assert top.stdout is not None
+            top.stdout.close()
+        assert top.returncode == 0, "".join(out.lines)

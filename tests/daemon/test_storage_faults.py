@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from nodemgr.client import Connection, NoResources, wait_until_serving
-from tests.conftest import BIN, Daemon
+from tests.conftest import BIN, Daemon, invoke
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -245,6 +245,11 @@ def test_emptied_database_beside_unused_ledgers_starts_only_when_told(
     assert "knows no environment alice" in r.stderr
     assert "nodemgr serve --forget-unknown-envs" in r.stderr
     assert "Traceback" not in r.stderr
+    # The refused start leaves no socket: commands say nodemgr is not running, not that a
+    # nodemgr was killed.
+    assert not (d.run_dir / "admin.sock").exists() and not (d.run_dir / "view.sock").exists()
+    status = invoke(d, "status")
+    assert status.exit_code == 69 and "no socket at" in status.output, status.output
     d.log = open(d.root / "nodemgr.log", "a")  # noqa: SIM115 (closed by d.stop)
     d.proc = subprocess.Popen(
         [str(BIN / "nodemgr"), "serve", "--forget-unknown-envs", "--config", str(d.config)],

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from nodemgr import config, gpulock
 from tests.conftest import ROOT
 
 UNIT = ROOT / "configs" / "nodemgr.service"
@@ -106,3 +107,17 @@ def test_systemd_analyze_verify_passes_on_the_installed_unit(tmp_path: Path) -> 
         timeout=60,
     )
     assert p.returncode == 0 and not p.stderr.strip(), p.stdout + p.stderr
+
+
+def test_the_unit_lets_nodemgr_write_where_it_must() -> None:
+    """ProtectSystem=strict makes the whole file system read-only but ReadWritePaths: the
+    shipped config's run_dir and state_dir, and the directory of the GPUs' locks (without
+    which nodemgr cannot lock its first GPU and exits 78 on every start)."""
+    settings = unit_settings(UNIT.read_text())
+    assert settings["Service.ProtectSystem"] == ["strict"]
+    writable = {
+        Path(p.lstrip("-")) for line in settings["Service.ReadWritePaths"] for p in line.split()
+    }
+    shipped = config.load(ROOT / "configs" / "nodemgr.toml")
+    for path in (shipped.run_dir, shipped.state_dir, gpulock.NVML_LOCK_DIRS[0]):
+        assert any(path == w or w in path.parents for w in writable), path

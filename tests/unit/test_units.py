@@ -303,8 +303,26 @@ def test_a_suggested_quota_is_never_more_than_the_gpu_can_give() -> None:
     from nodemgr.sizes import parse_size
 
     for capacity in (16 << 30, (16 << 30) - 1, 15_996_000_000, 80 * 10**9):
-        why = unservable(1, capacity + 1, [(0, "G", capacity, capacity)], 0)
+        why = unservable(1, capacity + 1, [(0, "G", capacity, capacity, 0)])
         assert why is not None
         suggested = why.split("give --memory ")[1].split()[0]
         assert parse_size(suggested) <= capacity, why
-        assert unservable(1, parse_size(suggested), [(0, "G", capacity, capacity)], 0) is None
+        assert unservable(1, parse_size(suggested), [(0, "G", capacity, capacity, 0)]) is None
+
+
+def test_a_quota_must_fit_on_as_many_gpus_as_it_names() -> None:
+    """On GPUs of different models a quota's memory must fit, with a context, on each of
+    its GPUs: the largest GPU alone is not enough for a quota of two."""
+    from nodemgr.admin import unservable
+
+    GiB = 1 << 30
+    node = [(0, "Big", 80 * GiB, 80 * GiB, GiB), (1, "Small", 16 * GiB, 16 * GiB, GiB // 2)]
+    assert unservable(1, 40 * GiB, node) is None
+    assert unservable(2, 16 * GiB, node) is None
+    why = unservable(2, 40 * GiB, node)
+    assert why is not None and "only GPU 0 of this node can give 40GiB" in why, why
+    assert "give --gpus 1 or fewer" in why, why
+    # Room for the context is needed where the memory is: 768MiB fits a context only on 1.
+    why = unservable(2, 768 << 20, node)
+    assert why is not None and "only GPU 1 of this node" in why, why
+    assert unservable(1, 768 << 20, node) is None
