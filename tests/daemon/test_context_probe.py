@@ -229,7 +229,9 @@ def test_the_probe_imports_no_nodemgr_of_its_working_directory(tmp_path: Path) -
     (stand_in / "__init__.py").write_text("")
     (stand_in / "ctxprobe.py").write_text("import sys\nsys.exit('a stand-in ran')\n")
     argv = ctxprobe.probe_argv(str(tmp_path / "no-libcuda.so.1"))
-    p = subprocess.run(argv, cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    p = subprocess.run(
+        argv, cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 1
     assert "a stand-in ran" not in p.stderr
     assert f"cannot load the CUDA driver {tmp_path / 'no-libcuda.so.1'}" in p.stderr
