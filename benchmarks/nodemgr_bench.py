@@ -124,6 +124,9 @@ def write_config(
         },
         "scheduler": dict(scheduler or {}),
         "timeslice": dict(timeslice or {}),
+        # One worker process stands in for many clients (up to 1,000 tasks in one
+        # environment): the caps on what one process or environment may hold would refuse it.
+        "limits": {"tasks_per_env": 10_000, "tasks_per_client": 10_000},
     }
     lines = []
     for name, table in sections.items():
