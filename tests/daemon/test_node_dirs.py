@@ -202,3 +202,58 @@ def test_a_gpu_lock_in_a_directory_open_to_all_holds_across_users(open_dir: Path
         )
     finally:
         theirs.communicate(timeout=30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_another_users_lock_file_does_not_keep_root_from_starting(
+    daemon_factory: Any, open_dir: Path, tmp_path: Path
+) -> None:
+    """A lock file another user made at a GPU's lock name in a directory open to all, and
+    holds, is not a nodemgr's to root: root's nodemgr replaces it, says so, and serves; a
+    second root nodemgr is then refused, naming the first."""
+    from nodemgr import gpulock
+    from nodemgr.gpus import Gpu
+
+    os.chmod(open_dir, 0o1777)
+    nobody = pwd.getpwnam("nobody")
+    lock = gpulock.lock_path(open_dir, Gpu(0, simulated_uuid(0), "GPU", 1 << 30))
+    planted = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            HOLD_AS,
+            str(nobody.pw_gid),
+            str(nobody.pw_uid),
+            str(open_dir),
+            simulated_uuid(0),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert planted.stdout is not None
+    try:
+        assert planted.stdout.readline() == "held\n"
+        assert lock.stat().st_uid == nobody.pw_uid
+        first = daemon_factory({"gpus": {"simulated_state_dir": str(open_dir)}})
+        assert first.admin("status")["simulated"]
+        assert (lock.stat().st_uid, lock.stat().st_mode & 0o777) == (0, 0o644)
+        assert (
+            f"replaced the GPU lock file {lock}: it was nobody (uid {nobody.pw_uid})'s, "
+            "not root's, so no nodemgr of root's"
+        ) in first.logtext()
+        second = tmp_path / "second.toml"
+        second.write_text(
+            f'[node]\nrun_dir = "{tmp_path}/run2"\nstate_dir = "{tmp_path}/state2"\n'
+            f'[gpus]\nsource = "simulated"\nsimulated_state_dir = "{open_dir}"\n'
+        )
+        refused = subprocess.run(
+            [str(BIN / "nodemgr"), "serve", "--config", str(second)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == EXIT_CONFIG, refused.stderr
+        assert f"already served by nodemgr pid {first.proc.pid}" in refused.stderr
+    finally:
+        planted.communicate(timeout=30)
