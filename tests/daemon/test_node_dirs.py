@@ -257,3 +257,74 @@ def test_another_users_lock_file_does_not_keep_root_from_starting(
         assert f"already served by nodemgr pid {first.proc.pid}" in refused.stderr
     finally:
         planted.communicate(timeout=30)
+
+
+def _run_dir_of_length(root: Path, size: int) -> Path:
+    """A run directory under ``root`` whose path is ``size`` bytes long."""
+    path = root / ("r" * (size - len(str(root)) - 1))
+    assert len(str(path)) == size
+    return path
+
+
+def test_a_new_environment_whose_socket_no_client_could_reach_is_refused() -> None:
+    """An environment's socket path may have 107 bytes (an AF_UNIX address's 108, less its
+    NUL): one of exactly 107 is created and served, one a byte longer is refused, naming
+    the path and the limit, and nothing of it is made."""
+    from nodemgr.exitcodes import EXIT_ADMIN_REFUSED
+    from tests.conftest import Daemon, Holder, invoke
+
+    root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    daemon = None
+    try:
+        # Its run directory is root/run: 60 bytes.
+        daemon = Daemon(_run_dir_of_length(root, 60 - len("/run")))
+        assert len(str(daemon.run_dir)) == 60
+        fits = "a" * (config.MAX_SOCKET_PATH - 60 - len("/envs//task.sock"))
+        endpoint = daemon.env(fits)
+        assert len(endpoint.removeprefix("ipc://")) == config.MAX_SOCKET_PATH
+        holder = Holder(endpoint)  # a client reaches it
+        holder.close()
+        over = fits + "b"
+        path = daemon.run_dir / "envs" / over / "task.sock"
+        out = invoke(daemon, "quota", "set", over, "--gpus", "1", "--memory", "1GiB")
+        assert out.exit_code == EXIT_ADMIN_REFUSED, out.output
+        assert (
+            f"environment {over}'s socket {path} would be 108 bytes long, over the 107 a "
+            "Unix socket's path may have: give it a shorter name, or the node a shorter "
+            "node.run_dir"
+        ) in out.output
+        assert not path.parent.exists()
+        assert [q["env"] for q in daemon.admin("quota_show", env=None)["quotas"]] == [fits]
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_nodemgr_refuses_to_start_on_an_admin_socket_no_client_could_reach(
+    tmp_path: Path,
+) -> None:
+    """A run directory whose admin.sock path would be 108 bytes stops the start (exit 78)
+    naming the path and the limit, rather than serve a socket no client can connect to."""
+    root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    try:
+        run_dir = _run_dir_of_length(root, config.MAX_SOCKET_PATH - len("/admin.sock") + 1)
+        cfg = tmp_path / "node.toml"
+        cfg.write_text(
+            f'[node]\nrun_dir = "{run_dir}"\nstate_dir = "{tmp_path}/state"\n'
+            f'[gpus]\nsource = "simulated"\nsimulated_state_dir = "{tmp_path}/sim"\n'
+        )
+        refused = subprocess.run(
+            [str(BIN / "nodemgr"), "serve", "--config", str(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == EXIT_CONFIG, refused.stderr
+        assert (
+            f"the admin socket {run_dir}/admin.sock would be 108 bytes long, over the 107 a "
+            "Unix socket's path may have: give the node a shorter node.run_dir"
+        ) in refused.stderr
+        assert not (run_dir / "admin.sock").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
