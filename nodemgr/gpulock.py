@@ -122,9 +122,10 @@ def _owner(uid: int) -> str:
 
 def _claim(path: Path) -> None:
     """As root: make ``path`` a lock file of root's if anything else is there (another
-    user's file, link or FIFO). A fresh file takes its place in one rename, which root may
-    do over another user's file in a sticky directory and which no user can undo there; a
-    file removed first could be made again by them before root's."""
+    user's file, link, FIFO or directory). A fresh file takes its place in one rename,
+    which root may do over another user's file in a sticky directory and which no user can
+    undo there; a file removed first could be made again by them before root's. A
+    directory, which no file can replace, is moved aside first."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -135,7 +136,19 @@ def _claim(path: Path) -> None:
     fd = os.open(fresh, os.O_RDWR | os.O_CREAT | os.O_EXCL | _FLAGS, 0o644)
     try:
         os.fchmod(fd, 0o644)
-        os.rename(fresh, path)
+        for _ in range(3):
+            try:
+                os.rename(fresh, path)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+            # A directory cannot be renamed over: move it aside (it may be made again).
+            aside = path.with_name(f".{path.name}.moved-{secrets.token_hex(4)}")
+            os.rename(path, aside)
+            log.warning("%s was a directory: moved it aside to %s", path, aside)
+        else:
+            raise OSError(errno.EAGAIN, "a directory was made there again and again", str(path))
     except BaseException:
         with contextlib.suppress(OSError):
             fresh.unlink()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -328,3 +329,39 @@ def test_nodemgr_refuses_to_start_on_an_admin_socket_no_client_could_reach(
         assert not (run_dir / "admin.sock").exists()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+@pytest.mark.parametrize("planted", ["link", "directory"])
+def test_root_replaces_a_link_or_directory_another_user_put_at_a_lock(
+    open_dir: Path, planted: str
+) -> None:
+    """Another user's link at a lock's name is replaced, its target untouched; their
+    directory is moved aside: either way root's nodemgr takes the GPU."""
+    from nodemgr import gpulock
+    from nodemgr.gpus import Gpu
+
+    os.chmod(open_dir, 0o1777)
+    nobody = pwd.getpwnam("nobody")
+    gpu = Gpu(0, simulated_uuid(5), "GPU", 1 << 30)
+    lock = gpulock.lock_path(open_dir, gpu)
+    target = open_dir / "target"
+    target.write_text("root's\n")
+    if planted == "link":
+        lock.symlink_to(target)
+    else:
+        lock.mkdir()
+        (lock / "inside").write_text("theirs\n")
+    os.lchown(lock, nobody.pw_uid, nobody.pw_gid)
+    fds = gpulock.hold([gpu], open_dir, Path("/run/mine"), "stop it")
+    try:
+        st = lock.lstat()
+        assert (stat.S_ISREG(st.st_mode), st.st_uid) == (True, 0)
+        assert lock.read_text().startswith(f"{os.getpid()} /run/mine")
+        assert target.read_text() == "root's\n"
+        if planted == "directory":
+            (aside,) = open_dir.glob(f".{lock.name}.moved-*")
+            assert (aside / "inside").read_text() == "theirs\n"
+    finally:
+        for fd in fds:
+            os.close(fd)
