@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from nodemgr import protocol, views
+from nodemgr.config import ENV_SOCKET_FIX, socket_path_problem
 from nodemgr.connections import Connections, ReplyTo, Watched
 from nodemgr.model import Task
 from nodemgr.protocol import Err, ProtocolError
@@ -44,6 +45,8 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
     node = loop.node
     if kind == "quota_set":
         gpus, memory = _quota_asked(node, body)
+        if body["env"] not in node.envs:
+            _check_socket_path(node, body["env"])
         if not body.get("force"):
             charge = node.context_memory
             problem = unservable(
@@ -117,6 +120,14 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
         only = node.env(body["env"]).name if body["env"] else None
         return protocol.reply("tasks", msg_id, tasks=views.tasks(node, only))
     return protocol.reply("status", msg_id, **views.status(node))
+
+
+def _check_socket_path(node: Node, name: str) -> None:
+    """Refuse a new environment whose socket no client could connect to."""
+    where = node.config.env_socket(name)
+    problem = socket_path_problem(where, f"environment {name}'s socket", ENV_SOCKET_FIX)
+    if problem is not None:
+        raise ProtocolError(Err.BAD_REQUEST, problem)
 
 
 def _quota_asked(node: Node, body: dict[str, Any]) -> tuple[int, int]:

@@ -435,6 +435,10 @@ class Config:
     def env_dir(self, env: str) -> Path:
         return self.run_dir / "envs" / env
 
+    def env_socket(self, env: str) -> Path:
+        """Environment ``env``'s socket, where its clients connect."""
+        return self.env_dir(env) / "task.sock"
+
     def access_for(self, env: str) -> Access:
         return self.env_access.get(env, self.env_default_access)
 
@@ -617,4 +621,23 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
         env_default_access=env_default,
         env_access=env_access,
         **values,
+    )
+
+
+# The longest socket path a client can connect to: an AF_UNIX address holds 108 bytes, the
+# last a NUL (libzmq refuses a longer ipc path; a bind in another directory, renamed into
+# place, would not, leaving a socket no client reaches).
+MAX_SOCKET_PATH = 107
+ENV_SOCKET_FIX = "give it a shorter name, or the node a shorter node.run_dir"
+
+
+def socket_path_problem(path: Path, what: str, fix: str) -> str | None:
+    """Why no client could connect to a socket at ``path`` (``what`` names it, ``fix`` says
+    how to shorten it); None when one can."""
+    size = len(os.fsencode(path))
+    if size <= MAX_SOCKET_PATH:
+        return None
+    return (
+        f"{what} {path} would be {size} bytes long, over the {MAX_SOCKET_PATH} a Unix "
+        f"socket's path may have: {fix}"
     )

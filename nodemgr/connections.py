@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodemgr.config import Access, Config
+from nodemgr.config import ENV_SOCKET_FIX, Access, Config, socket_path_problem
 from nodemgr.model import Env
 from nodemgr.protocol import MAX_ADMIN_REPLY_BYTES, MAX_TASK_REPLY_BYTES, Err, ProtocolError
 from nodemgr.transport import Conn, peer_pid
@@ -243,6 +243,11 @@ class Connections:
         if env.name in self.listeners:
             return
         path = Path(env.endpoint.removeprefix("ipc://"))
+        problem = socket_path_problem(path, f"environment {env.name}'s socket", ENV_SOCKET_FIX)
+        if problem is not None:
+            why = f"environment {env.name} refused: {problem}"
+            log.error("%s", why)
+            raise ProtocolError(Err.BAD_REQUEST, why)
         try:
             with open_dir(path.parent) as fd:
                 listener = self._bind(fd, path, self.config.access_for(env.name), env.name)

@@ -6,6 +6,12 @@ runs it (``NVML_LOCK_DIRS``); those of simulated GPUs in their directory
 descriptor of it, so a nodemgr killed in any way frees its GPUs at once. A refusal names the
 holder: its pid from /proc/locks (whoever made the file), and the run directory it wrote
 there when it could.
+
+Any user may make a file in those directories, and a GPU's UUID is no secret: a nodemgr run
+by root honours only a lock file of root's. Another user's file at a lock's name is not a
+nodemgr's that root must yield to (a nodemgr of that user's on the same GPUs, started before
+any root nodemgr made the file, is not seen either): root replaces it, atomically and with a
+WARNING, so no unprivileged user can keep the node's nodemgr from starting.
 """
 
 from __future__ import annotations
@@ -13,7 +19,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
+import pwd
+import secrets
 import stat
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +33,8 @@ from nodemgr.gpus import Gpu
 # directory for lock files (world-writable, sticky), so nodemgrs of any user meet there.
 NVML_LOCK_DIRS = (Path("/run/lock"), Path("/tmp"))
 _FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # never a link, never a FIFO's wait
+
+log = logging.getLogger("nodemgr")
 
 
 class GpuHeld(Exception):
@@ -103,9 +114,71 @@ def hold(gpus: Sequence[Gpu], directory: Path, run_dir: Path, fix: str) -> list[
     return fds
 
 
+def _owner(uid: int) -> str:
+    with contextlib.suppress(KeyError):
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    return f"uid {uid}"
+
+
+def _claim(path: Path) -> None:
+    """As root: make ``path`` a lock file of root's if anything else is there (another
+    user's file, link, FIFO or directory). A fresh file takes its place in one rename,
+    which root may do over another user's file in a sticky directory and which no user can
+    undo there; a file removed first could be made again by them before root's. A
+    directory, which no file can replace, is moved aside first."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if st.st_uid == 0:
+        return
+    fresh = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(fresh, os.O_RDWR | os.O_CREAT | os.O_EXCL | _FLAGS, 0o644)
+    try:
+        os.fchmod(fd, 0o644)
+        for _ in range(3):
+            try:
+                os.rename(fresh, path)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+            # A directory cannot be renamed over: move it aside (it may be made again).
+            aside = path.with_name(f".{path.name}.moved-{secrets.token_hex(4)}")
+            os.rename(path, aside)
+            log.warning("%s was a directory: moved it aside to %s", path, aside)
+        else:
+            raise OSError(errno.EAGAIN, "a directory was made there again and again", str(path))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            fresh.unlink()
+        raise
+    finally:
+        os.close(fd)
+    log.warning(
+        "replaced the GPU lock file %s: it was %s's, not root's, so no nodemgr of root's",
+        path,
+        _owner(st.st_uid),
+    )
+
+
+def _open_honoured(path: Path) -> int:
+    """The lock file's descriptor; as root, one of root's (see _claim). Another user may
+    make the file between _claim finding none and _open making it: then it is claimed
+    again, and stays root's (a sticky directory lets no one else replace it)."""
+    for _ in range(3):
+        if os.geteuid() == 0:
+            _claim(path)
+        fd = _open(path)
+        if os.geteuid() != 0 or os.fstat(fd).st_uid == 0:
+            return fd
+        os.close(fd)
+    raise OSError(errno.EAGAIN, "replaced by another user's file while being taken", str(path))
+
+
 def _hold(gpu: Gpu, path: Path, run_dir: Path, fix: str) -> int:
     try:
-        fd = _open(path)
+        fd = _open_honoured(path)
     except OSError as e:
         raise GpuHeld(f"cannot open the lock {path} of GPU {gpu.index}: {e.strerror}") from None
     try:

@@ -32,7 +32,7 @@ from typing import Any
 
 from nodemgr import __version__, admin, envdirs, gpulock, protocol, recovery, tasks, views
 from nodemgr.audit import Auditor, nvml_ready
-from nodemgr.config import Config, ConfigError
+from nodemgr.config import Config, ConfigError, socket_path_problem
 from nodemgr.connections import (
     Connections,
     Listener,
@@ -204,6 +204,12 @@ class Server:
     def _open(self, run: Path) -> None:
         """Serve the admin sockets, restore quotas and tasks, serve each environment's
         socket and the metrics; raise StartupError."""
+        for name in ("admin.sock", "view.sock"):
+            problem = socket_path_problem(
+                run / name, "the admin socket", "give the node a shorter node.run_dir"
+            )
+            if problem is not None:
+                raise StartupError(problem)
         try:
             self.connections.bind_admin()
             self.connections.bind_readers()

@@ -138,7 +138,7 @@ class Node:
             os.close(fd)
         for index in range(len(self.gpus)):
             ledger.set_ctx_charge(index, self.context_memory[index])
-        env = Env(name, gpus, memory, ledger, f"ipc://{env_dir / 'task.sock'}")
+        env = Env(name, gpus, memory, ledger, f"ipc://{self.config.env_socket(name)}")
         env.adopted = adopted
         self.envs[name] = env
         return env

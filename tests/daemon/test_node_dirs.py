@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -202,3 +203,165 @@ def test_a_gpu_lock_in_a_directory_open_to_all_holds_across_users(open_dir: Path
         )
     finally:
         theirs.communicate(timeout=30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_another_users_lock_file_does_not_keep_root_from_starting(
+    daemon_factory: Any, open_dir: Path, tmp_path: Path
+) -> None:
+    """A lock file another user made at a GPU's lock name in a directory open to all, and
+    holds, is not a nodemgr's to root: root's nodemgr replaces it, says so, and serves; a
+    second root nodemgr is then refused, naming the first."""
+    from nodemgr import gpulock
+    from nodemgr.gpus import Gpu
+
+    os.chmod(open_dir, 0o1777)
+    nobody = pwd.getpwnam("nobody")
+    lock = gpulock.lock_path(open_dir, Gpu(0, simulated_uuid(0), "GPU", 1 << 30))
+    planted = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            HOLD_AS,
+            str(nobody.pw_gid),
+            str(nobody.pw_uid),
+            str(open_dir),
+            simulated_uuid(0),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert planted.stdout is not None
+    try:
+        assert planted.stdout.readline() == "held\n"
+        assert lock.stat().st_uid == nobody.pw_uid
+        first = daemon_factory({"gpus": {"simulated_state_dir": str(open_dir)}})
+        assert first.admin("status")["simulated"]
+        assert (lock.stat().st_uid, lock.stat().st_mode & 0o777) == (0, 0o644)
+        assert (
+            f"replaced the GPU lock file {lock}: it was nobody (uid {nobody.pw_uid})'s, "
+            "not root's, so no nodemgr of root's"
+        ) in first.logtext()
+        second = tmp_path / "second.toml"
+        second.write_text(
+            f'[node]\nrun_dir = "{tmp_path}/run2"\nstate_dir = "{tmp_path}/state2"\n'
+            f'[gpus]\nsource = "simulated"\nsimulated_state_dir = "{open_dir}"\n'
+        )
+        refused = subprocess.run(
+            [str(BIN / "nodemgr"), "serve", "--config", str(second)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == EXIT_CONFIG, refused.stderr
+        assert f"already served by nodemgr pid {first.proc.pid}" in refused.stderr
+    finally:
+        planted.communicate(timeout=30)
+
+
+def _run_dir_of_length(root: Path, size: int) -> Path:
+    """A run directory under ``root`` whose path is ``size`` bytes long."""
+    path = root / ("r" * (size - len(str(root)) - 1))
+    assert len(str(path)) == size
+    return path
+
+
+def test_a_new_environment_whose_socket_no_client_could_reach_is_refused() -> None:
+    """An environment's socket path may have 107 bytes (an AF_UNIX address's 108, less its
+    NUL): one of exactly 107 is created and served, one a byte longer is refused, naming
+    the path and the limit, and nothing of it is made."""
+    from nodemgr.exitcodes import EXIT_ADMIN_REFUSED
+    from tests.conftest import Daemon, Holder, invoke
+
+    root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    daemon = None
+    try:
+        # Its run directory is root/run: 60 bytes.
+        daemon = Daemon(_run_dir_of_length(root, 60 - len("/run")))
+        assert len(str(daemon.run_dir)) == 60
+        fits = "a" * (config.MAX_SOCKET_PATH - 60 - len("/envs//task.sock"))
+        endpoint = daemon.env(fits)
+        assert len(endpoint.removeprefix("ipc://")) == config.MAX_SOCKET_PATH
+        holder = Holder(endpoint)  # a client reaches it
+        holder.close()
+        over = fits + "b"
+        path = daemon.run_dir / "envs" / over / "task.sock"
+        out = invoke(daemon, "quota", "set", over, "--gpus", "1", "--memory", "1GiB")
+        assert out.exit_code == EXIT_ADMIN_REFUSED, out.output
+        assert (
+            f"environment {over}'s socket {path} would be 108 bytes long, over the 107 a "
+            "Unix socket's path may have: give it a shorter name, or the node a shorter "
+            "node.run_dir"
+        ) in out.output
+        assert not path.parent.exists()
+        assert [q["env"] for q in daemon.admin("quota_show", env=None)["quotas"]] == [fits]
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_nodemgr_refuses_to_start_on_an_admin_socket_no_client_could_reach(
+    tmp_path: Path,
+) -> None:
+    """A run directory whose admin.sock path would be 108 bytes stops the start (exit 78)
+    naming the path and the limit, rather than serve a socket no client can connect to."""
+    root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    try:
+        run_dir = _run_dir_of_length(root, config.MAX_SOCKET_PATH - len("/admin.sock") + 1)
+        cfg = tmp_path / "node.toml"
+        cfg.write_text(
+            f'[node]\nrun_dir = "{run_dir}"\nstate_dir = "{tmp_path}/state"\n'
+            f'[gpus]\nsource = "simulated"\nsimulated_state_dir = "{tmp_path}/sim"\n'
+        )
+        refused = subprocess.run(
+            [str(BIN / "nodemgr"), "serve", "--config", str(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == EXIT_CONFIG, refused.stderr
+        assert (
+            f"the admin socket {run_dir}/admin.sock would be 108 bytes long, over the 107 a "
+            "Unix socket's path may have: give the node a shorter node.run_dir"
+        ) in refused.stderr
+        assert not (run_dir / "admin.sock").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+@pytest.mark.parametrize("planted", ["link", "directory"])
+def test_root_replaces_a_link_or_directory_another_user_put_at_a_lock(
+    open_dir: Path, planted: str
+) -> None:
+    """Another user's link at a lock's name is replaced, its target untouched; their
+    directory is moved aside: either way root's nodemgr takes the GPU."""
+    from nodemgr import gpulock
+    from nodemgr.gpus import Gpu
+
+    os.chmod(open_dir, 0o1777)
+    nobody = pwd.getpwnam("nobody")
+    gpu = Gpu(0, simulated_uuid(5), "GPU", 1 << 30)
+    lock = gpulock.lock_path(open_dir, gpu)
+    target = open_dir / "target"
+    target.write_text("root's\n")
+    if planted == "link":
+        lock.symlink_to(target)
+    else:
+        lock.mkdir()
+        (lock / "inside").write_text("theirs\n")
+    os.lchown(lock, nobody.pw_uid, nobody.pw_gid)
+    fds = gpulock.hold([gpu], open_dir, Path("/run/mine"), "stop it")
+    try:
+        st = lock.lstat()
+        assert (stat.S_ISREG(st.st_mode), st.st_uid) == (True, 0)
+        assert lock.read_text().startswith(f"{os.getpid()} /run/mine")
+        assert target.read_text() == "root's\n"
+        if planted == "directory":
+            (aside,) = open_dir.glob(f".{lock.name}.moved-*")
+            assert (aside / "inside").read_text() == "theirs\n"
+    finally:
+        for fd in fds:
+            os.close(fd)
