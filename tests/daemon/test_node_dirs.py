@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import subprocess
 import sys
-import tempfile
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,17 +56,6 @@ def test_a_second_nodemgr_on_the_same_gpus_exits_78_naming_the_holder(
     assert again.admin("status")["simulated"]
 
 
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory of root's that other users may read (a test's tmp_path is not)."""
-    path = Path(tempfile.mkdtemp(prefix="gs-node-"))
-    os.chmod(path, 0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def cli_as(user: pwd.struct_passwd | None, *args: str, node_run_dir: str = "") -> Any:
     """``nodemgr ARGS`` as ``user`` (None: root), with neither $GPUSHARE_CONFIG nor
     $XDG_RUNTIME_DIR; ``node_run_dir`` stands for /run/gpushare."""
@@ -88,10 +75,13 @@ def cli_as(user: pwd.struct_passwd | None, *args: str, node_run_dir: str = "") -
 @pytest.mark.skipif(
     (config.NODE_RUN_DIR / "admin.sock").exists(), reason="a nodemgr serves this node"
 )
-def test_a_config_file_names_the_same_run_dir_for_every_user(open_dir: Path) -> None:
+def test_a_config_file_names_the_same_run_dir_for_every_user(
+    open_dir: Callable[[int], Path],
+) -> None:
     """A config that leaves run_dir unset means /run/gpushare to root and to any other
     user alike: an operator who is not root finds the node's nodemgr, not one of their own."""
-    cfg = open_dir / "node.toml"
+    shared = open_dir(0o755)
+    cfg = shared / "node.toml"
     cfg.write_text('[gpus]\nsource = "simulated"\n')
     cfg.chmod(0o644)
     nobody = pwd.getpwnam("nobody")
@@ -155,29 +145,32 @@ sys.stdin.read()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
-def test_a_gpu_lock_in_a_directory_open_to_all_holds_across_users(open_dir: Path) -> None:
+def test_a_gpu_lock_in_a_directory_open_to_all_holds_across_users(
+    open_dir: Callable[[int], Path],
+) -> None:
     """Root and another user take turns at one GPU's lock: the lock file root made (0644,
     root's) still locks for the other user, who may only read it, and each refusal names
     the holder's pid, with a run directory only where the holder wrote it."""
     from nodemgr import gpulock
     from nodemgr.gpus import Gpu
 
-    os.chmod(open_dir, 0o1777)
+    shared = open_dir(0o755)
+    os.chmod(shared, 0o1777)
     nobody = pwd.getpwnam("nobody")
     uuid = simulated_uuid(7)
     gpu = Gpu(0, uuid, "GPU", 1 << 30)
-    lock = gpulock.lock_path(open_dir, gpu)
+    lock = gpulock.lock_path(shared, gpu)
     ids = [str(nobody.pw_gid), str(nobody.pw_uid)]
 
     def hold_as_nobody() -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "-c", HOLD_AS, *ids, str(open_dir), uuid],
+            [sys.executable, "-c", HOLD_AS, *ids, str(shared), uuid],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
 
-    fds = gpulock.hold([gpu], open_dir, Path("/run/mine"), "stop it")
+    fds = gpulock.hold([gpu], shared, Path("/run/mine"), "stop it")
     try:
         refused = hold_as_nobody()
         out, _ = refused.communicate(timeout=30)
@@ -195,7 +188,7 @@ def test_a_gpu_lock_in_a_directory_open_to_all_holds_across_users(open_dir: Path
     try:
         assert theirs.stdout.readline() == "held\n"
         with pytest.raises(gpulock.GpuHeld) as held:
-            gpulock.hold([gpu], open_dir, Path("/run/mine"), "stop it")
+            gpulock.hold([gpu], shared, Path("/run/mine"), "stop it")
         # They could not write root's file: what it says is root's, and not told as theirs.
         assert str(held.value) == (
             f"GPU 0 ({uuid}) is already served by nodemgr pid {theirs.pid} (lock {lock}): stop it"
