@@ -288,6 +288,12 @@ KEYS: tuple[Key, ...] = (
         " average; more are refused `busy`"),
     Key("limits", "view_burst", "view_burst", Integer(1, 1_000_000), 40,
         "`view` requests an environment may send at once beyond that rate"),
+    Key("limits", "reader_requests_per_second", "reader_requests_per_second",
+        Integer(1, 1_000_000), 50,
+        "requests served per second per user on the read-only admin socket (`view.sock`),"
+        " on average; more are refused `busy` (a `nodemgr top` sends 4 a frame)"),
+    Key("limits", "reader_burst", "reader_burst", Integer(1, 1_000_000), 100,
+        "requests a user may send at once on `view.sock` beyond that rate"),
 )
 # fmt: on
 
@@ -412,6 +418,8 @@ class Config:
     tasks_per_client: int = _DEFAULTS["tasks_per_client"]
     views_per_second: int = _DEFAULTS["views_per_second"]
     view_burst: int = _DEFAULTS["view_burst"]
+    reader_requests_per_second: int = _DEFAULTS["reader_requests_per_second"]
+    reader_burst: int = _DEFAULTS["reader_burst"]
 
     @property
     def admin_endpoint(self) -> str:

@@ -24,20 +24,25 @@ from pathlib import Path
 from nodemgr.config import ENV_SOCKET_FIX, Access, Config, socket_path_problem
 from nodemgr.model import Env
 from nodemgr.protocol import MAX_ADMIN_REPLY_BYTES, MAX_TASK_REPLY_BYTES, Err, ProtocolError
-from nodemgr.transport import Conn, peer_pid
+from nodemgr.transport import Conn, peer_cred
 
 log = logging.getLogger("nodemgr")
 
 # Connections (docs/protocol.md, "Transport"). An environment may hold at most
 # MAX_CONNECTIONS_PER_ENV, and never more than half of what the descriptor limit leaves for
-# connections, so another environment always gets in; one client process at most
-# MAX_CONNECTIONS_PER_CLIENT (a gpushare-run holds 2 to 3). A connection beyond a cap gets a
-# `busy` answer to its first request and is closed.
+# connections, so another environment always gets in; one user on the read-only admin
+# socket (view.sock) MAX_CONNECTIONS_PER_READER (a `nodemgr top` holds 1), no more than
+# half either; one client process at most MAX_CONNECTIONS_PER_CLIENT on either (a
+# gpushare-run holds 2 to 3). A connection beyond a cap gets a `busy` answer to its first
+# request and is closed. The admin socket (admin.sock) is not capped: who may reach it may
+# stop nodemgr anyway.
 MAX_CONNECTIONS_PER_ENV = 4096
+MAX_CONNECTIONS_PER_READER = 64
 MAX_CONNECTIONS_PER_CLIENT = 16
 # The caps a connection can be refused over (_over_cap), as the metrics name them.
-CAPS = ("env", "client")
-# Connections being refused at once per environment; beyond this one is closed unanswered.
+CAPS = ("env", "reader", "client")
+# Connections being refused at once per environment (or view.sock user); beyond this one
+# is closed unanswered.
 MAX_REFUSING_PER_ENV = 16
 # Descriptors kept out of the connections' share of the limit: the database, NVML, the
 # metrics server, ledgers being re-made, pidfds opened while connections are at their cap.
@@ -78,6 +83,25 @@ class Listener:
     @property
     def fd(self) -> int:
         return self.sock.fileno()
+
+    @property
+    def limited(self) -> bool:
+        """Whether its connections are capped and wait at the descriptor budget: an
+        environment's and view.sock's; the admin socket's are not."""
+        return self.env is not None or self.readonly
+
+
+def party(env: str | None, readonly: bool, uid: int | None) -> str | None:
+    """Who a connection counts against for the caps: its environment, or on view.sock its
+    user (``uid N``, never an environment's name: those have no space); None on the
+    admin socket, which is not capped."""
+    if env is not None:
+        return env
+    return f"uid {uid}" if readonly else None
+
+
+def party_of(conn: Conn) -> str | None:
+    return party(conn.env, conn.readonly, conn.uid)
 
 
 @contextlib.contextmanager
@@ -125,13 +149,15 @@ class Connections:
         self.readers: Listener | None = None
         self.listeners: dict[str, Listener] = {}
         self.conns = 0
+        # Keyed by party(): an environment's name, or a view.sock user's "uid N".
         self.conns_of_env: collections.Counter[str] = collections.Counter()
         self.conns_of_client: collections.Counter[tuple[str, int]] = collections.Counter()
         self.refusing: collections.Counter[str] = collections.Counter()
         # Connections still in their handshake, or being refused: dropped at their deadline.
         self.young: set[Conn] = set()
-        # Listeners not polled now: the environments' (connections at the descriptor
-        # budget) or all (accept() found no descriptor); polled again when one is free.
+        # Listeners not polled now: the limited ones, environments' and view.sock
+        # (connections at the descriptor budget), or all (accept() found no descriptor);
+        # polled again when one is free.
         self.paused_envs = False
         self.paused_admin = False
         self._pause_said = -60.0
@@ -149,18 +175,19 @@ class Connections:
         run = self.config.run_dir
         self._prepare_bind_dir()
         with open_dir(run) as fd:
-            self.admin = self._bind(fd, run / "admin.sock", self.config.admin_access, None)
+            self.admin = self._bind(fd, run / "admin.sock", self.config.admin_access)
 
     def bind_readers(self) -> None:
         """Serve the read-only admin endpoint (run_dir/view.sock). Raises OSError."""
         run = self.config.run_dir
         with open_dir(run) as fd:
-            self.readers = self._bind(fd, run / "view.sock", self.config.reader_access, None)
-        self.readers.readonly = True
+            self.readers = self._bind(
+                fd, run / "view.sock", self.config.reader_access, readonly=True
+            )
 
     def polled(self, listener: Listener) -> bool:
         """Whether ``listener`` is polled now (not paused)."""
-        return not (self.paused_admin or (listener.env is not None and self.paused_envs))
+        return not (self.paused_admin or (listener.limited and self.paused_envs))
 
     def _prepare_bind_dir(self) -> None:
         """Empty nodemgr's private directory for binding sockets (see _bind)."""
@@ -173,7 +200,14 @@ class Connections:
         for entry in path.iterdir():
             entry.unlink()
 
-    def _bind(self, dir_fd: int, path: Path, access: Access, env: str | None) -> Listener:
+    def _bind(
+        self,
+        dir_fd: int,
+        path: Path,
+        access: Access,
+        env: str | None = None,
+        readonly: bool = False,
+    ) -> Listener:
         """A listening socket with ``access``, placed at ``path`` in the directory ``dir_fd``.
 
         An environment's directory is writable by its user, so nothing there is
@@ -212,10 +246,9 @@ class Connections:
             with contextlib.suppress(OSError):
                 private.unlink()
             raise
-        listener = Listener(sock, env, path, (st.st_dev, st.st_ino))
+        listener = Listener(sock, env, path, (st.st_dev, st.st_ino), readonly)
         self.fds[listener.fd] = listener
-        paused = self.paused_admin or (env is not None and self.paused_envs)
-        self.epoll.register(listener.fd, 0 if paused else select.EPOLLIN)
+        self.epoll.register(listener.fd, select.EPOLLIN if self.polled(listener) else 0)
         return listener
 
     def remove_sockets(self) -> None:
@@ -250,7 +283,7 @@ class Connections:
             raise ProtocolError(Err.BAD_REQUEST, why)
         try:
             with open_dir(path.parent) as fd:
-                listener = self._bind(fd, path, self.config.access_for(env.name), env.name)
+                listener = self._bind(fd, path, self.config.access_for(env.name), env=env.name)
         except OSError as e:
             why = f"environment {env.name} refused: cannot create its socket {path}: {describe(e)}"
             log.error("%s", why)
@@ -280,7 +313,7 @@ class Connections:
     def accept(self, listener: Listener) -> None:
         env = listener.env
         for _ in range(ACCEPT_BATCH):
-            if env is not None and self.conns >= self.limit():
+            if listener.limited and self.conns >= self.limit():
                 self._pause(admin=False, why=f"{self.conns} connections open")
                 return
             try:
@@ -293,45 +326,54 @@ class Connections:
                     return
                 continue  # ECONNABORTED, EPROTO: that client gave up; the next may not
             sock.setblocking(False)
-            pid = peer_pid(sock)
+            pid, uid = peer_cred(sock)
             now = time.monotonic()
             out_limit = MAX_ADMIN_REPLY_BYTES if env is None else MAX_TASK_REPLY_BYTES
-            refusal = self._over_cap(env, pid)
+            who = party(env, listener.readonly, uid)
+            refusal = None if who is None else self._over_cap(who, env is None, pid)
             if refusal is not None:
-                assert env is not None
+                assert who is not None
                 if self.on_refused is not None:
                     self.on_refused(refusal[0])
-                if self.refusing[env] >= MAX_REFUSING_PER_ENV:
+                if self.refusing[who] >= MAX_REFUSING_PER_ENV:
                     sock.close()
                     continue
             conn = Conn(sock, env, pid, out_limit, now + HANDSHAKE_TIMEOUT)
             conn.readonly = listener.readonly
+            conn.uid = uid
             self.fds[conn.fd] = conn
             self.conns += 1
             self.young.add(conn)
             if refusal is not None:
-                assert env is not None
+                assert who is not None
                 conn.refusal = refusal[1]
-                self.refusing[env] += 1
-            elif env is not None:
-                self.conns_of_env[env] += 1
+                self.refusing[who] += 1
+            elif who is not None:
+                self.conns_of_env[who] += 1
                 if pid is not None:
-                    self.conns_of_client[env, pid] += 1
+                    self.conns_of_client[who, pid] += 1
             self.epoll.register(conn.fd, select.EPOLLIN)
             self.settle(conn)
 
-    def _over_cap(self, env: str | None, pid: int | None) -> tuple[str, str] | None:
-        """(reason, message) when a new connection to ``env`` from ``pid`` is over a cap."""
-        if env is None:
-            return None
-        cap = min(MAX_CONNECTIONS_PER_ENV, max(1, self.limit() // 2))
-        if self.conns_of_env[env] >= cap:
+    def _over_cap(self, who: str, reader: bool, pid: int | None) -> tuple[str, str] | None:
+        """(reason, message) when a new connection of ``who`` (party(): an environment,
+        or with ``reader`` a view.sock user) from ``pid`` is over a cap."""
+        most = MAX_CONNECTIONS_PER_READER if reader else MAX_CONNECTIONS_PER_ENV
+        cap = min(most, max(1, self.limit() // 2))
+        held = self.conns_of_env[who]
+        if held >= cap and reader:
+            return "reader", (
+                f"user {who.removeprefix('uid ')} already has {held} connections open to "
+                f"{self.config.run_dir / 'view.sock'}, the most one user may have ({cap}, "
+                "MAX_CONNECTIONS_PER_READER); end the commands of theirs that hold them"
+            )
+        if held >= cap:
             return "env", (
-                f"environment {env} already has {self.conns_of_env[env]} connections open to "
+                f"environment {who} already has {held} connections open to "
                 f"nodemgr, the most one environment may have ({cap}); end processes of it that "
                 "hold connections they do not use"
             )
-        if pid is not None and self.conns_of_client[env, pid] >= MAX_CONNECTIONS_PER_CLIENT:
+        if pid is not None and self.conns_of_client[who, pid] >= MAX_CONNECTIONS_PER_CLIENT:
             return "client", (
                 f"process {pid} already has {MAX_CONNECTIONS_PER_CLIENT} connections open to "
                 "nodemgr, the most one process may have; close the ones it does not use"
@@ -353,7 +395,7 @@ class Connections:
         else:
             return
         for listener in self.all_listeners():
-            if admin or listener.env is not None:
+            if admin or listener.limited:
                 self.epoll.modify(listener.fd, 0)
         # Once a minute at most: accept() is tried again at every sweep while it fails.
         now = time.monotonic()
@@ -368,7 +410,7 @@ class Connections:
         if not envs and not self.paused_admin:
             return
         for listener in self.all_listeners():
-            if listener.env is None or envs:
+            if not listener.limited or envs:
                 self.epoll.modify(listener.fd, select.EPOLLIN)
         self.paused_admin = False
         self.paused_envs = not envs
@@ -410,16 +452,18 @@ class Connections:
         del self.fds[conn.fd]
         self.conns -= 1
         self.young.discard(conn)
-        env = conn.env
+        who = party_of(conn)
         if conn.refusal is not None:
-            assert env is not None
-            self.refusing[env] -= 1
-        elif env is not None:
-            self.conns_of_env[env] -= 1
+            assert who is not None
+            self.refusing[who] -= 1
+        elif who is not None:
+            self.conns_of_env[who] -= 1
+            if not self.conns_of_env[who]:
+                del self.conns_of_env[who]
             if conn.pid is not None:
-                self.conns_of_client[env, conn.pid] -= 1
-                if not self.conns_of_client[env, conn.pid]:
-                    del self.conns_of_client[env, conn.pid]
+                self.conns_of_client[who, conn.pid] -= 1
+                if not self.conns_of_client[who, conn.pid]:
+                    del self.conns_of_client[who, conn.pid]
         conn.close()
         self.resume()
 

@@ -233,7 +233,7 @@ class Metrics:
         )
         self.refusals = self._counter(
             "gpushare_connections_refused",
-            "Connections to an environment's endpoint refused over a cap, by cap",
+            "Connections to a task endpoint or view.sock refused over a cap, by cap",
             "cap",
         )
         self.waits = self._histogram(

@@ -40,6 +40,7 @@ from nodemgr.connections import (
     ReplyTo,
     Watched,
     describe,
+    party_of,
     task_cap,
 )
 from nodemgr.ctxprobe import charges
@@ -161,6 +162,8 @@ class Server:
         self._env_log = LogThrottle(ENV_LOG_INTERVAL)
         # Each environment's `view` requests (nodemgr.tasks).
         self.views = TokenBuckets(config.views_per_second, config.view_burst)
+        # Each user's requests on view.sock (_dispatch), keyed by party().
+        self.reader_requests = TokenBuckets(config.reader_requests_per_second, config.reader_burst)
 
     def _unlock(self) -> None:
         for fd in self._lock_fds:
@@ -660,6 +663,8 @@ class Server:
             msg = protocol.decode(frame)
             msg_id = msg["id"]
             if conn.env is None:
+                if conn.readonly:
+                    self._reader_rate(conn)
                 body = protocol.validate(msg, protocol.ADMIN_REQUESTS)
                 if conn.readonly and not protocol.is_view(msg["type"], body):
                     raise ProtocolError(
@@ -687,6 +692,21 @@ class Server:
         except Exception:
             log.exception("internal error serving a request")
             return protocol.error(Err.INTERNAL, "internal error in nodemgr; see its log", msg_id)
+
+    def _reader_rate(self, conn: Conn) -> None:
+        """Spend a token of the view.sock user's bucket, or raise ProtocolError(BUSY): each
+        view walks every GPU, task and waiting request, or reads the database, and one
+        reader asking in a loop must not slow the environments' grants."""
+        who = party_of(conn)
+        assert who is not None
+        if not self.reader_requests.take(who, time.monotonic()):
+            raise ProtocolError(
+                Err.BUSY,
+                f"user {conn.uid} sent more than {self.config.reader_burst} requests to "
+                f"{self.config.run_dir / 'view.sock'} at once, or more than "
+                f"{self.config.reader_requests_per_second} a second "
+                "(limits.reader_requests_per_second, limits.reader_burst); ask less often",
+            )
 
     # --- clients' processes (pidfds), tasks' ends ------------------------------------
 

@@ -110,6 +110,7 @@ class Conn:
         "readonly",
         "refusal",
         "sock",
+        "uid",
         "watching_out",
     )
 
@@ -126,6 +127,7 @@ class Conn:
         self.env = env  # None: the admin endpoint
         self.readonly = False  # the read-only admin endpoint's: views only
         self.pid = pid
+        self.uid: int | None = None  # the peer's (SO_PEERCRED), on view.sock
         self.out_limit = out_limit
         self.closed = False
         # Set when the connection is over a cap: its first request is answered with this
@@ -289,11 +291,12 @@ class Conn:
             self.closed = True
 
 
-def peer_pid(sock: socket.socket) -> int | None:
-    """The pid of the process that connected ``sock``, from the kernel (SO_PEERCRED)."""
+def peer_cred(sock: socket.socket) -> tuple[int | None, int | None]:
+    """The pid and uid of the process that connected ``sock``, from the kernel
+    (SO_PEERCRED); None where it does not say."""
     try:
         cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     except OSError:
-        return None
-    pid = int(struct.unpack("3i", cred)[0])
-    return pid if pid > 0 else None
+        return None, None
+    pid, uid, _ = struct.unpack("3i", cred)
+    return (int(pid) if pid > 0 else None), (int(uid) if uid >= 0 else None)

@@ -498,6 +498,24 @@ def invoke(daemon: Daemon, *args: str) -> Any:
 
 
 @pytest.fixture
+def open_dir() -> Iterator[Callable[[int], Path]]:
+    """``open_dir(mode)``: a new directory of this process's user, outside the test's
+    tmp_path (which other users cannot reach), with ``mode`` (0o755: others may read it,
+    0o711: pass through it); removed afterwards."""
+    made: list[Path] = []
+
+    def make(mode: int) -> Path:
+        path = Path(tempfile.mkdtemp(prefix="gs-open-"))
+        made.append(path)
+        os.chmod(path, mode)
+        return path
+
+    yield make
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
 def server() -> Iterator[Any]:
     """nodemgr's loop in this process, on 4 simulated GPUs, for a test to step by hand (a
     nodemgr.server.Server). Imported here, not at the top: helper processes import this

@@ -50,7 +50,9 @@ def ready_pid(p: subprocess.Popen[str], word: str) -> None:
     for line in p.stdout:
         if line.startswith(word):
             return
-    raise AssertionError(f"the task ended before {word!r}: {p.wait(10)} {p.stderr}")
+    code = p.wait(10)
+    err = p.stderr.read() if p.stderr is not None else ""
+    raise AssertionError(f"the task ended before {word!r} (exit {code}): {err}")
 
 
 def test_each_kind_of_bypass_is_reported_and_a_charged_process_is_not(

@@ -30,6 +30,7 @@ from zmq.utils.monitor import recv_monitor_message
 from nodemgr import connections, protocol
 from nodemgr.client import Connection
 from nodemgr.server import Server
+from nodemgr.transport import Conn
 from tests.conftest import _wait_for as wait_for
 from tests.conftest import die_with_test_run
 
@@ -329,6 +330,71 @@ def test_connections_past_the_descriptor_limit_wait_and_nodemgr_stays_up(
     assert d.proc.poll() is None
 
 
+def test_a_reader_flooding_view_sock_is_refused_busy_while_others_are_served(
+    daemon_factory: Any,
+) -> None:
+    """A user of the read-only admin socket opens connections and sends requests in a loop:
+    beyond 16 connections of one process, 64 of one user and its rate, view.sock answers
+    `busy` naming the cap or the keys, while admin.sock and an environment are served."""
+    d = daemon_factory({"limits": {"reader_requests_per_second": 1, "reader_burst": 5}})
+    env = d.env("A", gpus=0, memory=GiB)
+    view = f"ipc://{d.run_dir / 'view.sock'}"
+    # One process: 16 connections, the 17th refused.
+    held = [Raw(view) for _ in range(16)]
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        extra = Raw(view)
+        reply = extra.call("status", 5)
+        assert reply.get("error") == "busy" and reply["id"] == 5, reply
+        assert f"process {os.getpid()} already has 16 connections" in reply["message"]
+        assert extra.closed_by_peer()
+        extra.close()
+        # One user: 64 connections, with three more processes; the next refused over the
+        # user's cap, whichever process it comes from.
+        procs = [hold_connections(view, 16) for _ in range(3)]
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline() == "ok\n"
+        late = Raw(view)
+        reply = late.call("status")
+        assert reply.get("error") == "busy", reply
+        assert f"user {os.getuid()} already has 64 connections open to" in reply["message"]
+        late.close()
+        assert d.admin("status")["gpus"]
+        assert ask(env)["env"] == "A"
+    finally:
+        end(procs)
+        for raw in held:
+            raw.close()
+    # One user's requests: beyond its rate, `busy` naming the keys, on a connection that
+    # stays; the others are served meanwhile.
+    readers: list[Raw] = []
+
+    def served() -> bool:
+        # Once nodemgr saw the holders' connections close, a new one is let in.
+        raw = Raw(view)
+        if raw.call("status")["type"] == "error":
+            raw.close()
+            return False
+        readers.append(raw)
+        return True
+
+    wait_for(served, 10)
+    reader = readers[0]
+    try:
+        for i in range(1000):
+            reply = reader.call("status", i)
+            if reply["type"] == "error":
+                break
+        assert reply.get("error") == "busy", reply
+        assert "(limits.reader_requests_per_second, limits.reader_burst)" in reply["message"]
+        assert not reader.closed_by_peer(0.2)
+        assert d.admin("status")["gpus"]
+        assert ask(env)["env"] == "A"
+        assert d.proc.poll() is None
+    finally:
+        reader.close()
+
+
 # --- the loop in this process, stepped by hand -----------------------------------------
 
 
@@ -371,6 +437,29 @@ def test_accept_out_of_descriptors_waits_instead_of_aborting(server: Server) -> 
         server, lambda: server.connections.conns == 8 and not server.connections.paused_admin
     )
     end([p])
+
+
+def test_view_sock_waits_at_the_descriptor_budget_while_admin_sock_is_served(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no descriptor left for connections, a connection to view.sock waits in the
+    backlog like an environment's (its listener not polled), while admin.sock's is
+    accepted; the waiting one is accepted once there is room."""
+    conns = server.connections
+    monkeypatch.setattr(conns, "limit", lambda: 0)
+    run = server.config.run_dir
+    with (
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as reader,
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin,
+    ):
+        reader.connect(str(run / "view.sock"))
+        step_until(server, lambda: conns.paused_envs)
+        admin.connect(str(run / "admin.sock"))
+        step_until(server, lambda: conns.conns == 1)
+        accepted = [c for c in server.fds.values() if isinstance(c, Conn)]
+        assert [c.readonly for c in accepted] == [False]
+        monkeypatch.undo()
+        step_until(server, lambda: conns.conns == 2 and not conns.paused_envs)
 
 
 def test_the_documented_limits_are_the_code_s() -> None:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,17 +59,6 @@ def test_a_second_nodemgr_on_the_same_gpus_exits_78_naming_the_holder(
     assert again.admin("status")["simulated"]
 
 
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory of root's that other users may read (a test's tmp_path is not)."""
-    path = Path(tempfile.mkdtemp(prefix="gs-node-"))
-    os.chmod(path, 0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def cli_as(user: pwd.struct_passwd | None, *args: str, node_run_dir: str = "") -> Any:
     """``nodemgr ARGS`` as ``user`` (None: root), with neither $GPUSHARE_CONFIG nor
     $XDG_RUNTIME_DIR; ``node_run_dir`` stands for /run/gpushare."""
@@ -89,10 +78,13 @@ def cli_as(user: pwd.struct_passwd | None, *args: str, node_run_dir: str = "") -
 @pytest.mark.skipif(
     (config.NODE_RUN_DIR / "admin.sock").exists(), reason="a nodemgr serves this node"
 )
-def test_a_config_file_names_the_same_run_dir_for_every_user(open_dir: Path) -> None:
+def test_a_config_file_names_the_same_run_dir_for_every_user(
+    open_dir: Callable[[int], Path],
+) -> None:
     """A config that leaves run_dir unset means /run/gpushare to root and to any other
     user alike: an operator who is not root finds the node's nodemgr, not one of their own."""
-    cfg = open_dir / "node.toml"
+    shared = open_dir(0o755)
+    cfg = shared / "node.toml"
     cfg.write_text('[gpus]\nsource = "simulated"\n')
     cfg.chmod(0o644)
     nobody = pwd.getpwnam("nobody")
@@ -156,29 +148,32 @@ sys.stdin.read()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
-def test_a_gpu_lock_in_a_directory_open_to_all_holds_across_users(open_dir: Path) -> None:
+def test_a_gpu_lock_in_a_directory_open_to_all_holds_across_users(
+    open_dir: Callable[[int], Path],
+) -> None:
     """Root and another user take turns at one GPU's lock: the lock file root made (0644,
     root's) still locks for the other user, who may only read it, and each refusal names
     the holder's pid, with a run directory only where the holder wrote it."""
     from nodemgr import gpulock
     from nodemgr.gpus import Gpu
 
-    os.chmod(open_dir, 0o1777)
+    shared = open_dir(0o755)
+    os.chmod(shared, 0o1777)
     nobody = pwd.getpwnam("nobody")
     uuid = simulated_uuid(7)
     gpu = Gpu(0, uuid, "GPU", 1 << 30)
-    lock = gpulock.lock_path(open_dir, gpu)
+    lock = gpulock.lock_path(shared, gpu)
     ids = [str(nobody.pw_gid), str(nobody.pw_uid)]
 
     def hold_as_nobody() -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "-c", HOLD_AS, *ids, str(open_dir), uuid],
+            [sys.executable, "-c", HOLD_AS, *ids, str(shared), uuid],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
 
-    fds = gpulock.hold([gpu], open_dir, Path("/run/mine"), "stop it")
+    fds = gpulock.hold([gpu], shared, Path("/run/mine"), "stop it")
     try:
         refused = hold_as_nobody()
         out, _ = refused.communicate(timeout=30)
@@ -196,7 +191,7 @@ def test_a_gpu_lock_in_a_directory_open_to_all_holds_across_users(open_dir: Path
     try:
         assert theirs.stdout.readline() == "held\n"
         with pytest.raises(gpulock.GpuHeld) as held:
-            gpulock.hold([gpu], open_dir, Path("/run/mine"), "stop it")
+            gpulock.hold([gpu], shared, Path("/run/mine"), "stop it")
         # They could not write root's file: what it says is root's, and not told as theirs.
         assert str(held.value) == (
             f"GPU 0 ({uuid}) is already served by nodemgr pid {theirs.pid} (lock {lock}): stop it"
@@ -207,17 +202,18 @@ def test_a_gpu_lock_in_a_directory_open_to_all_holds_across_users(open_dir: Path
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 def test_another_users_lock_file_does_not_keep_root_from_starting(
-    daemon_factory: Any, open_dir: Path, tmp_path: Path
+    daemon_factory: Any, open_dir: Callable[[int], Path], tmp_path: Path
 ) -> None:
     """A lock file another user made at a GPU's lock name in a directory open to all, and
     holds, is not a nodemgr's to root: root's nodemgr replaces it, says so, and serves; a
     second root nodemgr is then refused, naming the first."""
+    shared = open_dir(0o755)
     from nodemgr import gpulock
     from nodemgr.gpus import Gpu
 
-    os.chmod(open_dir, 0o1777)
+    os.chmod(shared, 0o1777)
     nobody = pwd.getpwnam("nobody")
-    lock = gpulock.lock_path(open_dir, Gpu(0, simulated_uuid(0), "GPU", 1 << 30))
+    lock = gpulock.lock_path(shared, Gpu(0, simulated_uuid(0), "GPU", 1 << 30))
     planted = subprocess.Popen(
         [
             sys.executable,
@@ -225,7 +221,7 @@ def test_another_users_lock_file_does_not_keep_root_from_starting(
             HOLD_AS,
             str(nobody.pw_gid),
             str(nobody.pw_uid),
-            str(open_dir),
+            str(shared),
             simulated_uuid(0),
         ],
         stdin=subprocess.PIPE,
@@ -236,7 +232,7 @@ def test_another_users_lock_file_does_not_keep_root_from_starting(
     try:
         assert planted.stdout.readline() == "held\n"
         assert lock.stat().st_uid == nobody.pw_uid
-        first = daemon_factory({"gpus": {"simulated_state_dir": str(open_dir)}})
+        first = daemon_factory({"gpus": {"simulated_state_dir": str(shared)}})
         assert first.admin("status")["simulated"]
         assert (lock.stat().st_uid, lock.stat().st_mode & 0o777) == (0, 0o644)
         assert (
@@ -246,7 +242,7 @@ def test_another_users_lock_file_does_not_keep_root_from_starting(
         second = tmp_path / "second.toml"
         second.write_text(
             f'[node]\nrun_dir = "{tmp_path}/run2"\nstate_dir = "{tmp_path}/state2"\n'
-            f'[gpus]\nsource = "simulated"\nsimulated_state_dir = "{open_dir}"\n'
+            f'[gpus]\nsource = "simulated"\nsimulated_state_dir = "{shared}"\n'
         )
         refused = subprocess.run(
             [str(BIN / "nodemgr"), "serve", "--config", str(second)],
@@ -334,18 +330,19 @@ def test_nodemgr_refuses_to_start_on_an_admin_socket_no_client_could_reach(
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 @pytest.mark.parametrize("planted", ["link", "directory"])
 def test_root_replaces_a_link_or_directory_another_user_put_at_a_lock(
-    open_dir: Path, planted: str
+    open_dir: Callable[[int], Path], planted: str
 ) -> None:
     """Another user's link at a lock's name is replaced, its target untouched; their
     directory is moved aside: either way root's nodemgr takes the GPU."""
+    shared = open_dir(0o755)
     from nodemgr import gpulock
     from nodemgr.gpus import Gpu
 
-    os.chmod(open_dir, 0o1777)
+    os.chmod(shared, 0o1777)
     nobody = pwd.getpwnam("nobody")
     gpu = Gpu(0, simulated_uuid(5), "GPU", 1 << 30)
-    lock = gpulock.lock_path(open_dir, gpu)
-    target = open_dir / "target"
+    lock = gpulock.lock_path(shared, gpu)
+    target = shared / "target"
     target.write_text("root's\n")
     if planted == "link":
         lock.symlink_to(target)
@@ -353,14 +350,14 @@ def test_root_replaces_a_link_or_directory_another_user_put_at_a_lock(
         lock.mkdir()
         (lock / "inside").write_text("theirs\n")
     os.lchown(lock, nobody.pw_uid, nobody.pw_gid)
-    fds = gpulock.hold([gpu], open_dir, Path("/run/mine"), "stop it")
+    fds = gpulock.hold([gpu], shared, Path("/run/mine"), "stop it")
     try:
         st = lock.lstat()
         assert (stat.S_ISREG(st.st_mode), st.st_uid) == (True, 0)
         assert lock.read_text().startswith(f"{os.getpid()} /run/mine")
         assert target.read_text() == "root's\n"
         if planted == "directory":
-            (aside,) = open_dir.glob(f".{lock.name}.moved-*")
+            (aside,) = shared.glob(f".{lock.name}.moved-*")
             assert (aside / "inside").read_text() == "theirs\n"
     finally:
         for fd in fds:

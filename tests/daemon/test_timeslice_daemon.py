@@ -160,7 +160,9 @@ def procs() -> Iterator[Any]:
         p.close()
 
 
-def ts_daemon(factory: Any, count: int = 1, **timeslice: Any) -> Any:
+def ts_daemon(
+    factory: Any, count: int = 1, heartbeat_timeout: float = 60.0, **timeslice: Any
+) -> Any:
     """A nodemgr whose GPU 0 is time-sliced; long heartbeat timeouts, as the test's tasks
     send none, and (unless the test says otherwise) a turn_timeout no slow machine reaches,
     so only the test moves the turn."""
@@ -171,7 +173,7 @@ def ts_daemon(factory: Any, count: int = 1, **timeslice: Any) -> Any:
             "timeslice": {"gpus": [0], "turn_timeout": 600.0, **timeslice},
         },
         heartbeat_interval=1.0,
-        heartbeat_timeout=60.0,
+        heartbeat_timeout=heartbeat_timeout,
     )
 
 
@@ -410,9 +412,14 @@ def test_a_holder_that_steps_on_past_its_turn_loses_it_after_turn_timeout(
     end of its turn) is never stuck; past the end of its turn by turn_timeout, it is gated
     all the same and the other task gets the turn, again at each of its turns. The other
     task reports no boundaries: it loses the turn at its yield or, should this test be
-    slow to send it, when its turn is turn_timeout old; either way a gets it back. Only a
-    stall of turn_timeout while a steps could cut a as stuck instead."""
-    d = ts_daemon(daemon_factory, turn_timeout=2.0)
+    slow to send it, when its turn is turn_timeout old; either way a gets it back.
+
+    a steps every 10 ms; only a stall of this test of turn_timeout between two of its steps
+    could cut a as stuck instead (before the end of its turn: the test fails), so
+    turn_timeout is 10 s, which no loaded machine stalls for, and the heartbeat timeout
+    (the tasks send none) far beyond the two rounds."""
+    turn_timeout = 10.0
+    d = ts_daemon(daemon_factory, heartbeat_timeout=600.0, turn_timeout=turn_timeout)
     ep = d.env("a", memory=4 * GiB)
     a = procs(ep)
     a.started()
@@ -427,7 +434,7 @@ def test_a_holder_that_steps_on_past_its_turn_loses_it_after_turn_timeout(
             assert entry is not None and entry.turn_until == i + 4
         # a steps on past its turn_until until it is gated, far more often than
         # turn_timeout: its count never stops moving.
-        give_up = time.monotonic() + 30  # within heartbeat_timeout (60 s)
+        give_up = time.monotonic() + 6 * turn_timeout  # within heartbeat_timeout
         while not gated(d, "a", a.task_id):
             assert time.monotonic() < give_up, f"the holder kept the turn to boundary {i}"
             i += 1

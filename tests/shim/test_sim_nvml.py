@@ -14,15 +14,13 @@ import json
 import os
 import pwd
 import re
-import shutil
 import signal
 import stat
 import struct
 import subprocess
 import sys
-import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -450,47 +448,37 @@ def test_nvml_lists_the_processes_that_use_each_gpu(sim_node: Node) -> None:
     assert REGISTRY_NAME.fullmatch(files[0])
 
 
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory of root's that other users may pass through (a test's own tmp_path is
-    not reachable by them)."""
-    path = Path(tempfile.mkdtemp(prefix="gs-sim-"))
-    os.chmod(path, 0o711)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
-def test_a_state_dir_table_shows_every_users_processes(open_dir: Path) -> None:
+def test_a_state_dir_table_shows_every_users_processes(open_dir: Callable[[int], Path]) -> None:
     """NVML lists every user's processes: the table its start makes in a state directory is
     open to all (nodemgr, as root, sees what its users' processes hold)."""
+    shared = open_dir(0o711)
     nobody = pwd.getpwnam("nobody")
-    n = Node(node("Sim A|17179869184", "Sim B|8589934592"), open_dir)
+    n = Node(node("Sim A|17179869184", "Sim B|8589934592"), shared)
     try:
         assert n.listed() == [[], []]
-        table = _registry(open_dir)
+        table = _registry(shared)
         st = table.stat()
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o666)
         theirs = n.use(1, 64 * MIB, user=nobody)
         mine = n.use(0, 0)
         assert [[pid for pid, _ in gpu] for gpu in n.listed()] == [[mine.pid], [theirs.pid]]
-        assert list(open_dir.iterdir()) == [table]
+        assert list(shared.iterdir()) == [table]
     finally:
         n.stop()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
-def test_a_table_another_user_planted_is_not_trusted(open_dir: Path) -> None:
+def test_a_table_another_user_planted_is_not_trusted(open_dir: Callable[[int], Path]) -> None:
     """In a directory open to all, a table that another user made (and could take away
     from everyone, or fill) is used by nobody but that user."""
-    os.chmod(open_dir, 0o1777)
+    shared = open_dir(0o711)
+    os.chmod(shared, 0o1777)
     nobody = pwd.getpwnam("nobody")
-    n = Node(node("Sim A|17179869184"), open_dir)
+    n = Node(node("Sim A|17179869184"), shared)
     try:
         theirs = n.use(0, 64 * MIB, user=nobody)
-        assert _registry(open_dir).stat().st_uid == nobody.pw_uid
+        assert _registry(shared).stat().st_uid == nobody.pw_uid
         mine = n.use(0, 0)
         assert n.listed() == [[]]
         assert theirs.poll() is None and mine.poll() is None

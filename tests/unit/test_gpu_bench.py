@@ -397,6 +397,20 @@ exec {python} "$@"
 """
 
 
+def run_lease(fake: Path, out: Path, wheels: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """benchmarks/gpu_lease.sh OUT WHEELS with ``fake`` as its Python, no GPUSHARE_ variable
+    and ``env`` beside."""
+    mine = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
+    return subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_lease.sh"), str(out), str(wheels)],
+        env={**mine, "PYTHON": str(fake), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
 def test_the_lease_script_runs_every_step_and_records_each(tmp_path: Path) -> None:
     calls = tmp_path / "calls"
     fake = tmp_path / "python"
@@ -406,15 +420,7 @@ def test_the_lease_script_runs_every_step_and_records_each(tmp_path: Path) -> No
     wheels.mkdir()
     (wheels / "pyzmq-27.3.0-cp312-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"")
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
-    r = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_lease.sh"), str(out), str(wheels)],
-        env={**env, "PYTHON": str(fake)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    r = run_lease(fake, out, wheels)
     assert r.returncode == 1, r.stderr
     steps = (out / "steps.txt").read_text().splitlines()
     assert [line.split(" seconds=")[0] for line in steps[:6]] == [
@@ -453,15 +459,7 @@ def test_the_lease_script_skips_steps_past_its_budget(tmp_path: Path) -> None:
     fake.write_text(FAKE_PYTHON.format(calls=calls, python=sys.executable))
     fake.chmod(0o755)
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
-    r = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_lease.sh"), str(out), str(tmp_path / "none")],
-        env={**env, "PYTHON": str(fake), "GPU_LEASE_BUDGET": "10"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    r = run_lease(fake, out, tmp_path / "none", GPU_LEASE_BUDGET="10")
     assert r.returncode == 1, r.stderr
     steps = (out / "steps.txt").read_text().splitlines()
     assert steps[0] == f"wheels: none in {tmp_path / 'none'}"
