@@ -131,17 +131,25 @@ def test_a_probe_that_fails_falls_back_with_a_warning(
     assert "charging 512MiB per process there instead" in caplog.text
 
 
-def test_a_probe_that_hangs_is_ended_at_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The probe's time limit: a probe that never says it is ready (it ignores its stdin
-    too) is killed and reaped, and its measurement fails, naming the limit."""
-    started: list[subprocess.Popen[bytes]] = []
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[bytes]]:
+    """The processes subprocess.Popen starts from here on, as they start."""
+    made: list[subprocess.Popen[bytes]] = []
 
     class Recorded(subprocess.Popen):  # type: ignore[type-arg]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            started.append(self)
+            made.append(self)
 
     monkeypatch.setattr(subprocess, "Popen", Recorded)
+    return made
+
+
+def test_a_probe_that_hangs_is_ended_at_its_timeout(
+    started: list[subprocess.Popen[bytes]],
+) -> None:
+    """The probe's time limit: a probe that never says it is ready (it ignores its stdin
+    too) is killed and reaped, and its measurement fails, naming the limit."""
     hang = [sys.executable, "-c", "import signal, time; signal.pause()"]
     gpu = Gpu(0, "GPU-5349d000-0000-4000-8000-000000000000", "Sim", 16 * GiB)
     with pytest.raises(ctxprobe.ProbeError, match=r"^no context within 0.5s$"):
@@ -151,19 +159,11 @@ def test_a_probe_that_hangs_is_ended_at_its_timeout(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_probe_whose_child_holds_its_stderr_fails_without_waiting_for_it(
-    monkeypatch: pytest.MonkeyPatch,
+    started: list[subprocess.Popen[bytes]],
 ) -> None:
     """A probe that fails and leaves a process of its own holding its stderr open: its
     last line of stderr is the error, read without waiting for the end of the file, which
     never comes (start-up would hang)."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    class Recorded(subprocess.Popen):  # type: ignore[type-arg]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            started.append(self)
-
-    monkeypatch.setattr(subprocess, "Popen", Recorded)
     leaves = (
         "import os, signal, sys\n"
         "if os.fork() == 0:\n"

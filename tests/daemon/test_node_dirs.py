@@ -26,6 +26,22 @@ from tests.conftest import BIN, CLI_AS
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def serve_beside(tmp_path: Path, sim_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`nodemgr serve` of a second nodemgr, with run and state directories of its own, on
+    the simulated GPUs of ``sim_dir``, run until it ends (refused) or 60 s pass."""
+    second = tmp_path / "second.toml"
+    second.write_text(
+        f'[node]\nrun_dir = "{tmp_path}/run2"\nstate_dir = "{tmp_path}/state2"\n'
+        f'[gpus]\nsource = "simulated"\nsimulated_state_dir = "{sim_dir}"\n'
+    )
+    return subprocess.run(
+        [str(BIN / "nodemgr"), "serve", "--config", str(second)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_a_second_nodemgr_on_the_same_gpus_exits_78_naming_the_holder(
     daemon_factory: Any, tmp_path: Path
 ) -> None:
@@ -34,17 +50,7 @@ def test_a_second_nodemgr_on_the_same_gpus_exits_78_naming_the_holder(
     the first is killed (the kernel frees its locks)."""
     node = {"gpus": {"simulated_state_dir": str(tmp_path / "node")}}
     first = daemon_factory(node)
-    second = tmp_path / "second.toml"
-    second.write_text(
-        f'[node]\nrun_dir = "{tmp_path}/run2"\nstate_dir = "{tmp_path}/state2"\n'
-        f'[gpus]\nsource = "simulated"\nsimulated_state_dir = "{tmp_path}/node"\n'
-    )
-    refused = subprocess.run(
-        [str(BIN / "nodemgr"), "serve", "--config", str(second)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    refused = serve_beside(tmp_path, tmp_path / "node")
     assert refused.returncode == EXIT_CONFIG, refused.stderr
     lock = tmp_path / "node" / f"gpushare-{simulated_uuid(0)}.lock"
     assert (
@@ -239,17 +245,7 @@ def test_another_users_lock_file_does_not_keep_root_from_starting(
             f"replaced the GPU lock file {lock}: it was nobody (uid {nobody.pw_uid})'s, "
             "not root's, so no nodemgr of root's"
         ) in first.logtext()
-        second = tmp_path / "second.toml"
-        second.write_text(
-            f'[node]\nrun_dir = "{tmp_path}/run2"\nstate_dir = "{tmp_path}/state2"\n'
-            f'[gpus]\nsource = "simulated"\nsimulated_state_dir = "{shared}"\n'
-        )
-        refused = subprocess.run(
-            [str(BIN / "nodemgr"), "serve", "--config", str(second)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        refused = serve_beside(tmp_path, shared)
         assert refused.returncode == EXIT_CONFIG, refused.stderr
         assert f"already served by nodemgr pid {first.proc.pid}" in refused.stderr
     finally:

@@ -166,6 +166,15 @@ class Lines(threading.Thread):
         for line in self.proc.stdout:
             self.lines.append(line)
 
+    def interrupt(self) -> None:
+        """Ctrl-C the process, as a user ends `top`; it must exit 0."""
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(30)
+        self.join(30)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        assert self.proc.returncode == 0, "".join(self.lines)
+
     def since(self, mark: int, text: str) -> int | None:
         """The index of the first line from ``mark`` on that holds ``text``."""
         for i, line in enumerate(self.lines[mark:], mark):
@@ -195,12 +204,7 @@ def test_top_waits_while_nodemgr_is_away_and_resumes(daemon: Any, wait_for: Any)
         wait_for(lambda: out.since(away, "GPU  MEMORY") is not None, 30)
         assert top.poll() is None
     finally:
-        top.send_signal(signal.SIGINT)
-        top.wait(30)
-        out.join(30)
-        assert top.stdout is not None
-        top.stdout.close()
-    assert top.returncode == 0, "".join(out.lines)
+        out.interrupt()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
@@ -238,9 +242,4 @@ def test_a_readers_top_started_while_nodemgr_is_away_finds_it_back(
             wait_for(lambda: out.since(mark, "GPU  MEMORY") is not None, 60)
             assert out.since(mark, "alice") is not None
         finally:
-            top.send_signal(signal.SIGINT)
-            top.wait(30)
-            out.join(30)
-            assert top.stdout is not None
-            top.stdout.close()
-        assert top.returncode == 0, "".join(out.lines)
+            out.interrupt()
