@@ -42,6 +42,13 @@ os.environ.setdefault(
 CSRC = Path(__file__).resolve().parent / "c"
 BIN = Path(sys.executable).parent
 
+# A suite started in the background by a shell without job control (`cmd &` in a script)
+# inherits SIGINT ignored, and so would every process it starts, since exec keeps an
+# ignored signal ignored: the tests that Ctrl-C gpushare-run, a command or `nodemgr top`
+# need it delivered as a terminal delivers it. Handled here, it is the default in children.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # `make debug-test` runs the C paths under sanitizers: GPUSHARE_SHIM names the sanitizer
 # build of the shim and this names its runtime ("address" or "thread").
 SANITIZER = os.environ.get("GPUSHARE_TEST_SANITIZE", "")
