@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SOURCES := setup.py pyproject.toml gpushare-autoload.pth $(wildcard shim/*) $(wildcard sim/*) \
-	$(wildcard nodemgr/*.py nodemgr/cli/*.py client_plugin/*.py)
+	$(wildcard gpushare/*.py nodemgr/*.py nodemgr/*/*.py client_plugin/*.py)
 PYTEST_ARGS ?=
 # Test files run in parallel, a file's tests on one worker (pytest-xdist); 0 runs them serially.
 PYTEST_WORKERS ?= auto
@@ -94,6 +94,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/clang-format --dry-run --Werror $(C_SOURCES)
 
 format: install
@@ -181,4 +182,4 @@ debug-test: debug
 		$(PYTEST_ARGS)
 
 clean:
-	rm -rf build dist *.egg-info client_plugin/lib nodemgr/_ledger*.so nodemgr/_ledger.c
+	rm -rf build dist *.egg-info gpushare/lib nodemgr/_ledger*.so nodemgr/_ledger.c

@@ -2,7 +2,7 @@
 
 The preload library cannot be a Python extension (it must not need
 libpython), so build_ext compiles it beside the cffi module and ships it in
-client_plugin/lib, where gpushare-run finds it.
+gpushare/lib, where gpushare-run finds it.
 """
 
 import importlib.util
@@ -29,8 +29,8 @@ class BuildExt(build_ext):
     def run(self) -> None:
         super().run()
         root = Path(".") if self.inplace else Path(self.build_lib)
-        shim_build.build_native(root / "client_plugin" / "lib")
-        sim_build.build_sim(root / "client_plugin" / "lib")
+        shim_build.build_native(root / "gpushare" / "lib")
+        sim_build.build_sim(root / "gpushare" / "lib")
 
 
 # The auto-loader's start-up hook: site runs `import` lines of .pth files in
@@ -44,8 +44,8 @@ class BuildPy(build_py):
     def run(self) -> None:
         super().run()
         self.copy_file(AUTOLOAD_PTH, str(Path(self.build_lib) / AUTOLOAD_PTH))
-        # The shim's public header: client_plugin._shim_cdef reads its cffi declarations.
-        self.copy_file(SHIM_HEADER, str(Path(self.build_lib) / "client_plugin" / "gpushare.h"))
+        # The shim's public header: gpushare._shim_cdef reads its cffi declarations.
+        self.copy_file(SHIM_HEADER, str(Path(self.build_lib) / "gpushare" / "gpushare.h"))
 
 
 setup(

@@ -15,7 +15,7 @@ with CUDA, no NVIDIA GPU, nodemgr did not start, a run failed).
 
 The measuring program needs PyTorch with CUDA: ``--python``, else
 ``$GPUSHARE_TORCH_PYTHON``, else this Python if it has torch, else ``python3`` on PATH.
-It imports nothing of gpushare but ``nodemgr.procfs`` (standard library only, found in
+It imports nothing of gpushare but ``nodemgr.host.procfs`` (standard library only, found in
 this checkout when not installed), so that Python need not have gpushare installed.
 """
 
@@ -41,7 +41,7 @@ ROOT = SELF.parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # last: see benchmarks/harness.py
 from benchmarks import harness  # noqa: E402
-from nodemgr import procfs  # noqa: E402 (standard library only: the measuring Python has it)
+from nodemgr.host import procfs  # noqa: E402 (standard library only: the measuring Python has it)
 
 BIN = Path(sys.executable).parent
 GiB = 1 << 30
@@ -538,7 +538,7 @@ def run_benchmarks(
     they are kept when a later run fails)."""
     # Here, not at the top: the measuring program's Python need not have pyzmq or nodemgr.
     import benchmarks.nodemgr_bench as nb
-    from nodemgr.client import Unreachable
+    from gpushare.client import Unreachable
 
     pairs = 2 if quick else 8
     pinned = pin_cpus(os.sched_getaffinity(0)) if pin else None

@@ -144,7 +144,7 @@ def _train(args: list[str]) -> int:
     opt = torch.optim.Adam([*model.parameters(), big], lr=1e-4)
     x = torch.randn(batch, hidden, device=dev)
     try:
-        from client_plugin import iterations as gs
+        from gpushare import iterations as gs
     except ImportError:
         gs = None  # type: ignore[assignment]
     with open(out, "a", buffering=1) as f:

@@ -278,7 +278,7 @@ def nvml_gpus() -> list[NvmlGpu]:
     """The node's GPUs as NVML reports them now (pynvml: the main venv's, not the torch one's)."""
     import pynvml
 
-    from nodemgr.gpus import nvml_handles, nvml_text
+    from nodemgr.host.gpus import nvml_handles, nvml_text
 
     pynvml.nvmlInit()
     try:
@@ -333,7 +333,7 @@ def run_captured(
         return None
 
 
-def installed_origin(python: str, module: str = "client_plugin.iterations") -> str | None:
+def installed_origin(python: str, module: str = "gpushare.iterations") -> str | None:
     """The file ``python`` imports ``module`` from when it starts a job (gpushare's
     iteration hooks, by default), or None when that Python has no installed gpushare."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
@@ -374,7 +374,7 @@ def loadavg() -> float:
 def machine(versions: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The machine's description: CPUs, Python and platform, then ``versions`` (of what
     the script itself uses), nodemgr's version, then ``extra``."""
-    from nodemgr import __version__ as nodemgr_version  # not at the top: see the module doc
+    from gpushare import __version__ as nodemgr_version  # not at the top: see the module doc
 
     model = ""
     with contextlib.suppress(OSError):

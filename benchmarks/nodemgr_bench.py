@@ -35,8 +35,9 @@ from typing import Any
 
 import zmq
 
-from nodemgr import procfs, protocol
-from nodemgr.client import Connection, Unreachable, wait_until_serving
+from gpushare import protocol
+from gpushare.client import Connection, Unreachable, wait_until_serving
+from nodemgr.host import procfs
 
 SELF = Path(__file__).resolve()
 if str(SELF.parent.parent) not in sys.path:

@@ -35,8 +35,8 @@ from typing import Any
 
 from nodemgr._ledger import ffi, lib
 
-from client_plugin import libs
-from nodemgr.ledger import MAX_SLOTS, SIZE, Ledger, SlotTotals
+from gpushare import libs
+from nodemgr.host.ledger import MAX_SLOTS, SIZE, Ledger, SlotTotals
 
 SELF = Path(__file__).resolve()
 if str(SELF.parent.parent) not in sys.path:

@@ -38,7 +38,7 @@ if str(SELF.parent.parent) not in sys.path:
 from benchmarks import harness  # noqa: E402
 from benchmarks.harness import BenchError, judge, percentile, say  # noqa: E402
 from benchmarks.nodemgr_bench import daemon  # noqa: E402
-from nodemgr.client import Unreachable  # noqa: E402
+from gpushare.client import Unreachable  # noqa: E402
 
 REPO = SELF.parent.parent
 RUN = Path(sys.executable).parent / "gpushare-run"

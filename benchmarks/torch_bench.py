@@ -99,7 +99,7 @@ def _worker(spec_json: str) -> int:
             {
                 "step_ms": blocks,
                 "shim": shim,
-                "hooks": "client_plugin.iterations" in sys.modules,
+                "hooks": "gpushare.iterations" in sys.modules,
                 "device_total": int(total),
                 "visible": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                 "sim_gpus": os.environ.get("GPUSHARE_SIM_GPUS", ""),
@@ -216,7 +216,7 @@ class Sides:
         _, out = _run(self.argv(True, program), self.shim_env, "warm-up run with gpushare")
         doc = _parse(out, "warm-up run with gpushare")
         self.check(doc, True, "warm-up run with gpushare")
-        from client_plugin import libs  # not at the top: the worker's Python may lack it
+        from gpushare import libs  # not at the top: the worker's Python may lack it
 
         self.plain_env = {
             **_base_env(),
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", help=f"the Python with PyTorch (default: ${PYTHON_ENV})")
     args = parser.parse_args(args_in)
     # Here, not at the top: the worker's Python need not have pyzmq or nodemgr.
-    from nodemgr.client import Unreachable
+    from gpushare.client import Unreachable
 
     errors = (BenchError, OSError, Unreachable)
     info: dict[str, Any] = {}

@@ -14,7 +14,7 @@ import _thread
 import os
 import sys
 
-from client_plugin import envvars
+from gpushare import envvars
 
 # Not typing.TYPE_CHECKING: importing typing alone would cost more than the rest.
 TYPE_CHECKING = False
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-# Frameworks whose import puts in iteration hooks (client_plugin.iterations).
+# Frameworks whose import puts in iteration hooks (gpushare.iterations).
 HOOKED = ("torch", "keras")
 DEFAULT_FRAMEWORKS = ("torch", "tensorflow", "jax", "jaxlib", "paddle", "mxnet", "cupy")
 
@@ -34,22 +34,6 @@ def frameworks(environ: Mapping[str, str] | None = None) -> frozenset[str]:
     env = os.environ if environ is None else environ
     extra = (n.strip() for n in env.get(envvars.FRAMEWORKS, "").split(","))
     return frozenset(DEFAULT_FRAMEWORKS).union(n for n in extra if n)
-
-
-def _on(value: str | None, default: bool) -> bool:
-    if value is None:
-        return default
-    return value.strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def hooks_wanted(environ: Mapping[str, str]) -> bool:
-    """GPUSHARE_ITERATION_HOOKS: on unless it says off (unset or empty: on)."""
-    return environ.get(envvars.ITERATION_HOOKS, "").strip().lower() not in (
-        "0",
-        "false",
-        "no",
-        "off",
-    )
 
 
 class FrameworkFinder:
@@ -107,7 +91,7 @@ class FrameworkFinder:
         if fullname not in self.hooks:
             return
         self.hooks.discard(fullname)
-        from client_plugin import iterations
+        from gpushare import iterations
 
         iterations.framework_loaded(fullname, module)
 
@@ -160,8 +144,8 @@ def install() -> None:
         return  # the start-up hook ran twice (site-packages reached by two paths)
     _installed = True
     env = os.environ
-    grant = _on(env.get(envvars.AUTOLOAD), False)
-    hooks = frozenset(HOOKED) if hooks_wanted(env) else frozenset()
+    grant = envvars.switched_on(env.get(envvars.AUTOLOAD))
+    hooks = frozenset(HOOKED) if envvars.hooks_wanted(env) else frozenset()
     if env.get(envvars.AUTOLOAD_HOLDER, "").partition(",")[0] == str(os.getpid()):
         # This process holds a task and was restarted with the shim (or exec'd another
         # program image): keep the task alive.

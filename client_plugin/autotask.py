@@ -23,10 +23,7 @@ import threading
 import types
 from collections.abc import Callable
 
-from client_plugin import envvars, libs
 from client_plugin import settings as cfg
-from client_plugin.envvars import AUTOLOAD_HOLDER as HOLDER_ENV
-from client_plugin.errors import GpushareError as GpushareError  # what start() raises
 from client_plugin.grant import (
     Grant,
     Heartbeat,
@@ -37,8 +34,11 @@ from client_plugin.grant import (
     release,
     task_environment,
 )
-from nodemgr.client import NodeError, NoResources, QuotaZero, Unreachable
-from nodemgr.exitcodes import EXIT_CANCELLED
+from gpushare import envvars, libs
+from gpushare.client import NodeError, NoResources, QuotaZero, Unreachable
+from gpushare.envvars import AUTOLOAD_HOLDER as HOLDER_ENV
+from gpushare.errors import GpushareError as GpushareError  # what start() raises
+from gpushare.exitcodes import EXIT_CANCELLED
 
 _task: Task | None = None
 
@@ -168,7 +168,7 @@ def start(module: str, cwd: str | None, started: int) -> None:
 
 
 def _enter(endpoint: str, grant: Grant, cwd: str | None, started: int) -> None:
-    from client_plugin import shim
+    from gpushare import shim
 
     global _task
     pid = os.getpid()
@@ -231,7 +231,7 @@ def _restart(
             )
         raise GpushareError(
             f"gpushare: the shim is not loaded in this process, and {no_restart}: "
-            "preload it (LD_PRELOAD=$(python -c 'import client_plugin.libs as l; "
+            "preload it (LD_PRELOAD=$(python -c 'import gpushare.libs as l; "
             "print(l.shim_path())')) or run under gpushare-run"
         )
     try:

@@ -2,7 +2,7 @@
 
 The client's flow (docs/client.md): request GPUs; when it is for lack of resources, wait
 (nodemgr's queue) and ask again; on success run, heartbeat, and say done at
-the end. Refusals arrive as :mod:`nodemgr.client` exceptions.
+the end. Refusals arrive as :mod:`gpushare.client` exceptions.
 """
 
 from __future__ import annotations
@@ -14,8 +14,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from client_plugin import libs
-from client_plugin.envvars import (
+from client_plugin.settings import DEFAULT_PROGRESS_INTERVAL, Settings, wait_seconds
+from gpushare import libs, paths
+from gpushare.client import (
+    FIRST_ANSWER,
+    Connection,
+    NoResources,
+    QuotaExceeded,
+    Reclaimed,
+    Unreachable,
+)
+from gpushare.envvars import (
     ENDPOINT,
     LEDGER,
     SIM_GPUS,
@@ -24,22 +33,12 @@ from client_plugin.envvars import (
     TASK_OWNER,
     TIMESLICED,
 )
-from client_plugin.errors import GpushareError
-from client_plugin.settings import DEFAULT_PROGRESS_INTERVAL, Settings, wait_seconds
-from nodemgr.client import (
-    FIRST_ANSWER,
-    Connection,
-    NoResources,
-    QuotaExceeded,
-    Reclaimed,
-    Unreachable,
-)
-from nodemgr.exitcodes import EXIT_RECLAIMED_OTHER, RECLAIM_EXIT_CODES
-from nodemgr.protocol import names_gpu
-from nodemgr.sizes import format_clock, plural
+from gpushare.errors import GpushareError
+from gpushare.exitcodes import EXIT_RECLAIMED_OTHER, RECLAIM_EXIT_CODES
+from gpushare.protocol import names_gpu
+from gpushare.sizes import format_clock, plural
 
 MAX_COMMAND = 4096  # what nodemgr keeps of a command line, for display
-LEDGER_NAME = "ledger"  # an environment's ledger sits beside its task socket
 REQUEST_TIMEOUT = 10.0  # seconds for nodemgr to answer, on top of any wait
 
 
@@ -169,8 +168,8 @@ class Grant:
 def local_ledger(granted: str, endpoint: str) -> str:
     """The ledger's path here. nodemgr names it as it sees it; in a container the
     environment's directory is mounted elsewhere, with the ledger beside the socket."""
-    if endpoint.startswith("ipc://"):
-        beside = os.path.join(os.path.dirname(endpoint[len("ipc://") :]), LEDGER_NAME)
+    if endpoint.startswith(paths.IPC):
+        beside = paths.ledger_beside(endpoint)
         if os.path.exists(beside):
             return beside
     return granted

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 import click
 
-from client_plugin import envvars, status
 from client_plugin import settings as cfg
+from client_plugin import status
 from client_plugin.grant import (
     Grant,
     Heartbeat,
@@ -35,9 +35,9 @@ from client_plugin.grant import (
     release,
     task_environment,
 )
-from nodemgr import __version__
-from nodemgr.client import NodeError, NoResources, QuotaZero, Unreachable
-from nodemgr.exitcodes import (
+from gpushare import __version__, envvars
+from gpushare.client import NodeError, NoResources, QuotaZero, Unreachable
+from gpushare.exitcodes import (
     EXIT_CANCELLED,
     EXIT_INTERNAL,
     EXIT_NO_RESOURCES,
@@ -52,9 +52,9 @@ from nodemgr.exitcodes import (
     EXIT_UNREACHABLE,
     EXIT_USAGE,
 )
-from nodemgr.params import CountType, SecondsType
-from nodemgr.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
-from nodemgr.sizes import parse_size
+from gpushare.params import CountType, SecondsType
+from gpushare.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
+from gpushare.sizes import parse_size
 
 _PR_SET_PDEATHSIG = 1
 # Passed on to the command. Held blocked while the command runs and taken with

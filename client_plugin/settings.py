@@ -1,5 +1,5 @@
 """The client's settings: one ``GPUSHARE_*`` environment variable each (their names in
-client_plugin.envvars).
+gpushare.envvars).
 
 ``gpushare-run`` options override them; the auto-loader reads only these. A bad
 value is an error that names the variable, never a silent default.
@@ -12,9 +12,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from client_plugin.envvars import (
+from gpushare import sizes
+from gpushare.envvars import (
     CPU_FALLBACK,
     ENDPOINT,
+    FALSE_WORDS,
     GPUS,
     GRACE,
     GUARD,
@@ -22,20 +24,17 @@ from client_plugin.envvars import (
     PERSISTENT,
     PROGRESS_INTERVAL,
     TEMPORARY,
+    TRUE_WORDS,
     WAIT,
     WAIT_TIMEOUT,
     ZERO_QUOTA,
 )
-from client_plugin.errors import GpushareError
-from nodemgr import sizes
-from nodemgr.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
-from nodemgr.sizes import parse_size
+from gpushare.errors import GpushareError
+from gpushare.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
+from gpushare.sizes import parse_size
 
 DEFAULT_GRACE = 10.0
 DEFAULT_PROGRESS_INTERVAL = 30.0
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
 
 
 class SettingsError(GpushareError, ValueError):
@@ -67,9 +66,9 @@ class Settings:
 
 def parse_bool(name: str, value: str) -> bool:
     v = value.strip().lower()
-    if v in _TRUE:
+    if v in TRUE_WORDS:
         return True
-    if v in _FALSE:
+    if v in FALSE_WORDS or v == "":
         return False
     raise SettingsError(f"{name}={value!r}: use 1 or 0 (also true/false, yes/no, on/off)")
 

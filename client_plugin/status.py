@@ -8,8 +8,8 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nodemgr.client import FIRST_ANSWER, Connection
-from nodemgr.sizes import format_clock, format_size, plural
+from gpushare.client import FIRST_ANSWER, Connection
+from gpushare.sizes import format_clock, format_size, plural
 
 # What a reply carries besides the view itself.
 _ENVELOPE = ("v", "type", "id")

@@ -48,8 +48,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nodemgr.client import Connection, wait_until_serving
-from nodemgr.protocol import MAX_ADMIN_REPLY_BYTES
+from gpushare.client import Connection, wait_until_serving
+from gpushare.protocol import MAX_ADMIN_REPLY_BYTES
 
 SELF = Path(__file__).resolve()
 BIN = Path(sys.executable).parent  # nodemgr and gpushare-run installed beside this Python

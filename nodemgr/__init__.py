@@ -1,3 +1,5 @@
-"""nodemgr: the per-node gpushare daemon and its admin CLI."""
+"""nodemgr: the per-node gpushare daemon and its admin CLI (docs/architecture.md)."""
 
-__version__ = "0.1.0"
+from gpushare import __version__
+
+__all__ = ["__version__"]

@@ -17,25 +17,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nodemgr.protocol import DEVICE_NAME, IDLE_ACTIONS, MAX_WAIT
-from nodemgr.sizes import format_size, parse_seconds, parse_size
+from gpushare import paths
+from gpushare.protocol import DEVICE_NAME, IDLE_ACTIONS, MAX_WAIT
+from gpushare.sizes import format_size, parse_seconds, parse_size
 
 DEFAULT_CONFIG = Path("/etc/gpushare/nodemgr.toml")
-# node.run_dir when a config file names none (and root's without one).
-NODE_RUN_DIR = Path("/run/gpushare")
 CONFIG_ENV = "GPUSHARE_CONFIG"
 # gpus.context_memory = "auto" (the default) where the probe cannot measure a context
-# (nodemgr.ctxprobe): an estimate of what one process's CUDA context takes on a GPU.
+# (nodemgr.host.ctxprobe): an estimate of what one process's CUDA context takes on a GPU.
 CONTEXT_FALLBACK = 512 << 20
 # `nodemgr serve`'s flag that starts nodemgr although run_dir holds ledgers, used by no
-# process, of environments its database does not know (nodemgr.envdirs.check_unknown).
+# process, of environments its database does not know (nodemgr.host.envdirs.check_unknown).
 FORGET_FLAG = "--forget-unknown-envs"
 # The mode of the admin socket and of every environment's socket and ledger unless the
 # config says otherwise.
 DEFAULT_MODE = "0600"
-# The most simulated GPUs: all a ledger holds (nodemgr.ledger.MAX_GPUS, shim/ledger_layout.h's
+# The most simulated GPUs: all a ledger holds (nodemgr.host.ledger.MAX_GPUS, shim/ledger_layout.h's
 # GS_MAX_GPUS; a test checks they agree). Not imported from there: the client imports this
-# module, and nodemgr.ledger loads the compiled ledger bindings.
+# module, and nodemgr.host.ledger loads the compiled ledger bindings.
 MAX_SIMULATED = 16
 
 
@@ -376,7 +375,7 @@ class Config:
     health_interval: float = _DEFAULTS["health_interval"]
     utilization_interval: float = _DEFAULTS["utilization_interval"]
     # Bytes charged per process per GPU for its CUDA context; None: "auto", measured
-    # per GPU model at start (nodemgr.ctxprobe).
+    # per GPU model at start (nodemgr.host.ctxprobe).
     context_memory: int | None = _DEFAULTS["context_memory"]
     task_threshold: int = _DEFAULTS["task_threshold"]
     memory_reserve: int = _DEFAULTS["memory_reserve"]
@@ -423,7 +422,7 @@ class Config:
 
     @property
     def admin_endpoint(self) -> str:
-        return f"ipc://{self.run_dir / 'admin.sock'}"
+        return paths.endpoint(self.run_dir / paths.ADMIN_SOCKET)
 
     @property
     def sim_state_dir(self) -> Path:
@@ -434,18 +433,18 @@ class Config:
     @property
     def reader_endpoint(self) -> str:
         """The read-only admin socket's: the views only (docs/operations.md, "Access")."""
-        return f"ipc://{self.run_dir / 'view.sock'}"
+        return paths.endpoint(self.run_dir / paths.VIEW_SOCKET)
 
     @property
     def database(self) -> Path:
         return self.state_dir / "nodemgr.db"
 
     def env_dir(self, env: str) -> Path:
-        return self.run_dir / "envs" / env
+        return paths.env_dir(self.run_dir, env)
 
     def env_socket(self, env: str) -> Path:
         """Environment ``env``'s socket, where its clients connect."""
-        return self.env_dir(env) / "task.sock"
+        return self.env_dir(env) / paths.TASK_SOCKET
 
     def access_for(self, env: str) -> Access:
         return self.env_access.get(env, self.env_default_access)
@@ -469,22 +468,6 @@ def check_gpus(config: Config, memories: dict[int, int], contexts: dict[int, int
                 f"{index}'s memory ({format_size(memory)}, less "
                 f"scheduler.memory_reserve {format_size(config.memory_reserve)})"
             )
-
-
-def default_run_dir(file: Path | None = None) -> Path:
-    """Where sockets and ledgers live when the config names no ``run_dir``.
-
-    With a config file (``file``), /run/gpushare whoever asks: the file names a node, whose
-    daemon and every client of it must agree on the place, however they run. With none,
-    /run/gpushare for root and a per-user runtime directory otherwise, so that a daemon and
-    its commands of one user work without privileges.
-    """
-    if file is not None or os.geteuid() == 0:
-        return NODE_RUN_DIR
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and os.access(xdg, os.W_OK):
-        return Path(xdg) / "gpushare"
-    return Path(f"/tmp/gpushare-{os.geteuid()}")
 
 
 def default_state_dir() -> Path:
@@ -602,7 +585,7 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
         elif k.default is not None:
             values[k.attr] = _DEFAULTS[k.attr]
     if "run_dir" not in values:
-        values["run_dir"] = default_run_dir(file)
+        values["run_dir"] = paths.default_run_dir(file)
     if "state_dir" not in values:
         values["state_dir"] = default_state_dir()
     for attr in ("run_dir", "state_dir", "simulated_state_dir"):
@@ -632,20 +615,4 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     )
 
 
-# The longest socket path a client can connect to: an AF_UNIX address holds 108 bytes, the
-# last a NUL (libzmq refuses a longer ipc path; a bind in another directory, renamed into
-# place, would not, leaving a socket no client reaches).
-MAX_SOCKET_PATH = 107
 ENV_SOCKET_FIX = "give it a shorter name, or the node a shorter node.run_dir"
-
-
-def socket_path_problem(path: Path, what: str, fix: str) -> str | None:
-    """Why no client could connect to a socket at ``path`` (``what`` names it, ``fix`` says
-    how to shorten it); None when one can."""
-    size = len(os.fsencode(path))
-    if size <= MAX_SOCKET_PATH:
-        return None
-    return (
-        f"{what} {path} would be {size} bytes long, over the {MAX_SOCKET_PATH} a Unix "
-        f"socket's path may have: {fix}"
-    )

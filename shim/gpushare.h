@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-/* cffi-cdef begin: to the end mark, plain C for cffi's parser (client_plugin/_shim_cdef.py). */
+/* cffi-cdef begin: to the end mark, plain C for cffi's parser (gpushare/_shim_cdef.py). */
 
 /* What gpushare_attach returns. */
 enum gpushare_status {

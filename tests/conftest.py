@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from client_plugin import libs
-from nodemgr import procfs
-from nodemgr.client import Connection, NodeError, Unreachable, wait_until_serving
-from nodemgr.protocol import MAX_ADMIN_REPLY_BYTES
+from gpushare import libs
+from gpushare.client import Connection, NodeError, Unreachable, wait_until_serving
+from gpushare.protocol import MAX_ADMIN_REPLY_BYTES
+from nodemgr.host import procfs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -525,13 +525,13 @@ def open_dir() -> Iterator[Callable[[int], Path]]:
 @pytest.fixture
 def server() -> Iterator[Any]:
     """nodemgr's loop in this process, on 4 simulated GPUs, for a test to step by hand (a
-    nodemgr.server.Server). Imported here, not at the top: helper processes import this
+    nodemgr.loop.server.Server). Imported here, not at the top: helper processes import this
     module with the source tree first on their path, where the ledger bindings are not
     built. It neither audits, samples utilisation nor measures a context (its charge is
     0): those would load the simulated NVML into the test process, for the tests after it
     too."""
     from nodemgr import config as nodemgr_config
-    from nodemgr.server import Server
+    from nodemgr.loop.server import Server
 
     root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
     (root / "c.toml").write_text(
@@ -624,10 +624,10 @@ def run_task() -> Iterator[Any]:
 # started as root, loads nodemgr, and then becomes the user.
 CLI_AS = """
 import os, sys
-from nodemgr import config
+from gpushare import paths
 from nodemgr.cli import cli
 if sys.argv[3]:
-    config.NODE_RUN_DIR = type(config.NODE_RUN_DIR)(sys.argv[3])
+    paths.NODE_RUN_DIR = type(paths.NODE_RUN_DIR)(sys.argv[3])
 os.setgid(int(sys.argv[1])); os.setgroups([]); os.setuid(int(sys.argv[2]))
 cli(sys.argv[4:])
 """

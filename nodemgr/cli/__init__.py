@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from nodemgr import __version__
+from gpushare import __version__
+from gpushare.exitcodes import EXIT_ADMIN_REFUSED, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_USAGE
 from nodemgr.cli.drain import drain, undrain
 from nodemgr.cli.history import history
 from nodemgr.cli.idle import idle
@@ -18,7 +19,6 @@ from nodemgr.cli.serve import serve
 from nodemgr.cli.status import status
 from nodemgr.cli.tasks import tasks
 from nodemgr.cli.top import top
-from nodemgr.exitcodes import EXIT_ADMIN_REFUSED, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_USAGE
 
 HELP = f"""gpushare node manager: grants GPUs to tasks within per-environment quotas.
 

@@ -12,13 +12,14 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
+from gpushare import paths
+from gpushare.client import Connection, NodeError, Unreachable
+from gpushare.exitcodes import EXIT_ADMIN_REFUSED, EXIT_CONFIG, EXIT_UNREACHABLE
+from gpushare.params import ALL_GPUS
+from gpushare.protocol import MAX_ADMIN_REPLY_BYTES, is_view
+from gpushare.sizes import format_size
 from nodemgr import config as configmod
-from nodemgr.client import Connection, NodeError, Unreachable
-from nodemgr.exitcodes import EXIT_ADMIN_REFUSED, EXIT_CONFIG, EXIT_UNREACHABLE
-from nodemgr.idle import duration
-from nodemgr.params import ALL_GPUS
-from nodemgr.protocol import MAX_ADMIN_REPLY_BYTES, is_view
-from nodemgr.sizes import format_size
+from nodemgr.policy.idle import duration
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -107,8 +108,8 @@ def start_hint(cfg: configmod.Config) -> str:
     """What to do when nodemgr is not running at ``cfg``'s admin socket. Without a config
     file a user's commands look in a directory of their own: a nodemgr serving the node's
     (a config file's, or root's) is named, with how to reach it."""
-    node = configmod.NODE_RUN_DIR / "admin.sock"
-    if cfg.path is None and cfg.run_dir != configmod.NODE_RUN_DIR and node.exists():
+    node = paths.NODE_RUN_DIR / paths.ADMIN_SOCKET
+    if cfg.path is None and cfg.run_dir != paths.NODE_RUN_DIR and node.exists():
         return (
             f"a nodemgr serves at {node}: name its config with --config or ${configmod.CONFIG_ENV}"
         )

@@ -6,8 +6,8 @@ from typing import Any
 
 import click
 
+from gpushare.params import GpuType
 from nodemgr.cli._common import config_option, gpu_request, json_option, print_gpus
-from nodemgr.params import GpuType
 
 
 def _state_row(g: dict[str, Any]) -> list[str]:

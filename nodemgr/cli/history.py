@@ -8,9 +8,9 @@ from datetime import datetime
 
 import click
 
+from gpushare.params import EnvNameType
+from gpushare.sizes import format_size
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
-from nodemgr.params import EnvNameType
-from nodemgr.sizes import format_size
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$", re.ASCII)
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

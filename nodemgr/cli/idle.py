@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
+from gpushare.params import EnvNameType, SecondsType
+from gpushare.protocol import MAX_IDLE
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json
-from nodemgr.idle import ACTIONS, duration
-from nodemgr.params import EnvNameType, SecondsType
-from nodemgr.protocol import MAX_IDLE
+from nodemgr.policy.idle import ACTIONS, duration
 
 
 @click.command()

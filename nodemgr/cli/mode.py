@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
+from gpushare.params import GpuType
+from gpushare.protocol import MODES, SHARED
+from gpushare.sizes import format_size
 from nodemgr.cli._common import config_option, gpu_request, json_option, print_gpus
-from nodemgr.params import GpuType
-from nodemgr.protocol import MODES, SHARED
-from nodemgr.sizes import format_size
 
 
 @click.command()

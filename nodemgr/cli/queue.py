@@ -6,9 +6,9 @@ from typing import Any
 
 import click
 
+from gpushare.params import EnvNameType
+from gpushare.sizes import format_clock, format_size
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
-from nodemgr.params import EnvNameType
-from nodemgr.sizes import format_clock, format_size
 
 
 def _row(w: dict[str, Any]) -> list[str]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
+from gpushare.protocol import MAX_NOTE, NOTE
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json
-from nodemgr.protocol import MAX_NOTE, NOTE
 
 
 @click.command()

@@ -7,10 +7,10 @@ import sys
 
 import click
 
+from gpushare.exitcodes import EXIT_CONFIG
 from nodemgr.cli._common import config_option, fail, load_config
 from nodemgr.config import FORGET_FLAG
-from nodemgr.exitcodes import EXIT_CONFIG
-from nodemgr.gpus import InventoryError
+from nodemgr.host.gpus import InventoryError
 
 
 @click.command()
@@ -31,7 +31,7 @@ def serve(config_path: str | None, verbose: bool, forget_unknown: bool) -> None:
     )
     # Here, not at the top: the other commands need none of the daemon (nor its metrics
     # library), and every command loads this module.
-    from nodemgr.server import Server, StartupError
+    from nodemgr.loop.server import Server, StartupError
 
     cfg = load_config(config_path)
     try:

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from gpushare.sizes import format_size, plural
 from nodemgr.cli._common import (
     admin_call,
     config_option,
@@ -14,7 +15,6 @@ from nodemgr.cli._common import (
     print_json,
     print_table,
 )
-from nodemgr.sizes import format_size, plural
 
 
 @click.command()

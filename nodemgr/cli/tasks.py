@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from gpushare.params import EnvNameType
 from nodemgr.cli._common import (
     admin_call,
     config_option,
@@ -12,7 +13,6 @@ from nodemgr.cli._common import (
     print_table,
     task_row,
 )
-from nodemgr.params import EnvNameType
 
 
 @click.command()

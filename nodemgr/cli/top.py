@@ -9,6 +9,11 @@ from typing import Any
 
 import click
 
+from gpushare.client import Connection, NodeError, Unreachable
+from gpushare.exitcodes import EXIT_UNREACHABLE
+from gpushare.params import CountType, SecondsType
+from gpushare.protocol import MAX_ADMIN_REPLY_BYTES, TIMESLICED
+from gpushare.sizes import format_size, plural
 from nodemgr.cli._common import (
     SILENT,
     check_access,
@@ -22,11 +27,6 @@ from nodemgr.cli._common import (
     start_hint,
     task_row,
 )
-from nodemgr.client import Connection, NodeError, Unreachable
-from nodemgr.exitcodes import EXIT_UNREACHABLE
-from nodemgr.params import CountType, SecondsType
-from nodemgr.protocol import MAX_ADMIN_REPLY_BYTES, TIMESLICED
-from nodemgr.sizes import format_size, plural
 
 
 def snapshot(conn: Connection) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from client_plugin import libs
-from nodemgr.client import FIRST_ANSWER
+from gpushare import libs
+from gpushare.client import FIRST_ANSWER
 from tests.conftest import Holder, _wait_for, threads_of
 
 GiB = 1 << 30

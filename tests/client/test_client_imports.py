@@ -15,11 +15,17 @@ import pytest
 CLIENT_MODULES = [
     "client_plugin.autoload",
     "client_plugin.autotask",
-    "client_plugin.iterations",
+    "gpushare.iterations",
     "client_plugin.grant",
     "client_plugin.run",
 ]
-DAEMON_SIDE = ["nodemgr.config", "nodemgr.state", "nodemgr.gpus", "nodemgr.server", "nodemgr.cli"]
+DAEMON_SIDE = [
+    "nodemgr.config",
+    "nodemgr.node.node",
+    "nodemgr.host.gpus",
+    "nodemgr.loop.server",
+    "nodemgr.cli",
+]
 
 
 @pytest.mark.parametrize("module", CLIENT_MODULES)
@@ -46,9 +52,9 @@ def test_client_imports_no_daemon_module(module: str, tmp_path: Path) -> None:
 
 
 def test_one_exception_root() -> None:
-    from client_plugin import autotask, settings, shim
-    from client_plugin.errors import GpushareError
-    from nodemgr import client
+    from client_plugin import autotask, settings
+    from gpushare import client, shim
+    from gpushare.errors import GpushareError
 
     assert issubclass(GpushareError, RuntimeError)  # not taken for a missing framework
     assert autotask.GpushareError is GpushareError

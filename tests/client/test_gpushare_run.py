@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from client_plugin import libs
-from nodemgr.client import FIRST_ANSWER
+from gpushare import libs
+from gpushare.client import FIRST_ANSWER
 from tests.conftest import _wait_for, threads_of
 
 GiB = 1 << 30

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from nodemgr import protocol
+from gpushare import protocol
+from gpushare.client import Connection, NodeError
+from gpushare.sizes import parse_size
 from nodemgr.cli import cli
-from nodemgr.client import Connection, NodeError
-from nodemgr.sizes import parse_size
 from tests.conftest import BIN, Holder, Waiting, invoke
 
 GiB = 1 << 30

@@ -27,10 +27,11 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from nodemgr import connections, protocol
-from nodemgr.client import Connection
-from nodemgr.server import Server
-from nodemgr.transport import Conn
+from gpushare import protocol
+from gpushare.client import Connection
+from nodemgr.loop import connections
+from nodemgr.loop.server import Server
+from nodemgr.loop.transport import Conn
 from tests.conftest import _wait_for as wait_for
 from tests.conftest import die_with_test_run
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from client_plugin.envvars import SIM_GPUS, SIM_STATE_DIR
-from nodemgr import ctxprobe
+from gpushare.envvars import SIM_GPUS, SIM_STATE_DIR
 from nodemgr.config import CONTEXT_FALLBACK
-from nodemgr.gpus import Gpu
+from nodemgr.host import ctxprobe
+from nodemgr.host.gpus import Gpu
 from tests.conftest import free_port, invoke, scrape
 
 MiB = 1 << 20
@@ -102,7 +102,8 @@ def test_a_probe_that_fails_falls_back_with_a_warning(
     """A probe that fails (here: the simulated driver refuses its context, as a full GPU
     would): a WARNING naming the fix, and the fallback charge: on NVML GPUs the estimate
     CONTEXT_FALLBACK, on simulated ones the size their driver is told a context takes."""
-    from nodemgr import config, gpus
+    from nodemgr import config
+    from nodemgr.host import gpus
 
     def full(gpu: Gpu, *args: Any, **kwargs: Any) -> int:
         raise ctxprobe.ProbeError(
@@ -244,7 +245,8 @@ def test_a_simulated_nvml_that_cannot_be_loaded_is_a_failed_probe(
     the measurement as a probe that fails does: the fallback charge (on simulated GPUs the
     size their driver is told a context takes) and a WARNING, not a nodemgr that cannot
     start."""
-    from nodemgr import audit, config, gpus
+    from nodemgr import config
+    from nodemgr.host import audit, gpus
 
     dirs = []
 

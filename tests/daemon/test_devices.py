@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from nodemgr import protocol
-from nodemgr.client import Connection, NodeError, NoResources, QuotaExceeded
-from nodemgr.gpus import Gpu, resolve, simulated_uuid
-from nodemgr.protocol import Err, ProtocolError
+from gpushare import protocol
+from gpushare.client import Connection, NodeError, NoResources, QuotaExceeded
+from gpushare.protocol import Err, ProtocolError
+from nodemgr.host.gpus import Gpu, resolve, simulated_uuid
 from tests.conftest import Waiting
 
 GiB = 1 << 30
 
 
-# --- the wire form (nodemgr.protocol) ----------------------------------------------------
+# --- the wire form (gpushare.protocol) ----------------------------------------------------
 
 
 def validated(devices: Any) -> Any:
@@ -86,7 +86,7 @@ def test_malformed_devices_are_bad_requests(devices: Any) -> None:
     assert "\n" not in e.value.message and len(e.value.message) < 400
 
 
-# --- names to GPUs (nodemgr.gpus.resolve) ----------------------------------------------
+# --- names to GPUs (nodemgr.host.gpus.resolve) ----------------------------------------------
 
 
 NODE = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nodemgr.client import Connection
+from gpushare.client import Connection
 from tests.conftest import Holder, Waiting, invoke
 
 GiB = 1 << 30

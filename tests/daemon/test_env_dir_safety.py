@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from nodemgr.client import Connection, NodeError
-from nodemgr.envdirs import MAX_CLEARED
+from gpushare.client import Connection, NodeError
+from nodemgr.host.envdirs import MAX_CLEARED
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 

@@ -1,6 +1,6 @@
 """Fuzz a live nodemgr's task and admin endpoints with malformed and mutated messages.
 
-Messages are generated from the schemas in nodemgr.protocol, so new message types
+Messages are generated from the schemas in gpushare.protocol, so new message types
 and fields are fuzzed without touching this file. The fuzzed environment "fz" has a
 GPU quota of 0: every well-formed request on its endpoint is refused, so nothing the
 fuzzer sends there may change the node. On the admin endpoint the fuzzer never sends
@@ -27,9 +27,9 @@ from typing import Any
 import msgpack
 import zmq
 
-from nodemgr import protocol
-from nodemgr.client import Connection
-from nodemgr.protocol import Err, ProtocolError, Schema
+from gpushare import protocol
+from gpushare.client import Connection
+from gpushare.protocol import Err, ProtocolError, Schema
 from tests.conftest import accepts
 
 SEED = int(os.environ.get("GPUSHARE_FUZZ_SEED", "20240917"))
@@ -437,7 +437,7 @@ def check_reply(lane: Lane, m: Message, frames: list[bytes]) -> str | None:
         if kind == "grant" and not lane.grants_allowed:
             return f"granted on a zero-quota environment: {reply!r:.300}"
     if outcome == "crash":
-        return f"nodemgr.protocol raised, not ProtocolError, here: {what}"
+        return f"gpushare.protocol raised, not ProtocolError, here: {what}"
     if rid != msg_id:
         return f"reply id {rid} for message id {msg_id}"
     if outcome == "error" and (kind != "error" or reply["error"] != what):

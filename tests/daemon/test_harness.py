@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nodemgr import procfs
+from nodemgr.host import procfs
 from tests.conftest import Holder
 
 
@@ -70,7 +70,7 @@ def test_a_grant_the_test_process_holds_is_kept_alive() -> None:
         import os, sys, time
         sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from pathlib import Path
-        from nodemgr.client import Connection
+        from gpushare.client import Connection
         from tests.conftest import Daemon
         d = Daemon(Path({str(root)!r}))
         try:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from nodemgr.client import Connection, NodeError
+from gpushare.client import Connection, NodeError
 from tests.conftest import die_with_test_run
 
 GiB = 1 << 30
@@ -30,7 +30,7 @@ MiB = 1 << 20
 HOSTILE = r"""
 import json, mmap, os, sys
 from nodemgr._ledger import ffi, lib
-from nodemgr.client import Connection
+from gpushare.client import Connection
 
 conn = Connection(sys.argv[1], timeout=60)
 grant = conn.call("request", timeout=60, gpus=1)
@@ -353,7 +353,7 @@ def test_a_failure_in_one_environments_sweep_stops_no_other_and_not_the_loop(
 def test_a_reply_that_cannot_be_encoded_answers_that_request_with_an_internal_error(
     server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from nodemgr import views
+    from nodemgr.report import views
 
     status = views.status
     monkeypatch.setattr(views, "status", lambda node: {**status(node), "pid": 1 << 70})

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from nodemgr.client import Connection, NodeError
+from gpushare.client import Connection, NodeError
 
 GiB = 1 << 30
 
@@ -155,7 +155,7 @@ def test_no_permission_is_not_reported_as_no_nodemgr(daemon: Any) -> None:
     os.chmod(daemon.run_dir, 0o711)
     code = (
         "import os, sys\n"
-        "from nodemgr.client import Connection, Unreachable\n"
+        "from gpushare.client import Connection, Unreachable\n"
         "os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[2]))\n"
         "try:\n"
         "    Connection(sys.argv[3]).call('quota')\n"

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nodemgr.client import Connection
-from nodemgr.connections import FD_RESERVE, TASK_SHARE
+from gpushare.client import Connection
+from nodemgr.loop.connections import FD_RESERVE, TASK_SHARE
 from tests.conftest import die_with_test_run
 
 MiB = 1 << 20

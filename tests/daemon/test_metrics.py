@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from nodemgr.client import Connection, QuotaExceeded
-from nodemgr.connections import CAPS
-from nodemgr.gpus import Gpu, lost_gpus
-from nodemgr.state import REASONS
+from gpushare.client import Connection, QuotaExceeded
+from nodemgr.host.gpus import Gpu, lost_gpus
+from nodemgr.node.node import REASONS
+from nodemgr.report.metrics import CAPS
 from tests.conftest import free_port, scrape
 
 

@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
+from gpushare import paths
+from gpushare.exitcodes import EXIT_CONFIG
 from nodemgr import config
-from nodemgr.exitcodes import EXIT_CONFIG
-from nodemgr.gpus import simulated_uuid
+from nodemgr.host.gpus import simulated_uuid
 from tests.conftest import BIN, CLI_AS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +83,7 @@ def cli_as(user: pwd.struct_passwd | None, *args: str, node_run_dir: str = "") -
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 @pytest.mark.skipif(
-    (config.NODE_RUN_DIR / "admin.sock").exists(), reason="a nodemgr serves this node"
+    (paths.NODE_RUN_DIR / "admin.sock").exists(), reason="a nodemgr serves this node"
 )
 def test_a_config_file_names_the_same_run_dir_for_every_user(
     open_dir: Callable[[int], Path],
@@ -134,13 +135,13 @@ def test_the_shipped_configs_set_the_run_dir(name: str) -> None:
 
 
 # Holds GPU 0's lock in a directory as another user until stdin closes, as a nodemgr of
-# theirs on the node's real GPUs would (nodemgr.gpulock, whose NVML lock directory is open
+# theirs on the node's real GPUs would (nodemgr.host.gpulock, whose NVML lock directory is open
 # to all).
 HOLD_AS = """
 import os, sys
 from pathlib import Path
-from nodemgr import gpulock
-from nodemgr.gpus import Gpu
+from nodemgr.host import gpulock
+from nodemgr.host.gpus import Gpu
 os.setgid(int(sys.argv[1])); os.setgroups([]); os.setuid(int(sys.argv[2]))
 gpu = Gpu(0, sys.argv[4], "GPU", 1 << 30)
 try:
@@ -160,8 +161,8 @@ def test_a_gpu_lock_in_a_directory_open_to_all_holds_across_users(
     """Root and another user take turns at one GPU's lock: the lock file root made (0644,
     root's) still locks for the other user, who may only read it, and each refusal names
     the holder's pid, with a run directory only where the holder wrote it."""
-    from nodemgr import gpulock
-    from nodemgr.gpus import Gpu
+    from nodemgr.host import gpulock
+    from nodemgr.host.gpus import Gpu
 
     shared = open_dir(0o755)
     os.chmod(shared, 0o1777)
@@ -214,8 +215,8 @@ def test_another_users_lock_file_does_not_keep_root_from_starting(
     holds, is not a nodemgr's to root: root's nodemgr replaces it, says so, and serves; a
     second root nodemgr is then refused, naming the first."""
     shared = open_dir(0o755)
-    from nodemgr import gpulock
-    from nodemgr.gpus import Gpu
+    from nodemgr.host import gpulock
+    from nodemgr.host.gpus import Gpu
 
     os.chmod(shared, 0o1777)
     nobody = pwd.getpwnam("nobody")
@@ -263,7 +264,7 @@ def test_a_new_environment_whose_socket_no_client_could_reach_is_refused() -> No
     """An environment's socket path may have 107 bytes (an AF_UNIX address's 108, less its
     NUL): one of exactly 107 is created and served, one a byte longer is refused, naming
     the path and the limit, and nothing of it is made."""
-    from nodemgr.exitcodes import EXIT_ADMIN_REFUSED
+    from gpushare.exitcodes import EXIT_ADMIN_REFUSED
     from tests.conftest import Daemon, Holder, invoke
 
     root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
@@ -272,9 +273,9 @@ def test_a_new_environment_whose_socket_no_client_could_reach_is_refused() -> No
         # Its run directory is root/run: 60 bytes.
         daemon = Daemon(_run_dir_of_length(root, 60 - len("/run")))
         assert len(str(daemon.run_dir)) == 60
-        fits = "a" * (config.MAX_SOCKET_PATH - 60 - len("/envs//task.sock"))
+        fits = "a" * (paths.MAX_SOCKET_PATH - 60 - len("/envs//task.sock"))
         endpoint = daemon.env(fits)
-        assert len(endpoint.removeprefix("ipc://")) == config.MAX_SOCKET_PATH
+        assert len(endpoint.removeprefix("ipc://")) == paths.MAX_SOCKET_PATH
         holder = Holder(endpoint)  # a client reaches it
         holder.close()
         over = fits + "b"
@@ -301,7 +302,7 @@ def test_nodemgr_refuses_to_start_on_an_admin_socket_no_client_could_reach(
     naming the path and the limit, rather than serve a socket no client can connect to."""
     root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
     try:
-        run_dir = _run_dir_of_length(root, config.MAX_SOCKET_PATH - len("/admin.sock") + 1)
+        run_dir = _run_dir_of_length(root, paths.MAX_SOCKET_PATH - len("/admin.sock") + 1)
         cfg = tmp_path / "node.toml"
         cfg.write_text(
             f'[node]\nrun_dir = "{run_dir}"\nstate_dir = "{tmp_path}/state"\n'
@@ -331,8 +332,8 @@ def test_root_replaces_a_link_or_directory_another_user_put_at_a_lock(
     """Another user's link at a lock's name is replaced, its target untouched; their
     directory is moved aside: either way root's nodemgr takes the GPU."""
     shared = open_dir(0o755)
-    from nodemgr import gpulock
-    from nodemgr.gpus import Gpu
+    from nodemgr.host import gpulock
+    from nodemgr.host.gpus import Gpu
 
     os.chmod(shared, 0o1777)
     nobody = pwd.getpwnam("nobody")

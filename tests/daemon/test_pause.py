@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from gpushare.client import Connection, NodeError
 from nodemgr.cli import cli
-from nodemgr.client import Connection, NodeError
-from nodemgr.gpus import simulated_uuid
-from nodemgr.ledger import MAX_TASKS, Ledger, LedgerError
+from nodemgr.host.gpus import simulated_uuid
+from nodemgr.host.ledger import MAX_TASKS, Ledger, LedgerError
 from tests.conftest import invoke
 
 MiB = 1 << 20

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from nodemgr.client import (
+from gpushare.client import (
     Connection,
     NodeError,
     NoResources,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from nodemgr import procfs
+from nodemgr.host import procfs
 
 GiB = 1 << 30
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from nodemgr.client import Connection, NoResources
+from gpushare.client import Connection, NoResources
 from tests.conftest import Holder
 
 MiB = 1 << 20

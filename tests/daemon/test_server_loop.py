@@ -14,9 +14,9 @@ import msgpack
 import pytest
 import zmq
 
-from nodemgr.connections import Listener
-from nodemgr.server import Server
-from nodemgr.transport import Conn
+from nodemgr.loop.connections import Listener
+from nodemgr.loop.server import Server
+from nodemgr.loop.transport import Conn
 
 CLIENT = textwrap.dedent(
     """

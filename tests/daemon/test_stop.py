@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from nodemgr.client import FIRST_ANSWER
-from nodemgr.exitcodes import EXIT_SOFTWARE
-from nodemgr.server import MAX_FAILED_TURNS
+from gpushare.client import FIRST_ANSWER
+from gpushare.exitcodes import EXIT_SOFTWARE
+from nodemgr.loop.server import MAX_FAILED_TURNS
 from tests.conftest import BIN, CLI_AS, die_with_test_run, invoke
 
 
@@ -80,7 +80,7 @@ def test_sigterm_ends_the_wait_whatever_the_sweep_interval(daemon_factory: Any) 
 BROKEN = textwrap.dedent(
     """
     import sys
-    from nodemgr import reclaim
+    from nodemgr.loop import reclaim
     from nodemgr.cli import main
 
     def failing_step(self, now):

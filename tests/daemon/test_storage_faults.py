@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from nodemgr.client import Connection, NoResources, wait_until_serving
+from gpushare.client import Connection, NoResources, wait_until_serving
 from tests.conftest import BIN, Daemon, invoke
 
 MiB = 1 << 20

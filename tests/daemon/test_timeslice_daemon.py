@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from gpushare.client import Connection, NodeError
 from nodemgr.cli import cli
-from nodemgr.client import Connection, NodeError
-from nodemgr.gpus import simulated_uuid
-from nodemgr.ledger import TASK_TIMESLICED, Ledger
+from nodemgr.host.gpus import simulated_uuid
+from nodemgr.host.ledger import TASK_TIMESLICED, Ledger
 from tests.conftest import free_port, scrape
 
 GiB = 1 << 30
@@ -35,7 +35,7 @@ MiB = 1 << 20
 TASK = r"""
 import json, mmap, os, sys
 from nodemgr._ledger import ffi, lib
-from nodemgr.client import Connection
+from gpushare.client import Connection
 
 endpoint, fields = sys.argv[1], json.loads(sys.argv[2])
 conn = Connection(endpoint, timeout=60)

@@ -11,7 +11,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from nodemgr.client import Connection
+from gpushare.client import Connection
 
 GiB = 1 << 30
 
@@ -106,7 +106,7 @@ def test_an_environment_sees_holders_and_its_own_place_in_the_queue(
 
 def test_view_is_a_task_endpoint_request_only(node: Any) -> None:
     """The admin endpoint has its own views; `view` is an environment's."""
-    from nodemgr.client import NodeError
+    from gpushare.client import NodeError
 
     with pytest.raises(NodeError) as e:
         node.admin("view")

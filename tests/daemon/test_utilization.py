@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from nodemgr.audit import Slot
-from nodemgr.utilization import GpuSample, shares
+from nodemgr.host.audit import Slot
+from nodemgr.host.utilization import GpuSample, shares
 from tests.conftest import BIN, free_port, scrape
 from tests.daemon.test_audit import ready_pid
 

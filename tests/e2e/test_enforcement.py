@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nodemgr.client import NoResources
+from gpushare.client import NoResources
 from tests.conftest import CSRC, ROOT, cc, let_finish
 
 MiB = 1 << 20

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from nodemgr.client import NodeError
-from nodemgr.exitcodes import (
+from gpushare.client import NodeError
+from gpushare.exitcodes import (
     EXIT_RECLAIMED_ADMIN,
     EXIT_RECLAIMED_DELETED,
     EXIT_RECLAIMED_IDLE,

@@ -364,7 +364,7 @@ def test_keras_fit_gets_the_callback(daemon_factory: Any, run_task: Any, tmp_pat
                 raise ValueError
         except ValueError:
             pass
-        from client_plugin import shim
+        from gpushare import shim
         print("iterations", shim.memory().iterations)
         """
     )
@@ -384,7 +384,7 @@ def test_a_yield_nodemgr_does_not_answer_stalls_one_step_only(
     """nodemgr dies (its socket stays) while a job's turn ends at every boundary: the first
     yield waits a few seconds for an answer that does not come, says so once, and the next
     steps send none (for 30 s), so the job goes on at its own pace."""
-    from nodemgr.ledger import TASK_TIMESLICED, Ledger
+    from nodemgr.host.ledger import TASK_TIMESLICED, Ledger
 
     d = sliced(daemon_factory)
     ep = d.env("a", 1, 4 * GiB)
@@ -410,6 +410,6 @@ def test_a_yield_nodemgr_does_not_answer_stalls_one_step_only(
 def _sim_uuid(index: int) -> bytes:
     import uuid
 
-    from nodemgr.gpus import simulated_uuid
+    from nodemgr.host.gpus import simulated_uuid
 
     return uuid.UUID(simulated_uuid(index).removeprefix("GPU-")).bytes

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from client_plugin import libs
-from nodemgr import procfs
+from gpushare import libs
+from nodemgr.host import procfs
 from tests.conftest import Daemon, shim_preload
 from tests.real_torch.test_torch_gpushare import (
     GIB,

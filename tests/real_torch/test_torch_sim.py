@@ -39,8 +39,8 @@ from typing import Any
 
 import pytest
 
-from client_plugin import libs
-from nodemgr.gpus import Gpu, sim_spec, simulated_uuid
+from gpushare import libs
+from nodemgr.host.gpus import Gpu, sim_spec, simulated_uuid
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

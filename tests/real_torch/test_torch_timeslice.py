@@ -191,7 +191,7 @@ def test_steps_captured_in_a_cuda_graph_take_turns(
 RELEASE = """
 import sys
 import torch
-from client_plugin import iterations
+from gpushare import iterations
 
 held = [torch.ones(1 << 20, device=f"cuda:{d}") for d in map(int, sys.argv[1].split(","))]
 torch.cuda.set_device(0)

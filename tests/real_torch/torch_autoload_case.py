@@ -23,7 +23,7 @@ import sys
 import warnings
 from typing import Any
 
-from client_plugin import shim
+from gpushare import shim
 
 MIB = 1 << 20
 

@@ -14,7 +14,7 @@ process on the machine shares):
   ``tb``: its work done, before ``optimizer.step()`` (or the replay); ``te``: after it
   returned (release and yield happen in there);
 - ``flags``, ``release_end``, ``yield_end``: what gpushare's boundary did in this step's
-  ``optimizer.step()`` (client_plugin.iterations.last; absent when it did nothing);
+  ``optimizer.step()`` (gpushare.iterations.last; absent when it did nothing);
 - ``peak``: ``torch.cuda.max_memory_reserved()`` over the step (the peak is reset after each
   step), ``reserved``: ``torch.cuda.memory_reserved()`` after ``optimizer.step()``, and
   ``held``: what the device (under gpushare: the task's quota) has in use then, by
@@ -58,7 +58,7 @@ WARMUP = 3  # eager steps before the capture, in the graph style
 def step(x: Any, model: Any, opt: Any, graph: Any, side: Any) -> dict[str, Any]:
     """One training step, eager or (with ``graph``) a replay of the captured one, with its
     times and what gpushare's boundary did in it."""
-    from client_plugin import iterations, shim
+    from gpushare import iterations, shim
 
     if x is None:  # a new batch: the step's first allocation and launch
         x = torch.randn(BATCH, HIDDEN, device="cuda")
@@ -110,7 +110,7 @@ def capture(x: Any, model: Any, opt: Any, side: Any) -> Any:
 def main() -> None:
     name, optimizer, steps, out, go = sys.argv[1:6]
     style = sys.argv[6] if len(sys.argv) > 6 else "eager"
-    from client_plugin import shim
+    from gpushare import shim
 
     open(f"{go}.{name}.ready", "w").close()
     while not os.path.exists(go):

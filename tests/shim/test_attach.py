@@ -1,5 +1,5 @@
 """Late attach: a shim preloaded inert is switched to enforcing inside a running process,
-from C (gpushare_attach through dlsym) and from Python (client_plugin.shim)."""
+from C (gpushare_attach through dlsym) and from Python (gpushare.shim)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from cffi import FFI
 
-from client_plugin import libs
-from client_plugin._shim_cdef import CDEF
-from nodemgr import gpus
-from nodemgr.ledger import SIZE, Ledger
+from gpushare import libs
+from gpushare._shim_cdef import CDEF
+from nodemgr.host import gpus
+from nodemgr.host.ledger import SIZE, Ledger
 from tests.conftest import ROOT, cc, shim_preload
 
 MiB = 1 << 20
@@ -256,7 +256,7 @@ def test_a_fork_child_after_attach_enforces_in_a_slot_of_its_own(
 
 
 def test_the_cdef_and_the_header_agree(tmp_path: Path) -> None:
-    """client_plugin._shim_cdef reads the marked part of gpushare.h: what cffi makes of it
+    """gpushare._shim_cdef reads the marked part of gpushare.h: what cffi makes of it
     agrees with the compiler. Its prototypes are compiled against the header (a mismatch
     fails to compile), and every enumerator's value and the layout of struct
     gpushare_memory are compared."""
@@ -297,11 +297,11 @@ def test_the_cdef_and_the_header_agree(tmp_path: Path) -> None:
     assert in_cdef == in_header
 
 
-# --- Python: client_plugin.shim in a child interpreter --------------------------------------
+# --- Python: gpushare.shim in a child interpreter --------------------------------------
 
 DRIVE = """
 import ctypes, sys
-from client_plugin import shim
+from gpushare import shim
 ledger, task, driver = sys.argv[1:4]
 
 def cuda():
@@ -478,7 +478,7 @@ def test_late_attach_to_a_ledger_on_a_read_only_mount_names_the_mount(
     ledger: Ledger, tmp_path: Path
 ) -> None:
     code = (
-        "import sys\nfrom client_plugin import shim\n"
+        "import sys\nfrom gpushare import shim\n"
         "try:\n    shim.attach(sys.argv[1], sys.argv[2])\n"
         "except shim.ShimLedgerError as e:\n    print(e)\n"
     )

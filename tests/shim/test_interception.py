@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from client_plugin import libs
+from gpushare import libs
 from tests.conftest import CSRC, ROOT, Result, cc, driver_env, hook_table, run_ways, shim_preload
 
 GPUSHARE_H = ROOT / "shim" / "gpushare.h"

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from client_plugin import libs
-from nodemgr import gpus
-from nodemgr.ledger import TASK_TIMESLICED, Ledger
+from gpushare import libs
+from nodemgr.host import gpus
+from nodemgr.host.ledger import TASK_TIMESLICED, Ledger
 from tests.conftest import shim_preload
 
 MiB = 1 << 20
@@ -38,7 +38,7 @@ TIMEOUT = 60.0  # for anything the child should do soon: generous, for a loaded 
 # The child: one command a line on stdin, one answer a line on stdout.
 CHILD = r"""
 import ctypes, os, sys
-from client_plugin import shim
+from gpushare import shim
 
 cu = ctypes.CDLL(sys.argv[1])
 u64, vp, ui = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint

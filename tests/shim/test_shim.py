@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from nodemgr._ledger import ffi, lib
 
-from client_plugin import libs
-from nodemgr.ledger import Ledger
+from gpushare import libs
+from nodemgr.host.ledger import Ledger
 from tests.conftest import CSRC, ROOT, SANITIZER, cc, hook_table, let_finish, shim_preload
 
 KiB = 1 << 10

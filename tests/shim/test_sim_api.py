@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from client_plugin import libs
+from gpushare import libs
 from tests.conftest import (
     Proc,
     driver_answer,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from client_plugin import libs
+from gpushare import libs
 from tests.conftest import CSRC, cc, run_sim_json
 
 # cudaError_t values (driver_types.h).

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from client_plugin import libs
+from gpushare import libs
 from tests.conftest import Proc, driver_answer, run_probe
 
 HOOKS_DEF = Path(__file__).resolve().parents[2] / "shim" / "hooks.def"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from client_plugin import libs
+from gpushare import libs
 from tests.conftest import run_sim_json
 
 MIB = 1 << 20

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from client_plugin import libs
-from nodemgr import procfs
+from gpushare import libs
+from nodemgr.host import procfs
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -1,4 +1,4 @@
-"""The bypass audit's comparison (nodemgr.audit.compare) and its record of findings."""
+"""The bypass audit's comparison (nodemgr.host.audit.compare) and its record of findings."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from nodemgr import procfs
-from nodemgr.audit import (
+from nodemgr.host import procfs
+from nodemgr.host.audit import (
     BEYOND_SLOT,
     NO_SLOT,
     NOT_ITS_SLOT,
@@ -24,7 +24,7 @@ from nodemgr.audit import (
     compare,
     unconfirmed,
 )
-from nodemgr.ledger import Ledger
+from nodemgr.host.ledger import Ledger
 
 MiB = 1 << 20
 

@@ -60,7 +60,7 @@ def test_shim_discovery_command(tmp_path: Path) -> None:
     """The command both configs run at build time prints the installed shim, from any
     working directory."""
     out = subprocess.run(
-        [sys.executable, "-I", "-c", "import client_plugin.libs as l; print(l.shim_path())"],
+        [sys.executable, "-I", "-c", "import gpushare.libs as l; print(l.shim_path())"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

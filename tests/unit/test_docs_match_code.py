@@ -3,13 +3,16 @@ same in both: each test reads the document and compares it with the definition i
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
+from types import ModuleType
 
 from nodemgr._ledger import lib as ledger_lib
 
-from client_plugin import envvars
-from nodemgr import config, exitcodes, ledger, protocol
+from gpushare import envvars, exitcodes, protocol
+from nodemgr import config
+from nodemgr.host import ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -80,10 +83,10 @@ def test_example_config_has_every_key_and_says_where_it_differs() -> None:
 
 
 def test_client_doc_lists_exactly_the_client_variables() -> None:
-    text = doc_with_table("client.md", envvars.doc_table(), "variables", "client_plugin/envvars.py")
+    text = doc_with_table("client.md", envvars.doc_table(), "variables", "gpushare/envvars.py")
     defined = {name for name, *_ in envvars.SETTINGS} | {n for n, _ in envvars.TASK_VARIABLES}
     module = {v for k, v in vars(envvars).items() if k.isupper() and isinstance(v, str)}
-    assert module == defined, "every name in client_plugin/envvars.py is in its tables"
+    assert module == defined, "every name in gpushare/envvars.py is in its tables"
     assert set(re.findall(r"GPUSHARE_[A-Z_]+", text)) == defined | {config.CONFIG_ENV}
     # gpushare-run's option table: one row per option, with its variable.
     rows = re.findall(r"^\| `(--[a-z-]+)[^|]*\| `(GPUSHARE_[A-Z_]+)`", text, re.M)
@@ -146,7 +149,7 @@ def test_exit_code_tables_are_the_defined_codes() -> None:
 
 
 def test_the_failed_turns_bound_in_docs_is_the_servers() -> None:
-    from nodemgr.server import MAX_FAILED_TURNS
+    from nodemgr.loop.server import MAX_FAILED_TURNS
 
     said = f"{MAX_FAILED_TURNS} in a row"
     for doc in (DOCS / "nodemgr.md", DOCS / "operations.md", DOCS.parent / "README.md"):
@@ -204,3 +207,30 @@ def test_protocol_doc_has_every_message_field_and_error() -> None:
     assert set(table) == codes, "docs/protocol.md's error table lists exactly Err's codes"
     for code, retryable in table.items():
         assert (retryable == "yes") == (code in protocol.Err.RETRYABLE), code
+
+
+def _module_map() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("module_map", DOCS / "module_map.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_architecture_module_map_is_current() -> None:
+    """Every module of gpushare, nodemgr and client_plugin is in docs/architecture.md's
+    map, described by its own docstring's first sentence, and nothing else is."""
+    module_map = _module_map()
+    made = module_map.block()
+    assert made in (DOCS / "architecture.md").read_text(), (
+        "docs/architecture.md's module map differs from the modules; run "
+        "`python docs/module_map.py --write`"
+    )
+    named = set(re.findall(r"^\| `([\w.]+)` \|", made, re.M))
+    on_disk = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for pkg in ("gpushare", "nodemgr", "client_plugin")
+        for p in (ROOT / pkg).rglob("*.py")
+        if p.name != "__main__.py"
+    }
+    assert named == on_disk

@@ -20,7 +20,7 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # last, as the benchmarks do: installed gpushare wins
 from benchmarks import gpu_timeslice_bench as ts  # noqa: E402
 from benchmarks import harness  # noqa: E402
-from nodemgr import procfs  # noqa: E402
+from nodemgr.host import procfs  # noqa: E402
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -115,9 +115,9 @@ def set_num_threads(n):
 def fake_torch_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """This Python with the fake torch first on its path and the simulated driver (4 GPUs,
     as the benchmark's nodemgr below simulates them) for runs with and without the shim."""
-    from client_plugin import libs
-    from nodemgr import gpus
+    from gpushare import libs
     from nodemgr.config import Config
+    from nodemgr.host import gpus
 
     pkg = tmp_path / "fake" / "torch"
     pkg.mkdir(parents=True)
@@ -480,9 +480,9 @@ def test_the_gpu_state_is_read_where_nvml_answers_and_null_where_not(tmp_path: P
     """The records' NVML figures, read by the benchmark's observer in a process on the
     simulated NVML (which answers some of the questions asked): a figure NVML does not give
     is null, and none stops the record."""
-    from client_plugin import libs
-    from nodemgr import gpus
+    from gpushare import libs
     from nodemgr.config import Config
+    from nodemgr.host import gpus
 
     config = Config(tmp_path / "unused.toml", tmp_path / "unused-run")
     script = (

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from client_plugin import libs
-from nodemgr.gpus import simulated_uuid
+from gpushare import libs
+from nodemgr.host.gpus import simulated_uuid
 from tests.conftest import Daemon
 from tests.gpu.test_gpu import check_against_nvml, read_against_nvml
 from tests.real_torch.test_torch_sim import torch_python  # noqa: F401 (a fixture)
@@ -92,14 +92,14 @@ def test_installed_origin_asks_the_jobs_python_not_the_source_tree(
     Python without gpushare has none, although a `-c` run from the checkout imports the
     source tree's (what the GPU test used to ask, and was answered yes)."""
     origin = installed_origin(torch_python)
-    assert origin is not None and origin.endswith("client_plugin/iterations.py"), origin
+    assert origin is not None and origin.endswith("gpushare/iterations.py"), origin
     assert "site-packages" in Path(origin).parts, origin
     assert Path(origin).resolve() != (ROOT / "client_plugin" / "iterations.py").resolve()
     bare = getattr(sys, "_base_executable", "")
     if not bare or installed_origin(bare) is not None:
         pytest.skip(f"no Python without gpushare to compare with ({bare!r})")
     fooled = subprocess.run(
-        [bare, "-c", "import client_plugin.iterations"], cwd=ROOT, capture_output=True, timeout=120
+        [bare, "-c", "import gpushare.iterations"], cwd=ROOT, capture_output=True, timeout=120
     )
     assert fooled.returncode == 0, "the source tree is not what a `-c` in the checkout finds"
 

@@ -1,4 +1,4 @@
-"""The idle policy's words (nodemgr.idle): the numbers a warned user reads add up."""
+"""The idle policy's words (nodemgr.policy.idle): the numbers a warned user reads add up."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import re
 
 import pytest
 
-from nodemgr.idle import RECLAIM, Policy, duration, warning
+from nodemgr.policy.idle import RECLAIM, Policy, duration, warning
 
 _CLOCK = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 
 
 def seconds(text: str) -> int:
-    """A duration as nodemgr.idle.duration writes it, back in seconds."""
+    """A duration as nodemgr.policy.idle.duration writes it, back in seconds."""
     m = _CLOCK.fullmatch(text)
     assert m is not None and text, text
     h, mi, s = (int(g or 0) for g in m.groups())

@@ -1,4 +1,4 @@
-"""nodemgr.protocol on arbitrary input: only ProtocolError ever comes out.
+"""gpushare.protocol on arbitrary input: only ProtocolError ever comes out.
 
 Hypothesis properties over arbitrary bytes, arbitrary msgpack objects and maps shaped
 like messages, generated from the schema tables (new types and fields are covered
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodemgr import protocol
-from nodemgr.protocol import Err, ProtocolError, Schema
+from gpushare import protocol
+from gpushare.protocol import Err, ProtocolError, Schema
 from tests.conftest import accepts
 
 # Fast, and nothing written to a example database in the repository.

@@ -1,8 +1,8 @@
-"""The rate-limit policies (nodemgr.ratelimit) on a clock the test sets."""
+"""The rate-limit policies (nodemgr.policy.ratelimit) on a clock the test sets."""
 
 from __future__ import annotations
 
-from nodemgr.ratelimit import LogThrottle, TokenBuckets, suppressed_note
+from nodemgr.policy.ratelimit import LogThrottle, TokenBuckets, suppressed_note
 
 
 def test_a_bucket_starts_full_refills_at_its_rate_and_keeps_keys_apart() -> None:

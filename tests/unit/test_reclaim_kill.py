@@ -1,4 +1,4 @@
-"""nodemgr.reclaim.kill_commands: a silent wrapper's command is killed by process group,
+"""nodemgr.loop.reclaim.kill_commands: a silent wrapper's command is killed by process group,
 and only when each of the wrapper's children leads a group of its own."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from nodemgr import procfs
-from nodemgr.reclaim import kill_commands
+from nodemgr.host import procfs
+from nodemgr.loop.reclaim import kill_commands
 
 
 def _gone(pid: int) -> bool:

@@ -7,7 +7,7 @@ import re
 from importlib import metadata
 from pathlib import Path
 
-import nodemgr
+import gpushare
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = re.compile(r"^## \[(\d+)\.(\d+)\.(\d+)\] - (Unreleased|\d{4}-\d{2}-\d{2})$")
@@ -27,8 +27,8 @@ def test_changelog_top_entry_is_the_version() -> None:
     entries = _entries()
     assert entries, "CHANGELOG.md has no version entry"
     top = ".".join(map(str, entries[0][0]))
-    assert top == nodemgr.__version__, (
-        f"CHANGELOG.md's top entry is {top}, nodemgr.__version__ {nodemgr.__version__}: "
+    assert top == gpushare.__version__, (
+        f"CHANGELOG.md's top entry is {top}, gpushare.__version__ {gpushare.__version__}: "
         "add the entry, or raise the version"
     )
     versions = [v for v, _ in entries]
@@ -39,7 +39,7 @@ def test_changelog_top_entry_is_the_version() -> None:
 
 def test_installed_package_says_its_version_and_licence() -> None:
     meta = metadata.metadata("gpushare")
-    assert meta["Version"] == nodemgr.__version__
+    assert meta["Version"] == gpushare.__version__
     assert meta["License-Expression"] == "Apache-2.0"
     assert "gpushare developers" in (meta["Author"] or "") + (meta["Author-email"] or "")
     files = [str(f) for f in metadata.files("gpushare") or []]

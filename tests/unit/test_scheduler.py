@@ -1,4 +1,5 @@
-"""GPU selection (nodemgr.scheduler, docs/scheduling.md), branch by branch, and its invariants."""
+"""GPU selection (nodemgr.policy.scheduler, docs/scheduling.md), branch by branch, and its
+invariants."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodemgr.scheduler import Ask, Choice, GpuView, Refusal, select
+from nodemgr.policy.scheduler import Ask, Choice, GpuView, Refusal, select
 
 GiB = 1 << 30
 T = 4  # threshold

@@ -77,7 +77,7 @@ def test_a_wheel_built_from_the_sdist_is_the_installed_package(tmp_path: Path) -
     site = Path(client_plugin.__file__).resolve().parents[1]
     (dist,) = importlib.metadata.distributions(name="gpushare", path=[str(site)])
     installed = package_files([str(f) for f in dist.files or []])
-    assert {"client_plugin/lib/libgpushare.so", "gpushare-autoload.pth"} <= installed
+    assert {"gpushare/lib/libgpushare.so", "gpushare-autoload.pth"} <= installed
     assert built == installed, (
         f"missing from the sdist's wheel: {sorted(installed - built)}; "
         f"only in it: {sorted(built - installed)}"

@@ -1,4 +1,4 @@
-"""Records nodemgr writes through nodemgr.store: one that the database cannot take is
+"""Records nodemgr writes through nodemgr.node.store: one that the database cannot take is
 dropped, logged, and holds back none written after it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nodemgr.store import Record, Store
+from nodemgr.node.store import Record, Store
 
 
 def test_a_record_the_database_cannot_take_holds_back_no_other(

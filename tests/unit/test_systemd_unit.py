@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from nodemgr import config, gpulock
+from nodemgr import config
+from nodemgr.host import gpulock
 from tests.conftest import ROOT
 
 UNIT = ROOT / "configs" / "nodemgr.service"

@@ -1,13 +1,13 @@
-"""nodemgr.timeslice, case by case: shapes, a time-sliced GPU's charge and slices, admission
+"""nodemgr.policy.timeslice, case by case: shapes, a time-sliced GPU's charge and slices, admission
 through the scheduler, and turns (docs/timeslicing.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from nodemgr import scheduler, timeslice
-from nodemgr.ledger import TASK_TIMESLICED
-from nodemgr.timeslice import Gate, Member, Situation, Turns
+from nodemgr.host.ledger import TASK_TIMESLICED
+from nodemgr.policy import scheduler, timeslice
+from nodemgr.policy.timeslice import Gate, Member, Situation, Turns
 
 GiB = 1 << 30
 MiB = 1 << 20

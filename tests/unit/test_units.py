@@ -9,9 +9,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from nodemgr import config, protocol
-from nodemgr.protocol import Err, ProtocolError
-from nodemgr.sizes import format_clock, format_size, parse_seconds, parse_size
+from gpushare import protocol
+from gpushare.protocol import Err, ProtocolError
+from gpushare.sizes import format_clock, format_size, parse_seconds, parse_size
+from nodemgr import config
 
 
 @pytest.mark.parametrize(
@@ -299,8 +300,8 @@ def test_context_memory_and_reserve_must_fit_every_gpu(tmp_path: Path) -> None:
 
 def test_a_suggested_quota_is_never_more_than_the_gpu_can_give() -> None:
     """What admin.unservable tells an operator to give instead is accepted as given."""
-    from nodemgr.admin import unservable
-    from nodemgr.sizes import parse_size
+    from gpushare.sizes import parse_size
+    from nodemgr.endpoints.admin import unservable
 
     for capacity in (16 << 30, (16 << 30) - 1, 15_996_000_000, 80 * 10**9):
         why = unservable(1, capacity + 1, [(0, "G", capacity, capacity, 0)])
@@ -313,7 +314,7 @@ def test_a_suggested_quota_is_never_more_than_the_gpu_can_give() -> None:
 def test_a_quota_must_fit_on_as_many_gpus_as_it_names() -> None:
     """On GPUs of different models a quota's memory must fit, with a context, on each of
     its GPUs: the largest GPU alone is not enough for a quota of two."""
-    from nodemgr.admin import unservable
+    from nodemgr.endpoints.admin import unservable
 
     GiB = 1 << 30
     node = [(0, "Big", 80 * GiB, 80 * GiB, GiB), (1, "Small", 16 * GiB, 16 * GiB, GiB // 2)]

@@ -52,7 +52,7 @@ fi
 
 # containerEnv cannot run a command, and the shim's path depends on where pip
 # put the package: a link gives it the fixed path LD_PRELOAD names.
-shim=$("$py" -I -c 'import client_plugin.libs as l; print(l.shim_path())')
+shim=$("$py" -I -c 'import gpushare.libs as l; print(l.shim_path())')
 mkdir -p /usr/local/lib/gpushare
 ln -sf "$shim" /usr/local/lib/gpushare/libgpushare.so
 scripts=$("$py" -I -c 'import sysconfig; print(sysconfig.get_path("scripts"))')

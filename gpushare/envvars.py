@@ -1,0 +1,133 @@
+"""Every ``GPUSHARE_*`` environment variable the client reads or sets, defined once: its
+name, the gpushare-run option that overrides it, the value it takes and what it does.
+
+client_plugin.settings parses the settings among them; the auto-loader, the iteration
+hooks, gpushare-run's help and docs/client.md (``doc_table()``, checked by a test) take
+the names from here. The auto-loader imports this module at every interpreter start, so
+it imports nothing.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # not typing's: this module is imported at every interpreter start
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+# The words a yes/no variable takes, any case, spaces around ignored; the one list
+# (gpushare-autoload.pth repeats FALSE_WORDS inline: a test holds the two together).
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def is_off(value: str) -> bool:
+    """Whether ``value`` is one of FALSE_WORDS."""
+    return value.strip().lower() in FALSE_WORDS
+
+
+def switched_on(value: str | None) -> bool:
+    """A switch that is off unless set: unset, empty or a false word is off."""
+    return value is not None and value.strip() != "" and not is_off(value)
+
+
+# Settings: set by the user (or a dev container), read by gpushare-run and the auto-loader.
+ENDPOINT = "GPUSHARE_ENDPOINT"
+GPUS = "GPUSHARE_GPUS"
+MEMORY = "GPUSHARE_MEMORY"
+WAIT = "GPUSHARE_WAIT"
+WAIT_TIMEOUT = "GPUSHARE_WAIT_TIMEOUT"
+CPU_FALLBACK = "GPUSHARE_CPU_FALLBACK"
+GRACE = "GPUSHARE_GRACE"
+# Waiting without a terminal: the longest time between two progress lines.
+PROGRESS_INTERVAL = "GPUSHARE_PROGRESS_INTERVAL"
+# Time-sliced GPUs (docs/timeslicing.md): the task's estimated shape, and the space
+# nodemgr keeps after its persistent slice.
+PERSISTENT = "GPUSHARE_PERSISTENT"
+TEMPORARY = "GPUSHARE_TEMPORARY"
+GUARD = "GPUSHARE_GUARD"
+# The auto-loader's own settings.
+AUTOLOAD = "GPUSHARE_AUTOLOAD"
+FRAMEWORKS = "GPUSHARE_FRAMEWORKS"
+ZERO_QUOTA = "GPUSHARE_ZERO_QUOTA"
+ITERATION_HOOKS = "GPUSHARE_ITERATION_HOOKS"
+# Set by the client for a task's processes.
+LEDGER = "GPUSHARE_LEDGER"
+TASK_ID = "GPUSHARE_TASK_ID"
+# Set for a task's processes when some of its GPUs were time-sliced at the grant: the node
+# indices. A hint only (a GPU's mode can change later): it has the iteration hooks connect
+# to nodemgr up front rather than in the task's first turn switch.
+TIMESLICED = "GPUSHARE_TIMESLICED"
+# Set for every process of a task (or of a CPU-only run): the pid of the process
+# that holds it. Any other process seeing it shares that grant and asks for none.
+TASK_OWNER = "GPUSHARE_TASK_OWNER"
+# "PID,HEARTBEAT_INTERVAL" of the process that holds an auto-loaded task, so that the
+# same process, restarted with the shim or exec'ing another program, keeps it alive.
+AUTOLOAD_HOLDER = "GPUSHARE_AUTOLOAD_HOLDER"
+SIM_GPUS = "GPUSHARE_SIM_GPUS"
+SIM_STATE_DIR = "GPUSHARE_SIM_STATE_DIR"
+# Builds other than the packaged ones (a debug or sanitizer build).
+SHIM = "GPUSHARE_SHIM"
+SIM_DIR = "GPUSHARE_SIM_DIR"
+
+# (name, gpushare-run's option, the value it takes, what it does); "" where none.
+SETTINGS: tuple[tuple[str, str, str, str], ...] = (
+    (ENDPOINT, "--endpoint", "`ipc://PATH`", "the environment's task endpoint"),
+    (GPUS, "--gpus", "N, 1 to 64", "GPUs the task needs"),
+    (MEMORY, "--memory", "SIZE", "memory per GPU the task expects"),
+    (WAIT, "--wait / --no-wait", "1/0", "wait in nodemgr's queue when no GPUs are free"),
+    (WAIT_TIMEOUT, "--wait-timeout", "SECONDS", "give up waiting after this long"),
+    (CPU_FALLBACK, "--cpu-fallback", "1/0", "run with no GPU on zero quota or none free"),
+    (GRACE, "--grace", "SECONDS", "from a passed-on signal to killing CMD's process group"),
+    (
+        PROGRESS_INTERVAL,
+        "",
+        "SECONDS",
+        "waiting with stderr not a terminal: a progress line at least this often (30)",
+    ),
+    (PERSISTENT, "--persistent", "SIZE", "time-sliced GPUs: estimated persistent memory"),
+    (TEMPORARY, "--temporary", "SIZE", "time-sliced GPUs: estimated temporary memory"),
+    (GUARD, "--guard", "SIZE", "time-sliced GPUs: space kept after the persistent memory"),
+    (AUTOLOAD, "", "1/0", "the auto-loader requests a grant when a framework is imported"),
+    (FRAMEWORKS, "", "NAME,...", "more top-level modules whose import starts a task"),
+    (ZERO_QUOTA, "", "warn/error", "the auto-loader on a zero quota"),
+    (ITERATION_HOOKS, "", "1/0", "the iteration hooks in a task's framework (on by default)"),
+    (SHIM, "", "PATH", "the preload library to use instead of the packaged one"),
+    (SIM_DIR, "", "PATH", "the simulated driver's directory instead of the packaged one"),
+)
+# Set by gpushare-run and the auto-loader for the processes of a task: (name, value).
+TASK_VARIABLES: tuple[tuple[str, str], ...] = (
+    (LEDGER, "the environment's ledger, read by the shim"),
+    (TASK_ID, "the task's id"),
+    (TIMESLICED, "the granted GPUs that were time-sliced: node indices, comma-separated"),
+    (TASK_OWNER, "the pid of the process holding the grant: others ask for none"),
+    (AUTOLOAD_HOLDER, "the auto-loaded task's holder: PID,HEARTBEAT_INTERVAL"),
+    (SIM_GPUS, "simulated nodes only: the simulated driver's GPUs"),
+    (SIM_STATE_DIR, "simulated nodes only: the directory of the node's shared process table"),
+)
+
+
+def run_help() -> str:
+    """gpushare-run's help: the variables behind its options."""
+    named = []
+    for name, option, form, _ in SETTINGS:
+        if option:
+            named.append(f"{name} ({form})" if form == "1/0" else name)
+    return ", ".join(named) + "."
+
+
+def doc_table() -> str:
+    """docs/client.md's table of variables, made from SETTINGS and TASK_VARIABLES."""
+    rows = [
+        "| variable | set by | gpushare-run option | value | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for name, option, form, doc in SETTINGS:
+        shown = f"`{option}`" if option else "—"
+        rows.append(f"| `{name}` | you | {shown} | {form} | {doc} |")
+    for name, doc in TASK_VARIABLES:
+        rows.append(f"| `{name}` | gpushare | — | — | {doc} |")
+    return "\n".join(rows) + "\n"
+
+
+def hooks_wanted(environ: Mapping[str, str]) -> bool:
+    """GPUSHARE_ITERATION_HOOKS: on unless it says off (unset or empty: on)."""
+    return not is_off(environ.get(ITERATION_HOOKS, ""))

@@ -1,0 +1,332 @@
+"""Every byte on gpushare's wire goes through this module (docs/protocol.md).
+
+A message is one ZeroMQ frame holding a msgpack map: ``v`` (protocol
+version), ``type``, ``id`` (chosen by the sender, echoed in the reply) and
+the type's fields. Handlers see validated plain dicts; every reply is a
+payload or ``{"type": "error", "error": CODE, "message": TEXT}``. Unknown
+fields are tolerated, unknown types are answered with an error.
+"""
+
+from __future__ import annotations
+
+import re
+import reprlib
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+# A message: at most this many bytes in all its frames together, and this many frames.
+# Beyond either, nodemgr drops the sender's connection without reading on (transport.py).
+MAX_MESSAGE_BYTES = 64 * 1024
+MAX_FRAMES = 8
+# A reply may be larger: nodemgr drops a connection whose unread replies pass its endpoint's
+# limit (connections.py), and a client reads one reply up to that size. A task endpoint's
+# replies are a few KiB; the admin's `tasks` or `history` can be megabytes.
+MAX_TASK_REPLY_BYTES = 1 << 20
+MAX_ADMIN_REPLY_BYTES = 256 << 20
+
+ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# A task id: what a ledger slot holds (shim/ledger_layout.h: GS_TASK_ID_LEN, less its NUL).
+MAX_TASK_ID = 23
+TASK_ID = re.compile(rf"^[A-Za-z0-9-]{{1,{MAX_TASK_ID}}}$")
+MAX_GPUS_PER_REQUEST = 64
+MAX_BYTES = (1 << 63) - 1
+MAX_WAIT = 7 * 86400.0
+MAX_HISTORY = 10000
+MAX_GUARD = 1 << 40
+# An environment's idle timeout (docs/nodemgr.md, "Idle tasks"): at most a week.
+MAX_IDLE = 7 * 86400.0
+# Why nodemgr reclaimed a task, as a `reclaimed` error's `reason` tells its client.
+RECLAIM_REASONS = ("idle", "timeout", "admin", "deleted")
+# An operator's reason for `reclaim`, shown to the task's user: one line of printable text.
+MAX_NOTE = 500
+NOTE = re.compile(r"[^\x00-\x1f\x7f]+")
+# What an idle policy does with an idle task (docs/nodemgr.md, "Idle tasks").
+IDLE_ACTIONS = ("reclaim", "report")
+# A GPU's mode (docs/timeslicing.md).
+SHARED = "shared"
+TIMESLICED = "timesliced"
+MODES = (SHARED, TIMESLICED)
+# request.devices: a GPU index as nodemgr numbers them, or a GPU UUID or a prefix of one
+# (at least "GPU-" and 4 more characters). Which GPU a name means is nodemgr.host.gpus.resolve's.
+DEVICE_NAME = re.compile(r"[0-9]{1,9}|GPU-[0-9A-Fa-f-]{4,60}")
+
+
+def names_gpu(name: str, index: int, uuid: str) -> bool:
+    """Does a ``devices`` entry name this GPU: its index, or its UUID or the start of it,
+    without regard to case? (nodemgr resolves requests with it, and the client checks a
+    grant against its restriction with it.)"""
+    if name.upper().startswith("GPU-"):
+        return uuid.lower().startswith(name.lower())
+    return name.isdigit() and int(name) == index
+
+
+class Err:
+    """Error codes a reply can carry."""
+
+    BAD_REQUEST = "bad_request"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    UNKNOWN_TYPE = "unknown_type"
+    UNKNOWN_ENV = "unknown_env"
+    UNKNOWN_TASK = "unknown_task"
+    BUSY = "busy"
+    NOT_PAUSABLE = "not_pausable"
+    QUOTA_ZERO = "quota_zero"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    NO_RESOURCES = "no_resources"
+    RECLAIMED = "reclaimed"
+    FORBIDDEN = "forbidden"
+    INTERNAL = "internal"
+
+    RETRYABLE = frozenset({NO_RESOURCES})
+
+
+class ProtocolError(Exception):
+    """A message that cannot be served; becomes an error reply."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# --- field validators: value -> cleaned value, or raise ValueError ------------
+
+
+def _int(lo: int, hi: int) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"must be an integer {lo}..{hi}")
+        return v
+
+    return check
+
+
+def _number(lo: float, hi: float) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+            raise ValueError(f"must be a number {lo:g}..{hi:g}")
+        return float(v)
+
+    return check
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError("must be true or false")
+    return v
+
+
+def _str(pattern: re.Pattern[str] | None = None, max_len: int = 4096) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or len(v) > max_len:
+            raise ValueError(f"must be a string of at most {max_len} characters")
+        # fullmatch: with match, the pattern's "$" also accepts a trailing newline.
+        if pattern is not None and not pattern.fullmatch(v):
+            raise ValueError(f"must match {pattern.pattern}")
+        return v
+
+    return check
+
+
+def _devices(v: Any) -> list[str]:
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_GPUS_PER_REQUEST:
+        raise ValueError(f"must be a list of 1..{MAX_GPUS_PER_REQUEST} GPU names, or nil")
+    for i, name in enumerate(v):
+        if not isinstance(name, str) or not DEVICE_NAME.fullmatch(name):
+            raise ValueError(
+                f"entry {i} ({reprlib.repr(name)}) must be a GPU index as `nodemgr status` "
+                "numbers them, or a GPU UUID (GPU-...) or a prefix of one of at least 8 "
+                "characters; fix or unset CUDA_VISIBLE_DEVICES"
+            )
+    return list(v)
+
+
+def _gpu(v: Any) -> int | str:
+    """admin ``mode.gpu``: a node index, or a GPU UUID or a prefix of one."""
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_GPUS_PER_REQUEST:
+        return v
+    if isinstance(v, str) and DEVICE_NAME.fullmatch(v):
+        return v
+    raise ValueError("must be a GPU index or a GPU UUID (GPU-...), or nil: all")
+
+
+def _one_of(*choices: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if v not in choices:
+            raise ValueError("must be one of " + ", ".join(repr(c) for c in choices))
+        return str(v)
+
+    return check
+
+
+def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def opt(v: Any) -> Any:
+        return None if v is None else check(v)
+
+    return opt
+
+
+_env = _str(ENV_NAME, 64)
+_task = _str(TASK_ID, MAX_TASK_ID)
+_bytes = _int(0, MAX_BYTES)
+
+# type -> {field: (required, validator)}
+Schema = dict[str, tuple[bool, Callable[[Any], Any]]]
+
+TASK_REQUESTS: dict[str, Schema] = {
+    "request": {
+        "gpus": (True, _int(1, MAX_GPUS_PER_REQUEST)),
+        "memory": (False, _optional(_bytes)),
+        "command": (False, _optional(_str(max_len=4096))),
+        "wait": (False, _optional(_number(0.0, MAX_WAIT))),
+        "devices": (False, _optional(_devices)),
+        "persistent": (False, _optional(_bytes)),
+        "temporary": (False, _optional(_bytes)),
+        "guard": (False, _optional(_int(0, MAX_GUARD))),
+        "waited": (False, _optional(_number(0.0, MAX_WAIT))),
+        "wrapper": (False, _optional(_bool)),
+    },
+    "yield": {"task_id": (True, _task), "iterations": (False, _optional(_int(0, (1 << 63) - 1)))},
+    "heartbeat": {"task_id": (True, _task)},
+    "done": {
+        "task_id": (True, _task),
+        "exit_code": (False, _optional(_int(-(1 << 31), (1 << 31) - 1))),
+        "signal": (False, _optional(_int(1, 128))),
+    },
+    "quota": {},
+    "view": {},
+}
+
+ADMIN_REQUESTS: dict[str, Schema] = {
+    "quota_set": {
+        "env": (True, _env),
+        "gpus": (False, _optional(_int(0, MAX_GPUS_PER_REQUEST))),
+        "memory": (False, _optional(_bytes)),
+        "force": (False, _optional(_bool)),
+    },
+    "quota_show": {"env": (False, _optional(_env))},
+    "quota_delete": {"env": (True, _env), "force": (False, _optional(_bool))},
+    "tasks": {"env": (False, _optional(_env))},
+    "queue": {"env": (False, _optional(_env))},
+    "status": {},
+    "mode": {"gpu": (False, _optional(_gpu)), "mode": (False, _optional(_one_of(*MODES)))},
+    "drain": {"gpu": (False, _optional(_gpu)), "drained": (False, _optional(_bool))},
+    "reclaim": {"task_id": (True, _task), "reason": (False, _optional(_str(NOTE, MAX_NOTE)))},
+    "idle_set": {
+        "env": (True, _env),
+        "idle_timeout": (False, _optional(_number(0.0, MAX_IDLE))),
+        "idle_action": (False, _optional(_one_of(*IDLE_ACTIONS))),
+    },
+    "pause": {"task_id": (True, _task)},
+    "resume": {"task_id": (True, _task)},
+    "history": {
+        "env": (False, _optional(_env)),
+        "since": (False, _optional(_number(0.0, 1e11))),
+        "limit": (False, _optional(_int(1, MAX_HISTORY))),
+    },
+}
+
+
+# The admin requests that only read (with `mode` and `drain` only when they change nothing):
+# all the read-only admin socket serves (docs/operations.md, "Access").
+VIEW_REQUESTS = frozenset({"quota_show", "tasks", "queue", "status", "history", "mode", "drain"})
+
+
+def is_view(kind: str, fields: dict[str, Any]) -> bool:
+    """Whether admin request ``kind`` with ``fields`` only reads: `mode` without a
+    ``mode``, `drain` without ``drained``."""
+    if kind == "mode":
+        return fields.get("mode") is None
+    if kind == "drain":
+        return fields.get("drained") is None
+    return kind in VIEW_REQUESTS
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    return msgpack.packb(msg, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def envelope_ok(sizes: list[int]) -> bool:
+    """Whether frames of these sizes, as the client sent them, are one request: at most an
+    empty REQ delimiter, then one map. Anything else is dropped unread and unanswered: a
+    reply echoes the envelope, and a request is one map."""
+    return len(sizes) == 1 or (len(sizes) == 2 and sizes[0] == 0)
+
+
+def decode(frame: bytes, limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any]:
+    """Unpack one frame of at most ``limit`` bytes (a request's, by default; a client
+    reading replies passes its endpoint's reply limit) into a map with ``v``, ``type`` and
+    ``id``; raise ProtocolError."""
+    if len(frame) > limit:
+        raise ProtocolError(Err.BAD_REQUEST, f"message larger than {limit} bytes")
+    try:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        raise ProtocolError(Err.BAD_REQUEST, "not a msgpack message") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError(Err.BAD_REQUEST, "a message must be a map")
+    version = msg.get("v")
+    if isinstance(version, bool) or not isinstance(version, int) or version != PROTOCOL_VERSION:
+        # reprlib: a client's value, however deep or long, makes one short line
+        # (repr of a ~1000-deep list raises RecursionError).
+        raise ProtocolError(
+            Err.UNSUPPORTED_VERSION,
+            f"protocol version {reprlib.repr(version)} is not supported; this nodemgr speaks "
+            f"{PROTOCOL_VERSION} (upgrade the client and nodemgr together)",
+        )
+    if not isinstance(msg.get("type"), str):
+        raise ProtocolError(Err.BAD_REQUEST, "field 'type' must be a string")
+    mid = msg.get("id", 0)
+    if isinstance(mid, bool) or not isinstance(mid, int) or not 0 <= mid < 1 << 63:
+        raise ProtocolError(Err.BAD_REQUEST, "field 'id' must be a non-negative integer")
+    msg["id"] = mid
+    return msg
+
+
+def validate(msg: dict[str, Any], schemas: dict[str, Schema]) -> dict[str, Any]:
+    """Return the fields of ``msg`` its type defines, checked; unknown fields are dropped."""
+    kind = msg["type"]
+    schema = schemas.get(kind)
+    if schema is None:
+        raise ProtocolError(
+            Err.UNKNOWN_TYPE,
+            f"unknown message type {reprlib.repr(kind)}; this endpoint accepts: "
+            + ", ".join(sorted(schemas)),
+        )
+    body: dict[str, Any] = {}
+    for name, (required, check) in schema.items():
+        if name not in msg:
+            if required:
+                raise ProtocolError(Err.BAD_REQUEST, f"{kind}: field {name!r} is required")
+            body[name] = None
+            continue
+        try:
+            body[name] = check(msg[name])
+        except ValueError as e:
+            raise ProtocolError(Err.BAD_REQUEST, f"{kind}: field {name!r} {e}") from None
+    return body
+
+
+def request(kind: str, msg_id: int, **fields: Any) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "type": kind, "id": msg_id, **fields}
+
+
+def reply(kind: str, msg_id: int, **fields: Any) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "type": kind, "id": msg_id, **fields}
+
+
+def error(code: str, message: str, msg_id: int = 0, **fields: Any) -> dict[str, Any]:
+    """An error reply; ``fields``: what the code's reply carries besides (``reclaimed``:
+    ``reason``)."""
+    return {
+        "v": PROTOCOL_VERSION,
+        "type": "error",
+        "id": msg_id,
+        "error": code,
+        "message": message,
+        "retryable": code in Err.RETRYABLE,
+        **fields,
+    }

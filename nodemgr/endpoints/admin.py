@@ -1,0 +1,236 @@
+"""The admin endpoint's requests (docs/protocol.md, "Admin endpoint"): quotas, reclaims,
+pauses, modes, and the views of tasks, the queue, history and status."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gpushare import protocol
+from gpushare.paths import socket_path_problem
+from gpushare.protocol import Err, ProtocolError
+from gpushare.sizes import format_size, parse_size, plural
+from nodemgr.config import ENV_SOCKET_FIX
+from nodemgr.node.model import Task
+from nodemgr.node.node import Node
+from nodemgr.report import views
+
+if TYPE_CHECKING:
+    from nodemgr.loop.connections import Connections, ReplyTo, Watched
+
+
+class Loop(Protocol):
+    """What these handlers need of the event loop (nodemgr.loop.server.Server)."""
+
+    node: Node
+    connections: Connections
+
+    def reclaim(self, task: Task, reason: str, message: str, record: str | None = None) -> None: ...
+
+    def release(self, task_id: str, reason: str, exit_code: int | None = None) -> None: ...
+
+    def unwatch(self, what: Watched) -> None: ...
+
+    def send_later(self, to: ReplyTo, msg: dict[str, Any]) -> bool: ...
+
+    def close_env_later(self, name: str) -> None: ...
+
+
+def reclaimed_by_operator(reason: str | None) -> str:
+    """What the client of a task an operator reclaimed is told (with their reason)."""
+    if reason is None:
+        return (
+            "GPUs reclaimed by an operator (nodemgr reclaim); ask them why, or run the "
+            "command again"
+        )
+    return f"GPUs reclaimed by an operator (nodemgr reclaim): {reason}"
+
+
+def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str, Any]:
+    node = loop.node
+    if kind == "quota_set":
+        gpus, memory = _quota_asked(node, body)
+        if body["env"] not in node.envs:
+            _check_socket_path(node, body["env"])
+        if not body.get("force"):
+            charge = node.context_memory
+            problem = unservable(
+                gpus,
+                memory,
+                [
+                    (g.index, g.name, g.memory, node.capacity(g.index), charge[g.index])
+                    for g in node.gpus
+                ],
+            )
+            if problem is not None:
+                raise ProtocolError(Err.QUOTA_EXCEEDED, f"{body['env']}: {problem}")
+        env = node.set_quota(body["env"], gpus, memory)
+        loop.connections.open_env(env)
+        return protocol.reply(
+            "quota", msg_id, **views.quota(env, node), over=views.over_quota(node, env)
+        )
+    if kind == "quota_delete":
+        return _delete_env(loop, body["env"], bool(body["force"]), msg_id)
+    if kind == "reclaim":
+        task = node.tasks.get(body["task_id"])
+        if task is None:
+            raise ProtocolError(Err.UNKNOWN_TASK, f"no running task {body['task_id']!r}")
+        loop.reclaim(task, "admin", reclaimed_by_operator(body["reason"]))
+        return protocol.reply("reclaimed", msg_id, task_id=task.task_id, env=task.env)
+    if kind == "idle_set":
+        env = node.set_idle(body["env"], body["idle_timeout"], body["idle_action"])
+        return protocol.reply("quotas", msg_id, quotas=[views.quota(env, node)])
+    if kind in ("pause", "resume"):
+        paused = kind == "pause"
+        task = node.pause(body["task_id"], paused)
+        return protocol.reply("paused", msg_id, task_id=task.task_id, env=task.env, paused=paused)
+    if kind == "mode":
+        indices = node.gpu_indices(body["gpu"])
+        if body["mode"] is not None:
+            node.set_mode(indices, body["mode"])
+        return protocol.reply("modes", msg_id, gpus=views.modes(node, indices))
+    if kind == "drain":
+        indices = node.gpu_indices(body["gpu"])
+        if body["drained"] is not None:
+            node.set_drained(indices, body["drained"])
+        return protocol.reply("drains", msg_id, gpus=views.drains(node, indices))
+    if kind == "history":
+        name = body["env"]
+        # A deleted environment's records stay: only a name never used is unknown.
+        if name is not None and name not in node.envs and not node.store.history(name, None, 1):
+            raise ProtocolError(
+                Err.UNKNOWN_ENV,
+                f"no environment {name!r} now, and no records of one; `nodemgr quota show` "
+                "lists the environments",
+            )
+        limit = body["limit"] or 1000
+        # A running task's peak so far is in its ledger, not yet in its record.
+        live = {t["task_id"]: t["peak"] for t in views.tasks(node, body["env"])}
+        records = []
+        for r in node.store.history(body["env"], body["since"], limit):
+            view = r.view()
+            if r.ended is None and r.task_id in live:
+                view["peak"] = max(r.peak, live[r.task_id])
+            records.append(view)
+        return protocol.reply("history", msg_id, records=records)
+    if kind == "queue":
+        only = node.env(body["env"]).name if body["env"] else None
+        waiting = [w for w in views.queue(node.queue) if only is None or w["env"] == only]
+        return protocol.reply("queue", msg_id, waiting=waiting)
+    if kind == "quota_show":
+        envs = [node.env(body["env"])] if body["env"] else list(node.envs.values())
+        quotas = [views.quota(e, node) for e in sorted(envs, key=lambda e: e.name)]
+        return protocol.reply("quotas", msg_id, quotas=quotas)
+    if kind == "tasks":
+        only = node.env(body["env"]).name if body["env"] else None
+        return protocol.reply("tasks", msg_id, tasks=views.tasks(node, only))
+    return protocol.reply("status", msg_id, **views.status(node))
+
+
+def _check_socket_path(node: Node, name: str) -> None:
+    """Refuse a new environment whose socket no client could connect to."""
+    where = node.config.env_socket(name)
+    problem = socket_path_problem(where, f"environment {name}'s socket", ENV_SOCKET_FIX)
+    if problem is not None:
+        raise ProtocolError(Err.BAD_REQUEST, problem)
+
+
+def _quota_asked(node: Node, body: dict[str, Any]) -> tuple[int, int]:
+    """The GPU count and per-GPU memory a ``quota_set`` asks for: a field left out keeps the
+    environment's (a new environment needs both)."""
+    env = node.envs.get(body["env"])
+    # .get: the fields are optional (validate() makes them None; the loop's own callers
+    # may leave them out).
+    gpus, memory = body.get("gpus"), body.get("memory")
+    gpus = env.gpus if gpus is None and env else gpus
+    memory = env.memory if memory is None and env else memory
+    if gpus is None or memory is None:
+        raise ProtocolError(
+            Err.BAD_REQUEST,
+            f"environment {body['env']!r} does not exist yet: give both its GPU count and "
+            "its memory per GPU (nodemgr quota set ENV --gpus N --memory SIZE)",
+        )
+    return gpus, memory
+
+
+def unservable(
+    gpus: int, memory: int, node_gpus: list[tuple[int, str, int, int, int]]
+) -> str | None:
+    """Why a quota of ``gpus`` GPUs of ``memory`` bytes each could never be served on GPUs
+    (index, name, memory, capacity: what may be promised of it, context: what a process is
+    charged there for its CUDA context); None when it can be: ``gpus`` of them can each
+    give ``memory`` with room for a context. A zero GPU count (tasks run on the CPU) is
+    always servable."""
+    fix = "; set it anyway with --force"
+    if gpus == 0:
+        return None
+    if gpus > len(node_gpus):
+        return (
+            f"a quota of {plural(gpus, 'GPU')} can never be granted in full: this node has "
+            f"{plural(len(node_gpus), 'GPU')}; give --gpus {len(node_gpus)} or fewer{fix}"
+        )
+    if memory == 0:
+        return (
+            "0 bytes per GPU grants GPUs on which nothing can be allocated; give --memory, "
+            f"or --gpus 0 to run its tasks on the CPU{fix}"
+        )
+    index, name, total, capacity, _ = max(node_gpus, key=lambda g: (g[3], -g[0]))
+    if memory > capacity:
+        kept = f", less the {format_size(total - capacity)} reserve" if total > capacity else ""
+        most = format_size(capacity)
+        if parse_size(most) > capacity:  # rounded up ("16.00GiB" for a little less)
+            most = f"{capacity >> 20}MiB"
+        return (
+            f"{format_size(memory)} per GPU is more than any GPU of this node can give: the "
+            f"largest, GPU {index} ({name}), has {format_size(capacity)} ({format_size(total)}"
+            f"{kept}); give --memory {most} or less{fix}"
+        )
+    context = min(g[4] for g in node_gpus)
+    if memory <= context:
+        return (
+            f"{format_size(memory)} per GPU leaves no room for a process's CUDA context, "
+            f"charged {format_size(context)} (gpus.context_memory); give more{fix}"
+        )
+    # GPUs of different models: each of the quota's GPUs must give it all.
+    serving = [str(g[0]) for g in node_gpus if g[4] < memory <= g[3]]
+    if len(serving) < gpus:
+        some = f"only GPU{'s' if len(serving) > 1 else ''} {','.join(serving)} of"
+        where = some if serving else "no GPU on"
+        return (
+            f"a quota of {plural(gpus, 'GPU')} with {format_size(memory)} each can never be "
+            f"granted in full: {where} this node can give {format_size(memory)} and a "
+            f"process's CUDA context besides; give --gpus {len(serving)} or fewer, or less "
+            f"--memory{fix}"
+        )
+    return None
+
+
+def _delete_env(loop: Loop, name: str, force: bool, msg_id: int) -> dict[str, Any]:
+    node = loop.node
+    env = node.env(name)
+    tasks = [t for t in node.tasks.values() if t.env == name]
+    held = sum(env.ledger.used(i) for i in range(len(node.gpus)))
+    if (tasks or held) and not force:
+        raise ProtocolError(
+            Err.BUSY,
+            f"environment {name!r} has {plural(len(tasks), 'running task')} and "
+            f"{format_size(held)} in use; wait for them, or delete with --force to end them",
+        )
+    for task in tasks:
+        loop.reclaim(
+            task,
+            "deleted",
+            f"GPUs reclaimed: an operator deleted the environment {name!r} (nodemgr quota "
+            "delete); ask them to create it again",
+            record="admin",
+        )
+    for w in [w for w in node.queue if w.env == name]:
+        node.queue.drop(w.wid)
+        loop.unwatch(("wait", w.wid))
+        loop.send_later(
+            w.reply_to,
+            protocol.error(Err.UNKNOWN_ENV, f"environment {name!r} was deleted", w.reply_to[2]),
+        )
+    # Its clients' connections stay for the grace, so that their heartbeats hear why.
+    loop.close_env_later(name)
+    node.delete_quota(name)
+    return protocol.reply("deleted", msg_id, env=name, tasks_ended=len(tasks))

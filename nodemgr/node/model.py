@@ -1,0 +1,64 @@
+"""What nodemgr keeps of each environment and each running task.
+
+nodemgr.node.node changes them; nodemgr.node.turns, nodemgr.policy.waitqueue and
+nodemgr.report.views read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nodemgr.host.ledger import Ledger, Regions, SlotTotals
+
+
+@dataclass
+class Env:
+    name: str
+    gpus: int  # GPU-count quota
+    memory: int  # per-GPU memory quota, bytes
+    ledger: Ledger
+    endpoint: str
+    held: dict[int, set[str]] = field(default_factory=dict)  # GPU index -> task ids
+    # GPUs whose last task ended while processes of the environment still held
+    # memory there (e.g. a backgrounded child that outlived the command). No
+    # new allocation is allowed (limit 0), but the memory stays charged until
+    # the ledger shows it returned.
+    draining: set[int] = field(default_factory=set)
+    usage: dict[str, SlotTotals] = field(default_factory=dict)  # last ledger summary
+    launches_done: int = 0  # kernel launches of its ended tasks, since nodemgr started
+    # Its ledger's task table was full at the last grant: said once, not per grant.
+    tasks_full: bool = False
+    # Why its processes may charge a ledger file other than the one at its path (run_dir
+    # removed or replaced): no task is granted until they end, then a new ledger replaces
+    # it (docs/operations.md, "Storage faults"). None: the ledger is in order.
+    orphaned: str | None = None
+    adopted: bool = False  # its ledger was the one an earlier nodemgr left
+    # Its own idle policy (`nodemgr idle`, docs/nodemgr.md "Idle tasks"); None: the node's.
+    idle_timeout: float | None = None
+    idle_action: str | None = None
+
+
+@dataclass
+class Task:
+    task_id: str
+    env: str
+    gpus: tuple[int, ...]
+    memory: int  # per-GPU memory granted
+    pid: int | None  # the client's pid as the kernel reports it, if known
+    pid_start: int | None  # its start time, so a reused pid is not mistaken for it
+    command: str | None
+    started: float  # wall clock
+    last_seen: float  # monotonic
+    restored: bool = False  # loaded at start-up; its client has not been heard since
+    # Its client runs the task's command as its children (request.wrapper: gpushare-run),
+    # and holds no GPU memory itself.
+    wrapper: bool = False
+    peak: int = 0
+    launches: int = 0  # the most kernel launches its live processes counted at once
+    # Time slicing (docs/timeslicing.md): its request's estimate (persistent, temporary),
+    # the guard after its persistent slices, its place in the order of arrival, and its
+    # memory by region as the last sweep read it (tasks on time-sliced GPUs only).
+    estimate: tuple[int, int] | None = None
+    guard: int = 0
+    arrival: int = 0
+    regions: Regions | None = None

@@ -1,0 +1,640 @@
+"""What nodemgr knows: environments, their quotas and ledgers, running tasks.
+
+Decisions about GPUs come from nodemgr.policy.scheduler; this module applies them,
+keeps each environment's ledger limits and task entries in step with what it
+holds, and writes quotas and records through nodemgr.node.store before a reply
+leaves. A Node holds the wait queue (nodemgr.policy.waitqueue) and the time slicing
+(nodemgr.node.turns); nodemgr.report.views reads it for replies. Restoring it at start, and
+replacing ledgers lost while it runs, is nodemgr.node.recovery's.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import math
+import os
+import secrets
+import time
+from collections.abc import Sequence
+
+from gpushare.protocol import Err, ProtocolError
+from gpushare.sizes import format_size
+from nodemgr.config import Config, check_gpus
+from nodemgr.host import envdirs
+from nodemgr.host.audit import AuditState
+from nodemgr.host.gpus import Gpu, resolve
+from nodemgr.host.ledger import MAX_TASKS, Ledger, LedgerError, SlotTotals
+from nodemgr.host.utilization import Utilization
+from nodemgr.node.model import Env, Task
+from nodemgr.node.store import Record, Store
+from nodemgr.node.turns import Slicing
+from nodemgr.policy import idle, scheduler, timeslice
+from nodemgr.policy.waitqueue import Waiter, WaitQueue, competes
+
+log = logging.getLogger("nodemgr")
+
+# Why a task ended, as records and metrics name it (docs/operations.md).
+REASONS = ("done", "killed", "exited", "timeout", "admin", "idle", "undelivered")
+
+
+class Node:
+    def __init__(
+        self,
+        config: Config,
+        gpus: list[Gpu],
+        simulated: bool,
+        store: Store,
+        contexts: dict[int, tuple[int, str]],
+    ) -> None:
+        # Each GPU's context charge and where it comes from (nodemgr.host.ctxprobe.charges).
+        self.contexts = contexts
+        self.context_memory = {i: nbytes for i, (nbytes, _) in contexts.items()}
+        check_gpus(config, {g.index: g.memory for g in gpus}, self.context_memory)
+        self.config = config
+        self.gpus = gpus
+        self.simulated = simulated
+        self.store = store
+        self.envs: dict[str, Env] = {}
+        self.tasks: dict[str, Task] = {}
+        # Running tasks by environment and by (environment, client pid as granted), each
+        # capped ([limits]; check_task_room): every task holds a pidfd of its client.
+        self.tasks_of_env: collections.Counter[str] = collections.Counter()
+        self.tasks_of_client: collections.Counter[tuple[str, int]] = collections.Counter()
+        self._counted: dict[str, tuple[str, int | None]] = {}
+        # The cap per environment: limits.tasks_per_env, lowered by the server to what the
+        # descriptor limit allows (connections.task_cap).
+        self.max_tasks_per_env = config.tasks_per_env
+        # No task has been silent since before this (monotonic): a lower bound of every
+        # task's last_seen, kept as tasks are added (a heartbeat only raises one), so that
+        # expired() scans the tasks only once the earliest of them may be past the timeout.
+        self._seen_floor = math.inf
+        self.lost: set[int] = set()  # GPUs NVML reported lost; never granted again
+        self.audit = AuditState()  # the bypass audit's findings (nodemgr.host.audit)
+        self.utilization = Utilization()  # NVML's last sample (nodemgr.host.utilization)
+        # GPUs an admin drained (kept in the database): no new grants, tasks run on.
+        drained = store.drained_gpus()
+        self.drained: set[int] = {g.index for g in gpus if g.uuid in drained}
+        self.started = time.time()
+        self.queue = WaitQueue(config, self.started)
+        # Set when something that could serve a waiter has changed.
+        self.queue_dirty = False
+        # Time slicing (docs/timeslicing.md): modes, turns, gates, held yields.
+        self.slicing = Slicing(config, gpus, store, self.envs, self.tasks)
+        # How long each task has launched no kernel (nodemgr.policy.idle).
+        self.idle = idle.Tracker()
+
+    def add_entry(self, env: Env, task_id: str) -> None:
+        """Give a task its entry in its environment's ledger (what pauses and gates it)."""
+        try:
+            env.ledger.task_add(task_id)
+        except LedgerError as e:
+            # The task runs all the same; only pausing it is impossible.
+            if env.tasks_full:
+                log.debug("env %s: %s", env.name, e)
+            else:
+                log.warning("env %s: %s (said once until an entry is free)", env.name, e)
+            env.tasks_full = True
+
+    # --- quotas --------------------------------------------------------------------
+
+    def open_env(self, name: str, gpus: int, memory: int, adopt: bool) -> Env:
+        """Make an environment's directory and ledger (``adopt``: keep the ledger there,
+        if it is valid, with what running processes charge to it) and hold it."""
+        env_dir = self.config.env_dir(name)
+        access = self.config.access_for(name)
+        uuids = [g.uuid_bytes for g in self.gpus]
+        sizes = [g.memory for g in self.gpus]
+        path = env_dir / "ledger"
+        # Everything inside the directory goes through a descriptor of it: its owner
+        # may write there, and nodemgr, as root, must follow nothing it left.
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = -1
+        ledger = None
+        if adopt:
+            with contextlib.suppress(OSError):
+                fd = os.open(env_dir, flags)
+            ledger = Ledger.reopen(path, uuids, dir_fd=fd, memory=sizes) if fd >= 0 else None
+        adopted = ledger is not None
+        try:
+            if ledger is None:
+                if fd >= 0:
+                    os.close(fd)
+                fd = envdirs.open_empty(env_dir)
+                owner = (access.uid, access.gid)
+                ledger = Ledger.create(path, uuids, access.mode, owner, dir_fd=fd, memory=sizes)
+            ledger.chown(access.uid, access.gid, access.mode)
+            # The directory's owner is the environment's user; nodemgr, root or
+            # the same user, keeps its way in either way.
+            os.fchown(fd, access.uid, access.gid)
+            os.fchmod(fd, access.dir_mode)
+        finally:
+            os.close(fd)
+        for index in range(len(self.gpus)):
+            ledger.set_ctx_charge(index, self.context_memory[index])
+        env = Env(name, gpus, memory, ledger, f"ipc://{self.config.env_socket(name)}")
+        env.adopted = adopted
+        self.envs[name] = env
+        return env
+
+    def set_quota(self, name: str, gpus: int, memory: int) -> Env:
+        """Create or change an environment's quota. A change applies at once to the GPUs
+        it holds, where it fits: a raise that would promise a GPU more than its capacity is
+        refused (ProtocolError, nothing changed); a lowered one stops new allocations there
+        while the environment holds more, and it is charged what it holds until it frees it
+        (charged()), so no GPU is ever promised beyond its capacity."""
+        env = self.envs.get(name)
+        if env is not None and memory > env.memory:
+            self._check_raise(env, memory)
+        self.store.put_env(name, gpus, memory, time.time())
+        if env is None:
+            env = self.open_env(name, gpus, memory, adopt=False)
+        env.gpus = gpus
+        env.memory = memory
+        for index in env.held:
+            env.ledger.set_limit(index, memory)
+        self.queue_dirty = True
+        log.info("quota %s: %d GPUs x %d bytes", name, gpus, memory)
+        return env
+
+    def set_idle(self, name: str, timeout: float | None, action: str | None) -> Env:
+        """Give an environment its own idle policy (None: the node's), kept across
+        restarts; it applies to its running tasks at the next sweep."""
+        env = self.env(name)
+        self.store.put_env_idle(name, timeout, action)
+        env.idle_timeout, env.idle_action = timeout, action
+        log.info("idle policy %s: timeout %s, action %s", name, timeout, action)
+        return env
+
+    def idle_policy(self, env: Env) -> idle.Policy:
+        """The idle policy of an environment's tasks: its own, else the node's."""
+        c = self.config
+        timeout = c.idle_timeout if env.idle_timeout is None else env.idle_timeout
+        action = c.idle_action if env.idle_action is None else env.idle_action
+        return idle.Policy(timeout, c.idle_warn_before, action)
+
+    def over_quota(self, env: Env) -> dict[int, int]:
+        """The GPUs where ``env`` holds more than its memory quota, and what it holds."""
+        held = {i: env.ledger.used(i) for i in sorted(env.held)}
+        return {i: used for i, used in held.items() if used > env.memory}
+
+    def _check_raise(self, env: Env, memory: int) -> None:
+        old = env.memory
+        env.memory = memory
+        try:
+            over = [
+                (i, self.charged(i), self.capacity(i))
+                for i in sorted(env.held)
+                if self.charged(i) > self.capacity(i)
+            ]
+        finally:
+            env.memory = old
+        if over:
+            where = "; ".join(
+                f"GPU {i} would be promised {format_size(promised)} of its {format_size(cap)}"
+                for i, promised, cap in over
+            )
+            raise ProtocolError(
+                Err.NO_RESOURCES,
+                f"environment {env.name} cannot have {format_size(memory)} per GPU while it runs: "
+                f"{where}. Raise it by less, or once its tasks there have ended",
+            )
+
+    def capacity(self, index: int) -> int:
+        """What GPU ``index`` may be promised: its memory less the configured reserve."""
+        return max(0, self.gpus[index].memory - self.config.memory_reserve)
+
+    def delete_quota(self, name: str) -> Env:
+        """Forget an environment; the caller has ended its tasks and waiters."""
+        env = self.env(name)
+        self.store.delete_env(name)
+        del self.envs[name]
+        self.audit.forget_env(name)
+        env.ledger.close()
+        envdirs.remove(self.config.env_dir(name))
+        self.queue_dirty = True
+        log.info("quota %s deleted", name)
+        return env
+
+    def env(self, name: str) -> Env:
+        env = self.envs.get(name)
+        if env is None:
+            raise ProtocolError(
+                Err.UNKNOWN_ENV,
+                f"no environment {name!r}; create it with: nodemgr quota set {name} "
+                "--gpus N --memory SIZE",
+            )
+        return env
+
+    # --- grants ------------------------------------------------------------------------
+
+    def charged(self, index: int) -> int:
+        """Memory promised on a GPU: each holding environment's per-GPU quota, or what it
+        holds there when that is more (its quota was lowered below it); on a time-sliced
+        GPU, the regions' charge instead, and never less than what is held there; and what
+        draining environments still hold there. What an environment holds is what its
+        ledger says within what nodemgr let it hold (Ledger.held): a ledger written to say
+        more costs the other environments nothing."""
+        if self.slicing.timesliced(index):
+            draining = sum(
+                e.ledger.held(index)
+                for e in self.envs.values()
+                if index in e.draining and index not in e.held
+            )
+            held = sum(e.ledger.held(index) for e in self.envs.values() if index in e.held)
+            return max(self.slicing.region_charge(index).total, held) + draining
+        return sum(
+            max(e.memory, e.ledger.held(index)) if index in e.held else e.ledger.held(index)
+            for e in self.envs.values()
+            if index in e.held or index in e.draining
+        )
+
+    # --- GPU modes (time slicing itself: nodemgr.node.turns) -------------------------
+
+    def gpu_indices(self, name: int | str | None) -> list[int]:
+        """The GPUs an admin request names: one (gpu_index), or every GPU for None."""
+        return list(range(len(self.gpus))) if name is None else [self.gpu_index(name)]
+
+    def gpu_index(self, name: int | str) -> int:
+        """The GPU an admin names by index or UUID (or a prefix of one), or ProtocolError."""
+        if isinstance(name, int):
+            if name >= len(self.gpus):
+                raise ProtocolError(
+                    Err.BAD_REQUEST,
+                    f"no GPU {name} on this node (`nodemgr status` lists its GPUs)",
+                )
+            return name
+        try:
+            [index] = resolve([name], self.gpus)
+        except ValueError:
+            raise ProtocolError(
+                Err.BAD_REQUEST,
+                f"{name!r} names no single GPU of this node (`nodemgr status` lists them)",
+            ) from None
+        return index
+
+    def set_drained(self, indices: Sequence[int], drained: bool) -> None:
+        """Drain these GPUs (no new grants; their tasks run on) or take them back: kept in
+        the database, applied at once; what waits is tried again."""
+        now = time.time()
+        for index in indices:
+            self.store.put_drained(self.gpus[index].uuid, drained, now)
+            if drained and index not in self.drained:
+                log.info("GPU %d is drained: no new tasks are granted on it", index)
+            elif not drained and index in self.drained:
+                log.info("GPU %d is no longer drained", index)
+            (self.drained.add if drained else self.drained.discard)(index)
+        self.queue_dirty = True
+
+    def set_mode(self, indices: Sequence[int], mode: str) -> None:
+        """An admin's mode for these GPUs: kept in the database, applied at once."""
+        self.slicing.set_mode(indices, mode)
+        self.queue_dirty = True
+
+    def read_regions(self) -> None:
+        """Read the regions of tasks on time-sliced GPUs (Slicing.read_regions); a GPU whose
+        charge dropped may now admit a waiting request."""
+        if self.slicing.read_regions():
+            self.queue_dirty = True
+
+    def settle_draining(self) -> None:
+        for env in self.envs.values():
+            for index in [i for i in env.draining if env.ledger.used(i) == 0]:
+                env.draining.discard(index)
+                self.queue_dirty = True
+                log.info("env %s released the last of its memory on GPU %d", env.name, index)
+
+    # --- the scheduler's view of the GPUs, and grants -----------------------------
+
+    def tasks_on(self, index: int) -> int:
+        return sum(len(e.held.get(index, ())) for e in self.envs.values())
+
+    def views(self, new: timeslice.Member | None = None) -> list[scheduler.GpuView]:
+        """Every GPU as the scheduler sees it; with ``new`` (a request, its task id
+        empty), each time-sliced GPU also says what that request would add to its charge."""
+        out = []
+        quotas = self.slicing.quotas()
+        for g in self.gpus:
+            capacity = self.capacity(g.index)
+            extra = None
+            if new is not None and self.slicing.timesliced(g.index):
+                extra = timeslice.extra(self.slicing.members(g.index), quotas, new)
+            out.append(
+                scheduler.GpuView(
+                    g.index,
+                    self.tasks_on(g.index),
+                    capacity,
+                    capacity - self.charged(g.index),
+                    g.index not in self.lost,
+                    extra,
+                    drained=g.index in self.drained,
+                )
+            )
+        return out
+
+    def restriction(self, devices: list[str] | None) -> frozenset[int] | None:
+        """The GPUs a request's ``devices`` allow (None: any), or ProtocolError."""
+        if devices is None:
+            return None
+        try:
+            return resolve(devices, self.gpus)
+        except ValueError as e:
+            raise ProtocolError(Err.BAD_REQUEST, str(e)) from None
+
+    def decide(
+        self,
+        env: Env,
+        need: int,
+        memory: int | None,
+        allowed: frozenset[int] | None = None,
+        estimate: tuple[int, int] | None = None,
+        guard: int | None = None,
+    ) -> scheduler.Choice | scheduler.Refusal:
+        ask = scheduler.Ask(
+            need,
+            env.gpus,
+            env.memory,
+            {i: len(t) for i, t in env.held.items()},
+            memory,
+            allowed,
+            estimate,
+        )
+        new = timeslice.Member("", env.name, self._guard(guard), estimate)
+        return scheduler.select(ask, self.views(new), self.config.task_threshold)
+
+    def _guard(self, guard: int | None) -> int:
+        return self.config.guard if guard is None else guard
+
+    def grant(
+        self,
+        env_name: str,
+        need: int,
+        memory: int | None,
+        pid: int | None,
+        command: str | None,
+        pid_start: int | None = None,
+        overtakes: Sequence[Waiter] = (),
+        allowed: frozenset[int] | None = None,
+        estimate: tuple[int, int] | None = None,
+        guard: int | None = None,
+        wrapper: bool = False,
+    ) -> Task:
+        """Grant a task, or raise ProtocolError (retryable when the code is no_resources).
+
+        ``overtakes``: the waiting requests this grant would pass. Those it
+        competes with (``competes``: all, unless restricted to some GPUs) count
+        one more overtaking each if it is made, and it is not made if one of
+        them has been overtaken too often already. ``allowed``: the only GPUs
+        it may get (None: any). ``estimate`` and ``guard``: the task's shape and guard
+        on time-sliced GPUs (docs/timeslicing.md). ``wrapper``: its client runs its
+        command as its children (request.wrapper).
+        """
+        started = time.perf_counter()
+        env = self.env(env_name)
+        if env.orphaned is not None:
+            raise ProtocolError(
+                Err.NO_RESOURCES,
+                f"environment {env.name}: {env.orphaned}; no task is granted until they end",
+            )
+        self.check_task_room(env.name, pid)
+        decision = self.decide(env, need, memory, allowed, estimate, guard)
+        if isinstance(decision, scheduler.Refusal):
+            raise ProtocolError(decision.code, decision.message)
+        passed = [w for w in overtakes if competes(w, env.name, decision.gpus)]
+        if any(w.bypassed >= self.config.queue_max_bypass for w in passed):
+            raise ProtocolError(
+                Err.NO_RESOURCES,
+                f"{len(overtakes)} earlier requests are waiting and one of them "
+                "may not be overtaken again",
+            )
+        task = Task(
+            task_id=secrets.token_hex(8),
+            env=env.name,
+            gpus=decision.gpus,
+            memory=env.memory,
+            pid=pid,
+            pid_start=pid_start,
+            command=command,
+            started=time.time(),
+            last_seen=time.monotonic(),
+            estimate=estimate,
+            guard=self._guard(guard),
+            arrival=self.slicing.arrive(),
+            wrapper=wrapper,
+        )
+        self.store.task_started(
+            Record(
+                task.task_id,
+                env.name,
+                task.gpus,
+                task.memory,
+                pid,
+                pid_start,
+                command,
+                task.started,
+                None,
+                None,
+                0,
+                None,
+            ),
+            task.estimate,
+            task.guard,
+            wrapper,
+        )
+        # Before the grant leaves: the command's processes look their task up
+        # when they claim their ledger slots.
+        self.add_entry(env, task.task_id)
+        for index in decision.gpus:
+            env.held.setdefault(index, set()).add(task.task_id)
+            env.draining.discard(index)
+        for index in decision.new:
+            env.ledger.set_limit(index, env.memory)
+        self.add_task(task)
+        # Before the grant leaves: on a gated GPU its first allocation must wait its turn.
+        self.slicing.retime(started)
+        for w in passed:
+            w.bypassed += 1
+        log.info("grant %s env=%s gpus=%s pid=%s", task.task_id, env.name, task.gpus, pid)
+        return task
+
+    def task(self, env_name: str, task_id: str) -> Task:
+        """The task ``task_id`` of ``env_name``; another environment's task is unknown here."""
+        task = self.tasks.get(task_id)
+        if task is None or task.env != env_name:
+            raise ProtocolError(
+                Err.UNKNOWN_TASK, f"no running task {task_id!r} in this environment"
+            )
+        return task
+
+    def release(self, task_id: str, reason: str, exit_code: int | None = None) -> Task | None:
+        """Give back what a task holds and record why; None if it was already gone."""
+        started = time.perf_counter()
+        task = self.tasks.pop(task_id, None)
+        if task is None:
+            return None
+        self._uncount(task_id)
+        self.audit.notices.pop(task_id, None)
+        env = self.envs[task.env]
+        # Read while the task's entry is there: it holds the task's exact peak.
+        totals = env.ledger.task_usage(task_id)
+        # Freeing the entry also lets go of any launch a pause still holds.
+        if env.ledger.task_remove(task_id):
+            env.tasks_full = False
+        task.peak = max(task.peak, totals.peak)
+        task.launches = max(task.launches, totals.launches)
+        env.launches_done += task.launches
+        for index in task.gpus:
+            holders = env.held.get(index)
+            if holders is None:
+                continue
+            holders.discard(task_id)
+            if not holders:
+                del env.held[index]
+                env.ledger.set_limit(index, 0)
+                env.draining.add(index)
+        # Its turns go on at once (a holder that has gone hands on).
+        self.slicing.forget(task_id)
+        self.slicing.retime(started)
+        self.store.task_ended(task_id, time.time(), reason, task.peak, exit_code)
+        self.queue_dirty = True
+        log.info("release %s env=%s reason=%s", task_id, task.env, reason)
+        return task
+
+    def pause(self, task_id: str, paused: bool) -> Task:
+        """Hold (or let go) a running task's kernel launches through its ledger entry.
+
+        The pause word lives only in the ledger, which survives a nodemgr
+        restart: views read it from there, so they never disagree with it.
+        """
+        task = self.tasks.get(task_id)
+        if task is None:
+            raise ProtocolError(Err.UNKNOWN_TASK, f"no running task {task_id!r}")
+        try:
+            self.envs[task.env].ledger.task_pause(task_id, paused)
+        except LedgerError:
+            raise ProtocolError(
+                Err.NOT_PAUSABLE,
+                f"task {task_id} has no entry in its environment's ledger (all "
+                f"{MAX_TASKS} were in use when it started), so its launches cannot be held",
+            ) from None
+        log.info("%s %s env=%s", "pause" if paused else "resume", task_id, task.env)
+        # A paused holder gives its turns to a task that can use them; resumed, it waits.
+        self.slicing.retime(time.perf_counter())
+        return task
+
+    def check_task_room(self, env: str, pid: int | None) -> None:
+        """Refuse (``busy``) a task beyond limits.tasks_per_env or limits.tasks_per_client."""
+        cap = self.max_tasks_per_env
+        if self.tasks_of_env[env] >= cap:
+            raise ProtocolError(
+                Err.BUSY,
+                f"environment {env} already has {self.tasks_of_env[env]} running tasks, the "
+                f"most one environment may hold (limits.tasks_per_env, {cap}); end some of "
+                "them first",
+            )
+        cap = self.config.tasks_per_client
+        if pid is not None and self.tasks_of_client[env, pid] >= cap:
+            raise ProtocolError(
+                Err.BUSY,
+                f"process {pid} already holds {self.tasks_of_client[env, pid]} running tasks "
+                f"in environment {env}, the most one process may hold "
+                f"(limits.tasks_per_client, {cap}); end some of them first",
+            )
+
+    def add_task(self, task: Task) -> None:
+        """Hold a running task (a new grant, or one restored)."""
+        self.tasks[task.task_id] = task
+        self._counted[task.task_id] = (task.env, task.pid)
+        self.tasks_of_env[task.env] += 1
+        if task.pid is not None:
+            self.tasks_of_client[task.env, task.pid] += 1
+        self._seen_floor = min(self._seen_floor, task.last_seen)
+
+    def _uncount(self, task_id: str) -> None:
+        env, pid = self._counted.pop(task_id)
+        self.tasks_of_env[env] -= 1
+        if not self.tasks_of_env[env]:
+            del self.tasks_of_env[env]
+        if pid is not None:
+            self.tasks_of_client[env, pid] -= 1
+            if not self.tasks_of_client[env, pid]:
+                del self.tasks_of_client[env, pid]
+
+    def expired(self, now: float) -> list[Task]:
+        """The tasks silent for more than heartbeat_timeout at ``now`` (monotonic). Called
+        every turn of the loop: it looks at every task only when the one silent longest
+        may be past the timeout, not at every call."""
+        limit = self.config.heartbeat_timeout
+        if now - self._seen_floor <= limit:
+            return []
+        out = [t for t in self.tasks.values() if now - t.last_seen > limit]
+        # Those returned count too: until they are released they are returned again.
+        self._seen_floor = min((t.last_seen for t in self.tasks.values()), default=math.inf)
+        return out
+
+    def sample_env(self, env: Env) -> None:
+        """Read one environment's ledger: what its tasks use now and the most they have
+        used (the sweep reads each environment's on its own, so that one failing stops no
+        other's)."""
+        env.usage = env.ledger.summary()
+        self.note_usage(env.usage)
+
+    def note_usage(self, usage: dict[str, SlotTotals]) -> None:
+        """Fold slot totals (live, or of processes just reaped) into their tasks' peaks."""
+        for task_id, totals in usage.items():
+            task = self.tasks.get(task_id)
+            if task is not None:
+                task.peak = max(task.peak, totals.peak)
+                task.launches = max(task.launches, totals.launches)
+
+    # --- wait queue --------------------------------------------------------------------
+
+    def serve_queue(self) -> tuple[list[tuple[Waiter, Task]], list[tuple[Waiter, ProtocolError]]]:
+        """Grant waiting requests in order as far as the policy allows.
+
+        A request that cannot be served yet is passed over, unless it has been
+        overtaken ``queue_max_bypass`` times: then nothing behind it that
+        competes with it is served until it is (for a request that may get any
+        GPU, nothing behind it at all). Returns the grants made and the
+        requests that can never be served (their quota changed, say).
+        """
+        granted: list[tuple[Waiter, Task]] = []
+        failed: list[tuple[Waiter, ProtocolError]] = []
+        self.queue_dirty = False
+        i = 0
+        while i < len(self.queue.waiters):
+            w = self.queue.waiters[i]
+            try:
+                # Those ahead of it were passed over without reaching the limit.
+                task = self.grant(
+                    w.env,
+                    w.need,
+                    w.memory,
+                    w.pid,
+                    w.command,
+                    w.pid_start,
+                    self.queue.waiters[:i],
+                    w.allowed,
+                    w.estimate,
+                    w.guard,
+                    w.wrapper,
+                )
+            except ProtocolError as e:
+                if e.code != Err.NO_RESOURCES:
+                    self.queue.waiters.pop(i)
+                    failed.append((w, e))
+                    continue
+                w.reason = e.message
+                if w.bypassed >= self.config.queue_max_bypass and w.allowed is None:
+                    break
+                i += 1
+                continue
+            self.queue.waiters.pop(i)
+            granted.append((w, task))
+        return granted, failed
+
+    def close(self) -> None:
+        for env in self.envs.values():
+            env.ledger.close()
+        self.store.close()

@@ -1,0 +1,3 @@
+"""What nodemgr tells: the admin views (status, tasks, quotas, grants), the one
+environment's view a user may see, and the Prometheus metrics.
+"""
