@@ -52,9 +52,8 @@ from gpushare.exitcodes import (
     EXIT_UNREACHABLE,
     EXIT_USAGE,
 )
-from gpushare.params import CountType, SecondsType
+from gpushare.params import CountType, SecondsType, SizeType
 from gpushare.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
-from gpushare.sizes import parse_size
 
 _PR_SET_PDEATHSIG = 1
 # Passed on to the command. Held blocked while the command runs and taken with
@@ -399,8 +398,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def size_option(name: str, help_text: str) -> Callable[[F], F]:
-    """An option taking a size such as 8GiB (parsed with the other settings)."""
-    return click.option(name, default=None, metavar="SIZE", help=help_text)
+    """An option taking a size such as 8GiB, read by the ParamType nodemgr's commands use."""
+    return click.option(name, type=SizeType(), default=None, help=help_text)
 
 
 EPILOG = f"""\b
@@ -493,10 +492,10 @@ A CUDA_VISIBLE_DEVICES already set restricts the GPUs nodemgr may grant.
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def main(
     gpus: int | None,
-    memory: str | None,
-    persistent: str | None,
-    temporary: str | None,
-    guard: str | None,
+    memory: int | None,
+    persistent: int | None,
+    temporary: int | None,
+    guard: int | None,
     wait: bool | None,
     wait_timeout: float | None,
     cpu_fallback: bool | None,
@@ -519,20 +518,7 @@ def main(
     except cfg.SettingsError as e:
         _say(str(e))
         sys.exit(EXIT_USAGE)
-    sizes: dict[str, int] = {}
-    for option, value in (
-        ("memory", memory),
-        ("persistent", persistent),
-        ("temporary", temporary),
-        ("guard", guard),
-    ):
-        if value is not None:
-            try:
-                sizes[option] = parse_size(value)
-            except ValueError as e:
-                _say(f"--{option}: {e}")
-                sys.exit(EXIT_USAGE)
-    s = s.but(**sizes)
+    s = s.but(memory=memory, persistent=persistent, temporary=temporary, guard=guard)
     try:
         if endpoint is not None:
             endpoint = cfg.parse_endpoint("--endpoint", endpoint)

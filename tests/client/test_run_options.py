@@ -261,7 +261,7 @@ def test_cpu_fallback_for_cuda_visible_devices_minus_one(node: Any) -> None:
         (["--wait-timeout", "inf"], {}, "is not a number of seconds"),
         (["--grace", "nan"], {}, "'nan' is not a number of seconds from 0 to 3600"),
         (["--gpus", "\uff12"], {}, "is not a whole number from 1"),
-        (["--memory", "1" + "0" * 400 + ".5"], {}, "--memory: size out of range"),
+        (["--memory", "1" + "0" * 400 + ".5"], {}, "'--memory': size out of range"),
         ([], {"GPUSHARE_WAIT_TIMEOUT": "1e400"}, "GPUSHARE_WAIT_TIMEOUT='1e400'"),
         ([], {"GPUSHARE_WAIT_TIMEOUT": "inf"}, "GPUSHARE_WAIT_TIMEOUT='inf'"),
         ([], {"GPUSHARE_WAIT_TIMEOUT": "Infinity"}, "GPUSHARE_WAIT_TIMEOUT='Infinity'"),
