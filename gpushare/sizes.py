@@ -99,3 +99,9 @@ def format_clock(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def format_duration(seconds: float) -> str:
+    """A short duration: 45s, 12m (a timeout is often whole minutes), 12m07s, 2h05m."""
+    text = format_clock(max(0.0, seconds))
+    return text.removesuffix("00s") if text.endswith("m00s") else text

@@ -17,9 +17,9 @@ from gpushare.client import Connection, NodeError, Unreachable
 from gpushare.exitcodes import EXIT_ADMIN_REFUSED, EXIT_CONFIG, EXIT_UNREACHABLE
 from gpushare.params import ALL_GPUS
 from gpushare.protocol import MAX_ADMIN_REPLY_BYTES, is_view
+from gpushare.sizes import format_duration as duration
 from gpushare.sizes import format_size
 from nodemgr import config as configmod
-from nodemgr.policy.idle import duration
 
 F = TypeVar("F", bound=Callable[..., Any])
 

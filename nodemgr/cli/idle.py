@@ -5,9 +5,10 @@ from __future__ import annotations
 import click
 
 from gpushare.params import EnvNameType, SecondsType
+from gpushare.protocol import IDLE_ACTIONS as ACTIONS
 from gpushare.protocol import MAX_IDLE
+from gpushare.sizes import format_duration as duration
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json
-from nodemgr.policy.idle import ACTIONS, duration
 
 
 @click.command()

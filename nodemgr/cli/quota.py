@@ -8,9 +8,9 @@ import click
 
 from gpushare.params import CountType, EnvNameType, SizeType
 from gpushare.protocol import MAX_GPUS_PER_REQUEST
+from gpushare.sizes import format_duration as duration
 from gpushare.sizes import format_size, plural
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
-from nodemgr.policy.idle import duration
 
 
 @click.group()

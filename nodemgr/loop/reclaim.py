@@ -16,6 +16,7 @@ import signal
 import time
 from typing import Protocol
 
+from gpushare.sizes import format_duration
 from nodemgr.config import Config
 from nodemgr.host import procfs
 from nodemgr.loop.connections import Connections, Watched
@@ -228,7 +229,7 @@ class Reclaims:
             seen.append(idle.Seen(t.task_id, t.started, last, blocked, policies[t.env]))
         for d in node.idle.sweep(wall, seen):
             task = node.tasks[d.task_id]
-            spent = idle.duration(d.idle)
+            spent = format_duration(d.idle)
             policy = policies[task.env]
             if d.action == "warn":
                 log.info(

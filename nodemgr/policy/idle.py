@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpushare.protocol import IDLE_ACTIONS
-from gpushare.sizes import format_clock
+from gpushare.sizes import format_duration
 
 ACTIONS = IDLE_ACTIONS
 RECLAIM, REPORT = ACTIONS
@@ -57,12 +57,6 @@ class Decision:
     task_id: str
     action: str  # "warn", "reclaim" or "report"
     idle: float  # seconds idle
-
-
-def duration(seconds: float) -> str:
-    """A short duration: 45s, 12m (a timeout is often whole minutes), 12m07s, 2h05m."""
-    text = format_clock(max(0.0, seconds))
-    return text.removesuffix("00s") if text.endswith("m00s") else text
 
 
 class Tracker:
@@ -120,16 +114,16 @@ def warning(idle: float, policy: Policy, task_id: str) -> str:
     second short) and time left is never said as 0s."""
     left = math.ceil(max(0.0, policy.timeout - idle))
     return (
-        f"task {task_id} has launched no kernel for {duration(idle)}: its GPUs are reclaimed "
-        f"in {duration(left)} unless a kernel runs (the idle timeout of its environment is "
-        f"{duration(policy.timeout)})"
+        f"task {task_id} has launched no kernel for {format_duration(idle)}: its GPUs are "
+        f"reclaimed in {format_duration(left)} unless a kernel runs (the idle timeout of its "
+        f"environment is {format_duration(policy.timeout)})"
     )
 
 
 def reclaimed(idle: float, policy: Policy) -> str:
     """Why an idle task was reclaimed, and what to do: its client prints it."""
     return (
-        f"GPUs reclaimed: no kernel launched for {duration(idle)} (the environment's idle "
-        f"timeout is {duration(policy.timeout)}); run the command again to get GPUs, and end "
-        "idle sessions when done"
+        f"GPUs reclaimed: no kernel launched for {format_duration(idle)} (the environment's "
+        f"idle timeout is {format_duration(policy.timeout)}); run the command again to get "
+        "GPUs, and end idle sessions when done"
     )

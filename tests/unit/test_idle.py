@@ -7,13 +7,14 @@ import re
 
 import pytest
 
-from nodemgr.policy.idle import RECLAIM, Policy, duration, warning
+from gpushare.sizes import format_duration as duration
+from nodemgr.policy.idle import RECLAIM, Policy, warning
 
 _CLOCK = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 
 
 def seconds(text: str) -> int:
-    """A duration as nodemgr.policy.idle.duration writes it, back in seconds."""
+    """A duration as gpushare.sizes.format_duration writes it, back in seconds."""
     m = _CLOCK.fullmatch(text)
     assert m is not None and text, text
     h, mi, s = (int(g or 0) for g in m.groups())
