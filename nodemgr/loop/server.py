@@ -55,6 +55,7 @@ from nodemgr.loop.connections import (
     task_cap,
 )
 from nodemgr.loop.reclaim import Reclaims
+from nodemgr.loop.sdnotify import Notifier
 from nodemgr.loop.transport import Conn
 from nodemgr.node import recovery
 from nodemgr.node.model import Env, Task
@@ -107,6 +108,8 @@ class Server:
         """``forget_unknown``: `nodemgr serve --forget-unknown-envs` (recovery.restore)."""
         self.config = config
         self.forget_unknown = forget_unknown
+        # First: it takes NOTIFY_SOCKET out of the environment before any child starts.
+        self.systemd = Notifier()
         gpus, simulated = discover(config)
         self._lock_fds: list[int] = []
         try:
@@ -210,6 +213,8 @@ class Server:
             self.node.max_tasks_per_env,
             self.nofile,
         )
+        # Every socket is bound and every environment restored: clients may come.
+        self.systemd.notify("READY=1", f"STATUS=serving {len(self.node.gpus)} {kind} GPUs")
 
     def _open(self, run: Path) -> None:
         """Serve the admin sockets, restore quotas and tasks, serve each environment's
@@ -787,6 +792,7 @@ class Server:
     # --- shutdown ----------------------------------------------------------------
 
     def close(self) -> None:
+        self.systemd.notify("STOPPING=1")
         if self.metrics is not None:
             self.metrics.stop()
         for what in list(self.fds.values()):

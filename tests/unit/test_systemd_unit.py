@@ -122,3 +122,11 @@ def test_the_unit_lets_nodemgr_write_where_it_must() -> None:
     shipped = config.load(ROOT / "configs" / "nodemgr.toml")
     for path in (shipped.run_dir, shipped.state_dir, gpulock.NVML_LOCK_DIRS[0]):
         assert any(path == w or w in path.parents for w in writable), path
+
+
+def test_the_unit_waits_for_nodemgr_to_say_ready() -> None:
+    """Type=notify: systemd counts nodemgr started once it says READY=1 (after binding its
+    sockets, tests/daemon/test_sdnotify.py), and only nodemgr itself may say it."""
+    unit = unit_settings(UNIT.read_text())
+    assert unit["Service.Type"] == ["notify"]
+    assert unit["Service.NotifyAccess"] == ["main"]
