@@ -234,3 +234,14 @@ def test_architecture_module_map_is_current() -> None:
         if p.name != "__main__.py"
     }
     assert named == on_disk
+
+
+def test_the_startup_hook_knows_the_same_false_words() -> None:
+    """gpushare-autoload.pth cannot import gpushare.envvars before deciding whether to load
+    anything, so it spells the words out; they are FALSE_WORDS, and the empty string."""
+    hook = (ROOT / "gpushare-autoload.pth").read_text()
+    spelled = re.search(r"not in \(([^)]*)\)", hook)
+    assert spelled is not None, "gpushare-autoload.pth no longer lists its false words"
+    words = {w.strip().strip("\"'") for w in spelled[1].split(",") if w.strip()}
+    assert words == {*envvars.FALSE_WORDS, ""}
+    assert envvars.AUTOLOAD in hook and envvars.TASK_ID in hook

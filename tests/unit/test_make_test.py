@@ -1,7 +1,7 @@
 """`make test` runs every step, whatever failed before it, and fails if any did.
 
-The real Makefile runs, with its tools (ruff, mypy, clang-format, pytest, the build's
-python) replaced by stubs that log their calls: its venvs and the real driver's folder are
+The real Makefile runs, with its tools (ruff, mypy, lint-imports, clang-format, pytest, the
+build's python) replaced by stubs that log their calls: its venvs and the real driver's folder are
 named, by make's variables, in a temporary directory whose stamps say they are made."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def make_test(tmp_path: Path, fail: str) -> tuple[int, str, list[str]]:
     assert version is not None
     venv, torch, driver = tmp_path / "venv", tmp_path / "torch", tmp_path / "driver"
     (venv / "bin").mkdir(parents=True)
-    for tool in ("ruff", "mypy", "clang-format", "pytest", "python"):
+    for tool in ("ruff", "mypy", "lint-imports", "clang-format", "pytest", "python"):
         (venv / "bin" / tool).write_text(STUB)
         (venv / "bin" / tool).chmod(0o755)
     torch.mkdir()
