@@ -38,10 +38,11 @@ from nodemgr.config import Config, ConfigError
 from nodemgr.endpoints import admin
 from nodemgr.endpoints import task as task_endpoint
 from nodemgr.host import envdirs, gpulock
-from nodemgr.host.audit import Auditor, nvml_ready
+from nodemgr.host.audit import Auditor
+from nodemgr.host.backend import choose
 from nodemgr.host.ctxprobe import charges
 from nodemgr.host.envdirs import RestoreError
-from nodemgr.host.gpus import Gpu, discover, lost_gpus
+from nodemgr.host.gpus import Gpu
 from nodemgr.host.procfs import process_start
 from nodemgr.host.utilization import Sampler
 from nodemgr.loop.connections import (
@@ -107,7 +108,9 @@ class Server:
         """``forget_unknown``: `nodemgr serve --forget-unknown-envs` (recovery.restore)."""
         self.config = config
         self.forget_unknown = forget_unknown
-        gpus, simulated = discover(config)
+        # The GPUs and how NVML is asked of them, once: whatever asks the GPUs is handed it.
+        self.backend = choose(config)
+        gpus, simulated = self.backend.gpus, self.backend.simulated
         self._lock_fds: list[int] = []
         try:
             config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -132,7 +135,7 @@ class Server:
         # Measured (gpus.context_memory = "auto") once the GPUs are this nodemgr's and
         # before anything is served: the probe is no task's, and must be gone before the
         # first bypass audit.
-        contexts = charges(config, gpus, simulated)
+        contexts = charges(config, self.backend)
         try:
             self.node = Node(config, gpus, simulated, store, contexts)
         except (ConfigError, sqlite3.Error) as e:
@@ -158,8 +161,8 @@ class Server:
         self._released: set[str] = set()
         self._next_health = 0.0
         self.metrics: Metrics | None = None
-        self.auditor = Auditor(self.node)
-        self.sampler = Sampler(self.node)
+        self.auditor = Auditor(self.node, self.backend)
+        self.sampler = Sampler(self.node, self.backend)
         # Environments whose socket could not be bound again (_check_run_dir).
         self._unbindable: set[str] = set()
         self.reclaims = Reclaims(self)
@@ -198,13 +201,12 @@ class Server:
             # removed, as at a clean stop, so that commands say it is not running.
             self.connections.remove_sockets()
             raise
-        kind = "simulated" if self.node.simulated else "NVML"
         log.info(
             "nodemgr %s serving %d %s GPUs; admin endpoint %s; up to %d connections, "
             "%d running tasks per environment (descriptor limit %d)",
             __version__,
             len(self.node.gpus),
-            kind,
+            self.backend.kind,
             self.config.admin_endpoint,
             self.connections.limit(),
             self.node.max_tasks_per_env,
@@ -283,7 +285,7 @@ class Server:
         GPU makes the table (as it does when that NVML cannot be loaded, which is logged)."""
         if self.config.audit_interval > 0 or self.config.utilization_interval > 0:
             try:
-                nvml_ready(self.node)
+                self.backend.load()
             except Exception as e:  # a missing or broken library: the audit says so too
                 log.warning(
                     "cannot load the simulated NVML to make the process table in %s: %s",
@@ -449,7 +451,7 @@ class Server:
             # and take the turn from a holder past timeslice.turn_timeout.
             self._safely("reading time-sliced tasks' regions", self.node.read_regions)
             self._safely("ending turns", self.node.slicing.expire_turns)
-            if not self.node.simulated and now >= self._next_health:
+            if now >= self._next_health:  # simulated GPUs are never lost (backend.lost)
                 self._next_health = now + self.config.health_interval
                 self._safely("checking GPU health", self._check_health)
             if self.auditor.due(now):
@@ -563,7 +565,7 @@ class Server:
                 self._unbindable.discard(env.name)
 
     def _check_health(self) -> None:
-        lost = lost_gpus(self.node.gpus)
+        lost = self.backend.lost()
         for index in sorted(lost - self.node.lost):
             log.error(
                 "GPU %d (%s) is lost: it will not be granted again until nodemgr restarts",
