@@ -230,11 +230,14 @@ class AuditState:
         self._tampered.discard(env)
 
     # Why the audit killed processes of a task, by task id, for its client's next heartbeat
-    # (take_notices); forgotten when the task ends.
+    # (take_notices); forgotten when the task ends (forget_task).
     notices: dict[str, list[str]] = field(default_factory=dict)
 
     def take_notices(self, task_id: str) -> list[str]:
         return self.notices.pop(task_id, [])
+
+    def forget_task(self, task_id: str) -> None:
+        self.notices.pop(task_id, None)
 
     def update(self, findings: list[Finding]) -> list[Finding]:
         """Take the findings of a new audit; return those not found by the one before
@@ -320,13 +323,13 @@ def kill(pid: int, own: int) -> bool:
 
 class Auditor:
     """Runs the audit of a node (nodemgr.node.node.Node) on its GPUs' backend every
-    ``audit.interval`` seconds."""
+    ``audit.interval`` seconds, keeping what it finds in ``state``."""
 
-    def __init__(self, node: Node, backend: GpuBackend) -> None:
+    def __init__(self, node: Node, backend: GpuBackend, state: AuditState) -> None:
         self.node = node
         self.config = node.config
         self.backend = backend
-        self.state: AuditState = node.audit
+        self.state = state
         # The first audit one interval after start, like every later one.
         self._next = time.monotonic() + self.config.audit_interval
         # The ledgers (Ledger.file_id) each process, by (pid, start time), was found mapping.

@@ -72,12 +72,12 @@ def shares(
 
 class Sampler:
     """Samples a node's (nodemgr.node.node.Node) utilisation on its GPUs' backend every
-    gpus.utilization_interval."""
+    gpus.utilization_interval, keeping the last sample in ``state``."""
 
-    def __init__(self, node: Node, backend: GpuBackend) -> None:
+    def __init__(self, node: Node, backend: GpuBackend, state: Utilization) -> None:
         self.node = node
         self.backend = backend
-        self.state: Utilization = node.utilization
+        self.state = state
         self._next = time.monotonic() + node.config.utilization_interval
 
     def due(self, now: float) -> bool:

@@ -38,13 +38,13 @@ from nodemgr.config import Config, ConfigError
 from nodemgr.endpoints import admin
 from nodemgr.endpoints import task as task_endpoint
 from nodemgr.host import envdirs, gpulock
-from nodemgr.host.audit import Auditor
+from nodemgr.host.audit import Auditor, AuditState
 from nodemgr.host.backend import choose
 from nodemgr.host.ctxprobe import charges
 from nodemgr.host.envdirs import RestoreError
 from nodemgr.host.gpus import Gpu
 from nodemgr.host.procfs import process_start
-from nodemgr.host.utilization import Sampler
+from nodemgr.host.utilization import Sampler, Utilization
 from nodemgr.loop.connections import (
     Connections,
     Listener,
@@ -161,8 +161,12 @@ class Server:
         self._released: set[str] = set()
         self._next_health = 0.0
         self.metrics: Metrics | None = None
-        self.auditor = Auditor(self.node, self.backend)
-        self.sampler = Sampler(self.node, self.backend)
+        # The bypass audit's findings and NVML's last utilisation sample, which the replies
+        # and the metrics show.
+        self.audit = AuditState()
+        self.utilization = Utilization()
+        self.auditor = Auditor(self.node, self.backend, self.audit)
+        self.sampler = Sampler(self.node, self.backend, self.utilization)
         # Environments whose socket could not be bound again (_check_run_dir).
         self._unbindable: set[str] = set()
         self.reclaims = Reclaims(self)
@@ -239,7 +243,7 @@ class Server:
             with contextlib.suppress(ProtocolError):  # refused: said in the log
                 self.connections.open_env(env)
         if self.config.metrics_port:
-            self.metrics = Metrics(self.config, self.node)
+            self.metrics = Metrics(self.config, self.node, self.audit, self.utilization)
             try:
                 self.metrics.start()
             except MetricsError as e:
@@ -484,7 +488,7 @@ class Server:
         # What only nodemgr writes (a limit, a context charge) is put back first, so that
         # a limit an environment raised for itself holds at most until this sweep.
         fixed = env.ledger.repair()
-        if self.node.audit.ledger_checked(env.name, fixed):
+        if self.audit.ledger_checked(env.name, fixed):
             log.warning(
                 "env %s wrote in its ledger what only nodemgr writes; written again: %s",
                 env.name,
@@ -753,6 +757,7 @@ class Server:
 
     def release(self, task_id: str, reason: str, exit_code: int | None = None) -> None:
         self.unwatch(("task", task_id))
+        self.audit.forget_task(task_id)
         task = self.node.release(task_id, reason, exit_code)
         if task is not None:
             self._released.add(task.env)  # reap its processes' slots now
