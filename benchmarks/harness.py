@@ -278,12 +278,13 @@ def nvml_gpus() -> list[NvmlGpu]:
     """The node's GPUs as NVML reports them now (pynvml: the main venv's, not the torch one's)."""
     import pynvml
 
-    from nodemgr.host.gpus import nvml_handles, nvml_text
+    from nodemgr.host.backend import nvml_text
 
     pynvml.nvmlInit()
     try:
         gpus = []
-        for i, h in nvml_handles(pynvml):
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
             uuid = nvml_text(pynvml.nvmlDeviceGetUUID(h))
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             gpus.append(NvmlGpu(i, uuid, int(mem.total), int(mem.used)))

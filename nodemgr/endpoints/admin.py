@@ -15,6 +15,8 @@ from nodemgr.node.node import Node
 from nodemgr.report import views
 
 if TYPE_CHECKING:
+    from nodemgr.host.audit import AuditState
+    from nodemgr.host.utilization import Utilization
     from nodemgr.loop.connections import Connections, ReplyTo, Watched
 
 
@@ -23,6 +25,8 @@ class Loop(Protocol):
 
     node: Node
     connections: Connections
+    audit: AuditState
+    utilization: Utilization
 
     def reclaim(self, task: Task, reason: str, message: str, record: str | None = None) -> None: ...
 
@@ -104,7 +108,7 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
             )
         limit = body["limit"] or 1000
         # A running task's peak so far is in its ledger, not yet in its record.
-        live = {t["task_id"]: t["peak"] for t in views.tasks(node, body["env"])}
+        live = {t["task_id"]: t["peak"] for t in views.tasks(node, body["env"], loop.utilization)}
         records = []
         for r in node.store.history(body["env"], body["since"], limit):
             view = r.view()
@@ -122,8 +126,8 @@ def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str
         return protocol.reply("quotas", msg_id, quotas=quotas)
     if kind == "tasks":
         only = node.env(body["env"]).name if body["env"] else None
-        return protocol.reply("tasks", msg_id, tasks=views.tasks(node, only))
-    return protocol.reply("status", msg_id, **views.status(node))
+        return protocol.reply("tasks", msg_id, tasks=views.tasks(node, only, loop.utilization))
+    return protocol.reply("status", msg_id, **views.status(node, loop.audit, loop.utilization))
 
 
 def _check_socket_path(node: Node, name: str) -> None:
@@ -233,4 +237,5 @@ def _delete_env(loop: Loop, name: str, force: bool, msg_id: int) -> dict[str, An
     # Its clients' connections stay for the grace, so that their heartbeats hear why.
     loop.close_env_later(name)
     node.delete_quota(name)
+    loop.audit.forget_env(name)
     return protocol.reply("deleted", msg_id, env=name, tasks_ended=len(tasks))

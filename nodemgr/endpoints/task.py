@@ -19,6 +19,7 @@ from nodemgr.policy.ratelimit import TokenBuckets
 from nodemgr.report import env_view, views
 
 if TYPE_CHECKING:
+    from nodemgr.host.audit import AuditState
     from nodemgr.loop.connections import Watched
     from nodemgr.loop.reclaim import Reclaims
     from nodemgr.loop.transport import Conn
@@ -31,6 +32,7 @@ class Loop(Protocol):
 
     config: Config
     node: Node
+    audit: AuditState
     reclaims: Reclaims
     watched: dict[Watched, int]
     views: TokenBuckets
@@ -66,7 +68,7 @@ def handle(
         warning = loop.reclaims.idle_warning(task)
         if warning is not None:
             extra["warning"] = warning
-        notices = node.audit.take_notices(task.task_id)
+        notices = loop.audit.take_notices(task.task_id)
         if notices:
             extra["notices"] = notices
         return protocol.reply("ack", msg_id, task_id=task.task_id, **extra)

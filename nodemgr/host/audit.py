@@ -7,8 +7,8 @@ started without LD_PRELOAD, reached the driver through a copy the shim does not 
 environment's to write: a slot claiming memory NVML does not see its process hold, or a
 slot written for a process that does not map that ledger (a process without the shim,
 covered by a slot another process wrote), is reported too. The comparison (``compare``)
-is pure; reading NVML and /proc and killing are at the edge (``nvml_processes``,
-``procfs.own_pid``, ``procfs.maps_files``, ``Auditor``).
+is pure; reading NVML (through the node's nodemgr.host.backend) and /proc and killing are
+at the edge (``Auditor``, ``procfs.own_pid``, ``procfs.maps_files``).
 
 Pids: NVML names a process by its pid in the driver's (the host's) pid namespace, a slot
 by the pid the process itself got from getpid(), in its container's namespace. nodemgr
@@ -19,20 +19,19 @@ turns each NVML pid into the process's own pid through the last entry of NSpid i
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from gpushare.sizes import format_size
 from nodemgr.host import procfs
 
 if TYPE_CHECKING:
+    from nodemgr.host.backend import GpuBackend
     from nodemgr.node.node import Node
 
 log = logging.getLogger("nodemgr")
@@ -231,11 +230,14 @@ class AuditState:
         self._tampered.discard(env)
 
     # Why the audit killed processes of a task, by task id, for its client's next heartbeat
-    # (take_notices); forgotten when the task ends.
+    # (take_notices); forgotten when the task ends (forget_task).
     notices: dict[str, list[str]] = field(default_factory=dict)
 
     def take_notices(self, task_id: str) -> list[str]:
         return self.notices.pop(task_id, [])
+
+    def forget_task(self, task_id: str) -> None:
+        self.notices.pop(task_id, None)
 
     def update(self, findings: list[Finding]) -> list[Finding]:
         """Take the findings of a new audit; return those not found by the one before
@@ -279,15 +281,6 @@ def owner(pid: int, clients: Mapping[int, tuple[str, str]]) -> tuple[str, str] |
     return None
 
 
-def nvml_ready(node: Node) -> None:
-    """Make NVML's processes readable: on simulated GPUs, load the packaged simulated NVML
-    for the node's GPUs and their directory first."""
-    if node.simulated:
-        from nodemgr.host.gpus import sim_spec
-
-        load_simulated(sim_spec(node.gpus), node.config.sim_state_dir)
-
-
 def ledger_slots(node: Node) -> list[Slot]:
     """Every live slot of every environment's ledger, read now."""
     out = []
@@ -310,61 +303,6 @@ def attribution(node: Node, pids: Iterable[int]) -> tuple[list[Slot], dict[int, 
     return slots, owners
 
 
-_sim_loaded = False
-
-
-def load_simulated(spec: str, state_dir: Path) -> None:
-    """Make pynvml reach the simulated NVML of the simulated GPUs ``spec`` (nodemgr.host.gpus.
-    sim_spec) whose process table is in ``state_dir``: the packaged library, loaded by path
-    before pynvml loads it by name, told what the tasks' simulated driver is told
-    (GPUSHARE_SIM_GPUS and GPUSHARE_SIM_STATE_DIR, which it reads at its first
-    initialisation in the process, when it maps the table, making it if it is not there;
-    the variables are put back after it)."""
-    global _sim_loaded
-    if _sim_loaded:
-        return
-    import pynvml
-
-    from gpushare import libs
-    from gpushare.envvars import SIM_GPUS, SIM_STATE_DIR
-
-    ctypes.CDLL(str(libs.sim_driver_dir() / "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
-    told = {SIM_GPUS: spec, SIM_STATE_DIR: str(state_dir)}
-    saved = {name: os.environ.get(name) for name in told}
-    os.environ.update(told)
-    try:
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
-    _sim_loaded = True
-
-
-def nvml_processes(uuids: Sequence[str]) -> list[Seen]:
-    """The compute processes NVML lists on each GPU (by UUID, nodemgr's index order).
-    Raises pynvml.NVMLError when NVML cannot be asked."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        out = []
-        for index, uuid in enumerate(uuids):
-            h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-            procs: list[Any] = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-            for p in procs:
-                used = p.usedGpuMemory
-                # NVML reports "not available" (None in pynvml) without the permission.
-                nbytes = int(used) if used is not None else 0
-                out.append(Seen(index, int(p.pid), procfs.own_pid(int(p.pid)), nbytes))
-        return out
-    finally:
-        pynvml.nvmlShutdown()
-
-
 def kill(pid: int, own: int) -> bool:
     """SIGKILL process ``pid`` if it is still the process found (the same own pid)."""
     try:
@@ -384,12 +322,14 @@ def kill(pid: int, own: int) -> bool:
 
 
 class Auditor:
-    """Runs the audit of a node (nodemgr.node.node.Node) every ``audit.interval`` seconds."""
+    """Runs the audit of a node (nodemgr.node.node.Node) on its GPUs' backend every
+    ``audit.interval`` seconds, keeping what it finds in ``state``."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, backend: GpuBackend, state: AuditState) -> None:
         self.node = node
         self.config = node.config
-        self.state: AuditState = node.audit
+        self.backend = backend
+        self.state = state
         # The first audit one interval after start, like every later one.
         self._next = time.monotonic() + self.config.audit_interval
         # The ledgers (Ledger.file_id) each process, by (pid, start time), was found mapping.
@@ -404,9 +344,10 @@ class Auditor:
         self._next = now + self.config.audit_interval
         earlier = ledger_slots(node)
         try:
-            nvml_ready(node)
-            seen = nvml_processes([g.uuid for g in node.gpus])
-        except Exception as e:  # pynvml.NVMLError, a missing library: said once
+            seen = [
+                Seen(p.gpu, p.pid, procfs.own_pid(p.pid), p.bytes) for p in self.backend.processes()
+            ]
+        except Exception as e:  # BackendError, a missing library: said once
             if self.state.error is None:
                 log.warning("bypass audit: cannot list NVML's processes: %s", e)
             self.state.error = str(e)

@@ -6,7 +6,8 @@ CUDA_VISIBLE_DEVICES naming one GPU it retains that GPU's primary context throug
 driver LIBCUDA (ctypes; no shim, no framework), prints ``ready`` and holds the context
 until its stdin closes. nodemgr (``charges``) starts one probe per GPU model at start-up,
 before it serves anything, reads meanwhile NVML's figure of the device memory that
-process uses, and ends it. The probe imports nothing else, so that it starts fast.
+process uses (through the node's nodemgr.host.backend, which also names the driver the
+probe loads), and ends it. The probe imports nothing else, so that it starts fast.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from nodemgr.config import Config
+    from nodemgr.host.backend import GpuBackend, ProbeDriver
     from nodemgr.host.gpus import Gpu
 
 # Seconds a probe has to make its context and NVML to show it, and then to end.
@@ -69,19 +71,6 @@ def page_up(nbytes: int) -> int:
     return -(-nbytes // PAGE) * PAGE
 
 
-def _nvml_used(pynvml: Any, uuid: str, pid: int) -> int | None:
-    """NVML's figure of what process ``pid`` uses on GPU ``uuid``, or None while unlisted."""
-    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-        if p.pid == pid and p.usedGpuMemory is not None:
-            return int(p.usedGpuMemory)
-    return None
-
-
-def _free(pynvml: Any, uuid: str) -> int:
-    return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(uuid)).free)
-
-
 def probe_argv(library: str) -> list[str]:
     """The probe's command line: -P keeps the working directory off sys.path, so that no
     nodemgr/ there (or in "/", where it runs) stands in for nodemgr's own."""
@@ -114,28 +103,25 @@ def _probe_env(gpu: Gpu, sim_gpus: str | None, sim_state_dir: Path | None = None
 
 def measure(
     gpu: Gpu,
-    library: str,
-    sim_gpus: str | None,
-    sim_state_dir: Path | None = None,
+    driver: ProbeDriver,
+    backend: GpuBackend,
     timeout: float = PROBE_TIMEOUT,
     command: list[str] | None = None,
 ) -> int:
-    """Bytes NVML sees a probe's context take on ``gpu``, rounded up to PAGE; raise
-    ProbeError. NVML is initialised (and, on simulated GPUs, the simulated one loaded).
-    ``command`` replaces the probe's (a test's)."""
+    """Bytes ``backend`` sees a probe's context on ``driver`` take on ``gpu``, rounded up
+    to PAGE; raise ProbeError, or BackendError where NVML cannot be asked. ``command``
+    replaces the probe's (a test's)."""
     import subprocess
     import time
 
-    import pynvml
-
-    argv = command or probe_argv(library)
+    argv = command or probe_argv(driver.library)
     try:
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=_probe_env(gpu, sim_gpus, sim_state_dir),
+            env=_probe_env(gpu, driver.sim_gpus, driver.sim_state_dir),
             cwd="/",  # not nodemgr's, nor on sys.path (probe_argv)
             start_new_session=True,  # a terminal's ^C is nodemgr's to handle
         )
@@ -152,7 +138,7 @@ def measure(
             err = _read_written(proc.stderr.fileno()).strip().splitlines()
             raise ProbeError(err[-1] if err else f"the probe exited {proc.returncode}")
         while True:
-            used = _nvml_used(pynvml, gpu.uuid, proc.pid)
+            used = backend.process_memory(gpu.uuid, proc.pid)
             if used is not None:
                 return page_up(used)
             if time.monotonic() > deadline:
@@ -163,8 +149,6 @@ def measure(
             time.sleep(0.02)  # the driver registers the process with NVML on its own time
     except subprocess.TimeoutExpired:
         raise ProbeError(f"the probe did not end within {timeout:g}s") from None
-    except pynvml.NVMLError as e:
-        raise ProbeError(f"NVML: {e}") from None
     finally:
         proc.stdin.close()
         _end(proc, max(1.0, deadline - time.monotonic()))
@@ -237,30 +221,31 @@ def _end(proc: subprocess.Popen[bytes], wait: float) -> None:
         )
 
 
-def charges(config: Config, gpus: list[Gpu], simulated: bool) -> dict[int, tuple[int, str]]:
-    """The context charge of each GPU (by index) and where it comes from: the config's
-    number, or with "auto" one measurement per GPU model (name and memory), on the GPU of
-    that model with the most free memory, charged on all of them. Where the probe fails, a
-    WARNING that names the fix, and on NVML GPUs CONTEXT_FALLBACK; on simulated ones what
-    their driver is told a context takes (gpus.simulated_context_memory), a fact the probe
-    only confirms."""
+def charges(config: Config, backend: GpuBackend) -> dict[int, tuple[int, str]]:
+    """The context charge of each of ``backend``'s GPUs (by index) and where it comes from:
+    the config's number, or with "auto" one measurement per GPU model (name and memory), on
+    the GPU of that model with the most free memory, charged on all of them. Where the
+    probe fails, a WARNING that names the fix, and on NVML GPUs CONTEXT_FALLBACK; on
+    simulated ones what their driver is told a context takes
+    (gpus.simulated_context_memory), a fact the probe only confirms."""
     import logging
 
     from gpushare.sizes import format_size
     from nodemgr.config import CONTEXT_FALLBACK, DEFAULT_CONFIG
 
+    gpus = backend.gpus
     if config.context_memory is not None:
         return {g.index: (config.context_memory, CONFIGURED) for g in gpus}
     log = logging.getLogger("nodemgr")
     models: dict[tuple[str, int], list[Gpu]] = {}
     for g in gpus:
         models.setdefault((g.name, g.memory), []).append(g)
-    fallback = config.sim_context if simulated else CONTEXT_FALLBACK
+    fallback = config.sim_context if backend.simulated else CONTEXT_FALLBACK
     out: dict[int, tuple[int, str]] = {}
     for (name, _), same in models.items():
         indices = ", ".join(str(g.index) for g in same)
         try:
-            gpu, figure = _measure_model(same, gpus, config.sim_state_dir if simulated else None)
+            gpu, figure = _measure_model(same, backend)
         except ProbeError as e:
             log.warning(
                 'gpus.context_memory = "auto": cannot measure a CUDA context on %s (GPUs %s): '
@@ -285,42 +270,26 @@ def charges(config: Config, gpus: list[Gpu], simulated: bool) -> dict[int, tuple
     return out
 
 
-def _measure_model(same: list[Gpu], gpus: list[Gpu], sim_state_dir: Path | None) -> tuple[Gpu, int]:
-    """(the GPU probed, its figure) for one model's GPUs ``same`` of the node's ``gpus``,
-    simulated ones where ``sim_state_dir`` names their directory; raise ProbeError."""
-    import pynvml
+def _measure_model(same: list[Gpu], backend: GpuBackend) -> tuple[Gpu, int]:
+    """(the GPU probed, its figure) for one model's GPUs ``same`` of ``backend``'s; raise
+    ProbeError."""
+    from nodemgr.host.backend import BackendError
 
-    from nodemgr.host.gpus import sim_spec
-
-    sim_gpus: str | None = None
-    library = "libcuda.so.1"
-    if sim_state_dir is not None:
-        from gpushare import libs
-        from nodemgr.host.audit import load_simulated
-
-        try:
-            library = str(libs.sim_driver_dir() / "libcuda.so.1")
-        except FileNotFoundError as e:
-            raise ProbeError(str(e)) from None
-        # The whole node's list: the simulated NVML's process table is the node's.
-        sim_gpus = sim_spec(gpus)
-        try:
-            load_simulated(sim_gpus, sim_state_dir)
-        except (OSError, pynvml.NVMLError) as e:
-            raise ProbeError(f"the simulated NVML: {e}") from None
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
+        driver = backend.probe_driver()
+    except BackendError as e:
+        raise ProbeError(str(e)) from None
+    try:
+        backend.load()
+    except BackendError as e:  # only the simulated NVML is loaded by nodemgr itself
+        raise ProbeError(f"the simulated NVML: {e}") from None
+    try:
+        with backend.session():
+            # The probe's context takes memory for a moment: where tasks leave the most.
+            gpu = max(same, key=lambda g: backend.free_memory(g.uuid))
+            return gpu, measure(gpu, driver, backend)
+    except BackendError as e:
         raise ProbeError(f"NVML: {e}") from None
-    try:
-        # The probe's context takes memory for a moment: where tasks leave the most.
-        try:
-            gpu = max(same, key=lambda g: _free(pynvml, g.uuid))
-        except pynvml.NVMLError as e:
-            raise ProbeError(f"NVML: {e}") from None
-        return gpu, measure(gpu, library, sim_gpus, sim_state_dir)
-    finally:
-        pynvml.nvmlShutdown()
 
 
 if __name__ == "__main__":

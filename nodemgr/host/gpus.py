@@ -1,17 +1,14 @@
-"""The node's GPUs: from NVML when a driver is present, or simulated from the config."""
+"""The node's GPUs: what nodemgr knows of each, the simulated ones of the config, and which
+GPUs a request names. Finding the GPUs NVML reports is nodemgr.host.backend's."""
 
 from __future__ import annotations
 
-import logging
 import uuid as uuidlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gpushare.protocol import names_gpu
 from nodemgr.config import Config
-
-log = logging.getLogger("nodemgr")
 
 
 @dataclass(frozen=True)
@@ -90,84 +87,3 @@ def resolve(
             raise ValueError(f"{what} names GPU {index} {twice}: name each GPU once")
         named[index] = name
     return frozenset(named)
-
-
-def nvml_handles(pynvml: Any) -> Iterator[tuple[int, Any]]:
-    """Each GPU's NVML index and device handle (NVML initialized)."""
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        yield i, pynvml.nvmlDeviceGetHandleByIndex(i)
-
-
-def nvml_text(value: bytes | str) -> str:
-    """A string NVML returned: bytes from older pynvml, str from newer."""
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def nvml() -> list[Gpu]:
-    """The GPUs NVML reports, in NVML index order; raise InventoryError without a driver."""
-    try:
-        import pynvml
-    except ImportError as e:  # pragma: no cover - a declared dependency
-        raise InventoryError(f"nvidia-ml-py is not installed: {e}") from None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        raise InventoryError(f"NVML is not available: {e}") from None
-    try:
-        out = []
-        for i, h in nvml_handles(pynvml):
-            name = pynvml.nvmlDeviceGetName(h)
-            uuid = pynvml.nvmlDeviceGetUUID(h)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
-            out.append(Gpu(i, nvml_text(uuid), nvml_text(name), int(mem)))
-        return out
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def lost_gpus(gpus: list[Gpu]) -> set[int]:
-    """Indices of the GPUs NVML now reports lost or gone; empty when NVML cannot be asked.
-
-    A GPU that has fallen off the bus (NVML_ERROR_GPU_IS_LOST) or whose UUID
-    NVML no longer finds is lost. Other errors say nothing about the GPU and
-    are only logged.
-    """
-    try:
-        import pynvml
-    except ImportError:  # pragma: no cover - a declared dependency
-        return set()
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        log.warning("GPU health check: NVML is not available: %s", e)
-        return set()
-    gone = {pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_NOT_FOUND}
-    lost = set()
-    try:
-        for g in gpus:
-            try:
-                h = pynvml.nvmlDeviceGetHandleByUUID(g.uuid)
-                pynvml.nvmlDeviceGetMemoryInfo(h)
-            except pynvml.NVMLError as e:
-                if getattr(e, "value", None) in gone:
-                    lost.add(g.index)
-                else:
-                    log.warning("GPU health check of GPU %d: %s", g.index, e)
-    finally:
-        pynvml.nvmlShutdown()
-    return lost
-
-
-def discover(config: Config) -> tuple[list[Gpu], bool]:
-    """Return (gpus, simulated) according to ``gpus.source``."""
-    if config.gpu_source == "simulated":
-        return simulated(config), True
-    try:
-        found = nvml()
-    except InventoryError:
-        if config.gpu_source == "nvml":
-            raise
-        return simulated(config), True
-    if not found and config.gpu_source == "auto":
-        return simulated(config), True
-    return found, False

@@ -2,10 +2,11 @@
 memory-controller share (nvmlDeviceGetUtilizationRates), and each process's busy share
 (nvmlDeviceGetProcessUtilization), summed per task.
 
-Sampled every ``gpus.utilization_interval`` seconds by the event loop; ``shares`` (which
-task each process's figure belongs to) is pure. Processes are matched to tasks as the
-bypass audit matches them (nodemgr.host.audit): by the pid recorded in a ledger slot, compared
-with the process's own pid, else by descent from a task's client.
+Sampled every ``gpus.utilization_interval`` seconds by the event loop, through the node's
+GPU backend (nodemgr.host.backend); ``shares`` (which task each process's figure belongs
+to) is pure. Processes are matched to tasks as the bypass audit matches them
+(nodemgr.host.audit): by the pid recorded in a ledger slot, compared with the process's own
+pid, else by descent from a task's client.
 """
 
 from __future__ import annotations
@@ -14,23 +15,16 @@ import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nodemgr.host import audit, procfs
+from nodemgr.host.backend import GpuSample
 
 if TYPE_CHECKING:
+    from nodemgr.host.backend import GpuBackend
     from nodemgr.node.node import Node
 
 log = logging.getLogger("nodemgr")
-
-
-@dataclass(frozen=True)
-class GpuSample:
-    """One GPU's figures, percent; None where NVML gives none."""
-
-    gpu: int | None
-    memory: int | None
-    processes: dict[int, int]  # NVML's pid -> its busy share of the GPU
 
 
 @dataclass
@@ -76,47 +70,14 @@ def shares(
     return out
 
 
-def sample(uuids: Sequence[str]) -> list[GpuSample]:
-    """Every GPU's figures (by UUID, nodemgr's index order). Raises pynvml.NVMLError when
-    NVML cannot be asked at all; a figure a GPU does not support is None (or no
-    processes)."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        out = []
-        for uuid in uuids:
-            h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-            gpu: int | None = None
-            memory: int | None = None
-            try:
-                rates = pynvml.nvmlDeviceGetUtilizationRates(h)
-                gpu, memory = int(rates.gpu), int(rates.memory)
-            except pynvml.NVMLError:
-                pass
-            procs: dict[int, int] = {}
-            try:
-                found: list[Any] = pynvml.nvmlDeviceGetProcessUtilization(h, 0)
-            except pynvml.NVMLError:  # NOT_FOUND: no samples; NOT_SUPPORTED
-                found = []
-            newest: dict[int, int] = {}
-            for p in found:
-                # Several samples of one process: the newest.
-                if int(p.timeStamp) >= newest.get(int(p.pid), -1):
-                    newest[int(p.pid)] = int(p.timeStamp)
-                    procs[int(p.pid)] = min(100, int(p.smUtil))
-            out.append(GpuSample(gpu, memory, procs))
-        return out
-    finally:
-        pynvml.nvmlShutdown()
-
-
 class Sampler:
-    """Samples a node's (nodemgr.node.node.Node) utilisation every gpus.utilization_interval."""
+    """Samples a node's (nodemgr.node.node.Node) utilisation on its GPUs' backend every
+    gpus.utilization_interval, keeping the last sample in ``state``."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, backend: GpuBackend, state: Utilization) -> None:
         self.node = node
-        self.state: Utilization = node.utilization
+        self.backend = backend
+        self.state = state
         self._next = time.monotonic() + node.config.utilization_interval
 
     def due(self, now: float) -> bool:
@@ -127,9 +88,8 @@ class Sampler:
         node = self.node
         self._next = now + node.config.utilization_interval
         try:
-            audit.nvml_ready(node)
-            samples = sample([g.uuid for g in node.gpus])
-        except Exception as e:  # pynvml.NVMLError, a missing library: said once
+            samples = self.backend.utilization()
+        except Exception as e:  # BackendError, a missing library: said once
             if self.state.error is None:
                 log.warning("utilisation: cannot ask NVML: %s", e)
             self.state.error = str(e)

@@ -38,12 +38,13 @@ from nodemgr.config import Config, ConfigError
 from nodemgr.endpoints import admin
 from nodemgr.endpoints import task as task_endpoint
 from nodemgr.host import envdirs, gpulock
-from nodemgr.host.audit import Auditor, nvml_ready
+from nodemgr.host.audit import Auditor, AuditState
+from nodemgr.host.backend import choose
 from nodemgr.host.ctxprobe import charges
 from nodemgr.host.envdirs import RestoreError
-from nodemgr.host.gpus import Gpu, discover, lost_gpus
+from nodemgr.host.gpus import Gpu
 from nodemgr.host.procfs import process_start
-from nodemgr.host.utilization import Sampler
+from nodemgr.host.utilization import Sampler, Utilization
 from nodemgr.loop.connections import (
     Connections,
     Listener,
@@ -110,7 +111,9 @@ class Server:
         self.forget_unknown = forget_unknown
         # First: it takes NOTIFY_SOCKET out of the environment before any child starts.
         self.systemd = Notifier()
-        gpus, simulated = discover(config)
+        # The GPUs and how NVML is asked of them, once: whatever asks the GPUs is handed it.
+        self.backend = choose(config)
+        gpus, simulated = self.backend.gpus, self.backend.simulated
         self._lock_fds: list[int] = []
         try:
             config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -135,7 +138,7 @@ class Server:
         # Measured (gpus.context_memory = "auto") once the GPUs are this nodemgr's and
         # before anything is served: the probe is no task's, and must be gone before the
         # first bypass audit.
-        contexts = charges(config, gpus, simulated)
+        contexts = charges(config, self.backend)
         try:
             self.node = Node(config, gpus, simulated, store, contexts)
         except (ConfigError, sqlite3.Error) as e:
@@ -161,8 +164,12 @@ class Server:
         self._released: set[str] = set()
         self._next_health = 0.0
         self.metrics: Metrics | None = None
-        self.auditor = Auditor(self.node)
-        self.sampler = Sampler(self.node)
+        # The bypass audit's findings and NVML's last utilisation sample, which the replies
+        # and the metrics show.
+        self.audit = AuditState()
+        self.utilization = Utilization()
+        self.auditor = Auditor(self.node, self.backend, self.audit)
+        self.sampler = Sampler(self.node, self.backend, self.utilization)
         # Environments whose socket could not be bound again (_check_run_dir).
         self._unbindable: set[str] = set()
         self.reclaims = Reclaims(self)
@@ -201,20 +208,21 @@ class Server:
             # removed, as at a clean stop, so that commands say it is not running.
             self.connections.remove_sockets()
             raise
-        kind = "simulated" if self.node.simulated else "NVML"
         log.info(
             "nodemgr %s serving %d %s GPUs; admin endpoint %s; up to %d connections, "
             "%d running tasks per environment (descriptor limit %d)",
             __version__,
             len(self.node.gpus),
-            kind,
+            self.backend.kind,
             self.config.admin_endpoint,
             self.connections.limit(),
             self.node.max_tasks_per_env,
             self.nofile,
         )
         # Every socket is bound and every environment restored: clients may come.
-        self.systemd.notify("READY=1", f"STATUS=serving {len(self.node.gpus)} {kind} GPUs")
+        self.systemd.notify(
+            "READY=1", f"STATUS=serving {len(self.node.gpus)} {self.backend.kind} GPUs"
+        )
 
     def _open(self, run: Path) -> None:
         """Serve the admin sockets, restore quotas and tasks, serve each environment's
@@ -242,7 +250,7 @@ class Server:
             with contextlib.suppress(ProtocolError):  # refused: said in the log
                 self.connections.open_env(env)
         if self.config.metrics_port:
-            self.metrics = Metrics(self.config, self.node)
+            self.metrics = Metrics(self.config, self.node, self.audit, self.utilization)
             try:
                 self.metrics.start()
             except MetricsError as e:
@@ -288,7 +296,7 @@ class Server:
         GPU makes the table (as it does when that NVML cannot be loaded, which is logged)."""
         if self.config.audit_interval > 0 or self.config.utilization_interval > 0:
             try:
-                nvml_ready(self.node)
+                self.backend.load()
             except Exception as e:  # a missing or broken library: the audit says so too
                 log.warning(
                     "cannot load the simulated NVML to make the process table in %s: %s",
@@ -454,7 +462,7 @@ class Server:
             # and take the turn from a holder past timeslice.turn_timeout.
             self._safely("reading time-sliced tasks' regions", self.node.read_regions)
             self._safely("ending turns", self.node.slicing.expire_turns)
-            if not self.node.simulated and now >= self._next_health:
+            if now >= self._next_health:  # simulated GPUs are never lost (backend.lost)
                 self._next_health = now + self.config.health_interval
                 self._safely("checking GPU health", self._check_health)
             if self.auditor.due(now):
@@ -487,7 +495,7 @@ class Server:
         # What only nodemgr writes (a limit, a context charge) is put back first, so that
         # a limit an environment raised for itself holds at most until this sweep.
         fixed = env.ledger.repair()
-        if self.node.audit.ledger_checked(env.name, fixed):
+        if self.audit.ledger_checked(env.name, fixed):
             log.warning(
                 "env %s wrote in its ledger what only nodemgr writes; written again: %s",
                 env.name,
@@ -568,7 +576,7 @@ class Server:
                 self._unbindable.discard(env.name)
 
     def _check_health(self) -> None:
-        lost = lost_gpus(self.node.gpus)
+        lost = self.backend.lost()
         for index in sorted(lost - self.node.lost):
             log.error(
                 "GPU %d (%s) is lost: it will not be granted again until nodemgr restarts",
@@ -756,6 +764,7 @@ class Server:
 
     def release(self, task_id: str, reason: str, exit_code: int | None = None) -> None:
         self.unwatch(("task", task_id))
+        self.audit.forget_task(task_id)
         task = self.node.release(task_id, reason, exit_code)
         if task is not None:
             self._released.add(task.env)  # reap its processes' slots now

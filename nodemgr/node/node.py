@@ -23,10 +23,8 @@ from gpushare.protocol import Err, ProtocolError
 from gpushare.sizes import format_size
 from nodemgr.config import Config, check_gpus
 from nodemgr.host import envdirs
-from nodemgr.host.audit import AuditState
 from nodemgr.host.gpus import Gpu, resolve
 from nodemgr.host.ledger import MAX_TASKS, Ledger, LedgerError, SlotTotals
-from nodemgr.host.utilization import Utilization
 from nodemgr.node.model import Env, Task
 from nodemgr.node.store import Record, Store
 from nodemgr.node.turns import Slicing
@@ -71,8 +69,6 @@ class Node:
         # expired() scans the tasks only once the earliest of them may be past the timeout.
         self._seen_floor = math.inf
         self.lost: set[int] = set()  # GPUs NVML reported lost; never granted again
-        self.audit = AuditState()  # the bypass audit's findings (nodemgr.host.audit)
-        self.utilization = Utilization()  # NVML's last sample (nodemgr.host.utilization)
         # GPUs an admin drained (kept in the database): no new grants, tasks run on.
         drained = store.drained_gpus()
         self.drained: set[int] = {g.index for g in gpus if g.uuid in drained}
@@ -210,7 +206,6 @@ class Node:
         env = self.env(name)
         self.store.delete_env(name)
         del self.envs[name]
-        self.audit.forget_env(name)
         env.ledger.close()
         envdirs.remove(self.config.env_dir(name))
         self.queue_dirty = True
@@ -474,7 +469,6 @@ class Node:
         if task is None:
             return None
         self._uncount(task_id)
-        self.audit.notices.pop(task_id, None)
         env = self.envs[task.env]
         # Read while the task's entry is there: it holds the task's exact peak.
         totals = env.ledger.task_usage(task_id)

@@ -18,6 +18,8 @@ from prometheus_client.registry import Collector
 
 from gpushare.protocol import TIMESLICED, Err
 from nodemgr.config import Config
+from nodemgr.host.audit import AuditState
+from nodemgr.host.utilization import Utilization
 from nodemgr.node.node import REASONS, Node
 from nodemgr.report import views
 
@@ -210,11 +212,16 @@ class MetricsError(Exception):
 
 
 class Metrics:
-    """The metrics of ``node``, served where ``config`` says once started."""
+    """The metrics of ``node``, with what the bypass audit found (``audit``) and NVML's last
+    utilisation sample (``utilization``), served where ``config`` says once started."""
 
-    def __init__(self, config: Config, node: Node) -> None:
+    def __init__(
+        self, config: Config, node: Node, audit: AuditState, utilization: Utilization
+    ) -> None:
         self.config = config
         self.node = node
+        self.audit = audit
+        self.utilization = utilization
         self.registry = CollectorRegistry()
         self.last: Snapshot | None = None
         self._next = 0.0
@@ -333,7 +340,7 @@ class Metrics:
             return
         self._next = now + 1.0
         node = self.node
-        status = views.status(node)
+        status = views.status(node, self.audit, self.utilization)
         # Each environment's tasks, launches and utilisation, in one pass over the tasks.
         tasks: dict[str, int] = {}
         launches: dict[str, int] = {}
@@ -342,7 +349,7 @@ class Metrics:
             tasks[t.env] = tasks.get(t.env, 0) + 1
             launches[t.env] = launches.get(t.env, 0) + t.launches
             util[t.env] = util.get(t.env, 0) + sum(
-                node.utilization.tasks.get(t.task_id, {}).values()
+                self.utilization.tasks.get(t.task_id, {}).values()
             )
         envs: list[EnvMetrics] = []
         for env in node.envs.values():
@@ -370,7 +377,7 @@ class Metrics:
             envs=envs,
             queue_length=len(node.queue),
             tasks=len(node.tasks),
-            bypass_found=node.audit.found,
-            bypass_killed=node.audit.killed,
-            ledger_rewrites=node.audit.rewrites,
+            bypass_found=self.audit.found,
+            bypass_killed=self.audit.killed,
+            ledger_rewrites=self.audit.rewrites,
         )

@@ -1,5 +1,6 @@
 """What nodemgr's replies say of its state: one TypedDict per shape (docs/protocol.md lists
-the replies), built from a Node without changing it."""
+the replies), built from a Node, the bypass audit's state and the last utilisation sample
+without changing them."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from collections.abc import Iterable, Sequence
 from typing import TypedDict
 
 from gpushare import __version__
-from nodemgr.host import audit
+from nodemgr.host.audit import AuditState, AuditView
+from nodemgr.host.audit import view as audit_view
 from nodemgr.host.gpus import sim_spec
 from nodemgr.host.ledger import SlotTotals
+from nodemgr.host.utilization import Utilization
 from nodemgr.node.model import Env, Task
 from nodemgr.node.node import Node
 from nodemgr.policy import timeslice
@@ -141,7 +144,7 @@ class StatusView(TypedDict):
     waiting: int
     task_threshold: int
     gpus: list[GpuStatus]
-    bypass: audit.AuditView
+    bypass: AuditView
 
 
 class ModeView(TypedDict):
@@ -192,7 +195,9 @@ def over_quota(node: Node, env: Env) -> list[OverQuota]:
     return [{"gpu": i, "used": used} for i, used in node.over_quota(env).items()]
 
 
-def task(node: Node, task: Task, usage: dict[str, SlotTotals]) -> TaskView:
+def task(
+    node: Node, task: Task, usage: dict[str, SlotTotals], utilization: Utilization
+) -> TaskView:
     totals = usage.get(task.task_id, SlotTotals())
     entry = node.envs[task.env].ledger.task_entry(task.task_id)
     stamped = entry.last_launch_ns if entry is not None else 0
@@ -217,7 +222,7 @@ def task(node: Node, task: Task, usage: dict[str, SlotTotals]) -> TaskView:
         "gated": entry is not None and entry.gated,
         "iterations": entry.iterations if entry is not None else 0,
         "regions": _task_regions(node, task),
-        "utilization": node.utilization.task(task.task_id, task.gpus),
+        "utilization": utilization.task(task.task_id, task.gpus),
     }
 
 
@@ -252,12 +257,12 @@ def _task_regions(node: Node, task: Task) -> list[TaskRegionView]:
     ]
 
 
-def tasks(node: Node, env: str | None) -> list[TaskView]:
+def tasks(node: Node, env: str | None, utilization: Utilization) -> list[TaskView]:
     usage = {
         name: e.ledger.summary() for name, e in node.envs.items() if env is None or name == env
     }
     running = sorted(node.tasks.values(), key=lambda t: t.started)
-    return [task(node, t, usage[t.env]) for t in running if t.env in usage]
+    return [task(node, t, usage[t.env], utilization) for t in running if t.env in usage]
 
 
 def queue(waiters: Iterable[Waiter]) -> list[WaiterView]:
@@ -280,13 +285,13 @@ def queue(waiters: Iterable[Waiter]) -> list[WaiterView]:
     ]
 
 
-def status(node: Node) -> StatusView:
+def status(node: Node, audit: AuditState, utilization: Utilization) -> StatusView:
     gpus: list[GpuStatus] = []
-    bypass = node.audit.per_gpu(len(node.gpus))
+    bypass = audit.per_gpu(len(node.gpus))
     for g, view in zip(node.gpus, node.views(), strict=True):
         holders = {e.name for e in node.envs.values() if g.index in e.held}
         used = sum(e.ledger.used(g.index) for e in node.envs.values())
-        sample = node.utilization.gpu(g.index)
+        sample = utilization.gpu(g.index)
         gpus.append(
             {
                 "index": g.index,
@@ -320,7 +325,7 @@ def status(node: Node) -> StatusView:
         "waiting": len(node.queue),
         "task_threshold": node.config.task_threshold,
         "gpus": gpus,
-        "bypass": audit.view(node.audit),
+        "bypass": audit_view(audit),
     }
 
 

@@ -18,6 +18,7 @@ import pytest
 from gpushare.envvars import SIM_GPUS, SIM_STATE_DIR
 from nodemgr.config import CONTEXT_FALLBACK
 from nodemgr.host import ctxprobe
+from nodemgr.host.backend import NvmlBackend, ProbeDriver, SimulatedBackend
 from nodemgr.host.gpus import Gpu
 from tests.conftest import free_port, invoke, scrape
 
@@ -115,7 +116,7 @@ def test_a_probe_that_fails_falls_back_with_a_warning(
         '[gpus]\nsource = "simulated"\nsimulated_count = 2\nsimulated_context_memory = "300MiB"\n'
     )
     cfg = config.load(tmp_path / "c.toml")
-    assert ctxprobe.charges(cfg, gpus.simulated(cfg), True) == {
+    assert ctxprobe.charges(cfg, SimulatedBackend(cfg)) == {
         0: (300 * MiB, "fallback"),
         1: (300 * MiB, "fallback"),
     }
@@ -128,7 +129,7 @@ def test_a_probe_that_fails_falls_back_with_a_warning(
     caplog.clear()
     nvml = [gpus.Gpu(0, "GPU-5349d000-0000-4000-8000-000000000000", "NVIDIA H200", 141 * GiB)]
     monkeypatch.setattr(ctxprobe, "_measure_model", lambda *a: full(nvml[0]))
-    assert ctxprobe.charges(cfg, nvml, False) == {0: (CONTEXT_FALLBACK, "fallback")}
+    assert ctxprobe.charges(cfg, NvmlBackend(nvml)) == {0: (CONTEXT_FALLBACK, "fallback")}
     assert "charging 512MiB per process there instead" in caplog.text
 
 
@@ -154,7 +155,9 @@ def test_a_probe_that_hangs_is_ended_at_its_timeout(
     hang = [sys.executable, "-c", "import signal, time; signal.pause()"]
     gpu = Gpu(0, "GPU-5349d000-0000-4000-8000-000000000000", "Sim", 16 * GiB)
     with pytest.raises(ctxprobe.ProbeError, match=r"^no context within 0.5s$"):
-        ctxprobe.measure(gpu, "libcuda.so.1", None, timeout=0.5, command=hang)
+        ctxprobe.measure(
+            gpu, ProbeDriver("libcuda.so.1"), NvmlBackend([gpu]), timeout=0.5, command=hang
+        )
     [proc] = started
     assert proc.returncode is not None  # reaped, not left running
 
@@ -176,7 +179,11 @@ def test_a_probe_whose_child_holds_its_stderr_fails_without_waiting_for_it(
     try:
         with pytest.raises(ctxprobe.ProbeError, match=r"^cuInit failed: CUDA error 100 "):
             ctxprobe.measure(
-                gpu, "libcuda.so.1", None, timeout=120, command=[sys.executable, "-c", leaves]
+                gpu,
+                ProbeDriver("libcuda.so.1"),
+                NvmlBackend([gpu]),
+                timeout=120,
+                command=[sys.executable, "-c", leaves],
             )
     finally:
         # Its child, still in its group (which keeps the group's id from being reused).
@@ -246,7 +253,7 @@ def test_a_simulated_nvml_that_cannot_be_loaded_is_a_failed_probe(
     size their driver is told a context takes) and a WARNING, not a nodemgr that cannot
     start."""
     from nodemgr import config
-    from nodemgr.host import audit, gpus
+    from nodemgr.host import backend
 
     dirs = []
 
@@ -254,10 +261,10 @@ def test_a_simulated_nvml_that_cannot_be_loaded_is_a_failed_probe(
         dirs.append(state_dir)
         raise OSError("libnvidia-ml.so.1: cannot open shared object file")
 
-    monkeypatch.setattr(audit, "load_simulated", broken)
+    monkeypatch.setattr(backend, "load_simulated", broken)
     (tmp_path / "c.toml").write_text('[gpus]\nsource = "simulated"\nsimulated_count = 2\n')
     cfg = config.load(tmp_path / "c.toml")
-    assert ctxprobe.charges(cfg, gpus.simulated(cfg), True) == {
+    assert ctxprobe.charges(cfg, SimulatedBackend(cfg)) == {
         0: (0, "fallback"),
         1: (0, "fallback"),
     }

@@ -356,7 +356,7 @@ def test_a_reply_that_cannot_be_encoded_answers_that_request_with_an_internal_er
     from nodemgr.report import views
 
     status = views.status
-    monkeypatch.setattr(views, "status", lambda node: {**status(node), "pid": 1 << 70})
+    monkeypatch.setattr(views, "status", lambda *a: {**status(*a), "pid": 1 << 70})
     endpoint = f"ipc://{server.config.run_dir / 'admin.sock'}"
     answers: list[Any] = []
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from gpushare.client import Connection, QuotaExceeded
-from nodemgr.host.gpus import Gpu, lost_gpus
+from nodemgr.host.backend import NvmlBackend
+from nodemgr.host.gpus import Gpu
 from nodemgr.node.node import REASONS
 from nodemgr.report.metrics import CAPS
 from tests.conftest import free_port, scrape
@@ -81,7 +82,7 @@ def test_a_gpu_nvml_reports_lost_is_found(monkeypatch: pytest.MonkeyPatch) -> No
     )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     gpus = [Gpu(i, f"GPU-0000000{i}", "x", 1) for i in range(3)]
-    assert lost_gpus(gpus) == {1}
+    assert NvmlBackend(gpus).lost() == {1}
     assert len(calls) == 3
 
 

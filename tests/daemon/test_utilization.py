@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from nodemgr.host.audit import Slot
-from nodemgr.host.utilization import GpuSample, shares
+from nodemgr.host.backend import GpuSample
+from nodemgr.host.utilization import shares
 from tests.conftest import BIN, free_port, scrape
 from tests.daemon.test_audit import ready_pid
 

@@ -24,6 +24,7 @@ from nodemgr.host.audit import (
     compare,
     unconfirmed,
 )
+from nodemgr.host.backend import NvmlBackend
 from nodemgr.host.ledger import Ledger
 
 MiB = 1 << 20
@@ -173,8 +174,8 @@ def test_a_process_found_mapping_its_ledger_is_remembered_by_pid_and_start(
     """The audit reads a process's maps until it finds a ledger there, not at every run."""
     ledger = Ledger.create(tmp_path / "ledger", [bytes(16)])
     try:
-        node: Any = SimpleNamespace(config=SimpleNamespace(audit_interval=5.0), audit=AuditState())
-        auditor = Auditor(node)
+        node: Any = SimpleNamespace(config=SimpleNamespace(audit_interval=5.0))
+        auditor = Auditor(node, NvmlBackend([]), AuditState())
         me = os.getpid()
         seen = [Seen(0, me, me, MiB), Seen(1, me, me, MiB)]
         slots = [Slot("a", "t1", me, (MiB, MiB), ledger.file_id())]
