@@ -30,7 +30,7 @@ from tests.shim.test_interception import (
     driver_has,
     hooked_abis,
 )
-from tests.shim.test_sim_api import table
+from tests.sim.test_sim_api import table
 
 REAL_DRIVER_ENV = "GPUSHARE_TEST_REAL_DRIVER"
 MODE_INERT, MODE_ENFORCE = "0", "1"  # gpushare.h's GPUSHARE_MODE_*
