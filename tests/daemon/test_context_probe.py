@@ -19,7 +19,8 @@ from gpushare.envvars import SIM_GPUS, SIM_STATE_DIR
 from nodemgr.config import CONTEXT_FALLBACK
 from nodemgr.host import ctxprobe
 from nodemgr.host.gpus import Gpu
-from tests.conftest import free_port, invoke, scrape
+from tests.conftest import invoke
+from tests.daemon.conftest import free_port, scrape
 
 MiB = 1 << 20
 GiB = 1 << 30

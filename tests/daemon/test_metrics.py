@@ -12,7 +12,7 @@ from gpushare.client import Connection, QuotaExceeded
 from nodemgr.host.gpus import Gpu, lost_gpus
 from nodemgr.node.node import REASONS
 from nodemgr.report.metrics import CAPS
-from tests.conftest import free_port, scrape
+from tests.daemon.conftest import free_port, scrape
 
 
 def _uuid(d: Any, index: int) -> str:

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import hook_table, run_ways
+from tests.conftest import hook_table
+from tests.shim.conftest import run_ways
 from tests.shim.test_interception import (
     DRIVER,
     SHIM,
