@@ -166,7 +166,7 @@ debug: install
 # The tests that drive the shim and the simulated driver, run against their sanitizer
 # builds: ASan+UBSan for all of them, TSan for the threaded one (its client is built with
 # TSan too). Any report fails the test, since the process then exits non-zero.
-SANITIZED_TESTS := tests/shim tests/e2e/test_enforcement.py tests/daemon/test_reclaim.py
+SANITIZED_TESTS := tests/shim tests/sim tests/e2e/test_enforcement.py tests/daemon/test_reclaim.py
 debug-test: debug
 	$(BIN)/python shim/build.py --debug thread --out build/tsan
 	$(BIN)/python sim/build.py --debug thread --out build/tsan

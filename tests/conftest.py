@@ -1,4 +1,6 @@
-"""Fixtures that start the real daemon, real gpushare-run and real C clients."""
+"""What every tier shares: the suite's time limits, its signals and the clean-up of what it
+starts, and the fixtures that start a real daemon, real gpushare-run and real C clients.
+What one tier alone uses is in that tier's conftest.py."""
 
 from __future__ import annotations
 
@@ -12,13 +14,11 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,82 +180,6 @@ def cc(out: Path, *args: str) -> Path:
         timeout=120,
     )
     return out
-
-
-# cuGetProcAddress's status values (cuda.h's CUdriverProcAddressQueryResult) and flags.
-PROC_FOUND = 0
-PROC_SYMBOL_NOT_FOUND = 1
-PROC_VERSION_NOT_SUFFICIENT = 2
-PER_THREAD_DEFAULT_STREAM = 2  # CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
-
-
-@dataclass(frozen=True)
-class Proc:
-    """One ABI variant a cuGetProcAddress base name resolves to from `version` on."""
-
-    base: str
-    abi: str
-    version: int
-    per_thread: bool
-
-
-def driver_answer(rows: Sequence[Proc], version: int, flags: int) -> tuple[int, str | None]:
-    """The real driver's cuGetProcAddress_v2 for one base name with these rows: (status, ABI
-    name or None). The newest variant introduced at or before version (any version above
-    the driver's own included); with flags PER_THREAD_DEFAULT_STREAM, a name that has
-    per-thread variants gets only those, so none below the first of them (not the legacy
-    variant), and one without gets its legacy variant."""
-    if not rows:
-        return PROC_SYMBOL_NOT_FOUND, None
-    per_thread = flags == PER_THREAD_DEFAULT_STREAM and any(r.per_thread for r in rows)
-    usable = [r for r in rows if r.per_thread == per_thread and r.version <= version]
-    if not usable:
-        return PROC_VERSION_NOT_SUFFICIENT, None
-    return PROC_FOUND, max(usable, key=lambda r: r.version).abi
-
-
-def run_probe(probe: Path, mode: str, stdin: str = "") -> str:
-    """tests/c/sim_probe.c in one of its modes, on the default simulated node, no shim."""
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES")}
-    env.pop("GPUSHARE_SIM_GPUS", None)
-    return subprocess.run(
-        [str(probe), mode],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-        timeout=120,
-    ).stdout
-
-
-def run_sim_json(
-    args: Sequence[str], library_path: str, env_extra: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """Runs a program that prints one JSON object, on the simulated driver (found on
-    library_path) and nothing else of this process's: no preload, no GPUSHARE_ or CUDA_
-    variables but those in env_extra. Returns the object."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSHARE_", "CUDA_"))}
-    env.pop("LD_PRELOAD", None)
-    env.update(env_extra or {}, LD_LIBRARY_PATH=library_path)
-    run = subprocess.run(list(args), capture_output=True, text=True, env=env, timeout=120)
-    assert run.returncode == 0, run.stderr
-    result: dict[str, Any] = json.loads(run.stdout)
-    return result
-
-
-@pytest.fixture(scope="session")
-def sim_probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/c/sim_probe.c, linked straight against the simulated driver (no shim)."""
-    sim = libs.sim_driver_dir()
-    return cc(
-        tmp_path_factory.mktemp("sim") / "sim_probe",
-        str(CSRC / "sim_probe.c"),
-        f"-L{sim}",
-        "-l:libcuda.so.1",
-        f"-Wl,-rpath,{sim}",
-        "-ldl",
-    )
 
 
 @pytest.fixture(scope="session")
@@ -522,30 +446,6 @@ def open_dir() -> Iterator[Callable[[int], Path]]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def server() -> Iterator[Any]:
-    """nodemgr's loop in this process, on 4 simulated GPUs, for a test to step by hand (a
-    nodemgr.loop.server.Server). Imported here, not at the top: helper processes import this
-    module with the source tree first on their path, where the ledger bindings are not
-    built. It neither audits, samples utilisation nor measures a context (its charge is
-    0): those would load the simulated NVML into the test process, for the tests after it
-    too."""
-    from nodemgr import config as nodemgr_config
-    from nodemgr.loop.server import Server
-
-    root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
-    (root / "c.toml").write_text(
-        f'[node]\nrun_dir = "{root}/run"\nstate_dir = "{root}/state"\n'
-        '[gpus]\nsource = "simulated"\nutilization_interval = 0\ncontext_memory = "0"\n'
-        "[audit]\ninterval = 0\n"
-    )
-    srv = Server(nodemgr_config.load(root / "c.toml"))
-    srv.start()
-    yield srv
-    srv.close()
-    shutil.rmtree(root, ignore_errors=True)
-
-
 def _gpushare_run(
     endpoint: str,
     *cmd: str,
@@ -619,20 +519,6 @@ def run_task() -> Iterator[Any]:
         p.communicate(timeout=30)
 
 
-# `python -c CLI_AS GID UID NODE_RUN_DIR ARGS...`: the nodemgr CLI as another user (NODE_RUN_DIR,
-# if not empty, stands for /run/gpushare). Python itself is not theirs to read here: it is
-# started as root, loads nodemgr, and then becomes the user.
-CLI_AS = """
-import os, sys
-from gpushare import paths
-from nodemgr.cli import cli
-if sys.argv[3]:
-    paths.NODE_RUN_DIR = type(paths.NODE_RUN_DIR)(sys.argv[3])
-os.setgid(int(sys.argv[1])); os.setgroups([]); os.setuid(int(sys.argv[2]))
-cli(sys.argv[4:])
-"""
-
-
 class Holder:
     """Tasks of one GPU each (``count`` of them, 1 by default) held until close() by a child
     process (tests/fixtures/grant_holder.py) that heartbeats: nodemgr's reclaim of a silent
@@ -668,57 +554,6 @@ class Holder:
         assert self.proc.returncode == 0, f"the holder failed: {self.proc.returncode}"
 
 
-class Waiting(threading.Thread):
-    """A request that may wait, made from a thread so the test can go on; ``fields`` are
-    the request's (``gpus`` defaults to 1)."""
-
-    def __init__(self, endpoint: str, wait: float, **fields: Any) -> None:
-        super().__init__(daemon=True)
-        self.wait = wait
-        self.fields = {"gpus": 1, **fields}
-        self.updates: list[int] = []  # the positions of its `queued` answers
-        self.reasons: list[str] = []  # and their reasons ("" where none)
-        self.result: dict[str, Any] | None = None
-        self.error: Exception | None = None
-        self.conn = Connection(endpoint)
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.result = self.conn.call(
-                "request",
-                timeout=self.wait + 10,
-                on_queued=self._queued,
-                wait=self.wait,
-                **self.fields,
-            )
-        except Exception as e:
-            self.error = e
-
-    def _queued(self, msg: dict[str, Any]) -> None:
-        self.reasons.append(str(msg.get("reason") or ""))
-        self.updates.append(int(msg["position"]))
-
-    def finish(self) -> dict[str, Any]:
-        self.join(15)
-        assert not self.is_alive()
-        self.conn.close()
-        if self.error is not None:
-            raise self.error
-        assert self.result is not None
-        return self.result
-
-
-def threads_of(pid: int) -> int:
-    """How many threads process ``pid`` has (0 once it is gone): a client's ZeroMQ context
-    starts its I/O threads just before the client sends its first request and waits."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0
-    return int(re.search(r"^Threads:\s+(\d+)", status, re.M)[1])  # type: ignore[index]
-
-
 @pytest.fixture
 def wait_for() -> Any:
     return _wait_for
@@ -730,85 +565,6 @@ def let_finish(p: subprocess.Popen[str], go: Path, daemon: Daemon) -> None:
     go.touch()
     assert p.wait(30) == 0
     _wait_for(lambda: daemon.tasks() == [], 5)
-
-
-# --- the driver a program finds ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Result:
-    """How a child process ended: exit status, stdout, stderr."""
-
-    rc: int
-    out: str
-    err: str
-
-
-def driver_env(lib: Path, **extra: str) -> dict[str, str]:
-    """This process's environment without gpushare's or CUDA's settings and without a
-    preload, finding the driver in lib."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSHARE_", "CUDA_"))}
-    env.pop("LD_PRELOAD", None)
-    return {**env, "LD_LIBRARY_PATH": str(lib), **extra}
-
-
-def run_ways(
-    daemon: Any, run_task: Any, lib: Path, argv: Sequence[str], stdin: str = ""
-) -> dict[str, Result]:
-    """argv run three ways, each finding the driver (libcuda.so.1, libnvidia-ml.so.1) in
-    lib and reading stdin: without the shim ("plain"), with it preloaded "inert" (no
-    ledger), and "enforcing" under a real grant of an environment "alice" from daemon."""
-    feed = Path(daemon.root) / "stdin"
-    feed.write_text(stdin)
-    out = {}
-    for way, extra in (("plain", {}), ("inert", {"LD_PRELOAD": shim_preload()})):
-        with feed.open() as f:
-            run = subprocess.run(
-                list(argv),
-                stdin=f,
-                capture_output=True,
-                text=True,
-                env=driver_env(lib, **extra),
-                timeout=120,
-            )
-        out[way] = Result(run.returncode, run.stdout, run.stderr)
-    ep = daemon.env("alice", gpus=1, memory=1 << 30)
-    with feed.open() as f:
-        # gpushare-run puts the simulated driver first on a simulated node: this is the
-        # real one's run.
-        p = run_task(ep, "env", f"LD_LIBRARY_PATH={lib}", *argv, stdin=f)
-        stdout, stderr = p.communicate(timeout=120)
-    out["enforcing"] = Result(p.returncode, stdout, stderr)
-    return out
-
-
-@pytest.fixture(scope="session")
-def driver_probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/c/driver_probe.c: dlopens whatever libcuda.so.1 the loader finds."""
-    return cc(
-        tmp_path_factory.mktemp("probe") / "driver_probe", str(CSRC / "driver_probe.c"), "-ldl"
-    )
-
-
-# --- Prometheus metrics -------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port free on the loopback now, for a metrics endpoint."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Every sample nodemgr's metrics endpoint on ``port`` serves, by name and labels."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
 
 
 # --- time slicing --------------------------------------------------------------------------

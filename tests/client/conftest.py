@@ -1,10 +1,12 @@
-"""What the tests of gpushare-run's own commands share: a small node to fill, and
-gpushare-run run to its end."""
+"""What the client's tests share: gpushare-run run to its end, and how many threads a client
+process has."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from tests.conftest import BIN
@@ -21,3 +23,13 @@ def gpushare_run(*args: str, env: dict[str, str] | None = None, **kw: Any) -> An
         env={**os.environ, **(env or {})},
         **kw,
     )
+
+
+def threads_of(pid: int) -> int:
+    """How many threads process ``pid`` has (0 once it is gone): a client's ZeroMQ context
+    starts its I/O threads just before the client sends its first request and waits."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return int(re.search(r"^Threads:\s+(\d+)", status, re.M)[1])  # type: ignore[index]

@@ -17,7 +17,8 @@ import pytest
 
 from gpushare import libs
 from gpushare.client import FIRST_ANSWER
-from tests.conftest import Holder, _wait_for, threads_of
+from tests.client.conftest import threads_of
+from tests.conftest import Holder, _wait_for
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -12,7 +12,8 @@ from typing import Any
 
 from gpushare import libs
 from gpushare.client import FIRST_ANSWER
-from tests.conftest import _wait_for, threads_of
+from tests.client.conftest import threads_of
+from tests.conftest import _wait_for
 
 GiB = 1 << 30
 PRINT_ENV = (

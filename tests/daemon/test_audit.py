@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import BIN, CSRC, cc, free_port, scrape
+from tests.conftest import BIN, CSRC, cc
+from tests.daemon.conftest import free_port, scrape
 
 MiB = 1 << 20
 GPU0 = 'gpu="0",uuid="GPU-5349d000-0000-4000-8000-000000000000"'

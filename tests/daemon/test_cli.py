@@ -17,7 +17,8 @@ from gpushare import protocol
 from gpushare.client import Connection, NodeError
 from gpushare.sizes import parse_size
 from nodemgr.cli import cli
-from tests.conftest import BIN, Holder, Waiting, invoke
+from tests.conftest import BIN, Holder, invoke
+from tests.daemon.conftest import Waiting
 
 GiB = 1 << 30
 MiB = 1 << 20

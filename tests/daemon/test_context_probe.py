@@ -20,7 +20,8 @@ from nodemgr.config import CONTEXT_FALLBACK
 from nodemgr.host import ctxprobe
 from nodemgr.host.backend import NvmlBackend, ProbeDriver, SimulatedBackend
 from nodemgr.host.gpus import Gpu
-from tests.conftest import free_port, invoke, scrape
+from tests.conftest import invoke
+from tests.daemon.conftest import free_port, scrape
 
 MiB = 1 << 20
 GiB = 1 << 30

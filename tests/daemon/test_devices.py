@@ -13,7 +13,7 @@ from gpushare import protocol
 from gpushare.client import Connection, NodeError, NoResources, QuotaExceeded
 from gpushare.protocol import Err, ProtocolError
 from nodemgr.host.gpus import Gpu, resolve, simulated_uuid
-from tests.conftest import Waiting
+from tests.daemon.conftest import Waiting
 
 GiB = 1 << 30
 

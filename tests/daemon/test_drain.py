@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 from gpushare.client import Connection
-from tests.conftest import Holder, Waiting, invoke
+from tests.conftest import Holder, invoke
+from tests.daemon.conftest import Waiting
 
 GiB = 1 << 30
 

@@ -13,7 +13,7 @@ from nodemgr.host.backend import NvmlBackend
 from nodemgr.host.gpus import Gpu
 from nodemgr.node.node import REASONS
 from nodemgr.report.metrics import CAPS
-from tests.conftest import free_port, scrape
+from tests.daemon.conftest import free_port, scrape
 
 
 def _uuid(d: Any, index: int) -> str:

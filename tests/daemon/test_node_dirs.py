@@ -22,7 +22,8 @@ from gpushare import paths
 from gpushare.exitcodes import EXIT_CONFIG
 from nodemgr import config
 from nodemgr.host.gpus import simulated_uuid
-from tests.conftest import BIN, CLI_AS
+from tests.conftest import BIN
+from tests.daemon.conftest import CLI_AS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,8 @@ import pytest
 from gpushare.client import FIRST_ANSWER
 from gpushare.exitcodes import EXIT_SOFTWARE
 from nodemgr.loop.server import MAX_FAILED_TURNS
-from tests.conftest import BIN, CLI_AS, die_with_test_run, invoke
+from tests.conftest import BIN, die_with_test_run, invoke
+from tests.daemon.conftest import CLI_AS
 
 
 def stopped(d: Any, sig: int) -> None:

@@ -24,7 +24,7 @@ from gpushare.client import Connection, NodeError
 from nodemgr.cli import cli
 from nodemgr.host.gpus import simulated_uuid
 from nodemgr.host.ledger import TASK_TIMESLICED, Ledger
-from tests.conftest import free_port, scrape
+from tests.daemon.conftest import free_port, scrape
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -13,7 +13,8 @@ import pytest
 from nodemgr.host.audit import Slot
 from nodemgr.host.backend import GpuSample
 from nodemgr.host.utilization import shares
-from tests.conftest import BIN, free_port, scrape
+from tests.conftest import BIN
+from tests.daemon.conftest import free_port, scrape
 from tests.daemon.test_audit import ready_pid
 
 GPU0 = 'gpu="0",uuid="GPU-5349d000-0000-4000-8000-000000000000"'

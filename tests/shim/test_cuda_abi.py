@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.shim.test_sim_api import include_dir
+from tests.sim.test_sim_api import include_dir
 
 ABI = ROOT / "shim" / "cuda_abi.h"
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from gpushare import libs
-from tests.conftest import CSRC, ROOT, Result, cc, driver_env, hook_table, run_ways, shim_preload
+from tests.conftest import CSRC, ROOT, cc, hook_table, shim_preload
+from tests.shim.conftest import Result, driver_env, run_ways
 
 GPUSHARE_H = ROOT / "shim" / "gpushare.h"
 

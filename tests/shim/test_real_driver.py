@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import hook_table, run_ways
+from tests.conftest import hook_table
+from tests.shim.conftest import run_ways
 from tests.shim.test_interception import (
     DRIVER,
     SHIM,
@@ -30,7 +31,7 @@ from tests.shim.test_interception import (
     driver_has,
     hooked_abis,
 )
-from tests.shim.test_sim_api import table
+from tests.sim.test_sim_api import table
 
 REAL_DRIVER_ENV = "GPUSHARE_TEST_REAL_DRIVER"
 MODE_INERT, MODE_ENFORCE = "0", "1"  # gpushare.h's GPUSHARE_MODE_*

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from gpushare import libs
-from tests.conftest import Proc, driver_answer, run_probe
+from tests.sim.conftest import Proc, driver_answer, run_probe
 
 HOOKS_DEF = Path(__file__).resolve().parents[2] / "shim" / "hooks.def"
 ENTRY = re.compile(r"^GS_(?:HOOK|VARIANT)\(\s*(\w+),\s*(\w+),\s*(\d+),\s*([01])\s*[,)]", re.M)

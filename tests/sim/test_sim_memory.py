@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from gpushare import libs
-from tests.conftest import run_sim_json
+from tests.sim.conftest import run_sim_json
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from gpushare import libs
-from tests.conftest import CSRC, cc, run_sim_json
+from tests.conftest import CSRC, cc
+from tests.sim.conftest import run_sim_json
 
 # cudaError_t values (driver_types.h).
 CUDA_SUCCESS = 0

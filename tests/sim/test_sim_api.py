@@ -20,12 +20,8 @@ from pathlib import Path
 import pytest
 
 from gpushare import libs
-from tests.conftest import (
-    Proc,
-    driver_answer,
-    hook_table,
-    run_probe,
-)
+from tests.conftest import hook_table
+from tests.sim.conftest import Proc, driver_answer, run_probe
 
 ROOT = Path(__file__).resolve().parents[2]
 GEN_API = ROOT / "sim" / "gen_api.py"

@@ -18,7 +18,7 @@ from gpushare.client import (
     QuotaZero,
     Unreachable,
 )
-from tests.conftest import Waiting
+from tests.daemon.conftest import Waiting
 
 GiB = 1 << 30
 

@@ -6,7 +6,7 @@ stream is captured too); a graph launched in a capture is recorded into it.
 
 from __future__ import annotations
 
-from tests.shim.test_sim_memory import run
+from tests.sim.test_sim_memory import run
 
 CAPTURE = """
 RELAXED, NONE, ACTIVE = 2, 0, 1
