@@ -12,7 +12,7 @@ PYTEST := $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 BENCH_ARGS ?=
 
 .PHONY: all install torch-env real-driver run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-torch bench-gpu bench-gpu-timeslice debug \
-	debug-test demo clean
+	debug-test c-coverage demo clean
 
 all: install
 
@@ -110,7 +110,7 @@ pytest: install torch-env real-driver
 
 # Every step runs even when one before it failed (make -k): a failed pytest does not hide
 # the sanitizer tier's result. make still fails, and says which steps did.
-TEST_STEPS := lint pytest debug-test
+TEST_STEPS := lint pytest debug-test c-coverage
 test:
 	@$(MAKE) --no-print-directory -k $(TEST_STEPS) || { \
 		echo "make: test FAILED: the steps marked *** above; each step of $(TEST_STEPS)" \
@@ -158,9 +158,10 @@ bench-gpu-timeslice: install
 demo: install
 	$(BIN)/python demo/demo.py
 
-# ASan/UBSan builds of the shim, the simulated driver and NVML, for the C tests.
+# ASan/UBSan builds of the shim, the simulated driver and NVML, for the C tests; the shim's
+# counts its lines and branches too (gcov, for c-coverage below).
 debug: install
-	$(BIN)/python shim/build.py --debug address --out build/debug
+	$(BIN)/python shim/build.py --debug address --coverage --out build/debug
 	$(BIN)/python sim/build.py --debug address --out build/debug
 
 # The tests that drive the shim and the simulated driver, run against their sanitizer
@@ -180,6 +181,13 @@ debug-test: debug
 	TSAN_OPTIONS=halt_on_error=1 \
 	$(PYTEST) -p no:cacheprovider tests/shim/test_shim.py tests/shim/test_attach.py -k threads \
 		$(PYTEST_ARGS)
+
+# The shim's line and branch coverage in debug-test's ASan+UBSan run (gcov): a table, the
+# figures in build/coverage/c.json, and a failure below the floors in tests/c_coverage.py.
+# PYTEST_ARGS may make the run partial: its figures are then reported, the floors not applied.
+c-coverage: debug-test
+	$(BIN)/python tests/c_coverage.py build/debug --out build/coverage/c.json \
+		$(if $(strip $(PYTEST_ARGS)),--no-floor)
 
 clean:
 	rm -rf build dist *.egg-info gpushare/lib nodemgr/_ledger*.so nodemgr/_ledger.c

@@ -73,16 +73,23 @@ def link(
     subprocess.run(cmd, check=True)
 
 
-def build_native(out_dir: Path, debug: str | None = None) -> list[Path]:
+def build_native(out_dir: Path, debug: str | None = None, coverage: bool = False) -> list[Path]:
     """Compile the shim into ``out_dir``; return the file.
 
     ``debug`` names a sanitizer build ("address": ASan+UBSan, "thread": TSan).
+    ``coverage`` adds gcc's ``--coverage``: beside the library, a ``.gcno`` per C source
+    (``libgpushare.so-SOURCE.gcno``), and a ``.gcda`` that each process using the library
+    adds its counts to when it exits (tests/c_coverage.py reads them).
     """
     shim = out_dir / "libgpushare.so"
+    # An earlier build's counts, or the notes of a source since removed, would otherwise be
+    # read as this build's.
+    for old in out_dir.glob(f"{shim.name}-*.gc*"):
+        old.unlink()
     link(
         shim,
         [HERE / s for s in SHIM_SOURCES],
-        [],
+        ["--coverage"] if coverage else [],
         [f"-Wl,--version-script={HERE / 'shim.map'}", "-ldl", "-lpthread"],
         debug,
     )
@@ -114,6 +121,11 @@ if __name__ == "__main__":
         choices=sorted(SANITIZERS),
         help="sanitizer build: address (ASan+UBSan, the default) or thread (TSan)",
     )
+    ap.add_argument(
+        "--coverage",
+        action="store_true",
+        help="gcc's line and branch counting (gcov) in the shim",
+    )
     args = ap.parse_args()
-    for path in build_native(args.out, args.debug):
+    for path in build_native(args.out, args.debug, args.coverage):
         print(path)

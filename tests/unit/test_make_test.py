@@ -23,9 +23,10 @@ exit 0
 """
 
 
-def make_test(tmp_path: Path, fail: str) -> tuple[int, str, list[str]]:
+def make_test(tmp_path: Path, fail: str, *variables: str) -> tuple[int, str, list[str]]:
     """`make test` with stubs; ``fail``: the calls that fail, as TOOL:SANITIZER words
-    (SANITIZER none for the main pytest). Returns make's status, output and the calls."""
+    (SANITIZER none for the main pytest); ``variables``: make's, as NAME=VALUE. Returns
+    make's status, output and the calls."""
     if shutil.which("make") is None:
         pytest.skip("no make")
     version = re.search(r"^TORCH_VERSION\s*:=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M)
@@ -50,9 +51,9 @@ def make_test(tmp_path: Path, fail: str) -> tuple[int, str, list[str]]:
     log.touch()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
     env.update(STUB_LOG=str(log), STUB_FAIL=fail)
-    variables = [f"VENV={venv}", f"TORCH_VENV={torch}", f"REAL_DRIVER={driver}"]
+    dirs = [f"VENV={venv}", f"TORCH_VENV={torch}", f"REAL_DRIVER={driver}"]
     p = subprocess.run(
-        ["make", "--no-print-directory", "test", *variables],
+        ["make", "--no-print-directory", "test", *dirs, *variables],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -71,7 +72,24 @@ def test_every_step_runs_and_passes(tmp_path: Path) -> None:
     rc, out, calls = make_test(tmp_path, "")
     assert rc == 0, out
     assert "pytest:none" in tools(calls)
-    assert tools(calls)[-2:] == ["pytest:address", "pytest:thread"], calls
+    assert tools(calls)[-3:] == ["pytest:address", "pytest:thread", "python:none"], calls
+    assert "tests/c_coverage.py build/debug" in calls[-1], calls
+    assert "--no-floor" not in calls[-1], calls
+
+
+def test_the_coverage_floor_holds_only_for_the_whole_tier(tmp_path: Path) -> None:
+    rc, out, calls = make_test(tmp_path, "", "PYTEST_ARGS=-k something")
+    assert rc == 0, out
+    assert "tests/c_coverage.py" in calls[-1], calls
+    assert "--no-floor" in calls[-1], calls
+
+
+def test_a_failed_sanitizer_tier_is_not_measured_and_fails(tmp_path: Path) -> None:
+    rc, out, calls = make_test(tmp_path, "pytest:address")
+    assert rc != 0, out
+    assert tools(calls)[-1] == "pytest:address", calls
+    assert not any("c_coverage" in c for c in calls), calls
+    assert "make: test FAILED" in out, out
 
 
 def test_a_failed_pytest_still_runs_the_sanitizer_tier_and_fails(tmp_path: Path) -> None:
