@@ -19,12 +19,12 @@
 static __attribute__((noinline, cold)) int charge_after_reap(int slot, int gpu, uint64_t bytes)
 {
 	reap_dead_slots(slot);
-	return gs_ledger_charge(g.ledger, (uint32_t)slot, (uint32_t)gpu, bytes);
+	return gs_ledger_charge(gs_state.ledger, (uint32_t)slot, (uint32_t)gpu, bytes);
 }
 
 static inline int ledger_charge(int slot, int gpu, uint64_t bytes)
 {
-	int rc = gs_ledger_charge(g.ledger, (uint32_t)slot, (uint32_t)gpu, bytes);
+	int rc = gs_ledger_charge(gs_state.ledger, (uint32_t)slot, (uint32_t)gpu, bytes);
 
 	return likely(rc == 0) ? 0 : charge_after_reap(slot, gpu, bytes);
 }
@@ -95,9 +95,9 @@ static CUresult charge_stream(CUstream stream, uint64_t bytes, struct gs_charge 
  */
 void give_back(int32_t slot, int32_t gpu, uint64_t bytes, uint64_t epoch, uint32_t pinned)
 {
-	gs_ledger_uncharge(g.ledger, (uint32_t)slot, (uint32_t)gpu, bytes);
+	gs_ledger_uncharge(gs_state.ledger, (uint32_t)slot, (uint32_t)gpu, bytes);
 	if (pinned || epoch < epoch_now())
-		gs_ledger_unpersist(g.ledger, (uint32_t)slot, (uint32_t)gpu, bytes);
+		gs_ledger_unpersist(gs_state.ledger, (uint32_t)slot, (uint32_t)gpu, bytes);
 }
 
 /* An allocation's charge, not recorded yet, goes back. */
@@ -132,30 +132,30 @@ CUresult charge_context(CUdevice dev, int *charged)
 	int gpu;
 
 	*charged = -1;
-	if (g.mode != GS_ENFORCE)
+	if (gs_state.mode != GS_ENFORCE)
 		return CUDA_SUCCESS;
 	gpu = ledger_gpu(dev);
 	if (gpu < 0)
 		return CUDA_SUCCESS;
 	for (;;) {
-		st = __atomic_load_n(&g.ctx_state[gpu], __ATOMIC_ACQUIRE);
+		st = __atomic_load_n(&gs_state.ctx_state[gpu], __ATOMIC_ACQUIRE);
 		/* Paid, or this thread's own outer call is paying it (a callback re-entered). */
 		if (st == GS_CTX_PAID || (paying & (1u << gpu)))
 			return CUDA_SUCCESS;
 		if (st == GS_CTX_UNPAID &&
-		    __atomic_compare_exchange_n(&g.ctx_state[gpu], &st, GS_CTX_PAYING, 0,
+		    __atomic_compare_exchange_n(&gs_state.ctx_state[gpu], &st, GS_CTX_PAYING, 0,
 						__ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 			break;
 		sched_yield(); /* another thread is paying: its outcome decides */
 	}
 	paying |= 1u << gpu;
-	bytes = __atomic_load_n(&g.ledger->gpu[gpu].ctx_charge, __ATOMIC_RELAXED);
+	bytes = __atomic_load_n(&gs_state.ledger->gpu[gpu].ctx_charge, __ATOMIC_RELAXED);
 	if (bytes != 0 && charge_gpu(gpu, bytes, &c) != CUDA_SUCCESS) {
 		paying &= ~(1u << gpu);
-		__atomic_store_n(&g.ctx_state[gpu], GS_CTX_UNPAID, __ATOMIC_RELEASE);
+		__atomic_store_n(&gs_state.ctx_state[gpu], GS_CTX_UNPAID, __ATOMIC_RELEASE);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	g.ctx_bytes[gpu] = bytes;
+	gs_state.ctx_bytes[gpu] = bytes;
 	*charged = gpu;
 	return CUDA_SUCCESS;
 }
@@ -170,14 +170,15 @@ void context_settle(int gpu, CUresult rc)
 		return;
 	paying &= ~(1u << gpu);
 	if (rc == CUDA_SUCCESS) {
-		__atomic_store_n(&g.ctx_state[gpu], GS_CTX_PAID, __ATOMIC_RELEASE);
+		__atomic_store_n(&gs_state.ctx_state[gpu], GS_CTX_PAID, __ATOMIC_RELEASE);
 		return;
 	}
 	/* A context's charge is not an allocation: it is left out of classification. */
-	if (g.ctx_bytes[gpu] != 0)
-		gs_ledger_uncharge(g.ledger, (uint32_t)__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE),
-				   (uint32_t)gpu, g.ctx_bytes[gpu]);
-	__atomic_store_n(&g.ctx_state[gpu], GS_CTX_UNPAID, __ATOMIC_RELEASE);
+	if (gs_state.ctx_bytes[gpu] != 0)
+		gs_ledger_uncharge(gs_state.ledger,
+				   (uint32_t)__atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE),
+				   (uint32_t)gpu, gs_state.ctx_bytes[gpu]);
+	__atomic_store_n(&gs_state.ctx_state[gpu], GS_CTX_UNPAID, __ATOMIC_RELEASE);
 }
 static int carries_charge(uint32_t kind)
 {
@@ -261,7 +262,7 @@ static void take_context(CUcontext ctx, struct gs_taken *t)
 	memset(t, 0, sizeof(*t));
 	t->owner = (uint64_t)(uintptr_t)ctx;
 	/* Every thread's cached context -> GPU answer is stale from here on. */
-	__atomic_add_fetch(&g.ctx_gen, 1, __ATOMIC_ACQ_REL);
+	__atomic_add_fetch(&gs_state.ctx_gen, 1, __ATOMIC_ACQ_REL);
 	if (ctx == NULL)
 		return;
 	gs_map_take_each(take_owned, t);
@@ -298,7 +299,7 @@ static int tally_owned(const struct gs_alloc *a, void *arg)
 static void settle_context(struct gs_taken *t, CUcontext ctx, CUresult rc)
 {
 	uint64_t gone[GS_MAX_GPUS] = { 0 }, kept[GS_MAX_GPUS] = { 0 };
-	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	int slot = __atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE);
 	uint64_t epoch = epoch_now();
 
 	if (rc != CUDA_SUCCESS) {
@@ -308,7 +309,7 @@ static void settle_context(struct gs_taken *t, CUcontext ctx, CUresult rc)
 		return;
 	}
 	/* A thread may have cached the context during the call; a new one may take its address. */
-	__atomic_add_fetch(&g.ctx_gen, 1, __ATOMIC_ACQ_REL);
+	__atomic_add_fetch(&gs_state.ctx_gen, 1, __ATOMIC_ACQ_REL);
 	for (size_t i = 0; i < t->n; i++)
 		tally(&t->v[i], epoch, gone, kept);
 	free(t->v);
@@ -319,9 +320,9 @@ static void settle_context(struct gs_taken *t, CUcontext ctx, CUresult rc)
 	}
 	for (int i = 0; i < GS_MAX_GPUS && slot >= 0; i++) {
 		if (gone[i] != 0)
-			gs_ledger_uncharge(g.ledger, (uint32_t)slot, (uint32_t)i, gone[i]);
+			gs_ledger_uncharge(gs_state.ledger, (uint32_t)slot, (uint32_t)i, gone[i]);
 		if (kept[i] != 0)
-			gs_ledger_unpersist(g.ledger, (uint32_t)slot, (uint32_t)i, kept[i]);
+			gs_ledger_unpersist(gs_state.ledger, (uint32_t)slot, (uint32_t)i, kept[i]);
 	}
 }
 
@@ -334,7 +335,7 @@ CUresult remember(uint64_t key, uint32_t kind, const struct gs_charge *c, void (
 	if (alloc_track(key, kind, c) == 0) {
 		/* What a process allocates before its first boundary is set-up, not temporary. */
 		if (c->epoch >= 1)
-			gs_ledger_note_temp(g.ledger, (uint32_t)c->slot, (uint32_t)c->gpu);
+			gs_ledger_note_temp(gs_state.ledger, (uint32_t)c->slot, (uint32_t)c->gpu);
 		return CUDA_SUCCESS;
 	}
 	undo(key);
@@ -364,7 +365,7 @@ CUresult settle(CUresult rc, uint64_t key, uint32_t kind, const struct gs_charge
  */
 int forget(uint64_t key, uint32_t kind, struct gs_alloc *a)
 {
-	if (g.mode != GS_ENFORCE || key == 0)
+	if (gs_state.mode != GS_ENFORCE || key == 0)
 		return 0;
 	return gs_map_take(key, kind, a) == 0;
 }
@@ -372,7 +373,8 @@ int forget(uint64_t key, uint32_t kind, struct gs_alloc *a)
 /* A record's memory went back to the driver: so does its charge. */
 void uncharge_record(const struct gs_alloc *a)
 {
-	give_back(__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), a->gpu, a->size, a->epoch, a->pinned);
+	give_back(__atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE), a->gpu, a->size, a->epoch,
+		  a->pinned);
 }
 
 static void pool_give(const struct gs_alloc *a);
@@ -399,7 +401,7 @@ CUresult freed(CUresult rc, const struct gs_alloc *a)
 
 void undo_ptr(uint64_t key)
 {
-	gs_fn_cuMemFree_v2 fn = R(real, cuMemFree_v2);
+	gs_fn_cuMemFree_v2 fn = GS_REAL_FN(cuMemFree_v2);
 
 	if (fn != NULL)
 		fn((CUdeviceptr)key);
@@ -407,7 +409,7 @@ void undo_ptr(uint64_t key)
 
 void undo_handle(uint64_t key)
 {
-	gs_fn_cuMemRelease fn = R(real, cuMemRelease);
+	gs_fn_cuMemRelease fn = GS_REAL_FN(cuMemRelease);
 
 	if (fn != NULL)
 		fn((CUmemGenericAllocationHandle)key);
@@ -415,7 +417,7 @@ void undo_handle(uint64_t key)
 
 void undo_array(uint64_t key)
 {
-	gs_fn_cuArrayDestroy fn = R(real, cuArrayDestroy);
+	gs_fn_cuArrayDestroy fn = GS_REAL_FN(cuArrayDestroy);
 
 	if (fn != NULL)
 		fn((CUarray)(uintptr_t)key);
@@ -423,7 +425,7 @@ void undo_array(uint64_t key)
 
 void undo_mipmap(uint64_t key)
 {
-	gs_fn_cuMipmappedArrayDestroy fn = R(real, cuMipmappedArrayDestroy);
+	gs_fn_cuMipmappedArrayDestroy fn = GS_REAL_FN(cuMipmappedArrayDestroy);
 
 	if (fn != NULL)
 		fn((CUmipmappedArray)(uintptr_t)key);
@@ -448,14 +450,14 @@ CUresult teardown(gs_fn_cuCtxDestroy_v2 destroy, CUcontext ctx,
 	CUresult rc;
 	int last = 1;
 
-	if (g.mode != GS_ENFORCE)
+	if (gs_state.mode != GS_ENFORCE)
 		return destroy != NULL ? destroy(ctx) : on_dev(dev);
 	if (destroy == NULL && (dev < 0 || dev >= GS_MAX_DEVS))
 		return on_dev(dev); /* the driver's answer to a bad ordinal */
 	pthread_mutex_lock(&teardown_mu);
 	if (destroy == NULL) {
-		ctx = g.primary[dev];
-		last = !release || g.primary_refs[dev] <= 1;
+		ctx = gs_state.primary[dev];
+		last = !release || gs_state.primary_refs[dev] <= 1;
 	}
 	memset(&t, 0, sizeof(t));
 	if (last)
@@ -463,8 +465,8 @@ CUresult teardown(gs_fn_cuCtxDestroy_v2 destroy, CUcontext ctx,
 	rc = destroy != NULL ? destroy(ctx) : on_dev(dev);
 	if (last)
 		settle_context(&t, ctx, rc);
-	if (rc == CUDA_SUCCESS && release && g.primary_refs[dev] > 0)
-		g.primary_refs[dev]--;
+	if (rc == CUDA_SUCCESS && release && gs_state.primary_refs[dev] > 0)
+		gs_state.primary_refs[dev]--;
 	pthread_mutex_unlock(&teardown_mu);
 	return rc;
 }
@@ -527,7 +529,7 @@ struct gs_pool *pool_note(CUmemoryPool pool, int gpu)
 	uint64_t handle = (uint64_t)(uintptr_t)pool;
 	struct gs_pool *p;
 
-	if (handle == 0 || g.mode != GS_ENFORCE)
+	if (handle == 0 || gs_state.mode != GS_ENFORCE)
 		return NULL;
 	pthread_mutex_lock(&pools_mu);
 	p = pool_find(handle);
@@ -560,7 +562,7 @@ static inline uint32_t pool_index(const struct gs_pool *p)
 static CUdevice gpu_device(int gpu)
 {
 	for (int d = 0; d < GS_MAX_DEVS; d++)
-		if (__atomic_load_n(&g.dev_map[d], __ATOMIC_RELAXED) == gpu)
+		if (__atomic_load_n(&gs_state.dev_map[d], __ATOMIC_RELAXED) == gpu)
 			return d;
 	return -1;
 }
@@ -568,7 +570,7 @@ static CUdevice gpu_device(int gpu)
 /* The pool cuMemAllocAsync takes from on ledger GPU `gpu`; NULL if unknown. */
 static struct gs_pool *device_pool(int gpu)
 {
-	gs_fn_cuDeviceGetMemPool get = R(real, cuDeviceGetMemPool);
+	gs_fn_cuDeviceGetMemPool get = GS_REAL_FN(cuDeviceGetMemPool);
 	CUmemoryPool pool;
 	struct gs_pool *p;
 	uint64_t handle;
@@ -591,7 +593,7 @@ static struct gs_pool *device_pool(int gpu)
 /* With p->mu held: the pool's charge down to `target` bytes, if it is above. */
 static void pool_shrink(struct gs_pool *p, uint64_t target)
 {
-	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	int slot = __atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE);
 	uint64_t d, unpersist;
 
 	if (target >= p->charged || slot < 0 || p->gpu < 0)
@@ -605,9 +607,9 @@ static void pool_shrink(struct gs_pool *p, uint64_t target)
 	unpersist = d < p->persisted ? d : p->persisted;
 	__atomic_store_n(&p->charged, target, __ATOMIC_RELAXED);
 	__atomic_store_n(&p->persisted, p->persisted - unpersist, __ATOMIC_RELAXED);
-	gs_ledger_uncharge(g.ledger, (uint32_t)slot, (uint32_t)p->gpu, d);
+	gs_ledger_uncharge(gs_state.ledger, (uint32_t)slot, (uint32_t)p->gpu, d);
 	if (unpersist != 0)
-		gs_ledger_unpersist(g.ledger, (uint32_t)slot, (uint32_t)p->gpu, unpersist);
+		gs_ledger_unpersist(gs_state.ledger, (uint32_t)slot, (uint32_t)p->gpu, unpersist);
 }
 
 /*
@@ -626,8 +628,8 @@ static inline int is_graph_pool(const struct gs_pool *p)
 /* What the driver says the pool reserves; 0 with *known 0 when it cannot say. */
 static uint64_t pool_reserved(const struct gs_pool *p, int *known)
 {
-	gs_fn_cuMemPoolGetAttribute get = R(real, cuMemPoolGetAttribute);
-	gs_fn_cuDeviceGetGraphMemAttribute get_graph = R(real, cuDeviceGetGraphMemAttribute);
+	gs_fn_cuMemPoolGetAttribute get = GS_REAL_FN(cuMemPoolGetAttribute);
+	gs_fn_cuDeviceGetGraphMemAttribute get_graph = GS_REAL_FN(cuDeviceGetGraphMemAttribute);
 	cuuint64_t bytes = 0;
 	CUdevice dev;
 
@@ -744,8 +746,8 @@ static int pool_charge_to(struct gs_pool *p, uint64_t reserved, int slot, int *m
  */
 static int pool_trim(const struct gs_pool *p, uint64_t keep)
 {
-	gs_fn_cuMemPoolTrimTo trim = R(real, cuMemPoolTrimTo);
-	gs_fn_cuDeviceGraphMemTrim trim_graph = R(real, cuDeviceGraphMemTrim);
+	gs_fn_cuMemPoolTrimTo trim = GS_REAL_FN(cuMemPoolTrimTo);
+	gs_fn_cuDeviceGraphMemTrim trim_graph = GS_REAL_FN(cuDeviceGraphMemTrim);
 	CUdevice dev;
 
 	if (is_graph_pool(p)) {
@@ -768,7 +770,7 @@ static int pool_trim(const struct gs_pool *p, uint64_t keep)
  */
 static int pool_grow(struct gs_pool *p)
 {
-	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	int slot = __atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE);
 	uint64_t reserved, keep;
 	int known, fits, more = 0;
 
@@ -795,14 +797,14 @@ static int pool_grow(struct gs_pool *p)
 static void pool_give(const struct gs_alloc *a)
 {
 	struct gs_pool *p = &pools[a->pool - 1];
-	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	int slot = __atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE);
 
 	pthread_mutex_lock(&p->mu);
 	__atomic_store_n(&p->in_use, p->in_use > a->size ? p->in_use - a->size : 0,
 			 __ATOMIC_RELAXED);
 	/* Pinned persistent by gpushare_mark_persistent: idle memory is not. */
 	if (a->pinned && slot >= 0)
-		gs_ledger_unpersist(g.ledger, (uint32_t)slot, (uint32_t)a->gpu, a->size);
+		gs_ledger_unpersist(gs_state.ledger, (uint32_t)slot, (uint32_t)a->gpu, a->size);
 	/* A destroyed pool's memory goes back to the driver as its allocations are freed. */
 	if (p->dead)
 		pool_shrink(p, p->in_use);
@@ -831,7 +833,7 @@ static CUresult pool_settle(CUresult rc, CUdeviceptr key, struct gs_pool *p,
 	}
 	/* What a process allocates before its first boundary is set-up, not temporary. */
 	if (grew != 0 && c->epoch >= 1)
-		gs_ledger_note_temp(g.ledger, (uint32_t)c->slot, (uint32_t)c->gpu);
+		gs_ledger_note_temp(gs_state.ledger, (uint32_t)c->slot, (uint32_t)c->gpu);
 	return CUDA_SUCCESS;
 }
 
@@ -858,12 +860,12 @@ static CUresult pool_settle(CUresult rc, CUdeviceptr key, struct gs_pool *p,
  * that question on each later stream-ordered allocation.
  */
 static uint32_t captures; /* begun and not ended in this process */
-uint32_t graph_mem;	  /* 1 once this process made graph memory */
+uint32_t gs_graph_mem;	  /* 1 once this process made graph memory */
 
 /* Whether a stream captures; only asked while captures is nonzero. */
 static int stream_captures(CUstream stream)
 {
-	gs_fn_cuStreamIsCapturing is = R(real, cuStreamIsCapturing);
+	gs_fn_cuStreamIsCapturing is = GS_REAL_FN(cuStreamIsCapturing);
 	int status = 0;
 
 	return is != NULL && is(stream, &status) == CUDA_SUCCESS && status != 0;
@@ -873,7 +875,7 @@ static int stream_captures(CUstream stream)
 CUresult graph_node_made(CUresult rc)
 {
 	if (rc == CUDA_SUCCESS)
-		__atomic_store_n(&graph_mem, 1, __ATOMIC_RELEASE);
+		__atomic_store_n(&gs_graph_mem, 1, __ATOMIC_RELEASE);
 	return rc;
 }
 
@@ -913,9 +915,9 @@ CUresult pool_alloc_begin(struct gs_pool_alloc *op, const CUdeviceptr *dptr, siz
 			  CUmemoryPool pool, CUstream stream, CUstream cap)
 {
 	op->how = GS_PASS;
-	if (g.mode == GS_INERT)
+	if (gs_state.mode == GS_INERT)
 		return CUDA_SUCCESS;
-	if (g.mode == GS_BROKEN)
+	if (gs_state.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
 	if (dptr == NULL || bytes == 0)
 		return CUDA_SUCCESS;
@@ -1036,17 +1038,17 @@ static struct gs_pool *graph_pool(int gpu)
  */
 __attribute__((noinline, cold)) void graph_launched(CUstream stream)
 {
-	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	int slot = __atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE);
 	struct gs_pool *p;
 	CUcontext ctx;
 	int gpu;
 
-	if (g.mode != GS_ENFORCE || slot < 0 || stream_ctx(stream, &ctx, &gpu) != CUDA_SUCCESS ||
-	    (p = graph_pool(gpu)) == NULL)
+	if (gs_state.mode != GS_ENFORCE || slot < 0 ||
+	    stream_ctx(stream, &ctx, &gpu) != CUDA_SUCCESS || (p = graph_pool(gpu)) == NULL)
 		return;
 	/* What a process takes before its first boundary is set-up, not temporary. */
 	if (pool_grow(p) && epoch_now() >= 1)
-		gs_ledger_note_temp(g.ledger, (uint32_t)slot, (uint32_t)gpu);
+		gs_ledger_note_temp(gs_state.ledger, (uint32_t)slot, (uint32_t)gpu);
 }
 
 /* cuDeviceGraphMemTrim on ledger GPU gpu: its graph pool's charge follows. */

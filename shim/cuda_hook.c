@@ -34,7 +34,7 @@ GS_EXPORT CUresult cuInit(unsigned int flags)
 	CUresult rc = fn != NULL ? fn(flags) : CUDA_ERROR_NOT_FOUND;
 
 	/* Claim the slot now, so launches are counted and pausable from the first. */
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
+	if (rc == CUDA_SUCCESS && gs_state.mode == GS_ENFORCE)
 		my_slot();
 	return rc;
 }
@@ -53,8 +53,8 @@ GS_EXPORT CUresult cuDeviceGetCount(int *count)
  */
 static void share(int gpu, uint64_t *total, uint64_t *free_bytes, uint64_t *used)
 {
-	uint64_t limit = gpu >= 0 ? gs_ledger_limit(g.ledger, (uint32_t)gpu) : 0;
-	uint64_t u = gpu >= 0 ? gs_ledger_charged(g.ledger, (uint32_t)gpu) : 0;
+	uint64_t limit = gpu >= 0 ? gs_ledger_limit(gs_state.ledger, (uint32_t)gpu) : 0;
+	uint64_t u = gpu >= 0 ? gs_ledger_charged(gs_state.ledger, (uint32_t)gpu) : 0;
 	uint64_t left = u < limit ? limit - u : 0;
 
 	if (limit < *total)
@@ -74,9 +74,9 @@ GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 	CUresult rc = fn != NULL ? fn(bytes, dev) : CUDA_ERROR_NOT_FOUND;
 
 	/* A broken shim allocates nothing: it shows nothing, never the whole device. */
-	if (rc == CUDA_SUCCESS && g.mode == GS_BROKEN)
+	if (rc == CUDA_SUCCESS && gs_state.mode == GS_BROKEN)
 		*bytes = 0;
-	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE)
+	if (rc != CUDA_SUCCESS || gs_state.mode != GS_ENFORCE)
 		return rc;
 	gpu = ledger_gpu(dev);
 	if (gpu >= 0) {
@@ -95,9 +95,9 @@ GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 	gs_fn_cuMemGetInfo_v2 fn = TRACED_FN(cuMemGetInfo_v2);
 	CUresult rc = fn != NULL ? fn(free_bytes, total_bytes) : CUDA_ERROR_NOT_FOUND;
 
-	if (rc == CUDA_SUCCESS && g.mode == GS_BROKEN)
+	if (rc == CUDA_SUCCESS && gs_state.mode == GS_BROKEN)
 		*free_bytes = *total_bytes = 0; /* as cuDeviceTotalMem_v2 */
-	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE)
+	if (rc != CUDA_SUCCESS || gs_state.mode != GS_ENFORCE)
 		return rc;
 	if (current_gpu(&gpu) != CUDA_SUCCESS)
 		return rc;
@@ -124,7 +124,7 @@ GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 	rc = charge_context(dev, &charged);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	if (dev < 0 || dev >= GS_MAX_DEVS || g.mode != GS_ENFORCE) {
+	if (dev < 0 || dev >= GS_MAX_DEVS || gs_state.mode != GS_ENFORCE) {
 		rc = fn(ctx, dev);
 		context_settle(charged, rc);
 		return rc;
@@ -134,15 +134,15 @@ GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 	 * racing with this retain must not take the context for its last one.
 	 */
 	pthread_mutex_lock(&teardown_mu);
-	g.primary_refs[dev]++;
+	gs_state.primary_refs[dev]++;
 	pthread_mutex_unlock(&teardown_mu);
 	rc = fn(ctx, dev);
 	context_settle(charged, rc);
 	pthread_mutex_lock(&teardown_mu);
 	if (rc == CUDA_SUCCESS)
-		g.primary[dev] = *ctx;
+		gs_state.primary[dev] = *ctx;
 	else
-		g.primary_refs[dev]--;
+		gs_state.primary_refs[dev]--;
 	pthread_mutex_unlock(&teardown_mu);
 	return rc;
 }
@@ -245,8 +245,8 @@ static pthread_mutex_t limit_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static uint64_t limit_bytes(int limit, size_t value)
 {
-	gs_fn_cuDeviceGetAttribute attr = R(real, cuDeviceGetAttribute);
-	gs_fn_cuCtxGetDevice get_dev = R(real, cuCtxGetDevice);
+	gs_fn_cuDeviceGetAttribute attr = GS_REAL_FN(cuDeviceGetAttribute);
+	gs_fn_cuCtxGetDevice get_dev = GS_REAL_FN(cuCtxGetDevice);
 	int sms = 0, threads = 0;
 	CUdevice dev;
 
@@ -263,7 +263,7 @@ static uint64_t limit_bytes(int limit, size_t value)
 
 GS_EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
 {
-	gs_fn_cuCtxGetLimit get = R(real, cuCtxGetLimit);
+	gs_fn_cuCtxGetLimit get = GS_REAL_FN(cuCtxGetLimit);
 	uint64_t before, after, grow = 0, shrink = 0;
 	struct gs_alloc rec;
 	struct gs_charge c;
@@ -275,7 +275,7 @@ GS_EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
 	gs_fn_cuCtxSetLimit fn = TRACED_FN(cuCtxSetLimit);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode != GS_ENFORCE ||
+	if (gs_state.mode != GS_ENFORCE ||
 	    (limit != CU_LIMIT_STACK_SIZE && limit != CU_LIMIT_MALLOC_HEAP_SIZE))
 		return fn(limit, value);
 	if (get == NULL || current_ctx(&ctx, &gpu) != CUDA_SUCCESS || gpu < 0 ||
@@ -313,8 +313,8 @@ GS_EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
 		rec.size -= shrink;
 	}
 	if (shrink != 0)
-		give_back(__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), rec.gpu, shrink, rec.epoch,
-			  rec.pinned);
+		give_back(__atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE), rec.gpu, shrink,
+			  rec.epoch, rec.pinned);
 	/* Out of memory for the record: the charge goes, as for any allocation. */
 	if (rec.size != 0 && alloc_put(rec) != 0)
 		uncharge_record(&rec);
@@ -354,9 +354,9 @@ static inline __attribute__((always_inline)) CUresult ptr_alloc(const struct ptr
 
 	if (unlikely(a->plain == NULL && a->managed == NULL))
 		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode == GS_INERT)
+	if (gs_state.mode == GS_INERT)
 		return ptr_alloc_call(a, dptr, bytesize);
-	if (g.mode == GS_BROKEN)
+	if (gs_state.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
 	if (dptr == NULL || bytesize == 0)
 		return ptr_alloc_call(a, dptr, bytesize);
@@ -415,7 +415,7 @@ GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
 	gs_fn_cuMemPoolCreate fn = TRACED_FN(cuMemPoolCreate);
 	CUresult rc = fn != NULL ? fn(pool, props) : CUDA_ERROR_NOT_FOUND;
 
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
+	if (rc == CUDA_SUCCESS && gs_state.mode == GS_ENFORCE)
 		pool_note(*pool, pool_gpu(&props->location, props->allocType));
 	return rc;
 }
@@ -426,7 +426,7 @@ GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
 	{                                                                        \
 		gs_fn_##abi fn = TRACED_FN(abi);                                 \
 		CUresult rc = fn != NULL ? fn(pool, dev) : CUDA_ERROR_NOT_FOUND; \
-		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)                  \
+		if (rc == CUDA_SUCCESS && gs_state.mode == GS_ENFORCE)           \
 			pool_note(*pool, ledger_gpu(dev));                       \
 		return rc;                                                       \
 	}
@@ -440,7 +440,7 @@ DEVICE_POOL_WRAPPER(cuDeviceGetMemPool)
 	{                                                                                   \
 		gs_fn_##abi fn = TRACED_FN(abi);                                            \
 		CUresult rc = fn != NULL ? fn(pool, location, type) : CUDA_ERROR_NOT_FOUND; \
-		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)                             \
+		if (rc == CUDA_SUCCESS && gs_state.mode == GS_ENFORCE)                      \
 			pool_note(*pool, pool_gpu(location, type));                         \
 		return rc;                                                                  \
 	}
@@ -453,7 +453,7 @@ GS_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 	gs_fn_cuDeviceSetMemPool fn = TRACED_FN(cuDeviceSetMemPool);
 	CUresult rc = fn != NULL ? fn(dev, pool) : CUDA_ERROR_NOT_FOUND;
 
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
+	if (rc == CUDA_SUCCESS && gs_state.mode == GS_ENFORCE)
 		set_current_pool(pool, ledger_gpu(dev));
 	return rc;
 }
@@ -463,7 +463,7 @@ GS_EXPORT CUresult cuMemSetMemPool(CUmemLocation *location, int type, CUmemoryPo
 	gs_fn_cuMemSetMemPool fn = TRACED_FN(cuMemSetMemPool);
 	CUresult rc = fn != NULL ? fn(location, type, pool) : CUDA_ERROR_NOT_FOUND;
 
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE && pool_gpu(location, type) >= 0)
+	if (rc == CUDA_SUCCESS && gs_state.mode == GS_ENFORCE && pool_gpu(location, type) >= 0)
 		set_current_pool(pool, ledger_gpu(location->id));
 	return rc;
 }
@@ -473,7 +473,7 @@ GS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 	gs_fn_cuMemPoolTrimTo fn = TRACED_FN(cuMemPoolTrimTo);
 	CUresult rc = fn != NULL ? fn(pool, keep) : CUDA_ERROR_NOT_FOUND;
 
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
+	if (rc == CUDA_SUCCESS && gs_state.mode == GS_ENFORCE)
 		pool_trimmed(pool);
 	return rc;
 }
@@ -483,7 +483,7 @@ GS_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *valu
 	gs_fn_cuMemPoolSetAttribute fn = TRACED_FN(cuMemPoolSetAttribute);
 	CUresult rc = fn != NULL ? fn(pool, attr, value) : CUDA_ERROR_NOT_FOUND;
 
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE && attr == GS_POOL_RELEASE_THRESHOLD)
+	if (rc == CUDA_SUCCESS && gs_state.mode == GS_ENFORCE && attr == GS_POOL_RELEASE_THRESHOLD)
 		pool_threshold_set(pool, *(const cuuint64_t *)value);
 	return rc;
 }
@@ -498,7 +498,7 @@ GS_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 	gs_fn_cuMemPoolDestroy fn = TRACED_FN(cuMemPoolDestroy);
 	CUresult rc = fn != NULL ? fn(pool) : CUDA_ERROR_NOT_FOUND;
 
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
+	if (rc == CUDA_SUCCESS && gs_state.mode == GS_ENFORCE)
 		pool_destroyed(pool);
 	return rc;
 }
@@ -509,7 +509,7 @@ GS_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 	{                                                                  \
 		gs_fn_##abi fn = TRACED_FN(abi);                           \
 		CUresult rc = fn != NULL ? fn args : CUDA_ERROR_NOT_FOUND; \
-		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)            \
+		if (rc == CUDA_SUCCESS && gs_state.mode == GS_ENFORCE)     \
 			pools_after_sync();                                \
 		return rc;                                                 \
 	}
@@ -561,18 +561,18 @@ GS_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *
 	gs_fn_cuGraphAddMemAllocNode fn = TRACED_FN(cuGraphAddMemAllocNode);
 	CUresult rc = fn != NULL ? fn(node, graph, deps, ndeps, params) : CUDA_ERROR_NOT_FOUND;
 
-	return g.mode == GS_ENFORCE ? graph_node_made(rc) : rc;
+	return gs_state.mode == GS_ENFORCE ? graph_node_made(rc) : rc;
 }
 
 /* An upload maps the graph's memory as its launch would. */
-#define UPLOAD_WRAPPER(abi)                                                              \
-	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                        \
-	{                                                                                \
-		gs_fn_##abi fn = TRACED_FN(abi);                                         \
-		CUresult rc = fn != NULL ? fn(exec, stream) : CUDA_ERROR_NOT_FOUND;      \
-		if (rc == CUDA_SUCCESS && __atomic_load_n(&graph_mem, __ATOMIC_ACQUIRE)) \
-			graph_launched(stream);                                          \
-		return rc;                                                               \
+#define UPLOAD_WRAPPER(abi)                                                                 \
+	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                           \
+	{                                                                                   \
+		gs_fn_##abi fn = TRACED_FN(abi);                                            \
+		CUresult rc = fn != NULL ? fn(exec, stream) : CUDA_ERROR_NOT_FOUND;         \
+		if (rc == CUDA_SUCCESS && __atomic_load_n(&gs_graph_mem, __ATOMIC_ACQUIRE)) \
+			graph_launched(stream);                                             \
+		return rc;                                                                  \
 	}
 
 UPLOAD_WRAPPER(cuGraphUpload)
@@ -583,7 +583,7 @@ GS_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
 	gs_fn_cuDeviceGraphMemTrim fn = TRACED_FN(cuDeviceGraphMemTrim);
 	CUresult rc = fn != NULL ? fn(dev) : CUDA_ERROR_NOT_FOUND;
 
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
+	if (rc == CUDA_SUCCESS && gs_state.mode == GS_ENFORCE)
 		graph_pool_trimmed(ledger_gpu(dev));
 	return rc;
 }
@@ -594,8 +594,8 @@ GS_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 	gs_fn_cuGraphExecDestroy fn = TRACED_FN(cuGraphExecDestroy);
 	CUresult rc = fn != NULL ? fn(exec) : CUDA_ERROR_NOT_FOUND;
 
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE &&
-	    __atomic_load_n(&graph_mem, __ATOMIC_ACQUIRE))
+	if (rc == CUDA_SUCCESS && gs_state.mode == GS_ENFORCE &&
+	    __atomic_load_n(&gs_graph_mem, __ATOMIC_ACQUIRE))
 		graph_pools_sync();
 	return rc;
 }
@@ -635,9 +635,9 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 	gs_fn_cuMemAllocPitch_v2 fn = TRACED_FN(cuMemAllocPitch_v2);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode == GS_INERT)
+	if (gs_state.mode == GS_INERT)
 		return fn(dptr, pitch, width, height, elem);
-	if (g.mode == GS_BROKEN)
+	if (gs_state.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
 	if (dptr == NULL || pitch == NULL || width == 0 || height == 0)
 		return fn(dptr, pitch, width, height, elem);
@@ -762,10 +762,10 @@ static CUresult array_create(const struct array_create *a)
 
 	if (unlikely(a->flat == NULL && a->deep == NULL && a->mipmapped == NULL))
 		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode == GS_INERT || (a->array == NULL && a->mipmap == NULL) ||
+	if (gs_state.mode == GS_INERT || (a->array == NULL && a->mipmap == NULL) ||
 	    (a->desc == NULL && a->desc3d == NULL))
 		return array_create_call(a);
-	if (g.mode == GS_BROKEN)
+	if (gs_state.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
 	rc = charge_current(array_create_bytes(a), &c);
 	if (rc != CUDA_SUCCESS)
@@ -813,7 +813,8 @@ FREE_WRAPPER(cuMipmappedArrayDestroy, (CUmipmappedArray array), array, GS_K_MIPM
 static inline __attribute__((always_inline)) void launch_gate(void)
 {
 	hold_while_paused();
-	__atomic_fetch_add(__atomic_load_n(&hot.launches, __ATOMIC_ACQUIRE), 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(__atomic_load_n(&gs_hot.launches, __ATOMIC_ACQUIRE), 1,
+			   __ATOMIC_RELAXED);
 }
 
 /* Every launch entry: the gate, then the driver. */
@@ -839,19 +840,19 @@ LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, GS_COOP_PARAMS,
 	       (f, gx, gy, gz, bx, by, bz, shmem, stream, params))
 
 /* A graph launch may map graph memory: one flag read unless the process ever made some. */
-#define GRAPH_LAUNCH_WRAPPER(abi)                                                   \
-	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                   \
-	{                                                                           \
-		CUresult rc;                                                        \
-		gs_fn_##abi fn = TRACED_FN(abi);                                    \
-		if (unlikely(fn == NULL))                                           \
-			return CUDA_ERROR_NOT_FOUND;                                \
-		launch_gate();                                                      \
-		rc = fn(exec, stream);                                              \
-		if (unlikely(__atomic_load_n(&graph_mem, __ATOMIC_RELAXED) != 0) && \
-		    rc == CUDA_SUCCESS)                                             \
-			graph_launched(stream);                                     \
-		return rc;                                                          \
+#define GRAPH_LAUNCH_WRAPPER(abi)                                                      \
+	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                      \
+	{                                                                              \
+		CUresult rc;                                                           \
+		gs_fn_##abi fn = TRACED_FN(abi);                                       \
+		if (unlikely(fn == NULL))                                              \
+			return CUDA_ERROR_NOT_FOUND;                                   \
+		launch_gate();                                                         \
+		rc = fn(exec, stream);                                                 \
+		if (unlikely(__atomic_load_n(&gs_graph_mem, __ATOMIC_RELAXED) != 0) && \
+		    rc == CUDA_SUCCESS)                                                \
+			graph_launched(stream);                                        \
+		return rc;                                                             \
 	}
 
 GRAPH_LAUNCH_WRAPPER(cuGraphLaunch)
@@ -873,7 +874,7 @@ static int hexval(char c)
 /* Ledger GPU of an NVML device (by its "GPU-…" UUID), or GS_DEV_FOREIGN. */
 static int nvml_gpu(nvmlDevice_t dev)
 {
-	gs_fn_nvmlDeviceGetUUID get = R(nvml, nvmlDeviceGetUUID);
+	gs_fn_nvmlDeviceGetUUID get = GS_NVML_FN(nvmlDeviceGetUUID);
 	char text[GS_NVML_UUID_LEN];
 	uint8_t bytes[16];
 	int n = 0;
@@ -895,8 +896,8 @@ static int nvml_gpu(nvmlDevice_t dev)
 	}
 	if (n != 32)
 		return GS_DEV_FOREIGN;
-	for (uint32_t i = 0; i < g.ledger->ngpus && i < GS_MAX_GPUS; i++)
-		if (memcmp(g.ledger->gpu[i].uuid, bytes, 16) == 0)
+	for (uint32_t i = 0; i < gs_state.ledger->ngpus && i < GS_MAX_GPUS; i++)
+		if (memcmp(gs_state.ledger->gpu[i].uuid, bytes, 16) == 0)
 			return (int)i;
 	return GS_DEV_FOREIGN;
 }

@@ -92,8 +92,8 @@ struct gs_nvml_table {
 #include "hooks.def"
 };
 
-extern struct gs_real_table real;
-extern struct gs_nvml_table nvml;
+extern struct gs_real_table gs_real;
+extern struct gs_nvml_table gs_nvml;
 
 /* Every entry of the lookup table: hooks, known unhooked variants, NVML hooks. */
 enum {
@@ -120,10 +120,14 @@ struct gs_hook {
 	void **real;
 };
 
-extern const struct gs_hook hooks[GS_NENTRIES];
+extern const struct gs_hook gs_hooks[GS_NENTRIES];
 
-/* An acquire load of a real entry point: resolution publishes them with release. */
-#define R(table, abi) __atomic_load_n(&(table).abi, __ATOMIC_ACQUIRE)
+/*
+ * An acquire load of a real entry point of the driver or of NVML: resolution
+ * publishes them with release. NULL where the library lacks it.
+ */
+#define GS_REAL_FN(abi) __atomic_load_n(&gs_real.abi, __ATOMIC_ACQUIRE)
+#define GS_NVML_FN(abi) __atomic_load_n(&gs_nvml.abi, __ATOMIC_ACQUIRE)
 
 /* --- process state -------------------------------------------------------- */
 
@@ -140,11 +144,11 @@ enum gs_mode {
 #define GS_DEV_UNRESOLVED (-4)
 
 /*
- * g.mode changes at most once after load, when gpushare_attach takes an
+ * gs_state.mode changes at most once after load, when gpushare_attach takes an
  * inert process to enforcing (a release store, after all else it sets). The
  * wrappers still read it plainly, so their paths stay as they were: each
  * reads it after an acquire load of a real entry point, and the real table
- * is filled only after the mark that attach tests under attach_mu, so a
+ * is filled only after the mark that attach tests under gs_attach_mu, so a
  * successful attach happens before any wrapper reaches the driver. Other
  * readers use mode_acquire().
  */
@@ -172,12 +176,12 @@ struct gs_process {
 	char ledger_path[PATH_MAX]; /* to map it afresh after fork */
 };
 
-extern struct gs_process g;
+extern struct gs_process gs_state;
 
 /* The mode, for readers that are not ordered after gpushare_attach otherwise. */
 static inline enum gs_mode mode_acquire(void)
 {
-	return __atomic_load_n(&g.mode, __ATOMIC_ACQUIRE);
+	return __atomic_load_n(&gs_state.mode, __ATOMIC_ACQUIRE);
 }
 
 /*
@@ -185,16 +189,16 @@ static inline enum gs_mode mode_acquire(void)
  * private words, so the path needs no mode test: claiming a slot repoints
  * them into the ledger (the task's pause word, the slot's launch counter).
  */
-struct gs_hot {
+struct gs_hot_path {
 	uint32_t *pause;
 	uint64_t *launches;
 };
 
-extern uint32_t never_paused;
-extern uint64_t unattached_launches;
-extern struct gs_hot hot;
+extern uint32_t gs_never_paused;
+extern uint64_t gs_unattached_launches;
+extern struct gs_hot_path gs_hot;
 
-struct gs_trace {
+struct gs_trace_counts {
 	unsigned long calls[GS_NENTRIES];
 	unsigned long via_dlsym[GS_NENTRIES];
 	unsigned long via_gpa[GS_NENTRIES];
@@ -207,12 +211,12 @@ struct gs_trace {
 	unsigned long pause_wait_ns;
 };
 
-extern struct gs_trace trace;
+extern struct gs_trace_counts gs_trace;
 
-#define TRACE(id, field)                                                           \
-	do {                                                                       \
-		if (unlikely(g.trace_path != NULL))                                \
-			__atomic_fetch_add(&trace.field[id], 1, __ATOMIC_RELAXED); \
+#define GS_TRACE(id, field)                                                           \
+	do {                                                                          \
+		if (unlikely(gs_state.trace_path != NULL))                            \
+			__atomic_fetch_add(&gs_trace.field[id], 1, __ATOMIC_RELAXED); \
 	} while (0)
 
 extern void *(*gs_real_dlsym)(void *, const char *);
@@ -250,7 +254,7 @@ struct gs_charge {
 
 static inline uint64_t epoch_now(void)
 {
-	return __atomic_load_n(&g.epoch, __ATOMIC_ACQUIRE);
+	return __atomic_load_n(&gs_state.epoch, __ATOMIC_ACQUIRE);
 }
 
 /* A pool of host or managed memory: allocations from it take no device memory. */
@@ -258,8 +262,8 @@ static inline uint64_t epoch_now(void)
 #define GS_POOL_RELEASE_THRESHOLD 4 /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
 
 /* dispatch.c */
-extern pthread_mutex_t attach_mu;
-extern int driver_reached;
+extern pthread_mutex_t gs_attach_mu;
+extern int gs_driver_reached;
 void resolve_real_dlsym(void);
 /* Called by the dlsym trampoline (dlsym_x86_64.S). */
 GS_UNINSTRUMENTED void *gs_dlsym_hook(void *handle, const char *name);
@@ -277,7 +281,7 @@ static inline __attribute__((always_inline)) void *traced_entry(int id, void **s
 {
 	void *fn;
 
-	TRACE(id, calls);
+	GS_TRACE(id, calls);
 	fn = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
 	if (unlikely(fn == NULL)) {
 		need_real();
@@ -288,14 +292,14 @@ static inline __attribute__((always_inline)) void *traced_entry(int id, void **s
 
 static inline void *traced_nvml_entry(int id, void **slot)
 {
-	TRACE(id, calls);
+	GS_TRACE(id, calls);
 	need_nvml();
 	return __atomic_load_n(slot, __ATOMIC_ACQUIRE);
 }
 
 /* gs_fn_abi fn = TRACED_FN(abi): the opening of abi's wrapper. */
-#define TRACED_FN(abi) ((gs_fn_##abi)traced_entry(GS_ID_##abi, (void **)&real.abi))
-#define TRACED_NVML_FN(abi) ((gs_fn_##abi)traced_nvml_entry(GS_ID_##abi, (void **)&nvml.abi))
+#define TRACED_FN(abi) ((gs_fn_##abi)traced_entry(GS_ID_##abi, (void **)&gs_real.abi))
+#define TRACED_NVML_FN(abi) ((gs_fn_##abi)traced_nvml_entry(GS_ID_##abi, (void **)&gs_nvml.abi))
 
 /* process.c */
 int my_slot(void);
@@ -361,7 +365,7 @@ void pool_threshold_set(CUmemoryPool pool, uint64_t threshold);
 void pool_destroyed(CUmemoryPool pool);
 void pools_after_sync(void);
 void pools_at_boundary(void);
-extern uint32_t graph_mem;
+extern uint32_t gs_graph_mem;
 CUresult graph_node_made(CUresult rc);
 __attribute__((cold)) void graph_launched(CUstream stream);
 void graph_pool_trimmed(int gpu);
@@ -371,7 +375,7 @@ void capture_ended(CUresult rc);
 /* Launches and allocations of a paused or gated task wait here: one load when it runs. */
 static inline __attribute__((always_inline)) void hold_while_paused(void)
 {
-	uint32_t *pause = __atomic_load_n(&hot.pause, __ATOMIC_ACQUIRE);
+	uint32_t *pause = __atomic_load_n(&gs_hot.pause, __ATOMIC_ACQUIRE);
 
 	if (unlikely(__atomic_load_n(pause, __ATOMIC_RELAXED) != 0))
 		wait_while_paused(pause);
@@ -380,7 +384,7 @@ static inline __attribute__((always_inline)) void hold_while_paused(void)
 /*
  * A paused or gated task takes no new memory: an allocation waits, as a
  * launch does, before it is charged (docs/timeslicing.md). The slot is
- * claimed first, since claiming is what points hot.pause at the task's word.
+ * claimed first, since claiming is what points gs_hot.pause at the task's word.
  */
 static inline __attribute__((always_inline)) void alloc_gate(void)
 {
