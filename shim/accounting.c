@@ -149,7 +149,7 @@ CUresult charge_context(CUdevice dev, int *charged)
 		sched_yield(); /* another thread is paying: its outcome decides */
 	}
 	paying |= 1u << gpu;
-	bytes = __atomic_load_n(&gs_state.ledger->gpu[gpu].ctx_charge, __ATOMIC_RELAXED);
+	bytes = gs_ledger_ctx_charge(gs_state.ledger, (uint32_t)gpu);
 	if (bytes != 0 && charge_gpu(gpu, bytes, &c) != CUDA_SUCCESS) {
 		paying &= ~(1u << gpu);
 		__atomic_store_n(&gs_state.ctx_state[gpu], GS_CTX_UNPAID, __ATOMIC_RELEASE);

@@ -877,7 +877,7 @@ static int nvml_gpu(nvmlDevice_t dev)
 	gs_fn_nvmlDeviceGetUUID get = GS_NVML_FN(nvmlDeviceGetUUID);
 	char text[GS_NVML_UUID_LEN];
 	uint8_t bytes[16];
-	int n = 0;
+	int n = 0, gpu;
 
 	if (get == NULL || get(dev, text, sizeof(text)) != NVML_SUCCESS)
 		return GS_DEV_FOREIGN;
@@ -896,10 +896,8 @@ static int nvml_gpu(nvmlDevice_t dev)
 	}
 	if (n != 32)
 		return GS_DEV_FOREIGN;
-	for (uint32_t i = 0; i < gs_state.ledger->ngpus && i < GS_MAX_GPUS; i++)
-		if (memcmp(gs_state.ledger->gpu[i].uuid, bytes, 16) == 0)
-			return (int)i;
-	return GS_DEV_FOREIGN;
+	gpu = gs_ledger_gpu_index(gs_state.ledger, bytes);
+	return gpu >= 0 ? gpu : GS_DEV_FOREIGN;
 }
 
 /* Rewrite an NVML memory report as the environment's share; untouched for other GPUs. */

@@ -208,13 +208,13 @@ int my_slot(void)
 		s = gs_ledger_claim(gs_state.ledger, gs_state.fd, (int32_t)getpid(),
 				    gs_state.task_id);
 		if (s >= 0) {
-			int t = __atomic_load_n(&gs_state.ledger->slot[s].task_index,
-						__ATOMIC_ACQUIRE);
+			struct gs_ledger *l = gs_state.ledger;
+			uint32_t *pause =
+				gs_ledger_pause_word(l, gs_ledger_slot_task(l, (uint32_t)s));
 
-			if (t >= 0 && t < GS_MAX_TASKS)
-				__atomic_store_n(&gs_hot.pause, &gs_state.ledger->task[t].paused,
-						 __ATOMIC_RELEASE);
-			__atomic_store_n(&gs_hot.launches, &gs_state.ledger->slot[s].launches,
+			if (pause != NULL)
+				__atomic_store_n(&gs_hot.pause, pause, __ATOMIC_RELEASE);
+			__atomic_store_n(&gs_hot.launches, gs_ledger_launch_counter(l, (uint32_t)s),
 					 __ATOMIC_RELEASE);
 			__atomic_store_n(&gs_state.slot, s, __ATOMIC_RELEASE);
 		}
@@ -262,15 +262,10 @@ int ledger_gpu(CUdevice dev)
 		rc = uuid_v1(&uuid, dev);
 	else
 		rc = CUDA_ERROR_NOT_FOUND;
-	idx = rc == CUDA_SUCCESS ? GS_DEV_FOREIGN : GS_DEV_UNRESOLVED;
-	if (rc == CUDA_SUCCESS) {
-		for (uint32_t i = 0; i < gs_state.ledger->ngpus && i < GS_MAX_GPUS; i++) {
-			if (memcmp(gs_state.ledger->gpu[i].uuid, uuid.bytes, 16) == 0) {
-				idx = (int)i;
-				break;
-			}
-		}
-	}
+	if (rc != CUDA_SUCCESS)
+		idx = GS_DEV_UNRESOLVED;
+	else if ((idx = gs_ledger_gpu_index(gs_state.ledger, (const uint8_t *)uuid.bytes)) < 0)
+		idx = GS_DEV_FOREIGN;
 	if (rc == CUDA_SUCCESS && dev >= 0 && dev < GS_MAX_DEVS)
 		__atomic_store_n(&gs_state.dev_map[dev], idx, __ATOMIC_RELAXED);
 	return idx;
@@ -368,8 +363,6 @@ CUresult stream_ctx(CUstream stream, CUcontext *ctx, int *gpu)
  */
 __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 {
-	const struct gs_task *entry =
-		(const struct gs_task *)((const char *)word - offsetof(struct gs_task, paused));
 	struct timespec ts = { 0, 250 * 1000 * 1000 };
 	struct timespec start, end;
 	uint32_t seen;
@@ -380,7 +373,7 @@ __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 		 * A process that outlived its task may find the entry handed to a
 		 * newer task: that task's pause is not this process's to obey.
 		 */
-		if (strncmp(entry->task_id, gs_state.task_id, GS_TASK_ID_LEN) != 0) {
+		if (!gs_ledger_pause_word_names(word, gs_state.task_id)) {
 			__atomic_store_n(&gs_hot.pause, &gs_never_paused, __ATOMIC_RELEASE);
 			break;
 		}
