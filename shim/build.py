@@ -33,10 +33,13 @@ SANITIZERS = {"address": "address,undefined", "thread": "thread"}
 # The shim's translation units; shim.h lists what each holds.
 SHIM_SOURCES = (
     "cuda_hook.c",
+    "pool_hook.c",
     "vmm_hook.c",
     "dispatch.c",
     "process.c",
     "accounting.c",
+    "pools.c",
+    "graph_mem.c",
     "alloc_map.c",
     "iteration.c",
     "ledger.c",

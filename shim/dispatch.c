@@ -2,9 +2,10 @@
  * Dispatch: the tables generated from hooks.def, resolving the real driver
  * and NVML, the dlsym hook (the trampoline in dlsym_x86_64.S calls it),
  * cuGetProcAddress's substitution of wrappers, and the trace of which hooks
- * a process reached.
+ * a process reached. The bottom layer: it names no other file's state
+ * (shim.h).
  */
-#include "shim.h"
+#include "dispatch.h"
 
 struct gs_real_table gs_real;
 
@@ -41,6 +42,10 @@ const struct gs_hook gs_hooks[GS_NENTRIES] = {
 };
 
 struct gs_trace_counts gs_trace;
+int gs_tracing;
+/* GPUSHARE_TRACE: the file the trace is appended to at exit; NULL: none. */
+static char *trace_path;
+static gs_trace_head_fn trace_head;
 
 /* glibc's dlsym; the trampoline (dlsym_x86_64.S) calls it too. */
 GS_HIDDEN void *(*gs_real_dlsym)(void *, const char *);
@@ -108,12 +113,6 @@ void need_real(void)
  */
 static pthread_mutex_t nvml_mu = PTHREAD_MUTEX_INITIALIZER;
 static int nvml_resolved;
-
-/* In a fork child: another thread may have held the lock. */
-void gs_dispatch_after_fork(void)
-{
-	pthread_mutex_init(&nvml_mu, NULL);
-}
 
 void need_nvml(void)
 {
@@ -336,32 +335,42 @@ GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_
 	return rc;
 }
 
-__attribute__((destructor)) static void gs_unload(void)
+void gs_trace_head(gs_trace_head_fn fn)
 {
-	static const char *const modes[] = { "inert", "enforce", "broken" };
+	trace_head = fn;
+}
+
+/* In a fork child: another thread may have held the lock. */
+static void dispatch_after_fork_child(void)
+{
+	pthread_mutex_init(&nvml_mu, NULL);
+}
+
+__attribute__((constructor)) static void dispatch_load(void)
+{
+	const char *tr = getenv("GPUSHARE_TRACE");
+
+	resolve_real_dlsym();
+	if (tr != NULL && tr[0] != '\0')
+		trace_path = strdup(tr);
+	gs_tracing = trace_path != NULL;
+	pthread_atfork(NULL, NULL, dispatch_after_fork_child);
+}
+
+__attribute__((destructor)) static void dispatch_unload(void)
+{
 	char buf[8192];
 	size_t n = 0;
-	uint64_t launches;
 	int fd;
 
-	if (gs_state.trace_path == NULL)
+	if (trace_path == NULL)
 		return;
 	/*
-	 * One write per process, so lines from many processes never interleave.
-	 * slot: its ledger slot (-1: none); launches: its launch counter (the
-	 * slot's, once it has one); pause_waits: launches and allocations that
-	 * waited for the pause word, for pause_wait_us in all.
+	 * One write per process, so lines from many processes never interleave:
+	 * the process's line (trace_head), then one per hook it reached.
 	 */
-	launches = __atomic_load_n(__atomic_load_n(&gs_hot.launches, __ATOMIC_ACQUIRE),
-				   __ATOMIC_RELAXED);
-	n += (size_t)
-		snprintf(buf + n, sizeof(buf) - n,
-			 "pid=%d mode=%s slot=%d launches=%llu pause_waits=%lu pause_wait_us=%lu\n",
-			 (int)getpid(), modes[mode_acquire()],
-			 __atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE),
-			 (unsigned long long)launches,
-			 __atomic_load_n(&gs_trace.pause_waits, __ATOMIC_RELAXED),
-			 __atomic_load_n(&gs_trace.pause_wait_ns, __ATOMIC_RELAXED) / 1000);
+	if (trace_head != NULL)
+		n += (size_t)trace_head(buf, sizeof(buf));
 	for (int i = 0; i < GS_NENTRIES && n < sizeof(buf); i++) {
 		if (!gs_trace.calls[i] && !gs_trace.via_dlsym[i] && !gs_trace.via_gpa[i])
 			continue;
@@ -372,7 +381,7 @@ __attribute__((destructor)) static void gs_unload(void)
 	}
 	if (n > sizeof(buf))
 		n = sizeof(buf);
-	fd = open(gs_state.trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	fd = open(trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return;
 	if (write(fd, buf, n) < 0) {

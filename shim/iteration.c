@@ -3,7 +3,7 @@
  * classify a process's memory as persistent or temporary, pins, releases
  * and the memory report.
  */
-#include "shim.h"
+#include "pools.h"
 
 /* --- iterations: persistent and temporary memory (docs/timeslicing.md) ---------- */
 

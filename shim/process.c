@@ -1,9 +1,10 @@
 /*
  * The process's state: attaching to the ledger (at load or by
  * gpushare_attach), its slot, which ledger GPU a device or context is, the
- * wait of a paused task, and what load and fork do.
+ * wait of a paused task, and what load and fork do to that state. Below
+ * the accounting, above dispatch.c (process.h).
  */
-#include "shim.h"
+#include "process.h"
 
 struct gs_process gs_state = {
 	.mode = GS_INERT,
@@ -16,6 +17,16 @@ struct gs_process gs_state = {
 uint32_t gs_never_paused;
 uint64_t gs_unattached_launches;
 struct gs_hot_path gs_hot = { &gs_never_paused, &gs_unattached_launches };
+
+/*
+ * Launches and allocations that found the pause word set, and the time they
+ * waited: counted in the wait itself (off the hot path), whether or not a
+ * trace is written, so that a trace tells whether a slow run waited.
+ */
+static struct {
+	unsigned long waits;
+	unsigned long wait_ns;
+} pause_stats;
 
 /* --- ledger attachment ------------------------------------------------------ */
 
@@ -271,6 +282,15 @@ int ledger_gpu(CUdevice dev)
 	return idx;
 }
 
+/* The ledger GPU's device ordinal, as ledger_gpu() learnt it; -1 if never asked. */
+CUdevice gpu_device(int gpu)
+{
+	for (int d = 0; d < GS_MAX_DEVS; d++)
+		if (__atomic_load_n(&gs_state.dev_map[d], __ATOMIC_RELAXED) == gpu)
+			return d;
+	return -1;
+}
+
 /*
  * Each thread remembers the ledger GPU of the context it last saw current,
  * so an allocation costs one driver call (cuCtxGetCurrent). A context that
@@ -380,8 +400,8 @@ __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 		syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
 	}
 	clock_gettime(CLOCK_MONOTONIC, &end);
-	__atomic_fetch_add(&gs_trace.pause_waits, 1, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&gs_trace.pause_wait_ns,
+	__atomic_fetch_add(&pause_stats.waits, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&pause_stats.wait_ns,
 			   (unsigned long)((end.tv_sec - start.tv_sec) * 1000000000L +
 					   (end.tv_nsec - start.tv_nsec)),
 			   __ATOMIC_RELAXED);
@@ -390,9 +410,31 @@ __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 /* --- load, fork, exit ---------------------------------------------------------- */
 
 /*
+ * The trace's first line (dispatch.c writes the trace at exit). slot: its
+ * ledger slot (-1: none); launches: its launch counter (the slot's, once it
+ * has one); pause_waits: launches and allocations that waited for the
+ * pause word, for pause_wait_us in all.
+ */
+static int trace_head(char *buf, size_t len)
+{
+	static const char *const modes[] = { "inert", "enforce", "broken" };
+	uint64_t launches = __atomic_load_n(__atomic_load_n(&gs_hot.launches, __ATOMIC_ACQUIRE),
+					    __ATOMIC_RELAXED);
+
+	return snprintf(buf, len,
+			"pid=%d mode=%s slot=%d launches=%llu pause_waits=%lu pause_wait_us=%lu\n",
+			(int)getpid(), modes[mode_acquire()],
+			__atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE),
+			(unsigned long long)launches,
+			__atomic_load_n(&pause_stats.waits, __ATOMIC_RELAXED),
+			__atomic_load_n(&pause_stats.wait_ns, __ATOMIC_RELAXED) / 1000);
+}
+
+/*
  * A fork waits for an attach in progress: a child must never inherit a
- * ledger descriptor that its gs_state does not show, since a child holding the
- * parent's open file description would keep the parent's slot lock alive.
+ * ledger descriptor that its gs_state does not show, since a child holding
+ * the parent's open file description would keep the parent's slot lock
+ * alive.
  */
 static void before_fork(void)
 {
@@ -404,24 +446,24 @@ static void after_fork_parent(void)
 	pthread_mutex_unlock(&gs_attach_mu);
 }
 
+/*
+ * What the child starts over with of this file's state; the files above
+ * reset their own (their allocations, contexts and pools are the parent's).
+ */
 static void after_fork_child(void)
 {
 	/*
-	 * The inherited descriptor shares the parent's lock, and the parent's
-	 * allocations and context charges are not the child's: start over with
-	 * no slot, an empty map and no boundaries counted. Locks are re-made
-	 * because another thread may have held them.
+	 * The inherited descriptor shares the parent's lock: start over with
+	 * no slot and no boundaries counted. Locks are re-made because another
+	 * thread may have held them.
 	 */
 	pthread_mutex_unlock(&gs_attach_mu); /* taken by this thread in before_fork */
 	if (gs_state.mode != GS_ENFORCE)
 		return;
 	gs_hot.pause = &gs_never_paused;
 	gs_hot.launches = &gs_unattached_launches;
-	memset(gs_state.ctx_state, 0, sizeof(gs_state.ctx_state));
-	memset(gs_state.primary, 0, sizeof(gs_state.primary));
-	memset(gs_state.primary_refs, 0, sizeof(gs_state.primary_refs));
+	/* The parent's contexts are not the child's: no thread's cached answer holds. */
 	gs_state.ctx_gen++;
-	gs_dispatch_after_fork();
 	/* The parent's mapping was not inherited (MADV_DONTFORK); drop its descriptor too. */
 	close(gs_state.fd);
 	gs_state.slot = -1;
@@ -436,23 +478,17 @@ static void after_fork_child(void)
 	pthread_mutex_init(&gs_state.claim_mu, NULL);
 	pthread_mutex_init(&gs_state.epoch_mu, NULL);
 	gs_state.epoch = 0;
-	gs_accounting_after_fork();
-	gs_map_reset();
 }
 
-__attribute__((constructor)) static void gs_load(void)
+__attribute__((constructor)) static void process_load(void)
 {
 	const char *ledger = getenv("GPUSHARE_LEDGER");
 	const char *task = getenv("GPUSHARE_TASK_ID");
-	const char *tr = getenv("GPUSHARE_TRACE");
 
-	resolve_real_dlsym();
-	gs_map_init();
 	if (task != NULL)
 		strncpy(gs_state.task_id, task, sizeof(gs_state.task_id) - 1);
-	if (tr != NULL && tr[0] != '\0')
-		gs_state.trace_path = strdup(tr);
 	if (ledger != NULL && ledger[0] != '\0')
 		attach_at_load(ledger);
+	gs_trace_head(trace_head);
 	pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }

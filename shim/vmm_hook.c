@@ -4,7 +4,7 @@
  * the physical memory, and the mappings that keep a released handle's
  * memory alive (cuMemMap, cuMemUnmap, cuMemRetainAllocationHandle).
  */
-#include "shim.h"
+#include "accounting.h"
 
 /*
  * Virtual memory management (PyTorch's expandable segments, NCCL): the
