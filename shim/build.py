@@ -4,8 +4,9 @@
   loaded into every program a task runs.
 - the simulated driver and NVML are built by ``sim/build.py`` with the same
   flags (``link`` below).
-- ``nodemgr._ledger``: cffi bindings to the ledger, declared from the same
-  headers the shim is compiled with.
+- ``nodemgr._ledger``: cffi bindings to the ledger (``ledger.c``, and
+  ``ledger_access.c``'s reads), declared from the same headers the shim is
+  compiled with.
 """
 
 from __future__ import annotations
@@ -32,13 +33,17 @@ SANITIZERS = {"address": "address,undefined", "thread": "thread"}
 # The shim's translation units; shim.h lists what each holds.
 SHIM_SOURCES = (
     "cuda_hook.c",
+    "pool_hook.c",
     "vmm_hook.c",
     "dispatch.c",
     "process.c",
     "accounting.c",
+    "pools.c",
+    "graph_mem.c",
     "alloc_map.c",
     "iteration.c",
     "ledger.c",
+    "ledger_access.c",
     "dlsym_x86_64.S",
 )
 
@@ -105,7 +110,7 @@ ffibuilder.cdef(_cdef())
 ffibuilder.set_source(
     "nodemgr._ledger",
     '#include "ledger.h"',
-    sources=[os.path.relpath(HERE / "ledger.c")],
+    sources=[os.path.relpath(HERE / s) for s in ("ledger.c", "ledger_access.c")],
     include_dirs=[os.path.relpath(HERE)],
     extra_compile_args=["-std=gnu11", *WARN, "-Wno-unused-parameter"],
 )

@@ -19,12 +19,13 @@
  * shared memory with one relaxed load (the task's pause word) and one relaxed
  * add.
  *
- * This file holds the wrappers but those of virtual memory management
- * (vmm_hook.c); shim.h says where the rest lives. The launch wrappers and
- * everything their fast path touches inline stay in this one translation
- * unit.
+ * This file holds the wrappers but those of stream-ordered memory, pools,
+ * synchronisations, capture and graph memory (pool_hook.c) and those of
+ * virtual memory management (vmm_hook.c); shim.h says where the rest
+ * lives. The launch wrappers and everything their fast path touches inline
+ * stay in this one translation unit.
  */
-#include "shim.h"
+#include "graph_mem.h"
 
 /* --- wrappers: start-up and memory reports ------------------------------------ */
 
@@ -34,7 +35,7 @@ GS_EXPORT CUresult cuInit(unsigned int flags)
 	CUresult rc = fn != NULL ? fn(flags) : CUDA_ERROR_NOT_FOUND;
 
 	/* Claim the slot now, so launches are counted and pausable from the first. */
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
+	if (rc == CUDA_SUCCESS && gs_state.mode == GS_ENFORCE)
 		my_slot();
 	return rc;
 }
@@ -53,8 +54,8 @@ GS_EXPORT CUresult cuDeviceGetCount(int *count)
  */
 static void share(int gpu, uint64_t *total, uint64_t *free_bytes, uint64_t *used)
 {
-	uint64_t limit = gpu >= 0 ? gs_ledger_limit(g.ledger, (uint32_t)gpu) : 0;
-	uint64_t u = gpu >= 0 ? gs_ledger_charged(g.ledger, (uint32_t)gpu) : 0;
+	uint64_t limit = gpu >= 0 ? gs_ledger_limit(gs_state.ledger, (uint32_t)gpu) : 0;
+	uint64_t u = gpu >= 0 ? gs_ledger_charged(gs_state.ledger, (uint32_t)gpu) : 0;
 	uint64_t left = u < limit ? limit - u : 0;
 
 	if (limit < *total)
@@ -74,9 +75,9 @@ GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 	CUresult rc = fn != NULL ? fn(bytes, dev) : CUDA_ERROR_NOT_FOUND;
 
 	/* A broken shim allocates nothing: it shows nothing, never the whole device. */
-	if (rc == CUDA_SUCCESS && g.mode == GS_BROKEN)
+	if (rc == CUDA_SUCCESS && gs_state.mode == GS_BROKEN)
 		*bytes = 0;
-	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE)
+	if (rc != CUDA_SUCCESS || gs_state.mode != GS_ENFORCE)
 		return rc;
 	gpu = ledger_gpu(dev);
 	if (gpu >= 0) {
@@ -95,9 +96,9 @@ GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 	gs_fn_cuMemGetInfo_v2 fn = TRACED_FN(cuMemGetInfo_v2);
 	CUresult rc = fn != NULL ? fn(free_bytes, total_bytes) : CUDA_ERROR_NOT_FOUND;
 
-	if (rc == CUDA_SUCCESS && g.mode == GS_BROKEN)
+	if (rc == CUDA_SUCCESS && gs_state.mode == GS_BROKEN)
 		*free_bytes = *total_bytes = 0; /* as cuDeviceTotalMem_v2 */
-	if (rc != CUDA_SUCCESS || g.mode != GS_ENFORCE)
+	if (rc != CUDA_SUCCESS || gs_state.mode != GS_ENFORCE)
 		return rc;
 	if (current_gpu(&gpu) != CUDA_SUCCESS)
 		return rc;
@@ -124,26 +125,15 @@ GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 	rc = charge_context(dev, &charged);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	if (dev < 0 || dev >= GS_MAX_DEVS || g.mode != GS_ENFORCE) {
+	if (dev < 0 || dev >= GS_MAX_DEVS || gs_state.mode != GS_ENFORCE) {
 		rc = fn(ctx, dev);
 		context_settle(charged, rc);
 		return rc;
 	}
-	/*
-	 * Counted before the driver call (and uncounted if it fails): a release
-	 * racing with this retain must not take the context for its last one.
-	 */
-	pthread_mutex_lock(&teardown_mu);
-	g.primary_refs[dev]++;
-	pthread_mutex_unlock(&teardown_mu);
+	primary_retain_begin(dev);
 	rc = fn(ctx, dev);
 	context_settle(charged, rc);
-	pthread_mutex_lock(&teardown_mu);
-	if (rc == CUDA_SUCCESS)
-		g.primary[dev] = *ctx;
-	else
-		g.primary_refs[dev]--;
-	pthread_mutex_unlock(&teardown_mu);
+	primary_retain_end(dev, rc, ctx);
 	return rc;
 }
 
@@ -245,8 +235,8 @@ static pthread_mutex_t limit_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static uint64_t limit_bytes(int limit, size_t value)
 {
-	gs_fn_cuDeviceGetAttribute attr = R(real, cuDeviceGetAttribute);
-	gs_fn_cuCtxGetDevice get_dev = R(real, cuCtxGetDevice);
+	gs_fn_cuDeviceGetAttribute attr = GS_REAL_FN(cuDeviceGetAttribute);
+	gs_fn_cuCtxGetDevice get_dev = GS_REAL_FN(cuCtxGetDevice);
 	int sms = 0, threads = 0;
 	CUdevice dev;
 
@@ -263,7 +253,7 @@ static uint64_t limit_bytes(int limit, size_t value)
 
 GS_EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
 {
-	gs_fn_cuCtxGetLimit get = R(real, cuCtxGetLimit);
+	gs_fn_cuCtxGetLimit get = GS_REAL_FN(cuCtxGetLimit);
 	uint64_t before, after, grow = 0, shrink = 0;
 	struct gs_alloc rec;
 	struct gs_charge c;
@@ -275,7 +265,7 @@ GS_EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
 	gs_fn_cuCtxSetLimit fn = TRACED_FN(cuCtxSetLimit);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode != GS_ENFORCE ||
+	if (gs_state.mode != GS_ENFORCE ||
 	    (limit != CU_LIMIT_STACK_SIZE && limit != CU_LIMIT_MALLOC_HEAP_SIZE))
 		return fn(limit, value);
 	if (get == NULL || current_ctx(&ctx, &gpu) != CUDA_SUCCESS || gpu < 0 ||
@@ -313,8 +303,8 @@ GS_EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
 		rec.size -= shrink;
 	}
 	if (shrink != 0)
-		give_back(__atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), rec.gpu, shrink, rec.epoch,
-			  rec.pinned);
+		give_back(__atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE), rec.gpu, shrink,
+			  rec.epoch, rec.pinned);
 	/* Out of memory for the record: the charge goes, as for any allocation. */
 	if (rec.size != 0 && alloc_put(rec) != 0)
 		uncharge_record(&rec);
@@ -354,9 +344,9 @@ static inline __attribute__((always_inline)) CUresult ptr_alloc(const struct ptr
 
 	if (unlikely(a->plain == NULL && a->managed == NULL))
 		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode == GS_INERT)
+	if (gs_state.mode == GS_INERT)
 		return ptr_alloc_call(a, dptr, bytesize);
-	if (g.mode == GS_BROKEN)
+	if (gs_state.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
 	if (dptr == NULL || bytesize == 0)
 		return ptr_alloc_call(a, dptr, bytesize);
@@ -379,225 +369,6 @@ GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
 	struct ptr_alloc a = { .managed = TRACED_FN(cuMemAllocManaged), .flags = flags };
 
 	return ptr_alloc(&a, dptr, bytesize);
-}
-
-#define PTSZ_STREAM(stream) ((stream) == NULL ? GS_STREAM_PER_THREAD : (stream))
-
-#define ASYNC_WRAPPER(abi, params, pool, cap, args)                              \
-	GS_EXPORT CUresult abi params                                            \
-	{                                                                        \
-		struct gs_pool_alloc op;                                         \
-		CUresult rc;                                                     \
-		gs_fn_##abi fn = TRACED_FN(abi);                                 \
-		if (unlikely(fn == NULL))                                        \
-			return CUDA_ERROR_NOT_FOUND;                             \
-		rc = pool_alloc_begin(&op, dptr, bytesize, (pool), stream, cap); \
-		if (rc != CUDA_SUCCESS)                                          \
-			return rc;                                               \
-		if (op.how == GS_PASS)                                           \
-			return fn args;                                          \
-		return pool_alloc_end(&op, fn args, dptr);                       \
-	}
-
-ASYNC_WRAPPER(cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize, CUstream stream), NULL,
-	      stream, (dptr, bytesize, stream))
-ASYNC_WRAPPER(cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream stream), NULL,
-	      PTSZ_STREAM(stream), (dptr, bytesize, stream))
-ASYNC_WRAPPER(cuMemAllocFromPoolAsync,
-	      (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream), pool,
-	      stream, (dptr, bytesize, pool, stream))
-ASYNC_WRAPPER(cuMemAllocFromPoolAsync_ptsz,
-	      (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream), pool,
-	      PTSZ_STREAM(stream), (dptr, bytesize, pool, stream))
-
-GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
-{
-	gs_fn_cuMemPoolCreate fn = TRACED_FN(cuMemPoolCreate);
-	CUresult rc = fn != NULL ? fn(pool, props) : CUDA_ERROR_NOT_FOUND;
-
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
-		pool_note(*pool, pool_gpu(&props->location, props->allocType));
-	return rc;
-}
-
-/* A device's default or current pool is its pool of device memory. */
-#define DEVICE_POOL_WRAPPER(abi)                                                 \
-	GS_EXPORT CUresult abi(CUmemoryPool *pool, CUdevice dev)                 \
-	{                                                                        \
-		gs_fn_##abi fn = TRACED_FN(abi);                                 \
-		CUresult rc = fn != NULL ? fn(pool, dev) : CUDA_ERROR_NOT_FOUND; \
-		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)                  \
-			pool_note(*pool, ledger_gpu(dev));                       \
-		return rc;                                                       \
-	}
-
-DEVICE_POOL_WRAPPER(cuDeviceGetDefaultMemPool)
-DEVICE_POOL_WRAPPER(cuDeviceGetMemPool)
-
-/* CUDA 13's way to the same pools: by location and allocation type. */
-#define LOCATION_POOL_WRAPPER(abi)                                                          \
-	GS_EXPORT CUresult abi(CUmemoryPool *pool, CUmemLocation *location, int type)       \
-	{                                                                                   \
-		gs_fn_##abi fn = TRACED_FN(abi);                                            \
-		CUresult rc = fn != NULL ? fn(pool, location, type) : CUDA_ERROR_NOT_FOUND; \
-		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)                             \
-			pool_note(*pool, pool_gpu(location, type));                         \
-		return rc;                                                                  \
-	}
-
-LOCATION_POOL_WRAPPER(cuMemGetDefaultMemPool)
-LOCATION_POOL_WRAPPER(cuMemGetMemPool)
-
-GS_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
-{
-	gs_fn_cuDeviceSetMemPool fn = TRACED_FN(cuDeviceSetMemPool);
-	CUresult rc = fn != NULL ? fn(dev, pool) : CUDA_ERROR_NOT_FOUND;
-
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
-		set_current_pool(pool, ledger_gpu(dev));
-	return rc;
-}
-
-GS_EXPORT CUresult cuMemSetMemPool(CUmemLocation *location, int type, CUmemoryPool pool)
-{
-	gs_fn_cuMemSetMemPool fn = TRACED_FN(cuMemSetMemPool);
-	CUresult rc = fn != NULL ? fn(location, type, pool) : CUDA_ERROR_NOT_FOUND;
-
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE && pool_gpu(location, type) >= 0)
-		set_current_pool(pool, ledger_gpu(location->id));
-	return rc;
-}
-
-GS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
-{
-	gs_fn_cuMemPoolTrimTo fn = TRACED_FN(cuMemPoolTrimTo);
-	CUresult rc = fn != NULL ? fn(pool, keep) : CUDA_ERROR_NOT_FOUND;
-
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
-		pool_trimmed(pool);
-	return rc;
-}
-
-GS_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
-{
-	gs_fn_cuMemPoolSetAttribute fn = TRACED_FN(cuMemPoolSetAttribute);
-	CUresult rc = fn != NULL ? fn(pool, attr, value) : CUDA_ERROR_NOT_FOUND;
-
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE && attr == GS_POOL_RELEASE_THRESHOLD)
-		pool_threshold_set(pool, *(const cuuint64_t *)value);
-	return rc;
-}
-
-/*
- * The driver gives a destroyed pool's idle memory back at once and the rest
- * as its allocations are freed (pool_give); a device whose current pool it
- * was takes from its default pool again.
- */
-GS_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
-{
-	gs_fn_cuMemPoolDestroy fn = TRACED_FN(cuMemPoolDestroy);
-	CUresult rc = fn != NULL ? fn(pool) : CUDA_ERROR_NOT_FOUND;
-
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
-		pool_destroyed(pool);
-	return rc;
-}
-
-/* A synchronisation: where a pool above its release threshold gives memory back. */
-#define SYNC_WRAPPER(abi, params, args)                                    \
-	GS_EXPORT CUresult abi params                                      \
-	{                                                                  \
-		gs_fn_##abi fn = TRACED_FN(abi);                           \
-		CUresult rc = fn != NULL ? fn args : CUDA_ERROR_NOT_FOUND; \
-		if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)            \
-			pools_after_sync();                                \
-		return rc;                                                 \
-	}
-
-SYNC_WRAPPER(cuCtxSynchronize, (void), ())
-SYNC_WRAPPER(cuCtxSynchronize_v2, (CUcontext ctx), (ctx))
-SYNC_WRAPPER(cuStreamSynchronize, (CUstream stream), (stream))
-SYNC_WRAPPER(cuStreamSynchronize_ptsz, (CUstream stream), (stream))
-SYNC_WRAPPER(cuEventSynchronize, (CUevent event), (event))
-
-#define BEGIN_CAPTURE_WRAPPER(abi, params, args)                           \
-	GS_EXPORT CUresult abi params                                      \
-	{                                                                  \
-		gs_fn_##abi fn = TRACED_FN(abi);                           \
-		CUresult rc = fn != NULL ? fn args : CUDA_ERROR_NOT_FOUND; \
-		if (rc == CUDA_SUCCESS)                                    \
-			capture_begun();                                   \
-		return rc;                                                 \
-	}
-
-BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture, (CUstream stream), (stream))
-BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture_ptsz, (CUstream stream), (stream))
-BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture_v2, (CUstream stream, int mode), (stream, mode))
-BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture_v2_ptsz, (CUstream stream, int mode), (stream, mode))
-BEGIN_CAPTURE_WRAPPER(cuStreamBeginCaptureToGraph,
-		      (CUstream stream, void *graph, const void *deps, const void *edges,
-		       size_t ndeps, int mode),
-		      (stream, graph, deps, edges, ndeps, mode))
-BEGIN_CAPTURE_WRAPPER(cuStreamBeginCaptureToGraph_ptsz,
-		      (CUstream stream, void *graph, const void *deps, const void *edges,
-		       size_t ndeps, int mode),
-		      (stream, graph, deps, edges, ndeps, mode))
-
-#define END_CAPTURE_WRAPPER(abi)                                                     \
-	GS_EXPORT CUresult abi(CUstream stream, void **graph)                        \
-	{                                                                            \
-		gs_fn_##abi fn = TRACED_FN(abi);                                     \
-		CUresult rc = fn != NULL ? fn(stream, graph) : CUDA_ERROR_NOT_FOUND; \
-		capture_ended(rc);                                                   \
-		return rc;                                                           \
-	}
-
-END_CAPTURE_WRAPPER(cuStreamEndCapture)
-END_CAPTURE_WRAPPER(cuStreamEndCapture_ptsz)
-
-GS_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *deps, size_t ndeps,
-					  void *params)
-{
-	gs_fn_cuGraphAddMemAllocNode fn = TRACED_FN(cuGraphAddMemAllocNode);
-	CUresult rc = fn != NULL ? fn(node, graph, deps, ndeps, params) : CUDA_ERROR_NOT_FOUND;
-
-	return g.mode == GS_ENFORCE ? graph_node_made(rc) : rc;
-}
-
-/* An upload maps the graph's memory as its launch would. */
-#define UPLOAD_WRAPPER(abi)                                                              \
-	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                        \
-	{                                                                                \
-		gs_fn_##abi fn = TRACED_FN(abi);                                         \
-		CUresult rc = fn != NULL ? fn(exec, stream) : CUDA_ERROR_NOT_FOUND;      \
-		if (rc == CUDA_SUCCESS && __atomic_load_n(&graph_mem, __ATOMIC_ACQUIRE)) \
-			graph_launched(stream);                                          \
-		return rc;                                                               \
-	}
-
-UPLOAD_WRAPPER(cuGraphUpload)
-UPLOAD_WRAPPER(cuGraphUpload_ptsz)
-
-GS_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
-{
-	gs_fn_cuDeviceGraphMemTrim fn = TRACED_FN(cuDeviceGraphMemTrim);
-	CUresult rc = fn != NULL ? fn(dev) : CUDA_ERROR_NOT_FOUND;
-
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE)
-		graph_pool_trimmed(ledger_gpu(dev));
-	return rc;
-}
-
-/* The driver may give back the memory only that executable graph's launches used. */
-GS_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
-{
-	gs_fn_cuGraphExecDestroy fn = TRACED_FN(cuGraphExecDestroy);
-	CUresult rc = fn != NULL ? fn(exec) : CUDA_ERROR_NOT_FOUND;
-
-	if (rc == CUDA_SUCCESS && g.mode == GS_ENFORCE &&
-	    __atomic_load_n(&graph_mem, __ATOMIC_ACQUIRE))
-		graph_pools_sync();
-	return rc;
 }
 
 /*
@@ -635,9 +406,9 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 	gs_fn_cuMemAllocPitch_v2 fn = TRACED_FN(cuMemAllocPitch_v2);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode == GS_INERT)
+	if (gs_state.mode == GS_INERT)
 		return fn(dptr, pitch, width, height, elem);
-	if (g.mode == GS_BROKEN)
+	if (gs_state.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
 	if (dptr == NULL || pitch == NULL || width == 0 || height == 0)
 		return fn(dptr, pitch, width, height, elem);
@@ -762,10 +533,10 @@ static CUresult array_create(const struct array_create *a)
 
 	if (unlikely(a->flat == NULL && a->deep == NULL && a->mipmapped == NULL))
 		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode == GS_INERT || (a->array == NULL && a->mipmap == NULL) ||
+	if (gs_state.mode == GS_INERT || (a->array == NULL && a->mipmap == NULL) ||
 	    (a->desc == NULL && a->desc3d == NULL))
 		return array_create_call(a);
-	if (g.mode == GS_BROKEN)
+	if (gs_state.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
 	rc = charge_current(array_create_bytes(a), &c);
 	if (rc != CUDA_SUCCESS)
@@ -813,7 +584,8 @@ FREE_WRAPPER(cuMipmappedArrayDestroy, (CUmipmappedArray array), array, GS_K_MIPM
 static inline __attribute__((always_inline)) void launch_gate(void)
 {
 	hold_while_paused();
-	__atomic_fetch_add(__atomic_load_n(&hot.launches, __ATOMIC_ACQUIRE), 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(__atomic_load_n(&gs_hot.launches, __ATOMIC_ACQUIRE), 1,
+			   __ATOMIC_RELAXED);
 }
 
 /* Every launch entry: the gate, then the driver. */
@@ -839,19 +611,19 @@ LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, GS_COOP_PARAMS,
 	       (f, gx, gy, gz, bx, by, bz, shmem, stream, params))
 
 /* A graph launch may map graph memory: one flag read unless the process ever made some. */
-#define GRAPH_LAUNCH_WRAPPER(abi)                                                   \
-	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                   \
-	{                                                                           \
-		CUresult rc;                                                        \
-		gs_fn_##abi fn = TRACED_FN(abi);                                    \
-		if (unlikely(fn == NULL))                                           \
-			return CUDA_ERROR_NOT_FOUND;                                \
-		launch_gate();                                                      \
-		rc = fn(exec, stream);                                              \
-		if (unlikely(__atomic_load_n(&graph_mem, __ATOMIC_RELAXED) != 0) && \
-		    rc == CUDA_SUCCESS)                                             \
-			graph_launched(stream);                                     \
-		return rc;                                                          \
+#define GRAPH_LAUNCH_WRAPPER(abi)                                                      \
+	GS_EXPORT CUresult abi(CUgraphExec exec, CUstream stream)                      \
+	{                                                                              \
+		CUresult rc;                                                           \
+		gs_fn_##abi fn = TRACED_FN(abi);                                       \
+		if (unlikely(fn == NULL))                                              \
+			return CUDA_ERROR_NOT_FOUND;                                   \
+		launch_gate();                                                         \
+		rc = fn(exec, stream);                                                 \
+		if (unlikely(__atomic_load_n(&gs_graph_mem, __ATOMIC_RELAXED) != 0) && \
+		    rc == CUDA_SUCCESS)                                                \
+			graph_launched(stream);                                        \
+		return rc;                                                             \
 	}
 
 GRAPH_LAUNCH_WRAPPER(cuGraphLaunch)
@@ -873,10 +645,10 @@ static int hexval(char c)
 /* Ledger GPU of an NVML device (by its "GPU-…" UUID), or GS_DEV_FOREIGN. */
 static int nvml_gpu(nvmlDevice_t dev)
 {
-	gs_fn_nvmlDeviceGetUUID get = R(nvml, nvmlDeviceGetUUID);
+	gs_fn_nvmlDeviceGetUUID get = GS_NVML_FN(nvmlDeviceGetUUID);
 	char text[GS_NVML_UUID_LEN];
 	uint8_t bytes[16];
-	int n = 0;
+	int n = 0, gpu;
 
 	if (get == NULL || get(dev, text, sizeof(text)) != NVML_SUCCESS)
 		return GS_DEV_FOREIGN;
@@ -895,10 +667,8 @@ static int nvml_gpu(nvmlDevice_t dev)
 	}
 	if (n != 32)
 		return GS_DEV_FOREIGN;
-	for (uint32_t i = 0; i < g.ledger->ngpus && i < GS_MAX_GPUS; i++)
-		if (memcmp(g.ledger->gpu[i].uuid, bytes, 16) == 0)
-			return (int)i;
-	return GS_DEV_FOREIGN;
+	gpu = gs_ledger_gpu_index(gs_state.ledger, bytes);
+	return gpu >= 0 ? gpu : GS_DEV_FOREIGN;
 }
 
 /* Rewrite an NVML memory report as the environment's share; untouched for other GPUs. */

@@ -2,13 +2,14 @@
  * Dispatch: the tables generated from hooks.def, resolving the real driver
  * and NVML, the dlsym hook (the trampoline in dlsym_x86_64.S calls it),
  * cuGetProcAddress's substitution of wrappers, and the trace of which hooks
- * a process reached.
+ * a process reached. The bottom layer: it names no other file's state
+ * (shim.h).
  */
-#include "shim.h"
+#include "dispatch.h"
 
-struct gs_real_table real;
+struct gs_real_table gs_real;
 
-struct gs_nvml_table nvml;
+struct gs_nvml_table gs_nvml;
 
 static const char *const real_names[] = {
 #define GS_HOOK(abi, base, ver, ptsz, params) #abi,
@@ -24,23 +25,27 @@ static const char *const nvml_names[] = {
 #include "hooks.def"
 };
 
-_Static_assert(sizeof(real) / sizeof(void *) == sizeof(real_names) / sizeof(real_names[0]),
+_Static_assert(sizeof(gs_real) / sizeof(void *) == sizeof(real_names) / sizeof(real_names[0]),
 	       "real-pointer table and name list disagree");
-_Static_assert(sizeof(nvml) / sizeof(void *) == sizeof(nvml_names) / sizeof(nvml_names[0]),
+_Static_assert(sizeof(gs_nvml) / sizeof(void *) == sizeof(nvml_names) / sizeof(nvml_names[0]),
 	       "NVML pointer table and name list disagree");
 
-const struct gs_hook hooks[GS_NENTRIES] = {
+const struct gs_hook gs_hooks[GS_NENTRIES] = {
 #define GS_HOOK(abi, base, ver, ptsz, params) \
-	[GS_ID_##abi] = { #abi, #base, ver, ptsz, GS_LIB_CUDA, (void *)abi, (void **)&real.abi },
+	[GS_ID_##abi] = { #abi, #base, ver, ptsz, GS_LIB_CUDA, (void *)abi, (void **)&gs_real.abi },
 #define GS_REAL(abi, params)
 #define GS_VARIANT(abi, base, ver, ptsz) \
 	[GS_ID_##abi] = { #abi, #base, ver, ptsz, GS_LIB_CUDA, NULL, NULL },
 #define GS_NVML_HOOK(abi, params) \
-	[GS_ID_##abi] = { #abi, NULL, 0, 0, GS_LIB_NVML, (void *)abi, (void **)&nvml.abi },
+	[GS_ID_##abi] = { #abi, NULL, 0, 0, GS_LIB_NVML, (void *)abi, (void **)&gs_nvml.abi },
 #include "hooks.def"
 };
 
-struct gs_trace trace;
+struct gs_trace_counts gs_trace;
+int gs_tracing;
+/* GPUSHARE_TRACE: the file the trace is appended to at exit; NULL: none. */
+static char *trace_path;
+static gs_trace_head_fn trace_head;
 
 /* glibc's dlsym; the trampoline (dlsym_x86_64.S) calls it too. */
 GS_HIDDEN void *(*gs_real_dlsym)(void *, const char *);
@@ -74,8 +79,8 @@ static pthread_once_t real_once = PTHREAD_ONCE_INIT;
  * and every wrapper that reaches the driver sees it, or the mark is set
  * first and attach refuses.
  */
-pthread_mutex_t attach_mu = PTHREAD_MUTEX_INITIALIZER;
-int driver_reached; /* under attach_mu */
+pthread_mutex_t gs_attach_mu = PTHREAD_MUTEX_INITIALIZER;
+int gs_driver_reached; /* under gs_attach_mu */
 
 static void resolve_real_driver(void)
 {
@@ -89,11 +94,11 @@ static void resolve_real_driver(void)
 		h = dlopen("libcuda.so.1", RTLD_NOW);
 	if (h == NULL)
 		return;
-	pthread_mutex_lock(&attach_mu);
-	driver_reached = 1;
-	pthread_mutex_unlock(&attach_mu);
+	pthread_mutex_lock(&gs_attach_mu);
+	gs_driver_reached = 1;
+	pthread_mutex_unlock(&gs_attach_mu);
 	/* The handle stays open: the pointers must outlive any dlclose. */
-	fill_table(h, (void **)&real, real_names, sizeof(real_names) / sizeof(real_names[0]));
+	fill_table(h, (void **)&gs_real, real_names, sizeof(real_names) / sizeof(real_names[0]));
 }
 
 void need_real(void)
@@ -109,12 +114,6 @@ void need_real(void)
 static pthread_mutex_t nvml_mu = PTHREAD_MUTEX_INITIALIZER;
 static int nvml_resolved;
 
-/* In a fork child: another thread may have held the lock. */
-void gs_dispatch_after_fork(void)
-{
-	pthread_mutex_init(&nvml_mu, NULL);
-}
-
 void need_nvml(void)
 {
 	void *h;
@@ -126,7 +125,7 @@ void need_nvml(void)
 	if (!nvml_resolved && gs_real_dlsym != NULL) {
 		h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
 		if (h != NULL) {
-			fill_table(h, (void **)&nvml, nvml_names,
+			fill_table(h, (void **)&gs_nvml, nvml_names,
 				   sizeof(nvml_names) / sizeof(nvml_names[0]));
 			__atomic_store_n(&nvml_resolved, 1, __ATOMIC_RELEASE);
 		}
@@ -137,8 +136,8 @@ void need_nvml(void)
 static const struct gs_hook *hook_by_abi(const char *name)
 {
 	for (int i = 0; i < GS_NENTRIES; i++)
-		if (hooks[i].wrapper != NULL && strcmp(hooks[i].abi, name) == 0)
-			return &hooks[i];
+		if (gs_hooks[i].wrapper != NULL && strcmp(gs_hooks[i].abi, name) == 0)
+			return &gs_hooks[i];
 	return NULL;
 }
 
@@ -157,7 +156,7 @@ static const struct gs_hook *variant_for(const char *base, int version, cuuint64
 		const struct gs_hook *best = NULL;
 
 		for (int i = 0; i < GS_NENTRIES; i++) {
-			const struct gs_hook *h = &hooks[i];
+			const struct gs_hook *h = &gs_hooks[i];
 
 			if (h->lib != GS_LIB_CUDA || strcmp(h->base, base) != 0)
 				continue;
@@ -216,7 +215,7 @@ static void *gs_dlsym_wrapper(void *handle, const char *name)
 	/* Wrap only what resolves to the library's own definition. */
 	if (p != own)
 		return NULL;
-	TRACE(h - hooks, via_dlsym);
+	GS_TRACE(h - gs_hooks, via_dlsym);
 	return h->wrapper;
 }
 
@@ -295,11 +294,11 @@ static void gpa_substitute(const char *symbol, void **pfn, int version, cuuint64
 	if (symbol == NULL || pfn == NULL || *pfn == NULL)
 		return;
 	for (int i = 0; i < GS_NENTRIES; i++) {
-		h = &hooks[i];
+		h = &gs_hooks[i];
 		if (h->lib != GS_LIB_CUDA || h->wrapper == NULL || strcmp(h->base, symbol) != 0)
 			continue;
 		if (*pfn == __atomic_load_n(h->real, __ATOMIC_ACQUIRE)) {
-			TRACE(i, via_gpa);
+			GS_TRACE(i, via_gpa);
 			*pfn = h->wrapper;
 			return;
 		}
@@ -309,7 +308,7 @@ static void gpa_substitute(const char *symbol, void **pfn, int version, cuuint64
 	h = variant_for(symbol, version, flags);
 	if (h == NULL || h->wrapper == NULL || __atomic_load_n(h->real, __ATOMIC_ACQUIRE) == NULL)
 		return;
-	TRACE(h - hooks, via_gpa);
+	GS_TRACE(h - gs_hooks, via_gpa);
 	*pfn = h->wrapper;
 }
 
@@ -336,42 +335,53 @@ GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_
 	return rc;
 }
 
-__attribute__((destructor)) static void gs_unload(void)
+void gs_trace_head(gs_trace_head_fn fn)
 {
-	static const char *const modes[] = { "inert", "enforce", "broken" };
+	trace_head = fn;
+}
+
+/* In a fork child: another thread may have held the lock. */
+static void dispatch_after_fork_child(void)
+{
+	pthread_mutex_init(&nvml_mu, NULL);
+}
+
+__attribute__((constructor)) static void dispatch_load(void)
+{
+	const char *tr = getenv("GPUSHARE_TRACE");
+
+	resolve_real_dlsym();
+	if (tr != NULL && tr[0] != '\0')
+		trace_path = strdup(tr);
+	gs_tracing = trace_path != NULL;
+	pthread_atfork(NULL, NULL, dispatch_after_fork_child);
+}
+
+__attribute__((destructor)) static void dispatch_unload(void)
+{
 	char buf[8192];
 	size_t n = 0;
-	uint64_t launches;
 	int fd;
 
-	if (g.trace_path == NULL)
+	if (trace_path == NULL)
 		return;
 	/*
-	 * One write per process, so lines from many processes never interleave.
-	 * slot: its ledger slot (-1: none); launches: its launch counter (the
-	 * slot's, once it has one); pause_waits: launches and allocations that
-	 * waited for the pause word, for pause_wait_us in all.
+	 * One write per process, so lines from many processes never interleave:
+	 * the process's line (trace_head), then one per hook it reached.
 	 */
-	launches =
-		__atomic_load_n(__atomic_load_n(&hot.launches, __ATOMIC_ACQUIRE), __ATOMIC_RELAXED);
-	n += (size_t)
-		snprintf(buf + n, sizeof(buf) - n,
-			 "pid=%d mode=%s slot=%d launches=%llu pause_waits=%lu pause_wait_us=%lu\n",
-			 (int)getpid(), modes[mode_acquire()],
-			 __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE), (unsigned long long)launches,
-			 __atomic_load_n(&trace.pause_waits, __ATOMIC_RELAXED),
-			 __atomic_load_n(&trace.pause_wait_ns, __ATOMIC_RELAXED) / 1000);
+	if (trace_head != NULL)
+		n += (size_t)trace_head(buf, sizeof(buf));
 	for (int i = 0; i < GS_NENTRIES && n < sizeof(buf); i++) {
-		if (!trace.calls[i] && !trace.via_dlsym[i] && !trace.via_gpa[i])
+		if (!gs_trace.calls[i] && !gs_trace.via_dlsym[i] && !gs_trace.via_gpa[i])
 			continue;
 		n += (size_t)snprintf(buf + n, sizeof(buf) - n,
 				      "pid=%d hook=%s calls=%lu dlsym=%lu gpa=%lu\n", (int)getpid(),
-				      hooks[i].abi, trace.calls[i], trace.via_dlsym[i],
-				      trace.via_gpa[i]);
+				      gs_hooks[i].abi, gs_trace.calls[i], gs_trace.via_dlsym[i],
+				      gs_trace.via_gpa[i]);
 	}
 	if (n > sizeof(buf))
 		n = sizeof(buf);
-	fd = open(g.trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	fd = open(trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return;
 	if (write(fd, buf, n) < 0) {

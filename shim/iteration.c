@@ -3,25 +3,9 @@
  * classify a process's memory as persistent or temporary, pins, releases
  * and the memory report.
  */
-#include "shim.h"
+#include "pools.h"
 
 /* --- iterations: persistent and temporary memory (docs/timeslicing.md) ---------- */
-
-/* This process's task entry, if it still names the process's task; NULL if none. */
-static const struct gs_task *own_task(int slot)
-{
-	int t = __atomic_load_n(&g.ledger->slot[slot].task_index, __ATOMIC_ACQUIRE);
-	const struct gs_task *entry;
-
-	if (t < 0 || t >= GS_MAX_TASKS)
-		return NULL;
-	entry = &g.ledger->task[t];
-	/* As in wait_while_paused: an entry handed on to a newer task is not this one's. */
-	if (__atomic_load_n(&entry->state, __ATOMIC_ACQUIRE) != GS_SLOT_USED ||
-	    strncmp(entry->task_id, g.task_id, GS_TASK_ID_LEN) != 0)
-		return NULL;
-	return entry;
-}
 
 /*
  * A process without a slot yet has never called into the driver, so it
@@ -30,45 +14,43 @@ static const struct gs_task *own_task(int slot)
  */
 GS_EXPORT int gpushare_iteration(void)
 {
-	const struct gs_task *entry;
-	uint64_t epoch, turn;
+	struct gs_turn turn;
+	uint64_t epoch;
 	int slot, flags = 0;
 
 	if (mode_acquire() != GS_ENFORCE)
 		return 0;
-	slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	slot = __atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE);
 	if (slot < 0)
 		return 0;
-	pthread_mutex_lock(&g.epoch_mu);
-	epoch = g.epoch + 1;
-	__atomic_store_n(&g.epoch, epoch, __ATOMIC_RELEASE);
-	gs_ledger_boundary(g.ledger, (uint32_t)slot, epoch);
+	pthread_mutex_lock(&gs_state.epoch_mu);
+	epoch = gs_state.epoch + 1;
+	__atomic_store_n(&gs_state.epoch, epoch, __ATOMIC_RELEASE);
+	gs_ledger_boundary(gs_state.ledger, (uint32_t)slot, epoch);
 	pools_at_boundary();
-	pthread_mutex_unlock(&g.epoch_mu);
-	entry = own_task(slot);
-	if (entry == NULL)
+	pthread_mutex_unlock(&gs_state.epoch_mu);
+	/* As in wait_while_paused: an entry handed on to a newer task is not this one's. */
+	if (gs_ledger_own_turn(gs_state.ledger, (uint32_t)slot, gs_state.task_id, &turn) != 0)
 		return 0;
 	/*
 	 * On a time-sliced GPU a process that never released does so once, so that its
 	 * shape can be learned: at its first boundary, or at its first one after its GPU
 	 * became time-sliced.
 	 */
-	if ((__atomic_load_n(&entry->flags, __ATOMIC_ACQUIRE) & GS_TASK_TIMESLICED) &&
-	    __atomic_load_n(&g.ledger->slot[slot].releases, __ATOMIC_ACQUIRE) == 0)
+	if ((turn.flags & GS_TASK_TIMESLICED) && turn.releases == 0)
 		flags |= GPUSHARE_RELEASE;
 	/*
 	 * A task waiting for its turn holds no temporary memory: a process that reaches
 	 * a boundary while its task is gated (its turn ended while it finished its step)
 	 * releases before its next launch waits.
 	 */
-	if (__atomic_load_n(&entry->paused, __ATOMIC_ACQUIRE) & GS_PAUSE_TURN)
+	if (turn.paused & GS_PAUSE_TURN)
 		flags |= GPUSHARE_RELEASE;
 	/*
 	 * Each process yields at its own turn_until-th boundary; nodemgr hands the turn
 	 * on once every iterating process of the task has (a barrier across them).
 	 */
-	turn = __atomic_load_n(&entry->turn_until, __ATOMIC_ACQUIRE);
-	if (turn != 0 && epoch >= turn)
+	if (turn.turn_until != 0 && epoch >= turn.turn_until)
 		flags |= GPUSHARE_RELEASE | GPUSHARE_YIELD;
 	return flags;
 }
@@ -79,9 +61,9 @@ GS_EXPORT void gpushare_released(void)
 
 	if (mode_acquire() != GS_ENFORCE)
 		return;
-	slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	slot = __atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE);
 	if (slot >= 0)
-		gs_ledger_settle(g.ledger, (uint32_t)slot);
+		gs_ledger_settle(gs_state.ledger, (uint32_t)slot);
 }
 
 /*
@@ -94,15 +76,15 @@ static void pin_record(struct gs_alloc *a, void *arg)
 	int slot = *(const int *)arg;
 
 	/* One made before the current epoch is persistent already. */
-	if (!a->pinned && a->epoch == g.epoch && slot >= 0) {
+	if (!a->pinned && a->epoch == gs_state.epoch && slot >= 0) {
 		a->pinned = 1;
-		gs_ledger_persist(g.ledger, (uint32_t)slot, (uint32_t)a->gpu, a->size);
+		gs_ledger_persist(gs_state.ledger, (uint32_t)slot, (uint32_t)a->gpu, a->size);
 	}
 }
 
 static int pin(uint64_t key, uint32_t kind)
 {
-	int slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	int slot = __atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE);
 
 	return gs_map_update(key, kind, pin_record, &slot);
 }
@@ -119,35 +101,30 @@ GS_EXPORT int gpushare_mark_persistent(unsigned long long dptr)
 
 	if (mode_acquire() != GS_ENFORCE || dptr == 0)
 		return GPUSHARE_E_INVAL;
-	pthread_mutex_lock(&g.epoch_mu);
+	pthread_mutex_lock(&gs_state.epoch_mu);
 	rc = pin(dptr, GS_K_PTR);
 	if (rc != 0 && gs_map_peek(dptr, GS_K_MAP, &map) == 0)
 		rc = pin(map.owner, GS_K_HANDLE);
-	pthread_mutex_unlock(&g.epoch_mu);
+	pthread_mutex_unlock(&gs_state.epoch_mu);
 	return rc == 0 ? GPUSHARE_OK : GPUSHARE_E_INVAL;
 }
 
 GS_EXPORT int gpushare_memory(struct gpushare_memory *out)
 {
-	const struct gs_slot *s;
+	struct gs_slot_memory mem;
 	int slot;
 
 	if (out == NULL || mode_acquire() != GS_ENFORCE)
 		return GPUSHARE_E_INVAL;
 	memset(out, 0, sizeof(*out));
-	slot = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	slot = __atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE);
 	if (slot < 0)
 		return GPUSHARE_OK;
-	s = &g.ledger->slot[slot];
-	for (int i = 0; i < GS_MAX_GPUS; i++) {
-		uint64_t used = __atomic_load_n(&s->used[i], __ATOMIC_RELAXED);
-		uint64_t pers = __atomic_load_n(&s->persistent[i], __ATOMIC_RELAXED);
-
-		out->used += used;
-		out->persistent += pers;
-		out->temporary += used > pers ? used - pers : 0;
-		out->temporary_peak += __atomic_load_n(&s->temp_peak[i], __ATOMIC_RELAXED);
-	}
-	out->iterations = __atomic_load_n(&s->iterations, __ATOMIC_RELAXED);
+	gs_ledger_slot_memory(gs_state.ledger, (uint32_t)slot, &mem);
+	out->used = mem.used;
+	out->persistent = mem.persistent;
+	out->temporary = mem.temporary;
+	out->temporary_peak = mem.temporary_peak;
+	out->iterations = mem.iterations;
 	return GPUSHARE_OK;
 }

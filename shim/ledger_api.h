@@ -180,3 +180,58 @@ void gs_ledger_note_temp(struct gs_ledger *l, uint32_t slot, uint32_t gpu);
 
 /* The process has released its temporary memory: record its persistent bytes as settled. */
 void gs_ledger_settle(struct gs_ledger *l, uint32_t slot);
+
+/*
+ * --- what a process reads of its ledger (ledger_access.c) ---------------------------
+ *
+ * The shim reads ledger fields only through these, so that each read has
+ * one place and its memory order is said there.
+ */
+
+/* The context charge of `gpu` (gs_ledger_set_ctx_charge); 0 for a GPU past the table. */
+uint64_t gs_ledger_ctx_charge(const struct gs_ledger *l, uint32_t gpu);
+
+/* The index of the ledger GPU whose UUID is the 16 bytes at `uuid`, or -ENOENT. */
+int gs_ledger_gpu_index(const struct gs_ledger *l, const uint8_t *uuid);
+
+/* The task entry slot `slot` recorded at its claim, or -1 if none. */
+int gs_ledger_slot_task(const struct gs_ledger *l, uint32_t slot);
+
+/*
+ * The words a process's launch path keeps a pointer to: task entry `task`'s
+ * pause word and slot `slot`'s launch counter. NULL for an index past the table.
+ */
+uint32_t *gs_ledger_pause_word(struct gs_ledger *l, int task);
+uint64_t *gs_ledger_launch_counter(struct gs_ledger *l, uint32_t slot);
+
+/*
+ * Whether the task entry whose pause word `word` is (gs_ledger_pause_word)
+ * still names `task_id`: nodemgr may have handed the entry to a newer task.
+ */
+int gs_ledger_pause_word_names(const uint32_t *word, const char *task_id);
+
+/* What a process's iteration boundary reads of its task's turn (gs_ledger_own_turn). */
+struct gs_turn {
+	uint32_t flags;	     /* the task entry's GS_TASK_* bits */
+	uint32_t paused;     /* its GS_PAUSE_* bits */
+	uint64_t turn_until; /* gs_ledger_task_turn */
+	uint64_t releases;   /* the slot's releases (gs_ledger_settle) */
+};
+
+/*
+ * Slot `slot`'s task entry, if it is in use and still names `task_id`: its
+ * turn into *out and 0; -ENOENT if the slot has no such entry.
+ */
+int gs_ledger_own_turn(const struct gs_ledger *l, uint32_t slot, const char *task_id,
+		       struct gs_turn *out);
+
+/* Slot `slot`'s bytes, summed over its GPUs, and its boundaries. */
+struct gs_slot_memory {
+	uint64_t used;
+	uint64_t persistent;
+	uint64_t temporary;	 /* what each GPU holds beyond its persistent share */
+	uint64_t temporary_peak; /* the sum of the GPUs' temporary peaks */
+	uint64_t iterations;
+};
+
+void gs_ledger_slot_memory(const struct gs_ledger *l, uint32_t slot, struct gs_slot_memory *out);

@@ -1,11 +1,12 @@
 /*
  * The process's state: attaching to the ledger (at load or by
  * gpushare_attach), its slot, which ledger GPU a device or context is, the
- * wait of a paused task, and what load and fork do.
+ * wait of a paused task, and what load and fork do to that state. Below
+ * the accounting, above dispatch.c (process.h).
  */
-#include "shim.h"
+#include "process.h"
 
-struct gs_process g = {
+struct gs_process gs_state = {
 	.mode = GS_INERT,
 	.fd = -1,
 	.slot = -1,
@@ -13,9 +14,19 @@ struct gs_process g = {
 	.epoch_mu = PTHREAD_MUTEX_INITIALIZER,
 };
 
-uint32_t never_paused;
-uint64_t unattached_launches;
-struct gs_hot hot = { &never_paused, &unattached_launches };
+uint32_t gs_never_paused;
+uint64_t gs_unattached_launches;
+struct gs_hot_path gs_hot = { &gs_never_paused, &gs_unattached_launches };
+
+/*
+ * Launches and allocations that found the pause word set, and the time they
+ * waited: counted in the wait itself (off the hot path), whether or not a
+ * trace is written, so that a trace tells whether a slow run waited.
+ */
+static struct {
+	unsigned long waits;
+	unsigned long wait_ns;
+} pause_stats;
 
 /* --- ledger attachment ------------------------------------------------------ */
 
@@ -66,7 +77,7 @@ static enum gs_ledger_fault open_ledger(const char *path, int *fd, struct gs_led
 	struct stat st;
 
 	/* Kept for fork children, which map it afresh: a path that cannot be kept is unusable. */
-	if (strlen(path) >= sizeof(g.ledger_path)) {
+	if (strlen(path) >= sizeof(gs_state.ledger_path)) {
 		errno = ENAMETOOLONG;
 		return GS_LEDGER_UNOPENED;
 	}
@@ -90,12 +101,12 @@ fail:
 /* Publish an opened ledger and enforce it: the mode last, for readers that test it first. */
 static void start_enforcing(const char *path, int fd, struct gs_ledger *map)
 {
-	strcpy(g.ledger_path, path); /* open_ledger checked that it fits */
+	strcpy(gs_state.ledger_path, path); /* open_ledger checked that it fits */
 	for (int i = 0; i < GS_MAX_DEVS; i++)
-		g.dev_map[i] = GS_DEV_UNKNOWN;
-	g.ledger = map;
-	g.fd = fd;
-	__atomic_store_n(&g.mode, GS_ENFORCE, __ATOMIC_RELEASE);
+		gs_state.dev_map[i] = GS_DEV_UNKNOWN;
+	gs_state.ledger = map;
+	gs_state.fd = fd;
+	__atomic_store_n(&gs_state.mode, GS_ENFORCE, __ATOMIC_RELEASE);
 }
 
 /*
@@ -149,11 +160,11 @@ static void attach_at_load(const char *path)
 		    path, GS_LEDGER_VERSION);
 		break;
 	}
-	g.mode = GS_BROKEN;
+	gs_state.mode = GS_BROKEN;
 }
 
 /*
- * Too late is decided by driver_reached: once any wrapper has reached the
+ * Too late is decided by gs_driver_reached: once any wrapper has reached the
  * driver, allocations and contexts may exist that were never charged, and
  * primary retains that were never counted. Lookups (dlsym on libcuda's
  * handle) only hand out wrappers, which test the mode at each call, so they
@@ -166,14 +177,14 @@ GS_EXPORT int gpushare_attach(const char *ledger_path, const char *task_id)
 	int fd = -1, rc;
 
 	if (ledger_path == NULL || ledger_path[0] == '\0' || task_id == NULL ||
-	    task_id[0] == '\0' || strlen(task_id) >= sizeof(g.task_id))
+	    task_id[0] == '\0' || strlen(task_id) >= sizeof(gs_state.task_id))
 		return GPUSHARE_E_INVAL;
-	pthread_mutex_lock(&attach_mu);
-	if (g.mode != GS_INERT) {
+	pthread_mutex_lock(&gs_attach_mu);
+	if (gs_state.mode != GS_INERT) {
 		rc = GPUSHARE_E_ATTACHED;
 		goto fail;
 	}
-	if (driver_reached) {
+	if (gs_driver_reached) {
 		rc = GPUSHARE_E_TOO_LATE;
 		goto fail;
 	}
@@ -181,12 +192,12 @@ GS_EXPORT int gpushare_attach(const char *ledger_path, const char *task_id)
 		rc = GPUSHARE_E_LEDGER;
 		goto fail;
 	}
-	strcpy(g.task_id, task_id); /* checked to fit above */
+	strcpy(gs_state.task_id, task_id); /* checked to fit above */
 	start_enforcing(ledger_path, fd, map);
-	pthread_mutex_unlock(&attach_mu);
+	pthread_mutex_unlock(&gs_attach_mu);
 	return GPUSHARE_OK;
 fail:
-	pthread_mutex_unlock(&attach_mu);
+	pthread_mutex_unlock(&gs_attach_mu);
 	return rc;
 }
 
@@ -198,26 +209,28 @@ GS_EXPORT int gpushare_mode(void)
 /* The calling process's slot, claimed on first use; -1 if none is free. */
 int my_slot(void)
 {
-	int s = __atomic_load_n(&g.slot, __ATOMIC_ACQUIRE);
+	int s = __atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE);
 
 	if (likely(s >= 0))
 		return s;
-	pthread_mutex_lock(&g.claim_mu);
-	s = g.slot;
+	pthread_mutex_lock(&gs_state.claim_mu);
+	s = gs_state.slot;
 	if (s < 0) {
-		s = gs_ledger_claim(g.ledger, g.fd, (int32_t)getpid(), g.task_id);
+		s = gs_ledger_claim(gs_state.ledger, gs_state.fd, (int32_t)getpid(),
+				    gs_state.task_id);
 		if (s >= 0) {
-			int t = __atomic_load_n(&g.ledger->slot[s].task_index, __ATOMIC_ACQUIRE);
+			struct gs_ledger *l = gs_state.ledger;
+			uint32_t *pause =
+				gs_ledger_pause_word(l, gs_ledger_slot_task(l, (uint32_t)s));
 
-			if (t >= 0 && t < GS_MAX_TASKS)
-				__atomic_store_n(&hot.pause, &g.ledger->task[t].paused,
-						 __ATOMIC_RELEASE);
-			__atomic_store_n(&hot.launches, &g.ledger->slot[s].launches,
+			if (pause != NULL)
+				__atomic_store_n(&gs_hot.pause, pause, __ATOMIC_RELEASE);
+			__atomic_store_n(&gs_hot.launches, gs_ledger_launch_counter(l, (uint32_t)s),
 					 __ATOMIC_RELEASE);
-			__atomic_store_n(&g.slot, s, __ATOMIC_RELEASE);
+			__atomic_store_n(&gs_state.slot, s, __ATOMIC_RELEASE);
 		}
 	}
-	pthread_mutex_unlock(&g.claim_mu);
+	pthread_mutex_unlock(&gs_state.claim_mu);
 	return s < 0 ? -1 : s;
 }
 
@@ -231,9 +244,9 @@ int my_slot(void)
  */
 void reap_dead_slots(int slot)
 {
-	pthread_mutex_lock(&g.claim_mu);
-	gs_ledger_reap_others(g.ledger, g.fd, (uint32_t)slot);
-	pthread_mutex_unlock(&g.claim_mu);
+	pthread_mutex_lock(&gs_state.claim_mu);
+	gs_ledger_reap_others(gs_state.ledger, gs_state.fd, (uint32_t)slot);
+	pthread_mutex_unlock(&gs_state.claim_mu);
 }
 
 /*
@@ -243,14 +256,14 @@ void reap_dead_slots(int slot)
  */
 int ledger_gpu(CUdevice dev)
 {
-	gs_fn_cuDeviceGetUuid_v2 uuid_v2 = R(real, cuDeviceGetUuid_v2);
-	gs_fn_cuDeviceGetUuid uuid_v1 = R(real, cuDeviceGetUuid);
+	gs_fn_cuDeviceGetUuid_v2 uuid_v2 = GS_REAL_FN(cuDeviceGetUuid_v2);
+	gs_fn_cuDeviceGetUuid uuid_v1 = GS_REAL_FN(cuDeviceGetUuid);
 	CUuuid uuid;
 	int idx = GS_DEV_FOREIGN;
 	CUresult rc;
 
 	if (dev >= 0 && dev < GS_MAX_DEVS) {
-		idx = __atomic_load_n(&g.dev_map[dev], __ATOMIC_RELAXED);
+		idx = __atomic_load_n(&gs_state.dev_map[dev], __ATOMIC_RELAXED);
 		if (idx != GS_DEV_UNKNOWN)
 			return idx;
 	}
@@ -260,24 +273,28 @@ int ledger_gpu(CUdevice dev)
 		rc = uuid_v1(&uuid, dev);
 	else
 		rc = CUDA_ERROR_NOT_FOUND;
-	idx = rc == CUDA_SUCCESS ? GS_DEV_FOREIGN : GS_DEV_UNRESOLVED;
-	if (rc == CUDA_SUCCESS) {
-		for (uint32_t i = 0; i < g.ledger->ngpus && i < GS_MAX_GPUS; i++) {
-			if (memcmp(g.ledger->gpu[i].uuid, uuid.bytes, 16) == 0) {
-				idx = (int)i;
-				break;
-			}
-		}
-	}
+	if (rc != CUDA_SUCCESS)
+		idx = GS_DEV_UNRESOLVED;
+	else if ((idx = gs_ledger_gpu_index(gs_state.ledger, (const uint8_t *)uuid.bytes)) < 0)
+		idx = GS_DEV_FOREIGN;
 	if (rc == CUDA_SUCCESS && dev >= 0 && dev < GS_MAX_DEVS)
-		__atomic_store_n(&g.dev_map[dev], idx, __ATOMIC_RELAXED);
+		__atomic_store_n(&gs_state.dev_map[dev], idx, __ATOMIC_RELAXED);
 	return idx;
+}
+
+/* The ledger GPU's device ordinal, as ledger_gpu() learnt it; -1 if never asked. */
+CUdevice gpu_device(int gpu)
+{
+	for (int d = 0; d < GS_MAX_DEVS; d++)
+		if (__atomic_load_n(&gs_state.dev_map[d], __ATOMIC_RELAXED) == gpu)
+			return d;
+	return -1;
 }
 
 /*
  * Each thread remembers the ledger GPU of the context it last saw current,
  * so an allocation costs one driver call (cuCtxGetCurrent). A context that
- * goes away bumps g.ctx_gen, since a new one may take its address.
+ * goes away bumps gs_state.ctx_gen, since a new one may take its address.
  */
 static __thread __attribute__((tls_model("initial-exec"))) struct {
 	CUcontext ctx;
@@ -288,9 +305,9 @@ static __thread __attribute__((tls_model("initial-exec"))) struct {
 /* The calling thread's current context and its ledger GPU, or the driver's error. */
 CUresult current_ctx(CUcontext *ctx, int *gpu)
 {
-	gs_fn_cuCtxGetCurrent get_ctx = R(real, cuCtxGetCurrent);
-	gs_fn_cuCtxGetDevice get_dev = R(real, cuCtxGetDevice);
-	unsigned int gen = __atomic_load_n(&g.ctx_gen, __ATOMIC_ACQUIRE);
+	gs_fn_cuCtxGetCurrent get_ctx = GS_REAL_FN(cuCtxGetCurrent);
+	gs_fn_cuCtxGetDevice get_dev = GS_REAL_FN(cuCtxGetDevice);
+	unsigned int gen = __atomic_load_n(&gs_state.ctx_gen, __ATOMIC_ACQUIRE);
 	CUdevice dev;
 	CUresult rc;
 
@@ -328,10 +345,10 @@ CUresult current_gpu(int *gpu)
  */
 CUresult stream_ctx(CUstream stream, CUcontext *ctx, int *gpu)
 {
-	gs_fn_cuStreamGetCtx get = R(real, cuStreamGetCtx);
-	gs_fn_cuCtxPushCurrent_v2 push = R(real, cuCtxPushCurrent_v2);
-	gs_fn_cuCtxPopCurrent_v2 pop = R(real, cuCtxPopCurrent_v2);
-	gs_fn_cuCtxGetDevice get_dev = R(real, cuCtxGetDevice);
+	gs_fn_cuStreamGetCtx get = GS_REAL_FN(cuStreamGetCtx);
+	gs_fn_cuCtxPushCurrent_v2 push = GS_REAL_FN(cuCtxPushCurrent_v2);
+	gs_fn_cuCtxPopCurrent_v2 pop = GS_REAL_FN(cuCtxPopCurrent_v2);
+	gs_fn_cuCtxGetDevice get_dev = GS_REAL_FN(cuCtxGetDevice);
 	CUcontext cur, ignored;
 	CUdevice dev;
 	CUresult rc;
@@ -366,8 +383,6 @@ CUresult stream_ctx(CUstream stream, CUcontext *ctx, int *gpu)
  */
 __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 {
-	const struct gs_task *entry =
-		(const struct gs_task *)((const char *)word - offsetof(struct gs_task, paused));
 	struct timespec ts = { 0, 250 * 1000 * 1000 };
 	struct timespec start, end;
 	uint32_t seen;
@@ -378,15 +393,15 @@ __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 		 * A process that outlived its task may find the entry handed to a
 		 * newer task: that task's pause is not this process's to obey.
 		 */
-		if (strncmp(entry->task_id, g.task_id, GS_TASK_ID_LEN) != 0) {
-			__atomic_store_n(&hot.pause, &never_paused, __ATOMIC_RELEASE);
+		if (!gs_ledger_pause_word_names(word, gs_state.task_id)) {
+			__atomic_store_n(&gs_hot.pause, &gs_never_paused, __ATOMIC_RELEASE);
 			break;
 		}
 		syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
 	}
 	clock_gettime(CLOCK_MONOTONIC, &end);
-	__atomic_fetch_add(&trace.pause_waits, 1, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&trace.pause_wait_ns,
+	__atomic_fetch_add(&pause_stats.waits, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&pause_stats.wait_ns,
 			   (unsigned long)((end.tv_sec - start.tv_sec) * 1000000000L +
 					   (end.tv_nsec - start.tv_nsec)),
 			   __ATOMIC_RELAXED);
@@ -395,69 +410,85 @@ __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 /* --- load, fork, exit ---------------------------------------------------------- */
 
 /*
+ * The trace's first line (dispatch.c writes the trace at exit). slot: its
+ * ledger slot (-1: none); launches: its launch counter (the slot's, once it
+ * has one); pause_waits: launches and allocations that waited for the
+ * pause word, for pause_wait_us in all.
+ */
+static int trace_head(char *buf, size_t len)
+{
+	static const char *const modes[] = { "inert", "enforce", "broken" };
+	uint64_t launches = __atomic_load_n(__atomic_load_n(&gs_hot.launches, __ATOMIC_ACQUIRE),
+					    __ATOMIC_RELAXED);
+
+	return snprintf(buf, len,
+			"pid=%d mode=%s slot=%d launches=%llu pause_waits=%lu pause_wait_us=%lu\n",
+			(int)getpid(), modes[mode_acquire()],
+			__atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE),
+			(unsigned long long)launches,
+			__atomic_load_n(&pause_stats.waits, __ATOMIC_RELAXED),
+			__atomic_load_n(&pause_stats.wait_ns, __ATOMIC_RELAXED) / 1000);
+}
+
+/*
  * A fork waits for an attach in progress: a child must never inherit a
- * ledger descriptor that its g does not show, since a child holding the
- * parent's open file description would keep the parent's slot lock alive.
+ * ledger descriptor that its gs_state does not show, since a child holding
+ * the parent's open file description would keep the parent's slot lock
+ * alive.
  */
 static void before_fork(void)
 {
-	pthread_mutex_lock(&attach_mu);
+	pthread_mutex_lock(&gs_attach_mu);
 }
 
 static void after_fork_parent(void)
 {
-	pthread_mutex_unlock(&attach_mu);
+	pthread_mutex_unlock(&gs_attach_mu);
 }
 
+/*
+ * What the child starts over with of this file's state; the files above
+ * reset their own (their allocations, contexts and pools are the parent's).
+ */
 static void after_fork_child(void)
 {
 	/*
-	 * The inherited descriptor shares the parent's lock, and the parent's
-	 * allocations and context charges are not the child's: start over with
-	 * no slot, an empty map and no boundaries counted. Locks are re-made
-	 * because another thread may have held them.
+	 * The inherited descriptor shares the parent's lock: start over with
+	 * no slot and no boundaries counted. Locks are re-made because another
+	 * thread may have held them.
 	 */
-	pthread_mutex_unlock(&attach_mu); /* taken by this thread in before_fork */
-	if (g.mode != GS_ENFORCE)
+	pthread_mutex_unlock(&gs_attach_mu); /* taken by this thread in before_fork */
+	if (gs_state.mode != GS_ENFORCE)
 		return;
-	hot.pause = &never_paused;
-	hot.launches = &unattached_launches;
-	memset(g.ctx_state, 0, sizeof(g.ctx_state));
-	memset(g.primary, 0, sizeof(g.primary));
-	memset(g.primary_refs, 0, sizeof(g.primary_refs));
-	g.ctx_gen++;
-	gs_dispatch_after_fork();
+	gs_hot.pause = &gs_never_paused;
+	gs_hot.launches = &gs_unattached_launches;
+	/* The parent's contexts are not the child's: no thread's cached answer holds. */
+	gs_state.ctx_gen++;
 	/* The parent's mapping was not inherited (MADV_DONTFORK); drop its descriptor too. */
-	close(g.fd);
-	g.slot = -1;
-	g.fd = open(g.ledger_path, O_RDWR | O_CLOEXEC);
-	g.ledger = g.fd >= 0 ? map_ledger(g.fd) : NULL;
-	if (g.ledger == NULL) {
-		if (g.fd >= 0)
-			close(g.fd);
-		g.fd = -1;
-		__atomic_store_n(&g.mode, GS_BROKEN, __ATOMIC_RELEASE);
+	close(gs_state.fd);
+	gs_state.slot = -1;
+	gs_state.fd = open(gs_state.ledger_path, O_RDWR | O_CLOEXEC);
+	gs_state.ledger = gs_state.fd >= 0 ? map_ledger(gs_state.fd) : NULL;
+	if (gs_state.ledger == NULL) {
+		if (gs_state.fd >= 0)
+			close(gs_state.fd);
+		gs_state.fd = -1;
+		__atomic_store_n(&gs_state.mode, GS_BROKEN, __ATOMIC_RELEASE);
 	}
-	pthread_mutex_init(&g.claim_mu, NULL);
-	pthread_mutex_init(&g.epoch_mu, NULL);
-	g.epoch = 0;
-	gs_accounting_after_fork();
-	gs_map_reset();
+	pthread_mutex_init(&gs_state.claim_mu, NULL);
+	pthread_mutex_init(&gs_state.epoch_mu, NULL);
+	gs_state.epoch = 0;
 }
 
-__attribute__((constructor)) static void gs_load(void)
+__attribute__((constructor)) static void process_load(void)
 {
 	const char *ledger = getenv("GPUSHARE_LEDGER");
 	const char *task = getenv("GPUSHARE_TASK_ID");
-	const char *tr = getenv("GPUSHARE_TRACE");
 
-	resolve_real_dlsym();
-	gs_map_init();
 	if (task != NULL)
-		strncpy(g.task_id, task, sizeof(g.task_id) - 1);
-	if (tr != NULL && tr[0] != '\0')
-		g.trace_path = strdup(tr);
+		strncpy(gs_state.task_id, task, sizeof(gs_state.task_id) - 1);
 	if (ledger != NULL && ledger[0] != '\0')
 		attach_at_load(ledger);
+	gs_trace_head(trace_head);
 	pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }

@@ -4,7 +4,7 @@
  * the physical memory, and the mappings that keep a released handle's
  * memory alive (cuMemMap, cuMemUnmap, cuMemRetainAllocationHandle).
  */
-#include "shim.h"
+#include "accounting.h"
 
 /*
  * Virtual memory management (PyTorch's expandable segments, NCCL): the
@@ -21,12 +21,12 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 	gs_fn_cuMemCreate fn = TRACED_FN(cuMemCreate);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode == GS_INERT)
+	if (gs_state.mode == GS_INERT)
 		return fn(handle, size, prop, flags);
 	if (handle == NULL || prop == NULL || size == 0 ||
 	    prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
 		return fn(handle, size, prop, flags);
-	if (g.mode == GS_BROKEN)
+	if (gs_state.mode == GS_BROKEN)
 		return CUDA_ERROR_NOT_PERMITTED;
 	gpu = ledger_gpu(prop->location.id);
 	/*
@@ -58,7 +58,7 @@ GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 	gs_fn_cuMemRelease fn = TRACED_FN(cuMemRelease);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode != GS_ENFORCE)
+	if (gs_state.mode != GS_ENFORCE)
 		return fn(handle);
 	/* Before the driver call: once freed, the handle value may be handed out again. */
 	r = gs_map_handle_adjust(handle, -1, 0, &gone);
@@ -97,7 +97,7 @@ GS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *han
 	gs_fn_cuMemRetainAllocationHandle fn = TRACED_FN(cuMemRetainAllocationHandle);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode != GS_ENFORCE || handle == NULL)
+	if (gs_state.mode != GS_ENFORCE || handle == NULL)
 		return fn(handle, addr);
 	/*
 	 * At a mapping's start the handle is known beforehand: the reference is
@@ -127,7 +127,7 @@ GS_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 	gs_fn_cuMemMap fn = TRACED_FN(cuMemMap);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode != GS_ENFORCE)
+	if (gs_state.mode != GS_ENFORCE)
 		return fn(ptr, size, offset, handle, flags);
 	/* Counted before the call, so a racing last release cannot free the record. */
 	ours = gs_map_handle_adjust(handle, 0, 1, &gone) == 0;
@@ -195,7 +195,7 @@ GS_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 	gs_fn_cuMemUnmap fn = TRACED_FN(cuMemUnmap);
 	if (unlikely(fn == NULL))
 		return CUDA_ERROR_NOT_FOUND;
-	if (g.mode != GS_ENFORCE)
+	if (gs_state.mode != GS_ENFORCE)
 		return fn(ptr, size);
 	/*
 	 * Out before the driver call: once unmapped, the range may be mapped

@@ -25,7 +25,9 @@ import build as shim_build  # noqa: E402  (the compiler flags live there)
 LIBRARIES = {
     "libcuda.so.1": (
         [
+            "sim_registry.c",
             "sim_cuda.c",
+            "sim_ctx.c",
             "sim_entry.c",
             "sim_heap.c",
             "sim_pools.c",
@@ -34,6 +36,7 @@ LIBRARIES = {
             "sim_ipc.c",
             "sim_copy.c",
             "sim_streams.c",
+            "sim_graphs.c",
             "sim_events.c",
             "sim_modules.c",
             "sim_exports.c",

@@ -1,12 +1,13 @@
 /*
  * What the simulated driver's own files share: sim_cuda.c (start-up,
- * devices, contexts), sim_entry.c (errors, export tables, cuGetProcAddress),
- * the memory files (the device heaps and all that takes from them; they
- * share sim_memory.h besides), sim_streams.c (streams, capture, graphs,
- * launches), sim_events.c (events) and sim_modules.c (modules, kernels,
- * occupancy). Private to the driver
- * and, like everything in it, hidden; what the export layer, the tables
- * and the trace share with it is sim_internal.h.
+ * devices), sim_ctx.c (contexts), sim_entry.c (errors, export tables,
+ * cuGetProcAddress), the memory files (the device heaps and all that takes
+ * from them; they share sim_memory.h besides), sim_streams.c (streams,
+ * capture, launches), sim_graphs.c (graphs), sim_events.c (events) and
+ * sim_modules.c (modules, kernels, occupancy), all above the registry of
+ * host objects and hooks (sim_registry.h). Private to the driver and, like
+ * everything in it, hidden; what the export layer, the tables and the
+ * trace share with it is sim_internal.h.
  */
 #ifndef GPUSHARE_SIM_DRIVER_H
 #define GPUSHARE_SIM_DRIVER_H
@@ -19,6 +20,7 @@
 #include "sim_abi.h"
 #include "sim_impl.h"
 #include "sim_internal.h"
+#include "sim_registry.h"
 #include "sim_spec.h"
 
 /*
@@ -92,33 +94,6 @@ struct CUctx_st {
 #define SIM_PRIMARY_ID(dev) ((uint64_t)(dev) + 1)
 
 /*
- * Arrays, mipmapped arrays, memory pools and streams are host objects on one
- * list, so that a handle is looked up before it is used: a made-up or
- * destroyed handle gets an error, never a crash.
- */
-enum sim_obj_kind {
-	SIM_OBJ_ARRAY = 1,
-	SIM_OBJ_MIPMAP,
-	SIM_OBJ_POOL,
-	SIM_OBJ_STREAM,
-	SIM_OBJ_EVENT,
-	SIM_OBJ_LIBRARY,
-	SIM_OBJ_FUNC,
-	SIM_OBJ_GRAPH,
-	SIM_OBJ_EXEC,
-	SIM_OBJ_GLOBAL,
-};
-
-struct sim_obj {
-	struct sim_obj *next; /* sim_obj_list; unused by default pools */
-	enum sim_obj_kind kind;
-	int dev;
-	CUdeviceptr addr; /* arrays: their storage in the device heap */
-	uint64_t owner;	  /* arrays, streams: their context's id; pools: 0 */
-	CUcontext ctx;	  /* arrays, streams: their context */
-};
-
-/*
  * A stream-ordered pool, as the driver models one: memory freed into it
  * stays reserved by the pool (still taken from the device) for reuse, until
  * the pool is trimmed (cuMemPoolTrimTo) or a synchronisation releases what
@@ -158,7 +133,7 @@ struct sim_ctx_slot {
 	uint64_t id;
 };
 
-/* sim_cuda.c: the devices, contexts and the host objects behind handles. */
+/* sim_cuda.c: start-up and the devices. */
 
 extern struct sim_device sim_devs[SIM_MAX_GPUS];
 extern int sim_ndevs;
@@ -168,15 +143,6 @@ extern int sim_ndevs;
  * sim_va_lock (sim_vmm.c) before a heap lock; never two heap locks at
  * once.
  */
-extern pthread_mutex_t sim_ctx_lock;
-extern struct CUctx_st *sim_ctx_list; /* under sim_ctx_lock; primaries are not on it */
-
-extern pthread_mutex_t sim_obj_lock;
-extern struct sim_obj *sim_obj_list; /* under sim_obj_lock */
-
-/* The calling thread's context stack: the top one is current. */
-extern __thread struct sim_ctx_slot sim_stack[SIM_CTX_DEPTH];
-extern __thread unsigned int sim_depth;
 
 /* CUDA_ERROR_NOT_INITIALIZED until cuInit has succeeded. */
 CUresult sim_live(void);
@@ -188,21 +154,45 @@ bool sim_valid_dev(CUdevice dev);
 CUresult sim_check(const void *out, CUdevice dev);
 CUresult sim_check_dev(CUdevice dev);
 
-void sim_obj_add(struct sim_obj *o);
-struct sim_obj **sim_obj_find(const void *handle, enum sim_obj_kind kind);
-struct sim_obj *sim_obj_lookup(const void *handle, enum sim_obj_kind kind, bool take,
-			       struct sim_obj *seen);
-bool sim_obj_copy(const void *handle, enum sim_obj_kind kind, void *copy, size_t size);
+/*
+ * What an entry point checks first, in the driver's order:
+ * CUDA_ERROR_NOT_INITIALIZED before cuInit, then CUDA_ERROR_INVALID_VALUE
+ * unless args_ok (e.g. out != NULL); CUDA_SUCCESS otherwise.
+ */
+CUresult sim_check_args(bool args_ok);
+
+/*
+ * A destroy call's opening: CUDA_ERROR_NOT_INITIALIZED before cuInit, else
+ * the object of kind behind handle taken off the list into *out, for the
+ * caller to free; missing (the call's own error) if there is none.
+ */
+CUresult sim_obj_take(const void *handle, enum sim_obj_kind kind, CUresult missing,
+		      struct sim_obj **out);
+
+/* sim_ctx.c: contexts. */
+
+extern pthread_mutex_t sim_ctx_lock;
+extern struct CUctx_st *sim_ctx_list; /* under sim_ctx_lock; primaries are not on it */
+
+/* The calling thread's context stack: the top one is current. */
+extern __thread struct sim_ctx_slot sim_stack[SIM_CTX_DEPTH];
+extern __thread unsigned int sim_depth;
 
 const struct sim_ctx_slot *sim_current(void);
 int sim_current_dev(void);
+
+/*
+ * sim_obj_new for the calling thread's current context (an array's or a
+ * stream's): on its device, with its id as owner and the context itself;
+ * NULL with *rc set (CUDA_ERROR_INVALID_CONTEXT without one) if none is made.
+ */
+void *sim_obj_new_current(size_t size, enum sim_obj_kind kind, CUresult *rc);
 
 /* sim_heap.c and sim_pools.c: the device heaps. */
 
 CUresult sim_heap_alloc(struct sim_device *d, size_t bytes, enum sim_mem_kind kind, uint64_t owner,
 			CUdeviceptr *out);
 CUresult sim_mem_free(CUdeviceptr addr, enum sim_mem_kind kind);
-void sim_heap_sweep(struct sim_heap *h, uint64_t id);
 /*
  * With d's heap locked: the process's contexts on d take the device's
  * context size (the spec's "context") from its memory, once, as the real
@@ -210,10 +200,6 @@ void sim_heap_sweep(struct sim_heap *h, uint64_t id);
  */
 CUresult sim_heap_context_take(struct sim_device *d);
 void sim_heap_context_drop(struct sim_device *d);
-void sim_pools_settle(void);
-
-/* Registered with pthread_atfork by cuInit. */
-void sim_atfork_child(void);
 
 /* sim_streams.c: what is done on a stream. */
 
@@ -288,8 +274,27 @@ CUresult sim_stream_slot(CUstream stream, struct sim_ctx_slot *slot);
 /* The same, CUDA_ERROR_NOT_INITIALIZED before cuInit: an entry point's first check. */
 CUresult sim_stream_slot_live(CUstream stream, struct sim_ctx_slot *slot);
 CUresult sim_stream_do(CUstream stream, const struct sim_op *op);
-struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s);
+
+/* sim_graphs.c: a graph, and an instantiation of it: the operations recorded (struct sim_op). */
+struct CUgraph_st {
+	struct sim_obj obj;
+	struct sim_op *ops;
+	size_t nops, cap;
+};
+
+struct CUgraphExec_st {
+	struct sim_obj obj;
+	struct sim_op *ops;
+	size_t nops;
+	bool autofree; /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
+};
+
+struct CUgraph_st *sim_graph_new(void);
 void sim_graph_free(struct CUgraph_st *g);
+bool sim_graph_add(struct CUgraph_st *g, const struct sim_op *op);
+void sim_op_run(const struct sim_op *op);
+struct sim_op *sim_ops_copy(const struct sim_op *ops, size_t n, bool *failed);
+void sim_ops_free(struct sim_op *ops, size_t n);
 
 /* The first word of the IPC handles the driver makes, of memory and of events. */
 #define SIM_IPC_MAGIC 0x50495347u /* "GSIP" */
@@ -311,20 +316,6 @@ void sim_graph_free(struct CUgraph_st *g);
 		(head) = (node);            \
 		pthread_mutex_unlock(lock); \
 	} while (0)
-
-/*
- * sim_cuda.c: what an entry point checks first, in the driver's order:
- * CUDA_ERROR_NOT_INITIALIZED before cuInit, then CUDA_ERROR_INVALID_VALUE
- * unless args_ok (e.g. out != NULL); CUDA_SUCCESS otherwise.
- */
-CUresult sim_check_args(bool args_ok);
-
-/* sim_streams.c: what objects' create and destroy share. */
-void *sim_obj_new(size_t size, enum sim_obj_kind kind, int dev);
-void *sim_obj_new_current(size_t size, enum sim_obj_kind kind, CUresult *rc);
-struct sim_obj *sim_obj_unlink_locked(const void *handle, enum sim_obj_kind kind);
-CUresult sim_obj_take(const void *handle, enum sim_obj_kind kind, CUresult missing,
-		      struct sim_obj **out);
 
 #pragma GCC visibility pop
 

@@ -148,7 +148,7 @@ CUresult sim_impl_cuEventSynchronize(CUevent e)
 	CUresult rc = sim_event_check(e);
 
 	if (rc == CUDA_SUCCESS)
-		sim_pools_settle();
+		sim_sync();
 	return rc;
 }
 

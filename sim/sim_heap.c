@@ -124,7 +124,7 @@ static void sim_heap_punch(struct sim_heap *h, size_t off, size_t len)
 	size_t start = (off + page - 1) & ~(page - 1);
 	size_t end = (off + len) & ~(page - 1);
 
-	/* A forked child's view is private (sim_atfork_child): the pages are the parent's. */
+	/* A forked child's view is private (sim_memory_fork_child): the pages are the parent's. */
 	if (end > start && h->fd >= 0)
 		fallocate(h->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)start,
 			  (off_t)(end - start));
@@ -360,7 +360,7 @@ void sim_pool_release(struct sim_heap *h, struct CUmemPoolHandle_st *pool, uint6
 }
 
 /* A synchronisation: every pool gives back what exceeds its release threshold. */
-void sim_pools_settle(void)
+static void sim_pools_settle(void)
 {
 	int i;
 
@@ -442,7 +442,7 @@ CUresult sim_pool_alloc(struct sim_device *d, struct CUmemPoolHandle_st *pool, s
  * many there are: the survivors are compacted, and since live and free
  * extents tile the arena, the free extents are the gaps between survivors.
  */
-void sim_heap_sweep(struct sim_heap *h, uint64_t id)
+static void sim_heap_sweep(struct sim_heap *h, uint64_t id)
 {
 	size_t i, kept = 0, pos = 0, freed = 0, lo = h->arena, hi = 0;
 
@@ -759,7 +759,7 @@ struct sim_extent *sim_heap_holding(struct sim_heap *h, size_t off)
  * own copy of device memory before heaps were shared files. Locks another
  * thread held at the fork are made anew: only this thread exists now.
  */
-void sim_atfork_child(void)
+static void sim_memory_fork_child(void)
 {
 	pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
 	struct sim_import *im;
@@ -768,15 +768,12 @@ void sim_atfork_child(void)
 	size_t k;
 	int i;
 
-	sim_ctx_lock = fresh;
-	sim_obj_lock = fresh;
 	sim_va_lock = fresh;
 	sim_host_lock = fresh;
 	sim_ipc_lock = fresh;
 	sim_import_lock = fresh;
 	for (i = 0; i < sim_ndevs; i++)
 		sim_devs[i].heap.lock = fresh;
-	sim_cls_after_fork();
 	/* Mappings of the same files elsewhere (cuMemMap, IPC) become private too. */
 	for (v = sim_va_list; v; v = v->next) {
 		for (k = 0; k < v->nmaps; k++) {
@@ -805,4 +802,25 @@ void sim_atfork_child(void)
 		close(h->fd);
 		h->fd = -1;
 	}
+}
+
+/* With sim_obj_lock held, context id is going: what was allocated in it, on any device. */
+static void sim_heap_ctx_gone(uint64_t id, struct sim_obj *dead)
+{
+	int i;
+
+	(void)dead; /* arrays' storage is swept with the rest */
+	for (i = 0; i < sim_ndevs; i++)
+		sim_heap_sweep(&sim_devs[i].heap, id);
+}
+
+static const struct sim_hooks sim_heap_hooks = {
+	.ctx_gone_locked = sim_heap_ctx_gone,
+	.fork_child = sim_memory_fork_child,
+	.sync = sim_pools_settle,
+};
+
+__attribute__((constructor)) static void sim_heap_load(void)
+{
+	sim_hooks_add(&sim_heap_hooks);
 }

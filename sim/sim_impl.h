@@ -26,7 +26,7 @@ struct sim_instantiate_params {
 	int result;
 };
 
-/* sim_cuda.c */
+/* sim_cuda.c and sim_ctx.c */
 CUresult sim_impl_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
 CUresult sim_impl_cuCtxCreate_v3(CUcontext *pctx, void *affinity, int naffinity, unsigned int flags,
 				 CUdevice dev);
@@ -202,7 +202,7 @@ CUresult sim_impl_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h
 CUresult sim_impl_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
 							 CUmemGenericAllocationHandle handle);
 
-/* sim_streams.c and sim_events.c */
+/* sim_streams.c, sim_graphs.c and sim_events.c */
 CUresult sim_impl_cuStreamCreate(CUstream *stream, unsigned int flags);
 CUresult sim_impl_cuStreamDestroy_v2(CUstream stream);
 CUresult sim_impl_cuStreamGetCtx(CUstream stream, CUcontext *pctx);

@@ -2,7 +2,8 @@
  * What the simulated driver's own files share: the generated export layer
  * (sim_exports.c), the trace (sim_trace.c), the private export tables
  * (sim_tables.c) and the driver proper (sim_cuda.c and the files beside it,
- * which share sim_driver.h among themselves). Nothing here is part of
+ * which share sim_driver.h among themselves). The tables hear of a context's
+ * teardown and of a fork through the driver's registry (sim_registry.h). Nothing here is part of
  * libcuda.so.1's ABI: every symbol is hidden.
  */
 #ifndef GPUSHARE_SIM_INTERNAL_H
@@ -53,13 +54,7 @@ extern const unsigned int sim_nprocs;
 /* The private tables cudart asks cuGetExportTable for (sim_tables.c). */
 CUresult sim_export_table(const void **table, const CUuuid *id);
 
-/* A context's runtime state goes with the context (sim_tables.c). */
-void sim_cls_drop(uint64_t ctx_id);
-
-/* In a forked child: the storage's lock, which another thread may have held, anew. */
-void sim_cls_after_fork(void);
-
-/* sim_cuda.c, for the tables. */
+/* sim_ctx.c, for the tables. */
 
 /* Device dev's primary-context handle, neither retained nor made current. */
 CUresult sim_primary_handle(CUcontext *out, CUdevice dev);
@@ -74,7 +69,5 @@ CUresult sim_impl_cuDeviceGetCount(int *count);
 CUresult sim_impl_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
 CUresult sim_impl_cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
 #endif
-
-/* sim_cuda.c, for the queries of the other files. */
 
 #endif

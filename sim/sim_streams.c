@@ -1,10 +1,9 @@
 /*
- * The simulated driver's streams, stream capture, graphs and kernel
- * launches (events are sim_events.c's). Nothing runs asynchronously: an
- * operation on a stream is done by the time its call returns, unless the
- * stream is capturing, when it is recorded into a graph to be done at each
- * launch of it. Also what the other files' entry points and objects share:
- * the first checks of a call, and the making and taking of an object.
+ * The simulated driver's streams, stream capture and kernel and graph
+ * launches (events are sim_events.c's, graphs sim_graphs.c's). Nothing runs
+ * asynchronously: an operation on a stream is done by the time its call
+ * returns, unless the stream is capturing, when it is recorded into a graph
+ * to be done at each launch of it.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -88,7 +87,7 @@ CUresult sim_impl_cuStreamCreate(CUstream *stream, unsigned int flags)
  * With sim_obj_lock held: a stream that goes ends its capture if it began
  * one; the graph it captured into is returned for the caller to free.
  */
-struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s)
+static struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s)
 {
 	struct CUgraph_st *g = NULL;
 
@@ -97,76 +96,6 @@ struct CUgraph_st *sim_stream_gone_locked(struct CUstream_st *s)
 		sim_capture_end_locked(s->capture_id);
 	}
 	return g;
-}
-
-/*
- * What many entry points check first: CUDA_ERROR_NOT_INITIALIZED before
- * cuInit, then CUDA_ERROR_INVALID_VALUE unless the caller's own check of
- * its arguments passed (one free of side effects: it is made either way).
- */
-/*
- * What the create calls of objects share (streams, graphs and executable
- * graphs here, events, pools and arrays beside): a zeroed object of size
- * bytes, a struct that starts with its struct sim_obj, of kind on dev;
- * NULL if out of memory.
- */
-void *sim_obj_new(size_t size, enum sim_obj_kind kind, int dev)
-{
-	struct sim_obj *o = calloc(1, size);
-
-	if (o) {
-		o->kind = kind;
-		o->dev = dev;
-	}
-	return o;
-}
-
-/*
- * sim_obj_new for the calling thread's current context (an array's or a
- * stream's): on its device, with its id as owner and the context itself;
- * NULL with *rc set (CUDA_ERROR_INVALID_CONTEXT without one) if none is made.
- */
-void *sim_obj_new_current(size_t size, enum sim_obj_kind kind, CUresult *rc)
-{
-	const struct sim_ctx_slot *cur = sim_current();
-	struct sim_obj *o = cur ? sim_obj_new(size, kind, cur->dev) : NULL;
-
-	if (o) {
-		o->owner = cur->id;
-		o->ctx = cur->ctx;
-	}
-	*rc = !cur ? CUDA_ERROR_INVALID_CONTEXT : !o ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
-	return o;
-}
-
-/*
- * What the destroy calls of objects share (streams, graphs and executable
- * graphs here, events, pools and arrays beside): with sim_obj_lock held,
- * the live object of kind behind handle, taken off the list; NULL if none.
- */
-struct sim_obj *sim_obj_unlink_locked(const void *handle, enum sim_obj_kind kind)
-{
-	struct sim_obj **pp = sim_obj_find(handle, kind), *o = pp ? *pp : NULL;
-
-	if (o)
-		*pp = o->next;
-	return o;
-}
-
-/*
- * A destroy call's opening: CUDA_ERROR_NOT_INITIALIZED before cuInit, else
- * the object of kind behind handle taken off the list into *out, for the
- * caller to free; missing (the call's own error) if there is none.
- */
-CUresult sim_obj_take(const void *handle, enum sim_obj_kind kind, CUresult missing,
-		      struct sim_obj **out)
-{
-	struct sim_obj seen;
-
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	*out = sim_obj_lookup(handle, kind, true, &seen);
-	return *out ? CUDA_SUCCESS : missing;
 }
 
 /* A default stream is not the caller's to destroy. */
@@ -247,7 +176,7 @@ static CUresult sim_stream_sync(CUstream stream)
 
 	rc = sim_stream_slot_live(stream, &slot);
 	if (rc == CUDA_SUCCESS)
-		sim_pools_settle();
+		sim_sync();
 	return rc;
 }
 
@@ -385,104 +314,6 @@ CUresult sim_impl_cuGraphLaunch(CUgraphExec exec, CUstream stream)
 CUresult sim_impl_cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
 {
 	return sim_graph_launch(exec, stream);
-}
-
-/* A graph, and an instantiation of it: the operations recorded (struct sim_op). */
-struct CUgraph_st {
-	struct sim_obj obj;
-	struct sim_op *ops;
-	size_t nops, cap;
-};
-
-struct CUgraphExec_st {
-	struct sim_obj obj;
-	struct sim_op *ops;
-	size_t nops;
-	bool autofree; /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
-};
-
-#define SIM_INSTANTIATE_AUTO_FREE_ON_LAUNCH 1ULL
-
-static void sim_op_run(const struct sim_op *op)
-{
-	size_t r, i;
-
-	switch (op->kind) {
-	case SIM_OP_COPY:
-		for (r = 0; r < op->height; r++)
-			memmove((void *)(op->dst + r * op->dpitch),
-				(const void *)(op->src + r * op->spitch), op->width);
-		break;
-	case SIM_OP_SET:
-		for (r = 0; r < op->height; r++) {
-			uintptr_t row = op->dst + r * op->dpitch;
-
-			if (op->elem == 1) {
-				memset((void *)row, (int)(op->value & 0xff), op->width);
-				continue;
-			}
-			for (i = 0; i < op->width; i++) {
-				if (op->elem == 2)
-					((uint16_t *)row)[i] = (uint16_t)op->value;
-				else
-					((uint32_t *)row)[i] = op->value;
-			}
-		}
-		break;
-	case SIM_OP_HOST:
-		op->fn(op->data);
-		break;
-	case SIM_OP_KERNEL:
-		/* Kernels do not execute: what they would compute stays as it was. */
-		break;
-	case SIM_OP_GALLOC:
-	case SIM_OP_GFREE:
-		sim_galloc_run(op);
-		break;
-	}
-}
-
-/* Copies of n ops, each holding its own reference to its graph allocation; NULL if none. */
-static struct sim_op *sim_ops_copy(const struct sim_op *ops, size_t n, bool *failed)
-{
-	struct sim_op *v = n ? malloc(n * sizeof(*v)) : NULL;
-	size_t i;
-
-	*failed = n && !v;
-	if (!v)
-		return NULL;
-	memcpy(v, ops, n * sizeof(*v));
-	for (i = 0; i < n; i++)
-		if (v[i].ga)
-			sim_galloc_ref(v[i].ga);
-	return v;
-}
-
-static void sim_ops_free(struct sim_op *ops, size_t n)
-{
-	size_t i;
-
-	for (i = 0; ops && i < n; i++)
-		if (ops[i].ga)
-			sim_galloc_unref(ops[i].ga);
-	free(ops);
-}
-
-static bool sim_graph_add(struct CUgraph_st *g, const struct sim_op *op)
-{
-	if (g->nops == g->cap) {
-		size_t cap = g->cap ? g->cap * 2 : 16;
-		struct sim_op *v = realloc(g->ops, cap * sizeof(*v));
-
-		if (!v)
-			return false;
-		g->ops = v;
-		g->cap = cap;
-	}
-	g->ops[g->nops++] = *op;
-	if (op->ga)
-		sim_galloc_ref(op->ga);
-	return true;
 }
 
 /*
@@ -719,11 +550,6 @@ CUresult sim_impl_cuCtxGetStreamPriorityRange(int *least, int *greatest)
 static __thread int sim_capture_mode; /* cuThreadExchangeStreamCaptureMode */
 static uint64_t sim_capture_serial;   /* atomic */
 
-static struct CUgraph_st *sim_graph_new(void)
-{
-	return sim_obj_new(sizeof(struct CUgraph_st), SIM_OBJ_GRAPH, 0);
-}
-
 /*
  * With sim_obj_lock held: capture id is over. Every stream in it (the one
  * that began it, and those that joined) stops capturing, and events
@@ -886,167 +712,6 @@ CUresult sim_impl_cuThreadExchangeStreamCaptureMode(int *mode)
 	return CUDA_SUCCESS;
 }
 
-/* Graphs. */
-
-CUresult sim_impl_cuGraphCreate(CUgraph *pg, unsigned int flags)
-{
-	struct CUgraph_st *g;
-
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!pg || flags != 0)
-		return CUDA_ERROR_INVALID_VALUE;
-	g = sim_graph_new();
-	if (!g)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	sim_obj_add(&g->obj);
-	*pg = g;
-	return CUDA_SUCCESS;
-}
-
-void sim_graph_free(struct CUgraph_st *g)
-{
-	if (g)
-		sim_ops_free(g->ops, g->nops);
-	free(g);
-}
-
-CUresult sim_impl_cuGraphDestroy(CUgraph g)
-{
-	struct sim_obj *o;
-	CUresult rc = sim_obj_take(g, SIM_OBJ_GRAPH, CUDA_ERROR_INVALID_VALUE, &o);
-
-	if (rc == CUDA_SUCCESS)
-		sim_graph_free((struct CUgraph_st *)o);
-	return rc;
-}
-
-CUresult sim_impl_cuGraphGetNodes(CUgraph g, void **nodes, size_t *n)
-{
-	struct CUgraph_st copy;
-	CUresult rc = sim_check_args(n != NULL);
-	size_t i;
-
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	if (!sim_obj_copy(g, SIM_OBJ_GRAPH, &copy, sizeof(copy)))
-		return CUDA_ERROR_INVALID_VALUE;
-	/* Node handles are the graph's address and the node's position: opaque, distinct. */
-	for (i = 0; nodes && i < *n; i++)
-		nodes[i] = i < copy.nops ? (char *)g + i + 1 : NULL;
-	*n = copy.nops;
-	return CUDA_SUCCESS;
-}
-
-static CUresult sim_instantiate(CUgraphExec *pe, CUgraph g, uint64_t flags)
-{
-	struct CUgraphExec_st *e;
-	struct sim_obj **pp;
-	CUresult rc = CUDA_SUCCESS;
-
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!pe)
-		return CUDA_ERROR_INVALID_VALUE;
-	e = sim_obj_new(sizeof(*e), SIM_OBJ_EXEC, 0);
-	if (!e)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	e->autofree = flags & SIM_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
-	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(g, SIM_OBJ_GRAPH);
-	if (!pp) {
-		rc = CUDA_ERROR_INVALID_VALUE;
-	} else {
-		const struct CUgraph_st *src = (const struct CUgraph_st *)*pp;
-		bool failed;
-
-		e->nops = src->nops;
-		e->ops = sim_ops_copy(src->ops, src->nops, &failed);
-		if (failed)
-			rc = CUDA_ERROR_OUT_OF_MEMORY;
-	}
-	pthread_mutex_unlock(&sim_obj_lock);
-	if (rc != CUDA_SUCCESS) {
-		free(e);
-		return rc;
-	}
-	sim_obj_add(&e->obj);
-	*pe = e;
-	return CUDA_SUCCESS;
-}
-
-CUresult sim_impl_cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long long flags)
-{
-	return sim_instantiate(pe, g, flags);
-}
-
-CUresult sim_impl_cuGraphInstantiate(CUgraphExec *pe, CUgraph g, void *err_node, char *log,
-				     size_t log_size)
-{
-	(void)err_node;
-	if (log && log_size)
-		log[0] = '\0';
-	return sim_instantiate(pe, g, 0);
-}
-
-CUresult sim_impl_cuGraphInstantiate_v2(CUgraphExec *pe, CUgraph g, void *err_node, char *log,
-					size_t log_size)
-{
-	return sim_impl_cuGraphInstantiate(pe, g, err_node, log, log_size);
-}
-
-CUresult sim_impl_cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g,
-					       struct sim_instantiate_params *params)
-{
-	CUresult rc = sim_instantiate(pe, g, params ? params->flags : 0);
-
-	if (params)
-		params->result = rc == CUDA_SUCCESS ? 0 : 1;
-	return rc;
-}
-
-CUresult sim_impl_cuGraphExecDestroy(CUgraphExec e)
-{
-	struct sim_obj *o;
-	CUresult rc = sim_obj_take(e, SIM_OBJ_EXEC, CUDA_ERROR_INVALID_VALUE, &o);
-
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	sim_ops_free(((struct CUgraphExec_st *)o)->ops, ((struct CUgraphExec_st *)o)->nops);
-	free(o);
-	return CUDA_SUCCESS;
-}
-
-/* An upload maps the memory the graph's allocation nodes will use at its launches. */
-CUresult sim_impl_cuGraphUpload(CUgraphExec exec, CUstream stream)
-{
-	struct sim_op *ops = NULL;
-	struct sim_obj **pp;
-	bool autofree = false, failed = false;
-	size_t n = 0;
-
-	(void)stream;
-	if (!sim_initialized())
-		return CUDA_ERROR_NOT_INITIALIZED;
-	pthread_mutex_lock(&sim_obj_lock);
-	pp = sim_obj_find(exec, SIM_OBJ_EXEC);
-	if (pp) {
-		const struct CUgraphExec_st *e = (const struct CUgraphExec_st *)*pp;
-
-		ops = sim_ops_copy(e->ops, e->nops, &failed);
-		n = ops ? e->nops : 0;
-		autofree = e->autofree;
-	}
-	pthread_mutex_unlock(&sim_obj_lock);
-	if (!pp)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (failed)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	sim_gmem_launch(ops, n, autofree, true);
-	sim_ops_free(ops, n);
-	return CUDA_SUCCESS;
-}
-
 /*
  * A launch does the graph's recorded operations in order, or records them
  * into the capture of a capturing stream (a graph launched in a capture).
@@ -1109,5 +774,21 @@ SIM_SAME_AS(cuStreamIsCapturing_ptsz, cuStreamIsCapturing);
 SIM_SAME_AS(cuStreamGetCaptureInfo_ptsz, cuStreamGetCaptureInfo);
 SIM_SAME_AS(cuStreamGetCaptureInfo_v2_ptsz, cuStreamGetCaptureInfo_v2);
 SIM_SAME_AS(cuStreamGetCaptureInfo_v3_ptsz, cuStreamGetCaptureInfo_v3);
-SIM_SAME_AS(cuGraphUpload_ptsz, cuGraphUpload);
-SIM_SAME_AS(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams);
+
+/* With sim_obj_lock held, a context is going: its streams' captures end with them. */
+static void sim_streams_ctx_gone(uint64_t id, struct sim_obj *dead)
+{
+	struct sim_obj *o;
+
+	(void)id;
+	for (o = dead; o; o = o->next)
+		if (o->kind == SIM_OBJ_STREAM)
+			sim_graph_free(sim_stream_gone_locked((struct CUstream_st *)o));
+}
+
+static const struct sim_hooks sim_streams_hooks = { .ctx_gone_locked = sim_streams_ctx_gone };
+
+__attribute__((constructor)) static void sim_streams_load(void)
+{
+	sim_hooks_add(&sim_streams_hooks);
+}

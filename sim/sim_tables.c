@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "sim_internal.h"
+#include "sim_registry.h"
 
 /* Slots with no known behaviour: each says which it is in the trace. */
 #define SIM_SLOT_STUB(table, n, rc)                                                    \
@@ -248,14 +249,16 @@ static CUresult sim_cls_get(void **value, CUcontext ctx, void *key)
 	return rc;
 }
 
-void sim_cls_after_fork(void)
+/* In a forked child: the storage's lock, which another thread may have held, anew. */
+static void sim_cls_after_fork(void)
 {
 	pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
 
 	sim_cls_lock = fresh;
 }
 
-void sim_cls_drop(uint64_t ctx)
+/* A context's runtime state goes with the context. */
+static void sim_cls_drop(uint64_t ctx)
 {
 	struct sim_cls **pp, *e;
 
@@ -624,4 +627,14 @@ CUresult sim_export_table(const void **table, const CUuuid *id)
 		return CUDA_SUCCESS;
 	}
 	return CUDA_ERROR_INVALID_VALUE;
+}
+
+static const struct sim_hooks sim_tables_hooks = {
+	.ctx_gone = sim_cls_drop,
+	.fork_child = sim_cls_after_fork,
+};
+
+__attribute__((constructor)) static void sim_tables_load(void)
+{
+	sim_hooks_add(&sim_tables_hooks);
 }
