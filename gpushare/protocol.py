@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import reprlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgpack
@@ -243,6 +243,11 @@ def is_view(kind: str, fields: dict[str, Any]) -> bool:
     if kind == "drain":
         return fields.get("drained") is None
     return kind in VIEW_REQUESTS
+
+
+def message(kind: str, msg_id: int, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The map a message of type ``kind`` travels as: the envelope, then its fields."""
+    return {"v": PROTOCOL_VERSION, "type": kind, "id": msg_id, **fields}
 
 
 def encode(msg: dict[str, Any]) -> bytes:
