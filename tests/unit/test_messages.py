@@ -1,5 +1,5 @@
-"""gpushare.messages: each message class is its own schema, and the maps they write are the
-ones the wire has always carried."""
+"""gpushare.messages: each message class is its own schema, the maps they write are the
+ones the wire has always carried, and each endpoint has one handler per request class."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from gpushare.messages import (
     Yield,
 )
 from gpushare.protocol import Err, ProtocolError
+from nodemgr.endpoints import admin, task
 
 REQUESTS: list[type[Message]] = [
     *messages.TASK_REQUESTS.values(),
@@ -39,6 +40,11 @@ def wire(msg_id: int, kind: str, **fields: Any) -> bytes:
     """A map as the client and nodemgr built them by hand before there were classes."""
     packed: bytes = msgpack.packb({"v": 1, "type": kind, "id": msg_id, **fields}, use_bin_type=True)
     return packed
+
+
+def test_each_endpoint_has_one_handler_per_request_class() -> None:
+    assert set(task.HANDLERS) == set(messages.TASK_REQUESTS.values())
+    assert set(admin.HANDLERS) == set(messages.ADMIN_REQUESTS.values())
 
 
 def test_tables_hold_each_endpoints_classes_by_type() -> None:
