@@ -136,40 +136,12 @@ def _request(loop: Loop, env: str, req: Request, to: ReplyTo) -> Message:
         if earlier is not None:
             loop.unwatch(("wait", earlier.wid))
     try:
-        task = node.grant(
-            env,
-            req.gpus,
-            req.memory,
-            pid,
-            req.command,
-            pid_start,
-            overtakes=node.queue.waiters,
-            allowed=allowed,
-            estimate=req.estimate,
-            guard=req.guard,
-            wrapper=req.wrapper is True,
-        )
+        task = node.grant(env, req, pid, pid_start, overtakes=node.queue.waiters, allowed=allowed)
     except ProtocolError as e:
         wait = min(req.wait or 0.0, loop.config.max_wait)
         if e.code != Err.NO_RESOURCES or wait <= 0:
             raise
-        w = node.queue.enqueue(
-            env,
-            req.gpus,
-            req.memory,
-            pid,
-            pid_start,
-            req.command,
-            wait,
-            to,
-            allowed,
-            req.estimate,
-            req.guard,
-            req.waited,
-            earlier,
-            e.message,
-            wrapper=req.wrapper is True,
-        )
+        w = node.queue.enqueue(env, req, pid, pid_start, wait, to, allowed, earlier, e.message)
         if pid is not None:
             try:
                 loop.register(("wait", w.wid), os.pidfd_open(pid))

@@ -14,7 +14,7 @@ import msgpack
 import pytest
 import zmq
 
-from gpushare.messages import QuotaSet
+from gpushare.messages import QuotaSet, Request
 from nodemgr.loop.connections import Listener
 from nodemgr.loop.server import Server
 from nodemgr.loop.transport import Conn
@@ -105,8 +105,8 @@ def test_expired_finds_every_silent_task_and_only_those(server: Server) -> None:
     node = server.node
     node.set_quota("alice", 1, 1 << 30)
     limit = node.config.heartbeat_timeout
-    a = node.grant("alice", 1, None, None, "a")
-    b = node.grant("alice", 1, None, None, "b")
+    a = node.grant("alice", Request(gpus=1, command="a"), None)
+    b = node.grant("alice", Request(gpus=1, command="b"), None)
     t0 = max(a.last_seen, b.last_seen)
     assert node.expired(t0) == []
     a.last_seen = t0 + limit  # a heartbeat
@@ -116,7 +116,7 @@ def test_expired_finds_every_silent_task_and_only_those(server: Server) -> None:
     assert node.expired(t0 + limit + 0.03) == []
     # Granted after that look (which found a, heard from last at t0 + limit), so silent
     # since well before a.
-    c = node.grant("alice", 1, None, None, "c")
+    c = node.grant("alice", Request(gpus=1, command="c"), None)
     assert c.last_seen < a.last_seen
     assert node.expired(c.last_seen + limit) == []
     assert node.expired(c.last_seen + limit + 0.01) == [c]
