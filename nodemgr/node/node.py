@@ -18,6 +18,7 @@ import os
 import secrets
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from gpushare.messages import Request
 from gpushare.protocol import Err, ProtocolError
@@ -408,10 +409,9 @@ class Node:
             command=request.command,
             started=time.time(),
             last_seen=time.monotonic(),
-            estimate=request.estimate,
-            guard=self._guard(request),
+            # Kept with its guard: a restart under another timeslice.guard changes no slice.
+            request=replace(request, guard=self._guard(request)),
             arrival=self.slicing.arrive(),
-            wrapper=request.wrapper is True,
         )
         self.store.task_started(
             Record(
@@ -428,9 +428,7 @@ class Node:
                 0,
                 None,
             ),
-            task.estimate,
-            task.guard,
-            task.wrapper,
+            task.request,
         )
         # Before the grant leaves: the command's processes look their task up
         # when they claim their ledger slots.
