@@ -94,21 +94,6 @@ class ProtocolError(Exception):
         self.message = message
 
 
-# The admin requests that only read (with `mode` and `drain` only when they change nothing):
-# all the read-only admin socket serves (docs/operations.md, "Access").
-VIEW_REQUESTS = frozenset({"quota_show", "tasks", "queue", "status", "history", "mode", "drain"})
-
-
-def is_view(kind: str, fields: dict[str, Any]) -> bool:
-    """Whether admin request ``kind`` with ``fields`` only reads: `mode` without a
-    ``mode``, `drain` without ``drained``."""
-    if kind == "mode":
-        return fields.get("mode") is None
-    if kind == "drain":
-        return fields.get("drained") is None
-    return kind in VIEW_REQUESTS
-
-
 def message(kind: str, msg_id: int, fields: Mapping[str, Any]) -> dict[str, Any]:
     """The map a message of type ``kind`` travels as: the envelope, then its fields."""
     return {"v": PROTOCOL_VERSION, "type": kind, "id": msg_id, **fields}
@@ -153,7 +138,3 @@ def decode(frame: bytes, limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any]:
         raise ProtocolError(Err.BAD_REQUEST, "field 'id' must be a non-negative integer")
     msg["id"] = mid
     return msg
-
-
-def request(kind: str, msg_id: int, **fields: Any) -> dict[str, Any]:
-    return {"v": PROTOCOL_VERSION, "type": kind, "id": msg_id, **fields}
