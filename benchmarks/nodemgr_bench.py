@@ -232,7 +232,7 @@ def dealer(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> zmq.Socket[byt
 
 
 def encode(kind: str, msg_id: int = 0, **fields: Any) -> bytes:
-    return protocol.encode(protocol.request(kind, msg_id, **fields))
+    return protocol.encode(protocol.message(kind, msg_id, fields))
 
 
 def recv(sock: zmq.Socket[bytes]) -> dict[str, Any]:

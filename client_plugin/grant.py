@@ -11,11 +11,11 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
 from client_plugin.settings import DEFAULT_PROGRESS_INTERVAL, Settings, wait_seconds
-from gpushare import libs, paths
+from gpushare import libs, messages, paths
 from gpushare.client import (
     FIRST_ANSWER,
     Connection,
@@ -35,6 +35,7 @@ from gpushare.envvars import (
 )
 from gpushare.errors import GpushareError
 from gpushare.exitcodes import EXIT_RECLAIMED_OTHER, RECLAIM_EXIT_CODES
+from gpushare.messages import AckReply, Done, HeldReply, QueuedReply, Request
 from gpushare.protocol import names_gpu
 from gpushare.sizes import format_clock, plural
 
@@ -89,11 +90,11 @@ class Progress:
         except (OSError, ValueError):
             pass  # a closed stderr must not end the wait
 
-    def queued(self, update: Mapping[str, Any]) -> None:
+    def queued(self, update: QueuedReply) -> None:
         first = self.position is None
-        self.position = int(update.get("position") or 0) or None
-        self.waiting = int(update.get("waiting") or 0) or None
-        reason = str(update.get("reason") or "")
+        self.position = update.position or None
+        self.waiting = update.waiting or None
+        reason = update.reason
         if reason and reason != self.reason:
             self.reason = reason
             self.clear()
@@ -178,55 +179,54 @@ def local_ledger(granted: str, endpoint: str) -> str:
 def _request_once(
     s: Settings, endpoint: str, command: str, wait: float, progress: Progress, wrapper: bool
 ) -> Grant:
-    fields: dict[str, Any] = {
-        "gpus": s.gpus,
-        "memory": s.memory,
-        "command": command[:MAX_COMMAND],
-        "wait": wait or None,
-        "devices": list(s.devices) if s.devices else None,
-        "persistent": s.persistent,
-        "temporary": s.temporary,
-        "guard": s.guard,
-    }
-    if wrapper:
-        fields["wrapper"] = True
+    request = Request(
+        gpus=s.gpus,
+        memory=s.memory,
+        command=command[:MAX_COMMAND],
+        wait=wait or None,
+        devices=list(s.devices) if s.devices else None,
+        persistent=s.persistent,
+        temporary=s.temporary,
+        guard=s.guard,
+        wrapper=True if wrapper else None,
+    )
     asked = time.monotonic()
     queued_at: list[float] = []
 
-    def queued(update: Mapping[str, Any]) -> None:
+    def queued(update: QueuedReply | HeldReply) -> None:
         if not queued_at:
             queued_at.append(time.monotonic())
-        progress.queued(update)
+        if isinstance(update, QueuedReply):
+            progress.queued(update)
 
-    def resend() -> dict[str, Any]:
+    def resend() -> Request:
         """The same request to a restarted nodemgr: the wait left, and how long it waited
         (docs/protocol.md, "Restarts"), so it keeps its place."""
         now = time.monotonic()
         waited = now - queued_at[0] if queued_at else 0.0
-        return {**fields, "wait": max(0.0, wait - (now - asked)) or None, "waited": waited}
+        return replace(request, wait=max(0.0, wait - (now - asked)) or None, waited=waited)
 
     with Connection(endpoint, timeout=REQUEST_TIMEOUT) as conn:
-        reply = conn.call(
-            "request",
+        reply = conn.send(
+            request,
             timeout=REQUEST_TIMEOUT + wait,
             on_queued=queued,
             on_tick=progress.tick if wait else None,
             first_answer=FIRST_ANSWER,
             resend=resend if wait else None,
             on_lost=lambda lost: progress.lost(endpoint, lost),
-            **fields,
         )
     return Grant(
-        task_id=str(reply["task_id"]),
-        gpus=tuple(reply["gpus"]),
-        ledger=local_ledger(str(reply["ledger"]), endpoint),
-        memory_limit=int(reply["memory_limit"]),
-        heartbeat_interval=float(reply["heartbeat_interval"]),
-        simulated=bool(reply.get("simulated")),
-        sim_gpus=reply.get("sim_gpus"),
-        sim_state_dir=reply.get("sim_state_dir"),
+        task_id=reply.task_id,
+        gpus=tuple(reply.gpus),
+        ledger=local_ledger(reply.ledger, endpoint),
+        memory_limit=reply.memory_limit,
+        heartbeat_interval=reply.heartbeat_interval,
+        simulated=reply.simulated,
+        sim_gpus=reply.sim_gpus,
+        sim_state_dir=reply.sim_state_dir,
         endpoint=endpoint,
-        timesliced=tuple(int(i) for i in reply.get("timesliced") or ()),
+        timesliced=tuple(reply.timesliced),
     )
 
 
@@ -355,13 +355,13 @@ class Heartbeat:
         if self.reclaimed is not None:
             return
         try:
-            reply = self.conn.call("heartbeat", task_id=self.task_id)
+            reply = self.conn.send(messages.Heartbeat(task_id=self.task_id))
             if self.warned:
                 self.say("nodemgr answers again")
                 self.warned = False
-            warning = reply.get("warning")
+            warning = reply.warning
             if warning and not self.idle_warned:
-                self.say(str(warning))
+                self.say(warning)
             self.idle_warned = bool(warning)
             self._notices(reply)
         except Reclaimed as e:
@@ -378,19 +378,17 @@ class Heartbeat:
         if self.reclaimed is not None:
             return
         try:
-            self._notices(self.conn.call("heartbeat", task_id=self.task_id))
+            self._notices(self.conn.send(messages.Heartbeat(task_id=self.task_id)))
         except Reclaimed as e:
             self.reclaimed = e
         except GpushareError:
             pass
 
-    def _notices(self, ack: dict[str, Any]) -> None:
+    def _notices(self, ack: AckReply) -> None:
         """Say what nodemgr tells the task once (an `ack`'s ``notices``: why the bypass
         audit killed one of its processes)."""
-        notices = ack.get("notices")
-        if isinstance(notices, list):
-            for notice in notices:
-                self.say(str(notice))
+        for notice in ack.notices or ():
+            self.say(notice)
 
     def done(self, code: int | None, signum: int | None = None) -> None:
         if self.reclaimed is not None:
@@ -417,7 +415,7 @@ def report_done(
     """Say ``done`` for a task; a failure is said through ``say`` (None: silently), since
     nodemgr reclaims the task anyway once its client is gone."""
     try:
-        conn.call("done", task_id=task_id, exit_code=code, signal=signum)
+        conn.send(Done(task_id=task_id, exit_code=code, signal=signum))
     except GpushareError as e:  # nodemgr refused, or did not answer
         if say is not None:
             say(f"could not report the end of the task (nodemgr reclaims it anyway): {e}")

@@ -9,17 +9,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpushare.client import FIRST_ANSWER, Connection
+from gpushare.messages import View
 from gpushare.sizes import format_clock, format_size, plural
-
-# What a reply carries besides the view itself.
-_ENVELOPE = ("v", "type", "id")
 
 
 def fetch(endpoint: str) -> dict[str, Any]:
-    """The ``view`` reply, less its envelope; raises Unreachable or NodeError."""
+    """The ``view`` reply's fields; raises Unreachable or NodeError."""
     with Connection(endpoint, timeout=FIRST_ANSWER) as conn:
-        reply = conn.call("view")
-    return {k: v for k, v in reply.items() if k not in _ENVELOPE}
+        return conn.send(View()).wire()
 
 
 def _gpu_lines(gpu: Mapping[str, Any], me: str) -> list[str]:

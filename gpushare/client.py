@@ -6,18 +6,21 @@ import itertools
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from gpushare import protocol
 from gpushare.errors import GpushareError
+from gpushare.messages import INTERIM, Ask, HeldReply, QueuedReply, R, Status, read_reply
 
 # Seconds a client waits for nodemgr's first answer to a request, however long the request
 # may then wait (a `queued` or `held` answer comes at once): nodemgr gone while its socket
 # stays is reported this soon (docs/protocol.md).
 FIRST_ANSWER = 5.0
+
+T = TypeVar("T")
 
 
 class NodeError(GpushareError):
@@ -66,8 +69,16 @@ class Unreachable(GpushareError):
     """No answer from nodemgr at the endpoint within the timeout."""
 
 
+def _readable(read: Callable[[], T]) -> T:
+    """What ``read`` makes of a reply; a reply it cannot read is nodemgr's error."""
+    try:
+        return read()
+    except protocol.ProtocolError as e:
+        raise NodeError(e.code, f"unreadable reply from nodemgr: {e.message}") from None
+
+
 class Connection:
-    """One DEALER socket; :meth:`call` sends a request and waits for its reply.
+    """One DEALER socket; :meth:`send` sends a request and waits for its reply.
     ``max_reply``: the largest reply it reads, its endpoint's (protocol.MAX_TASK_REPLY_BYTES,
     or MAX_ADMIN_REPLY_BYTES for the admin endpoint)."""
 
@@ -107,19 +118,19 @@ class Connection:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def call(
+    def send(
         self,
-        kind: str,
+        request: Ask[R],
         timeout: float | None = None,
-        on_queued: Callable[[dict[str, Any]], None] | None = None,
+        on_queued: Callable[[QueuedReply | HeldReply], None] | None = None,
         on_tick: Callable[[], None] | None = None,
         tick: float = 1.0,
         first_answer: float | None = None,
-        resend: Callable[[], dict[str, Any]] | None = None,
+        resend: Callable[[], Ask[R]] | None = None,
         on_lost: Callable[[bool], None] | None = None,
-        **fields: Any,
-    ) -> dict[str, Any]:
-        """Send a request and return its reply; raise NodeError (a subclass by code) or
+    ) -> R:
+        """Send ``request`` and return its reply, of the class the request is answered
+        with; raise NodeError (a subclass by code; an unreadable reply is one too) or
         Unreachable. ``queued`` updates to a waiting request, and the ``held`` answer to a
         `yield` that waits for the task's other processes, go to ``on_queued`` (the call
         keeps waiting for the final reply within ``timeout``);
@@ -130,9 +141,57 @@ class Connection:
 
         With ``resend``, a request that nodemgr has answered survives a restart of nodemgr:
         when the connection breaks, ``on_lost(True)`` is called and the call keeps waiting;
-        when it is made again (a new nodemgr bound the socket), the request is sent again
-        with the fields ``resend`` returns, ``on_lost(False)`` is called, and the first
-        answer to it is awaited as above (docs/protocol.md, "Restarts")."""
+        when it is made again (a new nodemgr bound the socket), the request ``resend``
+        returns is sent in its place, ``on_lost(False)`` is called, and the first answer to
+        it is awaited as above (docs/protocol.md, "Restarts")."""
+
+        def interim(msg: dict[str, Any]) -> None:
+            if on_queued is not None:
+                on_queued(_readable(lambda: INTERIM[msg["type"]].from_wire(msg)))
+
+        def again() -> dict[str, Any]:
+            assert resend is not None
+            return resend().wire()
+
+        msg = self._exchange(
+            request.TYPE,
+            request.wire(),
+            timeout,
+            interim,
+            on_tick,
+            tick,
+            first_answer,
+            again if resend is not None else None,
+            on_lost,
+        )
+        return _readable(lambda: read_reply(request, msg))
+
+    def call(
+        self,
+        kind: str,
+        timeout: float | None = None,
+        on_queued: Callable[[dict[str, Any]], None] | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """Send a request of type ``kind`` made of ``fields`` as they are, and return its
+        reply's map, envelope and all: the raw wire, for tests and tools that send what the
+        message classes would not (unknown types and fields, values out of range). Errors,
+        ``timeout`` and ``on_queued`` as for :meth:`send`, with maps."""
+        return self._exchange(kind, fields, timeout, on_queued)
+
+    def _exchange(
+        self,
+        kind: str,
+        fields: dict[str, Any],
+        timeout: float | None = None,
+        on_interim: Callable[[dict[str, Any]], None] | None = None,
+        on_tick: Callable[[], None] | None = None,
+        tick: float = 1.0,
+        first_answer: float | None = None,
+        resend: Callable[[], dict[str, Any]] | None = None,
+        on_lost: Callable[[bool], None] | None = None,
+    ) -> dict[str, Any]:
+        """Send one request and wait for its final reply's map (send's contract)."""
         if self.endpoint.startswith("ipc://") and not self._connected:
             path = self.endpoint[len("ipc://") :]
             try:
@@ -149,7 +208,7 @@ class Connection:
         try:
             # Never block: with nodemgr gone, queued messages would pile up to
             # the high-water mark and then hang the caller for good.
-            self._sock.send(protocol.encode(protocol.request(kind, msg_id, **fields)), zmq.NOBLOCK)
+            self._sock.send(protocol.encode(protocol.message(kind, msg_id, fields)), zmq.NOBLOCK)
         except zmq.Again:
             raise Unreachable(f"nodemgr is not accepting messages at {self.endpoint}") from None
         monitor = None
@@ -160,7 +219,7 @@ class Connection:
                 kind,
                 msg_id,
                 timeout,
-                on_queued,
+                on_interim,
                 on_tick,
                 tick,
                 first_answer,
@@ -183,7 +242,7 @@ class Connection:
         kind: str,
         msg_id: int,
         timeout: float | None,
-        on_queued: Callable[[dict[str, Any]], None] | None,
+        on_interim: Callable[[dict[str, Any]], None] | None,
         on_tick: Callable[[], None] | None,
         tick: float,
         first_answer: float | None,
@@ -225,10 +284,8 @@ class Connection:
                     assert resend is not None
                     lost = False
                     try:
-                        self._sock.send(
-                            protocol.encode(protocol.request(kind, msg_id, **resend())),
-                            zmq.NOBLOCK,
-                        )
+                        again = protocol.message(kind, msg_id, resend())
+                        self._sock.send(protocol.encode(again), zmq.NOBLOCK)
                     except zmq.Again:
                         raise Unreachable(
                             f"nodemgr is not accepting messages at {self.endpoint}"
@@ -255,9 +312,9 @@ class Connection:
                 if isinstance(err, Reclaimed):
                     err.reason = str(msg.get("reason") or "")
                 raise err
-            if msg["type"] in ("queued", "held"):
-                if on_queued is not None:
-                    on_queued(msg)
+            if msg["type"] in INTERIM:
+                if on_interim is not None:
+                    on_interim(msg)
                 continue
             return msg
         raise Unreachable(f"nodemgr did not answer at {self.endpoint} within {limit:g}s")
@@ -273,7 +330,7 @@ def wait_until_serving(endpoint: str, alive: Callable[[], bool], timeout: float)
             with Connection(
                 endpoint, timeout=0.5, max_reply=protocol.MAX_ADMIN_REPLY_BYTES
             ) as conn:
-                conn.call("status")
+                conn.send(Status())
             return True
         except Unreachable:
             if not alive() or time.monotonic() > deadline:

@@ -125,7 +125,7 @@ def _yield_turn() -> None:
         return  # nodemgr did not answer lately: a step must not wait for it every time
     task_id = os.environ.get(TASK_ENV)
     conn = _connection() if task_id else None
-    if conn is None:
+    if conn is None or not task_id:
         _say_once(
             f"the turn on a time-sliced GPU is over but {ENDPOINT_ENV} or {TASK_ENV} is "
             "not set, so nodemgr cannot be told; it passes the turn on after its timeout"
@@ -133,11 +133,12 @@ def _yield_turn() -> None:
         return
     from gpushare.client import FIRST_ANSWER, Unreachable
     from gpushare.errors import GpushareError
+    from gpushare.messages import HeldReply, QueuedReply, Yield
 
     mem = shim.memory()
     held = False
 
-    def on_held(_msg: dict[str, Any]) -> None:
+    def on_held(_msg: QueuedReply | HeldReply) -> None:
         nonlocal held
         held = True
 
@@ -145,13 +146,11 @@ def _yield_turn() -> None:
         # The process's own boundary count: nodemgr ignores a yield from an earlier turn.
         # nodemgr answers at once, `held` while the task's other processes finish their
         # turn, and with the turn once it has passed.
-        conn.call(
-            "yield",
+        conn.send(
+            Yield(task_id=task_id, iterations=mem.iterations if mem else None),
             timeout=YIELD_TIMEOUT,
             on_queued=on_held,
             first_answer=FIRST_ANSWER,
-            task_id=task_id,
-            iterations=mem.iterations if mem else None,
         )
     except GpushareError as e:  # nodemgr refused, or did not answer
         if isinstance(e, Unreachable):

@@ -2,16 +2,18 @@
 
 A message is one ZeroMQ frame holding a msgpack map: ``v`` (protocol
 version), ``type``, ``id`` (chosen by the sender, echoed in the reply) and
-the type's fields. Handlers see validated plain dicts; every reply is a
-payload or ``{"type": "error", "error": CODE, "message": TEXT}``. Unknown
-fields are tolerated, unknown types are answered with an error.
+the type's fields. This module holds the envelope, the limits and the error codes;
+the messages themselves, each a class that validates its fields, are
+gpushare.messages'. Every reply is a payload or ``{"type": "error", "error": CODE,
+"message": TEXT}``. Unknown fields are tolerated, unknown types are answered with an
+error.
 """
 
 from __future__ import annotations
 
 import re
 import reprlib
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import msgpack
@@ -92,157 +94,9 @@ class ProtocolError(Exception):
         self.message = message
 
 
-# --- field validators: value -> cleaned value, or raise ValueError ------------
-
-
-def _int(lo: int, hi: int) -> Callable[[Any], int]:
-    def check(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise ValueError(f"must be an integer {lo}..{hi}")
-        return v
-
-    return check
-
-
-def _number(lo: float, hi: float) -> Callable[[Any], float]:
-    def check(v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
-            raise ValueError(f"must be a number {lo:g}..{hi:g}")
-        return float(v)
-
-    return check
-
-
-def _bool(v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ValueError("must be true or false")
-    return v
-
-
-def _str(pattern: re.Pattern[str] | None = None, max_len: int = 4096) -> Callable[[Any], str]:
-    def check(v: Any) -> str:
-        if not isinstance(v, str) or len(v) > max_len:
-            raise ValueError(f"must be a string of at most {max_len} characters")
-        # fullmatch: with match, the pattern's "$" also accepts a trailing newline.
-        if pattern is not None and not pattern.fullmatch(v):
-            raise ValueError(f"must match {pattern.pattern}")
-        return v
-
-    return check
-
-
-def _devices(v: Any) -> list[str]:
-    if not isinstance(v, list) or not 1 <= len(v) <= MAX_GPUS_PER_REQUEST:
-        raise ValueError(f"must be a list of 1..{MAX_GPUS_PER_REQUEST} GPU names, or nil")
-    for i, name in enumerate(v):
-        if not isinstance(name, str) or not DEVICE_NAME.fullmatch(name):
-            raise ValueError(
-                f"entry {i} ({reprlib.repr(name)}) must be a GPU index as `nodemgr status` "
-                "numbers them, or a GPU UUID (GPU-...) or a prefix of one of at least 8 "
-                "characters; fix or unset CUDA_VISIBLE_DEVICES"
-            )
-    return list(v)
-
-
-def _gpu(v: Any) -> int | str:
-    """admin ``mode.gpu``: a node index, or a GPU UUID or a prefix of one."""
-    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_GPUS_PER_REQUEST:
-        return v
-    if isinstance(v, str) and DEVICE_NAME.fullmatch(v):
-        return v
-    raise ValueError("must be a GPU index or a GPU UUID (GPU-...), or nil: all")
-
-
-def _one_of(*choices: str) -> Callable[[Any], str]:
-    def check(v: Any) -> str:
-        if v not in choices:
-            raise ValueError("must be one of " + ", ".join(repr(c) for c in choices))
-        return str(v)
-
-    return check
-
-
-def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    def opt(v: Any) -> Any:
-        return None if v is None else check(v)
-
-    return opt
-
-
-_env = _str(ENV_NAME, 64)
-_task = _str(TASK_ID, MAX_TASK_ID)
-_bytes = _int(0, MAX_BYTES)
-
-# type -> {field: (required, validator)}
-Schema = dict[str, tuple[bool, Callable[[Any], Any]]]
-
-TASK_REQUESTS: dict[str, Schema] = {
-    "request": {
-        "gpus": (True, _int(1, MAX_GPUS_PER_REQUEST)),
-        "memory": (False, _optional(_bytes)),
-        "command": (False, _optional(_str(max_len=4096))),
-        "wait": (False, _optional(_number(0.0, MAX_WAIT))),
-        "devices": (False, _optional(_devices)),
-        "persistent": (False, _optional(_bytes)),
-        "temporary": (False, _optional(_bytes)),
-        "guard": (False, _optional(_int(0, MAX_GUARD))),
-        "waited": (False, _optional(_number(0.0, MAX_WAIT))),
-        "wrapper": (False, _optional(_bool)),
-    },
-    "yield": {"task_id": (True, _task), "iterations": (False, _optional(_int(0, (1 << 63) - 1)))},
-    "heartbeat": {"task_id": (True, _task)},
-    "done": {
-        "task_id": (True, _task),
-        "exit_code": (False, _optional(_int(-(1 << 31), (1 << 31) - 1))),
-        "signal": (False, _optional(_int(1, 128))),
-    },
-    "quota": {},
-    "view": {},
-}
-
-ADMIN_REQUESTS: dict[str, Schema] = {
-    "quota_set": {
-        "env": (True, _env),
-        "gpus": (False, _optional(_int(0, MAX_GPUS_PER_REQUEST))),
-        "memory": (False, _optional(_bytes)),
-        "force": (False, _optional(_bool)),
-    },
-    "quota_show": {"env": (False, _optional(_env))},
-    "quota_delete": {"env": (True, _env), "force": (False, _optional(_bool))},
-    "tasks": {"env": (False, _optional(_env))},
-    "queue": {"env": (False, _optional(_env))},
-    "status": {},
-    "mode": {"gpu": (False, _optional(_gpu)), "mode": (False, _optional(_one_of(*MODES)))},
-    "drain": {"gpu": (False, _optional(_gpu)), "drained": (False, _optional(_bool))},
-    "reclaim": {"task_id": (True, _task), "reason": (False, _optional(_str(NOTE, MAX_NOTE)))},
-    "idle_set": {
-        "env": (True, _env),
-        "idle_timeout": (False, _optional(_number(0.0, MAX_IDLE))),
-        "idle_action": (False, _optional(_one_of(*IDLE_ACTIONS))),
-    },
-    "pause": {"task_id": (True, _task)},
-    "resume": {"task_id": (True, _task)},
-    "history": {
-        "env": (False, _optional(_env)),
-        "since": (False, _optional(_number(0.0, 1e11))),
-        "limit": (False, _optional(_int(1, MAX_HISTORY))),
-    },
-}
-
-
-# The admin requests that only read (with `mode` and `drain` only when they change nothing):
-# all the read-only admin socket serves (docs/operations.md, "Access").
-VIEW_REQUESTS = frozenset({"quota_show", "tasks", "queue", "status", "history", "mode", "drain"})
-
-
-def is_view(kind: str, fields: dict[str, Any]) -> bool:
-    """Whether admin request ``kind`` with ``fields`` only reads: `mode` without a
-    ``mode``, `drain` without ``drained``."""
-    if kind == "mode":
-        return fields.get("mode") is None
-    if kind == "drain":
-        return fields.get("drained") is None
-    return kind in VIEW_REQUESTS
+def message(kind: str, msg_id: int, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The map a message of type ``kind`` travels as: the envelope, then its fields."""
+    return {"v": PROTOCOL_VERSION, "type": kind, "id": msg_id, **fields}
 
 
 def encode(msg: dict[str, Any]) -> bytes:
@@ -284,49 +138,3 @@ def decode(frame: bytes, limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any]:
         raise ProtocolError(Err.BAD_REQUEST, "field 'id' must be a non-negative integer")
     msg["id"] = mid
     return msg
-
-
-def validate(msg: dict[str, Any], schemas: dict[str, Schema]) -> dict[str, Any]:
-    """Return the fields of ``msg`` its type defines, checked; unknown fields are dropped."""
-    kind = msg["type"]
-    schema = schemas.get(kind)
-    if schema is None:
-        raise ProtocolError(
-            Err.UNKNOWN_TYPE,
-            f"unknown message type {reprlib.repr(kind)}; this endpoint accepts: "
-            + ", ".join(sorted(schemas)),
-        )
-    body: dict[str, Any] = {}
-    for name, (required, check) in schema.items():
-        if name not in msg:
-            if required:
-                raise ProtocolError(Err.BAD_REQUEST, f"{kind}: field {name!r} is required")
-            body[name] = None
-            continue
-        try:
-            body[name] = check(msg[name])
-        except ValueError as e:
-            raise ProtocolError(Err.BAD_REQUEST, f"{kind}: field {name!r} {e}") from None
-    return body
-
-
-def request(kind: str, msg_id: int, **fields: Any) -> dict[str, Any]:
-    return {"v": PROTOCOL_VERSION, "type": kind, "id": msg_id, **fields}
-
-
-def reply(kind: str, msg_id: int, **fields: Any) -> dict[str, Any]:
-    return {"v": PROTOCOL_VERSION, "type": kind, "id": msg_id, **fields}
-
-
-def error(code: str, message: str, msg_id: int = 0, **fields: Any) -> dict[str, Any]:
-    """An error reply; ``fields``: what the code's reply carries besides (``reclaimed``:
-    ``reason``)."""
-    return {
-        "v": PROTOCOL_VERSION,
-        "type": "error",
-        "id": msg_id,
-        "error": code,
-        "message": message,
-        "retryable": code in Err.RETRYABLE,
-        **fields,
-    }

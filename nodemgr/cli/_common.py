@@ -6,7 +6,7 @@ import json
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -15,8 +15,9 @@ import click
 from gpushare import paths
 from gpushare.client import Connection, NodeError, Unreachable
 from gpushare.exitcodes import EXIT_ADMIN_REFUSED, EXIT_CONFIG, EXIT_UNREACHABLE
+from gpushare.messages import AdminRequest, R
 from gpushare.params import ALL_GPUS
-from gpushare.protocol import MAX_ADMIN_REPLY_BYTES, is_view
+from gpushare.protocol import MAX_ADMIN_REPLY_BYTES
 from gpushare.sizes import format_duration as duration
 from gpushare.sizes import format_size
 from nodemgr import config as configmod
@@ -123,15 +124,17 @@ def start_hint(cfg: configmod.Config) -> str:
 SILENT = "its process is alive but does not answer: stopped (SIGSTOP) or stuck? see its log"
 
 
-def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, Any]:
+def admin_call(config_path: str | None, request: AdminRequest[R]) -> R:
+    """Send ``request`` to the nodemgr of the config at ``config_path``, and return its reply;
+    fail with the exit code of what went wrong."""
     cfg = load_config(config_path)
-    endpoint = check_access(cfg, is_view(kind, fields))
+    endpoint = check_access(cfg, request.is_view())
     why = not_running(endpoint)
     if why is not None:
         fail(f"{why} ({start_hint(cfg)})", EXIT_UNREACHABLE)
     try:
         with Connection(endpoint, timeout=5.0, max_reply=MAX_ADMIN_REPLY_BYTES) as conn:
-            return conn.call(kind, **fields)
+            return conn.send(request)
     except Unreachable as e:
         why = not_running(endpoint)  # gone meanwhile (stopped, killed), or silent
         fail(f"{why} ({start_hint(cfg)})" if why else f"{e} ({SILENT})", EXIT_UNREACHABLE)
@@ -139,23 +142,17 @@ def admin_call(config_path: str | None, kind: str, **fields: Any) -> dict[str, A
         fail(e.message, EXIT_ADMIN_REFUSED)
 
 
-def gpu_request(
-    config_path: str | None, kind: str, gpu: int | str | None, **change: Any
-) -> list[dict[str, Any]]:
-    """The GPUs a per-GPU admin request answers with; ``gpu`` as params.GpuType reads it
-    (an index, a UUID or a prefix of one; "all" or None: every GPU), and each setting in
-    ``change`` sent unless it is None."""
-    fields: dict[str, Any] = {} if gpu is None or gpu == ALL_GPUS else {"gpu": gpu}
-    fields.update({k: v for k, v in change.items() if v is not None})
-    gpus: list[dict[str, Any]] = admin_call(config_path, kind, **fields)["gpus"]
-    return gpus
+def one_gpu(gpu: int | str | None) -> int | str | None:
+    """A per-GPU admin request's ``gpu``, from a GPU argument as params.GpuType reads it (an
+    index, a UUID or a prefix of one): None, every GPU, for "all" or none given."""
+    return None if gpu is None or gpu == ALL_GPUS else gpu
 
 
 def print_gpus(
-    gpus: list[dict[str, Any]],
+    gpus: Sequence[Mapping[str, Any]],
     as_json: bool,
     headers: list[str],
-    row: Callable[[dict[str, Any]], list[str]],
+    row: Callable[[Mapping[str, Any]], list[str]],
 ) -> None:
     """GPUs as an admin request answered them: as JSON, or a table of ``row(gpu)`` under
     ``headers``."""
@@ -185,7 +182,7 @@ def print_table(headers: list[str], rows: list[list[str]]) -> None:
         click.echo(line)
 
 
-def task_state(task: dict[str, Any]) -> str:
+def task_state(task: Mapping[str, Any]) -> str:
     """A task's STATE column: paused (an operator holds its launches), gated (waiting for a
     time-sliced GPU's turn) or running."""
     if task.get("paused"):
@@ -193,7 +190,7 @@ def task_state(task: dict[str, Any]) -> str:
     return "gated" if task.get("gated") else "running"
 
 
-def launched(task: dict[str, Any], now: float | None = None) -> str:
+def launched(task: Mapping[str, Any], now: float | None = None) -> str:
     """How long ago a task's processes last launched a kernel, as nodemgr's sweeps saw it."""
     last = task.get("last_launch")
     if last is None:
@@ -206,7 +203,7 @@ def launched(task: dict[str, Any], now: float | None = None) -> str:
     return f"{ago / 3600:.0f}h ago"
 
 
-def idle_for(task: dict[str, Any]) -> str:
+def idle_for(task: Mapping[str, Any]) -> str:
     """A task's IDLE column: how long it has launched no kernel (since its grant when it
     never did; paused or gated time does not count), "!" once past its idle timeout."""
     spent = task.get("idle")
@@ -221,7 +218,7 @@ def percent(value: int | None) -> str:
     return "-" if value is None else f"{value}%"
 
 
-def task_row(task: dict[str, Any], memory: str) -> list[str]:
+def task_row(task: Mapping[str, Any], memory: str) -> list[str]:
     """A task's row in ``nodemgr tasks`` and ``nodemgr top``; the sixth column is the size
     in its field ``memory`` (the limit per GPU, or the peak)."""
     return [

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import click
 
+from gpushare.messages import Drain
 from gpushare.params import GpuType
-from nodemgr.cli._common import config_option, gpu_request, json_option, print_gpus
+from nodemgr.cli._common import admin_call, config_option, json_option, one_gpu, print_gpus
 
 
-def _state_row(g: dict[str, Any]) -> list[str]:
+def _state_row(g: Mapping[str, Any]) -> list[str]:
     return [str(g["index"]), g["uuid"], "drained" if g["drained"] else "open", str(g["tasks"])]
 
 
@@ -18,7 +20,7 @@ def _drain(
     gpu: int | str | None, drained: bool | None, config_path: str | None, as_json: bool
 ) -> None:
     print_gpus(
-        gpu_request(config_path, "drain", gpu, drained=drained),
+        admin_call(config_path, Drain(gpu=one_gpu(gpu), drained=drained)).gpus,
         as_json,
         ["GPU", "UUID", "STATE", "TASKS"],
         _state_row,

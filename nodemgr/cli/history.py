@@ -8,6 +8,7 @@ from datetime import datetime
 
 import click
 
+from gpushare.messages import History
 from gpushare.params import EnvNameType
 from gpushare.sizes import format_size
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
@@ -66,7 +67,7 @@ def history(
     granted, the peak its processes used, when it started and ended, and
     why it ended (done, killed, exited, timeout, admin, idle, undelivered).
     """
-    records = admin_call(config_path, "history", env=env, since=since, limit=limit)["records"]
+    records = admin_call(config_path, History(env=env, since=since, limit=limit)).records
     if as_json:
         print_json(records)
         return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from gpushare.messages import IdleSet
 from gpushare.params import EnvNameType, SecondsType
 from gpushare.protocol import IDLE_ACTIONS as ACTIONS
 from gpushare.protocol import MAX_IDLE
@@ -35,9 +36,7 @@ def idle(
     """Set environment ENV's idle policy; an option left out is the node's ([idle] in its
     config), so `nodemgr idle ENV` alone goes back to the node's policy. Kept across
     restarts; shown by `nodemgr quota show`."""
-    [q] = admin_call(config_path, "idle_set", env=env, idle_timeout=timeout, idle_action=action)[
-        "quotas"
-    ]
+    [q] = admin_call(config_path, IdleSet(env=env, idle_timeout=timeout, idle_action=action)).quotas
     if as_json:
         print_json(q)
         return

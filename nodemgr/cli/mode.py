@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
+from gpushare.messages import Mode
 from gpushare.params import GpuType
 from gpushare.protocol import MODES, SHARED
 from gpushare.sizes import format_size
-from nodemgr.cli._common import config_option, gpu_request, json_option, print_gpus
+from nodemgr.cli._common import admin_call, config_option, json_option, one_gpu, print_gpus
 
 
 @click.command()
@@ -23,7 +24,7 @@ def mode(gpu: int | str | None, mode: str | None, config_path: str | None, as_js
     "timesliced" (tasks take turns; docs/timeslicing.md). A mode set here is
     kept across restarts and wins over the config's timeslice.gpus.
     """
-    gpus = gpu_request(config_path, "mode", gpu, mode=mode)
+    gpus = admin_call(config_path, Mode(gpu=one_gpu(gpu), mode=mode)).gpus
     print_gpus(
         gpus,
         as_json,

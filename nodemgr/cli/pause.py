@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from gpushare.messages import Pause
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json
 
 
@@ -19,8 +20,8 @@ def pause(task_id: str, config_path: str | None, as_json: bool) -> None:
     launched run to completion. Refused for a task that is not running, or one
     that got no ledger task entry (docs/operations.md, "Pausing tasks").
     """
-    reply = admin_call(config_path, "pause", task_id=task_id)
+    reply = admin_call(config_path, Pause(task_id=task_id))
     if as_json:
-        print_json({"task_id": reply["task_id"], "env": reply["env"], "paused": reply["paused"]})
+        print_json(reply.wire())
     else:
-        click.echo(f"task {reply['task_id']} of {reply['env']}: paused")
+        click.echo(f"task {reply.task_id} of {reply.env}: paused")

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import click
 
+from gpushare.messages import Queue
 from gpushare.params import EnvNameType
 from gpushare.sizes import format_clock, format_size
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json, print_table
 
 
-def _row(w: dict[str, Any]) -> list[str]:
+def _row(w: Mapping[str, Any]) -> list[str]:
     devices = w.get("devices")
     memory = w.get("memory")
     return [
@@ -36,7 +38,7 @@ def queue(env: str | None, config_path: str | None, as_json: bool) -> None:
     """List the requests waiting for GPUs, next first: each one's place in the whole
     queue, environment, GPU count, the GPUs it may have (its CUDA_VISIBLE_DEVICES; "any"),
     memory hint, client pid, time waited and left, and why it is not granted yet."""
-    waiting = admin_call(config_path, "queue", env=env)["waiting"]
+    waiting = admin_call(config_path, Queue(env=env)).waiting
     if as_json:
         print_json(waiting)
         return

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import click
 
+from gpushare.messages import QuotaDelete, QuotaSet, QuotaShow
 from gpushare.params import CountType, EnvNameType, SizeType
 from gpushare.protocol import MAX_GPUS_PER_REQUEST
 from gpushare.sizes import format_duration as duration
@@ -58,18 +60,15 @@ def set_(
     """
     if gpus is None and memory is None:
         raise click.UsageError("give --gpus, --memory or both")
-    reply = admin_call(config_path, "quota_set", env=env, gpus=gpus, memory=memory, force=force)
-    keys = ("env", "gpus", "memory", "endpoint", "idle_timeout", "idle_action", "idle_own")
-    view = {k: reply[k] for k in keys}
-    over = reply.get("over", [])
+    reply = admin_call(config_path, QuotaSet(env=env, gpus=gpus, memory=memory, force=force))
     if as_json:
-        print_json({**view, "over": over})
+        print_json(reply.wire())
         return
     click.echo(
-        f"{env}: {plural(view['gpus'], 'GPU')} x {format_size(view['memory'])}; "
-        f"task endpoint {view['endpoint']}"
+        f"{env}: {plural(reply.gpus, 'GPU')} x {format_size(reply.memory)}; "
+        f"task endpoint {reply.endpoint}"
     )
-    for o in over:
+    for o in reply.over:
         click.echo(
             f"warning: {env} holds {format_size(o['used'])} on GPU {o['gpu']}, more than its "
             "new quota: it keeps that memory until it frees it (charged for all of it), and "
@@ -96,7 +95,7 @@ def show(env: str | None, endpoint_only: bool, config_path: str | None, as_json:
     """
     if endpoint_only and env is None:
         raise click.UsageError("--endpoint needs ENV: nodemgr quota show ENV --endpoint")
-    quotas = admin_call(config_path, "quota_show", env=env)["quotas"]
+    quotas = admin_call(config_path, QuotaShow(env=env)).quotas
     if endpoint_only:
         click.echo(quotas[0]["endpoint"])
         return
@@ -112,7 +111,7 @@ def show(env: str | None, endpoint_only: bool, config_path: str | None, as_json:
     )
 
 
-def idle_policy(q: dict[str, Any]) -> str:
+def idle_policy(q: Mapping[str, Any]) -> str:
     """An environment's IDLE column: its idle timeout and action, "-" when off; "*" marks
     its own policy (nodemgr idle), as opposed to the node's."""
     own = "*" if q.get("idle_own") else ""
@@ -131,8 +130,8 @@ def delete(env: str, force: bool, config_path: str | None, as_json: bool) -> Non
 
     Refused while ENV has running tasks or memory in use, unless --force.
     """
-    reply = admin_call(config_path, "quota_delete", env=env, force=force)
+    reply = admin_call(config_path, QuotaDelete(env=env, force=force))
     if as_json:
-        print_json({"env": reply["env"], "tasks_ended": reply["tasks_ended"]})
+        print_json(reply.wire())
     else:
-        click.echo(f"{env}: deleted; {plural(reply['tasks_ended'], 'running task')} ended")
+        click.echo(f"{env}: deleted; {plural(reply.tasks_ended, 'running task')} ended")

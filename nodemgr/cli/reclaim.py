@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from gpushare.messages import Reclaim
 from gpushare.protocol import MAX_NOTE, NOTE
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json
 
@@ -29,8 +30,8 @@ def reclaim(task_id: str, reason: str | None, config_path: str | None, as_json: 
         raise click.BadParameter(
             f"one line of 1 to {MAX_NOTE} printable characters", param_hint="'--reason'"
         )
-    reply = admin_call(config_path, "reclaim", task_id=task_id, reason=reason)
+    reply = admin_call(config_path, Reclaim(task_id=task_id, reason=reason))
     if as_json:
-        print_json({"task_id": reply["task_id"], "env": reply["env"]})
+        print_json(reply.wire())
     else:
-        click.echo(f"task {reply['task_id']} of {reply['env']}: reclaimed")
+        click.echo(f"task {reply.task_id} of {reply.env}: reclaimed")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from gpushare.messages import Resume
 from nodemgr.cli._common import admin_call, config_option, json_option, print_json
 
 
@@ -17,8 +18,8 @@ def resume(task_id: str, config_path: str | None, as_json: bool) -> None:
 
     Resuming a task that is not paused changes nothing.
     """
-    reply = admin_call(config_path, "resume", task_id=task_id)
+    reply = admin_call(config_path, Resume(task_id=task_id))
     if as_json:
-        print_json({"task_id": reply["task_id"], "env": reply["env"], "paused": reply["paused"]})
+        print_json(reply.wire())
     else:
-        click.echo(f"task {reply['task_id']} of {reply['env']}: resumed")
+        click.echo(f"task {reply.task_id} of {reply.env}: resumed")

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from gpushare.messages import Status
 from gpushare.sizes import format_size, plural
 from nodemgr.cli._common import (
     admin_call,
@@ -22,7 +23,7 @@ from nodemgr.cli._common import (
 @json_option
 def status(config_path: str | None, as_json: bool) -> None:
     """Show the node's GPUs, what is charged and used on each, and counts."""
-    st = admin_call(config_path, "status")
+    st = admin_call(config_path, Status()).wire()
     st.pop("v", None)
     st.pop("type", None)
     st.pop("id", None)

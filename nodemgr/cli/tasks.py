@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from gpushare.messages import Tasks
 from gpushare.params import EnvNameType
 from nodemgr.cli._common import (
     admin_call,
@@ -21,7 +22,7 @@ from nodemgr.cli._common import (
 @json_option
 def tasks(env: str | None, config_path: str | None, as_json: bool) -> None:
     """List running tasks: their GPUs, memory, kernel launches and whether they are paused."""
-    items = admin_call(config_path, "tasks", env=env)["tasks"]
+    items = admin_call(config_path, Tasks(env=env)).tasks
     if as_json:
         print_json(items)
         return

@@ -11,6 +11,7 @@ import click
 
 from gpushare.client import Connection, NodeError, Unreachable
 from gpushare.exitcodes import EXIT_UNREACHABLE
+from gpushare.messages import Queue, QuotaShow, Status, Tasks
 from gpushare.params import CountType, SecondsType
 from gpushare.protocol import MAX_ADMIN_REPLY_BYTES, TIMESLICED
 from gpushare.sizes import format_size, plural
@@ -31,10 +32,10 @@ from nodemgr.cli._common import (
 
 def snapshot(conn: Connection) -> dict[str, Any]:
     return {
-        "status": conn.call("status"),
-        "quotas": conn.call("quota_show")["quotas"],
-        "tasks": conn.call("tasks")["tasks"],
-        "queue": conn.call("queue")["waiting"],
+        "status": conn.send(Status()).wire(),
+        "quotas": conn.send(QuotaShow()).quotas,
+        "tasks": conn.send(Tasks()).tasks,
+        "queue": conn.send(Queue()).waiting,
     }
 
 

@@ -3,9 +3,39 @@ pauses, modes, and the views of tasks, the queue, history and status."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from gpushare import protocol
+from gpushare.messages import (
+    AdminRequest,
+    DeletedReply,
+    Drain,
+    DrainsReply,
+    ErrorReply,
+    History,
+    HistoryReply,
+    IdleSet,
+    Message,
+    Mode,
+    ModesReply,
+    Pause,
+    PausedReply,
+    Queue,
+    QueueReply,
+    QuotaDelete,
+    QuotaSet,
+    QuotaSetReply,
+    QuotaShow,
+    QuotasReply,
+    R,
+    Reclaim,
+    ReclaimedReply,
+    Resume,
+    Status,
+    StatusReply,
+    Tasks,
+    TasksReply,
+)
 from gpushare.paths import socket_path_problem
 from gpushare.protocol import Err, ProtocolError
 from gpushare.sizes import format_size, parse_size, plural
@@ -34,7 +64,7 @@ class Loop(Protocol):
 
     def unwatch(self, what: Watched) -> None: ...
 
-    def send_later(self, to: ReplyTo, msg: dict[str, Any]) -> bool: ...
+    def send_later(self, to: ReplyTo, reply: Message) -> bool: ...
 
     def close_env_later(self, name: str) -> None: ...
 
@@ -49,85 +79,123 @@ def reclaimed_by_operator(reason: str | None) -> str:
     return f"GPUs reclaimed by an operator (nodemgr reclaim): {reason}"
 
 
-def handle(loop: Loop, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str, Any]:
+Handler = Callable[[Loop, Any], Message]
+
+
+def handle(loop: Loop, request: AdminRequest[R]) -> R:
+    """Serve ``request``: each admin request is answered with its REPLY class, or refused
+    with a ProtocolError."""
+    return cast(R, HANDLERS[type(request)](loop, request))
+
+
+def _quota_set(loop: Loop, req: QuotaSet) -> Message:
     node = loop.node
-    if kind == "quota_set":
-        gpus, memory = _quota_asked(node, body)
-        if body["env"] not in node.envs:
-            _check_socket_path(node, body["env"])
-        if not body.get("force"):
-            charge = node.context_memory
-            problem = unservable(
-                gpus,
-                memory,
-                [
-                    (g.index, g.name, g.memory, node.capacity(g.index), charge[g.index])
-                    for g in node.gpus
-                ],
-            )
-            if problem is not None:
-                raise ProtocolError(Err.QUOTA_EXCEEDED, f"{body['env']}: {problem}")
-        env = node.set_quota(body["env"], gpus, memory)
-        loop.connections.open_env(env)
-        return protocol.reply(
-            "quota", msg_id, **views.quota(env, node), over=views.over_quota(node, env)
+    gpus, memory = _quota_asked(node, req)
+    if req.env not in node.envs:
+        _check_socket_path(node, req.env)
+    if not req.force:
+        charge = node.context_memory
+        problem = unservable(
+            gpus,
+            memory,
+            [
+                (g.index, g.name, g.memory, node.capacity(g.index), charge[g.index])
+                for g in node.gpus
+            ],
         )
-    if kind == "quota_delete":
-        return _delete_env(loop, body["env"], bool(body["force"]), msg_id)
-    if kind == "reclaim":
-        task = node.tasks.get(body["task_id"])
-        if task is None:
-            raise ProtocolError(Err.UNKNOWN_TASK, f"no running task {body['task_id']!r}")
-        loop.reclaim(task, "admin", reclaimed_by_operator(body["reason"]))
-        return protocol.reply("reclaimed", msg_id, task_id=task.task_id, env=task.env)
-    if kind == "idle_set":
-        env = node.set_idle(body["env"], body["idle_timeout"], body["idle_action"])
-        return protocol.reply("quotas", msg_id, quotas=[views.quota(env, node)])
-    if kind in ("pause", "resume"):
-        paused = kind == "pause"
-        task = node.pause(body["task_id"], paused)
-        return protocol.reply("paused", msg_id, task_id=task.task_id, env=task.env, paused=paused)
-    if kind == "mode":
-        indices = node.gpu_indices(body["gpu"])
-        if body["mode"] is not None:
-            node.set_mode(indices, body["mode"])
-        return protocol.reply("modes", msg_id, gpus=views.modes(node, indices))
-    if kind == "drain":
-        indices = node.gpu_indices(body["gpu"])
-        if body["drained"] is not None:
-            node.set_drained(indices, body["drained"])
-        return protocol.reply("drains", msg_id, gpus=views.drains(node, indices))
-    if kind == "history":
-        name = body["env"]
-        # A deleted environment's records stay: only a name never used is unknown.
-        if name is not None and name not in node.envs and not node.store.history(name, None, 1):
-            raise ProtocolError(
-                Err.UNKNOWN_ENV,
-                f"no environment {name!r} now, and no records of one; `nodemgr quota show` "
-                "lists the environments",
-            )
-        limit = body["limit"] or 1000
-        # A running task's peak so far is in its ledger, not yet in its record.
-        live = {t["task_id"]: t["peak"] for t in views.tasks(node, body["env"], loop.utilization)}
-        records = []
-        for r in node.store.history(body["env"], body["since"], limit):
-            view = r.view()
-            if r.ended is None and r.task_id in live:
-                view["peak"] = max(r.peak, live[r.task_id])
-            records.append(view)
-        return protocol.reply("history", msg_id, records=records)
-    if kind == "queue":
-        only = node.env(body["env"]).name if body["env"] else None
-        waiting = [w for w in views.queue(node.queue) if only is None or w["env"] == only]
-        return protocol.reply("queue", msg_id, waiting=waiting)
-    if kind == "quota_show":
-        envs = [node.env(body["env"])] if body["env"] else list(node.envs.values())
-        quotas = [views.quota(e, node) for e in sorted(envs, key=lambda e: e.name)]
-        return protocol.reply("quotas", msg_id, quotas=quotas)
-    if kind == "tasks":
-        only = node.env(body["env"]).name if body["env"] else None
-        return protocol.reply("tasks", msg_id, tasks=views.tasks(node, only, loop.utilization))
-    return protocol.reply("status", msg_id, **views.status(node, loop.audit, loop.utilization))
+        if problem is not None:
+            raise ProtocolError(Err.QUOTA_EXCEEDED, f"{req.env}: {problem}")
+    env = node.set_quota(req.env, gpus, memory)
+    loop.connections.open_env(env)
+    return QuotaSetReply(**views.quota(env, node), over=views.over_quota(node, env))
+
+
+def _quota_delete(loop: Loop, req: QuotaDelete) -> Message:
+    return _delete_env(loop, req.env, bool(req.force))
+
+
+def _reclaim(loop: Loop, req: Reclaim) -> Message:
+    task = loop.node.tasks.get(req.task_id)
+    if task is None:
+        raise ProtocolError(Err.UNKNOWN_TASK, f"no running task {req.task_id!r}")
+    loop.reclaim(task, "admin", reclaimed_by_operator(req.reason))
+    return ReclaimedReply(task_id=task.task_id, env=task.env)
+
+
+def _idle_set(loop: Loop, req: IdleSet) -> Message:
+    env = loop.node.set_idle(req.env, req.idle_timeout, req.idle_action)
+    return QuotasReply(quotas=[views.quota(env, loop.node)])
+
+
+def _pause(loop: Loop, req: Pause) -> Message:
+    task = loop.node.pause(req.task_id, True)
+    return PausedReply(task_id=task.task_id, env=task.env, paused=True)
+
+
+def _resume(loop: Loop, req: Resume) -> Message:
+    task = loop.node.pause(req.task_id, False)
+    return PausedReply(task_id=task.task_id, env=task.env, paused=False)
+
+
+def _mode(loop: Loop, req: Mode) -> Message:
+    node = loop.node
+    indices = node.gpu_indices(req.gpu)
+    if req.mode is not None:
+        node.set_mode(indices, req.mode)
+    return ModesReply(gpus=views.modes(node, indices))
+
+
+def _drain(loop: Loop, req: Drain) -> Message:
+    node = loop.node
+    indices = node.gpu_indices(req.gpu)
+    if req.drained is not None:
+        node.set_drained(indices, req.drained)
+    return DrainsReply(gpus=views.drains(node, indices))
+
+
+def _history(loop: Loop, req: History) -> Message:
+    node = loop.node
+    name = req.env
+    # A deleted environment's records stay: only a name never used is unknown.
+    if name is not None and name not in node.envs and not node.store.history(name, None, 1):
+        raise ProtocolError(
+            Err.UNKNOWN_ENV,
+            f"no environment {name!r} now, and no records of one; `nodemgr quota show` "
+            "lists the environments",
+        )
+    limit = req.limit or 1000
+    # A running task's peak so far is in its ledger, not yet in its record.
+    live = {t["task_id"]: t["peak"] for t in views.tasks(node, req.env, loop.utilization)}
+    records = []
+    for r in node.store.history(req.env, req.since, limit):
+        view = r.view()
+        if r.ended is None and r.task_id in live:
+            view["peak"] = max(r.peak, live[r.task_id])
+        records.append(view)
+    return HistoryReply(records=records)
+
+
+def _queue(loop: Loop, req: Queue) -> Message:
+    node = loop.node
+    only = node.env(req.env).name if req.env else None
+    waiting = [w for w in views.queue(node.queue) if only is None or w["env"] == only]
+    return QueueReply(waiting=waiting)
+
+
+def _quota_show(loop: Loop, req: QuotaShow) -> Message:
+    node = loop.node
+    envs = [node.env(req.env)] if req.env else list(node.envs.values())
+    return QuotasReply(quotas=[views.quota(e, node) for e in sorted(envs, key=lambda e: e.name)])
+
+
+def _tasks(loop: Loop, req: Tasks) -> Message:
+    node = loop.node
+    only = node.env(req.env).name if req.env else None
+    return TasksReply(tasks=views.tasks(node, only, loop.utilization))
+
+
+def _status(loop: Loop, req: Status) -> Message:
+    return StatusReply(**views.status(loop.node, loop.audit, loop.utilization))
 
 
 def _check_socket_path(node: Node, name: str) -> None:
@@ -138,19 +206,16 @@ def _check_socket_path(node: Node, name: str) -> None:
         raise ProtocolError(Err.BAD_REQUEST, problem)
 
 
-def _quota_asked(node: Node, body: dict[str, Any]) -> tuple[int, int]:
+def _quota_asked(node: Node, req: QuotaSet) -> tuple[int, int]:
     """The GPU count and per-GPU memory a ``quota_set`` asks for: a field left out keeps the
     environment's (a new environment needs both)."""
-    env = node.envs.get(body["env"])
-    # .get: the fields are optional (validate() makes them None; the loop's own callers
-    # may leave them out).
-    gpus, memory = body.get("gpus"), body.get("memory")
-    gpus = env.gpus if gpus is None and env else gpus
-    memory = env.memory if memory is None and env else memory
+    env = node.envs.get(req.env)
+    gpus = env.gpus if req.gpus is None and env else req.gpus
+    memory = env.memory if req.memory is None and env else req.memory
     if gpus is None or memory is None:
         raise ProtocolError(
             Err.BAD_REQUEST,
-            f"environment {body['env']!r} does not exist yet: give both its GPU count and "
+            f"environment {req.env!r} does not exist yet: give both its GPU count and "
             "its memory per GPU (nodemgr quota set ENV --gpus N --memory SIZE)",
         )
     return gpus, memory
@@ -208,7 +273,7 @@ def unservable(
     return None
 
 
-def _delete_env(loop: Loop, name: str, force: bool, msg_id: int) -> dict[str, Any]:
+def _delete_env(loop: Loop, name: str, force: bool) -> Message:
     node = loop.node
     env = node.env(name)
     tasks = [t for t in node.tasks.values() if t.env == name]
@@ -231,11 +296,28 @@ def _delete_env(loop: Loop, name: str, force: bool, msg_id: int) -> dict[str, An
         node.queue.drop(w.wid)
         loop.unwatch(("wait", w.wid))
         loop.send_later(
-            w.reply_to,
-            protocol.error(Err.UNKNOWN_ENV, f"environment {name!r} was deleted", w.reply_to[2]),
+            w.reply_to, ErrorReply.of(Err.UNKNOWN_ENV, f"environment {name!r} was deleted")
         )
     # Its clients' connections stay for the grace, so that their heartbeats hear why.
     loop.close_env_later(name)
     node.delete_quota(name)
     loop.audit.forget_env(name)
-    return protocol.reply("deleted", msg_id, env=name, tasks_ended=len(tasks))
+    return DeletedReply(env=name, tasks_ended=len(tasks))
+
+
+# One handler per request type the admin endpoint serves (messages.ADMIN_REQUESTS).
+HANDLERS: dict[type[AdminRequest[Any]], Handler] = {
+    QuotaSet: _quota_set,
+    QuotaShow: _quota_show,
+    QuotaDelete: _quota_delete,
+    Tasks: _tasks,
+    Queue: _queue,
+    Status: _status,
+    Mode: _mode,
+    Drain: _drain,
+    Reclaim: _reclaim,
+    IdleSet: _idle_set,
+    Pause: _pause,
+    Resume: _resume,
+    History: _history,
+}

@@ -7,9 +7,27 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpushare import protocol
+from gpushare.messages import (
+    AckReply,
+    Done,
+    ErrorReply,
+    GrantReply,
+    Heartbeat,
+    HeldReply,
+    Message,
+    QueuedReply,
+    Quota,
+    QuotaReply,
+    Request,
+    TaskRequest,
+    TurnReply,
+    View,
+    ViewReply,
+    Yield,
+)
 from gpushare.protocol import Err, ProtocolError
 from nodemgr.config import Config
 from nodemgr.host.procfs import process_start
@@ -20,7 +38,7 @@ from nodemgr.report import env_view, views
 
 if TYPE_CHECKING:
     from nodemgr.host.audit import AuditState
-    from nodemgr.loop.connections import Watched
+    from nodemgr.loop.connections import ReplyTo, Watched
     from nodemgr.loop.reclaim import Reclaims
     from nodemgr.loop.transport import Conn
 
@@ -46,121 +64,86 @@ class Loop(Protocol):
     def unwatch(self, what: Watched) -> None: ...
 
 
-def handle(
-    loop: Loop,
-    env: str,
-    kind: str,
-    msg_id: int,
-    body: dict[str, Any],
-    conn: Conn,
-    envelope: list[bytes],
-) -> dict[str, Any] | None:
-    node = loop.node
-    if kind == "heartbeat":
-        told = loop.reclaims.told(env, body["task_id"])
-        if told is not None:
-            return protocol.error(Err.RECLAIMED, told[1], msg_id, reason=told[0])
-        task = node.task(env, body["task_id"])
-        task.last_seen = time.monotonic()
-        if task.restored:
-            _reattach(loop, task, conn)
-        extra: dict[str, Any] = {}
-        warning = loop.reclaims.idle_warning(task)
-        if warning is not None:
-            extra["warning"] = warning
-        notices = loop.audit.take_notices(task.task_id)
-        if notices:
-            extra["notices"] = notices
-        return protocol.reply("ack", msg_id, task_id=task.task_id, **extra)
-    if kind == "request":
-        return _request(loop, env, msg_id, body, conn, envelope)
-    if kind == "view":
-        # Each view walks every GPU, holder and waiting request: one environment sending
-        # them in a loop must not slow the others' grants.
-        if not loop.views.take(env, time.monotonic()):
-            raise ProtocolError(
-                Err.BUSY,
-                f"environment {env} sent more than {loop.config.view_burst} view requests "
-                f"at once, or more than {loop.config.views_per_second} a second "
-                "(limits.views_per_second, limits.view_burst); ask less often",
-            )
-        return protocol.reply("view", msg_id, **env_view.build(node, env))
-    if kind == "quota":
-        e = node.env(env)
-        return protocol.reply("quota", msg_id, env=e.name, gpus=e.gpus, memory=e.memory)
-    if kind == "yield":
-        started = time.perf_counter()
-        to = (conn, envelope, msg_id)
-        task = node.task(env, body["task_id"])
-        passed = node.slicing.yield_turn(task, started, body["iterations"], to)
-        if passed is None:
-            # Held until the task's other processes end the turn too: `held` now, the
-            # `turn` reply later (Server._answer_yields).
-            return protocol.reply("held", msg_id, task_id=body["task_id"])
-        return protocol.reply("turn", msg_id, task_id=body["task_id"], passed=passed)
-    # done
-    task = node.task(env, body["task_id"])
-    reason = "killed" if body["signal"] is not None else "done"
-    loop.release(task.task_id, reason, body["exit_code"])
-    return protocol.reply("ack", msg_id, task_id=task.task_id)
+Handler = Callable[[Loop, str, Any, "ReplyTo"], Message]
 
 
-def _request(
-    loop: Loop,
-    env: str,
-    msg_id: int,
-    body: dict[str, Any],
-    conn: Conn,
-    envelope: list[bytes],
-) -> dict[str, Any]:
+def handle(loop: Loop, env: str, request: TaskRequest[Any], to: ReplyTo) -> Message:
+    """Serve ``request`` from environment ``env``; ``to`` answers it later (a waiting
+    request's `grant`, a held yield's `turn`)."""
+    return HANDLERS[type(request)](loop, env, request, to)
+
+
+def _heartbeat(loop: Loop, env: str, req: Heartbeat, to: ReplyTo) -> Message:
     node = loop.node
-    allowed = node.restriction(body["devices"])
+    told = loop.reclaims.told(env, req.task_id)
+    if told is not None:
+        return ErrorReply.of(Err.RECLAIMED, told[1], reason=told[0])
+    task = node.task(env, req.task_id)
+    task.last_seen = time.monotonic()
+    if task.restored:
+        _reattach(loop, task, to[0])
+    return AckReply(
+        task_id=task.task_id,
+        warning=loop.reclaims.idle_warning(task),
+        notices=loop.audit.take_notices(task.task_id) or None,
+    )
+
+
+def _view(loop: Loop, env: str, req: View, to: ReplyTo) -> Message:
+    # Each view walks every GPU, holder and waiting request: one environment sending
+    # them in a loop must not slow the others' grants.
+    if not loop.views.take(env, time.monotonic()):
+        raise ProtocolError(
+            Err.BUSY,
+            f"environment {env} sent more than {loop.config.view_burst} view requests "
+            f"at once, or more than {loop.config.views_per_second} a second "
+            "(limits.views_per_second, limits.view_burst); ask less often",
+        )
+    return ViewReply(**env_view.build(loop.node, env))
+
+
+def _quota(loop: Loop, env: str, req: Quota, to: ReplyTo) -> Message:
+    e = loop.node.env(env)
+    return QuotaReply(env=e.name, gpus=e.gpus, memory=e.memory)
+
+
+def _yield(loop: Loop, env: str, req: Yield, to: ReplyTo) -> Message:
+    started = time.perf_counter()
+    task = loop.node.task(env, req.task_id)
+    passed = loop.node.slicing.yield_turn(task, started, req.iterations, to)
+    if passed is None:
+        # Held until the task's other processes end the turn too: `held` now, the
+        # `turn` reply later (Server._answer_yields).
+        return HeldReply(task_id=req.task_id)
+    return TurnReply(task_id=req.task_id, passed=passed)
+
+
+def _done(loop: Loop, env: str, req: Done, to: ReplyTo) -> Message:
+    task = loop.node.task(env, req.task_id)
+    reason = "killed" if req.signal is not None else "done"
+    loop.release(task.task_id, reason, req.exit_code)
+    return AckReply(task_id=task.task_id)
+
+
+def _request(loop: Loop, env: str, req: Request, to: ReplyTo) -> Message:
+    node = loop.node
+    allowed = node.restriction(req.devices)
+    conn = to[0]
     pid = conn.pid
     pid_start = process_start(pid) if pid is not None else None
-    estimate = None
-    if body["persistent"] is not None:
-        estimate = (body["persistent"], body["temporary"] or 0)
     earlier = None
-    if body["waited"] is not None:
+    if req.waited is not None:
         # Sent again by a client that lost its connection: never wait twice.
         earlier = node.queue.take(env, pid)
         if earlier is not None:
             loop.unwatch(("wait", earlier.wid))
     try:
-        task = node.grant(
-            env,
-            body["gpus"],
-            body["memory"],
-            pid,
-            body["command"],
-            pid_start,
-            overtakes=node.queue.waiters,
-            allowed=allowed,
-            estimate=estimate,
-            guard=body["guard"],
-            wrapper=body["wrapper"] is True,
-        )
+        task = node.grant(env, req, pid, pid_start, overtakes=node.queue.waiters, allowed=allowed)
     except ProtocolError as e:
-        wait = min(body["wait"] or 0.0, loop.config.max_wait)
+        wait = min(req.wait or 0.0, loop.config.max_wait)
         if e.code != Err.NO_RESOURCES or wait <= 0:
             raise
-        w = node.queue.enqueue(
-            env,
-            body["gpus"],
-            body["memory"],
-            pid,
-            pid_start,
-            body["command"],
-            wait,
-            (conn, envelope, msg_id),
-            allowed,
-            estimate,
-            body["guard"],
-            body["waited"],
-            earlier,
-            e.message,
-            wrapper=body["wrapper"] is True,
-        )
+        w = node.queue.enqueue(env, req, pid, pid_start, wait, to, allowed, earlier, e.message)
         if pid is not None:
             try:
                 loop.register(("wait", w.wid), os.pidfd_open(pid))
@@ -168,11 +151,20 @@ def _request(
                 node.queue.drop(w.wid)
                 raise e from None
         log.info("request from env %s waits (position %d): %s", env, w.told, e.message)
-        return protocol.reply(
-            "queued", msg_id, position=w.told, waiting=len(node.queue), reason=e.message
-        )
+        return QueuedReply(position=w.told, waiting=len(node.queue), reason=e.message)
     loop.watch(task)
-    return protocol.reply("grant", msg_id, **views.grant(node, task))
+    return GrantReply(**views.grant(node, task))
+
+
+# One handler per request type the task endpoint serves (messages.TASK_REQUESTS).
+HANDLERS: dict[type[TaskRequest[Any]], Handler] = {
+    Request: _request,
+    Yield: _yield,
+    Heartbeat: _heartbeat,
+    Done: _done,
+    Quota: _quota,
+    View: _view,
+}
 
 
 def _reattach(loop: Loop, task: Task, conn: Conn) -> None:

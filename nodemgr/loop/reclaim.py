@@ -127,7 +127,7 @@ class Reclaims:
             # A silent gpushare-run (stopped, or starved) holds no GPU memory; its command
             # does. The command is killed now, and gpushare-run, once it runs again, hears
             # why and exits with the reason's code.
-            pid = task.pid if reason == "timeout" and task.wrapper else None
+            pid = task.pid if reason == "timeout" and task.request.wrapper else None
             if pid is not None and kill_commands(pid, fd):
                 log.info("task %s: killed its command; its client stays", task.task_id)
                 os.close(fd)

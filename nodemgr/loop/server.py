@@ -30,8 +30,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpushare import __version__, paths, protocol
+from gpushare import __version__, messages, paths, protocol
 from gpushare.exitcodes import EXIT_SOFTWARE
+from gpushare.messages import (
+    AdminRequest,
+    ErrorReply,
+    GrantReply,
+    Message,
+    QueuedReply,
+    R,
+    TurnReply,
+)
 from gpushare.paths import socket_path_problem
 from gpushare.protocol import Err, ProtocolError
 from nodemgr.config import Config, ConfigError
@@ -512,7 +521,7 @@ class Server:
     def _answer_yields(self) -> None:
         """Answer the held `yield` requests whose wait is over (Slicing.answer_yields)."""
         for to, task_id, passed in self.node.slicing.answer_yields():
-            self.send_later(to, protocol.reply("turn", to[2], task_id=task_id, passed=passed))
+            self.send_later(to, TurnReply(task_id=task_id, passed=passed))
 
     def _check_run_dir(self) -> None:
         """Notice sockets, ledgers and the lock removed from run_dir (a tmpfs cleaner, an
@@ -594,10 +603,9 @@ class Server:
             waited = now - w.enqueued
             self.send_later(
                 w.reply_to,
-                protocol.error(
+                ErrorReply.of(
                     Err.NO_RESOURCES,
                     f"no GPUs came free within the {waited:.1f}s this request was willing to wait",
-                    w.reply_to[2],
                 ),
             )
             if self.metrics is not None:
@@ -610,43 +618,38 @@ class Server:
                     self.metrics.waited(now - w.enqueued, "granted")
                 self.watch(task)
                 if task.task_id in node.tasks and not self.send_later(
-                    w.reply_to,
-                    protocol.reply("grant", w.reply_to[2], **views.grant(self.node, task)),
+                    w.reply_to, GrantReply(**views.grant(self.node, task))
                 ):
                     self.release(task.task_id, "undelivered")
             for w, e in failed:
                 self.unwatch(("wait", w.wid))
-                self.send_later(w.reply_to, protocol.error(e.code, e.message, w.reply_to[2]))
+                self.send_later(w.reply_to, ErrorReply.of(e.code, e.message))
         for pos, w in enumerate(list(node.queue), 1):
             if w.told != pos or w.told_reason != w.reason:
                 w.told, w.told_reason = pos, w.reason
-                update = protocol.reply(
-                    "queued", w.reply_to[2], position=pos, waiting=len(node.queue), reason=w.reason
-                )
+                update = QueuedReply(position=pos, waiting=len(node.queue), reason=w.reason)
                 if not self.send_later(w.reply_to, update):
                     node.queue.drop(w.wid)
                     self.unwatch(("wait", w.wid))
 
-    def send_later(self, to: ReplyTo, msg: dict[str, Any]) -> bool:
-        """Send ``msg``; False when it cannot be (a vanished client, a reply that cannot be
-        encoded: its client gets an internal error instead)."""
-        conn, envelope, _ = to
-        data, encoded = self._encode(msg)
+    def send_later(self, to: ReplyTo, reply: Message) -> bool:
+        """Send ``reply`` to the request ``to`` names; False when it cannot be (a vanished
+        client, a reply that cannot be encoded: its client gets an internal error instead)."""
+        conn, envelope, msg_id = to
+        data, encoded = self._encode(reply, msg_id)
         sent = conn.send([*envelope, data]) and encoded
         self.connections.settle(conn)
         return sent
 
-    def _encode(self, msg: dict[str, Any]) -> tuple[bytes, bool]:
-        """``msg`` encoded, and True; a reply that cannot be encoded is logged and an
+    def _encode(self, reply: Message, msg_id: int) -> tuple[bytes, bool]:
+        """``reply`` encoded, and True; a reply that cannot be encoded is logged and an
         internal error (False) goes instead, to that request alone."""
         try:
-            return protocol.encode(msg), True
+            return messages.encode(reply, msg_id), True
         except Exception:
-            log.exception("internal error encoding a %s reply", msg.get("type"))
-            failed = protocol.error(
-                Err.INTERNAL, "internal error in nodemgr; see its log", int(msg.get("id", 0))
-            )
-            return protocol.encode(failed), False
+            log.exception("internal error encoding a %s reply", reply.TYPE)
+            failed = ErrorReply.of(Err.INTERNAL, "internal error in nodemgr; see its log")
+            return messages.encode(failed, msg_id), False
 
     def _serve(self, conn: Conn, frames: list[bytes]) -> None:
         """Answer one message that arrived on ``conn``."""
@@ -659,26 +662,25 @@ class Server:
             with contextlib.suppress(ProtocolError):
                 msg_id = protocol.decode(frames[-1])["id"]
             conn.close_when_sent = True
-            conn.send([*envelope, protocol.encode(protocol.error(Err.BUSY, conn.refusal, msg_id))])
+            conn.send([*envelope, messages.encode(ErrorReply.of(Err.BUSY, conn.refusal), msg_id)])
             return
         started = time.perf_counter()
-        out = self._dispatch(frames[-1], conn, envelope)
-        if out is None:
-            return
+        out, msg_id = self._dispatch(frames[-1], conn, envelope)
         if self.metrics is not None:
             self.metrics.served(
                 "admin" if conn.env is None else "task", out, time.perf_counter() - started
             )
-        data, encoded = self._encode(out)
+        data, encoded = self._encode(out, msg_id)
         if not conn.send([*envelope, data]) or not encoded:
             if encoded:
                 log.warning("reply to a vanished client dropped")
-            if out["type"] == "grant":
+            if isinstance(out, GrantReply):
                 # Its sender is gone, and the pid read for it may already
                 # name another process: the grant must not stand.
-                self.release(out["task_id"], "undelivered")
+                self.release(out.task_id, "undelivered")
 
-    def _dispatch(self, frame: bytes, conn: Conn, envelope: list[bytes]) -> dict[str, Any] | None:
+    def _dispatch(self, frame: bytes, conn: Conn, envelope: list[bytes]) -> tuple[Message, int]:
+        """The reply to the message in ``frame``, and the id it carries."""
         msg_id = 0
         try:
             msg = protocol.decode(frame)
@@ -686,8 +688,8 @@ class Server:
             if conn.env is None:
                 if conn.readonly:
                     self._reader_rate(conn)
-                body = protocol.validate(msg, protocol.ADMIN_REQUESTS)
-                if conn.readonly and not protocol.is_view(msg["type"], body):
+                request = messages.parse(msg, messages.ADMIN_REQUESTS)
+                if conn.readonly and not request.is_view():
                     raise ProtocolError(
                         Err.FORBIDDEN,
                         f"{msg['type']} changes what nodemgr does, and the read-only admin "
@@ -696,23 +698,22 @@ class Server:
                         f"it needs the admin socket {self.config.run_dir / 'admin.sock'}, "
                         "which the config's [admin] owner/group/mode let in",
                     )
-                return self._admin(msg["type"], msg_id, body)
-            body = protocol.validate(msg, protocol.TASK_REQUESTS)
-            return task_endpoint.handle(self, conn.env, msg["type"], msg_id, body, conn, envelope)
+                return self._admin(request), msg_id
+            task_request = messages.parse(msg, messages.TASK_REQUESTS)
+            reply = task_endpoint.handle(self, conn.env, task_request, (conn, envelope, msg_id))
+            return reply, msg_id
         except ProtocolError as e:
-            return protocol.error(e.code, e.message, msg_id)
+            return ErrorReply.of(e.code, e.message), msg_id
         except sqlite3.Error as e:
             # A quota or mode change is written before it is applied: nothing changed.
             why = cause(e, self.config.database)
             log.error("database error serving a request: %s", why)
-            return protocol.error(
-                Err.INTERNAL,
-                f"nodemgr cannot use its database {self.config.database}: {why}",
-                msg_id,
-            )
+            return ErrorReply.of(
+                Err.INTERNAL, f"nodemgr cannot use its database {self.config.database}: {why}"
+            ), msg_id
         except Exception:
             log.exception("internal error serving a request")
-            return protocol.error(Err.INTERNAL, "internal error in nodemgr; see its log", msg_id)
+            return ErrorReply.of(Err.INTERNAL, "internal error in nodemgr; see its log"), msg_id
 
     def _reader_rate(self, conn: Conn) -> None:
         """Spend a token of the view.sock user's bucket, or raise ProtocolError(BUSY): each
@@ -795,8 +796,8 @@ class Server:
 
     # --- admin endpoint ----------------------------------------------------------
 
-    def _admin(self, kind: str, msg_id: int, body: dict[str, Any]) -> dict[str, Any]:
-        return admin.handle(self, kind, msg_id, body)
+    def _admin(self, request: AdminRequest[R]) -> R:
+        return admin.handle(self, request)
 
     # --- shutdown ----------------------------------------------------------------
 

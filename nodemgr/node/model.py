@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpushare.messages import Request
 from nodemgr.host.ledger import Ledger, Regions, SlotTotals
 
 
@@ -49,16 +50,20 @@ class Task:
     command: str | None
     started: float  # wall clock
     last_seen: float  # monotonic
+    # The request it was granted for, with its guard filled in (Node.grant), as the store
+    # keeps it: what its client asked (request.wrapper, its estimate on time-sliced GPUs)
+    # survives a restart with the task.
+    request: Request
     restored: bool = False  # loaded at start-up; its client has not been heard since
-    # Its client runs the task's command as its children (request.wrapper: gpushare-run),
-    # and holds no GPU memory itself.
-    wrapper: bool = False
     peak: int = 0
     launches: int = 0  # the most kernel launches its live processes counted at once
-    # Time slicing (docs/timeslicing.md): its request's estimate (persistent, temporary),
-    # the guard after its persistent slices, its place in the order of arrival, and its
-    # memory by region as the last sweep read it (tasks on time-sliced GPUs only).
-    estimate: tuple[int, int] | None = None
-    guard: int = 0
+    # Time slicing (docs/timeslicing.md): its place in the order of arrival, and its memory
+    # by region as the last sweep read it (tasks on time-sliced GPUs only).
     arrival: int = 0
     regions: Regions | None = None
+
+    @property
+    def guard(self) -> int:
+        """Bytes kept free after its persistent slices on time-sliced GPUs: its request's,
+        or the node's ``timeslice.guard`` as it was when the task was granted."""
+        return self.request.guard or 0

@@ -18,7 +18,9 @@ import os
 import secrets
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
+from gpushare.messages import Request
 from gpushare.protocol import Err, ProtocolError
 from gpushare.sizes import format_size
 from nodemgr.config import Config, check_gpus
@@ -338,52 +340,41 @@ class Node:
             raise ProtocolError(Err.BAD_REQUEST, str(e)) from None
 
     def decide(
-        self,
-        env: Env,
-        need: int,
-        memory: int | None,
-        allowed: frozenset[int] | None = None,
-        estimate: tuple[int, int] | None = None,
-        guard: int | None = None,
+        self, env: Env, request: Request, allowed: frozenset[int] | None = None
     ) -> scheduler.Choice | scheduler.Refusal:
         ask = scheduler.Ask(
-            need,
+            request.gpus,
             env.gpus,
             env.memory,
             {i: len(t) for i, t in env.held.items()},
-            memory,
+            request.memory,
             allowed,
-            estimate,
+            request.estimate,
         )
-        new = timeslice.Member("", env.name, self._guard(guard), estimate)
+        new = timeslice.Member("", env.name, self._guard(request), request.estimate)
         return scheduler.select(ask, self.views(new), self.config.task_threshold)
 
-    def _guard(self, guard: int | None) -> int:
-        return self.config.guard if guard is None else guard
+    def _guard(self, request: Request) -> int:
+        """The guard a task of ``request`` gets: its own, else ``timeslice.guard``."""
+        return self.config.guard if request.guard is None else request.guard
 
     def grant(
         self,
         env_name: str,
-        need: int,
-        memory: int | None,
+        request: Request,
         pid: int | None,
-        command: str | None,
         pid_start: int | None = None,
         overtakes: Sequence[Waiter] = (),
         allowed: frozenset[int] | None = None,
-        estimate: tuple[int, int] | None = None,
-        guard: int | None = None,
-        wrapper: bool = False,
     ) -> Task:
-        """Grant a task, or raise ProtocolError (retryable when the code is no_resources).
+        """Grant a task for ``request`` from client ``pid`` of ``env_name``, or raise
+        ProtocolError (retryable when the code is no_resources).
 
         ``overtakes``: the waiting requests this grant would pass. Those it
         competes with (``competes``: all, unless restricted to some GPUs) count
         one more overtaking each if it is made, and it is not made if one of
         them has been overtaken too often already. ``allowed``: the only GPUs
-        it may get (None: any). ``estimate`` and ``guard``: the task's shape and guard
-        on time-sliced GPUs (docs/timeslicing.md). ``wrapper``: its client runs its
-        command as its children (request.wrapper).
+        it may get (``request.devices`` resolved; None: any).
         """
         started = time.perf_counter()
         env = self.env(env_name)
@@ -393,7 +384,7 @@ class Node:
                 f"environment {env.name}: {env.orphaned}; no task is granted until they end",
             )
         self.check_task_room(env.name, pid)
-        decision = self.decide(env, need, memory, allowed, estimate, guard)
+        decision = self.decide(env, request, allowed)
         if isinstance(decision, scheduler.Refusal):
             raise ProtocolError(decision.code, decision.message)
         passed = [w for w in overtakes if competes(w, env.name, decision.gpus)]
@@ -410,13 +401,12 @@ class Node:
             memory=env.memory,
             pid=pid,
             pid_start=pid_start,
-            command=command,
+            command=request.command,
             started=time.time(),
             last_seen=time.monotonic(),
-            estimate=estimate,
-            guard=self._guard(guard),
+            # Kept with its guard: a restart under another timeslice.guard changes no slice.
+            request=replace(request, guard=self._guard(request)),
             arrival=self.slicing.arrive(),
-            wrapper=wrapper,
         )
         self.store.task_started(
             Record(
@@ -426,16 +416,14 @@ class Node:
                 task.memory,
                 pid,
                 pid_start,
-                command,
+                task.command,
                 task.started,
                 None,
                 None,
                 0,
                 None,
             ),
-            task.estimate,
-            task.guard,
-            wrapper,
+            task.request,
         )
         # Before the grant leaves: the command's processes look their task up
         # when they claim their ledger slots.
@@ -602,17 +590,7 @@ class Node:
             try:
                 # Those ahead of it were passed over without reaching the limit.
                 task = self.grant(
-                    w.env,
-                    w.need,
-                    w.memory,
-                    w.pid,
-                    w.command,
-                    w.pid_start,
-                    self.queue.waiters[:i],
-                    w.allowed,
-                    w.estimate,
-                    w.guard,
-                    w.wrapper,
+                    w.env, w.request, w.pid, w.pid_start, self.queue.waiters[:i], w.allowed
                 )
             except ProtocolError as e:
                 if e.code != Err.NO_RESOURCES:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
+from gpushare.messages import Request
 from nodemgr.host import envdirs
 from nodemgr.host.ledger import LedgerError, TaskEntry
 from nodemgr.node.model import Env, Task
@@ -49,14 +51,17 @@ def restore(node: Node, forget_unknown: bool = False) -> list[Task]:
             node.envs[name].idle_action = action
     now = time.monotonic()
     restored = []
-    shapes = node.store.task_shapes()
-    wrappers = node.store.task_wrappers()
+    requests = node.store.task_requests()
     for rec in node.store.running():
         env = node.envs.get(rec.env)
         if env is None or any(i >= len(node.gpus) for i in rec.gpus):
             # Its environment or GPU is gone; nothing can be held for it.
             node.store.task_ended(rec.task_id, time.time(), "admin", rec.peak, None)
             continue
+        # A request the database lost (a damaged row) is known only by what the record says.
+        request = requests.get(rec.task_id) or Request(gpus=len(rec.gpus), command=rec.command)
+        if request.guard is None:
+            request = replace(request, guard=node.config.guard)
         task = Task(
             rec.task_id,
             rec.env,
@@ -67,12 +72,10 @@ def restore(node: Node, forget_unknown: bool = False) -> list[Task]:
             rec.command,
             rec.started,
             last_seen=now,
+            request=request,
             restored=True,
             peak=rec.peak,
-            estimate=shapes.get(rec.task_id, (None, 0))[0],
-            guard=shapes[rec.task_id][1] if rec.task_id in shapes else node.config.guard,
             arrival=node.slicing.arrive(),
-            wrapper=rec.task_id in wrappers,
         )
         node.add_task(task)
         for index in task.gpus:

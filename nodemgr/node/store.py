@@ -21,11 +21,23 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpushare import messages, protocol
+from gpushare.messages import Request
+from gpushare.protocol import Err, ProtocolError
+
 log = logging.getLogger("nodemgr")
 
-# 2: env_idle, task_wrappers. A version-1 database gains its new tables at start (CREATE IF
-# NOT EXISTS).
-SCHEMA_VERSION = 2
+_REQUEST = {Request.TYPE: Request}
+
+
+def _encoded(request: Request) -> bytes:
+    """A task's request as its column keeps it: the message as the wire carries it."""
+    return messages.encode(request, 0)
+
+
+# 2: env_idle, task_wrappers. 3: tasks.request, in place of task_shapes and task_wrappers.
+# An older database is brought up to date at start (_upgrade).
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS envs (
@@ -47,8 +59,9 @@ CREATE TABLE IF NOT EXISTS tasks (
     ended     REAL,                   -- NULL while the task runs
     reason    TEXT,                   -- why it ended: see docs/operations.md
     peak      INTEGER NOT NULL DEFAULT 0,
-    exit_code INTEGER
-);
+    exit_code INTEGER,
+    request   BLOB                    -- the request it was granted for, as the wire encodes
+);                                    -- it (gpushare.messages.Request), its guard filled in
 CREATE TABLE IF NOT EXISTS gpu_modes (
     uuid    TEXT PRIMARY KEY,         -- the GPU's UUID (GPU-...)
     mode    TEXT NOT NULL,            -- "shared" or "timesliced", set by an admin
@@ -58,15 +71,6 @@ CREATE TABLE IF NOT EXISTS gpu_drains (
     uuid    TEXT PRIMARY KEY,         -- a GPU an admin drained: no new grants on it
     updated REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS task_shapes (
-    task_id    TEXT PRIMARY KEY,      -- a running task's, for time slicing after a restart
-    persistent INTEGER,               -- its request's estimate, bytes; NULL: none stated
-    temporary  INTEGER,
-    guard      INTEGER NOT NULL       -- bytes after its persistent slice
-);
-CREATE TABLE IF NOT EXISTS task_wrappers (
-    task_id TEXT PRIMARY KEY          -- a running task whose client runs its command as its
-);                                    -- children (request.wrapper), kept for after a restart
 CREATE TABLE IF NOT EXISTS env_idle (
     name    TEXT PRIMARY KEY,         -- an environment whose idle policy is not the node's
     timeout REAL,                     -- seconds; 0: off; NULL: the node's
@@ -231,8 +235,7 @@ class Store:
             if mode != "wal":
                 self.db.execute("PRAGMA journal_mode=WAL")
             if version != SCHEMA_VERSION:
-                self.db.executescript(_SCHEMA)
-                self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                self._upgrade()
         except sqlite3.DatabaseError as e:
             self.db.close()
             raise startup_error(path, e) from None
@@ -242,6 +245,54 @@ class Store:
         # Record writes not yet in the database, oldest first, and why the last failed.
         self.pending: deque[Callable[[sqlite3.Connection], None]] = deque()
         self.failing: str | None = None
+
+    def _upgrade(self) -> None:
+        """Bring a new or older database to SCHEMA_VERSION: the tables it lacks are made;
+        then, in one transaction, each running task of a version 1 or 2 database gets its
+        request made again from what they kept of it (task_shapes: its estimate and guard;
+        task_wrappers: request.wrapper), and those tables go."""
+        db = self.db
+        db.executescript(_SCHEMA)  # commits: a failure below leaves what it made, unused
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            columns = {str(row[1]) for row in db.execute("PRAGMA table_info(tasks)")}
+            if "request" not in columns:
+                db.execute("ALTER TABLE tasks ADD COLUMN request BLOB")
+            tables = {str(n) for (n,) in db.execute("SELECT name FROM sqlite_master")}
+            shapes: dict[str, tuple[int | None, int | None, int]] = {}
+            if "task_shapes" in tables:
+                for tid, persistent, temporary, guard in db.execute(
+                    "SELECT task_id, persistent, temporary, guard FROM task_shapes"
+                ):
+                    shapes[str(tid)] = (persistent, temporary, int(guard))
+            wrappers: set[str] = set()
+            if "task_wrappers" in tables:
+                wrappers = {str(t) for (t,) in db.execute("SELECT task_id FROM task_wrappers")}
+            running = db.execute(
+                "SELECT task_id, gpus, command FROM tasks WHERE ended IS NULL AND request IS NULL"
+            ).fetchall()
+            for tid, gpus, command in running:
+                persistent, temporary, guard = shapes.get(str(tid), (None, None, None))
+                request = Request(
+                    gpus=len(str(gpus).split(",")),
+                    command=None if command is None else str(command),
+                    persistent=persistent,
+                    temporary=temporary,
+                    guard=guard,
+                    wrapper=True if str(tid) in wrappers else None,
+                )
+                db.execute(
+                    "UPDATE tasks SET request = ? WHERE task_id = ?", (_encoded(request), tid)
+                )
+            db.execute("DROP TABLE IF EXISTS task_shapes")
+            db.execute("DROP TABLE IF EXISTS task_wrappers")
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                with suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         if not self.flush():
@@ -335,20 +386,14 @@ class Store:
 
     # --- records ---------------------------------------------------------------
 
-    def task_started(
-        self,
-        r: Record,
-        estimate: tuple[int, int] | None = None,
-        guard: int | None = None,
-        wrapper: bool = False,
-    ) -> None:
-        """A task began; with ``guard``, its time-slicing shape is kept until it ends, and
-        so is whether its client is a wrapper (``wrapper``)."""
+    def task_started(self, r: Record, request: Request) -> None:
+        """A task began, granted for ``request``: kept with it until it ends, for a restart
+        (task_requests)."""
 
         def op(db: sqlite3.Connection) -> None:
             db.execute(
-                f"INSERT INTO tasks ({_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, 0, NULL)",
+                f"INSERT INTO tasks ({_COLUMNS}, request) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, 0, NULL, ?)",
                 (
                     r.task_id,
                     r.env,
@@ -358,52 +403,38 @@ class Store:
                     r.pid_start,
                     r.command,
                     r.started,
+                    _encoded(request),
                 ),
             )
-            if guard is not None:
-                db.execute(
-                    "INSERT OR REPLACE INTO task_shapes (task_id, persistent, temporary, guard) "
-                    "VALUES (?, ?, ?, ?)",
-                    (r.task_id, *(estimate or (None, None)), guard),
-                )
-            if wrapper:
-                db.execute(
-                    "INSERT OR REPLACE INTO task_wrappers (task_id) VALUES (?)", (r.task_id,)
-                )
 
         self._write(op)
 
-    def task_wrappers(self) -> set[str]:
-        """The running tasks whose client is a wrapper."""
+    def task_requests(self) -> dict[str, Request]:
+        """The requests of the running tasks. One that cannot be read back (a damaged row)
+        is left out, and said."""
         rows = self.db.execute(
-            "SELECT w.task_id FROM task_wrappers w "
-            "JOIN tasks t ON t.task_id = w.task_id WHERE t.ended IS NULL"
+            "SELECT task_id, request FROM tasks WHERE ended IS NULL AND request IS NOT NULL"
         ).fetchall()
-        return {str(tid) for (tid,) in rows}
-
-    def task_shapes(self) -> dict[str, tuple[tuple[int, int] | None, int]]:
-        """Per running task with a kept shape: its estimate (or None) and its guard."""
-        rows = self.db.execute(
-            "SELECT s.task_id, s.persistent, s.temporary, s.guard FROM task_shapes s "
-            "JOIN tasks t ON t.task_id = s.task_id WHERE t.ended IS NULL"
-        ).fetchall()
-        out: dict[str, tuple[tuple[int, int] | None, int]] = {}
-        for tid, pers, temp, guard in rows:
-            est = None if pers is None else (int(pers), int(temp or 0))
-            out[str(tid)] = (est, int(guard))
+        out: dict[str, Request] = {}
+        for tid, blob in rows:
+            try:
+                if not isinstance(blob, bytes):
+                    raise ProtocolError(Err.BAD_REQUEST, f"a {type(blob).__name__}, not a blob")
+                out[str(tid)] = messages.parse(protocol.decode(blob), _REQUEST)
+            except ProtocolError as e:
+                log.error("task %s: its request in the database cannot be read: %s", tid, e)
         return out
 
     def task_ended(
         self, task_id: str, ended: float, reason: str, peak: int, exit_code: int | None
     ) -> None:
         def op(db: sqlite3.Connection) -> None:
+            # Its request was kept for a restart only; the record says what history shows.
             db.execute(
-                "UPDATE tasks SET ended = ?, reason = ?, peak = MAX(peak, ?), exit_code = ? "
-                "WHERE task_id = ? AND ended IS NULL",
+                "UPDATE tasks SET ended = ?, reason = ?, peak = MAX(peak, ?), exit_code = ?, "
+                "request = NULL WHERE task_id = ? AND ended IS NULL",
                 (ended, reason, peak, exit_code, task_id),
             )
-            db.execute("DELETE FROM task_shapes WHERE task_id = ?", (task_id,))
-            db.execute("DELETE FROM task_wrappers WHERE task_id = ?", (task_id,))
 
         self._write(op)
 

@@ -161,14 +161,14 @@ class Slicing:
                 continue
             r = t.regions
             if r is None or index >= len(r.used):
-                out.append(timeslice.Member(t.task_id, t.env, t.guard, t.estimate))
+                out.append(timeslice.Member(t.task_id, t.env, t.guard, t.request.estimate))
                 continue
             out.append(
                 timeslice.Member(
                     t.task_id,
                     t.env,
                     t.guard,
-                    t.estimate,
+                    t.request.estimate,
                     r.used[index],
                     r.persistent[index],
                     r.temp_peak[index],

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from gpushare.messages import Request
 from gpushare.protocol import Err, ProtocolError
 from nodemgr.config import Config
 
@@ -32,22 +33,17 @@ class Waiter:
 
     wid: int
     env: str
-    need: int
-    memory: int | None
+    request: Request
     pid: int | None
     pid_start: int | None
-    command: str | None
     enqueued: float  # monotonic
     deadline: float  # monotonic
     reply_to: Any  # the server's handle for answering it
-    allowed: frozenset[int] | None = None  # the only GPUs it may get; None: any
+    allowed: frozenset[int] | None = None  # the only GPUs it may get (request.devices); None: any
     bypassed: int = 0  # grants given to later requests while this one waited
     told: int = 0  # the position it was last told
     reason: str = ""  # why it was not granted when last tried (the scheduler's refusal)
     told_reason: str = ""  # the reason it was last told
-    estimate: tuple[int, int] | None = None  # request.persistent, request.temporary
-    guard: int | None = None  # request.guard; None: timeslice.guard
-    wrapper: bool = False  # request.wrapper
 
 
 def competes(w: Waiter, env: str, gpus: tuple[int, ...]) -> bool:
@@ -96,56 +92,46 @@ class WaitQueue:
     def enqueue(
         self,
         env: str,
-        need: int,
-        memory: int | None,
+        request: Request,
         pid: int | None,
         pid_start: int | None,
-        command: str | None,
         wait: float,
         reply_to: Any,
         allowed: frozenset[int] | None = None,
-        estimate: tuple[int, int] | None = None,
-        guard: int | None = None,
-        waited: float | None = None,
         earlier: Waiter | None = None,
         reason: str = "",
-        wrapper: bool = False,
     ) -> Waiter:
-        """Put a request at the end of the queue; it is told its position at once.
+        """Put a request that may wait ``wait`` seconds at the end of the queue; it is told
+        its position at once.
 
-        A request its client sent again (``waited`` set; docs/scheduling.md, "Wait queue")
-        takes the place of ``earlier``, the same client's request still waiting here, or
-        just after start the place its ``waited`` gives it; else it goes last."""
+        A request its client sent again (``request.waited`` set; docs/scheduling.md, "Wait
+        queue") takes the place of ``earlier``, the same client's request still waiting here,
+        or just after start the place its ``waited`` gives it; else it goes last."""
         self._check_room(env, pid)
         self._wids += 1
         now = time.monotonic()
         enqueued, bypassed = now, 0
         if earlier is not None:
             enqueued, bypassed = earlier.enqueued, earlier.bypassed
-        elif waited is not None and time.time() - self.started < RESEND_GRACE:
-            enqueued = now - min(waited, self.config.max_wait)
+        elif request.waited is not None and time.time() - self.started < RESEND_GRACE:
+            enqueued = now - min(request.waited, self.config.max_wait)
         at = next(
             (i for i, q in enumerate(self.waiters) if q.enqueued > enqueued), len(self.waiters)
         )
         w = Waiter(
             self._wids,
             env,
-            need,
-            memory,
+            request,
             pid,
             pid_start,
-            command,
             enqueued=enqueued,
             deadline=now + wait,
             reply_to=reply_to,
             allowed=allowed,
             bypassed=bypassed,
             told=at + 1,
-            estimate=estimate,
-            guard=guard,
             reason=reason,
             told_reason=reason,
-            wrapper=wrapper,
         )
         self.waiters.insert(at, w)
         return w

@@ -112,13 +112,13 @@ def build(node: Node, env: str) -> UserView:
         mine.append(
             {
                 "position": pos,
-                "gpus": w.need,
-                "memory": w.memory,
+                "gpus": w.request.gpus,
+                "memory": w.request.memory,
                 "devices": None if w.allowed is None else sorted(w.allowed),
                 "waited": now - w.enqueued,
                 "timeout_in": max(0.0, w.deadline - now),
                 "reason": w.reason,
-                "command": w.command,
+                "command": w.request.command,
             }
         )
     return {

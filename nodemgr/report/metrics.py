@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpushare.messages import ErrorReply, Message
 from gpushare.protocol import TIMESLICED, Err
 from nodemgr.config import Config
 from nodemgr.host.audit import AuditState
@@ -312,11 +313,10 @@ class Metrics:
 
     # --- called by the event loop ---------------------------------------------
 
-    def served(self, endpoint: str, reply: dict[str, Any], seconds: float) -> None:
-        kind = str(reply.get("type"))
-        self.requests.labels(endpoint, kind).observe(seconds)
-        if kind == "error":
-            self.errors.labels(endpoint, str(reply.get("error"))).inc()
+    def served(self, endpoint: str, reply: Message, seconds: float) -> None:
+        self.requests.labels(endpoint, reply.TYPE).observe(seconds)
+        if isinstance(reply, ErrorReply):
+            self.errors.labels(endpoint, reply.error).inc()
 
     def reclaimed(self, reason: str) -> None:
         self.reclaims.labels(reason).inc()

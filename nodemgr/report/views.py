@@ -271,14 +271,14 @@ def queue(waiters: Iterable[Waiter]) -> list[WaiterView]:
         {
             "position": pos,
             "env": w.env,
-            "gpus": w.need,
+            "gpus": w.request.gpus,
             "pid": w.pid,
             "waited": now - w.enqueued,
             "timeout_in": max(0.0, w.deadline - now),
             "bypassed": w.bypassed,
-            "command": w.command,
+            "command": w.request.command,
             "devices": None if w.allowed is None else sorted(w.allowed),
-            "memory": w.memory,
+            "memory": w.request.memory,
             "reason": w.reason,
         }
         for pos, w in enumerate(waiters, 1)

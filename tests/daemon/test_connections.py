@@ -29,6 +29,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from gpushare import protocol
 from gpushare.client import Connection
+from gpushare.messages import QuotaSet
 from nodemgr.loop import connections
 from nodemgr.loop.server import Server
 from nodemgr.loop.transport import Conn
@@ -410,7 +411,7 @@ def test_a_connection_that_never_finishes_its_handshake_is_closed(
     server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(connections, "HANDSHAKE_TIMEOUT", 0.3)
-    ep = server._admin("quota_set", 0, {"env": "slow", "gpus": 0, "memory": GiB})["endpoint"]
+    ep = server._admin(QuotaSet(env="slow", gpus=0, memory=GiB)).endpoint
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.connect(ep.removeprefix("ipc://"))
         step_until(server, lambda: server.connections.conns == 1)
@@ -424,7 +425,7 @@ def test_accept_out_of_descriptors_waits_instead_of_aborting(server: Server) -> 
     """accept() meets EMFILE for real (this process's limit lowered for the moment): the
     loop stops polling its listeners, says so, and accepts the waiting connections once
     a descriptor is free."""
-    ep = server._admin("quota_set", 0, {"env": "tight", "gpus": 0, "memory": GiB})["endpoint"]
+    ep = server._admin(QuotaSet(env="tight", gpus=0, memory=GiB)).endpoint
     p = hold_connections(ep, 8)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gpushare import protocol
 from gpushare.client import Connection, NodeError, NoResources, QuotaExceeded
+from gpushare.messages import Request
 from gpushare.protocol import Err, ProtocolError
 from nodemgr.host.gpus import Gpu, resolve, simulated_uuid
 from tests.daemon.conftest import Waiting
@@ -23,14 +23,12 @@ GiB = 1 << 30
 
 def validated(devices: Any) -> Any:
     msg = {"v": 1, "type": "request", "id": 0, "gpus": 1, "devices": devices}
-    return protocol.validate(msg, protocol.TASK_REQUESTS)["devices"]
+    return Request.from_wire(msg).devices
 
 
 def test_devices_is_optional_and_nil_means_any() -> None:
-    body = protocol.validate(
-        {"v": 1, "type": "request", "id": 0, "gpus": 1}, protocol.TASK_REQUESTS
-    )
-    assert body["devices"] is None
+    body = Request.from_wire({"v": 1, "type": "request", "id": 0, "gpus": 1})
+    assert body.devices is None
     assert validated(None) is None
 
 

@@ -1,6 +1,6 @@
 """Fuzz a live nodemgr's task and admin endpoints with malformed and mutated messages.
 
-Messages are generated from the schemas in gpushare.protocol, so new message types
+Messages are generated from the message classes in gpushare.messages, so new message types
 and fields are fuzzed without touching this file. The fuzzed environment "fz" has a
 GPU quota of 0: every well-formed request on its endpoint is refused, so nothing the
 fuzzer sends there may change the node. On the admin endpoint the fuzzer never sends
@@ -21,15 +21,18 @@ import math
 import os
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import zmq
 
-from gpushare import protocol
+from gpushare import messages, protocol
 from gpushare.client import Connection
-from gpushare.protocol import Err, ProtocolError, Schema
+from gpushare.messages import Message as WireMessage
+from gpushare.messages import Schema, parse, schema
+from gpushare.protocol import Err, ProtocolError
 from tests.conftest import accepts
 
 SEED = int(os.environ.get("GPUSHARE_FUZZ_SEED", "20240917"))
@@ -114,14 +117,14 @@ CANDIDATES: list[Any] = [
 ]
 
 
-def expect(payload: bytes, schemas: dict[str, Schema]) -> tuple[str, Any, int]:
+def expect(payload: bytes, table: Mapping[str, type[WireMessage]]) -> tuple[str, Any, int]:
     """What nodemgr must answer: ("error", code, id), ("ok", type, id), or ("crash", repr, 0)
     when this process's own decode/validate raised something other than ProtocolError."""
     msg_id = 0
     try:
         msg = protocol.decode(payload)
         msg_id = msg["id"]
-        protocol.validate(msg, schemas)
+        parse(msg, table)
     except ProtocolError as e:
         return ("error", e.code, msg_id)
     except Exception as e:
@@ -155,18 +158,22 @@ class Message:
 
 
 class Fuzzer:
-    """Messages for one endpoint: ``schemas`` are its own types, ``foreign`` the other's."""
+    """Messages for one endpoint: ``table`` are its own types, ``foreign`` the other's."""
 
     def __init__(
-        self, rng: random.Random, schemas: dict[str, Schema], foreign: dict[str, Schema]
+        self,
+        rng: random.Random,
+        table: Mapping[str, type[WireMessage]],
+        foreign: Mapping[str, type[WireMessage]],
     ) -> None:
         self.rng = rng
-        self.schemas = schemas
+        self.table = table
+        self.schemas: dict[str, Schema] = {k: schema(c) for k, c in table.items()}
         self.foreign = foreign
         self.valid_values = {
             (kind, name): [c for c in CANDIDATES if accepts(check, c, Exception)]
-            for kind, schema in schemas.items()
-            for name, (_, check) in schema.items()
+            for kind, fields in self.schemas.items()
+            for name, (_, check) in fields.items()
         }
 
     # --- values ------------------------------------------------------------------
@@ -384,7 +391,7 @@ def generate(fuzzer: Fuzzer, n: int, admin: bool) -> list[Message]:
     while len(out) < n:
         m = fuzzer.message(len(out))
         if not m.oversize and not m.unanswered:
-            m.expected = expect(m.frames[-1], fuzzer.schemas)
+            m.expected = expect(m.frames[-1], fuzzer.table)
             if admin and m.expected[0] == "ok" and m.expected[1] in MUTATING_ADMIN:
                 continue  # it could change quotas: never sent
         out.append(m)
@@ -596,8 +603,8 @@ def test_fuzz_endpoints_keep_state_and_service(daemon: Any) -> None:
     print(f"fuzz seed {SEED} (rerun with GPUSHARE_FUZZ_SEED={SEED})")
 
     rng = random.Random(SEED)
-    task_side = Fuzzer(rng, protocol.TASK_REQUESTS, protocol.ADMIN_REQUESTS)
-    admin_side = Fuzzer(rng, protocol.ADMIN_REQUESTS, protocol.TASK_REQUESTS)
+    task_side = Fuzzer(rng, messages.TASK_REQUESTS, messages.ADMIN_REQUESTS)
+    admin_side = Fuzzer(rng, messages.ADMIN_REQUESTS, messages.TASK_REQUESTS)
     lanes = [
         Lane("task", fz, generate(task_side, MESSAGES_PER_ENDPOINT, False), False),
         Lane(

@@ -14,6 +14,7 @@ import msgpack
 import pytest
 import zmq
 
+from gpushare.messages import QuotaSet, Request
 from nodemgr.loop.connections import Listener
 from nodemgr.loop.server import Server
 from nodemgr.loop.transport import Conn
@@ -44,8 +45,7 @@ def test_an_exit_event_never_ends_a_task_granted_in_the_same_step(server: Server
     land in one poll. Serving A's done frees its pidfd number and B's new task may get it:
     the stale exit event must not end B's task."""
     eps = {
-        env: server._admin("quota_set", 0, {"env": env, "gpus": 1, "memory": 1 << 30})["endpoint"]
-        for env in ("A", "B")
+        env: server._admin(QuotaSet(env=env, gpus=1, memory=1 << 30)).endpoint for env in ("A", "B")
     }
     procs = {}
     for env, mode in (("A", "done"), ("B", "hold")):
@@ -105,8 +105,8 @@ def test_expired_finds_every_silent_task_and_only_those(server: Server) -> None:
     node = server.node
     node.set_quota("alice", 1, 1 << 30)
     limit = node.config.heartbeat_timeout
-    a = node.grant("alice", 1, None, None, "a")
-    b = node.grant("alice", 1, None, None, "b")
+    a = node.grant("alice", Request(gpus=1, command="a"), None)
+    b = node.grant("alice", Request(gpus=1, command="b"), None)
     t0 = max(a.last_seen, b.last_seen)
     assert node.expired(t0) == []
     a.last_seen = t0 + limit  # a heartbeat
@@ -116,7 +116,7 @@ def test_expired_finds_every_silent_task_and_only_those(server: Server) -> None:
     assert node.expired(t0 + limit + 0.03) == []
     # Granted after that look (which found a, heard from last at t0 + limit), so silent
     # since well before a.
-    c = node.grant("alice", 1, None, None, "c")
+    c = node.grant("alice", Request(gpus=1, command="c"), None)
     assert c.last_seen < a.last_seen
     assert node.expired(c.last_seen + limit) == []
     assert node.expired(c.last_seen + limit + 0.01) == [c]
@@ -156,7 +156,7 @@ def test_a_client_whose_events_fail_is_put_out_of_the_wait(
     stays ready until handled: failed, it is handled once and put out of the wait (the
     pidfd unwatched, the connection dropped), so that no later turn fails or ends its wait
     on it, and the admin socket is served all along."""
-    ep = server._admin("quota_set", 0, {"env": "A", "gpus": 1, "memory": 1 << 30})["endpoint"]
+    ep = server._admin(QuotaSet(env="A", gpus=1, memory=1 << 30)).endpoint
     p = subprocess.Popen(
         [sys.executable, "-c", CLIENT, ep, "hold"],
         stdin=subprocess.PIPE,
@@ -208,7 +208,7 @@ def test_a_listener_whose_accept_fails_waits_for_the_sweep(
     """Accepting on A's socket raises: its waiting connection stays there, so the listener
     is not polled until the next sweep (none comes here until the test lets it), and the
     admin socket is served meanwhile. At the sweep it is polled, and accepts, again."""
-    ep = server._admin("quota_set", 0, {"env": "A", "gpus": 1, "memory": 1 << 30})["endpoint"]
+    ep = server._admin(QuotaSet(env="A", gpus=1, memory=1 << 30)).endpoint
     listener = server.connections.listeners["A"]
     tries: list[Listener] = []
     accept = server.connections.accept

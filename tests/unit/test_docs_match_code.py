@@ -10,7 +10,7 @@ from types import ModuleType
 
 from nodemgr._ledger import lib as ledger_lib
 
-from gpushare import envvars, exitcodes, protocol
+from gpushare import envvars, exitcodes, messages, protocol
 from nodemgr import config
 from nodemgr.host import ledger
 
@@ -173,7 +173,7 @@ def _fields(text: str) -> dict[str, str]:
     return fields
 
 
-def _check_fields(where: str, schema: protocol.Schema, fields: dict[str, str]) -> None:
+def _check_fields(where: str, schema: messages.Schema, fields: dict[str, str]) -> None:
     assert set(fields) == set(schema), f"{where}: fields {sorted(fields)} != {sorted(schema)}"
     for name, (required, _) in schema.items():
         # An optional field is one that may be nil, and the doc says so.
@@ -182,7 +182,8 @@ def _check_fields(where: str, schema: protocol.Schema, fields: dict[str, str]) -
 
 def test_protocol_doc_has_every_message_field_and_error() -> None:
     text = (DOCS / "protocol.md").read_text()
-    for kind, schema in protocol.TASK_REQUESTS.items():
+    for kind, cls in messages.TASK_REQUESTS.items():
+        schema = messages.schema(cls)
         section = re.search(rf"^### `{kind}` → `\w+`\n\n(.*?)(?=\n### |\n## )", text, re.M | re.S)
         assert section, f"docs/protocol.md has no section for task message {kind!r}"
         body = section.group(1)
@@ -195,7 +196,8 @@ def test_protocol_doc_has_every_message_field_and_error() -> None:
             assert body.startswith("No fields."), kind
         else:
             _check_fields(kind, schema, _fields(body))
-    for kind, schema in protocol.ADMIN_REQUESTS.items():
+    for kind, admin_cls in messages.ADMIN_REQUESTS.items():
+        schema = messages.schema(admin_cls)
         row = re.search(rf"^\| `{kind}` \| ([^|]*) \|", text, re.M)
         assert row, f"docs/protocol.md's admin table has no row for {kind!r}"
         if not schema:

@@ -1,12 +1,15 @@
-"""gpushare.protocol on arbitrary input: only ProtocolError ever comes out.
+"""gpushare.protocol and gpushare.messages on arbitrary input: only ProtocolError ever
+comes out.
 
 Hypothesis properties over arbitrary bytes, arbitrary msgpack objects and maps shaped
-like messages, generated from the schema tables (new types and fields are covered
+like messages, generated from the message classes (new types and fields are covered
 without touching this file); then regression tests for what fuzzing found.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import msgpack
@@ -14,16 +17,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare import protocol
-from gpushare.protocol import Err, ProtocolError, Schema
+from gpushare import messages, protocol
+from gpushare.messages import Message, Schema, schema
+from gpushare.protocol import Err, ProtocolError
 from tests.conftest import accepts
+
+Table = Mapping[str, type[Message]]
 
 # Fast, and nothing written to a example database in the repository.
 FAST = settings(max_examples=400, deadline=None, database=None)
 
-TABLES = {"task": protocol.TASK_REQUESTS, "admin": protocol.ADMIN_REQUESTS}
+TABLES: dict[str, Table] = {"task": messages.TASK_REQUESTS, "admin": messages.ADMIN_REQUESTS}
 TYPES = sorted({kind for table in TABLES.values() for kind in table})
-FIELDS = sorted({name for t in TABLES.values() for schema in t.values() for name in schema})
+FIELDS = sorted({name for t in TABLES.values() for cls in t.values() for name in schema(cls)})
 ERROR_CODES = frozenset(v for k, v in vars(Err).items() if k.isupper() and isinstance(v, str))
 
 ints = st.integers(-(1 << 63), (1 << 64) - 1)  # all msgpack can carry
@@ -90,7 +96,7 @@ def message_like(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @st.composite
-def valid_message(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Schema]]:
+def valid_message(draw: st.DrawFn) -> tuple[dict[str, Any], Table]:
     """A message its table accepts, built from the schema: each field an arbitrary value
     its validator accepts (else a sample it accepts), optional fields at random."""
     table = TABLES[draw(st.sampled_from(sorted(TABLES)))]
@@ -99,7 +105,7 @@ def valid_message(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Schema]]:
     msg |= {"v": protocol.PROTOCOL_VERSION, "type": kind}
     if draw(st.booleans()):
         msg["id"] = draw(st.integers(0, (1 << 63) - 1))
-    for name, (required, check) in table[kind].items():
+    for name, (required, check) in schema(table[kind]).items():
         if not required and draw(st.booleans()):
             continue
         value = draw(field_values)
@@ -129,23 +135,24 @@ def check_decode(frame: bytes) -> dict[str, Any] | None:
     return msg
 
 
-def check_validate(msg: dict[str, Any], table: dict[str, Schema]) -> dict[str, Any] | None:
-    """validate's contract: exactly the schema's fields, checked, or ProtocolError."""
+def check_validate(msg: dict[str, Any], table: Table) -> Message | None:
+    """parse's contract: the type's class, exactly its fields, checked, or ProtocolError."""
     try:
-        body = protocol.validate(msg, table)
+        request = messages.parse(msg, table)
     except ProtocolError as e:
         expected = Err.BAD_REQUEST if msg["type"] in table else Err.UNKNOWN_TYPE
         assert e.code == expected, e.message
         assert isinstance(e.message, str) and "\n" not in e.message
         return None
-    schema = table[msg["type"]]
-    assert set(body) == set(schema)
-    for name, (required, check) in schema.items():
+    fields: Schema = schema(table[msg["type"]])
+    body = {f.name: getattr(request, f.name) for f in dataclasses.fields(request)}
+    assert set(body) == set(fields)
+    for name, (required, check) in fields.items():
         if name in msg:
             assert protocol.encode(body[name]) == protocol.encode(check(msg[name]))
         else:
             assert not required and body[name] is None
-    return body
+    return request
 
 
 @FAST
@@ -175,7 +182,7 @@ def test_decode_and_validate_message_like_maps(msg: dict[str, Any], bin_type: bo
 
 @FAST
 @given(valid_message())
-def test_valid_messages_round_trip(case: tuple[dict[str, Any], dict[str, Schema]]) -> None:
+def test_valid_messages_round_trip(case: tuple[dict[str, Any], Table]) -> None:
     msg, table = case
     frame = protocol.encode(msg)
     decoded = protocol.decode(frame)
@@ -184,7 +191,7 @@ def test_valid_messages_round_trip(case: tuple[dict[str, Any], dict[str, Schema]
     assert protocol.encode(decoded) == protocol.encode(expected)
     assert protocol.encode(protocol.decode(protocol.encode(decoded))) == protocol.encode(decoded)
     body = check_validate(decoded, table)
-    if all(name in msg for name, (required, _) in table[msg["type"]].items() if required):
+    if all(name in msg for name, (required, _) in schema(table[msg["type"]]).items() if required):
         assert body is not None, msg
 
 
@@ -221,12 +228,12 @@ def test_huge_version_makes_a_short_message() -> None:
 def test_names_with_a_trailing_newline_are_refused(name: str) -> None:
     # Regression: ENV_NAME/TASK_ID end in "$", which re.match lets match before a
     # final "\n", so quota_set created an environment (and directory) "alice\n".
-    cases: list[tuple[dict[str, Any], dict[str, protocol.Schema]]] = [
-        ({"type": "quota_set", "env": name, "gpus": 1, "memory": 1}, protocol.ADMIN_REQUESTS),
-        ({"type": "quota_show", "env": name}, protocol.ADMIN_REQUESTS),
-        ({"type": "heartbeat", "task_id": name}, protocol.TASK_REQUESTS),
+    cases: list[tuple[dict[str, Any], Table]] = [
+        ({"type": "quota_set", "env": name, "gpus": 1, "memory": 1}, messages.ADMIN_REQUESTS),
+        ({"type": "quota_show", "env": name}, messages.ADMIN_REQUESTS),
+        ({"type": "heartbeat", "task_id": name}, messages.TASK_REQUESTS),
     ]
-    for fields, schemas in cases:
+    for fields, table in cases:
         with pytest.raises(ProtocolError) as e:
-            protocol.validate({"v": 1, "id": 0, **fields}, schemas)
+            messages.parse({"v": 1, "id": 0, **fields}, table)
         assert e.value.code == Err.BAD_REQUEST

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gpushare.messages import Request
 from nodemgr.node.store import Record, Store
 
 
@@ -17,7 +18,7 @@ def test_a_record_the_database_cannot_take_holds_back_no_other(
     try:
         for tid in ("a", "b"):
             record = Record(tid, "e", (0,), 1, None, None, None, 1.0, None, None, 0, None)
-            store.task_started(record)
+            store.task_started(record, Request(gpus=1))
         # A peak no sqlite INTEGER holds (OverflowError, not a database error).
         store.task_ended("a", 2.0, "done", 1 << 63, None)
         store.task_ended("b", 3.0, "done", 5, None)

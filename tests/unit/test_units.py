@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from gpushare import protocol
+from gpushare import messages, protocol
+from gpushare.messages import ErrorReply
 from gpushare.protocol import Err, ProtocolError
 from gpushare.sizes import format_clock, format_size, parse_seconds, parse_size
 from nodemgr import config
@@ -71,11 +73,11 @@ def test_decode_validates_envelope() -> None:
 
 
 def test_validate_types_ranges_and_unknowns() -> None:
-    ok = protocol.validate(
+    ok = messages.parse(
         {"v": 1, "type": "request", "id": 1, "gpus": 2, "extra": "ignored"},
-        protocol.TASK_REQUESTS,
+        messages.TASK_REQUESTS,
     )
-    assert ok == {
+    assert dataclasses.asdict(ok) == {
         "gpus": 2,
         "memory": None,
         "command": None,
@@ -104,12 +106,12 @@ def test_validate_types_ranges_and_unknowns() -> None:
     ]
     for msg, code in cases:
         with pytest.raises(ProtocolError) as e:
-            protocol.validate(msg, protocol.TASK_REQUESTS)
+            messages.parse(msg, messages.TASK_REQUESTS)
         assert e.value.code == code
 
 
 def test_error_reply_shape() -> None:
-    e = protocol.error(Err.NO_RESOURCES, "busy", 9)
+    e = messages.to_map(ErrorReply.of(Err.NO_RESOURCES, "busy"), 9)
     assert e == {
         "v": 1,
         "type": "error",
@@ -118,7 +120,7 @@ def test_error_reply_shape() -> None:
         "message": "busy",
         "retryable": True,
     }
-    assert protocol.error(Err.QUOTA_ZERO, "zero")["retryable"] is False
+    assert ErrorReply.of(Err.QUOTA_ZERO, "zero").retryable is False
 
 
 def test_config_defaults_and_errors(tmp_path: Path) -> None:
