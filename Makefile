@@ -102,10 +102,17 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/clang-format -i $(C_SOURCES)
 
+# Line and branch coverage of the Python packages, in every process the suite starts
+# ([tool.coverage] in pyproject.toml: what is measured, the floor that fails the run). On
+# for the whole suite and off when PYTEST_ARGS picks tests, unless COVERAGE=1 (or 0) says.
+# The terminal lists the files not wholly covered; build/coverage/python.json has it all.
+COVERAGE ?= $(if $(strip $(PYTEST_ARGS)),0,1)
+PYTEST_COV = $(if $(filter 1,$(COVERAGE)),--cov --cov-report=term --cov-report=json)
+
 # pytest exits 5 when it collects nothing; that is a failure here, said aloud.
 pytest: install torch-env real-driver
 	@GPUSHARE_TEST_TORCH_PYTHON=$(CURDIR)/$(TORCH_VENV)/bin/python \
-	GPUSHARE_TEST_REAL_DRIVER=$(CURDIR)/$(REAL_DRIVER) $(PYTEST) $(PYTEST_ARGS); rc=$$?; \
+	GPUSHARE_TEST_REAL_DRIVER=$(CURDIR)/$(REAL_DRIVER) $(PYTEST) $(PYTEST_COV) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests - failing" >&2; fi; exit $$rc
 
 # Every step runs even when one before it failed (make -k): a failed pytest does not hide

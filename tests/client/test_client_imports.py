@@ -6,6 +6,7 @@ what it raises has one root (docs/client.md#auto-load-python)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,9 +32,13 @@ DAEMON_SIDE = [
 @pytest.mark.parametrize("module", CLIENT_MODULES)
 def test_client_imports_no_daemon_module(module: str, tmp_path: Path) -> None:
     code = f"import json, sys, {module}; print(json.dumps(sorted(sys.modules)))"
+    # Unmeasured: coverage.py, started in every process of a measured run (`make pytest`),
+    # loads modules of its own, tomllib among them.
+    env = {k: v for k, v in os.environ.items() if k != "COVERAGE_PROCESS_CONFIG"}
     out = subprocess.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,
+        env=env,
         capture_output=True,
         text=True,
         check=True,
