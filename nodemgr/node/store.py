@@ -251,10 +251,9 @@ class Store:
         then, in one transaction, each running task of a version 1 or 2 database gets its
         request made again from what they kept of it (task_shapes: its estimate and guard;
         task_wrappers: request.wrapper), and those tables go."""
-        db = self.db
-        db.executescript(_SCHEMA)  # commits: a failure below leaves what it made, unused
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        self.db.executescript(_SCHEMA)  # commits: a failure below leaves what it made, unused
+
+        def op(db: sqlite3.Connection) -> None:
             columns = {str(row[1]) for row in db.execute("PRAGMA table_info(tasks)")}
             if "request" not in columns:
                 db.execute("ALTER TABLE tasks ADD COLUMN request BLOB")
@@ -287,12 +286,8 @@ class Store:
             db.execute("DROP TABLE IF EXISTS task_shapes")
             db.execute("DROP TABLE IF EXISTS task_wrappers")
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                with suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
-            raise
+
+        self._transaction(op)
 
     def close(self) -> None:
         if not self.flush():

@@ -3,6 +3,7 @@ user, a request that waits in a thread of its own, and the metrics endpoint's sa
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import tempfile
@@ -17,18 +18,18 @@ import pytest
 from gpushare.client import Connection
 
 
-@pytest.fixture
-def server() -> Iterator[Any]:
+@contextlib.contextmanager
+def in_process_server(root: Path) -> Iterator[Any]:
     """nodemgr's loop in this process, on 4 simulated GPUs, for a test to step by hand (a
-    nodemgr.loop.server.Server). Imported here, not at the top: helper processes import this
-    module with the source tree first on their path, where the ledger bindings are not
-    built. It neither audits, samples utilisation nor measures a context (its charge is
-    0): those would load the simulated NVML into the test process, for the tests after it
-    too."""
+    nodemgr.loop.server.Server), with its run and state directories under ``root`` (a
+    state directory already there is used as it is). Imported here, not at the top: helper
+    processes import this module with the source tree first on their path, where the ledger
+    bindings are not built. It neither audits, samples utilisation nor measures a context
+    (its charge is 0): those would load the simulated NVML into the test process, for the
+    tests after it too."""
     from nodemgr import config as nodemgr_config
     from nodemgr.loop.server import Server
 
-    root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
     (root / "c.toml").write_text(
         f'[node]\nrun_dir = "{root}/run"\nstate_dir = "{root}/state"\n'
         '[gpus]\nsource = "simulated"\nutilization_interval = 0\ncontext_memory = "0"\n'
@@ -36,8 +37,18 @@ def server() -> Iterator[Any]:
     )
     srv = Server(nodemgr_config.load(root / "c.toml"))
     srv.start()
-    yield srv
-    srv.close()
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+@pytest.fixture
+def server() -> Iterator[Any]:
+    """in_process_server in a directory of its own."""
+    root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    with in_process_server(root) as srv:
+        yield srv
     shutil.rmtree(root, ignore_errors=True)
 
 

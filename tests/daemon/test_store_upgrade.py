@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from gpushare.messages import Request
-from nodemgr import config as nodemgr_config
 from nodemgr.loop.server import Server
 from nodemgr.node.store import SCHEMA_VERSION, Store
+from tests.daemon.conftest import in_process_server
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -164,15 +164,8 @@ def upgraded() -> Iterator[Server]:
     root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
     (root / "state").mkdir()
     make_v2(root / "state" / "nodemgr.db")
-    (root / "c.toml").write_text(
-        f'[node]\nrun_dir = "{root}/run"\nstate_dir = "{root}/state"\n'
-        '[gpus]\nsource = "simulated"\nutilization_interval = 0\ncontext_memory = "0"\n'
-        "[audit]\ninterval = 0\n"
-    )
-    srv = Server(nodemgr_config.load(root / "c.toml"))
-    srv.start()
-    yield srv
-    srv.close()
+    with in_process_server(root) as srv:
+        yield srv
     shutil.rmtree(root, ignore_errors=True)
 
 
