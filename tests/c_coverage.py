@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The floors, in whole percent of all lines and branches under shim/: what the full
 # sanitizer tier measured, rounded down.
-LINE_FLOOR = 80
-BRANCH_FLOOR = 53
+LINE_FLOOR = 81
+BRANCH_FLOOR = 52
 
 
 @dataclass
