@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpushare import sizes
+from gpushare import paths, sizes
 from gpushare.envvars import (
     CPU_FALLBACK,
     ENDPOINT,
@@ -83,7 +83,7 @@ def parse_seconds(name: str, value: str) -> float:
 
 def parse_endpoint(name: str, value: str) -> str:
     """An environment's task endpoint: nodemgr serves ``ipc://`` sockets only."""
-    if not value.startswith("ipc://") or len(value) == len("ipc://"):
+    if not paths.socket_of(value):
         raise SettingsError(
             f"{name}={value!r}: expected ipc://PATH, the environment's task socket "
             "(nodemgr quota show ENV prints it)"

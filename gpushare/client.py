@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from gpushare import protocol
+from gpushare import paths, protocol
 from gpushare.errors import GpushareError
 from gpushare.messages import INTERIM, Ask, HeldReply, QueuedReply, R, Status, read_reply
 
@@ -95,9 +95,8 @@ class Connection:
         # The socket was there when this connection was made, or nodemgr has answered on
         # it: it is connected, and keeps working after the socket's name is gone (an
         # environment deleted, whose clients' next heartbeat hears why).
-        self._connected = endpoint.startswith("ipc://") and os.path.exists(
-            endpoint[len("ipc://") :]
-        )
+        socket = paths.socket_of(endpoint)
+        self._connected = socket is not None and os.path.exists(socket)
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -192,8 +191,8 @@ class Connection:
         on_lost: Callable[[bool], None] | None = None,
     ) -> dict[str, Any]:
         """Send one request and wait for its final reply's map (send's contract)."""
-        if self.endpoint.startswith("ipc://") and not self._connected:
-            path = self.endpoint[len("ipc://") :]
+        path = paths.socket_of(self.endpoint)
+        if path is not None and not self._connected:
             try:
                 os.stat(path)
             except PermissionError:

@@ -53,6 +53,11 @@ def endpoint(path: Path) -> str:
     return f"{IPC}{path}"
 
 
+def socket_of(endpoint_: str) -> str | None:
+    """The socket's path of an ``ipc://`` endpoint; None for another transport."""
+    return endpoint_.removeprefix(IPC) if endpoint_.startswith(IPC) else None
+
+
 def ledger_beside(endpoint_: str) -> str:
     """The ledger's path beside the task socket ``endpoint_`` (an ``ipc://`` endpoint)."""
     return os.path.join(os.path.dirname(endpoint_.removeprefix(IPC)), LEDGER)

@@ -72,13 +72,14 @@ def check_access(cfg: configmod.Config, view: bool = False) -> str:
     read-only one when only that lets this user in. Fail with the cause when they refuse
     this user: zmq connects in the background, so a refusal would otherwise read as
     nodemgr not answering."""
-    path = cfg.run_dir / "admin.sock"
+    path = cfg.run_dir / paths.ADMIN_SOCKET
     if _connect(path) is not PermissionError:
         return cfg.admin_endpoint
-    if view and _connect(cfg.run_dir / "view.sock") is not PermissionError:
+    if view and _connect(cfg.run_dir / paths.VIEW_SOCKET) is not PermissionError:
         return cfg.reader_endpoint
     readers = (
-        f"; views need only {cfg.run_dir / 'view.sock'}, which [readers] owner/group/mode let in"
+        f"; views need only {cfg.run_dir / paths.VIEW_SOCKET}, which [readers] owner/group/mode "
+        "let in"
         if view
         else ""
     )
@@ -94,7 +95,7 @@ def not_running(endpoint: str) -> str | None:
     """Why nodemgr is not running at ``endpoint`` (check_access's), as connecting to it
     tells at once: no socket there, or one nothing listens on. None when something listens:
     only waiting for its answer tells a nodemgr that is stopped or stuck."""
-    path = Path(endpoint.removeprefix("ipc://"))
+    path = Path(endpoint.removeprefix(paths.IPC))
     got = _connect(path)
     if got is FileNotFoundError:
         return f"nodemgr is not running: no socket at {path}"

@@ -148,7 +148,7 @@ def check_unknown(
     for name in names:
         if name in known:
             continue
-        ledger = Ledger.reopen(root / name / "ledger", uuids)
+        ledger = Ledger.reopen(root / name / paths.LEDGER, uuids)
         if ledger is None:
             continue
         try:

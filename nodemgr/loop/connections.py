@@ -275,7 +275,7 @@ class Connections:
         go on, and a later ``quota set`` of it tries again."""
         if env.name in self.listeners:
             return
-        path = Path(env.endpoint.removeprefix("ipc://"))
+        path = Path(env.endpoint.removeprefix(paths.IPC))
         problem = socket_path_problem(path, f"environment {env.name}'s socket", ENV_SOCKET_FIX)
         if problem is not None:
             why = f"environment {env.name} refused: {problem}"
@@ -364,7 +364,7 @@ class Connections:
         if held >= cap and reader:
             return "reader", (
                 f"user {who.removeprefix('uid ')} already has {held} connections open to "
-                f"{self.config.run_dir / 'view.sock'}, the most one user may have ({cap}, "
+                f"{self.config.run_dir / paths.VIEW_SOCKET}, the most one user may have ({cap}, "
                 "MAX_CONNECTIONS_PER_READER); end the commands of theirs that hold them"
             )
         if held >= cap:

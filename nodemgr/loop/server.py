@@ -560,7 +560,7 @@ class Server:
         for name in recovery.repair_ledgers(node, self._env_log):
             self.connections.close_env(name)
         for env in node.envs.values():
-            path = Path(env.endpoint.removeprefix("ipc://"))
+            path = Path(env.endpoint.removeprefix(paths.IPC))
             if path.is_socket() and env.name in conns.listeners:
                 continue
             if env.name not in self._unbindable:
@@ -693,7 +693,7 @@ class Server:
                     raise ProtocolError(
                         Err.FORBIDDEN,
                         f"{msg['type']} changes what nodemgr does, and the read-only admin "
-                        f"socket {self.config.run_dir / 'view.sock'} serves views only "
+                        f"socket {self.config.run_dir / paths.VIEW_SOCKET} serves views only "
                         "(status, tasks, queue, history, quota show, mode and drain --show); "
                         f"it needs the admin socket {self.config.run_dir / 'admin.sock'}, "
                         "which the config's [admin] owner/group/mode let in",
@@ -725,7 +725,7 @@ class Server:
             raise ProtocolError(
                 Err.BUSY,
                 f"user {conn.uid} sent more than {self.config.reader_burst} requests to "
-                f"{self.config.run_dir / 'view.sock'} at once, or more than "
+                f"{self.config.run_dir / paths.VIEW_SOCKET} at once, or more than "
                 f"{self.config.reader_requests_per_second} a second "
                 "(limits.reader_requests_per_second, limits.reader_burst); ask less often",
             )

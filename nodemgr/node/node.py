@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+from gpushare import paths
 from gpushare.messages import Request
 from gpushare.protocol import Err, ProtocolError
 from gpushare.sizes import format_size
@@ -104,7 +105,7 @@ class Node:
         access = self.config.access_for(name)
         uuids = [g.uuid_bytes for g in self.gpus]
         sizes = [g.memory for g in self.gpus]
-        path = env_dir / "ledger"
+        path = env_dir / paths.LEDGER
         # Everything inside the directory goes through a descriptor of it: its owner
         # may write there, and nodemgr, as root, must follow nothing it left.
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -131,7 +132,7 @@ class Node:
             os.close(fd)
         for index in range(len(self.gpus)):
             ledger.set_ctx_charge(index, self.context_memory[index])
-        env = Env(name, gpus, memory, ledger, f"ipc://{self.config.env_socket(name)}")
+        env = Env(name, gpus, memory, ledger, paths.endpoint(self.config.env_socket(name)))
         env.adopted = adopted
         self.envs[name] = env
         return env
