@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import stat
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gpushare import envvars, libs
 from tests.conftest import CSRC, cc
 from tests.daemon.test_audit import findings, ready_pid
 
@@ -74,6 +76,13 @@ def test_a_root_nodemgr_sees_another_users_process_on_its_gpus(
     tables = list(sim.glob("gpushare-sim-usage-*"))
     assert len(tables) == 1 and stat.S_IMODE(tables[0].stat().st_mode) == 0o666
     client = cc(d.root / "client", str(CSRC / "cuda_client.c"), "-ldl")
+    # The task's user loads the shim and the simulated driver: copies where it may read
+    # them, as the checkout's own may sit in a directory only its owner enters.
+    libs_dir = d.root / "lib"
+    shutil.copytree(libs.sim_driver_dir(), libs_dir / "sim")
+    shutil.copy(libs.shim_path(), libs_dir / "libgpushare.so")
+    for path in (libs_dir, *libs_dir.rglob("*")):
+        os.chmod(path, 0o755)
     go = d.root / "go"
     ep = d.env("alice", gpus=1, memory=4 << 30)
     p = run_task(
@@ -88,6 +97,10 @@ def test_a_root_nodemgr_sees_another_users_process_on_its_gpus(
         "128",
         "waitfile",
         str(go),
+        env={
+            envvars.SIM_DIR: str(libs_dir / "sim"),
+            envvars.SHIM: str(libs_dir / "libgpushare.so"),
+        },
     )
     ready_pid(p, "waiting")
     task = d.tasks()[0]["task_id"]
