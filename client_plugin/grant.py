@@ -29,6 +29,8 @@ from gpushare.envvars import (
     LEDGER,
     SIM_GPUS,
     SIM_STATE_DIR,
+    SIM_TIMELINE,
+    SIM_TIMELINE_PARAMS,
     TASK_ID,
     TASK_OWNER,
     TIMESLICED,
@@ -160,6 +162,8 @@ class Grant:
     sim_state_dir: str | None = None
     endpoint: str = ""  # where it was granted: the task's processes reach nodemgr there
     timesliced: tuple[int, ...] = ()  # node indices of its time-sliced GPUs
+    # The simulated device timeline's parameters by name when it is on; None: off.
+    sim_timeline: Mapping[str, Any] | None = None
 
     @property
     def uuids(self) -> str:
@@ -227,6 +231,7 @@ def _request_once(
         sim_state_dir=reply.sim_state_dir,
         endpoint=endpoint,
         timesliced=tuple(reply.timesliced),
+        sim_timeline=reply.sim_timeline,
     )
 
 
@@ -312,7 +317,21 @@ def task_environment(
         if grant.sim_state_dir:
             # Every process of the task records in its nodemgr's table, and no other's.
             env[SIM_STATE_DIR] = grant.sim_state_dir
+        _sim_timeline(env, grant.sim_timeline)
     return env
+
+
+def _sim_timeline(env: dict[str, str], params: Mapping[str, Any] | None) -> None:
+    """A node whose simulated GPUs keep a device timeline has every task's processes time
+    their work, with the node's parameters."""
+    if params is None:
+        return
+    env[SIM_TIMELINE] = "1"
+    for key, name in SIM_TIMELINE_PARAMS.items():
+        value = params.get(key)
+        # A number, as nodemgr sends it; anything else leaves the driver its default.
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            env[name] = repr(value)
 
 
 def cpu_environment(base: Mapping[str, str], owner: int) -> dict[str, str]:

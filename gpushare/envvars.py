@@ -64,6 +64,21 @@ TASK_OWNER = "GPUSHARE_TASK_OWNER"
 AUTOLOAD_HOLDER = "GPUSHARE_AUTOLOAD_HOLDER"
 SIM_GPUS = "GPUSHARE_SIM_GPUS"
 SIM_STATE_DIR = "GPUSHARE_SIM_STATE_DIR"
+# The simulated driver's device timeline (docs/simulator.md), and its parameters by the
+# names the grant gives them (gpus.simulated_* of nodemgr's config).
+SIM_TIMELINE = "GPUSHARE_SIM_TIMELINE"
+SIM_LAUNCH_NS = "GPUSHARE_SIM_LAUNCH_NS"
+SIM_WAVE_NS = "GPUSHARE_SIM_WAVE_NS"
+SIM_HOST_GBPS = "GPUSHARE_SIM_HOST_GBPS"
+SIM_DEVICE_GBPS = "GPUSHARE_SIM_DEVICE_GBPS"
+SIM_TIME_SCALE = "GPUSHARE_SIM_TIME_SCALE"
+SIM_TIMELINE_PARAMS = {
+    "launch_ns": SIM_LAUNCH_NS,
+    "wave_ns": SIM_WAVE_NS,
+    "host_gbps": SIM_HOST_GBPS,
+    "device_gbps": SIM_DEVICE_GBPS,
+    "time_scale": SIM_TIME_SCALE,
+}
 # Builds other than the packaged ones (a debug or sanitizer build).
 SHIM = "GPUSHARE_SHIM"
 SIM_DIR = "GPUSHARE_SIM_DIR"
@@ -102,6 +117,11 @@ TASK_VARIABLES: tuple[tuple[str, str], ...] = (
     (AUTOLOAD_HOLDER, "the auto-loaded task's holder: PID,HEARTBEAT_INTERVAL"),
     (SIM_GPUS, "simulated nodes only: the simulated driver's GPUs"),
     (SIM_STATE_DIR, "simulated nodes only: the directory of the node's shared process table"),
+    (SIM_TIMELINE, "simulated nodes with `gpus.simulated_timeline` only: the device timeline on"),
+    *(
+        (name, "the same, where nodemgr's config sets it: a parameter of the timeline")
+        for name in SIM_TIMELINE_PARAMS.values()
+    ),
 )
 
 

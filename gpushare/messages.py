@@ -329,6 +329,8 @@ class GrantReply(Message):
     # Left out by a nodemgr older than these fields.
     sim_state_dir: Annotated[str | None, STR] = None
     timesliced: Annotated[Sequence[int], INTS] = ()
+    # The simulated device timeline's parameters by name, when it is on (nil: off).
+    sim_timeline: Annotated[Mapping[str, Any] | None, MAP] = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

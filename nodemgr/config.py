@@ -8,6 +8,7 @@ docs/configuration.md (``doc_table()``) all come from it.
 from __future__ import annotations
 
 import grp
+import math
 import os
 import pwd
 import re
@@ -119,6 +120,31 @@ class Integer(Parser):
         return value
 
 
+class Switch(Parser):
+    """On or off: a TOML boolean."""
+
+    accepts = "true or false"
+
+    def __call__(self, value: Any, where: str) -> bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, not {value!r}")
+        return value
+
+
+class Number(Parser):
+    """A finite number above 0 (``positive``) or of at least 0."""
+
+    def __init__(self, positive: bool) -> None:
+        self.positive = positive
+        self.accepts = "a number above 0" if positive else "a number >= 0"
+
+    def __call__(self, value: Any, where: str) -> float:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value < 0 or (self.positive and value == 0):
+            raise ConfigError(f"{where} must be {self.accepts}, not {value!r}")
+        return float(value)
+
+
 class Choice(Parser):
     """One of a few words."""
 
@@ -190,12 +216,17 @@ class Key:
         """The default as docs/configuration.md's table shows it."""
         if self.default is None:
             return self.default_doc
+        if isinstance(self.default, bool):
+            return f"`{str(self.default).lower()}`"
         if isinstance(self.default, str):
             return f'`"{self.default}"`'
         if isinstance(self.default, list):
             return f"`{self.default!r}`"
         return str(self.default)
 
+
+# The timeline's parameters left unset: the simulated driver's own defaults.
+_SIM_DEFAULT = "the simulator's ([simulator.md](simulator.md#the-device-timeline))"
 
 # fmt: off
 KEYS: tuple[Key, ...] = (
@@ -238,6 +269,22 @@ KEYS: tuple[Key, ...] = (
         " tasks, which their NVML reads, and the GPUs' locks: one nodemgr per directory"
         " ([simulator.md](simulator.md#nodemgrs-simulated-gpus))",
         default_doc="`RUN_DIR/sim`"),
+    Key("gpus", "simulated_timeline", "sim_timeline", Switch(), False,
+        "the simulated GPUs' device timeline: their tasks' kernels, copies and memsets take"
+        " modelled time, which synchronisations wait for ([simulator.md]"
+        "(simulator.md#the-device-timeline))"),
+    Key("gpus", "simulated_launch_ns", "sim_launch_ns", Number(positive=False), None,
+        "with the timeline: each kernel's launch time, ns", default_doc=_SIM_DEFAULT),
+    Key("gpus", "simulated_wave_ns", "sim_wave_ns", Number(positive=False), None,
+        "with the timeline: the time of one wave of a kernel's blocks, ns",
+        default_doc=_SIM_DEFAULT),
+    Key("gpus", "simulated_host_gbps", "sim_host_gbps", Number(positive=True), None,
+        "with the timeline: the host link's bandwidth, GB/s", default_doc=_SIM_DEFAULT),
+    Key("gpus", "simulated_device_gbps", "sim_device_gbps", Number(positive=True), None,
+        "with the timeline: the device memory's bandwidth, GB/s", default_doc=_SIM_DEFAULT),
+    Key("gpus", "simulated_time_scale", "sim_time_scale", Number(positive=True), None,
+        "with the timeline: what every modelled duration is multiplied by",
+        default_doc=_SIM_DEFAULT),
     Key("scheduler", "task_threshold", "task_threshold", Integer(1), 4,
         "tasks on a GPU beyond which it is not chosen as a new GPU"),
     Key("scheduler", "memory_reserve", "memory_reserve", Size(), "0",
@@ -372,6 +419,13 @@ class Config:
     sim_context: int = _DEFAULTS["sim_context"]
     # gpus.simulated_state_dir as set; None: in run_dir (sim_state_dir).
     simulated_state_dir: Path | None = None
+    # The simulated GPUs' device timeline and its parameters (None: the simulator's own).
+    sim_timeline: bool = _DEFAULTS["sim_timeline"]
+    sim_launch_ns: float | None = None
+    sim_wave_ns: float | None = None
+    sim_host_gbps: float | None = None
+    sim_device_gbps: float | None = None
+    sim_time_scale: float | None = None
     health_interval: float = _DEFAULTS["health_interval"]
     utilization_interval: float = _DEFAULTS["utilization_interval"]
     # Bytes charged per process per GPU for its CUDA context; None: "auto", measured
@@ -429,6 +483,21 @@ class Config:
         """The simulated GPUs' directory (GPUSHARE_SIM_STATE_DIR for the node's tasks and
         its own simulated NVML): one simulated node, so one nodemgr's."""
         return self.simulated_state_dir or self.run_dir / "sim"
+
+    @property
+    def sim_timeline_params(self) -> dict[str, float] | None:
+        """What the grant tells a task's simulated driver of the device timeline: None when
+        it is off, else the parameters set, by name (gpushare.envvars.SIM_TIMELINE_PARAMS)."""
+        if not self.sim_timeline:
+            return None
+        params = {
+            "launch_ns": self.sim_launch_ns,
+            "wave_ns": self.sim_wave_ns,
+            "host_gbps": self.sim_host_gbps,
+            "device_gbps": self.sim_device_gbps,
+            "time_scale": self.sim_time_scale,
+        }
+        return {name: v for name, v in params.items() if v is not None}
 
     @property
     def reader_endpoint(self) -> str:

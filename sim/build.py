@@ -38,6 +38,7 @@ LIBRARIES = {
             "sim_streams.c",
             "sim_graphs.c",
             "sim_events.c",
+            "sim_timeline.c",
             "sim_modules.c",
             "sim_exports.c",
             "sim_tables.c",

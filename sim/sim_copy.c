@@ -34,6 +34,14 @@ bool sim_range_known(uintptr_t p, size_t n)
 
 /* Copies. Device sides must lie in device (or page-locked) memory. */
 
+/* SIM_SYNC as the stream: a synchronous copy or memset, on the legacy stream and waited for. */
+#define SIM_SYNC ((CUstream)(uintptr_t)-1)
+
+static CUresult sim_stream_op(CUstream stream, const struct sim_op *op)
+{
+	return stream == SIM_SYNC ? sim_stream_do_sync(op) : sim_stream_do(stream, op);
+}
+
 static CUresult sim_copy(uintptr_t dst, uintptr_t src, size_t n, bool dst_dev, bool src_dev,
 			 CUstream stream)
 {
@@ -46,12 +54,12 @@ static CUresult sim_copy(uintptr_t dst, uintptr_t src, size_t n, bool dst_dev, b
 	if (!dst || !src || (dst_dev && !sim_range_known(dst, n)) ||
 	    (src_dev && !sim_range_known(src, n)))
 		return CUDA_ERROR_INVALID_VALUE;
-	return sim_stream_do(stream, &op);
+	return sim_stream_op(stream, &op);
 }
 
 CUresult sim_impl_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
-	return sim_copy(dst, src, n, false, false, NULL);
+	return sim_copy(dst, src, n, false, false, SIM_SYNC);
 }
 
 CUresult sim_impl_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream)
@@ -61,7 +69,7 @@ CUresult sim_impl_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUst
 
 CUresult sim_impl_cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
 {
-	return sim_copy(dst, (uintptr_t)src, n, true, false, NULL);
+	return sim_copy(dst, (uintptr_t)src, n, true, false, SIM_SYNC);
 }
 
 CUresult sim_impl_cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream stream)
@@ -71,7 +79,7 @@ CUresult sim_impl_cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t 
 
 CUresult sim_impl_cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
 {
-	return sim_copy((uintptr_t)dst, src, n, false, true, NULL);
+	return sim_copy((uintptr_t)dst, src, n, false, true, SIM_SYNC);
 }
 
 CUresult sim_impl_cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream stream)
@@ -81,7 +89,7 @@ CUresult sim_impl_cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUs
 
 CUresult sim_impl_cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
-	return sim_copy(dst, src, n, true, true, NULL);
+	return sim_copy(dst, src, n, true, true, SIM_SYNC);
 }
 
 CUresult sim_impl_cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream)
@@ -94,7 +102,7 @@ CUresult sim_impl_cuMemcpyPeer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src,
 			       size_t n)
 {
 	(void)dctx, (void)sctx;
-	return sim_copy(dst, src, n, true, true, NULL);
+	return sim_copy(dst, src, n, true, true, SIM_SYNC);
 }
 
 CUresult sim_impl_cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src,
@@ -179,7 +187,7 @@ static CUresult sim_copy3d(const CUDA_MEMCPY3D *p, CUstream stream)
 		op.height = p->Height;
 		op.dpitch = p->dstPitch;
 		op.spitch = p->srcPitch;
-		rc = sim_stream_do(stream, &op);
+		rc = sim_stream_op(stream, &op);
 		if (rc != CUDA_SUCCESS)
 			return rc;
 	}
@@ -215,12 +223,12 @@ static CUresult sim_copy2d(const CUDA_MEMCPY2D *p, CUstream stream)
 
 CUresult sim_impl_cuMemcpy2D_v2(const CUDA_MEMCPY2D *p)
 {
-	return sim_copy2d(p, NULL);
+	return sim_copy2d(p, SIM_SYNC);
 }
 
 CUresult sim_impl_cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D *p)
 {
-	return sim_copy2d(p, NULL);
+	return sim_copy2d(p, SIM_SYNC);
 }
 
 CUresult sim_impl_cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *p, CUstream stream)
@@ -230,7 +238,7 @@ CUresult sim_impl_cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *p, CUstream stream)
 
 CUresult sim_impl_cuMemcpy3D_v2(const CUDA_MEMCPY3D *p)
 {
-	return sim_copy3d(p, NULL);
+	return sim_copy3d(p, SIM_SYNC);
 }
 
 CUresult sim_impl_cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *p, CUstream stream)
@@ -261,22 +269,22 @@ static CUresult sim_memset(CUdeviceptr dst, size_t pitch, uint32_t value, unsign
 		return CUDA_ERROR_INVALID_VALUE;
 	if (dst % elem || pitch < row || !sim_range_known(dst, extent))
 		return CUDA_ERROR_INVALID_VALUE;
-	return sim_stream_do(stream, &op);
+	return sim_stream_op(stream, &op);
 }
 
 CUresult sim_impl_cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n)
 {
-	return sim_memset(dst, n, v, 1, n, 1, NULL);
+	return sim_memset(dst, n, v, 1, n, 1, SIM_SYNC);
 }
 
 CUresult sim_impl_cuMemsetD16_v2(CUdeviceptr dst, unsigned short v, size_t n)
 {
-	return sim_memset(dst, n * 2, v, 2, n, 1, NULL);
+	return sim_memset(dst, n * 2, v, 2, n, 1, SIM_SYNC);
 }
 
 CUresult sim_impl_cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t n)
 {
-	return sim_memset(dst, n * 4, v, 4, n, 1, NULL);
+	return sim_memset(dst, n * 4, v, 4, n, 1, SIM_SYNC);
 }
 
 CUresult sim_impl_cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s)
@@ -297,19 +305,19 @@ CUresult sim_impl_cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, CU
 CUresult sim_impl_cuMemsetD2D8_v2(CUdeviceptr dst, size_t pitch, unsigned char v, size_t w,
 				  size_t h)
 {
-	return sim_memset(dst, pitch, v, 1, w, h, NULL);
+	return sim_memset(dst, pitch, v, 1, w, h, SIM_SYNC);
 }
 
 CUresult sim_impl_cuMemsetD2D16_v2(CUdeviceptr dst, size_t pitch, unsigned short v, size_t w,
 				   size_t h)
 {
-	return sim_memset(dst, pitch, v, 2, w, h, NULL);
+	return sim_memset(dst, pitch, v, 2, w, h, SIM_SYNC);
 }
 
 CUresult sim_impl_cuMemsetD2D32_v2(CUdeviceptr dst, size_t pitch, unsigned int v, size_t w,
 				   size_t h)
 {
-	return sim_memset(dst, pitch, v, 4, w, h, NULL);
+	return sim_memset(dst, pitch, v, 4, w, h, SIM_SYNC);
 }
 
 CUresult sim_impl_cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned char v, size_t w,

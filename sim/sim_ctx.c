@@ -286,12 +286,28 @@ CUresult sim_impl_cuCtxPopCurrent_v2(CUcontext *pctx)
 	return CUDA_SUCCESS;
 }
 
+/*
+ * Waits for the work of every stream of the context on the device timeline
+ * (without it, nothing is outstanding); pools settle.
+ */
+static void sim_ctx_sync(uint64_t id)
+{
+	if (sim_tl_on())
+		sim_tl_sleep_until(sim_tl_ctx_end(id));
+	sim_sync();
+}
+
 CUresult sim_impl_cuCtxSynchronize(void)
 {
+	const struct sim_ctx_slot *cur;
+
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
-	/* Nothing ever runs, so there is nothing to wait for; pools settle. */
-	sim_sync();
+	cur = sim_current();
+	if (cur)
+		sim_ctx_sync(cur->id);
+	else
+		sim_sync();
 	return CUDA_SUCCESS;
 }
 
@@ -539,7 +555,7 @@ CUresult sim_impl_cuCtxSynchronize_v2(CUcontext ctx)
 	CUresult rc = sim_ctx_or_current(ctx, &slot);
 
 	if (rc == CUDA_SUCCESS)
-		sim_sync();
+		sim_ctx_sync(slot.id);
 	return rc;
 }
 

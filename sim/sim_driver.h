@@ -3,8 +3,9 @@
  * devices), sim_ctx.c (contexts), sim_entry.c (errors, export tables,
  * cuGetProcAddress), the memory files (the device heaps and all that takes
  * from them; they share sim_memory.h besides), sim_streams.c (streams,
- * capture, launches), sim_graphs.c (graphs), sim_events.c (events) and
- * sim_modules.c (modules, kernels, occupancy), all above the registry of
+ * capture, launches), sim_graphs.c (graphs), sim_events.c (events),
+ * sim_timeline.c (the device timeline) and sim_modules.c (modules,
+ * kernels, occupancy), all above the registry of
  * host objects and hooks (sim_registry.h). Private to the driver and, like
  * everything in it, hidden; what the export layer, the tables and the
  * trace share with it is sim_internal.h.
@@ -219,7 +220,7 @@ enum sim_op_kind {
 struct sim_op {
 	enum sim_op_kind kind;
 	uintptr_t dst, src;
-	size_t width; /* bytes per row (copies) or elements per row (sets) */
+	size_t width; /* bytes per row (copies), elements per row (sets), blocks (kernels) */
 	size_t height;
 	size_t dpitch, spitch;
 	uint32_t value;
@@ -251,6 +252,7 @@ struct CUstream_st {
 	unsigned int flags;
 	int priority;
 	uint64_t id;
+	uint64_t ready; /* the device timeline: when its last operation ends; under sim_obj_lock */
 	/* Stream capture, under sim_obj_lock. */
 	int capture_status; /* CU_STREAM_CAPTURE_STATUS_* */
 	int capture_mode;
@@ -274,6 +276,23 @@ CUresult sim_stream_slot(CUstream stream, struct sim_ctx_slot *slot);
 /* The same, CUDA_ERROR_NOT_INITIALIZED before cuInit: an entry point's first check. */
 CUresult sim_stream_slot_live(CUstream stream, struct sim_ctx_slot *slot);
 CUresult sim_stream_do(CUstream stream, const struct sim_op *op);
+/* A synchronous copy or memset: on the legacy stream, and with the timeline on, waited for. */
+CUresult sim_stream_do_sync(const struct sim_op *op);
+
+/*
+ * sim_timeline.c: the device timeline (GPUSHARE_SIM_TIMELINE). Times are
+ * CLOCK_MONOTONIC ns. The _locked ones need sim_obj_lock; s is the
+ * stream's object, NULL for a default stream.
+ */
+bool sim_tl_on(void);
+void sim_tl_sleep_until(uint64_t t);
+uint64_t sim_tl_duration(const struct sim_op *op, int dev);
+uint64_t sim_tl_after_locked(CUstream stream, const struct CUstream_st *s, uint64_t ctx);
+void sim_tl_done_locked(CUstream stream, struct CUstream_st *s, uint64_t ctx, uint64_t end);
+uint64_t sim_tl_mark_locked(CUstream stream, struct CUstream_st *s, uint64_t ctx);
+uint64_t sim_tl_stream_end(CUstream stream, const struct sim_ctx_slot *slot);
+uint64_t sim_tl_ctx_end(uint64_t ctx);
+uint64_t sim_tl_run(CUstream stream, const struct sim_ctx_slot *slot, const struct sim_op *op);
 
 /* sim_graphs.c: a graph, and an instantiation of it: the operations recorded (struct sim_op). */
 struct CUgraph_st {
@@ -300,9 +319,10 @@ void sim_ops_free(struct sim_op *ops, size_t n);
 #define SIM_IPC_MAGIC 0x50495347u /* "GSIP" */
 
 /*
- * The per-thread default stream variants: nothing is asynchronous, so they
- * do exactly what their legacy-stream twins do. An alias must be defined
- * in the file that defines its twin.
+ * The per-thread default stream variants do exactly what their
+ * legacy-stream twins do: a NULL stream is the legacy stream in both (the
+ * per-thread default stream is CU_STREAM_PER_THREAD). An alias must be
+ * defined in the file that defines its twin.
  */
 #define SIM_SAME_AS(variant, twin)                            \
 	extern __typeof__(sim_impl_##twin) sim_impl_##variant \

@@ -8,20 +8,22 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "sim_driver.h"
+#include "sim_usage.h"
 
 /*
- * Events. Nothing runs asynchronously, so an event is complete as soon as
- * it is recorded; it keeps the time of its recording for cuEventElapsedTime.
+ * Events. Without the device timeline an event is complete as soon as it
+ * is recorded, and its time is that of its recording; with it, its time is
+ * when its stream reaches it (sim_tl_mark_locked), and it is complete from
+ * then on. cuEventElapsedTime is the difference of two events' times.
  */
 struct CUevent_st {
 	struct sim_obj obj;
 	unsigned int flags;
 	bool recorded;
-	struct timespec when;
+	uint64_t when; /* CLOCK_MONOTONIC ns */
 	/* Recorded in a capture: a stream that waits on it joins that capture. */
 	struct CUgraph_st *capture;
 	uint64_t capture_id;
@@ -77,12 +79,11 @@ CUresult sim_impl_cuEventDestroy_v2(CUevent e)
  * stream's object (NULL for a default stream). On success sim_obj_lock is
  * held, for the caller to release.
  */
-static CUresult sim_event_stream_lock(CUevent ev, CUstream stream, struct CUevent_st **pe,
-				      struct CUstream_st **ps)
+static CUresult sim_event_stream_lock(CUevent ev, CUstream stream, struct sim_ctx_slot *slot,
+				      struct CUevent_st **pe, struct CUstream_st **ps)
 {
-	struct sim_ctx_slot slot;
 	struct sim_obj **pp;
-	CUresult rc = sim_stream_slot_live(stream, &slot);
+	CUresult rc = sim_stream_slot_live(stream, slot);
 
 	if (rc != CUDA_SUCCESS)
 		return rc;
@@ -95,9 +96,10 @@ static CUresult sim_event_stream_lock(CUevent ev, CUstream stream, struct CUeven
 
 static CUresult sim_event_record(CUevent ev, CUstream stream)
 {
+	struct sim_ctx_slot slot;
 	struct CUstream_st *s;
 	struct CUevent_st *e;
-	CUresult rc = sim_event_stream_lock(ev, stream, &e, &s);
+	CUresult rc = sim_event_stream_lock(ev, stream, &slot, &e, &s);
 
 	if (rc != CUDA_SUCCESS)
 		return rc;
@@ -107,7 +109,7 @@ static CUresult sim_event_record(CUevent ev, CUstream stream)
 		e->recorded = true;
 		e->capture = NULL;
 		e->capture_id = 0;
-		clock_gettime(CLOCK_MONOTONIC, &e->when);
+		e->when = sim_tl_on() ? sim_tl_mark_locked(stream, s, slot.id) : sim_usage_now();
 	} else {
 		e->capture = s->capture;
 		e->capture_id = s->capture_id;
@@ -128,27 +130,44 @@ CUresult sim_impl_cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int fla
 	return sim_event_record(e, s);
 }
 
-static CUresult sim_event_check(CUevent e)
+/* The event's handle checked, and *when its work completes (0: never recorded). */
+static CUresult sim_event_check(CUevent ev, uint64_t *when)
 {
-	struct sim_obj seen;
+	struct sim_obj **pp;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
-	return sim_obj_lookup(e, SIM_OBJ_EVENT, false, &seen) ? CUDA_SUCCESS
-							      : CUDA_ERROR_INVALID_HANDLE;
+	pthread_mutex_lock(&sim_obj_lock);
+	pp = sim_obj_find(ev, SIM_OBJ_EVENT);
+	if (pp) {
+		const struct CUevent_st *e = (const struct CUevent_st *)*pp;
+
+		*when = e->recorded ? e->when : 0;
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	return pp ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
 CUresult sim_impl_cuEventQuery(CUevent e)
 {
-	return sim_event_check(e);
+	uint64_t when;
+	CUresult rc = sim_event_check(e, &when);
+
+	if (rc == CUDA_SUCCESS && sim_tl_on() && sim_usage_now() < when)
+		rc = CUDA_ERROR_NOT_READY;
+	return rc;
 }
 
 CUresult sim_impl_cuEventSynchronize(CUevent e)
 {
-	CUresult rc = sim_event_check(e);
+	uint64_t when;
+	CUresult rc = sim_event_check(e, &when);
 
-	if (rc == CUDA_SUCCESS)
-		sim_sync();
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (sim_tl_on())
+		sim_tl_sleep_until(when);
+	sim_sync();
 	return rc;
 }
 
@@ -173,8 +192,10 @@ CUresult sim_impl_cuEventElapsedTime(float *ms, CUevent start, CUevent end)
 	/* Documented: an event that times nothing, or was never recorded. */
 	if ((a.flags | b.flags) & CU_EVENT_DISABLE_TIMING || !a.recorded || !b.recorded)
 		return CUDA_ERROR_INVALID_HANDLE;
-	*ms = (float)((double)(b.when.tv_sec - a.when.tv_sec) * 1e3 +
-		      (double)(b.when.tv_nsec - a.when.tv_nsec) / 1e6);
+	/* As the driver documents: an event whose work has not completed yet. */
+	if (sim_tl_on() && sim_usage_now() < (a.when > b.when ? a.when : b.when))
+		return CUDA_ERROR_NOT_READY;
+	*ms = (float)(((double)b.when - (double)a.when) / 1e6);
 	return rc;
 }
 
@@ -184,18 +205,21 @@ CUresult sim_impl_cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
 }
 
 /*
- * Waits are already over: nothing is outstanding anywhere. A stream that
- * waits on an event recorded in a capture joins that capture (the fork of
- * work onto another stream during a capture), as the driver documents.
+ * Without the timeline, waits are already over: nothing is outstanding
+ * anywhere; with it, the stream's later work starts after the event's time.
+ * A stream that waits on an event recorded in a capture joins that capture
+ * (the fork of work onto another stream during a capture), as the driver
+ * documents.
  */
 CUresult sim_impl_cuStreamWaitEvent(CUstream stream, CUevent ev, unsigned int flags)
 {
+	struct sim_ctx_slot slot;
 	struct CUstream_st *s;
 	struct CUevent_st *e;
 	CUresult rc;
 
 	(void)flags;
-	rc = sim_event_stream_lock(ev, stream, &e, &s);
+	rc = sim_event_stream_lock(ev, stream, &slot, &e, &s);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	if (!e) {
@@ -210,6 +234,9 @@ CUresult sim_impl_cuStreamWaitEvent(CUstream stream, CUevent ev, unsigned int fl
 			s->capture_mode = e->capture_mode;
 			s->capture_origin = false;
 		}
+	} else if (e->recorded && sim_tl_on() &&
+		   (!s || s->capture_status != CU_STREAM_CAPTURE_STATUS_ACTIVE)) {
+		sim_tl_done_locked(stream, s, slot.id, e->when);
 	}
 	pthread_mutex_unlock(&sim_obj_lock);
 	return rc;

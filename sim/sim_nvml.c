@@ -263,6 +263,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device,
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link,
 							 struct sim_nvml_pci_legacy *pci);
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, void *gpuFabricInfo);
+SIM_EXPORT nvmlReturn_t gpushareSimProcessBusyNs(nvmlDevice_t device, unsigned int pid,
+						 unsigned long long *ns);
+SIM_EXPORT nvmlReturn_t gpushareSimDeviceBusyNs(nvmlDevice_t device, unsigned long long *ns);
 
 /* Initialization. */
 
@@ -642,6 +645,33 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
 	}
 	*processSamplesCount = n;
 	return NVML_SUCCESS;
+}
+
+/*
+ * gpushare's own: the device time (ns) that the operations of process pid
+ * occupied on the device's timeline (GPUSHARE_SIM_TIMELINE) and that has
+ * elapsed by now; NVML_ERROR_NOT_FOUND if pid holds no context there.
+ */
+SIM_EXPORT nvmlReturn_t gpushareSimProcessBusyNs(nvmlDevice_t device, unsigned int pid,
+						 unsigned long long *ns)
+{
+	const struct sim_spec *spec;
+	nvmlReturn_t rc = nvml_device_out(device, ns != NULL, &spec);
+
+	if (rc != NVML_SUCCESS)
+		return rc;
+	return sim_usage_process_busy(device->index, pid, ns) ? NVML_SUCCESS : NVML_ERROR_NOT_FOUND;
+}
+
+/* The same for all the device's work, of every process that used it. */
+SIM_EXPORT nvmlReturn_t gpushareSimDeviceBusyNs(nvmlDevice_t device, unsigned long long *ns)
+{
+	const struct sim_spec *spec;
+	nvmlReturn_t rc = nvml_device_out(device, ns != NULL, &spec);
+
+	if (rc == NVML_SUCCESS)
+		*ns = sim_usage_device_busy(device->index);
+	return rc;
 }
 
 /* PCI. */

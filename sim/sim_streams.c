@@ -1,9 +1,10 @@
 /*
  * The simulated driver's streams, stream capture and kernel and graph
- * launches (events are sim_events.c's, graphs sim_graphs.c's). Nothing runs
- * asynchronously: an operation on a stream is done by the time its call
- * returns, unless the stream is capturing, when it is recorded into a graph
- * to be done at each launch of it.
+ * launches (events are sim_events.c's, graphs sim_graphs.c's). An
+ * operation on a stream is done by the time its call returns, unless the
+ * stream is capturing, when it is recorded into a graph to be done at each
+ * launch of it. With the device timeline on (sim_timeline.c) it also
+ * occupies its device for a modelled time, which synchronisations wait for.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -16,11 +17,11 @@
 #include "sim_usage.h"
 
 /*
- * Streams. Nothing runs asynchronously in the simulation, so a stream is a
- * handle bound to the context that was current when it was made: what it
- * decides is the device (and the owning context) of what is allocated on
- * it. NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name a default stream
- * of the calling thread's current context.
+ * Streams. A stream is a handle bound to the context that was current when
+ * it was made: it decides the device (and the owning context) of what is
+ * allocated on it, and, with the timeline, the order of the work on it.
+ * NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name a default stream of
+ * the calling thread's current context.
  */
 
 static uint64_t sim_stream_serial; /* the last stream id handed out; atomic */
@@ -168,15 +169,18 @@ CUresult sim_impl_cuStreamGetCtx_v2_ptsz(CUstream stream, CUcontext *pctx, CUgre
 	return sim_stream_ctx_v2(stream, pctx, pgreen);
 }
 
-/* Nothing ever runs, so there is nothing to wait for; the handle is checked. */
+/* Without the timeline nothing is outstanding: only the handle is checked. */
 static CUresult sim_stream_sync(CUstream stream)
 {
 	struct sim_ctx_slot slot;
 	CUresult rc;
 
 	rc = sim_stream_slot_live(stream, &slot);
-	if (rc == CUDA_SUCCESS)
-		sim_sync();
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (sim_tl_on())
+		sim_tl_sleep_until(sim_tl_stream_end(stream, &slot));
+	sim_sync();
 	return rc;
 }
 
@@ -214,9 +218,21 @@ static void sim_kernel_load(void)
 	sim_kernel_ns = us * 1000;
 }
 
+/*
+ * A kernel launch is recorded into the capture of a capturing stream (a
+ * kernel node, timed at each launch of the graph). Otherwise, with the
+ * timeline, it is timed on its stream; without, it counts
+ * GPUSHARE_SIM_KERNEL_US towards NVML's utilisation, and the stream is not
+ * looked at (made-up handles pass, as before streams were timed).
+ */
 static CUresult sim_launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-			   unsigned int bx, unsigned int by, unsigned int bz)
+			   unsigned int bx, unsigned int by, unsigned int bz, CUstream stream)
 {
+	struct sim_op op = { .kind = SIM_OP_KERNEL, .height = 1 };
+	struct CUstream_st *s;
+	CUresult rc = CUDA_SUCCESS;
+	bool recorded = false;
+
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!sim_depth)
@@ -226,17 +242,30 @@ static CUresult sim_launch(CUfunction f, unsigned int gx, unsigned int gy, unsig
 		return CUDA_ERROR_INVALID_HANDLE;
 	if (!gx || !gy || !gz || !bx || !by || !bz)
 		return CUDA_ERROR_INVALID_VALUE;
-	pthread_once(&sim_kernel_once, sim_kernel_load);
-	sim_usage_busy(sim_devs[sim_current_dev()].spec_index, sim_kernel_ns);
-	return CUDA_SUCCESS;
+	op.width = (size_t)gx * gy * gz;
+	if (sim_tl_on())
+		return sim_stream_do(stream, &op);
+	pthread_mutex_lock(&sim_obj_lock);
+	s = sim_stream_locked(stream);
+	if (s && s->capture_status == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+		if (!sim_graph_add(s->capture, &op))
+			rc = CUDA_ERROR_OUT_OF_MEMORY;
+		recorded = true;
+	}
+	pthread_mutex_unlock(&sim_obj_lock);
+	if (!recorded) {
+		pthread_once(&sim_kernel_once, sim_kernel_load);
+		sim_usage_busy(sim_devs[sim_current_dev()].spec_index, sim_kernel_ns);
+	}
+	return rc;
 }
 
 CUresult sim_impl_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
 				 unsigned int bx, unsigned int by, unsigned int bz,
 				 unsigned int shmem, CUstream stream, void **params, void **extra)
 {
-	(void)shmem, (void)stream, (void)params, (void)extra;
-	return sim_launch(f, gx, gy, gz, bx, by, bz);
+	(void)shmem, (void)params, (void)extra;
+	return sim_launch(f, gx, gy, gz, bx, by, bz, stream);
 }
 
 CUresult sim_impl_cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
@@ -244,8 +273,8 @@ CUresult sim_impl_cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned in
 				      unsigned int bz, unsigned int shmem, CUstream stream,
 				      void **params, void **extra)
 {
-	(void)shmem, (void)stream, (void)params, (void)extra;
-	return sim_launch(f, gx, gy, gz, bx, by, bz);
+	(void)shmem, (void)params, (void)extra;
+	return sim_launch(f, gx, gy, gz, bx, by, bz, stream);
 }
 
 static CUresult sim_launch_ex(const CUlaunchConfig *config, CUfunction f)
@@ -255,7 +284,7 @@ static CUresult sim_launch_ex(const CUlaunchConfig *config, CUfunction f)
 	if (!config || (config->numAttrs && !config->attrs))
 		return CUDA_ERROR_INVALID_VALUE;
 	return sim_launch(f, config->gridDimX, config->gridDimY, config->gridDimZ,
-			  config->blockDimX, config->blockDimY, config->blockDimZ);
+			  config->blockDimX, config->blockDimY, config->blockDimZ, config->hStream);
 }
 
 CUresult sim_impl_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
@@ -277,8 +306,8 @@ CUresult sim_impl_cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsig
 					    unsigned int bz, unsigned int shmem, CUstream stream,
 					    void **params)
 {
-	(void)shmem, (void)stream, (void)params;
-	return sim_launch(f, gx, gy, gz, bx, by, bz);
+	(void)shmem, (void)params;
+	return sim_launch(f, gx, gy, gz, bx, by, bz, stream);
 }
 
 CUresult sim_impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
@@ -286,8 +315,8 @@ CUresult sim_impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, 
 						 unsigned int bz, unsigned int shmem,
 						 CUstream stream, void **params)
 {
-	(void)shmem, (void)stream, (void)params;
-	return sim_launch(f, gx, gy, gz, bx, by, bz);
+	(void)shmem, (void)params;
+	return sim_launch(f, gx, gy, gz, bx, by, bz, stream);
 }
 
 /*
@@ -330,13 +359,18 @@ struct CUstream_st *sim_stream_locked(CUstream stream)
 	return pp ? (struct CUstream_st *)*pp : NULL;
 }
 
-/* Does op on stream now, or records it there while the stream is capturing. */
-CUresult sim_stream_do(CUstream stream, const struct sim_op *op)
+/*
+ * Does op on stream now (timed, with the timeline), or records it there
+ * while the stream is capturing. *end, when asked for: when it completes
+ * on the timeline (0 if recorded, or without the timeline).
+ */
+static CUresult sim_stream_put(CUstream stream, const struct sim_op *op, uint64_t *end)
 {
 	struct sim_ctx_slot slot;
 	struct CUstream_st *s;
 	CUresult rc;
 	bool recorded = false;
+	uint64_t t = 0;
 
 	rc = sim_stream_slot_live(stream, &slot);
 	if (rc != CUDA_SUCCESS)
@@ -349,8 +383,27 @@ CUresult sim_stream_do(CUstream stream, const struct sim_op *op)
 		recorded = true;
 	}
 	pthread_mutex_unlock(&sim_obj_lock);
-	if (!recorded)
+	if (!recorded && sim_tl_on())
+		t = sim_tl_run(stream, &slot, op);
+	else if (!recorded)
 		sim_op_run(op);
+	if (end)
+		*end = t;
+	return rc;
+}
+
+CUresult sim_stream_do(CUstream stream, const struct sim_op *op)
+{
+	return sim_stream_put(stream, op, NULL);
+}
+
+CUresult sim_stream_do_sync(const struct sim_op *op)
+{
+	uint64_t end;
+	CUresult rc = sim_stream_put(NULL, op, &end);
+
+	if (rc == CUDA_SUCCESS && end)
+		sim_tl_sleep_until(end);
 	return rc;
 }
 
@@ -497,12 +550,15 @@ CUresult sim_impl_cuStreamGetDevice(CUstream stream, CUdevice *dev)
 	return sim_stream_get(stream, SIM_STREAM_DEVICE, dev);
 }
 
-/* Everything on a stream is done by the time its call returns. */
+/* Without the timeline, everything on a stream is done by the time its call returns. */
 CUresult sim_impl_cuStreamQuery(CUstream stream)
 {
 	struct sim_ctx_slot slot;
+	CUresult rc = sim_stream_slot_live(stream, &slot);
 
-	return sim_stream_slot_live(stream, &slot);
+	if (rc == CUDA_SUCCESS && sim_tl_on() && sim_usage_now() < sim_tl_stream_end(stream, &slot))
+		rc = CUDA_ERROR_NOT_READY;
+	return rc;
 }
 
 CUresult sim_impl_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *data)
@@ -525,8 +581,18 @@ CUresult sim_impl_cuStreamAddCallback(CUstream stream, CUstreamCallback cb, void
 	if (!cb || flags != 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	rc = sim_stream_slot(stream, &slot);
-	if (rc == CUDA_SUCCESS)
-		cb(stream, CUDA_SUCCESS, data);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (sim_tl_on()) {
+		uint64_t t;
+
+		/* Called when the stream reaches it, as a host function is. */
+		pthread_mutex_lock(&sim_obj_lock);
+		t = sim_tl_mark_locked(stream, sim_stream_locked(stream), slot.id);
+		pthread_mutex_unlock(&sim_obj_lock);
+		sim_tl_sleep_until(t);
+	}
+	cb(stream, CUDA_SUCCESS, data);
 	return rc;
 }
 
@@ -713,8 +779,9 @@ CUresult sim_impl_cuThreadExchangeStreamCaptureMode(int *mode)
 }
 
 /*
- * A launch does the graph's recorded operations in order, or records them
- * into the capture of a capturing stream (a graph launched in a capture).
+ * A launch does the graph's recorded operations in order, each timed on the
+ * stream with the timeline, or records them into the capture of a capturing
+ * stream (a graph launched in a capture).
  * The ops are copied out first so that none runs under the lock (a host
  * function may call back into the driver). A handle the driver never made
  * is taken on trust, as before graphs were simulated: there is nothing to
@@ -723,12 +790,18 @@ CUresult sim_impl_cuThreadExchangeStreamCaptureMode(int *mode)
 static CUresult sim_graph_run(CUgraphExec exec, CUstream stream)
 {
 	struct sim_op *ops = NULL;
+	struct sim_ctx_slot slot;
 	struct CUstream_st *s;
 	struct sim_obj **pp;
 	size_t n = 0, i;
-	bool autofree = false;
+	bool autofree = false, timed = sim_tl_on();
 	CUresult rc = CUDA_SUCCESS;
 
+	if (timed) {
+		rc = sim_stream_slot(stream, &slot);
+		if (rc != CUDA_SUCCESS)
+			return rc;
+	}
 	pthread_mutex_lock(&sim_obj_lock);
 	pp = sim_obj_find(exec, SIM_OBJ_EXEC);
 	s = sim_stream_locked(stream);
@@ -753,8 +826,12 @@ static CUresult sim_graph_run(CUgraphExec exec, CUstream stream)
 	pthread_mutex_unlock(&sim_obj_lock);
 	if (n)
 		sim_gmem_launch(ops, n, autofree, false);
-	for (i = 0; i < n; i++)
-		sim_op_run(&ops[i]);
+	for (i = 0; i < n; i++) {
+		if (timed)
+			sim_tl_run(stream, &slot, &ops[i]);
+		else
+			sim_op_run(&ops[i]);
+	}
 	sim_ops_free(ops, n);
 	return rc;
 }

@@ -24,6 +24,17 @@
  * current period and the queue limit never hands it a stale or future
  * bucket for one of those.
  *
+ * With the device timeline (sim_timeline.c) a slot also keeps the spans of
+ * device time its owner's operations occupy that may not have elapsed yet
+ * (pending, oldest first, at most SIM_USAGE_PENDING) and the total of those
+ * it retired once they had (done): a span goes into the buckets when it is
+ * retired, so a reader counts a span from the pending list or from the
+ * buckets, never both. The owner writes all of them between two increments
+ * of seq (odd while it writes); a reader reads them between two equal even
+ * values of seq, trying again otherwise. The head of the table keeps each
+ * device's timeline: the time it is busy until (free_at), moved on by a
+ * compare-and-swap, and the device time ever scheduled on it.
+ *
  * A process counts as gone when /proc has no running process of that pid
  * with the start time recorded (pid reuse cannot resurrect a slot; neither
  * can a zombie, whose contexts the real driver would have torn down at
@@ -37,6 +48,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -55,8 +67,8 @@
  * The layout's version is in the names: a later layout never reads this
  * one's files. The node (sim_node_id) too: lists with other GPUs never meet.
  */
-#define SIM_USAGE_NAME "gpushare-sim-usage-v2-%016" PRIx64
-#define SIM_USAGE_USER_NAME "gpushare-sim-usage-v2-%u-%016" PRIx64
+#define SIM_USAGE_NAME "gpushare-sim-usage-v3-%016" PRIx64
+#define SIM_USAGE_USER_NAME "gpushare-sim-usage-v3-%u-%016" PRIx64
 
 #define SIM_USAGE_BUCKET_NS 100000000ull
 #define SIM_USAGE_BUCKETS 20
@@ -71,9 +83,23 @@ struct sim_usage_slot {
 	uint64_t busy_until; /* CLOCK_MONOTONIC ns at which the owner's queued work ends */
 	uint64_t period[SIM_USAGE_BUCKETS]; /* the period a bucket counts, + 1; 0: none */
 	uint64_t busy[SIM_USAGE_BUCKETS];   /* busy ns recorded in it */
+	uint64_t seq;		  /* odd while the owner writes what follows or the buckets */
+	uint64_t done;		  /* ns of the spans retired from pending */
+	uint64_t first, npending; /* the oldest pending span, and how many there are */
+	uint64_t pending[SIM_USAGE_PENDING][2]; /* [start, end) in CLOCK_MONOTONIC ns */
 };
 
-#define SIM_USAGE_SIZE (sizeof(struct sim_usage_slot) * SIM_USAGE_SLOTS)
+struct sim_usage_head {
+	uint64_t free_at[SIM_MAX_GPUS];	  /* CLOCK_MONOTONIC ns the device is busy until */
+	uint64_t scheduled[SIM_MAX_GPUS]; /* ns of device time ever scheduled on it */
+};
+
+struct sim_usage_table {
+	struct sim_usage_head head;
+	struct sim_usage_slot slots[SIM_USAGE_SLOTS];
+};
+
+#define SIM_USAGE_SIZE sizeof(struct sim_usage_table)
 
 static inline uint64_t sim_key_busy(uint32_t pid)
 {
@@ -87,7 +113,7 @@ static inline uint64_t sim_key_live(uint32_t pid, int dev)
 
 /* Everything below is written under sim_usage_lock; the table pointer once, for good. */
 static pthread_mutex_t sim_usage_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct sim_usage_slot *sim_usage_table;
+static struct sim_usage_table *sim_usage_table;
 static bool sim_usage_unusable; /* creating the table failed: never retried */
 static int sim_procfs = -1;	/* /proc usable: 1, not: 0, not yet known: -1 */
 
@@ -229,7 +255,7 @@ static int sim_usage_open_file(const char *path, const char *dir, bool create)
  * listing processes does not create it: no file means nobody has used the
  * node yet (NVML's start makes it in a state dir: sim_usage_ready).
  */
-static struct sim_usage_slot *sim_usage_map(bool create)
+static struct sim_usage_table *sim_usage_map(bool create)
 {
 	char path[PATH_MAX];
 	const char *dir;
@@ -263,7 +289,7 @@ static struct sim_usage_slot *sim_usage_map(bool create)
 	}
 	if (sim_procfs < 0)
 		sim_procfs = sim_proc_start((uint32_t)getpid(), &probe) > 0;
-	__atomic_store_n(&sim_usage_table, (struct sim_usage_slot *)map, __ATOMIC_RELEASE);
+	__atomic_store_n(&sim_usage_table, (struct sim_usage_table *)map, __ATOMIC_RELEASE);
 out:
 	close(fd);
 	return map;
@@ -334,13 +360,19 @@ static struct sim_usage_slot *sim_usage_claim(struct sim_usage_slot *table, int 
 	__atomic_store_n(&s->busy_until, 0, __ATOMIC_RELAXED);
 	for (i = 0; i < SIM_USAGE_BUCKETS; i++)
 		__atomic_store_n(&s->period[i], 0, __ATOMIC_RELAXED);
+	/* A seq left odd by an owner that died writing is even again. */
+	__atomic_store_n(&s->seq, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->done, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->first, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->npending, 0, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->key, sim_key_live(sim_self_pid, dev), __ATOMIC_RELEASE);
 	return s;
 }
 
 void sim_usage_set(int spec_index, size_t bytes)
 {
-	struct sim_usage_slot *table, *s;
+	struct sim_usage_table *table;
+	struct sim_usage_slot *s;
 
 	if (spec_index < 0 || spec_index >= SIM_MAX_GPUS)
 		return;
@@ -364,7 +396,7 @@ void sim_usage_set(int spec_index, size_t bytes)
 		if (sim_procfs && sim_proc_start(sim_self_pid, &sim_self_start) <= 0)
 			sim_self_start = 0;
 	}
-	s = table ? sim_usage_claim(table, spec_index) : NULL;
+	s = table ? sim_usage_claim(table->slots, spec_index) : NULL;
 	if (s)
 		__atomic_store_n(&sim_mine[spec_index], s, __ATOMIC_RELEASE);
 	else
@@ -406,7 +438,7 @@ void sim_usage_clear(int spec_index)
 	pthread_mutex_unlock(&sim_usage_lock);
 }
 
-static uint64_t sim_usage_now(void)
+uint64_t sim_usage_now(void)
 {
 	struct timespec ts;
 
@@ -414,11 +446,51 @@ static uint64_t sim_usage_now(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* The owner's writes to its slot, between two increments of seq. */
+static void sim_write_begin(struct sim_usage_slot *s)
+{
+	__atomic_store_n(&s->seq, __atomic_load_n(&s->seq, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+}
+
+static void sim_write_end(struct sim_usage_slot *s)
+{
+	__atomic_store_n(&s->seq, __atomic_load_n(&s->seq, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+}
+
+/*
+ * The owner records [t0, t1) of busy time in the buckets. A bucket that
+ * counts a later period than one of the span's is left alone: that period is
+ * older than the ring, and no reader asks for it.
+ */
+static void sim_buckets_add(struct sim_usage_slot *s, uint64_t t0, uint64_t t1)
+{
+	uint64_t t, cut, period, label;
+	unsigned int i;
+
+	for (t = t0; t < t1; t = cut) {
+		period = t / SIM_USAGE_BUCKET_NS;
+		cut = (period + 1) * SIM_USAGE_BUCKET_NS;
+		if (cut > t1)
+			cut = t1;
+		i = (unsigned int)(period % SIM_USAGE_BUCKETS);
+		label = __atomic_load_n(&s->period[i], __ATOMIC_RELAXED);
+		if (label > period + 1)
+			continue;
+		if (label != period + 1) {
+			/* Emptied before it is relabelled: a reader never adds old time to it. */
+			__atomic_store_n(&s->busy[i], 0, __ATOMIC_RELEASE);
+			__atomic_store_n(&s->period[i], period + 1, __ATOMIC_RELEASE);
+		}
+		__atomic_store_n(&s->busy[i],
+				 __atomic_load_n(&s->busy[i], __ATOMIC_RELAXED) + (cut - t),
+				 __ATOMIC_RELEASE);
+	}
+}
+
 void sim_usage_busy(int spec_index, unsigned long long ns)
 {
 	struct sim_usage_slot *s;
-	uint64_t now, start, end, limit, t, cut, period;
-	unsigned int i;
+	uint64_t now, start, end, limit;
 
 	if (spec_index < 0 || spec_index >= SIM_MAX_GPUS || ns == 0)
 		return;
@@ -434,25 +506,173 @@ void sim_usage_busy(int spec_index, unsigned long long ns)
 		start = now;
 	limit = now + SIM_USAGE_AHEAD_NS;
 	end = start + ns < start || start + ns > limit ? limit : start + ns;
-	for (t = start; t < end; t = cut) {
-		period = t / SIM_USAGE_BUCKET_NS;
-		cut = (period + 1) * SIM_USAGE_BUCKET_NS;
-		if (cut > end)
-			cut = end;
-		i = (unsigned int)(period % SIM_USAGE_BUCKETS);
-		if (__atomic_load_n(&s->period[i], __ATOMIC_RELAXED) != period + 1) {
-			/* Emptied before it is relabelled: a reader never adds old time to it. */
-			__atomic_store_n(&s->busy[i], 0, __ATOMIC_RELEASE);
-			__atomic_store_n(&s->period[i], period + 1, __ATOMIC_RELEASE);
-		}
-		__atomic_store_n(&s->busy[i],
-				 __atomic_load_n(&s->busy[i], __ATOMIC_RELAXED) + (cut - t),
-				 __ATOMIC_RELEASE);
-	}
+	sim_write_begin(s);
+	sim_buckets_add(s, start, end);
+	sim_write_end(s);
 	if (end > start)
 		__atomic_store_n(&s->busy_until, end, __ATOMIC_RELAXED);
 out:
 	pthread_mutex_unlock(&sim_usage_lock);
+}
+
+/*
+ * The owner, writing: the pending spans that have ended by now go to the
+ * buckets and the done total; with force, the oldest goes even if it has
+ * not (a list that another thread filled since the caller found room).
+ */
+static void sim_pending_retire(struct sim_usage_slot *s, uint64_t now, bool force)
+{
+	uint64_t first = __atomic_load_n(&s->first, __ATOMIC_RELAXED),
+		 n = __atomic_load_n(&s->npending, __ATOMIC_RELAXED), t0, t1;
+
+	while (n) {
+		t0 = __atomic_load_n(&s->pending[first][0], __ATOMIC_RELAXED);
+		t1 = __atomic_load_n(&s->pending[first][1], __ATOMIC_RELAXED);
+		if (t1 > now && !force)
+			break;
+		force = false;
+		sim_buckets_add(s, t0, t1);
+		__atomic_store_n(&s->done, __atomic_load_n(&s->done, __ATOMIC_RELAXED) + (t1 - t0),
+				 __ATOMIC_RELAXED);
+		first = (first + 1) % SIM_USAGE_PENDING;
+		n--;
+	}
+	__atomic_store_n(&s->first, first, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->npending, n, __ATOMIC_RELAXED);
+}
+
+bool sim_usage_room(int spec_index, uint64_t *until)
+{
+	struct sim_usage_slot *s;
+	bool room = true;
+
+	if (spec_index < 0 || spec_index >= SIM_MAX_GPUS)
+		return true;
+	pthread_mutex_lock(&sim_usage_lock);
+	s = sim_mine[spec_index];
+	if (s) {
+		sim_write_begin(s);
+		sim_pending_retire(s, sim_usage_now(), false);
+		sim_write_end(s);
+		if (s->npending == SIM_USAGE_PENDING) {
+			room = false;
+			*until = s->pending[s->first][1];
+		}
+	}
+	pthread_mutex_unlock(&sim_usage_lock);
+	return room;
+}
+
+/* Each device's timeline when there is no table: this process's alone. */
+static uint64_t sim_local_free_at[SIM_MAX_GPUS];
+
+void sim_usage_schedule(int spec_index, uint64_t after, uint64_t ns, uint64_t *start, uint64_t *end)
+{
+	struct sim_usage_table *table = __atomic_load_n(&sim_usage_table, __ATOMIC_ACQUIRE);
+	uint64_t now = sim_usage_now(), *free_at, old, last;
+	struct sim_usage_slot *s;
+
+	if (spec_index < 0 || spec_index >= SIM_MAX_GPUS) {
+		*start = *end = after > now ? after : now;
+		return;
+	}
+	if (after < now)
+		after = now;
+	free_at = table ? &table->head.free_at[spec_index] : &sim_local_free_at[spec_index];
+	/*
+	 * Under the lock, so that this process's spans are taken in the order
+	 * they are listed; other processes' are ordered by the swap alone.
+	 */
+	pthread_mutex_lock(&sim_usage_lock);
+	old = __atomic_load_n(free_at, __ATOMIC_ACQUIRE);
+	do {
+		*start = old > after ? old : after;
+		*end = *start + ns;
+	} while (!__atomic_compare_exchange_n(free_at, &old, *end, false, __ATOMIC_ACQ_REL,
+					      __ATOMIC_ACQUIRE));
+	if (table)
+		__atomic_add_fetch(&table->head.scheduled[spec_index], ns, __ATOMIC_RELAXED);
+	s = sim_mine[spec_index];
+	if (s && ns) {
+		uint64_t n, first;
+
+		sim_write_begin(s);
+		sim_pending_retire(s, now, s->npending == SIM_USAGE_PENDING);
+		n = s->npending;
+		first = s->first;
+		last = (first + n + SIM_USAGE_PENDING - 1) % SIM_USAGE_PENDING;
+		if (n && s->pending[last][1] == *start) {
+			/* Back to back with the last: one span. */
+			__atomic_store_n(&s->pending[last][1], *end, __ATOMIC_RELAXED);
+		} else {
+			last = (first + n) % SIM_USAGE_PENDING;
+			__atomic_store_n(&s->pending[last][0], *start, __ATOMIC_RELAXED);
+			__atomic_store_n(&s->pending[last][1], *end, __ATOMIC_RELAXED);
+			__atomic_store_n(&s->npending, n + 1, __ATOMIC_RELAXED);
+		}
+		sim_write_end(s);
+	}
+	pthread_mutex_unlock(&sim_usage_lock);
+}
+
+/* What a reader takes of a slot at now: see sim_slot_read. */
+struct sim_slot_view {
+	uint64_t elapsed; /* busy ns elapsed by now */
+	uint64_t ahead;	  /* busy ns still to come after now */
+	uint64_t window;  /* busy ns within [from, to) */
+};
+
+static uint64_t sim_overlap(uint64_t a0, uint64_t a1, uint64_t b0, uint64_t b1)
+{
+	uint64_t lo = a0 > b0 ? a0 : b0, hi = a1 < b1 ? a1 : b1;
+
+	return hi > lo ? hi - lo : 0;
+}
+
+/*
+ * Slot s's busy time at now, and within the whole periods [from, to) of the
+ * buckets: from its buckets, done total and pending spans, read between two
+ * equal even values of seq. A writer that stays in the middle of a write
+ * (stopped, or dead) is read as it is after a few tries: a figure off by one
+ * span is better than a reader that never returns.
+ */
+static void sim_slot_read(struct sim_usage_slot *s, uint64_t now, uint64_t from, uint64_t to,
+			  struct sim_slot_view *v)
+{
+	uint64_t seq, first, n, k, t0, t1, period;
+	unsigned int i, tries;
+
+	for (tries = 0; tries < 100; tries++) {
+		seq = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
+		if (seq & 1) {
+			sched_yield();
+			continue;
+		}
+		v->elapsed = __atomic_load_n(&s->done, __ATOMIC_ACQUIRE);
+		v->ahead = v->window = 0;
+		for (i = 0; i < SIM_USAGE_BUCKETS; i++) {
+			period = __atomic_load_n(&s->period[i], __ATOMIC_ACQUIRE);
+			if (period == 0 || period - 1 < from || period - 1 >= to)
+				continue;
+			v->window += __atomic_load_n(&s->busy[i], __ATOMIC_ACQUIRE);
+		}
+		first = __atomic_load_n(&s->first, __ATOMIC_ACQUIRE) % SIM_USAGE_PENDING;
+		n = __atomic_load_n(&s->npending, __ATOMIC_ACQUIRE);
+		for (k = 0; k < n && k < SIM_USAGE_PENDING; k++) {
+			t0 = __atomic_load_n(&s->pending[(first + k) % SIM_USAGE_PENDING][0],
+					     __ATOMIC_ACQUIRE);
+			t1 = __atomic_load_n(&s->pending[(first + k) % SIM_USAGE_PENDING][1],
+					     __ATOMIC_ACQUIRE);
+			if (t1 < t0)
+				continue;
+			v->elapsed += sim_overlap(t0, t1, 0, now);
+			v->ahead += sim_overlap(t0, t1, now, UINT64_MAX);
+			v->window += sim_overlap(t0, t1, from * SIM_USAGE_BUCKET_NS,
+						 to * SIM_USAGE_BUCKET_NS);
+		}
+		if (__atomic_load_n(&s->seq, __ATOMIC_RELAXED) == seq)
+			return;
+	}
 }
 
 /*
@@ -465,25 +685,34 @@ static unsigned int sim_usage_util(struct sim_usage_slot *s, uint64_t now)
 {
 	uint64_t current = now / SIM_USAGE_BUCKET_NS,
 		 window = SIM_USAGE_WINDOW_NS / SIM_USAGE_BUCKET_NS;
-	uint64_t from = current > window ? current - window : 0, busy = 0, period, span;
-	unsigned int i;
+	uint64_t from = current > window ? current - window : 0, span;
+	struct sim_slot_view v;
 
 	if (current == 0)
 		return 0;
 	span = (current - from) * SIM_USAGE_BUCKET_NS;
-	for (i = 0; i < SIM_USAGE_BUCKETS; i++) {
-		period = __atomic_load_n(&s->period[i], __ATOMIC_ACQUIRE);
-		if (period == 0 || period - 1 < from || period - 1 >= current)
-			continue;
-		busy += __atomic_load_n(&s->busy[i], __ATOMIC_ACQUIRE);
+	sim_slot_read(s, now, from, current, &v);
+	return v.window >= span ? 100 : (unsigned int)(v.window * 100 / span);
+}
+
+/* NVML's table: mapped if a driver has made it; NULL if none has. */
+static struct sim_usage_table *sim_usage_reader(void)
+{
+	struct sim_usage_table *table = __atomic_load_n(&sim_usage_table, __ATOMIC_ACQUIRE);
+
+	if (!table) {
+		pthread_once(&sim_atfork_once, sim_usage_atfork);
+		pthread_mutex_lock(&sim_usage_lock);
+		table = sim_usage_map(false);
+		pthread_mutex_unlock(&sim_usage_lock);
 	}
-	return busy >= span ? 100 : (unsigned int)(busy * 100 / span);
+	return table;
 }
 
 unsigned int sim_usage_list(int spec_index, struct sim_usage_proc *procs, unsigned int max,
 			    unsigned long long *total)
 {
-	struct sim_usage_slot *table;
+	struct sim_usage_table *table;
 	unsigned int n = 0;
 	uint64_t now = sim_usage_now();
 	int i;
@@ -491,17 +720,11 @@ unsigned int sim_usage_list(int spec_index, struct sim_usage_proc *procs, unsign
 	*total = 0;
 	if (spec_index < 0 || spec_index >= SIM_MAX_GPUS)
 		return 0;
-	table = __atomic_load_n(&sim_usage_table, __ATOMIC_ACQUIRE);
-	if (!table) {
-		pthread_once(&sim_atfork_once, sim_usage_atfork);
-		pthread_mutex_lock(&sim_usage_lock);
-		table = sim_usage_map(false);
-		pthread_mutex_unlock(&sim_usage_lock);
-		if (!table)
-			return 0;
-	}
+	table = sim_usage_reader();
+	if (!table)
+		return 0;
 	for (i = 0; i < SIM_USAGE_SLOTS; i++) {
-		struct sim_usage_slot *s = &table[i];
+		struct sim_usage_slot *s = &table->slots[i];
 		uint64_t key = __atomic_load_n(&s->key, __ATOMIC_ACQUIRE);
 		uint64_t start, bytes;
 		uint32_t pid = (uint32_t)(key >> 8);
@@ -531,4 +754,49 @@ unsigned int sim_usage_list(int spec_index, struct sim_usage_proc *procs, unsign
 		*total = *total > ULLONG_MAX - bytes ? ULLONG_MAX : *total + bytes;
 	}
 	return n;
+}
+
+bool sim_usage_process_busy(int spec_index, unsigned int pid, unsigned long long *ns)
+{
+	struct sim_usage_table *table;
+	struct sim_slot_view v;
+	int i;
+
+	if (spec_index < 0 || spec_index >= SIM_MAX_GPUS)
+		return false;
+	table = sim_usage_reader();
+	for (i = 0; table && i < SIM_USAGE_SLOTS; i++) {
+		struct sim_usage_slot *s = &table->slots[i];
+
+		if (__atomic_load_n(&s->key, __ATOMIC_ACQUIRE) != sim_key_live(pid, spec_index))
+			continue;
+		sim_slot_read(s, sim_usage_now(), 0, 0, &v);
+		*ns = v.elapsed;
+		return true;
+	}
+	return false;
+}
+
+unsigned long long sim_usage_device_busy(int spec_index)
+{
+	struct sim_usage_table *table;
+	struct sim_slot_view v;
+	uint64_t now = sim_usage_now(), busy, ahead = 0;
+	int i;
+
+	if (spec_index < 0 || spec_index >= SIM_MAX_GPUS)
+		return 0;
+	table = sim_usage_reader();
+	if (!table)
+		return 0;
+	busy = __atomic_load_n(&table->head.scheduled[spec_index], __ATOMIC_ACQUIRE);
+	for (i = 0; i < SIM_USAGE_SLOTS; i++) {
+		struct sim_usage_slot *s = &table->slots[i];
+
+		if ((__atomic_load_n(&s->key, __ATOMIC_ACQUIRE) & 0xff) != (uint64_t)spec_index + 1)
+			continue;
+		sim_slot_read(s, now, 0, 0, &v);
+		ahead += v.ahead;
+	}
+	return busy > ahead ? busy - ahead : 0;
 }

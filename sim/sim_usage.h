@@ -4,14 +4,16 @@
  * and how much device memory; the simulated NVML, in other processes, lists
  * them (nvmlDeviceGetComputeRunningProcesses) and sums them (memory used).
  * It also records how long each process kept the device busy: every kernel
- * launch counts a fixed simulated run time (sim_usage_busy), which NVML
- * reports as utilisation over the last second.
+ * launch counts a fixed simulated run time (sim_usage_busy), or, with the
+ * device timeline on (sim_timeline.c), each operation the span of the
+ * device's time it occupies (sim_usage_schedule); NVML reports it as
+ * utilisation over the last second, and as busy nanoseconds.
  *
  * The table is a file mapped shared by the processes of one simulated node:
  * with $GPUSHARE_SIM_STATE_DIR set (nodemgr names its own for its tasks),
- * DIR/gpushare-sim-usage-v2-NODE, shared by every user (made 0666, and
+ * DIR/gpushare-sim-usage-v3-NODE, shared by every user (made 0666, and
  * trusted when it is the user's own or the directory owner's); without,
- * /dev/shm/gpushare-sim-usage-v2-UID-NODE, this user's alone. NODE is
+ * /dev/shm/gpushare-sim-usage-v3-UID-NODE, this user's alone. NODE is
  * sim_node_id() in hex, so lists with other GPUs never meet. Entries of
  * processes that are gone are skipped and reused; a full table loses the
  * newest users, never a driver call.
@@ -21,10 +23,18 @@
 #ifndef GPUSHARE_SIM_USAGE_H
 #define GPUSHARE_SIM_USAGE_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define SIM_USAGE_DIR_ENV "GPUSHARE_SIM_STATE_DIR"
 #define SIM_USAGE_SLOTS 1024
+/*
+ * The most spans of device time a process may have pending on a device (not
+ * all elapsed, and not back to back): a launch beyond waits, as a real
+ * device's full launch queue makes it wait.
+ */
+#define SIM_USAGE_PENDING 128
 
 /*
  * The driver's side. The calling process uses device spec_index (its
@@ -45,6 +55,24 @@ void sim_usage_clear(int spec_index);
  * anyway). Nothing is recorded without a context on the device.
  */
 void sim_usage_busy(int spec_index, unsigned long long ns);
+
+/* CLOCK_MONOTONIC in nanoseconds: the clock of every time here. */
+uint64_t sim_usage_now(void);
+
+/*
+ * The device timeline. Whether the calling process may schedule on
+ * spec_index now; if not, *until is when its oldest pending span ends.
+ */
+bool sim_usage_room(int spec_index, uint64_t *until);
+
+/*
+ * Schedules ns of spec_index's time, from after (and now) at the earliest:
+ * it starts when the device is free of everything scheduled before, by any
+ * process of the node, [*start, *end), and counts as the calling process's
+ * busy time (with a context on the device).
+ */
+void sim_usage_schedule(int spec_index, uint64_t after, uint64_t ns, uint64_t *start,
+			uint64_t *end);
 
 /* The span utilisation is reported over, and the queue limit. */
 #define SIM_USAGE_WINDOW_NS 1000000000ull
@@ -71,5 +99,15 @@ struct sim_usage_proc {
  */
 unsigned int sim_usage_list(int spec_index, struct sim_usage_proc *procs, unsigned int max,
 			    unsigned long long *total);
+
+/*
+ * The device time the operations of live process pid on spec_index
+ * occupied that has elapsed by now, in *ns; false if pid uses no context
+ * there.
+ */
+bool sim_usage_process_busy(int spec_index, unsigned int pid, unsigned long long *ns);
+
+/* The same for every operation scheduled on spec_index, of every process. */
+unsigned long long sim_usage_device_busy(int spec_index);
 
 #endif

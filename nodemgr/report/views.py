@@ -175,6 +175,7 @@ class GrantView(TypedDict):
     sim_gpus: str | None
     sim_state_dir: str | None
     timesliced: list[int]
+    sim_timeline: dict[str, float] | None
 
 
 def quota(env: Env, node: Node) -> QuotaView:
@@ -420,4 +421,5 @@ def grant(node: Node, task: Task) -> GrantView:
         "sim_gpus": sim_spec(node.gpus) if node.simulated else None,
         "sim_state_dir": str(node.config.sim_state_dir) if node.simulated else None,
         "timesliced": [i for i in task.gpus if node.slicing.timesliced(i)],
+        "sim_timeline": node.config.sim_timeline_params if node.simulated else None,
     }

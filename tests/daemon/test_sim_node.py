@@ -4,6 +4,7 @@ nodemgr sees the processes of every user of its node, as NVML does."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -109,3 +110,46 @@ def test_a_root_nodemgr_sees_another_users_process_on_its_gpus(
     assert (found["seen"], found["reason"], found["task_id"]) == (128 * MiB, "no slot", task)
     go.touch()
     assert p.wait(30) == 0
+
+
+TIMED_TASK = """
+import ctypes, json, os, time
+cu = ctypes.CDLL("libcuda.so.1")
+vp = ctypes.c_void_p
+assert cu.cuInit(0) == 0
+c = vp()
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(c), 0) == 0
+assert cu.cuCtxSetCurrent(c) == 0
+t0 = time.monotonic()
+assert cu.cuLaunchKernel(vp(1), 5 * 132, 1, 1, 1, 1, 1, 0, None, None, None) == 0
+assert cu.cuCtxSynchronize() == 0
+sim = {k: v for k, v in os.environ.items() if k.startswith("GPUSHARE_SIM_")}
+sim.pop("GPUSHARE_SIM_GPUS", None)
+print(json.dumps({"waited": time.monotonic() - t0, "env": sim}))
+"""
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_node_switches_its_tasks_device_timeline_on(
+    daemon_factory: Any, run_task: Any, on: bool
+) -> None:
+    """gpus.simulated_timeline and its parameters reach every task's simulated driver
+    through the grant (docs/simulator.md, "The device timeline")."""
+    gpus = {"simulated_timeline": on, "simulated_wave_ns": 20_000_000, "simulated_time_scale": 2}
+    d = daemon_factory({"gpus": gpus})
+    ep = d.env("alice", gpus=1, memory=4 << 30)
+    p = run_task(ep, sys.executable, "-c", TIMED_TASK, env={envvars.SIM_TIMELINE: ""})
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    report = json.loads(out)
+    state = str(d.run_dir / "sim")
+    if on:
+        assert report["env"] == {
+            envvars.SIM_STATE_DIR: state,
+            envvars.SIM_TIMELINE: "1",
+            envvars.SIM_WAVE_NS: "20000000.0",
+            envvars.SIM_TIME_SCALE: "2.0",
+        }
+        assert report["waited"] >= 0.2  # 5 waves of 20 ms, twice as long
+    else:
+        assert report["env"] == {envvars.SIM_STATE_DIR: state, envvars.SIM_TIMELINE: ""}

@@ -50,13 +50,16 @@ CUDA_ERROR_OUT_OF_MEMORY = 2
 H100_PCI_DEVICE_ID = 0x233010DE
 H100_PCI_SUBSYSTEM_ID = 0x16C110DE
 
-# The registry's slots (sim_usage.c): key = pid << 8 | (device + 1), start time + 1, bytes,
-# then the busy time (busy_until and 20 buckets of period and busy ns), zero here.
-SLOT = struct.Struct("<QQQ328x")
+# The registry (sim_usage.c): a head (each of 64 devices' timeline: free_at, then the time
+# scheduled on it), then the slots: key = pid << 8 | (device + 1), start time + 1, bytes,
+# then the busy time (busy_until, 20 buckets of period and busy ns, the timeline's seq,
+# done total and 128 pending spans), zero here.
+HEAD = 2 * 64 * 8
+SLOT = struct.Struct("<QQQ2408x")
 SLOTS = 1024
 # In a state directory (GPUSHARE_SIM_STATE_DIR) the table is every user's: named for the
 # node alone.
-REGISTRY_NAME = re.compile(r"gpushare-sim-usage-v2-[0-9a-f]{16}")
+REGISTRY_NAME = re.compile(r"gpushare-sim-usage-v3-[0-9a-f]{16}")
 
 
 def _uuid() -> str:
@@ -586,13 +589,16 @@ def test_a_reused_pid_is_not_taken_for_the_old_process(sim_node: Node) -> None:
     me = os.getpid()
     slot = SLOT.pack(me << 8 | 2, _start_time(me) + 12345, 5 * MIB)
     with path.open("r+b") as f:
+        f.seek(HEAD)
         f.write(slot)
     assert sim_node.listed() == [[], []]
     with path.open("rb") as f:
+        f.seek(HEAD)
         key, _, _ = SLOT.unpack(f.read(SLOT.size))
     assert key == 0  # reclaimed by the reader
     # With its own start time it counts: that is what tells the two apart.
     with path.open("r+b") as f:
+        f.seek(HEAD)
         f.write(SLOT.pack(me << 8 | 2, _start_time(me), 5 * MIB))
     assert sim_node.listed() == [[], [[me, 5 * MIB]]]
 
@@ -603,7 +609,7 @@ def test_a_full_registry_costs_nvml_the_process_never_the_driver(sim_node: Node)
     # Every slot taken by live processes: the first child and this one.
     me, start = os.getpid(), _start_time(os.getpid())
     with path.open("r+b") as f:
-        f.seek(SLOT.size)
+        f.seek(HEAD + SLOT.size)
         f.write(SLOT.pack(me << 8 | 1, start, MIB) * (SLOTS - 1))
     late = sim_node.use(1, 512 * MIB)  # its allocation succeeds all the same
     listed = sim_node.listed()

@@ -193,6 +193,36 @@ def test_timeslice_config_defaults_and_errors(tmp_path: Path) -> None:
             config.load(f)
 
 
+def test_sim_timeline_config_defaults_and_errors(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[node]\n")
+    c = config.load(f)
+    assert (c.sim_timeline, c.sim_timeline_params) == (False, None)
+    f.write_text("[gpus]\nsimulated_timeline = true\n")
+    assert config.load(f).sim_timeline_params == {}  # on, with the simulator's defaults
+    f.write_text(
+        "[gpus]\nsimulated_timeline = true\nsimulated_wave_ns = 0\nsimulated_launch_ns = 1500\n"
+        "simulated_host_gbps = 12.5\nsimulated_device_gbps = 900\nsimulated_time_scale = 0.5\n"
+    )
+    assert config.load(f).sim_timeline_params == {
+        "launch_ns": 1500.0,
+        "wave_ns": 0.0,
+        "host_gbps": 12.5,
+        "device_gbps": 900.0,
+        "time_scale": 0.5,
+    }
+    for text, needle in [
+        ('[gpus]\nsimulated_timeline = "yes"\n', "gpus.simulated_timeline must be true or false"),
+        ("[gpus]\nsimulated_wave_ns = -1\n", "gpus.simulated_wave_ns must be a number >= 0"),
+        ("[gpus]\nsimulated_host_gbps = 0\n", "gpus.simulated_host_gbps must be a number above"),
+        ("[gpus]\nsimulated_time_scale = nan\n", "gpus.simulated_time_scale must be"),
+        ("[gpus]\nsimulated_device_gbps = true\n", "gpus.simulated_device_gbps must be"),
+    ]:
+        f.write_text(text)
+        with pytest.raises(config.ConfigError, match=needle):
+            config.load(f)
+
+
 def test_access_config_names_ids_and_errors(tmp_path: Path) -> None:
     f = tmp_path / "c.toml"
     f.write_text('[admin]\nowner = "root"\ngroup = 0\nmode = "0660"\n[env."a"]\nmode = "0666"\n')
