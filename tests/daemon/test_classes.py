@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import sqlite3
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,10 @@ from client_plugin.run import main as gpushare_run
 from gpushare.client import Connection, NodeError
 from gpushare.exitcodes import EXIT_CLASS_REFUSED, EXIT_PREEMPTED, EXIT_USAGE
 from nodemgr.cli import cli
+from nodemgr.node.store import Store
 from tests.conftest import BIN, Holder, invoke
 from tests.daemon.conftest import free_port, scrape
+from tests.daemon.test_store_upgrade import V2_SCHEMA
 
 GiB = 1 << 30
 # One 16 GiB GPU: easy to fill.
@@ -264,3 +267,27 @@ def test_metrics_count_tasks_by_class_and_the_paused_ones(
     (tmp_path / "done").touch()
     ls.communicate(timeout=30)
     wait_for(lambda: scrape(port).get("gpushare_preempted_tasks") == 0, 5, interval=0.2)
+
+
+def test_an_older_database_gains_classes(tmp_path: Path) -> None:
+    """A database from before classes: its records have no class, its environments the
+    node's settings, and what is set now is kept."""
+    path = tmp_path / "nodemgr.db"
+    db = sqlite3.connect(path)
+    db.executescript(V2_SCHEMA)
+    db.execute(
+        "INSERT INTO tasks (task_id, env, gpus, memory, started, ended, reason) "
+        "VALUES ('old', 'e', '0', 1, 1.0, 2.0, 'done')"
+    )
+    db.execute("PRAGMA user_version=2")
+    db.commit()
+    db.close()
+    store = Store(path)
+    try:
+        [record] = store.history(None, None, 10)
+        assert record.view()["task_class"] is None
+        assert store.env_classes() == {}
+        store.put_env_classes("e", "ls", False)
+        assert store.env_classes() == {"e": ("ls", False)}
+    finally:
+        store.close()
