@@ -193,6 +193,7 @@ def _request_once(
         temporary=s.temporary,
         guard=s.guard,
         wrapper=True if wrapper else None,
+        task_class=s.task_class,
     )
     asked = time.monotonic()
     queued_at: list[float] = []

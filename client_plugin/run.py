@@ -36,13 +36,15 @@ from client_plugin.grant import (
     task_environment,
 )
 from gpushare import __version__, envvars
-from gpushare.client import NodeError, NoResources, QuotaZero, Unreachable
+from gpushare.client import ClassNotAllowed, NodeError, NoResources, QuotaZero, Unreachable
 from gpushare.exitcodes import (
     EXIT_CANCELLED,
+    EXIT_CLASS_REFUSED,
     EXIT_INTERNAL,
     EXIT_NO_RESOURCES,
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
+    EXIT_PREEMPTED,
     EXIT_RECLAIMED_ADMIN,
     EXIT_RECLAIMED_DELETED,
     EXIT_RECLAIMED_IDLE,
@@ -52,7 +54,7 @@ from gpushare.exitcodes import (
     EXIT_UNREACHABLE,
     EXIT_USAGE,
 )
-from gpushare.params import CountType, SecondsType, SizeType
+from gpushare.params import ClassType, CountType, SecondsType, SizeType
 from gpushare.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
 
 _PR_SET_PDEATHSIG = 1
@@ -173,8 +175,10 @@ class Supervisor:
         self.had_terminal = self.term.holds(self.pgid)
         self.signals = _loop_signals()
         self.forwarded = _forwarded()
-        # nodemgr reclaimed the task: the exit code of its reason (the command is killed).
+        # nodemgr reclaimed the task: the exit code of its reason (the command is killed),
+        # and the reason.
         self.reclaimed: int | None = None
+        self.reason: str | None = None
 
     def _killpg(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -238,6 +242,7 @@ class Supervisor:
                 if self.hb.reclaimed is not None and self.reclaimed is None:
                     # Its GPUs are gone: the command cannot go on, and is ended at once.
                     line, self.reclaimed = reclaimed_exit(self.hb.reclaimed)
+                    self.reason = self.hb.reclaimed.reason
                     _say(line)
                     self._killpg(signal.SIGKILL)
         if returncode == -signal.SIGKILL and self.hb is not None and self.reclaimed is None:
@@ -246,6 +251,7 @@ class Supervisor:
             self.hb.ask_reclaimed()
             if self.hb.reclaimed is not None:
                 line, self.reclaimed = reclaimed_exit(self.hb.reclaimed)
+                self.reason = self.hb.reclaimed.reason
                 _say(line)
         if self.had_terminal and self.term.holds(self.pgid):
             self.term.give(os.getpgrp())
@@ -276,6 +282,8 @@ def _start(
 
 
 def _refused(e: NodeError, s: cfg.Settings) -> int:
+    if isinstance(e, ClassNotAllowed):
+        return _refusal(e, EXIT_CLASS_REFUSED, "")
     if isinstance(e, QuotaZero):
         fix = "--cpu-fallback runs it without a GPU"
         return _refusal(e, EXIT_REFUSED, fix if not s.cpu_fallback else "")
@@ -316,26 +324,32 @@ def run(s: cfg.Settings, cmd: list[str]) -> int:
             return fail_before_start(s.endpoint, None, *_not_started(cmd, e))
     if s.devices == () and s.cpu_fallback:
         _say("CUDA_VISIBLE_DEVICES allows no GPU: running without one")
-        return _supervise(s, cmd, None)
-    progress = Progress("gpushare-run", s.gpus, interval=s.progress_interval)
-    try:
-        grant = acquire(s, " ".join(cmd), progress, wrapper=True)
-    except KeyboardInterrupt:
-        _say(cancelled(s.endpoint, progress))
-        return EXIT_CANCELLED
-    except Unreachable as e:
-        return _unreachable(e)
-    except (QuotaZero, NoResources) as e:
-        if not s.cpu_fallback:
+        return _supervise(s, cmd, None)[0]
+    while True:
+        progress = Progress("gpushare-run", s.gpus, interval=s.progress_interval)
+        try:
+            grant = acquire(s, " ".join(cmd), progress, wrapper=True)
+        except KeyboardInterrupt:
+            _say(cancelled(s.endpoint, progress))
+            return EXIT_CANCELLED
+        except Unreachable as e:
+            return _unreachable(e)
+        except (QuotaZero, NoResources) as e:
+            if not s.cpu_fallback:
+                return _refused(e, s)
+            _say(f"running without a GPU ({e.code}): {e.message}")
+            return _supervise(s, cmd, None)[0]
+        except NodeError as e:
             return _refused(e, s)
-        _say(f"running without a GPU ({e.code}): {e.message}")
-        return _supervise(s, cmd, None)
-    except NodeError as e:
-        return _refused(e, s)
-    return _supervise(s, cmd, grant)
+        code, reason = _supervise(s, cmd, grant)
+        if reason != "preempted" or not s.requeue:
+            return code
+        # Requeued for a latency-sensitive task (docs/client.md, "Classes"): from the start.
+        _say("waiting for GPUs again to run the command again (--no-requeue exits instead)")
 
 
-def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> int:
+def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> tuple[int, str | None]:
+    """Run CMD to its end; its exit code, and why nodemgr reclaimed the task if it did."""
     assert s.endpoint is not None
     # An inherited SIGCHLD=SIG_IGN would have the kernel reap the command unseen.
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -348,12 +362,12 @@ def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> int:
             try:
                 env = task_environment(grant, os.environ, me)
             except FileNotFoundError as e:
-                return fail_before_start(s.endpoint, grant, str(e), EXIT_INTERNAL)
+                return fail_before_start(s.endpoint, grant, str(e), EXIT_INTERNAL), None
         # No ZeroMQ context exists at this point (the request's was closed), so
         # the command is forked from a process without ZeroMQ's I/O threads.
         child = _start(cmd, env, s.endpoint, grant, term)
         if isinstance(child, int):
-            return child
+            return child, None
         hb = None
         if grant is not None:
             hb = Heartbeat(s.endpoint, grant.task_id, grant.heartbeat_interval, _say)
@@ -362,7 +376,7 @@ def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> int:
         code = exit_code(returncode) if supervisor.reclaimed is None else supervisor.reclaimed
         if hb is not None:
             hb.done(code, -returncode if returncode < 0 else None)
-        return code
+        return code, supervisor.reason
     finally:
         term.close()
 
@@ -391,7 +405,10 @@ EXIT_HELP = (
     f"nodemgr took the GPUs back and CMD was killed: {EXIT_RECLAIMED_IDLE} idle, "
     f"{EXIT_RECLAIMED_TIMEOUT} no heartbeat, {EXIT_RECLAIMED_ADMIN} an\n"
     f"operator's reclaim, {EXIT_RECLAIMED_DELETED} environment deleted, "
-    f"{EXIT_RECLAIMED_OTHER} another reason."
+    f"{EXIT_RECLAIMED_OTHER} another reason,\n"
+    f"{EXIT_PREEMPTED} requeued for a latency-sensitive task with --no-requeue; "
+    f"{EXIT_CLASS_REFUSED} --class ls refused\n(the environment may not run "
+    "latency-sensitive tasks)."
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -450,6 +467,20 @@ A CUDA_VISIBLE_DEVICES already set restricts the GPUs nodemgr may grant.
     "--guard", "Time-sliced GPUs: space kept after its persistent memory [default: the node's]."
 )
 @click.option(
+    "--class",
+    "task_class",
+    type=ClassType(),
+    default=None,
+    help="The task's class: ls (latency-sensitive) or be (best-effort), or the long forms "
+    "[default: the environment's].",
+)
+@click.option(
+    "--requeue/--no-requeue",
+    default=None,
+    help="When nodemgr requeues the task for a latency-sensitive one, wait for GPUs again "
+    f"and run CMD again (the default), or exit {EXIT_PREEMPTED}.",
+)
+@click.option(
     "--wait/--no-wait",
     default=None,
     help="When no GPUs are free, wait in nodemgr's queue (the default), or fail at once.",
@@ -496,6 +527,8 @@ def main(
     persistent: int | None,
     temporary: int | None,
     guard: int | None,
+    task_class: str | None,
+    requeue: bool | None,
     wait: bool | None,
     wait_timeout: float | None,
     cpu_fallback: bool | None,
@@ -533,6 +566,8 @@ def main(
         wait_timeout=wait_timeout,
         cpu_fallback=cpu_fallback,
         grace=grace,
+        task_class=task_class,
+        requeue=requeue,
     )
     if not s.endpoint:
         _say(

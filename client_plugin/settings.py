@@ -14,6 +14,7 @@ from typing import Any
 
 from gpushare import paths, sizes
 from gpushare.envvars import (
+    CLASS,
     CPU_FALLBACK,
     ENDPOINT,
     FALSE_WORDS,
@@ -23,6 +24,7 @@ from gpushare.envvars import (
     MEMORY,
     PERSISTENT,
     PROGRESS_INTERVAL,
+    REQUEUE,
     TEMPORARY,
     TRUE_WORDS,
     WAIT,
@@ -30,7 +32,7 @@ from gpushare.envvars import (
     ZERO_QUOTA,
 )
 from gpushare.errors import GpushareError
-from gpushare.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
+from gpushare.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT, task_class
 from gpushare.sizes import parse_size
 
 DEFAULT_GRACE = 10.0
@@ -58,6 +60,8 @@ class Settings:
     guard: int | None = None  # bytes after its persistent slice; None: the node's default
     # Waiting with stderr not a terminal: seconds between progress lines, at most.
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
+    task_class: str | None = None  # "ls" or "be"; None: the environment's default
+    requeue: bool = True  # gpushare-run: run CMD again when requeued for an LS task
 
     def but(self, **changes: Any) -> Settings:
         """A copy with the given fields changed (None values leave a field as it is)."""
@@ -120,6 +124,13 @@ def parse_devices(value: str) -> tuple[str, ...]:
     return tuple(devices)
 
 
+def parse_class(name: str, value: str) -> str:
+    try:
+        return task_class(value)
+    except ValueError as e:
+        raise SettingsError(f"{name}={value!r}: {e}") from None
+
+
 def parse_zero_quota(name: str, value: str) -> str:
     v = value.strip().lower()
     if v not in ("warn", "error"):
@@ -142,6 +153,8 @@ _VARIABLES: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     (PERSISTENT, "persistent", parse_memory),
     (TEMPORARY, "temporary", parse_memory),
     (GUARD, "guard", parse_memory),
+    (CLASS, "task_class", parse_class),
+    (REQUEUE, "requeue", parse_bool),
 )
 
 

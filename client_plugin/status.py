@@ -58,7 +58,7 @@ def _queue_lines(view: Mapping[str, Any]) -> list[str]:
             devices = ", only GPU " + ",".join(str(d) for d in w["devices"])
         lines.append(
             f"  position {w['position']}: {plural(int(w['gpus']), 'GPU')}{memory}{devices}, "
-            f"waited {format_clock(float(w['waited']))}"
+            f"waited {format_clock(float(w['waited']))}, class {w.get('task_class') or '-'}"
         )
         if w.get("command"):
             lines.append(f"    command: {w['command']}")
@@ -76,8 +76,23 @@ def render(view: Mapping[str, Any]) -> str:
     lines = [f"environment {me}"]
     for gpu in view["gpus"]:
         lines += _gpu_lines(gpu, me)
+    lines += _task_lines(view)
     lines += _queue_lines(view)
     return "\n".join(lines) + "\n"
+
+
+def _task_lines(view: Mapping[str, Any]) -> list[str]:
+    """This environment's classes and running tasks (docs/scheduling.md, "Classes")."""
+    ls = "may" if view.get("allow_ls", True) else "may not"
+    lines = [
+        f"classes: default {view.get('class_default', 'be')}; this environment {ls} run "
+        "latency-sensitive (ls) tasks"
+    ]
+    for t in view.get("running") or []:
+        state = f"paused: {t['preempted']}" if t.get("preempted") else "running"
+        gpus = ",".join(str(g) for g in t["gpus"])
+        lines.append(f"  task {t['task_id']} ({t['task_class']}) on GPU {gpus}: {state}")
+    return lines
 
 
 def show(endpoint: str, as_json: bool, write: Callable[[str], None]) -> None:

@@ -45,6 +45,10 @@ class NoResources(NodeError):
     """Not enough free GPUs now: the same request may succeed later (or wait)."""
 
 
+class ClassNotAllowed(NodeError):
+    """A latency-sensitive request from an environment that may not make one."""
+
+
 class Reclaimed(NodeError):
     """A heartbeat's answer: nodemgr took the task's GPUs back. ``reason``: why
     (protocol.RECLAIM_REASONS, or a newer one); the message says what to do."""
@@ -57,6 +61,7 @@ _ERRORS: dict[str, type[NodeError]] = {
     protocol.Err.QUOTA_ZERO: QuotaZero,
     protocol.Err.QUOTA_EXCEEDED: QuotaExceeded,
     protocol.Err.NO_RESOURCES: NoResources,
+    protocol.Err.CLASS_NOT_ALLOWED: ClassNotAllowed,
 }
 
 

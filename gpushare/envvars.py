@@ -44,6 +44,10 @@ PROGRESS_INTERVAL = "GPUSHARE_PROGRESS_INTERVAL"
 PERSISTENT = "GPUSHARE_PERSISTENT"
 TEMPORARY = "GPUSHARE_TEMPORARY"
 GUARD = "GPUSHARE_GUARD"
+# The task's class (docs/scheduling.md, "Classes"), and whether gpushare-run runs its
+# command again when nodemgr requeues it for a latency-sensitive task.
+CLASS = "GPUSHARE_CLASS"
+REQUEUE = "GPUSHARE_REQUEUE"
 # The auto-loader's own settings.
 AUTOLOAD = "GPUSHARE_AUTOLOAD"
 FRAMEWORKS = "GPUSHARE_FRAMEWORKS"
@@ -101,6 +105,19 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
     (PERSISTENT, "--persistent", "SIZE", "time-sliced GPUs: estimated persistent memory"),
     (TEMPORARY, "--temporary", "SIZE", "time-sliced GPUs: estimated temporary memory"),
     (GUARD, "--guard", "SIZE", "time-sliced GPUs: space kept after the persistent memory"),
+    (
+        CLASS,
+        "--class",
+        "ls/be",
+        "the task's class: latency-sensitive or best-effort (also the long forms); "
+        "unset: the environment's default",
+    ),
+    (
+        REQUEUE,
+        "--requeue / --no-requeue",
+        "1/0",
+        "requeued for a latency-sensitive task: wait and run CMD again (on by default)",
+    ),
     (AUTOLOAD, "", "1/0", "the auto-loader requests a grant when a framework is imported"),
     (FRAMEWORKS, "", "NAME,...", "more top-level modules whose import starts a task"),
     (ZERO_QUOTA, "", "warn/error", "the auto-loader on a zero quota"),

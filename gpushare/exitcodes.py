@@ -21,9 +21,15 @@ EXIT_RECLAIMED_TIMEOUT = 91  # nodemgr heard no heartbeat for its heartbeat time
 EXIT_RECLAIMED_ADMIN = 92  # an operator reclaimed the task (nodemgr reclaim)
 EXIT_RECLAIMED_DELETED = 93  # an operator deleted the environment (nodemgr quota delete)
 EXIT_RECLAIMED_OTHER = 94  # reclaimed for a reason this client does not know
+# Requeued for a latency-sensitive task (docs/scheduling.md, "Classes") with --no-requeue
+# (without it gpushare-run waits for GPUs again and runs the command again).
+EXIT_PREEMPTED = 95
+# A latency-sensitive request refused: the environment may not run such tasks.
+EXIT_CLASS_REFUSED = 96
 RECLAIM_EXIT_CODES = {
     "idle": EXIT_RECLAIMED_IDLE,
     "timeout": EXIT_RECLAIMED_TIMEOUT,
     "admin": EXIT_RECLAIMED_ADMIN,
     "deleted": EXIT_RECLAIMED_DELETED,
+    "preempted": EXIT_PREEMPTED,
 }

@@ -31,6 +31,7 @@ from typing import (
 
 from gpushare import protocol
 from gpushare.protocol import (
+    CLASSES,
     DEVICE_NAME,
     ENV_NAME,
     IDLE_ACTIONS,
@@ -384,6 +385,10 @@ class ViewReply(Message):
     waiting: Annotated[int, INT]
     mine: MapList = ()
     others: Annotated[int, INT] = 0
+    # Left out by a nodemgr older than classes (docs/scheduling.md, "Classes").
+    class_default: Annotated[str, STR] = "be"
+    allow_ls: Annotated[bool, BOOL] = True
+    running: MapList = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -399,6 +404,9 @@ class QuotaSetReply(Message):
     idle_action: Annotated[str, STR]
     idle_own: Annotated[bool, BOOL]
     over: MapList = ()
+    # Left out by a nodemgr older than classes (docs/scheduling.md, "Classes").
+    class_default: Annotated[str, STR] = "be"
+    allow_ls: Annotated[bool, BOOL] = True
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -499,6 +507,8 @@ class Request(TaskRequest[GrantReply]):
     guard: Annotated[int | None, _int(0, MAX_GUARD)] = None
     wrapper: Annotated[bool | None, _bool, OMIT_NIL] = None
     waited: Annotated[float | None, _number(0.0, MAX_WAIT), OMIT_NIL] = None
+    # "ls" or "be" (docs/scheduling.md, "Classes"); nil: the environment's default.
+    task_class: Annotated[str | None, _one_of(*CLASSES), OMIT_NIL] = None
 
     @property
     def estimate(self) -> tuple[int, int] | None:
@@ -550,6 +560,9 @@ class QuotaSet(AdminRequest[QuotaSetReply]):
     gpus: Annotated[int | None, _int(0, MAX_GPUS_PER_REQUEST)] = None
     memory: Annotated[int | None, BYTES] = None
     force: Annotated[bool | None, _bool] = None
+    # The environment's task classes (docs/scheduling.md, "Classes"); nil: unchanged.
+    class_default: Annotated[str | None, _one_of(*CLASSES), OMIT_NIL] = None
+    allow_ls: Annotated[bool | None, _bool, OMIT_NIL] = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,7 @@ import reprlib
 
 import click
 
-from gpushare.protocol import DEVICE_NAME, ENV_NAME, MAX_GPUS_PER_REQUEST
+from gpushare.protocol import DEVICE_NAME, ENV_NAME, MAX_GPUS_PER_REQUEST, task_class
 from gpushare.sizes import parse_seconds, parse_size, unitless
 
 _COUNT = re.compile(r"^\s*[0-9]+\s*$")
@@ -98,6 +98,21 @@ class EnvNameType(click.ParamType):  # type: ignore[type-arg]
                 ctx,
             )
         return text
+
+
+class ClassType(click.ParamType):  # type: ignore[type-arg]
+    """A task class (docs/scheduling.md, "Classes"): ls or be, or their long forms
+    latency-sensitive and best-effort, any case; normalised to ls or be."""
+
+    name = "ls|be"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> str:
+        try:
+            return task_class(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
 
 
 ALL_GPUS = "all"

@@ -41,7 +41,7 @@ MAX_GUARD = 1 << 40
 # An environment's idle timeout (docs/nodemgr.md, "Idle tasks"): at most a week.
 MAX_IDLE = 7 * 86400.0
 # Why nodemgr reclaimed a task, as a `reclaimed` error's `reason` tells its client.
-RECLAIM_REASONS = ("idle", "timeout", "admin", "deleted")
+RECLAIM_REASONS = ("idle", "timeout", "admin", "deleted", "preempted")
 # An operator's reason for `reclaim`, shown to the task's user: one line of printable text.
 MAX_NOTE = 500
 NOTE = re.compile(r"[^\x00-\x1f\x7f]+")
@@ -51,6 +51,27 @@ IDLE_ACTIONS = ("reclaim", "report")
 SHARED = "shared"
 TIMESLICED = "timesliced"
 MODES = (SHARED, TIMESLICED)
+# A task's class (docs/scheduling.md, "Classes"): latency-sensitive or best-effort. The wire
+# carries the short names; the long ones are what a user may also write (gpushare-run
+# --class, GPUSHARE_CLASS, nodemgr quota set --class-default), normalised before the wire.
+LS = "ls"
+BE = "be"
+CLASSES = (LS, BE)
+CLASS_NAMES = {"ls": LS, "latency-sensitive": LS, "be": BE, "best-effort": BE}
+CLASS_LONG = {LS: "latency-sensitive", BE: "best-effort"}
+
+
+def task_class(value: str) -> str:
+    """A class as a user wrote it (any case, short or long form) as the wire names it;
+    ValueError naming the accepted forms."""
+    found = CLASS_NAMES.get(value.strip().lower())
+    if found is None:
+        raise ValueError(
+            f"{value!r} is not a task class: use ls (latency-sensitive) or be (best-effort)"
+        )
+    return found
+
+
 # request.devices: a GPU index as nodemgr numbers them, or a GPU UUID or a prefix of one
 # (at least "GPU-" and 4 more characters). Which GPU a name means is nodemgr.host.gpus.resolve's.
 DEVICE_NAME = re.compile(r"[0-9]{1,9}|GPU-[0-9A-Fa-f-]{4,60}")
@@ -75,6 +96,7 @@ class Err:
     UNKNOWN_TASK = "unknown_task"
     BUSY = "busy"
     NOT_PAUSABLE = "not_pausable"
+    CLASS_NOT_ALLOWED = "class_not_allowed"
     QUOTA_ZERO = "quota_zero"
     QUOTA_EXCEEDED = "quota_exceeded"
     NO_RESOURCES = "no_resources"

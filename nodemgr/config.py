@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpushare import paths
-from gpushare.protocol import DEVICE_NAME, IDLE_ACTIONS, MAX_WAIT
+from gpushare.protocol import BE, CLASSES, DEVICE_NAME, IDLE_ACTIONS, MAX_WAIT
 from gpushare.sizes import format_size, parse_seconds, parse_size
 
 DEFAULT_CONFIG = Path("/etc/gpushare/nodemgr.toml")
@@ -315,6 +315,12 @@ KEYS: tuple[Key, ...] = (
         "how long before an idle task is reclaimed its user is warned"),
     Key("idle", "action", "idle_action", Choice(*IDLE_ACTIONS), "reclaim",
         "what happens to an idle task: `reclaim` its GPUs, or only `report` it"),
+    Key("classes", "default", "class_default", Choice(*CLASSES), BE,
+        "the class of a task whose request names none, in an environment without its own "
+        "(`nodemgr quota set --class-default`; [scheduling.md](scheduling.md#classes))"),
+    Key("classes", "allow_ls_default", "allow_ls_default", Switch(), True,
+        "whether an environment without its own setting may run latency-sensitive tasks "
+        "(`nodemgr quota set --allow-ls/--no-allow-ls`)"),
     Key("audit", "interval", "audit_interval", Seconds(0.0, 3600.0), 10.0,
         "seconds between bypass audits of NVML's processes against the ledgers; 0 turns them"
         " off ([operations.md](operations.md#bypass-audit))"),
@@ -453,6 +459,10 @@ class Config:
     idle_timeout: float = _DEFAULTS["idle_timeout"]
     idle_warn_before: float = _DEFAULTS["idle_warn_before"]
     idle_action: str = _DEFAULTS["idle_action"]
+    # [classes] (docs/scheduling.md, "Classes"): what an environment without its own
+    # settings gets.
+    class_default: str = _DEFAULTS["class_default"]
+    allow_ls_default: bool = _DEFAULTS["allow_ls_default"]
 
     @property
     def grace(self) -> float:

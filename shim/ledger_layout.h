@@ -30,6 +30,7 @@
 /* Bits of a task entry's pause word: launches and allocations wait while any is set. */
 #define GS_PAUSE_ADMIN 1 /* an operator paused the task */
 #define GS_PAUSE_TURN 2	 /* a time-sliced GPU of the task is another task's turn */
+#define GS_PAUSE_CLASS 4 /* a best-effort task paused for a latency-sensitive one */
 
 /* Bits of a task entry's flags, written by nodemgr. */
 #define GS_TASK_TIMESLICED 1 /* the task runs on a time-sliced GPU: learn its shape */

@@ -183,11 +183,19 @@ def print_table(headers: list[str], rows: list[list[str]]) -> None:
         click.echo(line)
 
 
+def preempted_lines(tasks: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Under a table of tasks: why each best-effort task held for a latency-sensitive one
+    is (docs/scheduling.md, "Classes")."""
+    return [f"{t['task_id']}: {t['preempted']}" for t in tasks if t.get("preempted")]
+
+
 def task_state(task: Mapping[str, Any]) -> str:
     """A task's STATE column: paused (an operator holds its launches), gated (waiting for a
     time-sliced GPU's turn) or running."""
     if task.get("paused"):
         return "paused"
+    if task.get("preempted"):
+        return "preempted"
     return "gated" if task.get("gated") else "running"
 
 
@@ -220,11 +228,12 @@ def percent(value: int | None) -> str:
 
 
 def task_row(task: Mapping[str, Any], memory: str) -> list[str]:
-    """A task's row in ``nodemgr tasks`` and ``nodemgr top``; the sixth column is the size
-    in its field ``memory`` (the limit per GPU, or the peak)."""
+    """A task's row in ``nodemgr tasks`` and ``nodemgr top``; the seventh column is the
+    size in its field ``memory`` (the limit per GPU, or the peak)."""
     return [
         task["task_id"],
         task["env"],
+        task.get("task_class", "-"),
         str(task["pid"] or "-"),
         ",".join(map(str, task["gpus"])),
         format_size(task["memory_used"]),

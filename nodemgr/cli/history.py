@@ -65,18 +65,19 @@ def history(
 
     Each record: the task, its environment and GPUs, the per-GPU memory
     granted, the peak its processes used, when it started and ended, and
-    why it ended (done, killed, exited, timeout, admin, idle, undelivered).
+    why it ended (done, killed, exited, timeout, admin, idle, undelivered, preempted).
     """
     records = admin_call(config_path, History(env=env, since=since, limit=limit)).records
     if as_json:
         print_json(records)
         return
     print_table(
-        ["TASK", "ENV", "GPU", "MEMORY/GPU", "PEAK", "STARTED", "ENDED", "REASON", "EXIT"],
+        ["TASK", "ENV", "CLASS", "GPU", "MEMORY/GPU", "PEAK", "STARTED", "ENDED", "REASON", "EXIT"],
         [
             [
                 r["task_id"],
                 r["env"],
+                r.get("task_class") or "-",
                 ",".join(map(str, r["gpus"])),
                 format_size(r["memory"]),
                 format_size(r["peak"]),

@@ -19,6 +19,7 @@ def _row(w: Mapping[str, Any]) -> list[str]:
     return [
         str(w["position"]),
         w["env"],
+        w.get("task_class") or "-",
         str(w["gpus"]),
         "any" if devices is None else ",".join(map(str, devices)),
         "-" if memory is None else format_size(memory),
@@ -43,6 +44,6 @@ def queue(env: str | None, config_path: str | None, as_json: bool) -> None:
         print_json(waiting)
         return
     print_table(
-        ["POS", "ENV", "GPUS", "GPU", "MEMORY", "PID", "WAITED", "LEFT", "COMMAND", "WHY"],
+        ["POS", "ENV", "CLASS", "GPUS", "GPU", "MEMORY", "PID", "WAITED", "LEFT", "COMMAND", "WHY"],
         [_row(w) for w in waiting],
     )

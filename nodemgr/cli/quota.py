@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from gpushare.messages import QuotaDelete, QuotaSet, QuotaShow
-from gpushare.params import CountType, EnvNameType, SizeType
+from gpushare.params import ClassType, CountType, EnvNameType, SizeType
 from gpushare.protocol import MAX_GPUS_PER_REQUEST
 from gpushare.sizes import format_duration as duration
 from gpushare.sizes import format_size, plural
@@ -42,6 +42,19 @@ def quota() -> None:
     "has or than can each give the memory, more memory than its largest GPU, 0 bytes or "
     "less than a CUDA context).",
 )
+@click.option(
+    "--class-default",
+    type=ClassType(),
+    default=None,
+    help="The class of ENV's tasks that name none: ls (latency-sensitive) or be "
+    "(best-effort) [default: ENV's, unchanged; new: the node's [classes] default].",
+)
+@click.option(
+    "--allow-ls/--no-allow-ls",
+    default=None,
+    help="Whether ENV may run latency-sensitive tasks [default: ENV's, unchanged; new: "
+    "the node's [classes] allow_ls_default].",
+)
 @config_option
 @json_option
 def set_(
@@ -49,6 +62,8 @@ def set_(
     gpus: int | None,
     memory: int | None,
     force: bool,
+    class_default: str | None,
+    allow_ls: bool | None,
     config_path: str | None,
     as_json: bool,
 ) -> None:
@@ -57,16 +72,27 @@ def set_(
     \b
     nodemgr quota set alice --gpus 2 --memory 8GiB
     nodemgr quota set alice --memory 12GiB    # alice keeps her 2 GPUs
+    nodemgr quota set bob --class-default be --no-allow-ls
     """
-    if gpus is None and memory is None:
-        raise click.UsageError("give --gpus, --memory or both")
-    reply = admin_call(config_path, QuotaSet(env=env, gpus=gpus, memory=memory, force=force))
+    if gpus is None and memory is None and class_default is None and allow_ls is None:
+        raise click.UsageError("give --gpus, --memory, --class-default or --allow-ls")
+    reply = admin_call(
+        config_path,
+        QuotaSet(
+            env=env,
+            gpus=gpus,
+            memory=memory,
+            force=force,
+            class_default=class_default,
+            allow_ls=allow_ls,
+        ),
+    )
     if as_json:
         print_json(reply.wire())
         return
     click.echo(
         f"{env}: {plural(reply.gpus, 'GPU')} x {format_size(reply.memory)}; "
-        f"task endpoint {reply.endpoint}"
+        f"class {classes(reply.wire())}; task endpoint {reply.endpoint}"
     )
     for o in reply.over:
         click.echo(
@@ -103,12 +129,25 @@ def show(env: str | None, endpoint_only: bool, config_path: str | None, as_json:
         print_json(quotas[0] if env else quotas)
         return
     print_table(
-        ["ENV", "GPUS", "MEMORY/GPU", "IDLE", "ENDPOINT"],
+        ["ENV", "GPUS", "MEMORY/GPU", "IDLE", "CLASS", "ENDPOINT"],
         [
-            [q["env"], str(q["gpus"]), format_size(q["memory"]), idle_policy(q), q["endpoint"]]
+            [
+                q["env"],
+                str(q["gpus"]),
+                format_size(q["memory"]),
+                idle_policy(q),
+                classes(q),
+                q["endpoint"],
+            ]
             for q in quotas
         ],
     )
+
+
+def classes(q: Mapping[str, Any]) -> str:
+    """An environment's CLASS column: its default class, and ``+ls`` when it may run
+    latency-sensitive tasks (``-ls`` when not)."""
+    return f"{q.get('class_default', 'be')} {'+ls' if q.get('allow_ls', True) else '-ls'}"
 
 
 def idle_policy(q: Mapping[str, Any]) -> str:

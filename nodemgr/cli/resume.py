@@ -23,3 +23,9 @@ def resume(task_id: str, config_path: str | None, as_json: bool) -> None:
         print_json(reply.wire())
     else:
         click.echo(f"task {reply.task_id} of {reply.env}: resumed")
+        if reply.paused:
+            click.echo(
+                f"task {reply.task_id} stays paused for a latency-sensitive task: it goes on "
+                "when that ends (nodemgr tasks says which)",
+                err=True,
+            )

@@ -10,6 +10,7 @@ from nodemgr.cli._common import (
     admin_call,
     config_option,
     json_option,
+    preempted_lines,
     print_json,
     print_table,
     task_row,
@@ -30,6 +31,7 @@ def tasks(env: str | None, config_path: str | None, as_json: bool) -> None:
         [
             "TASK",
             "ENV",
+            "CLASS",
             "PID",
             "GPU",
             "USED",
@@ -42,3 +44,5 @@ def tasks(env: str | None, config_path: str | None, as_json: bool) -> None:
         ],
         [task_row(t, "memory_limit") for t in items],
     )
+    for line in preempted_lines(items):
+        click.echo(line)

@@ -24,6 +24,7 @@ from nodemgr.cli._common import (
     load_config,
     not_running,
     percent,
+    preempted_lines,
     print_json,
     start_hint,
     task_row,
@@ -87,7 +88,7 @@ def _with_util(task: dict[str, Any]) -> list[str]:
     """A task's row, its utilisation of each of its GPUs beside its memory (``45%,10%``)."""
     row = task_row(task, "peak")
     util = task.get("utilization") or [None] * len(task["gpus"])
-    row.insert(5, ",".join(percent(u) for u in util))
+    row.insert(6, ",".join(percent(u) for u in util))
     return row
 
 
@@ -142,6 +143,7 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
         [
             "TASK",
             "ENV",
+            "CLASS",
             "PID",
             "GPU",
             "USED",
@@ -155,14 +157,16 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
         ],
         [_with_util(t) for t in tasks],
     )
+    lines += preempted_lines(tasks)
     if queue:
         lines.append("")
         lines += format_table(
-            ["POS", "ENV", "GPUS", "PID", "WAITED", "COMMAND"],
+            ["POS", "ENV", "CLASS", "GPUS", "PID", "WAITED", "COMMAND"],
             [
                 [
                     str(w["position"]),
                     w["env"],
+                    w.get("task_class") or "-",
                     str(w["gpus"]),
                     str(w["pid"] or "-"),
                     f"{w['waited']:.0f}s",

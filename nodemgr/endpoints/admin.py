@@ -91,6 +91,7 @@ def handle(loop: Loop, request: AdminRequest[R]) -> R:
 def _quota_set(loop: Loop, req: QuotaSet) -> Message:
     node = loop.node
     gpus, memory = _quota_asked(node, req)
+    classes = req.class_default is not None or req.allow_ls is not None
     if req.env not in node.envs:
         _check_socket_path(node, req.env)
     if not req.force:
@@ -106,6 +107,8 @@ def _quota_set(loop: Loop, req: QuotaSet) -> Message:
         if problem is not None:
             raise ProtocolError(Err.QUOTA_EXCEEDED, f"{req.env}: {problem}")
     env = node.set_quota(req.env, gpus, memory)
+    if classes:
+        node.set_classes(req.env, req.class_default, req.allow_ls)
     loop.connections.open_env(env)
     return QuotaSetReply(**views.quota(env, node), over=views.over_quota(node, env))
 
@@ -134,7 +137,8 @@ def _pause(loop: Loop, req: Pause) -> Message:
 
 def _resume(loop: Loop, req: Resume) -> Message:
     task = loop.node.pause(req.task_id, False)
-    return PausedReply(task_id=task.task_id, env=task.env, paused=False)
+    # Only the operator's hold is lifted: one for a latency-sensitive task stays.
+    return PausedReply(task_id=task.task_id, env=task.env, paused=task.preempted is not None)
 
 
 def _mode(loop: Loop, req: Mode) -> Message:

@@ -28,7 +28,7 @@ from gpushare.messages import (
     ViewReply,
     Yield,
 )
-from gpushare.protocol import Err, ProtocolError
+from gpushare.protocol import LS, Err, ProtocolError
 from nodemgr.config import Config
 from nodemgr.host.procfs import process_start
 from nodemgr.node.model import Task
@@ -127,6 +127,8 @@ def _done(loop: Loop, env: str, req: Done, to: ReplyTo) -> Message:
 
 def _request(loop: Loop, env: str, req: Request, to: ReplyTo) -> Message:
     node = loop.node
+    # Its class resolved before it may wait: the queue orders requests by class.
+    req = node.classed(node.env(env), req)
     allowed = node.restriction(req.devices)
     conn = to[0]
     pid = conn.pid
@@ -150,6 +152,8 @@ def _request(loop: Loop, env: str, req: Request, to: ReplyTo) -> Message:
             except OSError:
                 node.queue.drop(w.wid)
                 raise e from None
+        if req.task_class == LS:
+            node.queue_dirty = True  # it may preempt best-effort tasks (Node.serve_queue)
         log.info("request from env %s waits (position %d): %s", env, w.told, e.message)
         return QueuedReply(position=w.told, waiting=len(node.queue), reason=e.message)
     loop.watch(task)

@@ -34,6 +34,7 @@ from nodemgr.host import procfs
 MAX_GPUS: int = lib.GS_MAX_GPUS
 PAUSE_ADMIN: int = lib.GS_PAUSE_ADMIN
 PAUSE_TURN: int = lib.GS_PAUSE_TURN
+PAUSE_CLASS: int = lib.GS_PAUSE_CLASS
 TASK_TIMESLICED: int = lib.GS_TASK_TIMESLICED
 MAX_SLOTS: int = lib.GS_MAX_SLOTS
 MAX_TASKS: int = lib.GS_MAX_TASKS
@@ -66,6 +67,8 @@ class TaskEntry:
     iterations: int = 0  # the most iteration boundaries one of its processes reported
     turn_until: int = 0  # the boundary count that ends its turn; 0: not gated
     flags: int = 0  # GS_TASK_* bits
+    # A best-effort task held for a latency-sensitive one (GS_PAUSE_CLASS).
+    class_paused: bool = False
 
 
 @dataclass(frozen=True)
@@ -357,6 +360,24 @@ class Ledger:
         rc = int(lib.gs_ledger_task_gate(self._l, _task_key(task_id), 1 if gated else 0))
         self._check(rc, task_id, "gating")
 
+    def task_hold_class(self, task_id: str, held: bool) -> None:
+        """The same for classes (docs/scheduling.md, "Classes"): hold a best-effort task
+        while a latency-sensitive one uses what it gave up. Only nodemgr writes pause
+        words, from one thread, so the bit is set with a plain store; clearing the last
+        bit goes through the C side, which stores 0 and wakes the waiters."""
+        i = int(lib.gs_ledger_task_find(self._l, _task_key(task_id)))
+        if i < 0:
+            self._check(i, task_id, "holding")
+        entry = self._l.task[i]
+        word = int(entry.paused)
+        if held:
+            entry.paused = word | PAUSE_CLASS
+            return
+        entry.paused = word & ~PAUSE_CLASS
+        if word & ~PAUSE_CLASS == 0:
+            # The ADMIN bit is clear: this stores 0 again and wakes every waiter.
+            self.task_pause(task_id, False)
+
     def task_turn(self, task_id: str, turn_until: int, flags: int) -> None:
         """Publish the boundary count that ends the task's turn (0: not gated) and its
         GS_TASK_* flags."""
@@ -413,6 +434,7 @@ class Ledger:
             min(int(t.iterations), MAX_COUNT),
             min(int(t.turn_until), MAX_COUNT),
             int(t.flags),
+            bool(word & PAUSE_CLASS),
         )
 
     def task_ids(self) -> list[str]:

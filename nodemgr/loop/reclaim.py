@@ -225,7 +225,7 @@ class Reclaims:
                 entry.last_launch_ns / 1e9 if entry is not None and entry.last_launch_ns else None
             )
             # Without an entry (all were in use) its launches are never dated: never idle.
-            blocked = entry is None or entry.paused or entry.gated
+            blocked = entry is None or entry.paused or entry.gated or entry.class_paused
             seen.append(idle.Seen(t.task_id, t.started, last, blocked, policies[t.env]))
         for d in node.idle.sweep(wall, seen):
             task = node.tasks[d.task_id]

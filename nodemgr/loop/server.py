@@ -495,7 +495,8 @@ class Server:
                     )
             self._released.clear()
             self._safely("settling draining GPUs", self.node.settle_draining)
-        if self.node.queue:
+        # Held best-effort tasks are let go here too, once what held them has gone.
+        if self.node.queue or self.node.held_for_ls:
             self._run_queue(now)
         if self.node.slicing.held_yields:
             self._answer_yields()
@@ -599,6 +600,7 @@ class Server:
     def _run_queue(self, now: float) -> None:
         node = self.node
         for w in node.queue.expired(now):
+            node.queue_dirty = True  # what it held for itself goes on (Node.resume_held)
             self.unwatch(("wait", w.wid))
             waited = now - w.enqueued
             self.send_later(
@@ -611,7 +613,7 @@ class Server:
             if self.metrics is not None:
                 self.metrics.waited(waited, "timeout")
         if node.queue_dirty:
-            granted, failed = node.serve_queue()
+            granted, failed, evictions = node.serve_queue()
             for w, task in granted:
                 self.unwatch(("wait", w.wid))
                 if self.metrics is not None:
@@ -624,6 +626,9 @@ class Server:
             for w, e in failed:
                 self.unwatch(("wait", w.wid))
                 self.send_later(w.reply_to, ErrorReply.of(e.code, e.message))
+            for ev in evictions:
+                if ev.task.task_id in node.tasks:
+                    self.reclaim(ev.task, "preempted", ev.message)
         for pos, w in enumerate(list(node.queue), 1):
             if w.told != pos or w.told_reason != w.reason:
                 w.told, w.told_reason = pos, w.reason
@@ -783,6 +788,7 @@ class Server:
             self.unwatch(what)
             w = self.node.queue.drop(int(key))
             if w is not None:
+                self.node.queue_dirty = True
                 log.info("a waiting request from env %s went away with its client", w.env)
 
     def reclaim(self, task: Task, reason: str, message: str, record: str | None = None) -> None:

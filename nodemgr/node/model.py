@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpushare.messages import Request
+from gpushare.protocol import BE
 from nodemgr.host.ledger import Ledger, Regions, SlotTotals
 
 
@@ -37,6 +38,10 @@ class Env:
     # Its own idle policy (`nodemgr idle`, docs/nodemgr.md "Idle tasks"); None: the node's.
     idle_timeout: float | None = None
     idle_action: str | None = None
+    # Its own task classes (`nodemgr quota set --class-default/--allow-ls`, docs/scheduling.md
+    # "Classes"); None: the node's ([classes]).
+    class_default: str | None = None
+    allow_ls: bool | None = None
 
 
 @dataclass
@@ -61,6 +66,17 @@ class Task:
     # by region as the last sweep read it (tasks on time-sliced GPUs only).
     arrival: int = 0
     regions: Regions | None = None
+    # A best-effort task held for latency-sensitive ones (docs/scheduling.md, "Classes"):
+    # why, and what holds it (LS task ids, or "wait:WID" for a waiting LS request); it
+    # resumes once none of them is left and its quota fits again. None: not held so.
+    preempted: str | None = None
+    preempted_by: set[str] = field(default_factory=set)
+
+    @property
+    def task_class(self) -> str:
+        """ "ls" or "be": its request's, resolved when it was granted (a request kept before
+        classes existed is best-effort)."""
+        return self.request.task_class or BE
 
     @property
     def guard(self) -> int:

@@ -17,12 +17,12 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
 from gpushare import paths
 from gpushare.messages import Request
-from gpushare.protocol import Err, ProtocolError
+from gpushare.protocol import BE, CLASS_LONG, LS, Err, ProtocolError
 from gpushare.sizes import format_size
 from nodemgr.config import Config, check_gpus
 from nodemgr.host import envdirs
@@ -37,7 +37,30 @@ from nodemgr.policy.waitqueue import Waiter, WaitQueue, competes
 log = logging.getLogger("nodemgr")
 
 # Why a task ended, as records and metrics name it (docs/operations.md).
-REASONS = ("done", "killed", "exited", "timeout", "admin", "idle", "undelivered")
+REASONS = ("done", "killed", "exited", "timeout", "admin", "idle", "undelivered", "preempted")
+
+
+@dataclass(frozen=True)
+class Lending:
+    """How a latency-sensitive request sees the node (docs/scheduling.md, "Classes"): a
+    best-effort environment whose tasks on a shared GPU are all held for LS tasks is
+    charged there what it holds, not its quota, and held tasks do not count toward the task
+    threshold. Every other request sees them as if they ran, so that the room they gave up
+    is only ever lent to LS tasks and they can take it back when those end.
+
+    A plan (Node.plan_preemption) asks what if: ``paused`` would be held too, ``gone``
+    requeued (their memory, and what tasks requeued earlier still drain, counted free:
+    it comes back once their processes end); ``resumed`` asks what a held task's resumption
+    would charge."""
+
+    paused: frozenset[str] = frozenset()
+    gone: frozenset[str] = frozenset()
+    resumed: frozenset[str] = frozenset()
+    planning: bool = False
+
+
+# What an LS request sees without a plan.
+LEND = Lending()
 
 
 class Node:
@@ -83,6 +106,11 @@ class Node:
         self.slicing = Slicing(config, gpus, store, self.envs, self.tasks)
         # How long each task has launched no kernel (nodemgr.policy.idle).
         self.idle = idle.Tracker()
+        # Classes (docs/scheduling.md, "Classes"): the best-effort tasks held for
+        # latency-sensitive ones, and the (environment, GPU) pairs where tasks requeued for
+        # them still drain.
+        self.held_for_ls: set[str] = set()
+        self.evicting: set[tuple[str, int]] = set()
 
     def add_entry(self, env: Env, task_id: str) -> None:
         """Give a task its entry in its environment's ledger (what pauses and gates it)."""
@@ -152,7 +180,7 @@ class Node:
         env.gpus = gpus
         env.memory = memory
         for index in env.held:
-            env.ledger.set_limit(index, memory)
+            self.set_held_limit(env, index)
         self.queue_dirty = True
         log.info("quota %s: %d GPUs x %d bytes", name, gpus, memory)
         return env
@@ -165,6 +193,39 @@ class Node:
         env.idle_timeout, env.idle_action = timeout, action
         log.info("idle policy %s: timeout %s, action %s", name, timeout, action)
         return env
+
+    def set_classes(self, name: str, class_default: str | None, allow_ls: bool | None) -> Env:
+        """Set an environment's own class default and LS permission (None: unchanged),
+        kept across restarts (docs/scheduling.md, "Classes")."""
+        env = self.env(name)
+        default = env.class_default if class_default is None else class_default
+        allowed = env.allow_ls if allow_ls is None else allow_ls
+        self.store.put_env_classes(name, default, allowed)
+        env.class_default, env.allow_ls = default, allowed
+        log.info("classes %s: default %s, LS allowed %s", name, default, allowed)
+        return env
+
+    def class_default(self, env: Env) -> str:
+        """The class of an environment's tasks whose request names none."""
+        return self.config.class_default if env.class_default is None else env.class_default
+
+    def allows_ls(self, env: Env) -> bool:
+        return self.config.allow_ls_default if env.allow_ls is None else env.allow_ls
+
+    def classed(self, env: Env, request: Request) -> Request:
+        """``request`` with its class resolved (nil: the environment's default), or
+        ProtocolError (class_not_allowed) for an LS request the environment may not make."""
+        task_class = request.task_class or self.class_default(env)
+        if task_class == LS and not self.allows_ls(env):
+            raise ProtocolError(
+                Err.CLASS_NOT_ALLOWED,
+                f"environment {env.name} may not run latency-sensitive tasks; run it as "
+                f"best-effort (--class be), or ask an admin to allow them: nodemgr quota set "
+                f"{env.name} --allow-ls",
+            )
+        if request.task_class == task_class:
+            return request
+        return replace(request, task_class=task_class)
 
     def idle_policy(self, env: Env) -> idle.Policy:
         """The idle policy of an environment's tasks: its own, else the node's."""
@@ -227,7 +288,7 @@ class Node:
 
     # --- grants ------------------------------------------------------------------------
 
-    def charged(self, index: int) -> int:
+    def charged(self, index: int, lending: Lending | None = None) -> int:
         """Memory promised on a GPU: each holding environment's per-GPU quota, or what it
         holds there when that is more (its quota was lowered below it); on a time-sliced
         GPU, the regions' charge instead, and never less than what is held there; and what
@@ -242,11 +303,51 @@ class Node:
             )
             held = sum(e.ledger.held(index) for e in self.envs.values() if index in e.held)
             return max(self.slicing.region_charge(index).total, held) + draining
+        if lending is not None:
+            return self._lent_charge(index, lending)
         return sum(
             max(e.memory, e.ledger.held(index)) if index in e.held else e.ledger.held(index)
             for e in self.envs.values()
             if index in e.held or index in e.draining
         )
+
+    def _held_for_ls(self, task_id: str, lending: Lending) -> bool:
+        if task_id in lending.resumed:
+            return False
+        return task_id in lending.paused or task_id in self.held_for_ls
+
+    def _lent_charge(self, index: int, lending: Lending) -> int:
+        """A shared GPU's charge as an LS request sees it (Lending)."""
+        total = 0
+        for e in self.envs.values():
+            ids = e.held.get(index, set()) - lending.gone
+            if index not in e.held:
+                if index not in e.draining:
+                    continue
+                if lending.planning and (e.name, index) in self.evicting:
+                    continue
+                total += e.ledger.held(index)
+            elif not ids:
+                # All requeued: what they hold comes back once their processes end.
+                continue
+            elif all(self._held_for_ls(t, lending) for t in ids):
+                total += e.ledger.held(index)
+            else:
+                total += max(e.memory, e.ledger.held(index))
+        return total
+
+    def all_held_for_ls(self, env: Env, index: int) -> bool:
+        """Whether every task of ``env`` on GPU ``index`` is held for LS tasks."""
+        ids = env.held.get(index, set())
+        return bool(ids) and all(t in self.held_for_ls for t in ids)
+
+    def set_held_limit(self, env: Env, index: int) -> None:
+        """The ledger limit of a GPU the environment holds: its quota, or, while all its
+        tasks there are held for LS tasks, what it holds (it has lent the rest)."""
+        if self.all_held_for_ls(env, index) and not self.slicing.timesliced(index):
+            env.ledger.set_limit(index, min(env.memory, env.ledger.held(index)))
+        else:
+            env.ledger.set_limit(index, env.memory)
 
     # --- GPU modes (time slicing itself: nodemgr.node.turns) -------------------------
 
@@ -300,17 +401,28 @@ class Node:
         for env in self.envs.values():
             for index in [i for i in env.draining if env.ledger.used(i) == 0]:
                 env.draining.discard(index)
+                self.evicting.discard((env.name, index))
                 self.queue_dirty = True
                 log.info("env %s released the last of its memory on GPU %d", env.name, index)
 
     # --- the scheduler's view of the GPUs, and grants -----------------------------
 
-    def tasks_on(self, index: int) -> int:
-        return sum(len(e.held.get(index, ())) for e in self.envs.values())
+    def tasks_on(self, index: int, lending: Lending | None = None) -> int:
+        if lending is None:
+            return sum(len(e.held.get(index, ())) for e in self.envs.values())
+        return sum(
+            not self._held_for_ls(t, lending)
+            for e in self.envs.values()
+            for t in e.held.get(index, ())
+            if t not in lending.gone
+        )
 
-    def views(self, new: timeslice.Member | None = None) -> list[scheduler.GpuView]:
+    def views(
+        self, new: timeslice.Member | None = None, lending: Lending | None = None
+    ) -> list[scheduler.GpuView]:
         """Every GPU as the scheduler sees it; with ``new`` (a request, its task id
-        empty), each time-sliced GPU also says what that request would add to its charge."""
+        empty), each time-sliced GPU also says what that request would add to its charge;
+        with ``lending``, as a latency-sensitive request sees it (Lending)."""
         out = []
         quotas = self.slicing.quotas()
         for g in self.gpus:
@@ -318,12 +430,14 @@ class Node:
             extra = None
             if new is not None and self.slicing.timesliced(g.index):
                 extra = timeslice.extra(self.slicing.members(g.index), quotas, new)
+            # Time-sliced GPUs are charged by their regions: nothing is lent there.
+            lent = None if self.slicing.timesliced(g.index) else lending
             out.append(
                 scheduler.GpuView(
                     g.index,
-                    self.tasks_on(g.index),
+                    self.tasks_on(g.index, lending),
                     capacity,
-                    capacity - self.charged(g.index),
+                    capacity - self.charged(g.index, lent),
                     g.index not in self.lost,
                     extra,
                     drained=g.index in self.drained,
@@ -341,7 +455,11 @@ class Node:
             raise ProtocolError(Err.BAD_REQUEST, str(e)) from None
 
     def decide(
-        self, env: Env, request: Request, allowed: frozenset[int] | None = None
+        self,
+        env: Env,
+        request: Request,
+        allowed: frozenset[int] | None = None,
+        lending: Lending | None = None,
     ) -> scheduler.Choice | scheduler.Refusal:
         ask = scheduler.Ask(
             request.gpus,
@@ -353,7 +471,7 @@ class Node:
             request.estimate,
         )
         new = timeslice.Member("", env.name, self._guard(request), request.estimate)
-        return scheduler.select(ask, self.views(new), self.config.task_threshold)
+        return scheduler.select(ask, self.views(new, lending), self.config.task_threshold)
 
     def _guard(self, request: Request) -> int:
         """The guard a task of ``request`` gets: its own, else ``timeslice.guard``."""
@@ -385,16 +503,19 @@ class Node:
                 f"environment {env.name}: {env.orphaned}; no task is granted until they end",
             )
         self.check_task_room(env.name, pid)
-        decision = self.decide(env, request, allowed)
+        request = self.classed(env, request)
+        lending = LEND if request.task_class == LS else None
+        decision = self.decide(env, request, allowed, lending)
         if isinstance(decision, scheduler.Refusal):
             raise ProtocolError(decision.code, decision.message)
         passed = [w for w in overtakes if competes(w, env.name, decision.gpus)]
-        if any(w.bypassed >= self.config.queue_max_bypass for w in passed):
+        if any(w.bypassed >= self.config.queue_max_bypass or w.preempting for w in passed):
             raise ProtocolError(
                 Err.NO_RESOURCES,
                 f"{len(overtakes)} earlier requests are waiting and one of them "
                 "may not be overtaken again",
             )
+        self._check_lent(env, decision)
         task = Task(
             task_id=secrets.token_hex(8),
             env=env.name,
@@ -423,6 +544,7 @@ class Node:
                 None,
                 0,
                 None,
+                request.task_class,
             ),
             task.request,
         )
@@ -439,8 +561,38 @@ class Node:
         self.slicing.retime(started)
         for w in passed:
             w.bypassed += 1
-        log.info("grant %s env=%s gpus=%s pid=%s", task.task_id, env.name, task.gpus, pid)
+        if request.task_class == LS:
+            # The held tasks on its GPUs lent it their room: they wait for it too.
+            for held_id in self.held_for_ls:
+                held = self.tasks[held_id]
+                if set(held.gpus) & set(task.gpus):
+                    held.preempted_by.add(task.task_id)
+        log.info(
+            "grant %s env=%s gpus=%s pid=%s class=%s",
+            task.task_id,
+            env.name,
+            task.gpus,
+            pid,
+            request.task_class,
+        )
         return task
+
+    def _check_lent(self, env: Env, decision: scheduler.Choice) -> None:
+        """Refuse (no_resources) a grant on a GPU where all of ``env``'s tasks are held for
+        LS tasks, unless its whole quota fits there again: the new task would charge it."""
+        for index in decision.gpus:
+            if index in decision.new or not self.all_held_for_ls(env, index):
+                continue
+            if self.slicing.timesliced(index):
+                continue
+            back = Lending(resumed=frozenset(env.held[index]))
+            if self.charged(index, back) > self.capacity(index):
+                raise ProtocolError(
+                    Err.NO_RESOURCES,
+                    f"environment {env.name}'s tasks on GPU {index} are paused for a "
+                    "latency-sensitive task, which uses the room they gave up; wait for it "
+                    "to end",
+                )
 
     def task(self, env_name: str, task_id: str) -> Task:
         """The task ``task_id`` of ``env_name``; another environment's task is unknown here."""
@@ -478,10 +630,13 @@ class Node:
                 env.draining.add(index)
         # Its turns go on at once (a holder that has gone hands on).
         self.slicing.forget(task_id)
-        self.slicing.retime(started)
+        self.held_for_ls.discard(task_id)
         self.store.task_ended(task_id, time.time(), reason, task.peak, exit_code)
         self.queue_dirty = True
         log.info("release %s env=%s reason=%s", task_id, task.env, reason)
+        # In the same turn: the BE tasks an LS task held go on once nothing else holds them.
+        self.resume_held(waiting=frozenset(w.wid for w in self.queue))
+        self.slicing.retime(started)
         return task
 
     def pause(self, task_id: str, paused: bool) -> Task:
@@ -502,6 +657,9 @@ class Node:
                 f"{MAX_TASKS} were in use when it started), so its launches cannot be held",
             ) from None
         log.info("%s %s env=%s", "pause" if paused else "resume", task_id, task.env)
+        if not paused and task.preempted is not None:
+            # Only the operator's hold is lifted: the LS task's stays (docs/nodemgr.md).
+            log.info("%s stays held: %s", task_id, task.preempted)
         # A paused holder gives its turns to a task that can use them; resumed, it waits.
         self.slicing.retime(time.perf_counter())
         return task
@@ -573,18 +731,25 @@ class Node:
 
     # --- wait queue --------------------------------------------------------------------
 
-    def serve_queue(self) -> tuple[list[tuple[Waiter, Task]], list[tuple[Waiter, ProtocolError]]]:
+    def serve_queue(
+        self,
+    ) -> tuple[list[tuple[Waiter, Task]], list[tuple[Waiter, ProtocolError]], list[Eviction]]:
         """Grant waiting requests in order as far as the policy allows.
 
         A request that cannot be served yet is passed over, unless it has been
         overtaken ``queue_max_bypass`` times: then nothing behind it that
         competes with it is served until it is (for a request that may get any
-        GPU, nothing behind it at all). Returns the grants made and the
-        requests that can never be served (their quota changed, say).
+        GPU, nothing behind it at all). A latency-sensitive request that does not fit
+        holds best-effort tasks, or has them requeued (plan_preemption), and while it waits
+        for what they free nothing behind it that competes is served. Returns the grants
+        made, the requests that can never be served (their quota changed, say) and the
+        best-effort tasks to requeue, which the caller reclaims.
         """
         granted: list[tuple[Waiter, Task]] = []
         failed: list[tuple[Waiter, ProtocolError]] = []
+        evictions: list[Eviction] = []
         self.queue_dirty = False
+        self.resume_held(waiting=frozenset(w.wid for w in self.queue))
         i = 0
         while i < len(self.queue.waiters):
             w = self.queue.waiters[i]
@@ -599,15 +764,189 @@ class Node:
                     failed.append((w, e))
                     continue
                 w.reason = e.message
-                if w.bypassed >= self.config.queue_max_bypass and w.allowed is None:
-                    break
-                i += 1
-                continue
+                preempted = self._preempt_for(w, i, evictions)
+                if preempted is None:
+                    if (
+                        w.bypassed >= self.config.queue_max_bypass or w.preempting
+                    ) and w.allowed is None:
+                        break
+                    i += 1
+                    continue
+                task = preempted
             self.queue.waiters.pop(i)
             granted.append((w, task))
-        return granted, failed
+        return granted, failed, evictions
+
+    # --- classes: holding and requeueing best-effort tasks (docs/scheduling.md) --------
+
+    def _preempt_for(self, w: Waiter, i: int, evictions: list[Eviction]) -> Task | None:
+        """Make room for the waiting ``w`` (the ``i``-th) if it is latency-sensitive: hold
+        the best-effort tasks a plan names and grant it, or requeue those the plan names
+        (added to ``evictions``) and leave it waiting for what they free."""
+        if w.request.task_class != LS or w.env not in self.envs:
+            return None
+        plan = self.plan_preemption(w)
+        if plan is None:
+            w.preempting = False
+            return None
+        hold, requeue = plan
+        if not hold and not requeue:
+            # It fits once what requeued tasks hold has drained (or it was refused for
+            # another reason): it keeps its hold on what is draining.
+            w.preempting = w.preempting and bool(self.evicting)
+            return None
+        key = f"wait:{w.wid}"
+        why = _for_whom(w)
+        for t in hold:
+            self.hold_for_ls(t, key, f"paused for {why}")
+        for t in requeue:
+            self.evicting.update((t.env, index) for index in t.gpus)
+            evictions.append(
+                Eviction(
+                    t,
+                    f"GPUs reclaimed for {why}: this best-effort task is requeued (it "
+                    "waits for GPUs again, and gpushare-run runs the command again once "
+                    "granted)",
+                )
+            )
+            log.info("requeue %s env=%s for %s", t.task_id, t.env, why)
+        if requeue:
+            w.preempting = True
+            w.reason = f"best-effort tasks are being requeued to make room for it ({len(requeue)})"
+            return None
+        try:
+            task = self.grant(
+                w.env, w.request, w.pid, w.pid_start, self.queue.waiters[:i], w.allowed
+            )
+        except ProtocolError as e:
+            w.preempting = e.code == Err.NO_RESOURCES
+            w.reason = e.message
+            return None
+        for held_id in self.held_for_ls:
+            held = self.tasks[held_id]
+            if key in held.preempted_by:
+                held.preempted_by.discard(key)
+                held.preempted_by.add(task.task_id)
+                held.preempted = f"paused for latency-sensitive task {task.task_id} of {task.env}"
+        return task
+
+    def plan_preemption(self, w: Waiter) -> tuple[list[Task], list[Task]] | None:
+        """Which best-effort tasks to hold, and which to requeue, so that the waiting LS
+        request ``w`` fits; None when none would make it fit. Holding comes first (a held
+        task loses nothing); requeueing only when holding cannot make room. Within each,
+        the newest tasks go first (they have the least work to lose), and of those taken,
+        only the ones on the GPUs the request then gets are kept."""
+        env = self.envs[w.env]
+        be = sorted(
+            (t for t in self.tasks.values() if t.task_class == BE and t.env in self.envs),
+            key=lambda t: (-t.started, t.task_id),
+        )
+        holdable = [
+            t
+            for t in be
+            if t.task_id not in self.held_for_ls
+            and self.envs[t.env].ledger.task_entry(t.task_id) is not None
+        ]
+
+        def fits(hold: Iterable[Task], gone: Iterable[Task]) -> scheduler.Choice | None:
+            lending = Lending(
+                paused=frozenset(t.task_id for t in hold),
+                gone=frozenset(t.task_id for t in gone),
+                planning=True,
+            )
+            d = self.decide(env, w.request, w.allowed, lending)
+            return d if isinstance(d, scheduler.Choice) else None
+
+        def least(hold: list[Task], gone: list[Task]) -> tuple[list[Task], list[Task]]:
+            chosen = fits(hold, gone)
+            assert chosen is not None
+            on = set(chosen.gpus)
+            hold2 = [t for t in hold if on & set(t.gpus)]
+            gone2 = [t for t in gone if on & set(t.gpus)]
+            return (hold2, gone2) if fits(hold2, gone2) is not None else (hold, gone)
+
+        if fits([], []) is not None:
+            return [], []  # already fits as an LS request sees the node
+        hold: list[Task] = []
+        for t in holdable:
+            hold.append(t)
+            if fits(hold, []) is not None:
+                return least(hold, [])
+        gone: list[Task] = []
+        for t in be:
+            gone.append(t)
+            rest = [h for h in holdable if h not in gone]
+            if fits(rest, gone) is None:
+                continue
+            hold = []
+            for h in rest:
+                if fits(hold, gone) is not None:
+                    break
+                hold.append(h)
+            return least(hold, gone)
+        return None
+
+    def hold_for_ls(self, task: Task, key: str, why: str) -> None:
+        """Hold a best-effort task for a latency-sensitive one (GS_PAUSE_CLASS): its
+        launches and allocations wait; its memory stays; where all its environment's tasks
+        on a GPU are held, the environment's limit there drops to what it holds."""
+        env = self.envs[task.env]
+        if task.task_id not in self.held_for_ls:
+            env.ledger.task_hold_class(task.task_id, True)
+            self.held_for_ls.add(task.task_id)
+            task.preempted = why
+            log.info("hold %s env=%s: %s", task.task_id, task.env, why)
+        task.preempted_by.add(key)
+        for index in task.gpus:
+            self.set_held_limit(env, index)
+        self.slicing.retime(time.perf_counter())
+
+    def resume_held(self, waiting: frozenset[int]) -> None:
+        """Let go the held best-effort tasks that nothing holds any more (their LS tasks
+        ended, or their LS requests left the queue; ``waiting``: the ids of the waiting
+        requests) and whose environment's quota fits again on their GPUs."""
+        for task_id in sorted(self.held_for_ls):
+            task = self.tasks[task_id]
+            task.preempted_by = {
+                k
+                for k in task.preempted_by
+                if (int(k[5:]) in waiting if k.startswith("wait:") else k in self.tasks)
+            }
+            if task.preempted_by:
+                continue
+            back = Lending(resumed=frozenset({task_id}))
+            env = self.envs[task.env]
+            if any(
+                not self.slicing.timesliced(i)
+                and self.charged(i, back) > max(self.capacity(i), self.charged(i, LEND))
+                for i in task.gpus
+            ):
+                continue
+            self.held_for_ls.discard(task_id)
+            task.preempted = None
+            env.ledger.task_hold_class(task_id, False)
+            for index in task.gpus:
+                self.set_held_limit(env, index)
+            self.queue_dirty = True
+            log.info("resume %s env=%s: no latency-sensitive task holds it", task_id, task.env)
 
     def close(self) -> None:
         for env in self.envs.values():
             env.ledger.close()
         self.store.close()
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """A best-effort task to requeue for a latency-sensitive request, and what its client
+    is told (reason ``preempted``)."""
+
+    task: Task
+    message: str
+
+
+def _for_whom(w: Waiter) -> str:
+    """The LS request a held or requeued task makes room for, in a message."""
+    what = f" ({w.request.command[:60]})" if w.request.command else ""
+    pid = f", pid {w.pid}" if w.pid is not None else ""
+    return f"a {CLASS_LONG[LS]} request of environment {w.env}{what}{pid}"

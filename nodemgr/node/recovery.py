@@ -49,6 +49,10 @@ def restore(node: Node, forget_unknown: bool = False) -> list[Task]:
         if name in node.envs:
             node.envs[name].idle_timeout = timeout
             node.envs[name].idle_action = action
+    for name, (class_default, allow_ls) in node.store.env_classes().items():
+        if name in node.envs:
+            node.envs[name].class_default = class_default
+            node.envs[name].allow_ls = allow_ls
     now = time.monotonic()
     restored = []
     requests = node.store.task_requests()
@@ -122,6 +126,15 @@ def restore(node: Node, forget_unknown: bool = False) -> list[Task]:
         entry = node.envs[task.env].ledger.task_entry(task.task_id)
         if entry is not None:
             entries[task.task_id] = entry
+            if entry.class_paused:
+                # Held for an LS task before the restart: it goes on once its quota fits
+                # again (Node.resume_held), which nothing holding it any more may allow.
+                node.held_for_ls.add(task.task_id)
+                task.preempted = "paused for a latency-sensitive task before nodemgr restarted"
+    for env in node.envs.values():
+        for index in env.held:
+            node.set_held_limit(env, index)
+    node.queue_dirty = True
     node.slicing.adopt(entries)
     node.read_regions()
     node.slicing.retime(time.perf_counter())

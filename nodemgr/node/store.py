@@ -36,8 +36,8 @@ def _encoded(request: Request) -> bytes:
 
 
 # 2: env_idle, task_wrappers. 3: tasks.request, in place of task_shapes and task_wrappers.
-# An older database is brought up to date at start (_upgrade).
-SCHEMA_VERSION = 3
+# 4: env_classes, tasks.class. An older database is brought up to date at start (_upgrade).
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS envs (
@@ -60,8 +60,10 @@ CREATE TABLE IF NOT EXISTS tasks (
     reason    TEXT,                   -- why it ended: see docs/operations.md
     peak      INTEGER NOT NULL DEFAULT 0,
     exit_code INTEGER,
-    request   BLOB                    -- the request it was granted for, as the wire encodes
-);                                    -- it (gpushare.messages.Request), its guard filled in
+    request   BLOB,                   -- the request it was granted for, as the wire encodes
+                                      -- it (gpushare.messages.Request), its guard filled in
+    class     TEXT                    -- "ls" or "be"; NULL: a task of a schema before 4
+);
 CREATE TABLE IF NOT EXISTS gpu_modes (
     uuid    TEXT PRIMARY KEY,         -- the GPU's UUID (GPU-...)
     mode    TEXT NOT NULL,            -- "shared" or "timesliced", set by an admin
@@ -75,6 +77,11 @@ CREATE TABLE IF NOT EXISTS env_idle (
     name    TEXT PRIMARY KEY,         -- an environment whose idle policy is not the node's
     timeout REAL,                     -- seconds; 0: off; NULL: the node's
     action  TEXT                      -- "reclaim" or "report"; NULL: the node's
+);
+CREATE TABLE IF NOT EXISTS env_classes (
+    name          TEXT PRIMARY KEY,   -- an environment whose class settings are not the node's
+    class_default TEXT,               -- "ls" or "be"; NULL: the node's ([classes] default)
+    allow_ls      INTEGER             -- 1 or 0; NULL: the node's ([classes] allow_ls_default)
 );
 CREATE INDEX IF NOT EXISTS tasks_running ON tasks (task_id) WHERE ended IS NULL;
 CREATE INDEX IF NOT EXISTS tasks_started ON tasks (started);
@@ -166,6 +173,7 @@ class Record:
     reason: str | None
     peak: int
     exit_code: int | None
+    task_class: str | None = None  # "ls" or "be"; None: recorded before classes
 
     def view(self) -> dict[str, object]:
         return {
@@ -180,11 +188,15 @@ class Record:
             "reason": self.reason,
             "peak": self.peak,
             "exit_code": self.exit_code,
+            "task_class": self.task_class,
         }
 
 
 def _record(row: tuple[object, ...]) -> Record:
-    (task_id, env, gpus, memory, pid, pid_start, command, started, ended, reason, peak, code) = row
+    (task_id, env, gpus, memory, pid, pid_start, command, started, ended, reason, peak, code) = row[
+        :12
+    ]
+    task_class = row[12]
     return Record(
         str(task_id),
         str(env),
@@ -198,11 +210,13 @@ def _record(row: tuple[object, ...]) -> Record:
         None if reason is None else str(reason),
         int(peak),  # type: ignore[call-overload]
         None if code is None else int(code),  # type: ignore[call-overload]
+        None if task_class is None else str(task_class),
     )
 
 
 _COLUMNS = (
-    "task_id, env, gpus, memory, pid, pid_start, command, started, ended, reason, peak, exit_code"
+    "task_id, env, gpus, memory, pid, pid_start, command, started, ended, reason, peak, "
+    "exit_code, class"
 )
 
 
@@ -257,6 +271,8 @@ class Store:
             columns = {str(row[1]) for row in db.execute("PRAGMA table_info(tasks)")}
             if "request" not in columns:
                 db.execute("ALTER TABLE tasks ADD COLUMN request BLOB")
+            if "class" not in columns:
+                db.execute("ALTER TABLE tasks ADD COLUMN class TEXT")
             tables = {str(n) for (n,) in db.execute("SELECT name FROM sqlite_master")}
             shapes: dict[str, tuple[int | None, int | None, int]] = {}
             if "task_shapes" in tables:
@@ -328,6 +344,7 @@ class Store:
         with self._durable() as db:
             db.execute("DELETE FROM envs WHERE name = ?", (name,))
             db.execute("DELETE FROM env_idle WHERE name = ?", (name,))
+            db.execute("DELETE FROM env_classes WHERE name = ?", (name,))
 
     def env_idle(self) -> dict[str, tuple[float | None, str | None]]:
         """Each environment's own idle timeout and action (None: the node's)."""
@@ -344,6 +361,26 @@ class Store:
                     "ON CONFLICT (name) DO UPDATE SET timeout = excluded.timeout, "
                     "action = excluded.action",
                     (name, timeout, action),
+                )
+
+    def env_classes(self) -> dict[str, tuple[str | None, bool | None]]:
+        """Each environment's own class default and LS permission (None: the node's)."""
+        rows = self.db.execute("SELECT name, class_default, allow_ls FROM env_classes").fetchall()
+        return {
+            str(n): (None if c is None else str(c), None if a is None else bool(a))
+            for n, c, a in rows
+        }
+
+    def put_env_classes(self, name: str, class_default: str | None, allow_ls: bool | None) -> None:
+        with self._durable() as db:
+            if class_default is None and allow_ls is None:
+                db.execute("DELETE FROM env_classes WHERE name = ?", (name,))
+            else:
+                db.execute(
+                    "INSERT INTO env_classes (name, class_default, allow_ls) VALUES (?, ?, ?) "
+                    "ON CONFLICT (name) DO UPDATE SET class_default = excluded.class_default, "
+                    "allow_ls = excluded.allow_ls",
+                    (name, class_default, allow_ls),
                 )
 
     # --- GPU modes (docs/timeslicing.md) ----------------------------------------
@@ -388,7 +425,7 @@ class Store:
         def op(db: sqlite3.Connection) -> None:
             db.execute(
                 f"INSERT INTO tasks ({_COLUMNS}, request) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, 0, NULL, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, 0, NULL, ?, ?)",
                 (
                     r.task_id,
                     r.env,
@@ -398,6 +435,7 @@ class Store:
                     r.pid_start,
                     r.command,
                     r.started,
+                    r.task_class,
                     _encoded(request),
                 ),
             )

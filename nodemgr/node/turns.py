@@ -227,7 +227,8 @@ class Slicing:
             # (a process started after another ended begins again at 0).
             live = ledger.task_regions(t.task_id)
             iterations[t.task_id] = live.iterations
-            if entry is not None and entry.paused:
+            # Held by an operator, or for a latency-sensitive task: its turns go to others.
+            if entry is not None and (entry.paused or entry.class_paused):
                 paused.add(t.task_id)
             # Progress: the most or the fewest boundaries of its processes moved.
             counts = (live.iterations, live.min_iterations)

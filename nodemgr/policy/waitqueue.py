@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpushare.messages import Request
-from gpushare.protocol import Err, ProtocolError
+from gpushare.protocol import LS, Err, ProtocolError
 from nodemgr.config import Config
 
 # Seconds after nodemgr starts in which a request sent again by its client (`waited`:
@@ -44,6 +44,15 @@ class Waiter:
     told: int = 0  # the position it was last told
     reason: str = ""  # why it was not granted when last tried (the scheduler's refusal)
     told_reason: str = ""  # the reason it was last told
+    # A latency-sensitive request waiting for what the best-effort tasks it preempted free:
+    # nothing that competes with it is granted past it meanwhile (docs/scheduling.md).
+    preempting: bool = False
+
+    @property
+    def rank(self) -> int:
+        """Its class's place: latency-sensitive requests are served before best-effort
+        ones (docs/scheduling.md, "Classes")."""
+        return 0 if self.request.task_class == LS else 1
 
 
 def competes(w: Waiter, env: str, gpus: tuple[int, ...]) -> bool:
@@ -115,8 +124,10 @@ class WaitQueue:
             enqueued, bypassed = earlier.enqueued, earlier.bypassed
         elif request.waited is not None and time.time() - self.started < RESEND_GRACE:
             enqueued = now - min(request.waited, self.config.max_wait)
+        rank = 0 if request.task_class == LS else 1
         at = next(
-            (i for i, q in enumerate(self.waiters) if q.enqueued > enqueued), len(self.waiters)
+            (i for i, q in enumerate(self.waiters) if (q.rank, q.enqueued) > (rank, enqueued)),
+            len(self.waiters),
         )
         w = Waiter(
             self._wids,

@@ -46,6 +46,17 @@ class OwnWaiterView(TypedDict):
     timeout_in: float
     reason: str
     command: str | None
+    task_class: str
+
+
+class OwnTaskView(TypedDict):
+    """One of the environment's running tasks (docs/scheduling.md, "Classes")."""
+
+    task_id: str
+    gpus: list[int]
+    task_class: str
+    preempted: str | None  # why it is held for a latency-sensitive task; None: it is not
+    command: str | None
 
 
 class UserView(TypedDict):
@@ -54,6 +65,10 @@ class UserView(TypedDict):
     waiting: int
     mine: list[OwnWaiterView]
     others: int
+    # Its classes: the default of its requests, whether it may run LS tasks; its tasks.
+    class_default: str
+    allow_ls: bool
+    running: list[OwnTaskView]
 
 
 def _promised(env: Env, index: int, slices: dict[str, int] | None) -> int:
@@ -101,7 +116,8 @@ def _gpu(node: Node, index: int) -> UserGpuView:
 
 def build(node: Node, env: str) -> UserView:
     """The node as environment ``env`` may see it."""
-    name = node.env(env).name
+    e = node.env(env)
+    name = e.name
     now = time.monotonic()
     mine: list[OwnWaiterView] = []
     others = 0
@@ -119,12 +135,27 @@ def build(node: Node, env: str) -> UserView:
                 "timeout_in": max(0.0, w.deadline - now),
                 "reason": w.reason,
                 "command": w.request.command,
+                "task_class": w.request.task_class or "",
             }
         )
+    running: list[OwnTaskView] = [
+        {
+            "task_id": t.task_id,
+            "gpus": list(t.gpus),
+            "task_class": t.task_class,
+            "preempted": t.preempted,
+            "command": t.command,
+        }
+        for t in sorted(node.tasks.values(), key=lambda t: t.started)
+        if t.env == name
+    ]
     return {
         "env": name,
         "gpus": [_gpu(node, g.index) for g in node.gpus],
         "waiting": len(node.queue),
         "mine": mine,
         "others": others,
+        "class_default": node.class_default(e),
+        "allow_ls": node.allows_ls(e),
+        "running": running,
     }

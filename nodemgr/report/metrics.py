@@ -7,9 +7,10 @@ a second, and event counters are prometheus-client's own thread-safe types.
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypedDict, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
@@ -17,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpushare.messages import ErrorReply, Message
-from gpushare.protocol import TIMESLICED, Err
+from gpushare.protocol import BE, CLASSES, TIMESLICED, Err
 from nodemgr.config import Config
 from nodemgr.host.audit import AuditState
 from nodemgr.host.utilization import Utilization
@@ -60,6 +61,11 @@ class Snapshot:
     envs: list[EnvMetrics]
     queue_length: int
     tasks: int
+    # By class (docs/scheduling.md, "Classes"): running tasks, waiting requests, and the
+    # best-effort tasks held for latency-sensitive ones.
+    by_class: dict[str, int] = field(default_factory=dict)
+    waiting_by_class: dict[str, int] = field(default_factory=dict)
+    preempted: int = 0
     bypass_found: int = 0
     bypass_killed: int = 0
     ledger_rewrites: int = 0
@@ -205,7 +211,20 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "gpushare_queue_length", "Requests waiting for GPUs", value=snap.queue_length
         )
-        yield GaugeMetricFamily("gpushare_tasks", "Running tasks", value=snap.tasks)
+        running = GaugeMetricFamily("gpushare_tasks", "Running tasks", labels=["class"])
+        waiting = GaugeMetricFamily(
+            "gpushare_queue_class_length", "Requests waiting for GPUs", labels=["class"]
+        )
+        for c in CLASSES:
+            running.add_metric([c], snap.by_class.get(c, 0))
+            waiting.add_metric([c], snap.waiting_by_class.get(c, 0))
+        yield running
+        yield waiting
+        yield GaugeMetricFamily(
+            "gpushare_preempted_tasks",
+            "Best-effort tasks paused for latency-sensitive ones",
+            value=snap.preempted,
+        )
 
 
 class MetricsError(Exception):
@@ -377,6 +396,11 @@ class Metrics:
             envs=envs,
             queue_length=len(node.queue),
             tasks=len(node.tasks),
+            by_class=dict(collections.Counter(t.task_class for t in node.tasks.values())),
+            waiting_by_class=dict(
+                collections.Counter(w.request.task_class or BE for w in node.queue)
+            ),
+            preempted=len(node.held_for_ls),
             bypass_found=self.audit.found,
             bypass_killed=self.audit.killed,
             ledger_rewrites=self.audit.rewrites,

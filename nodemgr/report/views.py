@@ -31,6 +31,10 @@ class QuotaView(TypedDict):
     idle_timeout: float
     idle_action: str
     idle_own: bool
+    # Its task classes (docs/scheduling.md, "Classes"): the class of a request that names
+    # none, and whether it may run latency-sensitive tasks (its own or the node's).
+    class_default: str
+    allow_ls: bool
 
 
 class OverQuota(TypedDict):
@@ -70,6 +74,10 @@ class TaskView(TypedDict):
     iterations: int
     regions: list[TaskRegionView]
     utilization: list[int | None]  # percent per GPU of `gpus`, from NVML's last sample
+    # Classes (docs/scheduling.md): "ls" or "be"; why a best-effort task is held for
+    # latency-sensitive ones (None: it is not).
+    task_class: str
+    preempted: str | None
 
 
 class WaiterView(TypedDict):
@@ -84,6 +92,7 @@ class WaiterView(TypedDict):
     devices: list[int] | None
     memory: int | None
     reason: str
+    task_class: str
 
 
 class SliceView(TypedDict):
@@ -188,6 +197,8 @@ def quota(env: Env, node: Node) -> QuotaView:
         "idle_timeout": policy.timeout,
         "idle_action": policy.action,
         "idle_own": env.idle_timeout is not None or env.idle_action is not None,
+        "class_default": node.class_default(env),
+        "allow_ls": node.allows_ls(env),
     }
 
 
@@ -218,12 +229,19 @@ def task(
         "attached": not task.restored,
         "paused": entry is not None and entry.paused,
         "last_launch": stamped / 1e9 if stamped else None,
-        "idle": _idle(node, task, stamped, entry is None or entry.paused or entry.gated),
+        "idle": _idle(
+            node,
+            task,
+            stamped,
+            entry is None or entry.paused or entry.gated or entry.class_paused,
+        ),
         "idle_timeout": node.idle_policy(node.envs[task.env]).timeout,
         "gated": entry is not None and entry.gated,
         "iterations": entry.iterations if entry is not None else 0,
         "regions": _task_regions(node, task),
         "utilization": utilization.task(task.task_id, task.gpus),
+        "task_class": task.task_class,
+        "preempted": task.preempted,
     }
 
 
@@ -281,6 +299,7 @@ def queue(waiters: Iterable[Waiter]) -> list[WaiterView]:
             "devices": None if w.allowed is None else sorted(w.allowed),
             "memory": w.request.memory,
             "reason": w.reason,
+            "task_class": w.request.task_class or "",
         }
         for pos, w in enumerate(waiters, 1)
     ]

@@ -46,7 +46,14 @@ def test_quota_set_and_show(daemon: Any) -> None:
 
     r = invoke(daemon, "quota", "show")
     assert r.exit_code == 0
-    assert r.output.splitlines()[0].split() == ["ENV", "GPUS", "MEMORY/GPU", "IDLE", "ENDPOINT"]
+    assert r.output.splitlines()[0].split() == [
+        "ENV",
+        "GPUS",
+        "MEMORY/GPU",
+        "IDLE",
+        "CLASS",
+        "ENDPOINT",
+    ]
     assert "8GiB" in r.output
 
     # Changing a quota keeps the environment and its endpoint.
@@ -428,8 +435,8 @@ def test_a_running_task_shows_the_quota_now_and_its_peak_so_far(
     assert task["memory_limit"] == 2 * GiB
     table = invoke(daemon, "tasks").output.splitlines()
     # GPU names GPUs by index; GPUS (quota show) is a count.
-    assert table[0].split()[3] == "GPU" and table[1].split()[3] == str(task["gpus"][0])
-    assert table[1].split()[5] == "2GiB"
+    assert table[0].split()[4] == "GPU" and table[1].split()[4] == str(task["gpus"][0])
+    assert table[1].split()[6] == "2GiB"
     [rec] = json.loads(invoke(daemon, "history", "--json").output)
     assert rec["ended"] is None and rec["peak"] == 300 * MiB
     go.touch()
@@ -539,7 +546,7 @@ def test_quota_set_changes_one_field_and_keeps_the_other(daemon: Any) -> None:
     assert r.exit_code == 1 and "'bob' does not exist yet: give both" in r.stderr
     assert [q["env"] for q in daemon.admin("quota_show")["quotas"]] == ["alice"]
     r = invoke(daemon, "quota", "set", "alice")
-    assert r.exit_code == 2 and "give --gpus, --memory or both" in r.output
+    assert r.exit_code == 2 and "give --gpus, --memory, --class-default or --allow-ls" in r.output
 
 
 def test_queue_lists_waiting_requests_per_environment(node: Any, wait_for: Any) -> None:
@@ -560,6 +567,7 @@ def test_queue_lists_waiting_requests_per_environment(node: Any, wait_for: Any) 
         assert lines[0].split() == [
             "POS",
             "ENV",
+            "CLASS",
             "GPUS",
             "GPU",
             "MEMORY",
@@ -569,9 +577,9 @@ def test_queue_lists_waiting_requests_per_environment(node: Any, wait_for: Any) 
             "COMMAND",
             "WHY",
         ]
-        assert lines[1].split()[:5] == ["1", "c", "1", "any", "512MiB"]
+        assert lines[1].split()[:6] == ["1", "c", "be", "1", "any", "512MiB"]
         assert "train.py" in lines[1]
-        assert lines[2].split()[:5] == ["2", "d", "1", "1", "-"]
+        assert lines[2].split()[:6] == ["2", "d", "be", "1", "1", "-"]
         # One environment's requests keep their places in the whole queue.
         r = invoke(node, "queue", "--env", "d", "--json")
         assert [(w["position"], w["env"]) for w in json.loads(r.output)] == [(2, "d")]

@@ -124,7 +124,7 @@ def test_a_version_2_database_keeps_each_running_tasks_request(tmp_path: Path) -
         store.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert "task_shapes" not in tables and "task_wrappers" not in tables
         ended = "SELECT request FROM tasks WHERE task_id IN ('over', 'bare')"

@@ -78,8 +78,8 @@ def test_a_tasks_kernels_show_as_its_gpus_and_its_own_utilisation(
         assert "UTIL" in header.split() and "MEM UTIL" in header, out
         if cmd[0] == "top":
             rows = {line.split()[0]: line.split() for line in out.splitlines() if line}
-            assert rows[tasks[idle.pid]][5] == "0%", out
-            assert rows[tasks[busy.pid]][5].endswith("%"), out
+            assert rows[tasks[idle.pid]][6] == "0%", out
+            assert rows[tasks[busy.pid]][6].endswith("%"), out
     go.touch()
     for p in (busy, idle):
         p.kill()

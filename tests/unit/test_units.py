@@ -88,8 +88,10 @@ def test_validate_types_ranges_and_unknowns() -> None:
         "guard": None,
         "waited": None,
         "wrapper": None,
+        "task_class": None,
     }
     cases: list[tuple[dict[str, Any], str]] = [
+        ({"type": "request", "gpus": 1, "task_class": "latency-sensitive"}, Err.BAD_REQUEST),
         ({"type": "request", "gpus": 1, "wrapper": "yes"}, Err.BAD_REQUEST),
         ({"type": "request"}, Err.BAD_REQUEST),
         ({"type": "request", "gpus": 1, "persistent": -1}, Err.BAD_REQUEST),
