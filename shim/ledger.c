@@ -151,6 +151,7 @@ int gs_ledger_task_add(struct gs_ledger *l, const char *task_id)
 		STORE(&t->paused, 0);
 		STORE(&t->flags, 0);
 		zero_all(figures, ARRAY_LEN(figures));
+		gs_ledger_entry_unschedule(l, i);
 		/* State last: a process that finds the entry finds it whole. */
 		STORE(&t->state, (uint32_t)GS_SLOT_USED);
 		return i;
@@ -211,6 +212,7 @@ int gs_ledger_task_remove(struct gs_ledger *l, const char *task_id)
 	/* A process still holding a launch must not wait for a task that is gone. */
 	STORE(&l->task[i].paused, 0);
 	wake_all(&l->task[i].paused);
+	gs_ledger_entry_unschedule(l, i);
 	STORE(&l->task[i].state, (uint32_t)GS_SLOT_FREE);
 	return 0;
 }
@@ -412,7 +414,9 @@ static void slot_clear(struct gs_ledger *l, struct gs_slot *s)
 	struct gs_task *t = slot_task(l, s);
 	uint64_t *const figures[] = { &s->held,		  &s->iterations, &s->releases,
 				      &s->boundary_ns,	  &s->launches,	  &s->launches_seen,
-				      &s->last_launch_ns, &s->peak };
+				      &s->last_launch_ns, &s->peak,	  &s->device_ns,
+				      &s->overrun_ns,	  &s->gated_ns,	  &s->windows,
+				      &s->unmeasured };
 	uint64_t held = 0;
 
 	for (int g = 0; g < GS_MAX_GPUS; g++) {

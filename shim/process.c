@@ -206,6 +206,14 @@ GS_EXPORT int gpushare_mode(void)
 	return (int)mode_acquire();
 }
 
+/* What a file above wants done once the process has claimed its slot (gs_on_claim). */
+static gs_claimed_fn claimed;
+
+void gs_on_claim(gs_claimed_fn fn)
+{
+	claimed = fn;
+}
+
 /* The calling process's slot, claimed on first use; -1 if none is free. */
 int my_slot(void)
 {
@@ -228,6 +236,8 @@ int my_slot(void)
 			__atomic_store_n(&gs_hot.launches, gs_ledger_launch_counter(l, (uint32_t)s),
 					 __ATOMIC_RELEASE);
 			__atomic_store_n(&gs_state.slot, s, __ATOMIC_RELEASE);
+			if (claimed != NULL)
+				claimed(s);
 		}
 	}
 	pthread_mutex_unlock(&gs_state.claim_mu);
