@@ -189,6 +189,7 @@ def _request_once(
         persistent=s.persistent,
         temporary=s.temporary,
         guard=s.guard,
+        compute=s.compute,
         wrapper=True if wrapper else None,
     )
     asked = time.monotonic()

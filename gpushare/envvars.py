@@ -44,6 +44,8 @@ PROGRESS_INTERVAL = "GPUSHARE_PROGRESS_INTERVAL"
 PERSISTENT = "GPUSHARE_PERSISTENT"
 TEMPORARY = "GPUSHARE_TEMPORARY"
 GUARD = "GPUSHARE_GUARD"
+# Compute shares (docs/compute.md): the percentage of its GPUs' time the task may take.
+COMPUTE = "GPUSHARE_COMPUTE"
 # The auto-loader's own settings.
 AUTOLOAD = "GPUSHARE_AUTOLOAD"
 FRAMEWORKS = "GPUSHARE_FRAMEWORKS"
@@ -88,6 +90,7 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
     (PERSISTENT, "--persistent", "SIZE", "time-sliced GPUs: estimated persistent memory"),
     (TEMPORARY, "--temporary", "SIZE", "time-sliced GPUs: estimated temporary memory"),
     (GUARD, "--guard", "SIZE", "time-sliced GPUs: space kept after the persistent memory"),
+    (COMPUTE, "--compute", "PERCENT, 1 to 100", "the share of its GPUs' time the task may take"),
     (AUTOLOAD, "", "1/0", "the auto-loader requests a grant when a framework is imported"),
     (FRAMEWORKS, "", "NAME,...", "more top-level modules whose import starts a task"),
     (ZERO_QUOTA, "", "warn/error", "the auto-loader on a zero quota"),

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from gpushare.messages import QuotaDelete, QuotaSet, QuotaShow
-from gpushare.params import CountType, EnvNameType, SizeType
+from gpushare.params import ComputeCapType, CountType, EnvNameType, SizeType
 from gpushare.protocol import MAX_GPUS_PER_REQUEST
 from gpushare.sizes import format_duration as duration
 from gpushare.sizes import format_size, plural
@@ -36,6 +36,14 @@ def quota() -> None:
     "[default: ENV's, unchanged; a new ENV needs it].",
 )
 @click.option(
+    "--compute",
+    type=ComputeCapType(),
+    default=None,
+    metavar="PERCENT|none",
+    help="Cap each task's compute share at PERCENT of its GPUs' time (a task asking for "
+    "none gets the cap); 0 or none clears it (docs/compute.md) [default: unchanged].",
+)
+@click.option(
     "--force",
     is_flag=True,
     help="Set it even though no GPU of this node could serve it (more GPUs than the node "
@@ -48,6 +56,7 @@ def set_(
     env: str,
     gpus: int | None,
     memory: int | None,
+    compute: int | None,
     force: bool,
     config_path: str | None,
     as_json: bool,
@@ -58,15 +67,18 @@ def set_(
     nodemgr quota set alice --gpus 2 --memory 8GiB
     nodemgr quota set alice --memory 12GiB    # alice keeps her 2 GPUs
     """
-    if gpus is None and memory is None:
-        raise click.UsageError("give --gpus, --memory or both")
-    reply = admin_call(config_path, QuotaSet(env=env, gpus=gpus, memory=memory, force=force))
+    if gpus is None and memory is None and compute is None:
+        raise click.UsageError("give --gpus, --memory or both (or --compute)")
+    reply = admin_call(
+        config_path, QuotaSet(env=env, gpus=gpus, memory=memory, force=force, compute=compute)
+    )
     if as_json:
         print_json(reply.wire())
         return
     click.echo(
-        f"{env}: {plural(reply.gpus, 'GPU')} x {format_size(reply.memory)}; "
-        f"task endpoint {reply.endpoint}"
+        f"{env}: {plural(reply.gpus, 'GPU')} x {format_size(reply.memory)}"
+        + (f", compute at most {reply.compute}%" if reply.compute else "")
+        + f"; task endpoint {reply.endpoint}"
     )
     for o in reply.over:
         click.echo(
@@ -103,9 +115,16 @@ def show(env: str | None, endpoint_only: bool, config_path: str | None, as_json:
         print_json(quotas[0] if env else quotas)
         return
     print_table(
-        ["ENV", "GPUS", "MEMORY/GPU", "IDLE", "ENDPOINT"],
+        ["ENV", "GPUS", "MEMORY/GPU", "COMPUTE", "IDLE", "ENDPOINT"],
         [
-            [q["env"], str(q["gpus"]), format_size(q["memory"]), idle_policy(q), q["endpoint"]]
+            [
+                q["env"],
+                str(q["gpus"]),
+                format_size(q["memory"]),
+                f"{q['compute']}%" if q.get("compute") else "-",
+                idle_policy(q),
+                q["endpoint"],
+            ]
             for q in quotas
         ],
     )

@@ -31,6 +31,8 @@ from gpushare.messages import (
     Reclaim,
     ReclaimedReply,
     Resume,
+    Share,
+    SharedReply,
     Status,
     StatusReply,
     Tasks,
@@ -106,6 +108,8 @@ def _quota_set(loop: Loop, req: QuotaSet) -> Message:
         if problem is not None:
             raise ProtocolError(Err.QUOTA_EXCEEDED, f"{req.env}: {problem}")
     env = node.set_quota(req.env, gpus, memory)
+    if req.compute is not None:
+        node.set_compute_cap(req.env, req.compute or None)
     loop.connections.open_env(env)
     return QuotaSetReply(**views.quota(env, node), over=views.over_quota(node, env))
 
@@ -135,6 +139,19 @@ def _pause(loop: Loop, req: Pause) -> Message:
 def _resume(loop: Loop, req: Resume) -> Message:
     task = loop.node.pause(req.task_id, False)
     return PausedReply(task_id=task.task_id, env=task.env, paused=False)
+
+
+def _share(loop: Loop, req: Share) -> Message:
+    task, notes = loop.node.share(req.task_id, req.compute)
+    s = task.schedule
+    return SharedReply(
+        task_id=task.task_id,
+        env=task.env,
+        compute=task.request.compute,
+        share=s.share if s is not None and s.length_ns else 0,
+        windows=views.windows(loop.node, task.gpus),
+        notes=notes,
+    )
 
 
 def _mode(loop: Loop, req: Mode) -> Message:
@@ -319,5 +336,6 @@ HANDLERS: dict[type[AdminRequest[Any]], Handler] = {
     IdleSet: _idle_set,
     Pause: _pause,
     Resume: _resume,
+    Share: _share,
     History: _history,
 }

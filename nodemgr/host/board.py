@@ -15,6 +15,7 @@ import contextlib
 import mmap
 import os
 import secrets
+import stat
 import time
 from pathlib import Path
 
@@ -51,6 +52,30 @@ class Board:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+        return board
+
+    @classmethod
+    def open_or_create(cls, path: Path, ngpus: int) -> Board:
+        """The board an earlier nodemgr left at ``path``, if it is a valid one for
+        ``ngpus`` GPUs (running processes have it mapped: a new one would split LS and BE
+        tasks between two), else a fresh one."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return cls.create(path, ngpus)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != SIZE or st.st_uid != os.geteuid():
+                raise OSError("not a board nodemgr made")
+            mem = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError:
+            os.close(fd)
+            return cls.create(path, ngpus)
+        board = cls(path, fd, mem)
+        if lib.gs_board_check(board._b, SIZE) != 0 or board._b.ngpus != ngpus:
+            board.close()
+            return cls.create(path, ngpus)
+        os.fchmod(fd, MODE)
         return board
 
     def link_into(self, dir_fd: int, name: str) -> None:

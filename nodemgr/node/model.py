@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpushare.messages import Request
-from nodemgr.host.ledger import Ledger, Regions, SlotTotals
+from nodemgr.host.ledger import Ledger, Regions, Schedule, SlotTotals
 
 
 @dataclass
@@ -37,6 +37,8 @@ class Env:
     # Its own idle policy (`nodemgr idle`, docs/nodemgr.md "Idle tasks"); None: the node's.
     idle_timeout: float | None = None
     idle_action: str | None = None
+    # The cap on each of its tasks' compute share, percent (docs/compute.md); None: none.
+    compute: int | None = None
 
 
 @dataclass
@@ -61,6 +63,8 @@ class Task:
     # by region as the last sweep read it (tasks on time-sliced GPUs only).
     arrival: int = 0
     regions: Regions | None = None
+    # Compute shares (docs/compute.md): the schedule its ledger entry was last given.
+    schedule: Schedule | None = None
 
     @property
     def guard(self) -> int:

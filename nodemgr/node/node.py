@@ -26,12 +26,13 @@ from gpushare.protocol import Err, ProtocolError
 from gpushare.sizes import format_size
 from nodemgr.config import Config, check_gpus
 from nodemgr.host import envdirs
+from nodemgr.host.board import Board
 from nodemgr.host.gpus import Gpu, resolve
-from nodemgr.host.ledger import MAX_TASKS, Ledger, LedgerError, SlotTotals
+from nodemgr.host.ledger import MAX_TASKS, Ledger, LedgerError, Schedule, SlotTotals
 from nodemgr.node.model import Env, Task
 from nodemgr.node.store import Record, Store
 from nodemgr.node.turns import Slicing
-from nodemgr.policy import idle, scheduler, timeslice
+from nodemgr.policy import compute, idle, scheduler, timeslice
 from nodemgr.policy.waitqueue import Waiter, WaitQueue, competes
 
 log = logging.getLogger("nodemgr")
@@ -83,6 +84,14 @@ class Node:
         self.slicing = Slicing(config, gpus, store, self.envs, self.tasks)
         # How long each task has launched no kernel (nodemgr.policy.idle).
         self.idle = idle.Tracker()
+        # The node's board of latency-sensitive activity (docs/compute.md), linked into
+        # each environment's directory; None where it could not be made.
+        self.board: Board | None = None
+        try:
+            config.run_dir.mkdir(parents=True, exist_ok=True)
+            self.board = Board.open_or_create(config.run_dir / paths.BOARD, len(gpus))
+        except OSError as e:
+            log.warning("no board of latency classes at %s: %s", config.run_dir, e)
 
     def add_entry(self, env: Env, task_id: str) -> None:
         """Give a task its entry in its environment's ledger (what pauses and gates it)."""
@@ -132,6 +141,9 @@ class Node:
             os.close(fd)
         for index in range(len(self.gpus)):
             ledger.set_ctx_charge(index, self.context_memory[index])
+        # Its processes start a pacer, which sleeps until their task has a schedule.
+        ledger.set_compute(True)
+        self._link_board(env_dir)
         env = Env(name, gpus, memory, ledger, paths.endpoint(self.config.env_socket(name)))
         env.adopted = adopted
         self.envs[name] = env
@@ -156,6 +168,71 @@ class Node:
         self.queue_dirty = True
         log.info("quota %s: %d GPUs x %d bytes", name, gpus, memory)
         return env
+
+    def _link_board(self, env_dir: os.PathLike[str]) -> None:
+        """The board beside the environment's ledger, where its containers see it."""
+        if self.board is None:
+            return
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(env_dir, flags)
+            try:
+                self.board.link_into(fd, paths.BOARD)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log.warning("cannot link the board into %s: %s", env_dir, e)
+
+    def set_compute_cap(self, name: str, cap: int | None) -> Env:
+        """An environment's cap on each of its tasks' compute shares (None: none): kept
+        across restarts, applied to its running tasks at once."""
+        env = self.env(name)
+        self.store.put_env_compute(name, cap)
+        env.compute = cap
+        log.info("compute cap %s: %s", name, "none" if cap is None else f"{cap}%")
+        self.apply_compute()
+        return env
+
+    def share(self, task_id: str, share: int | None) -> tuple[Task, list[str]]:
+        """Change a running task's compute share (None: none), kept with its request, and
+        apply every GPU's schedule again; the task and what the policy scaled, in words."""
+        task = self.tasks.get(task_id)
+        if task is None:
+            raise ProtocolError(Err.UNKNOWN_TASK, f"no running task {task_id!r}")
+        task.request = replace(task.request, compute=share)
+        self.store.task_request(task_id, task.request)
+        log.info("share %s env=%s: %s", task_id, task.env, "none" if share is None else share)
+        return task, self.apply_compute()
+
+    def compute_members(self) -> list[compute.Member]:
+        """The running tasks as the compute policy sees them."""
+        return [
+            compute.Member(t.task_id, t.gpus, t.request.compute, self.envs[t.env].compute)
+            for t in sorted(self.tasks.values(), key=lambda t: t.arrival)
+        ]
+
+    def apply_compute(self) -> list[str]:
+        """Plan every GPU's compute schedule (nodemgr.policy.compute) and write each task's
+        into its ledger entry where it changed; returns what the policy scaled, in words."""
+        c = self.config
+        settings = compute.Settings(
+            int(c.compute_period * 1e9), int(c.compute_poll * 1e9), int(c.compute_ls_idle * 1e9)
+        )
+        plan = compute.plan(self.compute_members(), settings)
+        for note in plan.notes:
+            log.warning("compute: %s", note)
+        for task_id, w in plan.windows.items():
+            task = self.tasks[task_id]
+            schedule = Schedule() if w is None else Schedule(**vars(w))
+            if task.schedule == schedule:
+                continue
+            try:
+                self.envs[task.env].ledger.task_schedule(task_id, schedule)
+            except LedgerError as e:
+                log.warning("task %s: no compute schedule: %s", task_id, e)
+                continue
+            task.schedule = schedule
+        return plan.notes
 
     def set_idle(self, name: str, timeout: float | None, action: str | None) -> Env:
         """Give an environment its own idle policy (None: the node's), kept across
@@ -435,8 +512,10 @@ class Node:
         for index in decision.new:
             env.ledger.set_limit(index, env.memory)
         self.add_task(task)
-        # Before the grant leaves: on a gated GPU its first allocation must wait its turn.
+        # Before the grant leaves: on a gated GPU its first allocation must wait its turn,
+        # and on a GPU with shares its first launch its window.
         self.slicing.retime(started)
+        self.apply_compute()
         for w in passed:
             w.bypassed += 1
         log.info("grant %s env=%s gpus=%s pid=%s", task.task_id, env.name, task.gpus, pid)
@@ -479,6 +558,7 @@ class Node:
         # Its turns go on at once (a holder that has gone hands on).
         self.slicing.forget(task_id)
         self.slicing.retime(started)
+        self.apply_compute()
         self.store.task_ended(task_id, time.time(), reason, task.peak, exit_code)
         self.queue_dirty = True
         log.info("release %s env=%s reason=%s", task_id, task.env, reason)
@@ -610,4 +690,6 @@ class Node:
     def close(self) -> None:
         for env in self.envs.values():
             env.ledger.close()
+        if self.board is not None:
+            self.board.close()
         self.store.close()

@@ -49,6 +49,9 @@ def restore(node: Node, forget_unknown: bool = False) -> list[Task]:
         if name in node.envs:
             node.envs[name].idle_timeout = timeout
             node.envs[name].idle_action = action
+    for name, cap in node.store.env_compute().items():
+        if name in node.envs:
+            node.envs[name].compute = cap
     now = time.monotonic()
     restored = []
     requests = node.store.task_requests()
@@ -123,6 +126,8 @@ def restore(node: Node, forget_unknown: bool = False) -> list[Task]:
         if entry is not None:
             entries[task.task_id] = entry
     node.slicing.adopt(entries)
+    # Every restored task's window, written again (an adopted entry may hold an old one).
+    node.apply_compute()
     node.read_regions()
     node.slicing.retime(time.perf_counter())
     return restored

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypedDict, TypeVar
+from typing import Any, NamedTuple, TypedDict, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -54,6 +54,15 @@ class EnvMetrics(TypedDict):
     utilization: float  # the ratio its tasks' processes kept its GPUs busy, summed
 
 
+class TaskCompute(NamedTuple):
+    """A task with a compute share (docs/compute.md) and what its pacers measured."""
+
+    task_id: str
+    env: str
+    share: int  # percent in force
+    device_seconds: float
+
+
 @dataclass(frozen=True)
 class Snapshot:
     gpus: list[GpuMetrics]
@@ -63,6 +72,7 @@ class Snapshot:
     bypass_found: int = 0
     bypass_killed: int = 0
     ledger_rewrites: int = 0
+    compute: tuple[TaskCompute, ...] = ()
 
 
 def _region(x: GpuMetrics, key: str) -> int:
@@ -202,6 +212,21 @@ class _StateCollector(Collector):
         for lv, y in envs:
             launches.add_metric(lv, y["launches"])
         yield launches
+        share = GaugeMetricFamily(
+            "gpushare_task_compute_share",
+            "A task's compute share in force: the ratio of its GPUs' time it may take",
+            labels=["task", "env"],
+        )
+        device = CounterMetricFamily(
+            "gpushare_task_device_seconds",
+            "Device time a task's pacers measured for its windows (live processes)",
+            labels=["task", "env"],
+        )
+        for c in snap.compute:
+            share.add_metric([c.task_id, c.env], c.share / 100)
+            device.add_metric([c.task_id, c.env], c.device_seconds)
+        yield share
+        yield device
         yield GaugeMetricFamily(
             "gpushare_queue_length", "Requests waiting for GPUs", value=snap.queue_length
         )
@@ -380,4 +405,14 @@ class Metrics:
             bypass_found=self.audit.found,
             bypass_killed=self.audit.killed,
             ledger_rewrites=self.audit.rewrites,
+            compute=tuple(
+                TaskCompute(
+                    t.task_id,
+                    t.env,
+                    t.schedule.share,
+                    node.envs[t.env].ledger.task_pacing(t.task_id).device_ns / 1e9,
+                )
+                for t in node.tasks.values()
+                if t.schedule is not None and t.schedule.length_ns
+            ),
         )

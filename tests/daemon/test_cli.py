@@ -46,7 +46,14 @@ def test_quota_set_and_show(daemon: Any) -> None:
 
     r = invoke(daemon, "quota", "show")
     assert r.exit_code == 0
-    assert r.output.splitlines()[0].split() == ["ENV", "GPUS", "MEMORY/GPU", "IDLE", "ENDPOINT"]
+    assert r.output.splitlines()[0].split() == [
+        "ENV",
+        "GPUS",
+        "MEMORY/GPU",
+        "COMPUTE",
+        "IDLE",
+        "ENDPOINT",
+    ]
     assert "8GiB" in r.output
 
     # Changing a quota keeps the environment and its endpoint.

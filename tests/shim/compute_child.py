@@ -107,6 +107,11 @@ def start(
 def collect(p: subprocess.Popen[str], bin_us: int = 1000, timeout: float = 60) -> Bins:
     out, err = p.communicate(timeout=timeout)
     assert p.returncode == 0, err
+    return parse(out, bin_us)
+
+
+def parse(out: str, bin_us: int = 1000) -> Bins:
+    """A child's output as its bins."""
     counts: dict[int, int] = {}
     total = 0
     for line in out.splitlines():
