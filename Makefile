@@ -188,6 +188,10 @@ debug-test: debug
 	TSAN_OPTIONS=halt_on_error=1 \
 	$(PYTEST) -p no:cacheprovider tests/shim/test_shim.py tests/shim/test_attach.py -k threads \
 		$(PYTEST_ARGS)
+	GPUSHARE_SHIM=$(CURDIR)/build/tsan/libgpushare.so GPUSHARE_TEST_SANITIZE=thread \
+	GPUSHARE_SIM_DIR=$(CURDIR)/build/tsan/sim \
+	TSAN_OPTIONS=halt_on_error=1 \
+	$(PYTEST) -p no:cacheprovider tests/shim/test_compute.py $(PYTEST_ARGS)
 
 # The shim's line and branch coverage in debug-test's ASan+UBSan run (gcov): a table, the
 # figures in build/coverage/c.json, and a failure below the floors in tests/c_coverage.py.

@@ -6,14 +6,16 @@
  * Compiled beside ledger.c into the shim and into nodemgr's cffi bindings.
  *
  * Memory order: a schedule is several words, published as a seqlock whose
- * single writer is nodemgr's loop. The writer makes the sequence word odd,
- * then (after a release fence) stores the fields, then stores the next even
- * value with release; a reader loads the word with acquire, the fields, an
- * acquire fence, and the word again, and keeps what it read only when both
- * loads saw the same even value. Fields are atomics (relaxed) so that the
- * race the seqlock resolves is no data race for the compiler or TSan.
- * Counters and board stamps are figures whose readers need nothing else
- * published with them: relaxed.
+ * single writer is nodemgr's loop: the writer makes the sequence word odd,
+ * stores the fields, then stores the next even value; a reader loads the
+ * word, the fields and the word again, and keeps what it read only when
+ * both loads saw the same even value. Every access of it is seq_cst, with no
+ * fence (which TSan cannot follow): a field store the reader saw comes after
+ * the writer's odd store in the single total order, and so before the
+ * reader's second load of the word, which then cannot see the value it saw
+ * first. A write is a few stores, off every hot path. Counters and board
+ * stamps are figures whose readers need nothing else published with them:
+ * relaxed.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,7 +30,8 @@
 #include "ledger.h"
 
 #define RELAXED_LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
-#define RELAXED_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
 
 void gs_ledger_set_flags(struct gs_ledger *l, uint32_t flags)
 {
@@ -44,21 +47,20 @@ uint32_t gs_ledger_flags(const struct gs_ledger *l)
 /* Write entry `t`'s schedule as a seqlock writer, then wake whoever sleeps on it. */
 static void publish(struct gs_task *t, const struct gs_schedule *s)
 {
-	uint32_t seq = __atomic_load_n(&t->sched_seq, __ATOMIC_SEQ_CST);
+	uint32_t seq = LOAD(&t->sched_seq);
 
 	/* Even when nodemgr is the writer; a word someone made odd is made even first. */
 	seq = (seq | 1u) + 1u;
-	__atomic_store_n(&t->sched_seq, seq - 1u, __ATOMIC_SEQ_CST);
-	__atomic_thread_fence(__ATOMIC_RELEASE);
-	RELAXED_STORE(&t->compute_flags, s->flags);
-	RELAXED_STORE(&t->share, s->share);
-	RELAXED_STORE(&t->gpu_mask, s->gpu_mask);
-	RELAXED_STORE(&t->period_ns, s->period_ns);
-	RELAXED_STORE(&t->offset_ns, s->offset_ns);
-	RELAXED_STORE(&t->length_ns, s->length_ns);
-	RELAXED_STORE(&t->poll_ns, s->poll_ns);
-	RELAXED_STORE(&t->ls_idle_ns, s->ls_idle_ns);
-	__atomic_store_n(&t->sched_seq, seq, __ATOMIC_RELEASE);
+	STORE(&t->sched_seq, seq - 1u);
+	STORE(&t->compute_flags, s->flags);
+	STORE(&t->share, s->share);
+	STORE(&t->gpu_mask, s->gpu_mask);
+	STORE(&t->period_ns, s->period_ns);
+	STORE(&t->offset_ns, s->offset_ns);
+	STORE(&t->length_ns, s->length_ns);
+	STORE(&t->poll_ns, s->poll_ns);
+	STORE(&t->ls_idle_ns, s->ls_idle_ns);
+	STORE(&t->sched_seq, seq);
 	/* Not FUTEX_PRIVATE: the pacers are threads of other processes sharing the file. */
 	syscall(SYS_futex, &t->sched_seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
@@ -91,17 +93,16 @@ uint32_t gs_ledger_entry_schedule(const struct gs_ledger *l, int task, struct gs
 		return 0;
 	t = &l->task[task];
 	for (int tries = 0;; tries++) {
-		before = __atomic_load_n(&t->sched_seq, __ATOMIC_ACQUIRE);
-		out->flags = RELAXED_LOAD(&t->compute_flags);
-		out->share = RELAXED_LOAD(&t->share);
-		out->gpu_mask = RELAXED_LOAD(&t->gpu_mask);
-		out->period_ns = RELAXED_LOAD(&t->period_ns);
-		out->offset_ns = RELAXED_LOAD(&t->offset_ns);
-		out->length_ns = RELAXED_LOAD(&t->length_ns);
-		out->poll_ns = RELAXED_LOAD(&t->poll_ns);
-		out->ls_idle_ns = RELAXED_LOAD(&t->ls_idle_ns);
-		__atomic_thread_fence(__ATOMIC_ACQUIRE);
-		after = __atomic_load_n(&t->sched_seq, __ATOMIC_RELAXED);
+		before = LOAD(&t->sched_seq);
+		out->flags = LOAD(&t->compute_flags);
+		out->share = LOAD(&t->share);
+		out->gpu_mask = LOAD(&t->gpu_mask);
+		out->period_ns = LOAD(&t->period_ns);
+		out->offset_ns = LOAD(&t->offset_ns);
+		out->length_ns = LOAD(&t->length_ns);
+		out->poll_ns = LOAD(&t->poll_ns);
+		out->ls_idle_ns = LOAD(&t->ls_idle_ns);
+		after = LOAD(&t->sched_seq);
 		if (before == after && (before & 1u) == 0)
 			return before;
 		/*
