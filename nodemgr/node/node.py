@@ -85,13 +85,10 @@ class Node:
         # How long each task has launched no kernel (nodemgr.policy.idle).
         self.idle = idle.Tracker()
         # The node's board of latency-sensitive activity (docs/compute.md), linked into
-        # each environment's directory; None where it could not be made.
+        # each environment's directory: made with the first environment's directory, once
+        # the run directory is this nodemgr's; None where it could not be.
         self.board: Board | None = None
-        try:
-            config.run_dir.mkdir(parents=True, exist_ok=True)
-            self.board = Board.open_or_create(config.run_dir / paths.BOARD, len(gpus))
-        except OSError as e:
-            log.warning("no board of latency classes at %s: %s", config.run_dir, e)
+        self._board_tried = False
 
     def add_entry(self, env: Env, task_id: str) -> None:
         """Give a task its entry in its environment's ledger (what pauses and gates it)."""
@@ -171,6 +168,12 @@ class Node:
 
     def _link_board(self, env_dir: os.PathLike[str]) -> None:
         """The board beside the environment's ledger, where its containers see it."""
+        if not self._board_tried:
+            self._board_tried = True
+            try:
+                self.board = Board.open_or_create(self.config.run_dir / paths.BOARD, len(self.gpus))
+            except OSError as e:
+                log.warning("no board of latency classes in %s: %s", self.config.run_dir, e)
         if self.board is None:
             return
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
