@@ -8,13 +8,17 @@
  * that saw a launch: "BIN_START_NS COUNT" (absolute CLOCK_MONOTONIC), and a
  * last line "done TOTAL".
  *
- *   compute_child SECONDS BIN_US GAP_US
+ *   compute_child SECONDS BIN_US GAP_US [capture]
+ *
+ * With "capture", the launches go to a stream that captures them into a
+ * graph for the whole run (the capture ends after the last).
  *
  * It prints "ready" once its context is current (before the first launch).
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "cuda_abi.h"
@@ -23,6 +27,9 @@ CUresult cuInit(unsigned int);
 CUresult cuDeviceGet(CUdevice *, int);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
 CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuStreamCreate(CUstream *, unsigned int);
+CUresult cuStreamBeginCapture(CUstream);
+CUresult cuStreamEndCapture(CUstream, void **);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
 			unsigned, CUstream, void **, void **);
 
@@ -38,10 +45,12 @@ int main(int argc, char **argv)
 {
 	uint64_t seconds, bin, gap, start, end, total = 0, nbins, *counts;
 	struct timespec pause;
+	CUstream stream = NULL;
+	void *graph = NULL;
 	CUcontext ctx;
 	CUdevice dev;
 
-	if (argc != 4) {
+	if (argc != 4 && !(argc == 5 && strcmp(argv[4], "capture") == 0)) {
 		fprintf(stderr, "usage: compute_child SECONDS BIN_US GAP_US\n");
 		return 2;
 	}
@@ -55,6 +64,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "compute_child: no context\n");
 		return 1;
 	}
+	if (argc == 5 && (cuStreamCreate(&stream, 0) != CUDA_SUCCESS ||
+			  cuStreamBeginCapture(stream) != CUDA_SUCCESS)) {
+		fprintf(stderr, "compute_child: no capture\n");
+		return 1;
+	}
 	nbins = seconds * 1000000000u / bin + 2;
 	counts = calloc(nbins, sizeof(*counts));
 	if (counts == NULL)
@@ -64,7 +78,7 @@ int main(int argc, char **argv)
 	start = now_ns() / bin * bin;
 	end = start + seconds * 1000000000u;
 	for (uint64_t t = now_ns(); t < end; t = now_ns()) {
-		if (cuLaunchKernel((CUfunction)0x1, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) !=
+		if (cuLaunchKernel((CUfunction)0x1, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL) !=
 		    CUDA_SUCCESS) {
 			fprintf(stderr, "compute_child: launch failed\n");
 			return 1;
@@ -76,6 +90,10 @@ int main(int argc, char **argv)
 		total++;
 		if (gap != 0)
 			nanosleep(&pause, NULL);
+	}
+	if (stream != NULL && cuStreamEndCapture(stream, &graph) != CUDA_SUCCESS) {
+		fprintf(stderr, "compute_child: capture not ended\n");
+		return 1;
 	}
 	for (uint64_t i = 0; i < nbins; i++)
 		if (counts[i] != 0)

@@ -87,12 +87,15 @@ def start(
     seconds: float,
     bin_us: int = 1000,
     gap_us: int = 100,
+    capture: bool = False,
     **extra: str,
 ) -> subprocess.Popen[str]:
     """One child launching for ``seconds`` (whole seconds), ``gap_us`` apart, as a process
-    of ``task_id``; returns once it is ready to launch."""
+    of ``task_id`` (``capture``: into a stream capture that lasts the whole run); returns
+    once it is ready to launch."""
     p = subprocess.Popen(
-        [str(program), str(int(seconds)), str(bin_us), str(gap_us)],
+        [str(program), str(int(seconds)), str(bin_us), str(gap_us)]
+        + (["capture"] if capture else []),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -146,6 +146,20 @@ def test_a_latency_sensitive_task_publishes_its_launches(
     board.close()
 
 
+def test_no_synchronisation_while_a_stream_captures(program: Path, ledger: Ledger) -> None:
+    """A process whose stream captures all along is still gated to its window, but its
+    pacer never synchronises (that would invalidate the capture): every window it launched
+    in is counted unmeasured, with no overrun, and the capture ends intact."""
+    ledger.task_schedule("a", window(30))
+    p = compute_child.start(program, ledger.path, "a", seconds=2, capture=True)
+    time.sleep(1.5)
+    pacing = ledger.task_pacing("a")
+    bins = compute_child.collect(p)
+    assert bins.in_window(PERIOD, 0, 30 * MS, slack_ns=MS) >= 0.97
+    assert pacing.windows >= 5 and pacing.unmeasured == pacing.windows
+    assert pacing.overrun_ns == 0
+
+
 def test_the_debt_arithmetic() -> None:
     """Overrun becomes debt that shortens the next window; lateness pays it; a debt
     beyond the window skips it; debt is capped."""
