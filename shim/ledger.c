@@ -176,7 +176,8 @@ static int task_bit(struct gs_ledger *l, const char *task_id, uint32_t bit, uint
 	word = LOAD(&l->task[i].paused);
 	word = on ? (word | bit) : (word & ~bit);
 	STORE(&l->task[i].paused, word);
-	if (word == 0)
+	/* Nothing holds the task any longer (GS_PAUSE_COMPUTE holds nothing). */
+	if ((word & GS_PAUSE_HOLDING) == 0)
 		wake_all(&l->task[i].paused);
 	return 0;
 }
@@ -189,6 +190,11 @@ int gs_ledger_task_pause(struct gs_ledger *l, const char *task_id, uint32_t paus
 int gs_ledger_task_gate(struct gs_ledger *l, const char *task_id, uint32_t gated)
 {
 	return task_bit(l, task_id, GS_PAUSE_TURN, gated);
+}
+
+int gs_ledger_task_wake_pacers(struct gs_ledger *l, const char *task_id, uint32_t on)
+{
+	return task_bit(l, task_id, GS_PAUSE_COMPUTE, on);
 }
 
 int gs_ledger_task_turn(struct gs_ledger *l, const char *task_id, uint64_t turn_until,
@@ -434,6 +440,7 @@ static void slot_clear(struct gs_ledger *l, struct gs_slot *s)
 		STORE(&s->settled[g], 0);
 	}
 	zero_all(figures, ARRAY_LEN(figures));
+	STORE(&s->pacer, 0u);
 	STORE(&s->task_index, -1);
 }
 

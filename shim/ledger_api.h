@@ -38,6 +38,9 @@ int gs_ledger_task_pause(struct gs_ledger *l, const char *task_id, uint32_t paus
 /* nodemgr: the same for the GS_PAUSE_TURN bit (time slicing). */
 int gs_ledger_task_gate(struct gs_ledger *l, const char *task_id, uint32_t gated);
 
+/* nodemgr: the same for the GS_PAUSE_COMPUTE bit (compute shares: start the pacers). */
+int gs_ledger_task_wake_pacers(struct gs_ledger *l, const char *task_id, uint32_t on);
+
 /*
  * nodemgr: publish the task's turn (the boundary count at which it ends;
  * 0: not gated) and its GS_TASK_* flags. -ENOENT if no entry.
@@ -259,7 +262,8 @@ struct gs_schedule {
 
 /*
  * nodemgr: publish the task's schedule and wake its pacers (one writer:
- * nodemgr's loop). -ENOENT if the task has no entry.
+ * nodemgr's loop); a schedule with flags also sets GS_PAUSE_COMPUTE, so that
+ * processes without a pacer start one. -ENOENT if the task has no entry.
  */
 int gs_ledger_task_schedule(struct gs_ledger *l, const char *task_id, const struct gs_schedule *s);
 
@@ -279,7 +283,12 @@ struct gs_pacing {
 	uint64_t gated_ns;
 	uint64_t windows;
 	uint64_t unmeasured;
+	uint32_t processes; /* gs_ledger_task_pacing: the task's live slots */
+	uint32_t pacers;    /* of which run a pacer */
 };
+
+/* A pacer, once it runs: mark slot `slot` as paced (gs_ledger_task_pacing counts it). */
+void gs_ledger_slot_paced(struct gs_ledger *l, uint32_t slot);
 
 /* A pacer: add `delta` to slot `slot`'s counters. */
 void gs_ledger_pacing_add(struct gs_ledger *l, uint32_t slot, const struct gs_pacing *delta);

@@ -72,6 +72,13 @@ int gs_ledger_task_schedule(struct gs_ledger *l, const char *task_id, const stru
 	if (i < 0)
 		return i;
 	publish(&l->task[i], s);
+	/*
+	 * A process starts its pacer at its claim only when its task has a schedule: those
+	 * that claimed before start theirs at their next launch, which this bit sends out of
+	 * line. nodemgr clears it once every live process of the task runs one.
+	 */
+	if (s->flags != 0)
+		gs_ledger_task_wake_pacers(l, task_id, 1);
 	return 0;
 }
 
@@ -122,6 +129,13 @@ uint32_t *gs_ledger_sched_word(struct gs_ledger *l, int task)
 	return task >= 0 && task < GS_MAX_TASKS ? &l->task[task].sched_seq : NULL;
 }
 
+void gs_ledger_slot_paced(struct gs_ledger *l, uint32_t slot)
+{
+	/* Read by nodemgr to learn when every process of a task runs its pacer. */
+	if (slot < GS_MAX_SLOTS)
+		STORE(&l->slot[slot].pacer, 1u);
+}
+
 void gs_ledger_pacing_add(struct gs_ledger *l, uint32_t slot, const struct gs_pacing *d)
 {
 	struct gs_slot *s;
@@ -157,9 +171,11 @@ int gs_ledger_task_pacing(const struct gs_ledger *l, const char *task_id, struct
 			out->gated_ns += RELAXED_LOAD(&s->gated_ns);
 			out->windows += RELAXED_LOAD(&s->windows);
 			out->unmeasured += RELAXED_LOAD(&s->unmeasured);
+			out->pacers += LOAD(&s->pacer) != 0;
 			n++;
 		}
 	}
+	out->processes = (uint32_t)n;
 	return n;
 }
 

@@ -27,9 +27,15 @@
 #define GS_SLOT_FREE 0
 #define GS_SLOT_USED 1
 
-/* Bits of a task entry's pause word: launches and allocations wait while any is set. */
-#define GS_PAUSE_ADMIN 1 /* an operator paused the task */
-#define GS_PAUSE_TURN 2	 /* a time-sliced GPU of the task is another task's turn */
+/*
+ * Bits of a task entry's pause word: launches and allocations wait while any is set,
+ * but GS_PAUSE_COMPUTE, which holds nothing: it sends the task's next launches out of
+ * line, where a process whose task got a compute schedule starts its pacer.
+ */
+#define GS_PAUSE_ADMIN 1	    /* an operator paused the task */
+#define GS_PAUSE_TURN 2		    /* a time-sliced GPU of the task is another task's turn */
+#define GS_PAUSE_COMPUTE 8	    /* some process of the task may have no pacer yet (pacer.c) */
+#define GS_PAUSE_HOLDING 0xfffffff7 /* the bits that hold: all but GS_PAUSE_COMPUTE */
 
 /* Bits of a task entry's flags, written by nodemgr. */
 #define GS_TASK_TIMESLICED 1 /* the task runs on a time-sliced GPU: learn its shape */
@@ -129,8 +135,8 @@ struct gs_slot {
 	uint64_t peak;		/* most bytes this slot held at once, over all GPUs */
 	uint64_t launches_seen; /* nodemgr: launches at its last sweep */
 	int32_t task_index;	/* the process's task entry, -1 if none (set at claim) */
-	uint32_t reserved0;
-	uint64_t iterations; /* iteration boundaries this process reported */
+	uint32_t pacer;		/* 1 once the process runs its pacer thread (pacer.c) */
+	uint64_t iterations;	/* iteration boundaries this process reported */
 	uint64_t releases; /* times it released its temporary memory (settled is valid when > 0) */
 	uint64_t boundary_ns; /* CLOCK_MONOTONIC of the last boundary; 0: none yet */
 	uint64_t held;	      /* bytes this slot holds now, all GPUs: what its peak follows */

@@ -1,13 +1,17 @@
 /*
- * The pacer (docs/compute.md): one thread per process, started when the
- * process claims its slot in a ledger where nodemgr turned compute control
- * on, keeps gs_compute_gate, the word every launch reads beside the pause
- * word. Nothing on the launch path asks anyone anything: the task entry
+ * The pacer (docs/compute.md): one thread per process whose task has a
+ * compute schedule, in a ledger where nodemgr turned compute control on:
+ * started when the process claims its slot if its task has one then, else
+ * at its first launch after nodemgr gave it one (GS_PAUSE_COMPUTE in the
+ * task's pause word sends that launch out of line). It keeps
+ * gs_compute_gate, the word every launch reads beside the pause word.
+ * Nothing on the launch path asks anyone anything: the task entry
  * carries the schedule nodemgr computed, and windows are aligned to
  * CLOCK_MONOTONIC, which every process of the node shares.
  *
- * While the task has no schedule the thread sleeps on the entry's sequence
- * word (a futex nodemgr wakes after each change) and the gate stays open.
+ * While the task has no schedule (it was taken away) the thread sleeps on
+ * the entry's sequence word (a futex nodemgr wakes after each change) and
+ * the gate stays open.
  * With a window it loops: gate closed until the window starts, open until
  * its end less the debt, closed again; then it synchronises the process's
  * primary contexts with the driver's own entries, so the completion of the
@@ -47,8 +51,12 @@
 
 uint32_t gs_compute_gate;
 static uint32_t gate_waiters; /* launches in wait_to_launch's futex wait */
+/* The pacer runs: set under start_mu (release), read by launches without it (acquire). */
+static int pacer_up;
 
 static pthread_mutex_t stop_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Orders starting the pacer: at a claim, or at a launch that finds GS_PAUSE_COMPUTE. */
+static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static struct {
 	struct gs_ledger *ledger;
@@ -144,7 +152,7 @@ static void close_and_measure(struct pace *p, uint64_t now)
 		done = work_done();
 		d.device_ns = now - p->opened_at;
 		if (done == 0) {
-			d.unmeasured = 1;
+			d.unmeasured = (uint64_t)p->in_window;
 		} else if (p->in_window) {
 			d.overrun_ns = gs_pace_close(now, done, p->max_debt, &p->debt);
 		} else {
@@ -279,7 +287,11 @@ static void sleep_until(uint32_t seq, uint64_t when)
 
 static void *pace(void *arg)
 {
-	struct pace p = { .open = 1, .seq = UINT32_MAX };
+	/* The gate is open when the pacer starts: as if it had opened it now. */
+	struct pace p = { .open = 1,
+			  .seq = UINT32_MAX,
+			  .opened_at = now_ns(),
+			  .launches_at_open = launches_now() };
 	struct gs_schedule s;
 
 	(void)arg;
@@ -311,7 +323,10 @@ static void pacer_stop(void)
 		syscall(SYS_futex, pacer.sched, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-/* The process claimed `slot` (gs_on_claim; under the claim's lock): start its pacer. */
+/*
+ * Start the process's pacer for `slot` once (under start_mu): it runs from
+ * then on, for the life of the process.
+ */
 static void pacer_start(int slot)
 {
 	struct gs_ledger *l = gs_state.ledger;
@@ -323,7 +338,7 @@ static void pacer_start(int slot)
 
 	if (pacer.running || task < 0 || !(gs_ledger_flags(l) & GS_LEDGER_COMPUTE))
 		return;
-	/* Read at the claim, not at load: an auto-loaded task sets it with its grant. */
+	/* Read now, not at load: an auto-loaded task sets it with its grant. */
 	if (path != NULL && strlen(path) < sizeof(pacer.board_path))
 		strcpy(pacer.board_path, path);
 	else
@@ -345,6 +360,42 @@ static void pacer_start(int slot)
 	pacer.running = pthread_create(&thread, &attr, pace, NULL) == 0;
 	pthread_attr_destroy(&attr);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (pacer.running) {
+		gs_ledger_slot_paced(l, (uint32_t)slot);
+		__atomic_store_n(&pacer_up, 1, __ATOMIC_RELEASE);
+	}
+}
+
+/*
+ * The process claimed `slot` (gs_on_claim; under the claim's lock): its pacer
+ * starts now if its task has a schedule. Otherwise the process stays
+ * single-threaded, as it was (an idle thread of any kind makes libc's paths
+ * dearer), until its task gets one: nodemgr then sets GS_PAUSE_COMPUTE in the
+ * pause word, and the next launch starts the pacer (wait_to_launch).
+ */
+static void pacer_claimed(int slot)
+{
+	struct gs_schedule s;
+
+	gs_ledger_entry_schedule(gs_state.ledger,
+				 gs_ledger_slot_task(gs_state.ledger, (uint32_t)slot), &s);
+	if (s.flags == 0)
+		return;
+	pthread_mutex_lock(&start_mu);
+	pacer_start(slot);
+	pthread_mutex_unlock(&start_mu);
+}
+
+/* A launch found GS_PAUSE_COMPUTE: its process's pacer starts, if it has not yet. */
+static void pacer_wanted(void)
+{
+	int slot = __atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE);
+
+	if (slot < 0)
+		return;
+	pthread_mutex_lock(&start_mu);
+	pacer_start(slot);
+	pthread_mutex_unlock(&start_mu);
 }
 
 __attribute__((noinline, cold)) void wait_to_launch(uint32_t *pause)
@@ -354,7 +405,11 @@ __attribute__((noinline, cold)) void wait_to_launch(uint32_t *pause)
 	uint32_t g;
 
 	for (;;) {
-		if (__atomic_load_n(pause, __ATOMIC_RELAXED) != 0) {
+		uint32_t word = __atomic_load_n(pause, __ATOMIC_RELAXED);
+
+		if ((word & GS_PAUSE_COMPUTE) && !__atomic_load_n(&pacer_up, __ATOMIC_ACQUIRE))
+			pacer_wanted();
+		if (word & GS_PAUSE_HOLDING) {
 			wait_while_paused(pause);
 			/* It may have let go of an entry that names another task now. */
 			pause = __atomic_load_n(&gs_hot.pause, __ATOMIC_ACQUIRE);
@@ -384,6 +439,7 @@ __attribute__((noinline, cold)) void wait_to_launch(uint32_t *pause)
 static void pacer_after_fork_child(void)
 {
 	pacer.running = 0;
+	pacer_up = 0;
 	pacer.stopping = 0;
 	pacer.sched = NULL;
 	pacer.board = NULL; /* not inherited (MADV_DONTFORK) */
@@ -391,10 +447,11 @@ static void pacer_after_fork_child(void)
 	gs_compute_gate = 0;
 	gate_waiters = 0;
 	pthread_mutex_init(&stop_mu, NULL);
+	pthread_mutex_init(&start_mu, NULL);
 }
 
 __attribute__((constructor)) static void pacer_load(void)
 {
-	gs_on_claim(pacer_start);
+	gs_on_claim(pacer_claimed);
 	pthread_atfork(NULL, NULL, pacer_after_fork_child);
 }

@@ -385,8 +385,9 @@ CUresult stream_ctx(CUstream stream, CUcontext *ctx, int *gpu)
 }
 /*
  * Out of line: a paused or gated task's launches and allocations wait here
- * until nodemgr clears every bit of the word and wakes them. The wait is on
- * the value read, which may hold either bit or both, so a word that changed
+ * until nodemgr clears every bit of the word that holds them
+ * (GS_PAUSE_HOLDING: GS_PAUSE_COMPUTE holds nothing) and wakes them. The wait
+ * is on the value read, which may hold several bits, so a word that changed
  * in between is read again at once. The timeout re-reads the word now and
  * then, so a wake-up lost to a daemon restart costs a fraction of a second,
  * not a hang.
@@ -397,8 +398,10 @@ __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 	struct timespec start, end;
 	uint32_t seen;
 
+	if ((__atomic_load_n(word, __ATOMIC_ACQUIRE) & GS_PAUSE_HOLDING) == 0)
+		return; /* only GS_PAUSE_COMPUTE: no wait, and none counted */
 	clock_gettime(CLOCK_MONOTONIC, &start);
-	while ((seen = __atomic_load_n(word, __ATOMIC_ACQUIRE)) != 0) {
+	while (((seen = __atomic_load_n(word, __ATOMIC_ACQUIRE)) & GS_PAUSE_HOLDING) != 0) {
 		/*
 		 * A process that outlived its task may find the entry handed to a
 		 * newer task: that task's pause is not this process's to obey.

@@ -34,6 +34,7 @@ from nodemgr.host import procfs
 MAX_GPUS: int = lib.GS_MAX_GPUS
 PAUSE_ADMIN: int = lib.GS_PAUSE_ADMIN
 PAUSE_TURN: int = lib.GS_PAUSE_TURN
+PAUSE_COMPUTE: int = lib.GS_PAUSE_COMPUTE
 TASK_TIMESLICED: int = lib.GS_TASK_TIMESLICED
 LEDGER_COMPUTE: int = lib.GS_LEDGER_COMPUTE
 COMPUTE_WINDOW: int = lib.GS_COMPUTE_WINDOW
@@ -116,6 +117,8 @@ class Pacing:
     gated_ns: int = 0
     windows: int = 0
     unmeasured: int = 0
+    processes: int = 0  # the task's live processes
+    pacers: int = 0  # of which run a pacer
 
 
 class LedgerError(Exception):
@@ -409,6 +412,13 @@ class Ledger:
             setattr(c, name, value)
         rc = int(lib.gs_ledger_task_schedule(self._l, _task_key(task_id), c))
         self._check(rc, task_id, "scheduling")
+
+    def task_wake_pacers(self, task_id: str, on: bool) -> None:
+        """Set (a schedule does it itself) or clear GS_PAUSE_COMPUTE in the task's pause
+        word: while it is set, a launch of a process of the task that runs no pacer starts
+        one. Raises LedgerError if the task has no entry."""
+        rc = int(lib.gs_ledger_task_wake_pacers(self._l, _task_key(task_id), 1 if on else 0))
+        self._check(rc, task_id, "waking the pacers of")
 
     def schedule_of(self, task_id: str) -> Schedule | None:
         """The schedule the task's entry holds now; None if it has no entry."""

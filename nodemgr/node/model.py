@@ -63,8 +63,10 @@ class Task:
     # by region as the last sweep read it (tasks on time-sliced GPUs only).
     arrival: int = 0
     regions: Regions | None = None
-    # Compute shares (docs/compute.md): the schedule its ledger entry was last given.
+    # Compute shares (docs/compute.md): the schedule its ledger entry was last given, and
+    # whether its pause word still asks its processes to start their pacers.
     schedule: Schedule | None = None
+    waking_pacers: bool = False
 
     @property
     def guard(self) -> int:

@@ -230,12 +230,34 @@ class Node:
             if task.schedule == schedule:
                 continue
             try:
-                self.envs[task.env].ledger.task_schedule(task_id, schedule)
+                ledger = self.envs[task.env].ledger
+                ledger.task_schedule(task_id, schedule)
+                # A schedule with flags asks processes without a pacer to start one
+                # (settle_pacers); without, they need none.
+                if task.waking_pacers and not schedule.flags:
+                    ledger.task_wake_pacers(task_id, False)
             except LedgerError as e:
                 log.warning("task %s: no compute schedule: %s", task_id, e)
                 continue
             task.schedule = schedule
+            task.waking_pacers = bool(schedule.flags)
         return plan.notes
+
+    def settle_pacers(self) -> None:
+        """Once every live process of a task with a schedule runs its pacer, its launches
+        no longer need to go out of line to start one: clear GS_PAUSE_COMPUTE. A process
+        that claims its slot later starts its pacer there, since its task has a schedule
+        (and one that claimed before the schedule was published is counted here: a claim
+        marks its slot before it reads its task's schedule)."""
+        for task in self.tasks.values():
+            if not task.waking_pacers:
+                continue
+            ledger = self.envs[task.env].ledger
+            pacing = ledger.task_pacing(task.task_id)
+            if pacing.pacers == pacing.processes:
+                with contextlib.suppress(LedgerError):
+                    ledger.task_wake_pacers(task.task_id, False)
+                task.waking_pacers = False
 
     def set_idle(self, name: str, timeout: float | None, action: str | None) -> Env:
         """Give an environment its own idle policy (None: the node's), kept across

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nodemgr.host.gpus import simulated_uuid
-from nodemgr.host.ledger import COMPUTE_WINDOW, Ledger, Schedule
+from nodemgr.host.ledger import COMPUTE_WINDOW, PAUSE_COMPUTE, Ledger, Schedule
 from tests.conftest import invoke
 from tests.daemon.conftest import free_port, scrape
 from tests.shim import compute_child
@@ -161,6 +161,12 @@ def test_a_task_run_with_a_share_launches_only_in_its_window(
     time.sleep(1)
     [view] = daemon.tasks()
     assert view["share"] == 30 and view["device_seconds"] > 0
+    with ledger_of(daemon, "alice") as ledger:
+        # Its one process runs its pacer: its launches need not go out of line to start one.
+        assert ledger.task_pacing(view["task_id"]).pacers == 1
+        found = ledger.task_entry(view["task_id"])
+        assert found is not None
+        assert ledger._l.task[found.index].paused & PAUSE_COMPUTE == 0
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
     bins = compute_child.parse(out)

@@ -67,6 +67,10 @@ def test_a_share_gates_launches_to_its_window(program: Path, ledger: Ledger) -> 
     start, end = bins.span()
     assert 0.25 <= bins.busy_fraction(start + PERIOD, end - PERIOD) <= 0.35
     assert bins.in_window(PERIOD, 20 * MS, 30 * MS, slack_ns=MS) >= 0.97
+    # Its windows' open time (kernels take none on the simulated driver): about 30% of 3 s.
+    pacing = ledger.task_pacing("a")
+    assert 25 <= pacing.windows <= 32
+    assert 0.7e9 <= pacing.device_ns <= 1.1e9
 
 
 def test_two_shares_take_turns(program: Path, ledger: Ledger) -> None:
@@ -91,6 +95,7 @@ def test_without_a_schedule_nothing_is_gated(program: Path, ledger: Ledger) -> N
     assert bins.busy_fraction(start, end) >= 0.75
     pacing = ledger.task_pacing("a")
     assert pacing.gated_ns == 0 and pacing.windows == 0
+    assert (pacing.processes, pacing.pacers) == (1, 0), "no pacer thread was started"
 
 
 def test_a_live_change_is_obeyed_within_a_period(program: Path, ledger: Ledger) -> None:
@@ -98,12 +103,15 @@ def test_a_live_change_is_obeyed_within_a_period(program: Path, ledger: Ledger) 
     entry's futex word); taking it away lets the child launch freely again."""
     p = compute_child.start(program, ledger.path, "a", seconds=4)
     time.sleep(1)
+    assert ledger.task_pacing("a").pacers == 0, "no schedule at its claim: no pacer yet"
     changed = time.monotonic_ns()
     ledger.task_schedule("a", window(20))
     time.sleep(1.5)
     cleared = time.monotonic_ns()
     ledger.task_schedule("a", Schedule())
+    pacing = ledger.task_pacing("a")
     bins = compute_child.collect(p)
+    assert pacing.pacers == 1, "its next launch started its pacer"
     start, _ = bins.span()
     assert bins.busy_fraction(start, changed) >= 0.75
     assert 0.12 <= bins.busy_fraction(changed + PERIOD, cleared) <= 0.25
