@@ -173,8 +173,9 @@ debug: install
 	$(BIN)/python sim/build.py --debug address --out build/debug
 
 # The tests that drive the shim and the simulated driver, run against their sanitizer
-# builds: ASan+UBSan for all of them, TSan for the threaded one (its client is built with
-# TSan too). Any report fails the test, since the process then exits non-zero.
+# builds: ASan+UBSan for all of them, TSan for the threaded ones and the pacer's (their
+# clients are built with TSan too). Any report fails the test, since the process then
+# exits non-zero.
 SANITIZED_TESTS := tests/shim tests/sim tests/e2e/test_enforcement.py tests/daemon/test_reclaim.py
 debug-test: debug
 	$(BIN)/python shim/build.py --debug thread --out build/tsan
@@ -187,8 +188,8 @@ debug-test: debug
 	GPUSHARE_SHIM=$(CURDIR)/build/tsan/libgpushare.so GPUSHARE_TEST_SANITIZE=thread \
 	GPUSHARE_SIM_DIR=$(CURDIR)/build/tsan/sim \
 	TSAN_OPTIONS=halt_on_error=1 \
-	$(PYTEST) -p no:cacheprovider tests/shim/test_shim.py tests/shim/test_attach.py -k threads \
-		$(PYTEST_ARGS)
+	$(PYTEST) -p no:cacheprovider tests/shim/test_shim.py tests/shim/test_attach.py \
+		tests/shim/test_compute.py -k "threads or test_compute" $(PYTEST_ARGS)
 
 # The shim's line and branch coverage in debug-test's ASan+UBSan run (gcov): a table, the
 # figures in build/coverage/c.json, and a failure below the floors in tests/c_coverage.py.

@@ -36,7 +36,7 @@ from typing import Any
 from nodemgr._ledger import ffi, lib
 
 from gpushare import libs
-from nodemgr.host.ledger import MAX_SLOTS, SIZE, Ledger, SlotTotals
+from nodemgr.host.ledger import COMPUTE_WINDOW, MAX_SLOTS, SIZE, Ledger, Schedule, SlotTotals
 
 SELF = Path(__file__).resolve()
 if str(SELF.parent.parent) not in sys.path:
@@ -49,6 +49,11 @@ SHIM_INCLUDE = SELF.parent.parent / "shim"  # cuda_abi.h
 MiB = 1 << 20
 GiB = 1 << 30
 TASK_ID = "shim-bench"
+# A second task of the same ledger whose launches run under a compute schedule.
+SHARED_TASK_ID = "shim-bench-share"
+# Its window: the whole of a period longer than any run, so the gate stays open and what
+# is timed is the launch path with a share set, not the waits a share imposes.
+SHARE_PERIOD_NS = 60 * 1_000_000_000
 # Two simulated GPUs the benchmark names itself, so the ledger's UUIDs are known.
 SIM_UUIDS = [f"GPU-5349d000-0000-4000-8000-{0xBE0 + i:012x}" for i in range(2)]
 SIM_BYTES = 16 * GiB
@@ -128,6 +133,23 @@ def setting() -> Iterator[Setting]:
             # As nodemgr does for a granted task: launches then read the task's pause word
             # in the ledger, the path a real task takes.
             ledger.task_add(TASK_ID)
+            # As nodemgr does for every ledger: each process starts its pacer thread, which
+            # sleeps while its task has no schedule (launch_overhead: no share set).
+            ledger.set_compute(True)
+            ledger.task_add(SHARED_TASK_ID)
+            ledger.task_schedule(
+                SHARED_TASK_ID,
+                Schedule(
+                    flags=COMPUTE_WINDOW,
+                    share=100,
+                    gpu_mask=1,
+                    period_ns=SHARE_PERIOD_NS,
+                    length_ns=SHARE_PERIOD_NS,
+                ),
+            )
+            # As nodemgr does once every process of the task runs a pacer: each process
+            # here starts its pacer at its claim (its task has a schedule by then).
+            ledger.task_wake_pacers(SHARED_TASK_ID, False)
             direct = base_env()
             enforcing = {
                 **direct,
@@ -254,6 +276,42 @@ def bench_launch(s: Setting, quick: bool) -> dict[str, Any]:
         "pairs of shim run median - direct run median; every shim launch checked on the "
         "ledger"
     )
+    return judge(result, "added_ns", "<=", 15.0)
+
+
+def bench_launch_share(s: Setting, quick: bool) -> dict[str, Any]:
+    """ns a compute share adds to each cuLaunchKernel (its gate open), over the shim's
+    launch without one."""
+    n, reps, pairs = (300_000, 5, 3) if quick else (2_000_000, 7, 8)
+    shared = {**s.shim, "GPUSHARE_TASK_ID": SHARED_TASK_ID, "SHIM_BENCH_CPU": str(s.cpu)}
+    plain = {**s.shim, "SHIM_BENCH_CPU": str(s.cpu)}
+    runs: dict[str, list[float]] = {"plain": [], "shared": []}
+    for _, side in harness.alternating(pairs, "plain", "shared"):
+        env = shared if side == "shared" else plain
+        got = run_client(s, env, ["launch", str(n), str(reps)], f"launch ({side})")
+        if len(got) != reps:
+            raise BenchError(f"launch ({side}): expected {reps} figures, got {got}")
+        runs[side].append(statistics.median(got))
+        s.ledger.reap()
+    schedule = s.ledger.schedule_of(SHARED_TASK_ID)
+    if schedule is None or not schedule.flags & COMPUTE_WINDOW:
+        raise BenchError("the shared task had no window: nothing was measured")
+    added = [b - a for a, b in zip(runs["plain"], runs["shared"], strict=True)]
+    result = {
+        "calls_per_loop": n,
+        "loops_per_run": reps,
+        "runs_per_side": pairs,
+        "plain_run_medians_ns": [r3(x) for x in runs["plain"]],
+        "shared_run_medians_ns": [r3(x) for x in runs["shared"]],
+        "added_ns": r3(statistics.median(added)),
+        "added_ns_per_pair": [r3(x) for x in added],
+        "cpu": s.cpu,
+        "setup": "as launch_overhead, both sides under the shim: `plain` a task without a "
+        "share (no pacer thread), `shared` a task whose window is the whole of a 60 s "
+        "period (gate open, its pacer thread started at the claim, asleep until the "
+        "window's end); added_ns: median over pairs of shared run median - plain run "
+        "median",
+    }
     return judge(result, "added_ns", "<=", 15.0)
 
 
@@ -515,6 +573,7 @@ def bench_startup(s: Setting, quick: bool) -> dict[str, Any]:
 
 BENCHMARKS: dict[str, Callable[[Setting, bool], dict[str, Any]]] = {
     "launch_overhead": bench_launch,
+    "launch_with_share": bench_launch_share,
     "alloc_free_overhead": bench_alloc,
     "alloc_free_1024_live": bench_alloc_live,
     "alloc_free_after_1024": bench_alloc_churned,

@@ -25,6 +25,7 @@ from gpushare.client import (
     Unreachable,
 )
 from gpushare.envvars import (
+    BOARD,
     ENDPOINT,
     LEDGER,
     SIM_GPUS,
@@ -192,6 +193,7 @@ def _request_once(
         persistent=s.persistent,
         temporary=s.temporary,
         guard=s.guard,
+        compute=s.compute,
         wrapper=True if wrapper else None,
         task_class=s.task_class,
     )
@@ -301,6 +303,11 @@ def task_environment(
     env["CUDA_VISIBLE_DEVICES"] = grant.uuids
     env[LEDGER] = grant.ledger
     env[TASK_ID] = grant.task_id
+    board = paths.board_beside(grant.ledger)
+    if os.path.exists(board):
+        env[BOARD] = board
+    else:
+        env.pop(BOARD, None)
     if grant.endpoint:
         # A process of the task tells nodemgr itself when its turn on a time-sliced GPU ends.
         env[ENDPOINT] = grant.endpoint
@@ -310,10 +317,10 @@ def task_environment(
         env.pop(TIMESLICED, None)
     env[TASK_OWNER] = str(owner)
     if grant.simulated:
-        paths = [str(libs.sim_driver_dir())]
+        dirs = [str(libs.sim_driver_dir())]
         if env.get("LD_LIBRARY_PATH"):
-            paths.append(env["LD_LIBRARY_PATH"])
-        env["LD_LIBRARY_PATH"] = ":".join(paths)
+            dirs.append(env["LD_LIBRARY_PATH"])
+        env["LD_LIBRARY_PATH"] = ":".join(dirs)
         env[SIM_GPUS] = grant.sim_gpus or ""
         if grant.sim_state_dir:
             # Every process of the task records in its nodemgr's table, and no other's.
@@ -340,7 +347,7 @@ def cpu_environment(base: Mapping[str, str], owner: int) -> dict[str, str]:
     env = dict(base)
     env["CUDA_VISIBLE_DEVICES"] = ""
     env[TASK_OWNER] = str(owner)
-    for key in (LEDGER, TASK_ID):
+    for key in (LEDGER, TASK_ID, BOARD):
         env.pop(key, None)
     return env
 

@@ -481,6 +481,14 @@ A CUDA_VISIBLE_DEVICES already set restricts the GPUs nodemgr may grant.
     f"and run CMD again (the default), or exit {EXIT_PREEMPTED}.",
 )
 @click.option(
+    "--compute",
+    type=CountType(1, 100),
+    default=None,
+    metavar="PERCENT",
+    help="The share of its GPUs' time the command may take, 1 to 100 (docs/compute.md) "
+    "[default: none, or the environment's cap].",
+)
+@click.option(
     "--wait/--no-wait",
     default=None,
     help="When no GPUs are free, wait in nodemgr's queue (the default), or fail at once.",
@@ -529,6 +537,7 @@ def main(
     guard: int | None,
     task_class: str | None,
     requeue: bool | None,
+    compute: int | None,
     wait: bool | None,
     wait_timeout: float | None,
     cpu_fallback: bool | None,
@@ -551,7 +560,9 @@ def main(
     except cfg.SettingsError as e:
         _say(str(e))
         sys.exit(EXIT_USAGE)
-    s = s.but(memory=memory, persistent=persistent, temporary=temporary, guard=guard)
+    s = s.but(
+        memory=memory, persistent=persistent, temporary=temporary, guard=guard, compute=compute
+    )
     try:
         if endpoint is not None:
             endpoint = cfg.parse_endpoint("--endpoint", endpoint)

@@ -15,6 +15,7 @@ from typing import Any
 from gpushare import paths, sizes
 from gpushare.envvars import (
     CLASS,
+    COMPUTE,
     CPU_FALLBACK,
     ENDPOINT,
     FALSE_WORDS,
@@ -58,6 +59,7 @@ class Settings:
     persistent: int | None = None  # estimated persistent bytes per GPU (time-sliced GPUs)
     temporary: int | None = None  # estimated temporary peak per GPU, with persistent
     guard: int | None = None  # bytes after its persistent slice; None: the node's default
+    compute: int | None = None  # percent of its GPUs' time (docs/compute.md); None: no share
     # Waiting with stderr not a terminal: seconds between progress lines, at most.
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
     task_class: str | None = None  # "ls" or "be"; None: the environment's default
@@ -131,6 +133,16 @@ def parse_class(name: str, value: str) -> str:
         raise SettingsError(f"{name}={value!r}: {e}") from None
 
 
+def parse_compute(name: str, value: str) -> int:
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise SettingsError(f"{name}={value!r}: expected a whole percentage, 1 to 100") from None
+    if not 1 <= n <= 100:
+        raise SettingsError(f"{name}={value!r}: expected a percentage from 1 to 100")
+    return n
+
+
 def parse_zero_quota(name: str, value: str) -> str:
     v = value.strip().lower()
     if v not in ("warn", "error"):
@@ -155,6 +167,7 @@ _VARIABLES: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     (GUARD, "guard", parse_memory),
     (CLASS, "task_class", parse_class),
     (REQUEUE, "requeue", parse_bool),
+    (COMPUTE, "compute", parse_compute),
 )
 
 

@@ -48,6 +48,8 @@ GUARD = "GPUSHARE_GUARD"
 # command again when nodemgr requeues it for a latency-sensitive task.
 CLASS = "GPUSHARE_CLASS"
 REQUEUE = "GPUSHARE_REQUEUE"
+# Compute shares (docs/compute.md): the percentage of its GPUs' time the task may take.
+COMPUTE = "GPUSHARE_COMPUTE"
 # The auto-loader's own settings.
 AUTOLOAD = "GPUSHARE_AUTOLOAD"
 FRAMEWORKS = "GPUSHARE_FRAMEWORKS"
@@ -56,6 +58,8 @@ ITERATION_HOOKS = "GPUSHARE_ITERATION_HOOKS"
 # Set by the client for a task's processes.
 LEDGER = "GPUSHARE_LEDGER"
 TASK_ID = "GPUSHARE_TASK_ID"
+# The node's board beside the ledger, when there is one (docs/compute.md).
+BOARD = "GPUSHARE_BOARD"
 # Set for a task's processes when some of its GPUs were time-sliced at the grant: the node
 # indices. A hint only (a GPU's mode can change later): it has the iteration hooks connect
 # to nodemgr up front rather than in the task's first turn switch.
@@ -118,6 +122,7 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
         "1/0",
         "requeued for a latency-sensitive task: wait and run CMD again (on by default)",
     ),
+    (COMPUTE, "--compute", "PERCENT, 1 to 100", "the share of its GPUs' time the task may take"),
     (AUTOLOAD, "", "1/0", "the auto-loader requests a grant when a framework is imported"),
     (FRAMEWORKS, "", "NAME,...", "more top-level modules whose import starts a task"),
     (ZERO_QUOTA, "", "warn/error", "the auto-loader on a zero quota"),
@@ -129,6 +134,7 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
 TASK_VARIABLES: tuple[tuple[str, str], ...] = (
     (LEDGER, "the environment's ledger, read by the shim"),
     (TASK_ID, "the task's id"),
+    (BOARD, "the node's board of latency-sensitive activity, beside the ledger (docs/compute.md)"),
     (TIMESLICED, "the granted GPUs that were time-sliced: node indices, comma-separated"),
     (TASK_OWNER, "the pid of the process holding the grant: others ask for none"),
     (AUTOLOAD_HOLDER, "the auto-loaded task's holder: PID,HEARTBEAT_INTERVAL"),

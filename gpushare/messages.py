@@ -407,6 +407,7 @@ class QuotaSetReply(Message):
     # Left out by a nodemgr older than classes (docs/scheduling.md, "Classes").
     class_default: Annotated[str, STR] = "be"
     allow_ls: Annotated[bool, BOOL] = True
+    compute: Annotated[int | None, INT] = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -477,6 +478,20 @@ class PausedReply(Message):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class SharedReply(Message):
+    """The admin `share`'s reply: the task's share as asked and as in force, and the
+    windows of every task on its GPUs (docs/compute.md)."""
+
+    TYPE: ClassVar[str] = "shared"
+    task_id: Annotated[str, STR]
+    env: Annotated[str, STR]
+    share: Annotated[int, INT]
+    compute: Annotated[int | None, INT] = None
+    windows: MapList
+    notes: Annotated[Sequence[str], STRS] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class HistoryReply(Message):
     TYPE: ClassVar[str] = "history"
     records: MapList
@@ -505,6 +520,8 @@ class Request(TaskRequest[GrantReply]):
     persistent: Annotated[int | None, BYTES] = None
     temporary: Annotated[int | None, BYTES] = None
     guard: Annotated[int | None, _int(0, MAX_GUARD)] = None
+    # Percent of its GPUs' time (docs/compute.md); nil: none.
+    compute: Annotated[int | None, _int(1, 100), OMIT_NIL] = None
     wrapper: Annotated[bool | None, _bool, OMIT_NIL] = None
     waited: Annotated[float | None, _number(0.0, MAX_WAIT), OMIT_NIL] = None
     # "ls" or "be" (docs/scheduling.md, "Classes"); nil: the environment's default.
@@ -563,6 +580,8 @@ class QuotaSet(AdminRequest[QuotaSetReply]):
     # The environment's task classes (docs/scheduling.md, "Classes"); nil: unchanged.
     class_default: Annotated[str | None, _one_of(*CLASSES), OMIT_NIL] = None
     allow_ls: Annotated[bool | None, _bool, OMIT_NIL] = None
+    # The cap on each task's compute share, percent; 0 clears it; nil: unchanged.
+    compute: Annotated[int | None, _int(0, 100), OMIT_NIL] = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -655,6 +674,15 @@ class Resume(AdminRequest[PausedReply]):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Share(AdminRequest[SharedReply]):
+    """Change a running task's compute share (docs/compute.md); nil clears it."""
+
+    TYPE: ClassVar[str] = "share"
+    task_id: Annotated[str, TASK]
+    compute: Annotated[int | None, _int(1, 100)] = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class History(AdminRequest[HistoryReply]):
     TYPE: ClassVar[str] = "history"
     env: Annotated[str | None, ENV] = None
@@ -681,6 +709,7 @@ _ADMIN: tuple[type[AdminRequest[Any]], ...] = (
     IdleSet,
     Pause,
     Resume,
+    Share,
     History,
 )
 ADMIN_REQUESTS = {cls.TYPE: cls for cls in _ADMIN}

@@ -81,6 +81,22 @@ class CountType(click.ParamType):  # type: ignore[type-arg]
         return n
 
 
+class ComputeCapType(CountType):
+    """A compute share in percent, ``low`` to 100, or ``none``: 0 (docs/compute.md)."""
+
+    name = "PERCENT|none"
+
+    def __init__(self, low: int = 0) -> None:
+        super().__init__(low, 100)
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
+        if isinstance(value, str) and value.strip().lower() == "none":
+            return 0
+        return super().convert(value, param, ctx)
+
+
 class EnvNameType(click.ParamType):  # type: ignore[type-arg]
     """An environment's name as nodemgr accepts it (protocol.ENV_NAME)."""
 

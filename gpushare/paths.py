@@ -18,8 +18,11 @@ VIEW_SOCKET = "view.sock"
 ENVS_DIR = "envs"
 TASK_SOCKET = "task.sock"
 LEDGER = "ledger"
+# The node's board (docs/compute.md#latency-classes): in the run directory, and linked into
+# each environment's directory beside its ledger.
+BOARD = "board"
 # What nodemgr puts in an environment's directory, and so may replace there.
-ENV_DIR_NAMES = (TASK_SOCKET, LEDGER)
+ENV_DIR_NAMES = (TASK_SOCKET, LEDGER, BOARD)
 IPC = "ipc://"
 # sockaddr_un's sun_path holds 108 bytes, the last a NUL (libzmq refuses a longer ipc
 # path; a bind in another directory, renamed into place, would not, leaving a socket no
@@ -61,6 +64,11 @@ def socket_of(endpoint_: str) -> str | None:
 def ledger_beside(endpoint_: str) -> str:
     """The ledger's path beside the task socket ``endpoint_`` (an ``ipc://`` endpoint)."""
     return os.path.join(os.path.dirname(endpoint_.removeprefix(IPC)), LEDGER)
+
+
+def board_beside(ledger: str) -> str:
+    """The board's path beside an environment's ledger (as this process sees it)."""
+    return os.path.join(os.path.dirname(ledger), BOARD)
 
 
 def socket_path_problem(path: Path, what: str, fix: str) -> str | None:

@@ -307,6 +307,14 @@ KEYS: tuple[Key, ...] = (
         " taken"),
     Key("timeslice", "guard", "guard", Size(), "100MiB",
         "memory kept free after each task's persistent slice"),
+    Key("compute", "period", "compute_period", Seconds(0.001, 10.0), 0.1,
+        "seconds of a GPU's compute schedule: each task with a share, or beside one, launches"
+        " in a window of every period ([compute.md](compute.md))"),
+    Key("compute", "poll", "compute_poll", Seconds(0.00005, 1.0), 0.0005,
+        "seconds between a pacer's looks at the board, where latency classes apply"),
+    Key("compute", "ls_idle", "compute_ls_idle", Seconds(0.0, 10.0), 0.002,
+        "seconds a latency-sensitive task's GPU must have seen none of its launches before a"
+        " best-effort task there may launch outside its own window"),
     Key("idle", "timeout", "idle_timeout", Seconds(0.0, 7 * DAY), 0.0,
         "seconds without a kernel launch after which a task is idle ([nodemgr.md]"
         "(nodemgr.md#idle-tasks)); 0 turns the idle policy off; `nodemgr idle` sets it per"
@@ -455,6 +463,11 @@ class Config:
     quantum: int = _DEFAULTS["quantum"]
     turn_timeout: float = _DEFAULTS["turn_timeout"]
     guard: int = _DEFAULTS["guard"]
+    # [compute] (docs/compute.md): the schedule's period, how often pacers look at the
+    # board, and how long LS must be idle before BE launches.
+    compute_period: float = _DEFAULTS["compute_period"]
+    compute_poll: float = _DEFAULTS["compute_poll"]
+    compute_ls_idle: float = _DEFAULTS["compute_ls_idle"]
     # [idle] (docs/nodemgr.md, "Idle tasks"): the node's idle policy.
     idle_timeout: float = _DEFAULTS["idle_timeout"]
     idle_warn_before: float = _DEFAULTS["idle_warn_before"]

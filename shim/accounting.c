@@ -502,6 +502,35 @@ CUresult teardown(gs_fn_cuCtxDestroy_v2 destroy, CUcontext ctx,
 }
 
 /*
+ * The pacer (pacer.c): wait, from the calling thread and with the driver's
+ * own entries (no wrapper's bookkeeping), for the work each primary context
+ * this process holds has queued; the thread's current context is put back.
+ * Under teardown_mu, so that no context goes away meanwhile (a teardown
+ * waits for the synchronisation). Returns the number synchronised.
+ */
+int sync_primaries(void)
+{
+	gs_fn_cuCtxPushCurrent_v2 push = GS_REAL_FN(cuCtxPushCurrent_v2);
+	gs_fn_cuCtxPopCurrent_v2 pop = GS_REAL_FN(cuCtxPopCurrent_v2);
+	gs_fn_cuCtxSynchronize sync = GS_REAL_FN(cuCtxSynchronize);
+	CUcontext ignored;
+	int n = 0;
+
+	if (push == NULL || pop == NULL || sync == NULL)
+		return 0;
+	pthread_mutex_lock(&teardown_mu);
+	for (int dev = 0; dev < GS_MAX_DEVS; dev++) {
+		if (ctxs.primary_refs[dev] <= 0 || ctxs.primary[dev] == NULL ||
+		    push(ctxs.primary[dev]) != CUDA_SUCCESS)
+			continue;
+		n += sync() == CUDA_SUCCESS;
+		pop(&ignored);
+	}
+	pthread_mutex_unlock(&teardown_mu);
+	return n;
+}
+
+/*
  * In a fork child: the contexts are the parent's, so is what this thread
  * was paying, and so are the allocations the map records. Locks are re-made
  * because another thread may have held them.

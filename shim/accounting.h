@@ -54,6 +54,7 @@ void records_pool_free(void (*to_pool)(const struct gs_alloc *a));
 CUresult charge_context(CUdevice dev, int *charged);
 void context_settle(int gpu, CUresult rc);
 void primary_retain_begin(CUdevice dev);
+int sync_primaries(void);
 void primary_retain_end(CUdevice dev, CUresult rc, const CUcontext *ctx);
 CUresult teardown(gs_fn_cuCtxDestroy_v2 destroy, CUcontext ctx,
 		  gs_fn_cuDevicePrimaryCtxReset_v2 on_dev, CUdevice dev, int release);

@@ -4,9 +4,9 @@
   loaded into every program a task runs.
 - the simulated driver and NVML are built by ``sim/build.py`` with the same
   flags (``link`` below).
-- ``nodemgr._ledger``: cffi bindings to the ledger (``ledger.c``, and
-  ``ledger_access.c``'s reads), declared from the same headers the shim is
-  compiled with.
+- ``nodemgr._ledger``: cffi bindings to the ledger (``ledger.c``,
+  ``ledger_access.c``'s reads and ``ledger_compute.c``'s schedules and board),
+  declared from the same headers the shim is compiled with.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ SHIM_SOURCES = (
     "iteration.c",
     "ledger.c",
     "ledger_access.c",
+    "ledger_compute.c",
+    "pacer.c",
     "dlsym_x86_64.S",
 )
 
@@ -110,7 +112,9 @@ ffibuilder.cdef(_cdef())
 ffibuilder.set_source(
     "nodemgr._ledger",
     '#include "ledger.h"',
-    sources=[os.path.relpath(HERE / s) for s in ("ledger.c", "ledger_access.c")],
+    sources=[
+        os.path.relpath(HERE / s) for s in ("ledger.c", "ledger_access.c", "ledger_compute.c")
+    ],
     include_dirs=[os.path.relpath(HERE)],
     extra_compile_args=["-std=gnu11", *WARN, "-Wno-unused-parameter"],
 )

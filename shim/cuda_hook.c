@@ -17,7 +17,8 @@
  * gpushare_attach (gpushare.h) gives them. The allocation path takes no lock
  * across a driver call, does no I/O and never logs; the launch path touches
  * shared memory with one relaxed load (the task's pause word) and one relaxed
- * add.
+ * add, and reads one process-local word in the same test as the pause word
+ * (the compute gate, kept by the pacer thread: pacer.c).
  *
  * This file holds the wrappers but those of stream-ordered memory, pools,
  * synchronisations, capture and graph memory (pool_hook.c) and those of
@@ -25,7 +26,7 @@
  * lives. The launch wrappers and everything their fast path touches inline
  * stay in this one translation unit.
  */
-#include "graph_mem.h"
+#include "pacer.h"
 
 /* --- wrappers: start-up and memory reports ------------------------------------ */
 
@@ -583,7 +584,12 @@ FREE_WRAPPER(cuMipmappedArrayDestroy, (CUmipmappedArray array), array, GS_K_MIPM
 
 static inline __attribute__((always_inline)) void launch_gate(void)
 {
-	hold_while_paused();
+	uint32_t *pause = __atomic_load_n(&gs_hot.pause, __ATOMIC_ACQUIRE);
+
+	/* The pause word and the compute gate in one test; both 0 unless a task is held. */
+	if (unlikely((__atomic_load_n(pause, __ATOMIC_RELAXED) |
+		      __atomic_load_n(&gs_compute_gate, __ATOMIC_RELAXED)) != 0))
+		wait_to_launch(pause);
 	__atomic_fetch_add(__atomic_load_n(&gs_hot.launches, __ATOMIC_ACQUIRE), 1,
 			   __ATOMIC_RELAXED);
 }

@@ -115,10 +115,40 @@ void graph_pools_sync(void)
 
 #define GS_CAPTURE_INVALIDATED 901 /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: ended all the same */
 
-/* A capture began. */
-void capture_begun(void)
+/*
+ * A synchronisation while a stream captures would invalidate the capture
+ * (or be refused), so the pacer (pacer.c) synchronises only while none is
+ * under way, and no capture begins meanwhile: capture_mu orders the two.
+ */
+static pthread_mutex_t capture_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* A capture is about to begin: it waits for a synchronisation of the pacer's. */
+void capture_starting(void)
 {
-	__atomic_add_fetch(&captures, 1, __ATOMIC_RELAXED);
+	pthread_mutex_lock(&capture_mu);
+}
+
+/* The driver's answer to it: counted when it began. */
+void capture_begun(CUresult rc)
+{
+	if (rc == CUDA_SUCCESS)
+		__atomic_add_fetch(&captures, 1, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&capture_mu);
+}
+
+/* The pacer: 1 (and no capture may begin until quiet_end) when none is under way, else 0. */
+int quiet_begin(void)
+{
+	pthread_mutex_lock(&capture_mu);
+	if (__atomic_load_n(&captures, __ATOMIC_RELAXED) == 0)
+		return 1;
+	pthread_mutex_unlock(&capture_mu);
+	return 0;
+}
+
+void quiet_end(void)
+{
+	pthread_mutex_unlock(&capture_mu);
 }
 
 /* A capture ends with success, or invalidated; the count never goes below 0. */
@@ -131,4 +161,15 @@ void capture_ended(CUresult rc)
 	while (n != 0 && !__atomic_compare_exchange_n(&captures, &n, n - 1, 1, __ATOMIC_RELAXED,
 						      __ATOMIC_RELAXED))
 		;
+}
+
+/* In a fork child: the pacer that may have held capture_mu is the parent's. */
+static void graph_mem_after_fork_child(void)
+{
+	pthread_mutex_init(&capture_mu, NULL);
+}
+
+__attribute__((constructor)) static void graph_mem_load(void)
+{
+	pthread_atfork(NULL, NULL, graph_mem_after_fork_child);
 }

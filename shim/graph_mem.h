@@ -17,7 +17,10 @@ CUresult graph_node_made(CUresult rc);
 __attribute__((cold)) void graph_launched(CUstream stream);
 void graph_pool_trimmed(int gpu);
 void graph_pools_sync(void);
-void capture_begun(void);
+void capture_starting(void);
+void capture_begun(CUresult rc);
+int quiet_begin(void);
+void quiet_end(void);
 void capture_ended(CUresult rc);
 
 #pragma GCC visibility pop

@@ -151,6 +151,7 @@ int gs_ledger_task_add(struct gs_ledger *l, const char *task_id)
 		STORE(&t->paused, 0);
 		STORE(&t->flags, 0);
 		zero_all(figures, ARRAY_LEN(figures));
+		gs_ledger_entry_unschedule(l, i);
 		/* State last: a process that finds the entry finds it whole. */
 		STORE(&t->state, (uint32_t)GS_SLOT_USED);
 		return i;
@@ -175,7 +176,8 @@ static int task_bit(struct gs_ledger *l, const char *task_id, uint32_t bit, uint
 	word = LOAD(&l->task[i].paused);
 	word = on ? (word | bit) : (word & ~bit);
 	STORE(&l->task[i].paused, word);
-	if (word == 0)
+	/* Nothing holds the task any longer (GS_PAUSE_COMPUTE holds nothing). */
+	if ((word & GS_PAUSE_HOLDING) == 0)
 		wake_all(&l->task[i].paused);
 	return 0;
 }
@@ -188,6 +190,16 @@ int gs_ledger_task_pause(struct gs_ledger *l, const char *task_id, uint32_t paus
 int gs_ledger_task_gate(struct gs_ledger *l, const char *task_id, uint32_t gated)
 {
 	return task_bit(l, task_id, GS_PAUSE_TURN, gated);
+}
+
+int gs_ledger_task_hold_class(struct gs_ledger *l, const char *task_id, uint32_t held)
+{
+	return task_bit(l, task_id, GS_PAUSE_CLASS, held);
+}
+
+int gs_ledger_task_wake_pacers(struct gs_ledger *l, const char *task_id, uint32_t on)
+{
+	return task_bit(l, task_id, GS_PAUSE_COMPUTE, on);
 }
 
 int gs_ledger_task_turn(struct gs_ledger *l, const char *task_id, uint64_t turn_until,
@@ -211,6 +223,7 @@ int gs_ledger_task_remove(struct gs_ledger *l, const char *task_id)
 	/* A process still holding a launch must not wait for a task that is gone. */
 	STORE(&l->task[i].paused, 0);
 	wake_all(&l->task[i].paused);
+	gs_ledger_entry_unschedule(l, i);
 	STORE(&l->task[i].state, (uint32_t)GS_SLOT_FREE);
 	return 0;
 }
@@ -412,7 +425,9 @@ static void slot_clear(struct gs_ledger *l, struct gs_slot *s)
 	struct gs_task *t = slot_task(l, s);
 	uint64_t *const figures[] = { &s->held,		  &s->iterations, &s->releases,
 				      &s->boundary_ns,	  &s->launches,	  &s->launches_seen,
-				      &s->last_launch_ns, &s->peak };
+				      &s->last_launch_ns, &s->peak,	  &s->device_ns,
+				      &s->overrun_ns,	  &s->gated_ns,	  &s->windows,
+				      &s->unmeasured };
 	uint64_t held = 0;
 
 	for (int g = 0; g < GS_MAX_GPUS; g++) {
@@ -430,6 +445,7 @@ static void slot_clear(struct gs_ledger *l, struct gs_slot *s)
 		STORE(&s->settled[g], 0);
 	}
 	zero_all(figures, ARRAY_LEN(figures));
+	STORE(&s->pacer, 0u);
 	STORE(&s->task_index, -1);
 }
 

@@ -37,6 +37,11 @@ int gs_ledger_task_pause(struct gs_ledger *l, const char *task_id, uint32_t paus
 
 /* nodemgr: the same for the GS_PAUSE_TURN bit (time slicing). */
 int gs_ledger_task_gate(struct gs_ledger *l, const char *task_id, uint32_t gated);
+/* Sets or clears the task's GS_PAUSE_CLASS bit (held for a latency-sensitive task). */
+int gs_ledger_task_hold_class(struct gs_ledger *l, const char *task_id, uint32_t held);
+
+/* nodemgr: the same for the GS_PAUSE_COMPUTE bit (compute shares: start the pacers). */
+int gs_ledger_task_wake_pacers(struct gs_ledger *l, const char *task_id, uint32_t on);
 
 /*
  * nodemgr: publish the task's turn (the boundary count at which it ends;
@@ -235,3 +240,94 @@ struct gs_slot_memory {
 };
 
 void gs_ledger_slot_memory(const struct gs_ledger *l, uint32_t slot, struct gs_slot_memory *out);
+
+/*
+ * --- compute shares (ledger_compute.c, docs/compute.md) -----------------------------
+ */
+
+/* nodemgr: the header's GS_LEDGER_* flags (GS_LEDGER_COMPUTE: processes start a pacer). */
+void gs_ledger_set_flags(struct gs_ledger *l, uint32_t flags);
+uint32_t gs_ledger_flags(const struct gs_ledger *l);
+
+/* A task's compute schedule, as nodemgr writes it and a pacer reads it. */
+struct gs_schedule {
+	uint32_t flags;	   /* GS_COMPUTE_* bits; 0: never gated */
+	uint32_t share;	   /* percent, for reports */
+	uint32_t gpu_mask; /* node GPUs the task holds: its board entries */
+	uint32_t reserved;
+	uint64_t period_ns;
+	uint64_t offset_ns;
+	uint64_t length_ns;
+	uint64_t poll_ns;
+	uint64_t ls_idle_ns;
+};
+
+/*
+ * nodemgr: publish the task's schedule and wake its pacers (one writer:
+ * nodemgr's loop); a schedule with flags also sets GS_PAUSE_COMPUTE, so that
+ * processes without a pacer start one. -ENOENT if the task has no entry.
+ */
+int gs_ledger_task_schedule(struct gs_ledger *l, const char *task_id, const struct gs_schedule *s);
+
+/* nodemgr: clear entry `task`'s schedule (no gating) and wake its pacers. */
+void gs_ledger_entry_unschedule(struct gs_ledger *l, int task);
+
+/* The schedule task entry `task` holds now into *out; its sequence word's value. */
+uint32_t gs_ledger_entry_schedule(const struct gs_ledger *l, int task, struct gs_schedule *out);
+
+/* The futex word a pacer of entry `task` sleeps on; NULL for an index past the table. */
+uint32_t *gs_ledger_sched_word(struct gs_ledger *l, int task);
+
+/* What pacers measured (struct gs_slot's device_ns and kin). */
+struct gs_pacing {
+	uint64_t device_ns;
+	uint64_t overrun_ns;
+	uint64_t gated_ns;
+	uint64_t windows;
+	uint64_t unmeasured;
+	uint32_t processes; /* gs_ledger_task_pacing: the task's live slots */
+	uint32_t pacers;    /* of which run a pacer */
+};
+
+/* A pacer, once it runs: mark slot `slot` as paced (gs_ledger_task_pacing counts it). */
+void gs_ledger_slot_paced(struct gs_ledger *l, uint32_t slot);
+
+/* A pacer: add `delta` to slot `slot`'s counters. */
+void gs_ledger_pacing_add(struct gs_ledger *l, uint32_t slot, const struct gs_pacing *delta);
+
+/* The sum of the counters of the live slots of `task_id` into *out; returns their number. */
+int gs_ledger_task_pacing(const struct gs_ledger *l, const char *task_id, struct gs_pacing *out);
+
+/*
+ * The pacer's arithmetic (pure, unit-tested): overrun becomes debt that
+ * shortens later windows, so that device time per period converges to the
+ * window's length.
+ *
+ * gs_pace_open: the window [start, start + length) begins, seen at `now`
+ * (late when now > start: time its own work already took). Returns when to
+ * close the gate, or 0 when the debt takes the whole window (then it is
+ * skipped); *debt is what is left to pay.
+ *
+ * gs_pace_close: the gate closed at `closed` and the work launched before
+ * it completed at `done`. Returns the overrun, which is added to *debt (at
+ * most `max_debt`).
+ */
+uint64_t gs_pace_open(uint64_t start, uint64_t length, uint64_t now, uint64_t *debt);
+uint64_t gs_pace_close(uint64_t closed, uint64_t done, uint64_t max_debt, uint64_t *debt);
+
+/*
+ * The next window of a schedule at `now` (CLOCK_MONOTONIC): its start
+ * (k * period + offset, the latest not after now whose window has not
+ * ended, else the next).
+ */
+uint64_t gs_pace_window_start(uint64_t period, uint64_t offset, uint64_t length, uint64_t now);
+
+/* nodemgr: fill a fresh (zeroed) board for `ngpus` GPUs; the magic last. */
+int gs_board_init(struct gs_board *b, uint32_t ngpus);
+int gs_board_check(const struct gs_board *b, size_t len);
+
+/* An LS task's pacer: its GPUs (`mask`) saw launches at `now`. */
+void gs_board_stamp(struct gs_board *b, uint32_t mask, uint64_t now);
+
+/* Whether any of the GPUs in `mask` saw an LS launch less than `idle_ns` before `now`. */
+int gs_board_ls_active(const struct gs_board *b, uint32_t mask, uint64_t now, uint64_t idle_ns);

@@ -1,5 +1,5 @@
 /*
- * Layout of an environment's shared-memory ledger, version 3.
+ * Layout of an environment's shared-memory ledger, and of the node's board.
  *
  * This file is read by the C compiler (through ledger.h) and by cffi's cdef
  * parser (nodemgr's bindings), so it must stay plain C: no includes, no
@@ -18,7 +18,7 @@
  */
 
 #define GS_LEDGER_MAGIC 0x3152444c53555047
-#define GS_LEDGER_VERSION 5
+#define GS_LEDGER_VERSION 6
 #define GS_MAX_GPUS 16
 #define GS_MAX_SLOTS 1024
 #define GS_MAX_TASKS 1024
@@ -27,13 +27,33 @@
 #define GS_SLOT_FREE 0
 #define GS_SLOT_USED 1
 
-/* Bits of a task entry's pause word: launches and allocations wait while any is set. */
-#define GS_PAUSE_ADMIN 1 /* an operator paused the task */
-#define GS_PAUSE_TURN 2	 /* a time-sliced GPU of the task is another task's turn */
-#define GS_PAUSE_CLASS 4 /* a best-effort task paused for a latency-sensitive one */
+/*
+ * Bits of a task entry's pause word: launches and allocations wait while any is set,
+ * but GS_PAUSE_COMPUTE, which holds nothing: it sends the task's next launches out of
+ * line, where a process whose task got a compute schedule starts its pacer.
+ */
+#define GS_PAUSE_ADMIN 1	    /* an operator paused the task */
+#define GS_PAUSE_TURN 2		    /* a time-sliced GPU of the task is another task's turn */
+#define GS_PAUSE_CLASS 4	    /* a best-effort task paused for a latency-sensitive one */
+#define GS_PAUSE_COMPUTE 8	    /* some process of the task may have no pacer yet (pacer.c) */
+#define GS_PAUSE_HOLDING 0xfffffff7 /* the bits that hold: all but GS_PAUSE_COMPUTE */
 
 /* Bits of a task entry's flags, written by nodemgr. */
 #define GS_TASK_TIMESLICED 1 /* the task runs on a time-sliced GPU: learn its shape */
+
+/* Bits of the ledger header's flags, written by nodemgr. */
+#define GS_LEDGER_COMPUTE 1 /* compute control is on: each process starts a pacer (pacer.c) */
+
+/*
+ * Bits of a task entry's compute_flags (docs/compute.md), written by nodemgr:
+ * none set, the task's launches are never gated.
+ */
+#define GS_COMPUTE_WINDOW 1	/* launch only in [offset, offset + length) of each period */
+#define GS_COMPUTE_LS_PUBLISH 2 /* latency-sensitive: stamp the board when launches move */
+#define GS_COMPUTE_YIELD_LS 4	/* best-effort: outside a window, launch only while LS is idle */
+
+#define GS_BOARD_MAGIC 0x3144524f42535047
+#define GS_BOARD_VERSION 1
 
 struct gs_gpu_entry {
 	uint64_t limit;
@@ -77,6 +97,22 @@ struct gs_task {
 	uint64_t used; /* bytes its processes hold now, all GPUs */
 	uint64_t peak; /* the most they held at once: the task's exact peak */
 	uint64_t reserved[6];
+	/*
+	 * The compute schedule (docs/compute.md), written by nodemgr and read by
+	 * each process's pacer thread, never by the launch path: a line of its
+	 * own. A seqlock: nodemgr makes sched_seq odd, writes the rest, makes it
+	 * even again and wakes the pacers waiting on it (a futex word).
+	 */
+	uint32_t sched_seq;
+	uint32_t compute_flags; /* GS_COMPUTE_* bits; 0: never gated */
+	uint32_t share;		/* percent of the GPU's time, for reports; 0: none */
+	uint32_t gpu_mask;	/* bit i: the task holds node GPU i (its board entries) */
+	uint64_t period_ns;	/* windows recur every period, aligned to CLOCK_MONOTONIC */
+	uint64_t offset_ns;	/* the window's start within its period */
+	uint64_t length_ns;	/* its length */
+	uint64_t poll_ns;	/* how often the pacer looks at the board and launch counter */
+	uint64_t ls_idle_ns;	/* LS idle this long: best-effort may launch */
+	uint64_t reserved2;
 };
 
 /*
@@ -100,12 +136,21 @@ struct gs_slot {
 	uint64_t peak;		/* most bytes this slot held at once, over all GPUs */
 	uint64_t launches_seen; /* nodemgr: launches at its last sweep */
 	int32_t task_index;	/* the process's task entry, -1 if none (set at claim) */
-	uint32_t reserved0;
-	uint64_t iterations; /* iteration boundaries this process reported */
+	uint32_t pacer;		/* 1 once the process runs its pacer thread (pacer.c) */
+	uint64_t iterations;	/* iteration boundaries this process reported */
 	uint64_t releases; /* times it released its temporary memory (settled is valid when > 0) */
 	uint64_t boundary_ns; /* CLOCK_MONOTONIC of the last boundary; 0: none yet */
 	uint64_t held;	      /* bytes this slot holds now, all GPUs: what its peak follows */
-	uint64_t reserved1[GS_MAX_GPUS - 1];
+	/*
+	 * What the process's pacer measured, cumulative, for reports
+	 * (docs/compute.md): written by the pacer thread only.
+	 */
+	uint64_t device_ns;  /* device time of its windows: open time plus overrun */
+	uint64_t overrun_ns; /* how long the work of its windows ran past their end */
+	uint64_t gated_ns;   /* how long its launches waited for the gate */
+	uint64_t windows;    /* windows it opened */
+	uint64_t unmeasured; /* of which not measured (a stream capture was under way) */
+	uint64_t reserved1[GS_MAX_GPUS - 6];
 	uint64_t reserved[4];
 };
 
@@ -115,7 +160,8 @@ struct gs_ledger {
 	uint32_t size;
 	uint32_t ngpus;
 	uint32_t nslots;
-	uint32_t reserved0[2];
+	uint32_t flags; /* GS_LEDGER_* bits */
+	uint32_t reserved0;
 	uint64_t reserved[4];
 	/*
 	 * Bit i set: slot i is taken. Written only by whoever holds the slot's
@@ -128,4 +174,23 @@ struct gs_ledger {
 	struct gs_gpu_entry gpu[GS_MAX_GPUS];
 	struct gs_task task[GS_MAX_TASKS];
 	struct gs_slot slot[GS_MAX_SLOTS];
+};
+
+/*
+ * The node's board (docs/compute.md#latency-classes): one file nodemgr
+ * creates in its run directory, mapped by the processes of latency-sensitive
+ * and best-effort tasks. Every task may write it (mode 0666): a writer can at
+ * worst hold best-effort tasks back, never take memory or time from others.
+ */
+struct gs_board_entry {
+	uint64_t ls_last_ns; /* CLOCK_MONOTONIC of the last LS launch seen on this GPU */
+	uint64_t reserved[7];
+};
+
+struct gs_board {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t ngpus;
+	uint64_t reserved[6];
+	struct gs_board_entry gpu[GS_MAX_GPUS]; /* by node GPU index */
 };

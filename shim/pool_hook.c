@@ -182,14 +182,15 @@ SYNC_WRAPPER(cuStreamSynchronize, (CUstream stream), (stream))
 SYNC_WRAPPER(cuStreamSynchronize_ptsz, (CUstream stream), (stream))
 SYNC_WRAPPER(cuEventSynchronize, (CUevent event), (event))
 
-#define BEGIN_CAPTURE_WRAPPER(abi, params, args)                           \
-	GS_EXPORT CUresult abi params                                      \
-	{                                                                  \
-		gs_fn_##abi fn = TRACED_FN(abi);                           \
-		CUresult rc = fn != NULL ? fn args : CUDA_ERROR_NOT_FOUND; \
-		if (rc == CUDA_SUCCESS)                                    \
-			capture_begun();                                   \
-		return rc;                                                 \
+#define BEGIN_CAPTURE_WRAPPER(abi, params, args)                  \
+	GS_EXPORT CUresult abi params                             \
+	{                                                         \
+		gs_fn_##abi fn = TRACED_FN(abi);                  \
+		CUresult rc;                                      \
+		capture_starting();                               \
+		rc = fn != NULL ? fn args : CUDA_ERROR_NOT_FOUND; \
+		capture_begun(rc);                                \
+		return rc;                                        \
 	}
 
 BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture, (CUstream stream), (stream))

@@ -206,6 +206,14 @@ GS_EXPORT int gpushare_mode(void)
 	return (int)mode_acquire();
 }
 
+/* What a file above wants done once the process has claimed its slot (gs_on_claim). */
+static gs_claimed_fn claimed;
+
+void gs_on_claim(gs_claimed_fn fn)
+{
+	claimed = fn;
+}
+
 /* The calling process's slot, claimed on first use; -1 if none is free. */
 int my_slot(void)
 {
@@ -228,6 +236,8 @@ int my_slot(void)
 			__atomic_store_n(&gs_hot.launches, gs_ledger_launch_counter(l, (uint32_t)s),
 					 __ATOMIC_RELEASE);
 			__atomic_store_n(&gs_state.slot, s, __ATOMIC_RELEASE);
+			if (claimed != NULL)
+				claimed(s);
 		}
 	}
 	pthread_mutex_unlock(&gs_state.claim_mu);
@@ -375,8 +385,9 @@ CUresult stream_ctx(CUstream stream, CUcontext *ctx, int *gpu)
 }
 /*
  * Out of line: a paused or gated task's launches and allocations wait here
- * until nodemgr clears every bit of the word and wakes them. The wait is on
- * the value read, which may hold either bit or both, so a word that changed
+ * until nodemgr clears every bit of the word that holds them
+ * (GS_PAUSE_HOLDING: GS_PAUSE_COMPUTE holds nothing) and wakes them. The wait
+ * is on the value read, which may hold several bits, so a word that changed
  * in between is read again at once. The timeout re-reads the word now and
  * then, so a wake-up lost to a daemon restart costs a fraction of a second,
  * not a hang.
@@ -387,8 +398,10 @@ __attribute__((noinline, cold)) void wait_while_paused(uint32_t *word)
 	struct timespec start, end;
 	uint32_t seen;
 
+	if ((__atomic_load_n(word, __ATOMIC_ACQUIRE) & GS_PAUSE_HOLDING) == 0)
+		return; /* only GS_PAUSE_COMPUTE: no wait, and none counted */
 	clock_gettime(CLOCK_MONOTONIC, &start);
-	while ((seen = __atomic_load_n(word, __ATOMIC_ACQUIRE)) != 0) {
+	while (((seen = __atomic_load_n(word, __ATOMIC_ACQUIRE)) & GS_PAUSE_HOLDING) != 0) {
 		/*
 		 * A process that outlived its task may find the entry handed to a
 		 * newer task: that task's pause is not this process's to obey.

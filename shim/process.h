@@ -78,6 +78,13 @@ extern uint64_t gs_unattached_launches;
 extern struct gs_hot_path gs_hot;
 
 int my_slot(void);
+/*
+ * Register what runs, under the claim's lock, once the process has claimed
+ * its slot (the pacer's start, pacer.c): set in a constructor, before any
+ * claim, so a plain pointer suffices. One registrant.
+ */
+typedef void (*gs_claimed_fn)(int slot);
+void gs_on_claim(gs_claimed_fn fn);
 void reap_dead_slots(int slot);
 int ledger_gpu(CUdevice dev);
 CUdevice gpu_device(int gpu);

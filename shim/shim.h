@@ -14,6 +14,8 @@
  *  accounting.h accounting.c  charges, their records, contexts
  *  pools.h      pools.c       stream-ordered pools
  *  graph_mem.h  graph_mem.c   graph memory and stream capture
+ *  pacer.h      pacer.c       compute shares: the pacer thread and the gate
+ *                             launches read
  *  (wrappers)   cuda_hook.c   the wrappers, the launch path among them
  *               pool_hook.c   the wrappers of pools, stream-ordered
  *                             allocations, synchronisations, capture, graphs
@@ -21,8 +23,8 @@
  *               iteration.c   the iteration API (gpushare_iteration and kin)
  *
  * Beside them, needing none: alloc_map.c (the sharded map of live
- * allocations, alloc_map.h) and ledger.c with ledger_access.c (the ledger,
- * ledger_api.h).
+ * allocations, alloc_map.h) and ledger.c with ledger_access.c and
+ * ledger_compute.c (the ledger, ledger_api.h).
  *
  * Load and fork: each file with state of its own sets it up in a
  * constructor of its own, and each that keeps state a fork child must not

@@ -16,6 +16,7 @@ from nodemgr.cli.quota import quota
 from nodemgr.cli.reclaim import reclaim
 from nodemgr.cli.resume import resume
 from nodemgr.cli.serve import serve
+from nodemgr.cli.share import share
 from nodemgr.cli.status import status
 from nodemgr.cli.tasks import tasks
 from nodemgr.cli.top import top
@@ -45,6 +46,7 @@ cli.add_command(history)
 cli.add_command(reclaim)
 cli.add_command(pause)
 cli.add_command(resume)
+cli.add_command(share)
 cli.add_command(top)
 cli.add_command(mode)
 cli.add_command(drain)

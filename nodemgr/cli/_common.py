@@ -227,6 +227,17 @@ def percent(value: int | None) -> str:
     return "-" if value is None else f"{value}%"
 
 
+def share(task: Mapping[str, Any]) -> str:
+    """A task's SHARE column (docs/compute.md): the share of its GPUs' time in force, "-"
+    when it is not gated; with a "<" when that is less than it asked for (a cap, or shares
+    scaled to fit)."""
+    got = task.get("share") or 0
+    if not got:
+        return "-"
+    asked = task.get("compute")
+    return f"{got}%" + ("<" if asked is not None and got < asked else "")
+
+
 def task_row(task: Mapping[str, Any], memory: str) -> list[str]:
     """A task's row in ``nodemgr tasks`` and ``nodemgr top``; the seventh column is the
     size in its field ``memory`` (the limit per GPU, or the peak)."""
@@ -239,6 +250,7 @@ def task_row(task: Mapping[str, Any], memory: str) -> list[str]:
         format_size(task["memory_used"]),
         format_size(task[memory]),
         str(task["launches"]),
+        share(task),
         idle_for(task),
         launched(task),
         task_state(task),

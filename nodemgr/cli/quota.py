@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from gpushare.messages import QuotaDelete, QuotaSet, QuotaShow
-from gpushare.params import ClassType, CountType, EnvNameType, SizeType
+from gpushare.params import ClassType, ComputeCapType, CountType, EnvNameType, SizeType
 from gpushare.protocol import MAX_GPUS_PER_REQUEST
 from gpushare.sizes import format_duration as duration
 from gpushare.sizes import format_size, plural
@@ -36,6 +36,14 @@ def quota() -> None:
     "[default: ENV's, unchanged; a new ENV needs it].",
 )
 @click.option(
+    "--compute",
+    type=ComputeCapType(),
+    default=None,
+    metavar="PERCENT|none",
+    help="Cap each task's compute share at PERCENT of its GPUs' time (a task asking for "
+    "none gets the cap); 0 or none clears it (docs/compute.md) [default: unchanged].",
+)
+@click.option(
     "--force",
     is_flag=True,
     help="Set it even though no GPU of this node could serve it (more GPUs than the node "
@@ -61,6 +69,7 @@ def set_(
     env: str,
     gpus: int | None,
     memory: int | None,
+    compute: int | None,
     force: bool,
     class_default: str | None,
     allow_ls: bool | None,
@@ -74,8 +83,8 @@ def set_(
     nodemgr quota set alice --memory 12GiB    # alice keeps her 2 GPUs
     nodemgr quota set bob --class-default be --no-allow-ls
     """
-    if gpus is None and memory is None and class_default is None and allow_ls is None:
-        raise click.UsageError("give --gpus, --memory, --class-default or --allow-ls")
+    if all(v is None for v in (gpus, memory, class_default, allow_ls, compute)):
+        raise click.UsageError("give --gpus, --memory, --class-default, --allow-ls or --compute")
     reply = admin_call(
         config_path,
         QuotaSet(
@@ -85,14 +94,16 @@ def set_(
             force=force,
             class_default=class_default,
             allow_ls=allow_ls,
+            compute=compute,
         ),
     )
     if as_json:
         print_json(reply.wire())
         return
     click.echo(
-        f"{env}: {plural(reply.gpus, 'GPU')} x {format_size(reply.memory)}; "
-        f"class {classes(reply.wire())}; task endpoint {reply.endpoint}"
+        f"{env}: {plural(reply.gpus, 'GPU')} x {format_size(reply.memory)}"
+        + (f", compute at most {reply.compute}%" if reply.compute else "")
+        + f"; class {classes(reply.wire())}; task endpoint {reply.endpoint}"
     )
     for o in reply.over:
         click.echo(
@@ -129,12 +140,13 @@ def show(env: str | None, endpoint_only: bool, config_path: str | None, as_json:
         print_json(quotas[0] if env else quotas)
         return
     print_table(
-        ["ENV", "GPUS", "MEMORY/GPU", "IDLE", "CLASS", "ENDPOINT"],
+        ["ENV", "GPUS", "MEMORY/GPU", "COMPUTE", "IDLE", "CLASS", "ENDPOINT"],
         [
             [
                 q["env"],
                 str(q["gpus"]),
                 format_size(q["memory"]),
+                f"{q['compute']}%" if q.get("compute") else "-",
                 idle_policy(q),
                 classes(q),
                 q["endpoint"],

@@ -22,7 +22,8 @@ from nodemgr.cli._common import (
 @config_option
 @json_option
 def tasks(env: str | None, config_path: str | None, as_json: bool) -> None:
-    """List running tasks: their GPUs, memory, kernel launches and whether they are paused."""
+    """List running tasks: their GPUs, memory, kernel launches, compute share and whether
+    they are paused."""
     items = admin_call(config_path, Tasks(env=env)).tasks
     if as_json:
         print_json(items)
@@ -37,6 +38,7 @@ def tasks(env: str | None, config_path: str | None, as_json: bool) -> None:
             "USED",
             "LIMIT/GPU",
             "LAUNCHES",
+            "SHARE",
             "IDLE",
             "LAUNCHED",
             "STATE",

@@ -89,6 +89,8 @@ def _with_util(task: dict[str, Any]) -> list[str]:
     row = task_row(task, "peak")
     util = task.get("utilization") or [None] * len(task["gpus"])
     row.insert(6, ",".join(percent(u) for u in util))
+    # The device time its pacers measured, beside its share (docs/compute.md).
+    row.insert(10, f"{task['device_seconds']:.1f}s" if task.get("device_seconds") else "-")
     return row
 
 
@@ -150,6 +152,8 @@ def render(snap: dict[str, Any], width: int = 120) -> str:
             "UTIL",
             "PEAK",
             "LAUNCHES",
+            "SHARE",
+            "DEVICE",
             "IDLE",
             "LAUNCHED",
             "STATE",

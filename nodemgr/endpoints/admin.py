@@ -31,6 +31,8 @@ from gpushare.messages import (
     Reclaim,
     ReclaimedReply,
     Resume,
+    Share,
+    SharedReply,
     Status,
     StatusReply,
     Tasks,
@@ -109,6 +111,8 @@ def _quota_set(loop: Loop, req: QuotaSet) -> Message:
     env = node.set_quota(req.env, gpus, memory)
     if classes:
         node.set_classes(req.env, req.class_default, req.allow_ls)
+    if req.compute is not None:
+        node.set_compute_cap(req.env, req.compute or None)
     loop.connections.open_env(env)
     return QuotaSetReply(**views.quota(env, node), over=views.over_quota(node, env))
 
@@ -139,6 +143,19 @@ def _resume(loop: Loop, req: Resume) -> Message:
     task = loop.node.pause(req.task_id, False)
     # Only the operator's hold is lifted: one for a latency-sensitive task stays.
     return PausedReply(task_id=task.task_id, env=task.env, paused=task.preempted is not None)
+
+
+def _share(loop: Loop, req: Share) -> Message:
+    task, notes = loop.node.share(req.task_id, req.compute)
+    s = task.schedule
+    return SharedReply(
+        task_id=task.task_id,
+        env=task.env,
+        compute=task.request.compute,
+        share=s.share if s is not None and s.length_ns else 0,
+        windows=views.windows(loop.node, task.gpus),
+        notes=notes,
+    )
 
 
 def _mode(loop: Loop, req: Mode) -> Message:
@@ -323,5 +340,6 @@ HANDLERS: dict[type[AdminRequest[Any]], Handler] = {
     IdleSet: _idle_set,
     Pause: _pause,
     Resume: _resume,
+    Share: _share,
     History: _history,
 }

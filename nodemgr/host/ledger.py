@@ -35,7 +35,12 @@ MAX_GPUS: int = lib.GS_MAX_GPUS
 PAUSE_ADMIN: int = lib.GS_PAUSE_ADMIN
 PAUSE_TURN: int = lib.GS_PAUSE_TURN
 PAUSE_CLASS: int = lib.GS_PAUSE_CLASS
+PAUSE_COMPUTE: int = lib.GS_PAUSE_COMPUTE
 TASK_TIMESLICED: int = lib.GS_TASK_TIMESLICED
+LEDGER_COMPUTE: int = lib.GS_LEDGER_COMPUTE
+COMPUTE_WINDOW: int = lib.GS_COMPUTE_WINDOW
+COMPUTE_LS_PUBLISH: int = lib.GS_COMPUTE_LS_PUBLISH
+COMPUTE_YIELD_LS: int = lib.GS_COMPUTE_YIELD_LS
 MAX_SLOTS: int = lib.GS_MAX_SLOTS
 MAX_TASKS: int = lib.GS_MAX_TASKS
 SIZE: int = ffi.sizeof("struct gs_ledger")
@@ -88,6 +93,35 @@ class Regions:
     def temporary(self, gpu: int) -> int:
         """Temporary bytes held now on ``gpu``."""
         return max(0, self.used[gpu] - self.persistent[gpu])
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A task's compute schedule as the ledger carries it (docs/compute.md): its window
+    [offset, offset + length) of every period, in nanoseconds of CLOCK_MONOTONIC, and its
+    GS_COMPUTE_* flags. The default: no schedule, never gated."""
+
+    flags: int = 0
+    share: int = 0  # percent, for reports
+    gpu_mask: int = 0  # bit i: node GPU i (its board entries)
+    period_ns: int = 0
+    offset_ns: int = 0
+    length_ns: int = 0
+    poll_ns: int = 0
+    ls_idle_ns: int = 0
+
+
+@dataclass(frozen=True)
+class Pacing:
+    """What a task's pacers measured, summed over its live processes (nanoseconds)."""
+
+    device_ns: int = 0
+    overrun_ns: int = 0
+    gated_ns: int = 0
+    windows: int = 0
+    unmeasured: int = 0
+    processes: int = 0  # the task's live processes
+    pacers: int = 0  # of which run a pacer
 
 
 class LedgerError(Exception):
@@ -362,27 +396,58 @@ class Ledger:
 
     def task_hold_class(self, task_id: str, held: bool) -> None:
         """The same for classes (docs/scheduling.md, "Classes"): hold a best-effort task
-        while a latency-sensitive one uses what it gave up. Only nodemgr writes pause
-        words, from one thread, so the bit is set with a plain store; clearing the last
-        bit goes through the C side, which stores 0 and wakes the waiters."""
-        i = int(lib.gs_ledger_task_find(self._l, _task_key(task_id)))
-        if i < 0:
-            self._check(i, task_id, "holding")
-        entry = self._l.task[i]
-        word = int(entry.paused)
-        if held:
-            entry.paused = word | PAUSE_CLASS
-            return
-        entry.paused = word & ~PAUSE_CLASS
-        if word & ~PAUSE_CLASS == 0:
-            # The ADMIN bit is clear: this stores 0 again and wakes every waiter.
-            self.task_pause(task_id, False)
+        while a latency-sensitive one uses what it gave up (GS_PAUSE_CLASS)."""
+        rc = int(lib.gs_ledger_task_hold_class(self._l, _task_key(task_id), 1 if held else 0))
+        self._check(rc, task_id, "holding")
 
     def task_turn(self, task_id: str, turn_until: int, flags: int) -> None:
         """Publish the boundary count that ends the task's turn (0: not gated) and its
         GS_TASK_* flags."""
         rc = int(lib.gs_ledger_task_turn(self._l, _task_key(task_id), turn_until, flags))
         self._check(rc, task_id, "setting the turn of")
+
+    def set_compute(self, on: bool) -> None:
+        """Turn compute control on (each process claiming a slot from now on starts a
+        pacer thread, which sleeps while its task has no schedule) or off."""
+        flags = int(lib.gs_ledger_flags(self._l))
+        flags = flags | LEDGER_COMPUTE if on else flags & ~LEDGER_COMPUTE
+        lib.gs_ledger_set_flags(self._l, flags)
+
+    def task_schedule(self, task_id: str, schedule: Schedule) -> None:
+        """Publish the task's compute schedule and wake its pacers. Raises LedgerError if
+        the task has no entry."""
+        c = ffi.new("struct gs_schedule *")
+        for name, value in vars(schedule).items():
+            setattr(c, name, value)
+        rc = int(lib.gs_ledger_task_schedule(self._l, _task_key(task_id), c))
+        self._check(rc, task_id, "scheduling")
+
+    def task_wake_pacers(self, task_id: str, on: bool) -> None:
+        """Set (a schedule does it itself) or clear GS_PAUSE_COMPUTE in the task's pause
+        word: while it is set, a launch of a process of the task that runs no pacer starts
+        one. Raises LedgerError if the task has no entry."""
+        rc = int(lib.gs_ledger_task_wake_pacers(self._l, _task_key(task_id), 1 if on else 0))
+        self._check(rc, task_id, "waking the pacers of")
+
+    def schedule_of(self, task_id: str) -> Schedule | None:
+        """The schedule the task's entry holds now; None if it has no entry."""
+        i = int(lib.gs_ledger_task_find(self._l, _task_key(task_id)))
+        if i < 0:
+            return None
+        c = ffi.new("struct gs_schedule *")
+        lib.gs_ledger_entry_schedule(self._l, i, c)
+        return Schedule(
+            **{f: min(int(getattr(c, f)), MAX_COUNT) for f in Schedule.__dataclass_fields__}
+        )
+
+    def task_pacing(self, task_id: str) -> Pacing:
+        """What the pacers of the task's live processes measured (each figure at most
+        MAX_COUNT: the slots are the environment's to write)."""
+        out = ffi.new("struct gs_pacing *")
+        lib.gs_ledger_task_pacing(self._l, task_id.encode(), out)
+        return Pacing(
+            **{f: min(int(getattr(out, f)), MAX_COUNT) for f in Pacing.__dataclass_fields__}
+        )
 
     def _check(self, rc: int, task_id: str, doing: str) -> None:
         if rc == -errno.ENOENT:

@@ -465,6 +465,7 @@ class Server:
                 self._safely("checking idle tasks", self.reclaims.check_idle, now)
             self._safely("checking run_dir", self._check_run_dir)
             self._safely("settling draining GPUs", self.node.settle_draining)
+            self._safely("settling compute pacers", self.node.settle_pacers)
             for env in list(self.node.envs.values()):
                 self._safely(f"sampling the ledger of env {env.name}", self.node.sample_env, env)
             # Time slicing: learn shapes (a charge that drops retries waiting requests),

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from gpushare.messages import Request
 from gpushare.protocol import BE
-from nodemgr.host.ledger import Ledger, Regions, SlotTotals
+from nodemgr.host.ledger import Ledger, Regions, Schedule, SlotTotals
 
 
 @dataclass
@@ -42,6 +42,8 @@ class Env:
     # "Classes"); None: the node's ([classes]).
     class_default: str | None = None
     allow_ls: bool | None = None
+    # The cap on each of its tasks' compute share, percent (docs/compute.md); None: none.
+    compute: int | None = None
 
 
 @dataclass
@@ -77,6 +79,11 @@ class Task:
         """ "ls" or "be": its request's, resolved when it was granted (a request kept before
         classes existed is best-effort)."""
         return self.request.task_class or BE
+
+    # Compute shares (docs/compute.md): the schedule its ledger entry was last given, and
+    # whether its pause word still asks its processes to start their pacers.
+    schedule: Schedule | None = None
+    waking_pacers: bool = False
 
     @property
     def guard(self) -> int:

@@ -26,12 +26,13 @@ from gpushare.protocol import BE, CLASS_LONG, LS, Err, ProtocolError
 from gpushare.sizes import format_size
 from nodemgr.config import Config, check_gpus
 from nodemgr.host import envdirs
+from nodemgr.host.board import Board
 from nodemgr.host.gpus import Gpu, resolve
-from nodemgr.host.ledger import MAX_TASKS, Ledger, LedgerError, SlotTotals
+from nodemgr.host.ledger import MAX_TASKS, Ledger, LedgerError, Schedule, SlotTotals
 from nodemgr.node.model import Env, Task
 from nodemgr.node.store import Record, Store
 from nodemgr.node.turns import Slicing
-from nodemgr.policy import idle, scheduler, timeslice
+from nodemgr.policy import compute, idle, scheduler, timeslice
 from nodemgr.policy.waitqueue import Waiter, WaitQueue, competes
 
 log = logging.getLogger("nodemgr")
@@ -111,6 +112,11 @@ class Node:
         # them still drain.
         self.held_for_ls: set[str] = set()
         self.evicting: set[tuple[str, int]] = set()
+        # The node's board of latency-sensitive activity (docs/compute.md), linked into
+        # each environment's directory: made with the first environment's directory, once
+        # the run directory is this nodemgr's; None where it could not be.
+        self.board: Board | None = None
+        self._board_tried = False
 
     def add_entry(self, env: Env, task_id: str) -> None:
         """Give a task its entry in its environment's ledger (what pauses and gates it)."""
@@ -160,6 +166,9 @@ class Node:
             os.close(fd)
         for index in range(len(self.gpus)):
             ledger.set_ctx_charge(index, self.context_memory[index])
+        # Its processes start a pacer, which sleeps until their task has a schedule.
+        ledger.set_compute(True)
+        self._link_board(env_dir)
         env = Env(name, gpus, memory, ledger, paths.endpoint(self.config.env_socket(name)))
         env.adopted = adopted
         self.envs[name] = env
@@ -184,6 +193,101 @@ class Node:
         self.queue_dirty = True
         log.info("quota %s: %d GPUs x %d bytes", name, gpus, memory)
         return env
+
+    def _link_board(self, env_dir: os.PathLike[str]) -> None:
+        """The board beside the environment's ledger, where its containers see it."""
+        if not self._board_tried:
+            self._board_tried = True
+            try:
+                self.board = Board.open_or_create(self.config.run_dir / paths.BOARD, len(self.gpus))
+            except OSError as e:
+                log.warning("no board of latency classes in %s: %s", self.config.run_dir, e)
+        if self.board is None:
+            return
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(env_dir, flags)
+            try:
+                self.board.link_into(fd, paths.BOARD)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log.warning("cannot link the board into %s: %s", env_dir, e)
+
+    def set_compute_cap(self, name: str, cap: int | None) -> Env:
+        """An environment's cap on each of its tasks' compute shares (None: none): kept
+        across restarts, applied to its running tasks at once."""
+        env = self.env(name)
+        self.store.put_env_compute(name, cap)
+        env.compute = cap
+        log.info("compute cap %s: %s", name, "none" if cap is None else f"{cap}%")
+        self.apply_compute()
+        return env
+
+    def share(self, task_id: str, share: int | None) -> tuple[Task, list[str]]:
+        """Change a running task's compute share (None: none), kept with its request, and
+        apply every GPU's schedule again; the task and what the policy scaled, in words."""
+        task = self.tasks.get(task_id)
+        if task is None:
+            raise ProtocolError(Err.UNKNOWN_TASK, f"no running task {task_id!r}")
+        task.request = replace(task.request, compute=share)
+        self.store.task_request(task_id, task.request)
+        log.info("share %s env=%s: %s", task_id, task.env, "none" if share is None else share)
+        return task, self.apply_compute()
+
+    def compute_members(self) -> list[compute.Member]:
+        """The running tasks as the compute policy sees them."""
+        return [
+            compute.Member(
+                t.task_id, t.gpus, t.request.compute, self.envs[t.env].compute, t.task_class
+            )
+            for t in sorted(self.tasks.values(), key=lambda t: t.arrival)
+        ]
+
+    def apply_compute(self) -> list[str]:
+        """Plan every GPU's compute schedule (nodemgr.policy.compute) and write each task's
+        into its ledger entry where it changed; returns what the policy scaled, in words."""
+        c = self.config
+        settings = compute.Settings(
+            int(c.compute_period * 1e9), int(c.compute_poll * 1e9), int(c.compute_ls_idle * 1e9)
+        )
+        plan = compute.plan(self.compute_members(), settings)
+        for note in plan.notes:
+            log.warning("compute: %s", note)
+        for task_id, w in plan.windows.items():
+            task = self.tasks[task_id]
+            schedule = Schedule() if w is None else Schedule(**vars(w))
+            if task.schedule == schedule:
+                continue
+            try:
+                ledger = self.envs[task.env].ledger
+                ledger.task_schedule(task_id, schedule)
+                # A schedule with flags asks processes without a pacer to start one
+                # (settle_pacers); without, they need none.
+                if task.waking_pacers and not schedule.flags:
+                    ledger.task_wake_pacers(task_id, False)
+            except LedgerError as e:
+                log.warning("task %s: no compute schedule: %s", task_id, e)
+                continue
+            task.schedule = schedule
+            task.waking_pacers = bool(schedule.flags)
+        return plan.notes
+
+    def settle_pacers(self) -> None:
+        """Once every live process of a task with a schedule runs its pacer, its launches
+        no longer need to go out of line to start one: clear GS_PAUSE_COMPUTE. A process
+        that claims its slot later starts its pacer there, since its task has a schedule
+        (and one that claimed before the schedule was published is counted here: a claim
+        marks its slot before it reads its task's schedule)."""
+        for task in self.tasks.values():
+            if not task.waking_pacers:
+                continue
+            ledger = self.envs[task.env].ledger
+            pacing = ledger.task_pacing(task.task_id)
+            if pacing.pacers == pacing.processes:
+                with contextlib.suppress(LedgerError):
+                    ledger.task_wake_pacers(task.task_id, False)
+                task.waking_pacers = False
 
     def set_idle(self, name: str, timeout: float | None, action: str | None) -> Env:
         """Give an environment its own idle policy (None: the node's), kept across
@@ -557,8 +661,10 @@ class Node:
         for index in decision.new:
             env.ledger.set_limit(index, env.memory)
         self.add_task(task)
-        # Before the grant leaves: on a gated GPU its first allocation must wait its turn.
+        # Before the grant leaves: on a gated GPU its first allocation must wait its turn,
+        # and on a GPU with shares its first launch its window.
         self.slicing.retime(started)
+        self.apply_compute()
         for w in passed:
             w.bypassed += 1
         if request.task_class == LS:
@@ -631,6 +737,7 @@ class Node:
         # Its turns go on at once (a holder that has gone hands on).
         self.slicing.forget(task_id)
         self.held_for_ls.discard(task_id)
+        self.apply_compute()
         self.store.task_ended(task_id, time.time(), reason, task.peak, exit_code)
         self.queue_dirty = True
         log.info("release %s env=%s reason=%s", task_id, task.env, reason)
@@ -933,6 +1040,8 @@ class Node:
     def close(self) -> None:
         for env in self.envs.values():
             env.ledger.close()
+        if self.board is not None:
+            self.board.close()
         self.store.close()
 
 

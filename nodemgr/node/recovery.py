@@ -53,6 +53,9 @@ def restore(node: Node, forget_unknown: bool = False) -> list[Task]:
         if name in node.envs:
             node.envs[name].class_default = class_default
             node.envs[name].allow_ls = allow_ls
+    for name, cap in node.store.env_compute().items():
+        if name in node.envs:
+            node.envs[name].compute = cap
     now = time.monotonic()
     restored = []
     requests = node.store.task_requests()
@@ -136,6 +139,8 @@ def restore(node: Node, forget_unknown: bool = False) -> list[Task]:
             node.set_held_limit(env, index)
     node.queue_dirty = True
     node.slicing.adopt(entries)
+    # Every restored task's window, written again (an adopted entry may hold an old one).
+    node.apply_compute()
     node.read_regions()
     node.slicing.retime(time.perf_counter())
     return restored

@@ -36,8 +36,9 @@ def _encoded(request: Request) -> bytes:
 
 
 # 2: env_idle, task_wrappers. 3: tasks.request, in place of task_shapes and task_wrappers.
-# 4: env_classes, tasks.class. An older database is brought up to date at start (_upgrade).
-SCHEMA_VERSION = 4
+# 4: env_classes, tasks.class. 5: env_compute (compute caps; a step of its own in _upgrade).
+# An older database is brought up to date at start (_upgrade).
+SCHEMA_VERSION = 5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS envs (
@@ -83,9 +84,20 @@ CREATE TABLE IF NOT EXISTS env_classes (
     class_default TEXT,               -- "ls" or "be"; NULL: the node's ([classes] default)
     allow_ls      INTEGER             -- 1 or 0; NULL: the node's ([classes] allow_ls_default)
 );
+CREATE TABLE IF NOT EXISTS env_compute (
+    name    TEXT PRIMARY KEY,         -- an environment with a cap on its tasks' compute shares
+    cap     INTEGER NOT NULL          -- percent, 1..100 (docs/compute.md)
+);
 CREATE INDEX IF NOT EXISTS tasks_running ON tasks (task_id) WHERE ended IS NULL;
 CREATE INDEX IF NOT EXISTS tasks_started ON tasks (started);
 """
+
+
+def _to_5(db: sqlite3.Connection) -> None:
+    """Schema 4 to 5: the table of compute caps (made by _SCHEMA for a new database)."""
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS env_compute (name TEXT PRIMARY KEY, cap INTEGER NOT NULL)"
+    )
 
 
 class StoreError(Exception):
@@ -301,6 +313,7 @@ class Store:
                 )
             db.execute("DROP TABLE IF EXISTS task_shapes")
             db.execute("DROP TABLE IF EXISTS task_wrappers")
+            _to_5(db)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
         self._transaction(op)
@@ -345,6 +358,7 @@ class Store:
             db.execute("DELETE FROM envs WHERE name = ?", (name,))
             db.execute("DELETE FROM env_idle WHERE name = ?", (name,))
             db.execute("DELETE FROM env_classes WHERE name = ?", (name,))
+            db.execute("DELETE FROM env_compute WHERE name = ?", (name,))
 
     def env_idle(self) -> dict[str, tuple[float | None, str | None]]:
         """Each environment's own idle timeout and action (None: the node's)."""
@@ -381,6 +395,22 @@ class Store:
                     "ON CONFLICT (name) DO UPDATE SET class_default = excluded.class_default, "
                     "allow_ls = excluded.allow_ls",
                     (name, class_default, allow_ls),
+                )
+
+    def env_compute(self) -> dict[str, int]:
+        """Each environment's cap on its tasks' compute shares (docs/compute.md)."""
+        rows = self.db.execute("SELECT name, cap FROM env_compute").fetchall()
+        return {str(n): int(c) for n, c in rows}
+
+    def put_env_compute(self, name: str, cap: int | None) -> None:
+        with self._durable() as db:
+            if cap is None:
+                db.execute("DELETE FROM env_compute WHERE name = ?", (name,))
+            else:
+                db.execute(
+                    "INSERT INTO env_compute (name, cap) VALUES (?, ?) "
+                    "ON CONFLICT (name) DO UPDATE SET cap = excluded.cap",
+                    (name, cap),
                 )
 
     # --- GPU modes (docs/timeslicing.md) ----------------------------------------
@@ -438,6 +468,16 @@ class Store:
                     r.task_class,
                     _encoded(request),
                 ),
+            )
+
+        self._write(op)
+
+    def task_request(self, task_id: str, request: Request) -> None:
+        """A running task's request changed (`nodemgr share`): kept for a restart."""
+
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
+                "UPDATE tasks SET request = ? WHERE task_id = ?", (_encoded(request), task_id)
             )
 
         self._write(op)

@@ -11,7 +11,7 @@ import collections
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, TypeVar
+from typing import Any, NamedTuple, TypedDict, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -55,6 +55,15 @@ class EnvMetrics(TypedDict):
     utilization: float  # the ratio its tasks' processes kept its GPUs busy, summed
 
 
+class TaskCompute(NamedTuple):
+    """A task with a compute share (docs/compute.md) and what its pacers measured."""
+
+    task_id: str
+    env: str
+    share: int  # percent in force
+    device_seconds: float
+
+
 @dataclass(frozen=True)
 class Snapshot:
     gpus: list[GpuMetrics]
@@ -69,6 +78,7 @@ class Snapshot:
     bypass_found: int = 0
     bypass_killed: int = 0
     ledger_rewrites: int = 0
+    compute: tuple[TaskCompute, ...] = ()
 
 
 def _region(x: GpuMetrics, key: str) -> int:
@@ -208,6 +218,21 @@ class _StateCollector(Collector):
         for lv, y in envs:
             launches.add_metric(lv, y["launches"])
         yield launches
+        share = GaugeMetricFamily(
+            "gpushare_task_compute_share",
+            "A task's compute share in force: the ratio of its GPUs' time it may take",
+            labels=["task", "env"],
+        )
+        device = CounterMetricFamily(
+            "gpushare_task_device_seconds",
+            "Device time a task's pacers measured for its windows (live processes)",
+            labels=["task", "env"],
+        )
+        for c in snap.compute:
+            share.add_metric([c.task_id, c.env], c.share / 100)
+            device.add_metric([c.task_id, c.env], c.device_seconds)
+        yield share
+        yield device
         yield GaugeMetricFamily(
             "gpushare_queue_length", "Requests waiting for GPUs", value=snap.queue_length
         )
@@ -215,9 +240,9 @@ class _StateCollector(Collector):
         waiting = GaugeMetricFamily(
             "gpushare_queue_class_length", "Requests waiting for GPUs", labels=["class"]
         )
-        for c in CLASSES:
-            running.add_metric([c], snap.by_class.get(c, 0))
-            waiting.add_metric([c], snap.waiting_by_class.get(c, 0))
+        for cls in CLASSES:
+            running.add_metric([cls], snap.by_class.get(cls, 0))
+            waiting.add_metric([cls], snap.waiting_by_class.get(cls, 0))
         yield running
         yield waiting
         yield GaugeMetricFamily(
@@ -404,4 +429,14 @@ class Metrics:
             bypass_found=self.audit.found,
             bypass_killed=self.audit.killed,
             ledger_rewrites=self.audit.rewrites,
+            compute=tuple(
+                TaskCompute(
+                    t.task_id,
+                    t.env,
+                    t.schedule.share,
+                    node.envs[t.env].ledger.task_pacing(t.task_id).device_ns / 1e9,
+                )
+                for t in node.tasks.values()
+                if t.schedule is not None and t.schedule.length_ns
+            ),
         )

@@ -35,6 +35,25 @@ class QuotaView(TypedDict):
     # none, and whether it may run latency-sensitive tasks (its own or the node's).
     class_default: str
     allow_ls: bool
+    compute: int | None  # the cap on each of its tasks' compute share, percent
+
+
+class ComputeWindow(TypedDict):
+    offset: float  # seconds into each period (CLOCK_MONOTONIC multiples of it)
+    length: float
+    period: float
+
+
+class WindowView(TypedDict):
+    """A task's window on its GPUs, in the `share` reply."""
+
+    task_id: str
+    env: str
+    gpus: list[int]
+    share: int
+    offset: float
+    length: float
+    period: float
 
 
 class OverQuota(TypedDict):
@@ -78,6 +97,14 @@ class TaskView(TypedDict):
     # latency-sensitive ones (None: it is not).
     task_class: str
     preempted: str | None
+    # Compute shares (docs/compute.md): the share it asked for (None: none), the share in
+    # force (its window's percentage of the period; 0: not gated), its window, and what its
+    # live processes' pacers measured: device time of their windows, time launches waited.
+    compute: int | None
+    share: int
+    window: ComputeWindow | None
+    device_seconds: float
+    gated_seconds: float
 
 
 class WaiterView(TypedDict):
@@ -199,6 +226,7 @@ def quota(env: Env, node: Node) -> QuotaView:
         "idle_own": env.idle_timeout is not None or env.idle_action is not None,
         "class_default": node.class_default(env),
         "allow_ls": node.allows_ls(env),
+        "compute": env.compute,
     }
 
 
@@ -213,6 +241,15 @@ def task(
     totals = usage.get(task.task_id, SlotTotals())
     entry = node.envs[task.env].ledger.task_entry(task.task_id)
     stamped = entry.last_launch_ns if entry is not None else 0
+    s = task.schedule
+    pacing = node.envs[task.env].ledger.task_pacing(task.task_id)
+    window: ComputeWindow | None = None
+    if s is not None and s.length_ns:
+        window = {
+            "offset": s.offset_ns / 1e9,
+            "length": s.length_ns / 1e9,
+            "period": s.period_ns / 1e9,
+        }
     return {
         "task_id": task.task_id,
         "env": task.env,
@@ -242,7 +279,34 @@ def task(
         "utilization": utilization.task(task.task_id, task.gpus),
         "task_class": task.task_class,
         "preempted": task.preempted,
+        "compute": task.request.compute,
+        "share": s.share if s is not None and s.length_ns else 0,
+        "window": window,
+        "device_seconds": pacing.device_ns / 1e9,
+        "gated_seconds": pacing.gated_ns / 1e9,
     }
+
+
+def windows(node: Node, gpus: Iterable[int]) -> list[WindowView]:
+    """The windows of every task on these GPUs, by offset (the `share` reply)."""
+    wanted = set(gpus)
+    out: list[WindowView] = []
+    for t in node.tasks.values():
+        s = t.schedule
+        if s is None or not s.length_ns or not wanted & set(t.gpus):
+            continue
+        out.append(
+            {
+                "task_id": t.task_id,
+                "env": t.env,
+                "gpus": list(t.gpus),
+                "share": s.share,
+                "offset": s.offset_ns / 1e9,
+                "length": s.length_ns / 1e9,
+                "period": s.period_ns / 1e9,
+            }
+        )
+    return sorted(out, key=lambda w: w["offset"])
 
 
 def _idle(node: Node, task: Task, stamped: int, blocked: bool) -> float | None:

@@ -57,6 +57,8 @@ def test_settings_come_from_the_environment(node: Any) -> None:
         ("GPUSHARE_MEMORY", "lots"),
         ("GPUSHARE_CPU_FALLBACK", "2"),
         ("GPUSHARE_GRACE", "soon"),
+        ("GPUSHARE_COMPUTE", "0"),
+        ("GPUSHARE_COMPUTE", "half"),
     ],
 )
 def test_a_bad_variable_is_a_usage_error_naming_it(node: Any, name: str, value: str) -> None:

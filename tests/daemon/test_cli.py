@@ -50,6 +50,7 @@ def test_quota_set_and_show(daemon: Any) -> None:
         "ENV",
         "GPUS",
         "MEMORY/GPU",
+        "COMPUTE",
         "IDLE",
         "CLASS",
         "ENDPOINT",

@@ -142,7 +142,7 @@ def test_an_environment_directory_made_before_nodemgr_keeps_its_identity(
     before = os.stat(env_dir).st_ino
     ep = daemon.env("alice")
     assert os.stat(env_dir).st_ino == before
-    assert sorted(p.name for p in env_dir.iterdir()) == ["ledger", "task.sock"]
+    assert sorted(p.name for p in env_dir.iterdir()) == ["board", "ledger", "task.sock"]
     assert ep == f"ipc://{env_dir / 'task.sock'}"
     assert tmp_path.exists()  # a link is removed, never followed
 

@@ -124,9 +124,10 @@ def test_a_version_2_database_keeps_each_running_tasks_request(tmp_path: Path) -
         store.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert "task_shapes" not in tables and "task_wrappers" not in tables
+        assert "env_compute" in tables
         ended = "SELECT request FROM tasks WHERE task_id IN ('over', 'bare')"
         assert db.execute(ended).fetchall() == [(None,), (None,)]
     finally:
@@ -183,3 +184,28 @@ def test_a_restart_on_a_version_2_database_restores_the_tasks_requests(upgraded:
     # Without a kept shape a task gets the node's guard, as it did before.
     assert bare.guard == upgraded.config.guard
     assert (bare.gpus, plain.gpus, wrapped.gpus) == ((3,), (2,), (0, 1))
+
+
+def test_a_version_4_database_gains_the_compute_caps(tmp_path: Path) -> None:
+    """Schema 4 to 5 (its own step): the env_compute table is made, and caps written after
+    are read back."""
+    path = tmp_path / "nodemgr.db"
+    Store(path).close()
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE env_compute")
+    db.execute("PRAGMA user_version=4")
+    db.commit()
+    db.close()
+    store = Store(path)
+    try:
+        store.put_env_compute("alice", 30)
+        store.put_env_compute("bob", 40)
+        store.put_env_compute("bob", None)
+        assert store.env_compute() == {"alice": 30}
+    finally:
+        store.close()
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    finally:
+        db.close()

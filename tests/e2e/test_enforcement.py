@@ -11,6 +11,10 @@ import pytest
 from gpushare.client import NoResources
 from tests.conftest import CSRC, ROOT, cc, let_finish
 
+# The ledger's operations as C programs link them: ledger.c, and the schedules it clears
+# when a task entry is taken or freed (ledger_compute.c).
+LEDGER_C = (str(ROOT / "shim/ledger.c"), str(ROOT / "shim/ledger_compute.c"))
+
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -124,7 +128,7 @@ def test_a_refused_charge_is_never_reported(tmp_path: Path, writers: int) -> Non
     (what nodemgr reports in status, tasks, metrics and peaks) never sees more than the
     limit, however many charges are being checked and refused meanwhile (tests/c/
     ledger_race.c: two slots hold 6 of 8 MiB, the writers' 3 MiB more never fits)."""
-    race = cc(tmp_path / "ledger_race", str(CSRC / "ledger_race.c"), str(ROOT / "shim/ledger.c"))
+    race = cc(tmp_path / "ledger_race", str(CSRC / "ledger_race.c"), *LEDGER_C)
     argv = [str(race), str(writers), "300000"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -136,7 +140,7 @@ def test_a_refused_charge_is_never_reported(tmp_path: Path, writers: int) -> Non
 
 def _ledger_procs(tmp_path: Path, *argv: str) -> list[dict[str, str]]:
     """Run tests/c/ledger_procs.c; one dict per line it prints."""
-    prog = cc(tmp_path / "ledger_procs", str(CSRC / "ledger_procs.c"), str(ROOT / "shim/ledger.c"))
+    prog = cc(tmp_path / "ledger_procs", str(CSRC / "ledger_procs.c"), *LEDGER_C)
     out = subprocess.run(
         [str(prog), argv[0], str(tmp_path / "ledger"), *argv[1:]],
         capture_output=True,

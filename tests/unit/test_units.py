@@ -86,6 +86,7 @@ def test_validate_types_ranges_and_unknowns() -> None:
         "persistent": None,
         "temporary": None,
         "guard": None,
+        "compute": None,
         "waited": None,
         "wrapper": None,
         "task_class": None,
