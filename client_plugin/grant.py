@@ -196,6 +196,9 @@ def _request_once(
         compute=s.compute,
         wrapper=True if wrapper else None,
         task_class=s.task_class,
+        step_target=s.step_target,
+        deadline=s.deadline or None,
+        steps=s.steps,
     )
     asked = time.monotonic()
     queued_at: list[float] = []

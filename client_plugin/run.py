@@ -489,6 +489,28 @@ A CUDA_VISIBLE_DEVICES already set restricts the GPUs nodemgr may grant.
     "[default: none, or the environment's cap].",
 )
 @click.option(
+    "--step-target",
+    type=click.FloatRange(1.0, 3_600_000.0),
+    default=None,
+    metavar="MS",
+    help="Latency-sensitive: milliseconds one iteration may take; nodemgr gives the task "
+    "more of its GPUs, from best-effort tasks, when it would take longer (docs/compute.md).",
+)
+@click.option(
+    "--deadline",
+    type=SecondsType(1, MAX_WAIT),
+    default=None,
+    metavar="SECONDS",
+    help="Latency-sensitive: the time the whole run may take (with --steps).",
+)
+@click.option(
+    "--steps",
+    type=CountType(1),
+    default=None,
+    metavar="N",
+    help="The run's number of iterations, for --deadline.",
+)
+@click.option(
     "--wait/--no-wait",
     default=None,
     help="When no GPUs are free, wait in nodemgr's queue (the default), or fail at once.",
@@ -538,6 +560,9 @@ def main(
     task_class: str | None,
     requeue: bool | None,
     compute: int | None,
+    step_target: float | None,
+    deadline: float | None,
+    steps: int | None,
     wait: bool | None,
     wait_timeout: float | None,
     cpu_fallback: bool | None,
@@ -561,12 +586,20 @@ def main(
         _say(str(e))
         sys.exit(EXIT_USAGE)
     s = s.but(
-        memory=memory, persistent=persistent, temporary=temporary, guard=guard, compute=compute
+        memory=memory,
+        persistent=persistent,
+        temporary=temporary,
+        guard=guard,
+        compute=compute,
+        step_target=None if step_target is None else step_target / 1000.0,
+        deadline=deadline,
+        steps=steps,
     )
     try:
         if endpoint is not None:
             endpoint = cfg.parse_endpoint("--endpoint", endpoint)
         cfg.check_shape(s)
+        cfg.check_target(s)
     except cfg.SettingsError as e:
         _say(str(e))
         sys.exit(EXIT_USAGE)

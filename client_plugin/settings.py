@@ -17,6 +17,7 @@ from gpushare.envvars import (
     CLASS,
     COMPUTE,
     CPU_FALLBACK,
+    DEADLINE,
     ENDPOINT,
     FALSE_WORDS,
     GPUS,
@@ -26,6 +27,8 @@ from gpushare.envvars import (
     PERSISTENT,
     PROGRESS_INTERVAL,
     REQUEUE,
+    STEP_TARGET,
+    STEPS,
     TEMPORARY,
     TRUE_WORDS,
     WAIT,
@@ -64,6 +67,11 @@ class Settings:
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
     task_class: str | None = None  # "ls" or "be"; None: the environment's default
     requeue: bool = True  # gpushare-run: run CMD again when requeued for an LS task
+    # A latency-sensitive task's target (docs/compute.md, "Elastic share"): seconds per
+    # iteration, or seconds for a run of `steps` iterations.
+    step_target: float | None = None
+    deadline: float | None = None
+    steps: int | None = None
 
     def but(self, **changes: Any) -> Settings:
         """A copy with the given fields changed (None values leave a field as it is)."""
@@ -143,6 +151,35 @@ def parse_compute(name: str, value: str) -> int:
     return n
 
 
+def parse_step_target(name: str, value: str) -> float:
+    """Milliseconds per iteration, as --step-target takes them: seconds."""
+    try:
+        ms = float(value.strip())
+    except ValueError:
+        raise SettingsError(f"{name}={value!r}: expected milliseconds per iteration") from None
+    if not 1.0 <= ms <= 3_600_000.0:
+        raise SettingsError(f"{name}={value!r}: expected 1 to 3600000 milliseconds")
+    return ms / 1000.0
+
+
+def parse_steps(name: str, value: str) -> int:
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise SettingsError(f"{name}={value!r}: expected a number of iterations") from None
+    if n < 1:
+        raise SettingsError(f"{name}={value!r}: expected at least 1 iteration")
+    return n
+
+
+def check_target(s: Settings) -> None:
+    """SettingsError unless a deadline comes with its run's steps, and steps with one."""
+    if (s.deadline is None) != (s.steps is None):
+        raise SettingsError(
+            "--deadline and --steps go together: the time a run of N steps may take"
+        )
+
+
 def parse_zero_quota(name: str, value: str) -> str:
     v = value.strip().lower()
     if v not in ("warn", "error"):
@@ -168,6 +205,9 @@ _VARIABLES: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     (CLASS, "task_class", parse_class),
     (REQUEUE, "requeue", parse_bool),
     (COMPUTE, "compute", parse_compute),
+    (STEP_TARGET, "step_target", parse_step_target),
+    (DEADLINE, "deadline", parse_seconds),
+    (STEPS, "steps", parse_steps),
 )
 
 

@@ -50,6 +50,10 @@ CLASS = "GPUSHARE_CLASS"
 REQUEUE = "GPUSHARE_REQUEUE"
 # Compute shares (docs/compute.md): the percentage of its GPUs' time the task may take.
 COMPUTE = "GPUSHARE_COMPUTE"
+# A latency-sensitive task's target (docs/compute.md, "Elastic share").
+STEP_TARGET = "GPUSHARE_STEP_TARGET"
+DEADLINE = "GPUSHARE_DEADLINE"
+STEPS = "GPUSHARE_STEPS"
 # The auto-loader's own settings.
 AUTOLOAD = "GPUSHARE_AUTOLOAD"
 FRAMEWORKS = "GPUSHARE_FRAMEWORKS"
@@ -123,6 +127,9 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
         "requeued for a latency-sensitive task: wait and run CMD again (on by default)",
     ),
     (COMPUTE, "--compute", "PERCENT, 1 to 100", "the share of its GPUs' time the task may take"),
+    (STEP_TARGET, "--step-target", "MS", "latency-sensitive: the time one iteration may take"),
+    (DEADLINE, "--deadline", "SECONDS", "latency-sensitive: the time the run may take, with steps"),
+    (STEPS, "--steps", "N", "latency-sensitive: the iterations of the run, with a deadline"),
     (AUTOLOAD, "", "1/0", "the auto-loader requests a grant when a framework is imported"),
     (FRAMEWORKS, "", "NAME,...", "more top-level modules whose import starts a task"),
     (ZERO_QUOTA, "", "warn/error", "the auto-loader on a zero quota"),

@@ -526,6 +526,11 @@ class Request(TaskRequest[GrantReply]):
     waited: Annotated[float | None, _number(0.0, MAX_WAIT), OMIT_NIL] = None
     # "ls" or "be" (docs/scheduling.md, "Classes"); nil: the environment's default.
     task_class: Annotated[str | None, _one_of(*CLASSES), OMIT_NIL] = None
+    # A latency-sensitive task's target (docs/compute.md, "Elastic share"): seconds per
+    # iteration, or a deadline (seconds from its grant) for a run of `steps` iterations.
+    step_target: Annotated[float | None, _number(0.001, 3600.0), OMIT_NIL] = None
+    deadline: Annotated[float | None, _number(1.0, MAX_WAIT), OMIT_NIL] = None
+    steps: Annotated[int | None, _int(1, (1 << 53) - 1), OMIT_NIL] = None
 
     @property
     def estimate(self) -> tuple[int, int] | None:

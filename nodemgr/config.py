@@ -315,6 +315,14 @@ KEYS: tuple[Key, ...] = (
     Key("compute", "ls_idle", "compute_ls_idle", Seconds(0.0, 10.0), 0.002,
         "seconds a latency-sensitive task's GPU must have seen none of its launches before a"
         " best-effort task there may launch outside its own window"),
+    Key("compute", "elastic_step", "elastic_step", Integer(1, 100), 10,
+        "percent of a GPU the elastic rule moves to a latency-sensitive task that would miss"
+        " its target, from best-effort tasks there ([compute.md](compute.md#elastic-share))"),
+    Key("compute", "elastic_window", "elastic_window", Seconds(0.1, 600.0), 1.0,
+        "seconds over which step times are measured, between two elastic steps on a GPU, and"
+        " of use over its share before a latency-sensitive task is held"),
+    Key("compute", "elastic_tolerance", "elastic_tolerance", Integer(0, 100), 5,
+        "percentage points of its GPU a latency-sensitive task may use above its share"),
     Key("idle", "timeout", "idle_timeout", Seconds(0.0, 7 * DAY), 0.0,
         "seconds without a kernel launch after which a task is idle ([nodemgr.md]"
         "(nodemgr.md#idle-tasks)); 0 turns the idle policy off; `nodemgr idle` sets it per"
@@ -468,6 +476,10 @@ class Config:
     compute_period: float = _DEFAULTS["compute_period"]
     compute_poll: float = _DEFAULTS["compute_poll"]
     compute_ls_idle: float = _DEFAULTS["compute_ls_idle"]
+    # The elastic rule (docs/compute.md, "Elastic share").
+    elastic_step: int = _DEFAULTS["elastic_step"]
+    elastic_window: float = _DEFAULTS["elastic_window"]
+    elastic_tolerance: int = _DEFAULTS["elastic_tolerance"]
     # [idle] (docs/nodemgr.md, "Idle tasks"): the node's idle policy.
     idle_timeout: float = _DEFAULTS["idle_timeout"]
     idle_warn_before: float = _DEFAULTS["idle_warn_before"]

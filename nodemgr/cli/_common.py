@@ -185,8 +185,10 @@ def print_table(headers: list[str], rows: list[list[str]]) -> None:
 
 def preempted_lines(tasks: Sequence[Mapping[str, Any]]) -> list[str]:
     """Under a table of tasks: why each best-effort task held for a latency-sensitive one
-    is (docs/scheduling.md, "Classes")."""
-    return [f"{t['task_id']}: {t['preempted']}" for t in tasks if t.get("preempted")]
+    is (docs/scheduling.md, "Classes"), and each latency-sensitive task held for using more
+    than its share (docs/compute.md, "Elastic share")."""
+    lines = [f"{t['task_id']}: {t['preempted']}" for t in tasks if t.get("preempted")]
+    return lines + [f"{t['task_id']}: held: {t['held']}" for t in tasks if t.get("held")]
 
 
 def task_state(task: Mapping[str, Any]) -> str:
@@ -196,6 +198,8 @@ def task_state(task: Mapping[str, Any]) -> str:
         return "paused"
     if task.get("preempted"):
         return "preempted"
+    if task.get("held"):
+        return "held"
     return "gated" if task.get("gated") else "running"
 
 

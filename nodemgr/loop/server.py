@@ -466,6 +466,9 @@ class Server:
             self._safely("checking run_dir", self._check_run_dir)
             self._safely("settling draining GPUs", self.node.settle_draining)
             self._safely("settling compute pacers", self.node.settle_pacers)
+            self._safely(
+                "applying the elastic rule", self.node.elastic.sweep, time.time(), self._used
+            )
             for env in list(self.node.envs.values()):
                 self._safely(f"sampling the ledger of env {env.name}", self.node.sample_env, env)
             # Time slicing: learn shapes (a charge that drops retries waiting requests),
@@ -501,6 +504,12 @@ class Server:
             self._run_queue(now)
         if self.node.slicing.held_yields:
             self._answer_yields()
+
+    def _used(self, task_id: str, gpu: int) -> int | None:
+        """The percent of ``gpu`` the last utilisation sample saw ``task_id`` keep busy."""
+        if not self.utilization.gpus:
+            return None
+        return self.utilization.tasks.get(task_id, {}).get(gpu, 0)
 
     def _sweep(self, env: Env, wall_ns: int) -> None:
         # What only nodemgr writes (a limit, a context charge) is put back first, so that

@@ -29,6 +29,7 @@ from nodemgr.host import envdirs
 from nodemgr.host.board import Board
 from nodemgr.host.gpus import Gpu, resolve
 from nodemgr.host.ledger import MAX_TASKS, Ledger, LedgerError, Schedule, SlotTotals
+from nodemgr.node.elastic_unit import ElasticUnit
 from nodemgr.node.model import Env, Task
 from nodemgr.node.store import Record, Store
 from nodemgr.node.turns import Slicing
@@ -117,6 +118,8 @@ class Node:
         # the run directory is this nodemgr's; None where it could not be.
         self.board: Board | None = None
         self._board_tried = False
+        # The elastic rule's state (docs/compute.md, "Elastic share").
+        self.elastic = ElasticUnit(self)
 
     def add_entry(self, env: Env, task_id: str) -> None:
         """Give a task its entry in its environment's ledger (what pauses and gates it)."""
@@ -239,7 +242,7 @@ class Node:
         """The running tasks as the compute policy sees them."""
         return [
             compute.Member(
-                t.task_id, t.gpus, t.request.compute, self.envs[t.env].compute, t.task_class
+                t.task_id, t.gpus, self.elastic.share(t), self.envs[t.env].compute, t.task_class
             )
             for t in sorted(self.tasks.values(), key=lambda t: t.arrival)
         ]
@@ -326,6 +329,16 @@ class Node:
                 f"environment {env.name} may not run latency-sensitive tasks; run it as "
                 f"best-effort (--class be), or ask an admin to allow them: nodemgr quota set "
                 f"{env.name} --allow-ls",
+            )
+        if task_class != LS and (request.step_target or request.deadline):
+            raise ProtocolError(
+                Err.BAD_REQUEST,
+                "a step target or deadline is for latency-sensitive tasks: run it with "
+                '--class ls (docs/compute.md, "Elastic share")',
+            )
+        if (request.deadline is None) != (request.steps is None):
+            raise ProtocolError(
+                Err.BAD_REQUEST, "a deadline needs the run's number of steps, and steps a deadline"
             )
         if request.task_class == task_class:
             return request

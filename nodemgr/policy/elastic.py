@@ -247,3 +247,33 @@ def _lateness(ls: Ls, now: float) -> float:
     if not required or ls.step_time is None:
         return math.inf
     return ls.step_time / required
+
+
+class StepRates:
+    """Each task's recent seconds per step, from the boundary counts the sweeps read:
+    over the last ``window`` seconds, once at least two boundaries fell within it (a
+    task slower than that is measured from its last two boundaries seen)."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._seen: dict[str, list[tuple[float, int]]] = {}
+
+    def feed(self, task_id: str, now: float, iterations: int) -> float | None:
+        """Note ``task_id``'s boundary count at ``now``; its step time, None until known."""
+        seen = self._seen.setdefault(task_id, [])
+        if not seen or iterations != seen[-1][1]:
+            seen.append((now, iterations))
+        # Keep the samples of the window, and the newest two changes before it.
+        while len(seen) > 2 and seen[1][0] < now - self.window:
+            seen.pop(0)
+        if len(seen) < 2 or seen[-1][1] <= seen[0][1]:
+            return None
+        (t0, i0), (t1, i1) = seen[0], seen[-1]
+        # Time since the last boundary counts once it exceeds the measured step time: a
+        # task that slowed down is seen slow before its next boundary.
+        step = (t1 - t0) / (i1 - i0)
+        return max(step, now - t1)
+
+    def forget(self, live: set[str]) -> None:
+        for task_id in [t for t in self._seen if t not in live]:
+            del self._seen[task_id]

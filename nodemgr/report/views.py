@@ -97,6 +97,10 @@ class TaskView(TypedDict):
     # latency-sensitive ones (None: it is not).
     task_class: str
     preempted: str | None
+    # The elastic rule (docs/compute.md, "Elastic share"): why an LS task is held for using
+    # more than its share (None: it is not), and its recent seconds per step (None: unknown).
+    held: str | None
+    step_time: float | None
     # Compute shares (docs/compute.md): the share it asked for (None: none), the share in
     # force (its window's percentage of the period; 0: not gated), its window, and what its
     # live processes' pacers measured: device time of their windows, time launches waited.
@@ -279,6 +283,8 @@ def task(
         "utilization": utilization.task(task.task_id, task.gpus),
         "task_class": task.task_class,
         "preempted": task.preempted,
+        "held": node.elastic.held.get(task.task_id),
+        "step_time": node.elastic.step_times.get(task.task_id),
         "compute": task.request.compute,
         "share": s.share if s is not None and s.length_ns else 0,
         "window": window,

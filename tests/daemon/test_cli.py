@@ -547,7 +547,8 @@ def test_quota_set_changes_one_field_and_keeps_the_other(daemon: Any) -> None:
     assert r.exit_code == 1 and "'bob' does not exist yet: give both" in r.stderr
     assert [q["env"] for q in daemon.admin("quota_show")["quotas"]] == ["alice"]
     r = invoke(daemon, "quota", "set", "alice")
-    assert r.exit_code == 2 and "give --gpus, --memory, --class-default or --allow-ls" in r.output
+    assert r.exit_code == 2
+    assert "give --gpus, --memory, --class-default, --allow-ls or --compute" in r.output
 
 
 def test_queue_lists_waiting_requests_per_environment(node: Any, wait_for: Any) -> None:

@@ -90,6 +90,9 @@ def test_validate_types_ranges_and_unknowns() -> None:
         "waited": None,
         "wrapper": None,
         "task_class": None,
+        "step_target": None,
+        "deadline": None,
+        "steps": None,
     }
     cases: list[tuple[dict[str, Any], str]] = [
         ({"type": "request", "gpus": 1, "task_class": "latency-sensitive"}, Err.BAD_REQUEST),
