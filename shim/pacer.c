@@ -84,6 +84,7 @@ struct pace {
 	uint64_t launches_seen; /* at the last look for the board */
 	uint64_t debt;
 	uint64_t max_debt;
+	uint64_t burst_ns; /* best-effort beside LS: how long the gate opens at a time */
 };
 
 static uint64_t now_ns(void)
@@ -138,14 +139,17 @@ static uint64_t launches_now(void)
 	return __atomic_load_n(pacer.launches, __ATOMIC_RELAXED);
 }
 
-/* The gate closes at `now`: what the open time gave the process, measured, into its slot. */
-static void close_and_measure(struct pace *p, uint64_t now)
+/*
+ * The gate closes at `now`: what the open time gave the process, measured, into its slot.
+ * Returns when the work the open time launched completed (0: none launched, or unmeasured).
+ */
+static uint64_t close_and_measure(struct pace *p, uint64_t now)
 {
 	struct gs_pacing d = { 0 };
-	uint64_t done;
+	uint64_t done = 0;
 
 	if (!gate_close())
-		return;
+		return 0;
 	p->open = 0;
 	d.windows = p->in_window;
 	if (launches_now() != p->launches_at_open) {
@@ -162,6 +166,31 @@ static void close_and_measure(struct pace *p, uint64_t now)
 	}
 	p->in_window = 0;
 	gs_ledger_pacing_add(pacer.ledger, (uint32_t)pacer.slot, &d);
+	return done;
+}
+
+/*
+ * A best-effort task beside a latency-sensitive one launches in bursts while LS is idle:
+ * the gate opens for burst_ns, then closes until what the burst launched has run. The
+ * device runs work in the order it was queued, so an LS kernel launched during a burst
+ * waits at most for that burst's work (a real GPU's time slices between contexts are of
+ * the same order), never for all a training step queues at once. The burst adapts so its
+ * work takes about half of ls_idle on the device: shorter when it ran longer, longer when
+ * it ran much shorter, within [GS_BURST_MIN_NS, poll].
+ */
+#define GS_BURST_MIN_NS 20000ULL
+
+static void burst_ended(uint64_t *burst_ns, uint64_t aim, uint64_t most, uint64_t opened,
+			uint64_t done)
+{
+	uint64_t took = done > opened ? done - opened : 0;
+
+	if (done == 0 || aim == 0)
+		return;
+	if (took > aim && *burst_ns > GS_BURST_MIN_NS)
+		*burst_ns = *burst_ns / 2 > GS_BURST_MIN_NS ? *burst_ns / 2 : GS_BURST_MIN_NS;
+	else if (took < aim / 2 && *burst_ns < most)
+		*burst_ns = *burst_ns * 2 < most ? *burst_ns * 2 : most;
 }
 
 static void open_for(struct pace *p, uint64_t now, int window)
@@ -234,6 +263,8 @@ static uint64_t step(struct pace *p, const struct gs_schedule *s, uint32_t seq, 
 	/* A window that ended, or was opened under another schedule, closes and is measured. */
 	if (p->open && p->in_window && (seq != p->seq || now >= p->close_at))
 		close_and_measure(p, now < p->close_at ? now : p->close_at);
+	if (p->burst_ns == 0)
+		p->burst_ns = poll;
 	if (seq != p->seq) {
 		p->seq = seq;
 		p->last_start = 0;
@@ -255,15 +286,28 @@ static uint64_t step(struct pace *p, const struct gs_schedule *s, uint32_t seq, 
 			wake = start > now ? start : start + s->period_ns;
 	}
 	if (!p->in_window) {
+		int bursts = (s->flags & GS_COMPUTE_YIELD_LS) && b != NULL;
+
 		want = !window;
-		if ((s->flags & GS_COMPUTE_YIELD_LS) && b != NULL) {
+		if (bursts) {
 			want = !gs_board_ls_active(b, s->gpu_mask, now, s->ls_idle_ns);
 			wake = earliest(wake, now + poll);
+		}
+		if (want && bursts && p->open && launches_now() != p->launches_at_open &&
+		    now >= p->opened_at + p->burst_ns) {
+			uint64_t opened = p->opened_at;
+
+			burst_ended(&p->burst_ns, s->ls_idle_ns / 2, poll, opened,
+				    close_and_measure(p, now));
+			now = now_ns();
+			want = !gs_board_ls_active(b, s->gpu_mask, now, s->ls_idle_ns);
 		}
 		if (want)
 			open_for(p, now, 0);
 		else if (p->open)
 			close_and_measure(p, now);
+		if (want && bursts)
+			wake = earliest(wake, p->opened_at + p->burst_ns);
 	}
 	if ((s->flags & GS_COMPUTE_LS_PUBLISH) && b != NULL && pacer.board_writable) {
 		uint64_t n = launches_now();
