@@ -1,0 +1,553 @@
+#!/usr/bin/env python3
+"""Latency classes and compute shares (docs/compute.md) on the simulated device timeline.
+
+    python benchmarks/qos_bench.py [--quick] [--only NAME]... [--out FILE] [--check]
+                                   [--python PY]
+
+Real PyTorch (the torch venv's Python: ``--python``, else ``$GPUSHARE_TORCH_PYTHON``)
+trains small models under ``gpushare-run`` against a ``nodemgr serve`` of this script's
+own, on one simulated GPU with the device timeline on (docs/simulator.md): every kernel
+and copy takes modelled device time on a timeline all processes share, so contention
+between tasks is real and measurable. Each process's device time is read, independently
+of the shim, from the simulated NVML (``gpushareSimProcessBusyNs``), sampled every
+100 ms; a window is one second of wall time.
+
+- ``ls_with_be``: a latency-sensitive (LS) job (a step of GPU work, then idle "think"
+  time, as an interactive user's) alone, then beside one and three best-effort (BE)
+  training jobs. Targets: LS step rate >= 0.95 of alone, LS p99 step time <= 1.10x
+  alone; BE device time >= 80% of the device time the LS job leaves idle.
+- ``share_tracking``: a task capped at 30% beside 1, 2 and 4 uncapped co-tenants, and a
+  30/70 pair: each capped task's device share per window after the first second, and
+  the largest tracking error (target: within 5 percentage points).
+- ``share_settling``: a live change of a task's share (30 -> 60 and back, with
+  ``nodemgr share``): seconds until its windows are within 5 points of the new share.
+- ``elastic``: an LS job with a step target that a BE job's guaranteed share makes it
+  miss: its step time before and after the elastic steps; and how long after the LS
+  job ends the BE job has its share back (target: 2 s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+SELF = Path(__file__).resolve()
+if str(SELF.parent.parent) not in sys.path:
+    sys.path.append(str(SELF.parent.parent))  # last: see benchmarks/harness.py
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import BenchError, percentile  # noqa: E402
+
+BIN = Path(sys.executable).parent
+GiB = 1 << 30
+MiB = 1 << 20
+QUOTA = 2 * GiB
+PYTHON_ENV = "GPUSHARE_TORCH_PYTHON"
+SAMPLE_S = 0.1  # how often device time is sampled
+WINDOW_S = 1.0  # the window a share is judged over
+
+
+def say(message: str) -> None:
+    harness.say(message, "bench-qos")
+
+
+# --- the job (runs in the torch Python: stdlib and torch only) -------------------------------
+
+
+def _worker(spec_json: str) -> int:
+    """Train until ``seconds`` have passed: one JSON line per step (``ts``, ``te``:
+    CLOCK_MONOTONIC at its start and end) into ``out``, its pid first."""
+    import importlib
+
+    torch: Any = importlib.import_module("torch")
+    spec = json.loads(spec_json)
+    nn = torch.nn
+    torch.manual_seed(0)
+    width = spec["width"]
+    layers: list[Any] = []
+    for _ in range(spec["depth"]):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    model = nn.Sequential(*layers, nn.Linear(width, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    xb = torch.randn(spec["batch"], width, device="cuda")
+    yb = torch.randint(0, 10, (spec["batch"],), device="cuda")
+    think = spec["think_ms"] / 1e3
+    with open(spec["out"], "a", buffering=1) as out:
+        first = {
+            "pid": os.getpid(),
+            "sim_gpus": os.environ.get("GPUSHARE_SIM_GPUS", ""),
+            "sim_state_dir": os.environ.get("GPUSHARE_SIM_STATE_DIR", ""),
+        }
+        out.write(json.dumps(first) + "\n")
+        end = time.monotonic() + spec["seconds"]
+        while time.monotonic() < end:
+            ts = time.monotonic()
+            opt.zero_grad(set_to_none=True)
+            loss_fn(model(xb), yb).backward()
+            opt.step()
+            torch.cuda.synchronize()
+            te = time.monotonic()
+            out.write(json.dumps({"ts": ts, "te": te}) + "\n")
+            if think:
+                time.sleep(think)
+    return 0
+
+
+# --- device time -----------------------------------------------------------------------------
+
+
+class DeviceClock:
+    """Each process's cumulative device time on simulated GPU 0, from the simulated NVML."""
+
+    def __init__(self, sim_gpus: str, state_dir: str) -> None:
+        from gpushare import libs  # not at the top: the worker's Python may lack it
+
+        os.environ["GPUSHARE_SIM_GPUS"] = sim_gpus
+        os.environ["GPUSHARE_SIM_STATE_DIR"] = state_dir
+        self.lib = ctypes.CDLL(str(libs.sim_driver_dir() / "libnvidia-ml.so.1"))
+        if self.lib.nvmlInit_v2() != 0:
+            raise BenchError("the simulated NVML did not start")
+        self.dev = ctypes.c_void_p()
+        if self.lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.dev)) != 0:
+            raise BenchError("the simulated NVML has no GPU 0")
+
+    def busy_ns(self, pid: int) -> int:
+        ns = ctypes.c_ulonglong()
+        if self.lib.gpushareSimProcessBusyNs(self.dev, ctypes.c_uint(pid), ctypes.byref(ns)):
+            return 0
+        return int(ns.value)
+
+
+class Sampler:
+    """Samples the device time of a set of pids every SAMPLE_S on a thread of its own."""
+
+    def __init__(self, clock: DeviceClock) -> None:
+        self.clock = clock
+        self.pids: dict[str, int] = {}
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            now = time.monotonic()
+            self.samples.append((now, {n: self.clock.busy_ns(p) for n, p in self.pids.items()}))
+
+    def shares(self, name: str, since: float, until: float) -> list[float]:
+        """``name``'s percent of device time in each whole window between the two times."""
+        rows = [(t, s.get(name)) for t, s in self.samples if since <= t <= until]
+        rows = [(t, b) for t, b in rows if b is not None]
+        out = []
+        i = 0
+        for j in range(len(rows)):
+            if rows[j][0] - rows[i][0] >= WINDOW_S - SAMPLE_S / 2:
+                dt = rows[j][0] - rows[i][0]
+                out.append(100.0 * (rows[j][1] - rows[i][1]) / (dt * 1e9))  # type: ignore[operator]
+                i = j
+        return out
+
+
+# --- running jobs ----------------------------------------------------------------------------
+
+
+def find_python(explicit: str | None) -> str:
+    python = explicit or os.environ.get(PYTHON_ENV)
+    if not python:
+        raise BenchError(
+            f"no Python with PyTorch named: pass --python PY or set {PYTHON_ENV} "
+            "(`make bench` uses the torch venv's, made by `make torch-env`)"
+        )
+    return python
+
+
+def _base_env() -> dict[str, str]:
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GPUSHARE_", "CUDA_", "PYTORCH_", "TORCH_"))
+        and k not in ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME")
+    }
+
+
+class Job:
+    def __init__(self, name: str, proc: subprocess.Popen[bytes], out: Path) -> None:
+        self.name = name
+        self.proc = proc
+        self.out = out
+
+    def first(self, timeout: float = 60.0) -> dict[str, Any]:
+        """What the job said of itself when it started: its pid and simulated GPUs."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = harness.read_jsonl(self.out) if self.out.exists() else []
+            if rows:
+                return rows[0]
+            if self.proc.poll() is not None:
+                raise BenchError(f"{self.name} exited {self.proc.returncode}: {self.err()}")
+            time.sleep(0.05)
+        raise BenchError(f"{self.name} did not start within {timeout:.0f}s")
+
+    def pid(self) -> int:
+        return int(self.first()["pid"])
+
+    def steps(self) -> list[dict[str, Any]]:
+        return [r for r in harness.read_jsonl(self.out) if "te" in r]
+
+    def err(self) -> str:
+        if self.proc.stderr is None:
+            return ""
+        with contextlib.suppress(OSError, ValueError):
+            return self.proc.stderr.read().decode(errors="replace")[-800:]
+        return ""
+
+    def wait(self, timeout: float) -> None:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"{self.name} did not end within {timeout:.0f}s") from None
+        if self.proc.returncode != 0:
+            raise BenchError(f"{self.name} exited {self.proc.returncode}: {self.err()}")
+
+
+class Bench:
+    """One nodemgr on one simulated GPU with the device timeline, and its environments."""
+
+    def __init__(self, d: Any, python: str, work: Path) -> None:
+        self.d = d
+        self.python = python
+        self.work = work
+        self.n = 0
+        self._clock: DeviceClock | None = None
+
+    def clock(self, job: Job) -> DeviceClock:
+        """The simulated NVML of the node, as ``job`` was told of it."""
+        if self._clock is None:
+            first = job.first()
+            self._clock = DeviceClock(first["sim_gpus"], first["sim_state_dir"])
+        return self._clock
+
+    def start(self, env: str, opts: list[str], **spec: Any) -> Job:
+        self.n += 1
+        out = self.work / f"{env}-{self.n}.jsonl"
+        spec = {"width": 1024, "depth": 4, "batch": 512, "think_ms": 0, "seconds": 10.0} | spec
+        spec["out"] = str(out)
+        endpoint = self.d.env(env, gpus=1, memory=QUOTA)
+        argv = [str(BIN / "gpushare-run"), "--endpoint", endpoint, *opts, "--"]
+        argv += [self.python, str(SELF), "--worker", json.dumps(spec)]
+        proc = harness.start_child(
+            argv, env=_base_env(), cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        return Job(f"{env}#{self.n}", proc, out)
+
+
+def _step_summary(steps: list[dict[str, Any]], skip: int = 3) -> dict[str, Any]:
+    times = [(s["te"] - s["ts"]) * 1e3 for s in steps[skip:]]
+    if len(times) < 5:
+        raise BenchError(f"only {len(times)} steps measured")
+    return {
+        "steps_per_s": round(harness.steps_per_s(steps, skip), 3),
+        "median_ms": round(sorted(times)[len(times) // 2], 3),
+        "p99_ms": round(percentile(times, 99), 3),
+        "n": len(times),
+    }
+
+
+# The best-effort jobs: many small kernels (an LS kernel waits for at most the BE work
+# queued ahead of it: a small batch keeps each BE kernel short beside an LS step).
+BE_SPEC: dict[str, Any] = {"batch": 64, "depth": 8}
+
+
+def bench_ls_with_be(b: Bench, quick: bool) -> dict[str, Any]:
+    seconds = 6.0 if quick else 15.0
+    ls_spec = {"think_ms": 30, "seconds": seconds, "depth": 2}
+    runs: dict[str, Any] = {}
+    for n_be in (0, 1, 3):
+        be_jobs = [
+            b.start(f"be{i}", ["--class", "be"], seconds=seconds + 4, **BE_SPEC)
+            for i in range(n_be)
+        ]
+        ls = b.start("ls", ["--class", "ls"], **ls_spec)
+        with Sampler(b.clock(ls)) as sampler:
+            sampler.pids[ls.name] = ls.pid()
+            for j in be_jobs:
+                sampler.pids[j.name] = j.pid()
+            ls.wait(seconds + 60)
+        run = _step_summary(ls.steps())
+        t0 = ls.steps()[3]["ts"]
+        t1 = ls.steps()[-1]["te"]
+        ls_busy = sum(sampler.shares(ls.name, t0, t1)) / max(
+            1, len(sampler.shares(ls.name, t0, t1))
+        )
+        be_busy = sum(
+            sum(v) / max(1, len(v)) for v in (sampler.shares(j.name, t0, t1) for j in be_jobs)
+        )
+        run["ls_device_pct"] = round(ls_busy, 2)
+        if n_be:
+            idle = 100.0 - ls_busy
+            run["be_device_pct"] = round(be_busy, 2)
+            run["be_of_ls_idle"] = round(be_busy / idle, 3) if idle > 0 else None
+        for j in be_jobs:
+            harness.finish(j.proc)
+        runs[f"be{n_be}"] = run
+    alone = runs["be0"]
+    r: dict[str, Any] = {"runs": runs}
+    for n_be in (1, 3):
+        run = runs[f"be{n_be}"]
+        run["rate_vs_alone"] = round(run["steps_per_s"] / alone["steps_per_s"], 3)
+        run["p99_vs_alone"] = round(run["p99_ms"] / alone["p99_ms"], 3)
+    return harness.judge_all(
+        r,
+        [
+            ("runs.be1.rate_vs_alone", ">=", 0.95),
+            ("runs.be3.rate_vs_alone", ">=", 0.95),
+            ("runs.be1.p99_vs_alone", "<=", 1.10),
+            ("runs.be3.p99_vs_alone", "<=", 1.10),
+            ("runs.be1.be_of_ls_idle", ">=", 0.80),
+            ("runs.be3.be_of_ls_idle", ">=", 0.80),
+        ],
+    )
+
+
+def _tracking(b: Bench, shares: list[int | None], seconds: float) -> dict[str, Any]:
+    jobs = []
+    for i, share in enumerate(shares):
+        opts = ["--compute", str(share)] if share is not None else []
+        jobs.append((share, b.start(f"t{i}", opts, seconds=seconds)))
+    with Sampler(b.clock(jobs[0][1])) as sampler:
+        for _, j in jobs:
+            sampler.pids[j.name] = j.pid()
+        for _, j in jobs:
+            j.wait(seconds + 60)
+    # Judged while every job ran: from the last one's first step (and a second more, as
+    # the target says) to the first one's last.
+    start = max(j.steps()[0]["ts"] for _, j in jobs) + 1.0
+    end = min(j.steps()[-1]["te"] for _, j in jobs)
+    out: dict[str, Any] = {"shares": shares, "tasks": []}
+    worst = 0.0
+    for share, j in jobs:
+        windows = sampler.shares(j.name, start + 1.0, end)
+        entry: dict[str, Any] = {"share": share, "windows_pct": [round(w, 2) for w in windows]}
+        if share is not None and windows:
+            errors = [abs(w - share) for w in windows]
+            entry["max_error_pts"] = round(max(errors), 2)
+            worst = max(worst, max(errors))
+        out["tasks"].append(entry)
+    out["max_error_pts"] = round(worst, 2)
+    return out
+
+
+def bench_share_tracking(b: Bench, quick: bool) -> dict[str, Any]:
+    seconds = 5.0 if quick else 10.0
+    cases: dict[str, list[int | None]] = {
+        "30_with_1": [30, None],
+        "30_with_2": [30, None, None],
+        "30_with_4": [30, None, None, None, None],
+        "30_70": [30, 70],
+    }
+    r: dict[str, Any] = {"cases": {k: _tracking(b, v, seconds) for k, v in cases.items()}}
+    return harness.judge_all(r, [(f"cases.{k}.max_error_pts", "<=", 5.0) for k in cases])
+
+
+def bench_share_settling(b: Bench, quick: bool) -> dict[str, Any]:
+    seconds = 12.0 if quick else 16.0
+    job = b.start("settle", ["--compute", "30"], seconds=seconds)
+    other = b.start("other", [], seconds=seconds)
+    changes = []
+    with Sampler(b.clock(job)) as sampler:
+        sampler.pids[job.name] = job.pid()
+        sampler.pids[other.name] = other.pid()
+        task_id = _task_id(b, "settle")
+        began = time.monotonic()
+        for share, at in ((60, 3.0), (30, 7.0)):
+            time.sleep(max(0.0, at - (time.monotonic() - began)))
+            b.d.admin("share", task_id=task_id, compute=share)
+            changed = time.monotonic()
+            changes.append((share, changed))
+        job.wait(seconds + 60)
+        harness.finish(other.proc)
+    r: dict[str, Any] = {"changes": []}
+    for share, at in changes:
+        settled = None
+        rows = [(t, s.get(job.name)) for t, s in sampler.samples if t >= at]
+        # The first moment from which every following 1 s window is within 5 points.
+        for i, (t, _) in enumerate(rows):
+            windows = sampler.shares(job.name, t, min(at + 4.0, rows[-1][0]))
+            if windows and all(abs(w - share) <= 5.0 for w in windows):
+                settled = t - at
+                break
+            if i > 40:
+                break
+        after = sampler.shares(job.name, at, at + 4.0)
+        r["changes"].append(
+            {
+                "to": share,
+                "settled_s": None if settled is None else round(settled, 2),
+                "windows_after_pct": [round(w, 2) for w in after],
+            }
+        )
+    r["max_settle_s"] = max((c["settled_s"] or 99.0) for c in r["changes"])
+    return harness.judge(r, "max_settle_s", "<=", 1.0)
+
+
+def _task_id(b: Bench, env: str, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        tasks = b.d.admin("tasks", env=env)["tasks"]
+        if tasks:
+            return str(tasks[0]["task_id"])
+        time.sleep(0.05)
+    raise BenchError(f"no task of {env} within {timeout:.0f}s")
+
+
+def _watch(b: Bench, until: Job, every: float = 0.25) -> list[dict[str, Any]]:
+    """nodemgr's view of every task, every ``every`` seconds until ``until`` ends."""
+    rows = []
+    while until.proc.poll() is None:
+        tasks = b.d.admin("tasks")["tasks"]
+        rows.append({"t": time.monotonic(), "tasks": {t["env"]: t for t in tasks}})
+        time.sleep(every)
+    return rows
+
+
+def bench_elastic(b: Bench, quick: bool) -> dict[str, Any]:
+    seconds = 10.0 if quick else 16.0
+    ls_spec = {"seconds": 5.0, "depth": 2, "think_ms": 0}
+    # The LS job's step time alone, and beside a BE job that holds half of the GPU; its
+    # target lies between the two, so the elastic rule must act to meet it.
+    alone = b.start("ls", ["--class", "ls"], **ls_spec)
+    alone.wait(60)
+    alone_ms = _step_summary(alone.steps())["median_ms"]
+    be = b.start("be", ["--class", "be", "--compute", "50"], seconds=3 * seconds + 30)
+    be.pid()
+    time.sleep(2.0)
+    beside = b.start("ls", ["--class", "ls"], **ls_spec)
+    beside.wait(60)
+    beside_ms = _step_summary(beside.steps())["median_ms"]
+    target_ms = round((alone_ms + beside_ms) / 2, 1)
+    ls = b.start(
+        "ls", ["--class", "ls", "--step-target", str(target_ms)], **(ls_spec | {"seconds": seconds})
+    )
+    ls.pid()
+    seen = _watch(b, ls)
+    ended = time.monotonic()
+    back = None
+    while time.monotonic() < ended + 5.0:
+        row = {t["env"]: t for t in b.d.admin("tasks")["tasks"]}.get("be")
+        if row is not None and row.get("share") == 50 and not row.get("preempted"):
+            back = round(time.monotonic() - ended, 2)
+            break
+        time.sleep(0.05)
+    harness.finish(be.proc)
+    steps = ls.steps()
+    last = [(s["te"] - s["ts"]) * 1e3 for s in steps[-10:]]
+    trace = [
+        {
+            "t": round(r["t"] - seen[0]["t"], 2),
+            "be_share": r["tasks"].get("be", {}).get("share"),
+            "be_preempted": bool(r["tasks"].get("be", {}).get("preempted")),
+            "ls_step_ms": None
+            if r["tasks"].get("ls", {}).get("step_time") is None
+            else round(1e3 * r["tasks"]["ls"]["step_time"], 1),
+        }
+        for r in seen[:: max(1, len(seen) // 20)]
+    ]
+    r: dict[str, Any] = {
+        "alone_ms": alone_ms,
+        "beside_be_ms": beside_ms,
+        "target_ms": target_ms,
+        "last_steps_ms": round(sorted(last)[len(last) // 2], 3) if last else None,
+        "lowest_be_share": min(
+            (x["tasks"]["be"]["share"] for x in seen if "be" in x["tasks"]), default=None
+        ),
+        "be_back_after_s": back,
+        "trace": trace,
+    }
+    return harness.judge_all(
+        r, [("last_steps_ms", "<=", target_ms), ("be_back_after_s", "<=", 2.0)]
+    )
+
+
+BENCHES = {
+    "ls_with_be": bench_ls_with_be,
+    "share_tracking": bench_share_tracking,
+    "share_settling": bench_share_settling,
+    "elastic": bench_elastic,
+}
+
+# How long device work takes on the timeline: steps of tens of milliseconds, so the
+# host side of torch (milliseconds a step) is small beside it.
+TIMELINE: dict[str, Any] = {"simulated_time_scale": 100}
+
+
+@contextlib.contextmanager
+def _node(python: str) -> Iterator[Bench]:
+    """A nodemgr of its own for one benchmark, and the simulated NVML's view of its GPU."""
+    from benchmarks.nodemgr_bench import daemon  # needs pyzmq: the bench's Python has it
+
+    with (
+        daemon(
+            gpus={"simulated_count": 1, "simulated_timeline": True, **TIMELINE},
+            scheduler={"task_threshold": 16, "memory_reserve": "0"},
+            node={"heartbeat_interval": 1.0, "heartbeat_timeout": 30.0},
+        ) as d,
+        tempfile.TemporaryDirectory(prefix="gsq-") as work,
+    ):
+        d.env("ls", gpus=1, memory=QUOTA)
+        d.admin("quota_set", env="ls", allow_ls=True)
+        yield Bench(d, python, Path(work))
+
+
+def _one(python: str, fn: Any, quick: bool) -> dict[str, Any]:
+    with _node(python) as b:
+        result: dict[str, Any] = fn(b, quick)
+        return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["--worker"]:
+        return _worker(args_in[1])
+    parser = harness.parser(__doc__, BENCHES, quick="shorter runs (a smoke run)")
+    parser.add_argument("--python", help=f"the Python with PyTorch (default: ${PYTHON_ENV})")
+    args = parser.parse_args(args_in)
+    from gpushare.client import Unreachable  # not at the top: the worker lacks pyzmq
+
+    errors = (BenchError, OSError, Unreachable)
+
+    def run_all(results: dict[str, Any]) -> bool:
+        try:
+            python = find_python(args.python)
+        except BenchError as e:
+            say(f"cannot run: {e}")
+            results.update({n: harness.error_result(e) for n in args.only or BENCHES})
+            return True
+        broken = False
+        for name in args.only or BENCHES:
+            bench = functools.partial(_one, python, BENCHES[name], args.quick)
+            broken |= harness.run_one(name, bench, errors, results)
+        return broken
+
+    return harness.run_and_report(args, run_all, lambda: harness.machine({}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
