@@ -293,6 +293,10 @@ static uint64_t step(struct pace *p, const struct gs_schedule *s, uint32_t seq, 
 			want = !gs_board_ls_active(b, s->gpu_mask, now, s->ls_idle_ns);
 			wake = earliest(wake, now + poll);
 		}
+		/* Nothing launched in the burst's time: no burst to end yet, none to wake for. */
+		if (want && bursts && p->open && now >= p->opened_at + p->burst_ns &&
+		    launches_now() == p->launches_at_open)
+			p->opened_at = now;
 		if (want && bursts && p->open && launches_now() != p->launches_at_open &&
 		    now >= p->opened_at + p->burst_ns) {
 			uint64_t opened = p->opened_at;
