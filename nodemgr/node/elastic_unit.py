@@ -75,7 +75,9 @@ class ElasticUnit:
             for g in t.gpus:
                 rest = 100 - sum(b.base for b in be_base.get(g, []))
                 base = own if own is not None else max(0, rest)
-                u = used(t.task_id, g)
+                # Held for use over its share only with a share of its own: without one,
+                # what BE shares leave is no limit (BE windows left idle are its to use).
+                u = used(t.task_id, g) if own is not None else None
                 iterations = entry.iterations if entry else 0
                 seen.append(
                     elastic.Ls(

@@ -259,7 +259,11 @@ class StepRates:
         self._seen: dict[str, list[tuple[float, int]]] = {}
 
     def feed(self, task_id: str, now: float, iterations: int) -> float | None:
-        """Note ``task_id``'s boundary count at ``now``; its step time, None until known."""
+        """Note ``task_id``'s boundary count at ``now``; its step time, None until known.
+        Counted from its first boundary: the time before it is start-up (imports, model
+        set-up), no step."""
+        if iterations < 1:
+            return None
         seen = self._seen.setdefault(task_id, [])
         if not seen or iterations != seen[-1][1]:
             seen.append((now, iterations))

@@ -159,14 +159,15 @@ def test_the_share_an_ls_task_is_held_to_counts_its_elastic_steps() -> None:
 def test_step_rates_over_a_window() -> None:
     rates = StepRates(window=1.0)
     assert rates.feed("t", 0.0, 0) is None
-    assert rates.feed("t", 0.1, 0) is None  # no boundary yet
-    assert rates.feed("t", 0.2, 2) == pytest.approx(0.1)
-    assert rates.feed("t", 0.4, 4) == pytest.approx(0.1)
+    assert rates.feed("t", 5.0, 0) is None  # no boundary yet: start-up, not a step
+    assert rates.feed("t", 5.1, 1) is None
+    assert rates.feed("t", 5.2, 2) == pytest.approx(0.1)
+    assert rates.feed("t", 5.4, 4) == pytest.approx(0.1)
     # Slower now: the window's samples say so once the old ones are out of it.
-    for i, now in enumerate((1.0, 1.5, 2.0, 2.5), start=5):
+    for i, now in enumerate((6.0, 6.5, 7.0, 7.5), start=5):
         step = rates.feed("t", now, i)
     assert step == pytest.approx(0.5)
     # Stalled: the time since its last boundary counts.
-    assert rates.feed("t", 4.0, 8) == pytest.approx(1.5)
+    assert rates.feed("t", 9.0, 8) == pytest.approx(1.5)
     rates.forget(set())
-    assert rates.feed("t", 5.0, 8) is None
+    assert rates.feed("t", 10.0, 8) is None
