@@ -33,6 +33,7 @@ import ctypes
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -115,7 +116,12 @@ class DeviceClock:
 
         os.environ["GPUSHARE_SIM_GPUS"] = sim_gpus
         os.environ["GPUSHARE_SIM_STATE_DIR"] = state_dir
-        self.lib = ctypes.CDLL(str(libs.sim_driver_dir() / "libnvidia-ml.so.1"))
+        # A copy of its own for each nodemgr of the run: a library loaded again from the
+        # same path is the same, already started on the first nodemgr's GPUs.
+        self._dir = tempfile.TemporaryDirectory(prefix="gsq-nvml-")
+        copy = Path(self._dir.name) / "libnvidia-ml.so.1"
+        shutil.copy(libs.sim_driver_dir() / "libnvidia-ml.so.1", copy)
+        self.lib = ctypes.CDLL(str(copy))
         if self.lib.nvmlInit_v2() != 0:
             raise BenchError("the simulated NVML did not start")
         self.dev = ctypes.c_void_p()
