@@ -48,12 +48,12 @@ if str(SELF.parent.parent) not in sys.path:
     sys.path.append(str(SELF.parent.parent))  # last: see benchmarks/harness.py
 from benchmarks import harness  # noqa: E402
 from benchmarks.harness import BenchError, percentile  # noqa: E402
+from benchmarks.torch_bench import PYTHON_ENV, base_env, find_python  # noqa: E402
 
 BIN = Path(sys.executable).parent
 GiB = 1 << 30
 MiB = 1 << 20
 QUOTA = 2 * GiB
-PYTHON_ENV = "GPUSHARE_TORCH_PYTHON"
 SAMPLE_S = 0.1  # how often device time is sampled
 WINDOW_S = 1.0  # the window a share is judged over
 
@@ -175,25 +175,6 @@ class Sampler:
 # --- running jobs ----------------------------------------------------------------------------
 
 
-def find_python(explicit: str | None) -> str:
-    python = explicit or os.environ.get(PYTHON_ENV)
-    if not python:
-        raise BenchError(
-            f"no Python with PyTorch named: pass --python PY or set {PYTHON_ENV} "
-            "(`make bench` uses the torch venv's, made by `make torch-env`)"
-        )
-    return python
-
-
-def _base_env() -> dict[str, str]:
-    return {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("GPUSHARE_", "CUDA_", "PYTORCH_", "TORCH_"))
-        and k not in ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME")
-    }
-
-
 class Job:
     def __init__(self, name: str, proc: subprocess.Popen[bytes], out: Path) -> None:
         self.name = name
@@ -260,7 +241,7 @@ class Bench:
         argv = [str(BIN / "gpushare-run"), "--endpoint", endpoint, *opts, "--"]
         argv += [self.python, str(SELF), "--worker", json.dumps(spec)]
         proc = harness.start_child(
-            argv, env=_base_env(), cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            argv, env=base_env(), cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         return Job(f"{env}#{self.n}", proc, out)
 

@@ -126,7 +126,7 @@ def find_python(explicit: str | None) -> str:
     return python
 
 
-def _base_env() -> dict[str, str]:
+def base_env() -> dict[str, str]:
     """This environment without anything of gpushare, CUDA or torch settings."""
     return {
         k: v
@@ -185,7 +185,7 @@ class Sides:
         self.python = python
         self.endpoint = d.env("bench", gpus=1, memory=QUOTA)
         self.run_bin = BIN / "gpushare-run"
-        self.shim_env = _base_env()
+        self.shim_env = base_env()
         # Without gpushare: the view of the node a task gets (gpushare-run sets the
         # simulated driver's directory and GPUs), learned from a first run with it.
         self.plain_env: dict[str, str] = {}
@@ -219,7 +219,7 @@ class Sides:
         from gpushare import libs  # not at the top: the worker's Python may lack it
 
         self.plain_env = {
-            **_base_env(),
+            **base_env(),
             "LD_LIBRARY_PATH": str(libs.sim_driver_dir()),
             "GPUSHARE_SIM_GPUS": doc["sim_gpus"],
             "CUDA_VISIBLE_DEVICES": doc["visible"],
