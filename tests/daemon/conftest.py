@@ -9,6 +9,7 @@ import socket
 import tempfile
 import threading
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 import pytest
 
 from gpushare.client import Connection
+from nodemgr.host.gpus import simulated_uuid
+from nodemgr.host.ledger import Ledger
 
 
 @contextlib.contextmanager
@@ -123,3 +126,16 @@ def scrape(port: int) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
+
+
+@contextlib.contextmanager
+def ledger_of(daemon: Any, env: str, gpus: int = 4) -> Iterator[Ledger]:
+    """The environment's ledger file, mapped as its processes map it (also while nodemgr is
+    down); ``gpus``: the daemon's simulated GPU count (the test daemons' default is 4)."""
+    uuids = [uuid.UUID(simulated_uuid(i).removeprefix("GPU-")).bytes for i in range(gpus)]
+    ledger = Ledger.reopen(daemon.run_dir / "envs" / env / "ledger", uuids)
+    assert ledger is not None, "no valid ledger"
+    try:
+        yield ledger
+    finally:
+        ledger.close()

@@ -4,32 +4,17 @@ environment's cap applies, a restart keeps both, and tasks, top and metrics show
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nodemgr.host.gpus import simulated_uuid
-from nodemgr.host.ledger import COMPUTE_WINDOW, PAUSE_COMPUTE, Ledger, Schedule
+from nodemgr.host.ledger import COMPUTE_WINDOW, PAUSE_COMPUTE, Schedule
 from tests.conftest import invoke
-from tests.daemon.conftest import free_port, scrape
+from tests.daemon.conftest import free_port, ledger_of, scrape
 from tests.shim import compute_child
 
 P = 100_000_000  # [compute] period's default, ns
-
-
-@contextlib.contextmanager
-def ledger_of(daemon: Any, env: str) -> Iterator[Ledger]:
-    uuids = [uuid.UUID(simulated_uuid(i).removeprefix("GPU-")).bytes for i in range(4)]
-    ledger = Ledger.reopen(daemon.run_dir / "envs" / env / "ledger", uuids)
-    assert ledger is not None, "no valid ledger"
-    try:
-        yield ledger
-    finally:
-        ledger.close()
 
 
 def schedule(daemon: Any, env: str, task_id: str) -> Schedule | None:

@@ -3,14 +3,11 @@ against a live nodemgr and real gpushare-run processes."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import select
 import signal
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +16,11 @@ from click.testing import CliRunner
 
 from gpushare.client import Connection, NodeError
 from nodemgr.cli import cli
-from nodemgr.host.gpus import simulated_uuid
-from nodemgr.host.ledger import MAX_TASKS, Ledger, LedgerError
+from nodemgr.host.ledger import MAX_TASKS, LedgerError
 from tests.conftest import invoke
+from tests.daemon.conftest import ledger_of
 
 MiB = 1 << 20
-
-
-@contextlib.contextmanager
-def ledger_of(daemon: Any, env: str) -> Iterator[Ledger]:
-    """The environment's ledger file, mapped as its processes map it (also while nodemgr is
-    down). The test daemons have 4 simulated GPUs."""
-    uuids = [uuid.UUID(simulated_uuid(i).removeprefix("GPU-")).bytes for i in range(4)]
-    ledger = Ledger.reopen(daemon.run_dir / "envs" / env / "ledger", uuids)
-    assert ledger is not None, "no valid ledger"
-    try:
-        yield ledger
-    finally:
-        ledger.close()
 
 
 def entry_ids(daemon: Any, env: str) -> list[str]:

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +24,7 @@ from nodemgr.cli import cli
 from nodemgr.host.gpus import simulated_uuid
 from nodemgr.host.ledger import TASK_TIMESLICED, Ledger
 from tests.daemon.conftest import free_port, scrape
+from tests.daemon.conftest import ledger_of as env_ledger
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -177,16 +177,9 @@ def ts_daemon(
     )
 
 
-@contextlib.contextmanager
-def ledger_of(daemon: Any, env: str) -> Iterator[Ledger]:
-    count = len(daemon.admin("status")["gpus"])
-    uuids = [uuid.UUID(simulated_uuid(i).removeprefix("GPU-")).bytes for i in range(count)]
-    ledger = Ledger.reopen(daemon.run_dir / "envs" / env / "ledger", uuids)
-    assert ledger is not None
-    try:
-        yield ledger
-    finally:
-        ledger.close()
+def ledger_of(daemon: Any, env: str) -> contextlib.AbstractContextManager[Ledger]:
+    """The environment's ledger, for a daemon of however many simulated GPUs."""
+    return env_ledger(daemon, env, len(daemon.admin("status")["gpus"]))
 
 
 def gated(daemon: Any, env: str, task_id: str) -> bool:
