@@ -507,9 +507,7 @@ class Server:
 
     def _used(self, task_id: str, gpu: int) -> int | None:
         """The percent of ``gpu`` the last utilisation sample saw ``task_id`` keep busy."""
-        if not self.utilization.gpus:
-            return None
-        return self.utilization.tasks.get(task_id, {}).get(gpu, 0)
+        return self.utilization.task(task_id, [gpu])[0]
 
     def _sweep(self, env: Env, wall_ns: int) -> None:
         # What only nodemgr writes (a limit, a context charge) is put back first, so that

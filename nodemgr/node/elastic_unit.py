@@ -64,7 +64,8 @@ class ElasticUnit:
         seen: list[elastic.Ls] = []
         for t in ls_tasks:
             entry = node.envs[t.env].ledger.task_entry(t.task_id)
-            step = self.rates.feed(t.task_id, now, entry.iterations if entry else 0)
+            iterations = entry.iterations if entry else 0
+            step = self.rates.feed(t.task_id, now, iterations)
             if step is not None:
                 self.step_times[t.task_id] = step
             r = t.request
@@ -78,7 +79,6 @@ class ElasticUnit:
                 # Held for use over its share only with a share of its own: without one,
                 # what BE shares leave is no limit (BE windows left idle are its to use).
                 u = used(t.task_id, g) if own is not None else None
-                iterations = entry.iterations if entry else 0
                 seen.append(
                     elastic.Ls(
                         t.task_id,
