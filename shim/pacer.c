@@ -293,18 +293,18 @@ static uint64_t step(struct pace *p, const struct gs_schedule *s, uint32_t seq, 
 			want = !gs_board_ls_active(b, s->gpu_mask, now, s->ls_idle_ns);
 			wake = earliest(wake, now + poll);
 		}
-		/* Nothing launched in the burst's time: no burst to end yet, none to wake for. */
-		if (want && bursts && p->open && now >= p->opened_at + p->burst_ns &&
-		    launches_now() == p->launches_at_open)
-			p->opened_at = now;
-		if (want && bursts && p->open && launches_now() != p->launches_at_open &&
-		    now >= p->opened_at + p->burst_ns) {
+		if (want && bursts && p->open && now >= p->opened_at + p->burst_ns) {
 			uint64_t opened = p->opened_at;
 
-			burst_ended(&p->burst_ns, s->ls_idle_ns / 2, poll, opened,
-				    close_and_measure(p, now));
-			now = now_ns();
-			want = !gs_board_ls_active(b, s->gpu_mask, now, s->ls_idle_ns);
+			if (launches_now() == p->launches_at_open) {
+				/* Nothing launched: no burst to end yet, none to wake for. */
+				p->opened_at = now;
+			} else {
+				burst_ended(&p->burst_ns, s->ls_idle_ns / 2, poll, opened,
+					    close_and_measure(p, now));
+				now = now_ns();
+				want = !gs_board_ls_active(b, s->gpu_mask, now, s->ls_idle_ns);
+			}
 		}
 		if (want)
 			open_for(p, now, 0);
