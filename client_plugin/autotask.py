@@ -51,8 +51,13 @@ def _say(message: str) -> None:
 class Task:
     """The task this process holds: heartbeats on a thread, done at exit."""
 
-    def __init__(self, endpoint: str, task_id: str, interval: float) -> None:
+    def __init__(
+        self, endpoint: str, task_id: str, interval: float, beat_first: bool = False
+    ) -> None:
         self.pid = os.getpid()
+        # Beat at once, not an interval from now: the task has been silent since before
+        # this interpreter started (a restart), and the timeout does not wait for startup.
+        self.beat_first = beat_first
         self.hb = Heartbeat(endpoint, task_id, interval, _say)
         self.lock = threading.Lock()  # one ZeroMQ socket, used by two threads
         self.stopped = threading.Event()
@@ -73,7 +78,9 @@ class Task:
         threading.Thread(target=self._beat, name="gpushare-heartbeat", daemon=True).start()
 
     def _beat(self) -> None:
-        while not self.stopped.wait(self.hb.interval):
+        wait = 0.0 if self.beat_first else self.hb.interval
+        while not self.stopped.wait(wait):
+            wait = self.hb.interval
             with self.lock:
                 if not self.stopped.is_set():
                     self.hb.beat()
@@ -265,4 +272,4 @@ def resume() -> None:
     except (IndexError, ValueError, KeyError):
         _say(f"ignoring a malformed {HOLDER_ENV}={raw!r}")
         return
-    _task = Task(endpoint, task_id, interval)
+    _task = Task(endpoint, task_id, interval, beat_first=True)

@@ -549,3 +549,38 @@ def test_a_program_the_holder_execs_keeps_the_task(daemon_factory: Any, standin:
         p = python(code, standin, ep, env=preload)
         finish_ok(p)
     assert [r["reason"] for r in records(daemon, "alice")] == ["done", "done"]
+
+
+# A task held by an auto-loaded process, silent for SILENT seconds after its grant (a
+# restart: the new interpreter starting), then heartbeating every 60 s from a Task; it ends
+# (saying done) at SILENT + 2.5 s. The daemon reclaims after 3 s of silence.
+SILENT_HOLDER = """
+import sys, time
+from client_plugin import autotask, settings
+from client_plugin.grant import Progress, acquire
+s = settings.from_environment()
+grant = acquire(s, "silent holder", Progress("test", s.gpus, interval=60.0))
+time.sleep(1.0)
+autotask._task = autotask.Task(s.endpoint, grant.task_id, 60.0, beat_first=sys.argv[1] == "1")
+time.sleep(2.5)
+"""
+
+
+@pytest.mark.parametrize("beat_first", [True, False])
+def test_a_restarted_holder_beats_at_once(
+    daemon_factory: Any, standin: Path, beat_first: bool
+) -> None:
+    """The restarted interpreter (autotask.resume) beats as soon as it holds the task, not
+    one interval later: the timeout ran through the restart. Without that, a task silent
+    past the timeout is killed at once (reason timeout), as a hung one."""
+    daemon = daemon_factory(heartbeat_timeout=3.0)
+    ep = daemon.env("alice")
+    p = python(["-c", SILENT_HOLDER, "1" if beat_first else "0"], standin, ep, autoload=None)
+    _, err = finish(p)
+    rec = only_record(daemon, "alice")
+    if beat_first:
+        assert p.returncode == 0, err
+        assert rec["reason"] == "done"
+    else:
+        assert p.returncode == -signal.SIGKILL, err
+        assert rec["reason"] == "timeout"

@@ -73,7 +73,8 @@ def read_stage(p: subprocess.Popen[str], name: str) -> dict[str, Any]:
             result: dict[str, Any] = json.loads(value)
             return result
     assert p.stderr is not None
-    raise AssertionError(f"the program ended before stage {name}: {p.stderr.read()[-4000:]}")
+    err = p.stderr.read()[-4000:]
+    raise AssertionError(f"the program ended (status {p.wait(30)}) before stage {name}: {err}")
 
 
 def go_on(p: subprocess.Popen[str]) -> None:

@@ -43,6 +43,14 @@ RANKS = HERE / "torch_ranks_case.py"
 # (tests/real_torch/test_torch_gpushare.py's kill -9 test measures the same; the benchmark's
 # reclaim_kill, unloaded, 100 ms).
 RECLAIM = 1.0
+# An auto-loaded task heartbeats from a thread of its own process, which needs the GIL, and
+# torch's import holds the GIL while the dynamic loader maps and relocates its libraries
+# (up to 0.34 s at a time on an idle 2-core machine, longer on a loaded one). The test
+# daemon's 1 s heartbeat timeout is shorter than that can take: a silent task is killed at
+# once, before its next stage. These tests are about grants and processes, not about
+# reclaiming a silent task (tests/daemon covers that), so their nodemgr waits as long as
+# this; the node's default is 5 s (docs/client.md#auto-load-python).
+HEARTBEAT_TIMEOUT = 1.0
 
 
 def container_env(endpoint: str, **extra: str) -> dict[str, str]:
@@ -63,6 +71,13 @@ def container_env(endpoint: str, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+@pytest.fixture
+def daemon(daemon_factory: Any) -> Daemon:
+    """The suite's daemon, with HEARTBEAT_TIMEOUT."""
+    d: Daemon = daemon_factory(heartbeat_timeout=HEARTBEAT_TIMEOUT)
+    return d
 
 
 @pytest.fixture
@@ -314,7 +329,9 @@ def test_two_ranks_each_on_its_own_granted_gpu(
     under gpushare-run --gpus 2, or auto-loaded with GPUSHARE_GPUS=2 (the launcher's own
     `import torch` asks). Rank R works on cuda:R; nodemgr charges each GPU what its rank
     holds, all to the one task, and the quota holds per GPU."""
-    daemon: Daemon = daemon_factory({"gpus": {"simulated_count": 2}})
+    daemon: Daemon = daemon_factory(
+        {"gpus": {"simulated_count": 2}}, heartbeat_timeout=HEARTBEAT_TIMEOUT
+    )
     endpoint = daemon.env("alice", gpus=2, memory=QUOTA)
     go = tmp_path / "go"
     argv = [torch_python, "-m", "torch.distributed.run", "--nproc_per_node=2", str(RANKS)]
