@@ -292,8 +292,11 @@ struct gs_pacing {
 /* A pacer, once it runs: mark slot `slot` as paced (gs_ledger_task_pacing counts it). */
 void gs_ledger_slot_paced(struct gs_ledger *l, uint32_t slot);
 
-/* A pacer: add `delta` to slot `slot`'s counters. */
+/* A pacer (its thread alone): add `delta` to slot `slot`'s counters, as one change. */
 void gs_ledger_pacing_add(struct gs_ledger *l, uint32_t slot, const struct gs_pacing *delta);
+
+/* A launch that waited for the gate: add `ns` to slot `slot`'s gated_ns. */
+void gs_ledger_gated_add(struct gs_ledger *l, uint32_t slot, uint64_t ns);
 
 /* The sum of the counters of the live slots of `task_id` into *out; returns their number. */
 int gs_ledger_task_pacing(const struct gs_ledger *l, const char *task_id, struct gs_pacing *out);

@@ -13,9 +13,11 @@
  * fence (which TSan cannot follow): a field store the reader saw comes after
  * the writer's odd store in the single total order, and so before the
  * reader's second load of the word, which then cannot see the value it saw
- * first. A write is a few stores, off every hot path. Counters and board
- * stamps are figures whose readers need nothing else published with them:
- * relaxed.
+ * first. A write is a few stores, off every hot path. A slot's pacing
+ * figures are a seqlock of the same kind, written by the process's pacer
+ * thread alone (pacing_seq), except gated_ns, which launches add to on their
+ * own: a reader sees each window whole. Board stamps are figures whose
+ * readers need nothing else published with them: relaxed.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -139,16 +141,54 @@ void gs_ledger_slot_paced(struct gs_ledger *l, uint32_t slot)
 void gs_ledger_pacing_add(struct gs_ledger *l, uint32_t slot, const struct gs_pacing *d)
 {
 	struct gs_slot *s;
+	uint64_t seq;
 
 	if (slot >= GS_MAX_SLOTS)
 		return;
 	s = &l->slot[slot];
-	/* One writer per slot (its pacer): figures for reports. */
-	__atomic_fetch_add(&s->device_ns, d->device_ns, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&s->overrun_ns, d->overrun_ns, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&s->gated_ns, d->gated_ns, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&s->windows, d->windows, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&s->unmeasured, d->unmeasured, __ATOMIC_RELAXED);
+	seq = LOAD(&s->pacing_seq);
+	__atomic_store_n(&s->pacing_seq, seq + 1, __ATOMIC_SEQ_CST);
+	/* Added, not stored: launches add their waits to gated_ns meanwhile. */
+	__atomic_fetch_add(&s->device_ns, d->device_ns, __ATOMIC_SEQ_CST);
+	__atomic_fetch_add(&s->overrun_ns, d->overrun_ns, __ATOMIC_SEQ_CST);
+	__atomic_fetch_add(&s->gated_ns, d->gated_ns, __ATOMIC_SEQ_CST);
+	__atomic_fetch_add(&s->windows, d->windows, __ATOMIC_SEQ_CST);
+	__atomic_fetch_add(&s->unmeasured, d->unmeasured, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&s->pacing_seq, seq + 2, __ATOMIC_SEQ_CST);
+}
+
+void gs_ledger_gated_add(struct gs_ledger *l, uint32_t slot, uint64_t ns)
+{
+	if (slot < GS_MAX_SLOTS)
+		__atomic_fetch_add(&l->slot[slot].gated_ns, ns, __ATOMIC_RELAXED);
+}
+
+/* Slot `s`'s figures added to *out: a whole change of its pacer's, or none of it. */
+static void pacing_read(const struct gs_slot *s, struct gs_pacing *out)
+{
+	struct gs_pacing got;
+	uint64_t before, after;
+
+	for (int tries = 0;; tries++) {
+		before = LOAD(&s->pacing_seq);
+		got.device_ns = LOAD(&s->device_ns);
+		got.overrun_ns = LOAD(&s->overrun_ns);
+		got.windows = LOAD(&s->windows);
+		got.unmeasured = LOAD(&s->unmeasured);
+		after = LOAD(&s->pacing_seq);
+		/*
+		 * A pacer stopped mid-change (the process killed) or one that
+		 * keeps the word odd: after a few tries, what was read.
+		 */
+		if ((before == after && (before & 1u) == 0) || tries == 1000)
+			break;
+		sched_yield();
+	}
+	out->device_ns += got.device_ns;
+	out->overrun_ns += got.overrun_ns;
+	out->gated_ns += RELAXED_LOAD(&s->gated_ns);
+	out->windows += got.windows;
+	out->unmeasured += got.unmeasured;
 }
 
 int gs_ledger_task_pacing(const struct gs_ledger *l, const char *task_id, struct gs_pacing *out)
@@ -166,11 +206,7 @@ int gs_ledger_task_pacing(const struct gs_ledger *l, const char *task_id, struct
 			if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != GS_SLOT_USED ||
 			    strncmp(s->task_id, task_id, GS_TASK_ID_LEN) != 0)
 				continue;
-			out->device_ns += RELAXED_LOAD(&s->device_ns);
-			out->overrun_ns += RELAXED_LOAD(&s->overrun_ns);
-			out->gated_ns += RELAXED_LOAD(&s->gated_ns);
-			out->windows += RELAXED_LOAD(&s->windows);
-			out->unmeasured += RELAXED_LOAD(&s->unmeasured);
+			pacing_read(s, out);
 			out->pacers += LOAD(&s->pacer) != 0;
 			n++;
 		}

@@ -143,14 +143,17 @@ struct gs_slot {
 	uint64_t held;	      /* bytes this slot holds now, all GPUs: what its peak follows */
 	/*
 	 * What the process's pacer measured, cumulative, for reports
-	 * (docs/compute.md): written by the pacer thread only.
+	 * (docs/compute.md): written by the pacer thread only, each change
+	 * between two increments of pacing_seq (odd while it writes), so a
+	 * reader sees whole windows; gated_ns alone is added by launches too.
 	 */
 	uint64_t device_ns;  /* device time of its windows: open time plus overrun */
 	uint64_t overrun_ns; /* how long the work of its windows ran past their end */
 	uint64_t gated_ns;   /* how long its launches waited for the gate */
 	uint64_t windows;    /* windows it opened */
 	uint64_t unmeasured; /* of which not measured (a stream capture was under way) */
-	uint64_t reserved1[GS_MAX_GPUS - 6];
+	uint64_t pacing_seq;
+	uint64_t reserved1[GS_MAX_GPUS - 7];
 	uint64_t reserved[4];
 };
 

@@ -475,11 +475,10 @@ __attribute__((noinline, cold)) void wait_to_launch(uint32_t *pause)
 		__atomic_sub_fetch(&gate_waiters, 1, __ATOMIC_SEQ_CST);
 	}
 	if (start != 0) {
-		struct gs_pacing d = { .gated_ns = now_ns() - start };
 		int slot = __atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE);
 
 		if (slot >= 0)
-			gs_ledger_pacing_add(gs_state.ledger, (uint32_t)slot, &d);
+			gs_ledger_gated_add(gs_state.ledger, (uint32_t)slot, now_ns() - start);
 	}
 }
 
