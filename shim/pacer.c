@@ -18,7 +18,8 @@
  * work the window launched is known: what ran past the window's end
  * (overrun) is debt that shortens the next windows (gs_pace_open,
  * gs_pace_close), so device time per period converges to the window's
- * length. No synchronisation while a stream captures (quiet_begin): that
+ * length. Inside the window the gate opens in bursts, each closed until its
+ * work has run, so that what runs past the end is a burst's work. No synchronisation while a stream captures (quiet_begin): that
  * window is counted unmeasured.
  *
  * Latency classes: a latency-sensitive task's pacer stamps the board entry
@@ -84,7 +85,10 @@ struct pace {
 	uint64_t launches_seen; /* at the last look for the board */
 	uint64_t debt;
 	uint64_t max_debt;
-	uint64_t burst_ns; /* best-effort beside LS: how long the gate opens at a time */
+	uint64_t burst_ns;	  /* best-effort beside LS: how long the gate opens at a time */
+	uint64_t window_burst_ns; /* the same inside the task's own window */
+	/* Of the window under way: launched in a burst of it; a burst unmeasured (no more). */
+	int window_launched, window_unmeasured;
 };
 
 static uint64_t now_ns(void)
@@ -151,9 +155,12 @@ static uint64_t close_and_measure(struct pace *p, uint64_t now)
 	if (!gate_close())
 		return 0;
 	p->open = 0;
-	d.windows = p->in_window;
+	/* A window counts once the process launched in it; one with a burst unmeasured, so. */
+	d.windows = p->in_window && p->window_launched;
+	d.unmeasured = p->in_window && p->window_unmeasured;
 	if (launches_now() != p->launches_at_open) {
 		done = work_done();
+		d.windows = p->in_window;
 		d.device_ns = now - p->opened_at;
 		if (done == 0) {
 			d.unmeasured = (uint64_t)p->in_window;
@@ -191,6 +198,25 @@ static void burst_ended(uint64_t *burst_ns, uint64_t aim, uint64_t most, uint64_
 		*burst_ns = *burst_ns / 2 > GS_BURST_MIN_NS ? *burst_ns / 2 : GS_BURST_MIN_NS;
 	else if (took < aim / 2 && *burst_ns < most)
 		*burst_ns = *burst_ns * 2 < most ? *burst_ns * 2 : most;
+}
+
+/*
+ * Inside its window a task launches in bursts as well: the gate closes once a burst has
+ * launched, opens again once that work has run. What the task has queued when its window
+ * ends runs in the next task's window, ahead of that task's kernels (the device runs work
+ * in the order it was queued): a burst's work, not a whole training step's, so neither
+ * task loses more than that per window. The burst adapts as a best-effort one does, so
+ * that its work takes about GS_WINDOW_BURSTS_PER_PERIOD-th of the period (a quarter of
+ * the window, if less); each costs the device the moment between its work's end and the
+ * next burst's first kernel.
+ */
+#define GS_WINDOW_BURSTS_PER_PERIOD 50
+
+static uint64_t window_burst_aim(const struct gs_schedule *s)
+{
+	uint64_t aim = s->period_ns / GS_WINDOW_BURSTS_PER_PERIOD;
+
+	return s->length_ns / 4 < aim ? s->length_ns / 4 : aim;
 }
 
 static void open_for(struct pace *p, uint64_t now, int window)
@@ -246,6 +272,41 @@ static uint64_t earliest(uint64_t a, uint64_t b)
 }
 
 /*
+ * A burst inside the window ends now: the gate closes until its work has run. The
+ * window goes on, and the gate opens again, unless its end passed meanwhile (the time
+ * past it is debt, as at a window's end).
+ */
+static void window_burst_ended(struct pace *p, const struct gs_schedule *s)
+{
+	struct gs_pacing d = { 0 };
+	uint64_t opened = p->opened_at, done;
+
+	if (!gate_close())
+		return;
+	p->open = 0;
+	p->window_launched = 1;
+	done = work_done();
+	if (done == 0) {
+		/* Unmeasured (a capture): no more bursts in this window. */
+		p->window_unmeasured = 1;
+		open_for(p, now_ns(), 1);
+		return;
+	}
+	burst_ended(&p->window_burst_ns, window_burst_aim(s), s->length_ns, opened, done);
+	if (done >= p->close_at) {
+		d.windows = 1;
+		d.unmeasured = (uint64_t)p->window_unmeasured;
+		d.overrun_ns = gs_pace_close(p->close_at, done, p->max_debt, &p->debt);
+		d.device_ns = p->close_at - opened + d.overrun_ns;
+		p->in_window = 0;
+	} else {
+		d.device_ns = done - opened;
+		open_for(p, now_ns(), 1);
+	}
+	gs_ledger_pacing_add(pacer.ledger, (uint32_t)pacer.slot, &d);
+}
+
+/*
  * One look at schedule `s` (sequence `seq`) at `now`: set the gate, measure
  * what a closing window gave, stamp the board. Returns when to look again
  * (CLOCK_MONOTONIC) unless the schedule changes first.
@@ -265,6 +326,8 @@ static uint64_t step(struct pace *p, const struct gs_schedule *s, uint32_t seq, 
 		close_and_measure(p, now < p->close_at ? now : p->close_at);
 	if (p->burst_ns == 0)
 		p->burst_ns = poll;
+	if (p->window_burst_ns == 0)
+		p->window_burst_ns = poll;
 	if (seq != p->seq) {
 		p->seq = seq;
 		p->last_start = 0;
@@ -277,10 +340,22 @@ static uint64_t step(struct pace *p, const struct gs_schedule *s, uint32_t seq, 
 		if (!p->in_window && start <= now && start != p->last_start) {
 			p->last_start = start;
 			p->close_at = gs_pace_open(start, s->length_ns, now, &p->debt);
+			p->window_launched = 0;
+			p->window_unmeasured = 0;
 			if (p->close_at > now)
 				open_for(p, now, 1);
 		}
-		if (p->in_window)
+		if (p->in_window && p->open && !p->window_unmeasured &&
+		    now >= p->opened_at + p->window_burst_ns) {
+			if (launches_now() == p->launches_at_open)
+				p->opened_at = now; /* nothing launched: no burst to end yet */
+			else
+				window_burst_ended(p, s);
+			now = now_ns();
+		}
+		if (p->in_window && !p->window_unmeasured)
+			wake = earliest(p->close_at, p->opened_at + p->window_burst_ns);
+		else if (p->in_window)
 			wake = p->close_at;
 		else
 			wake = start > now ? start : start + s->period_ns;

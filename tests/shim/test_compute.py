@@ -168,6 +168,32 @@ def test_no_synchronisation_while_a_stream_captures(program: Path, ledger: Ledge
     assert pacing.overrun_ns == 0
 
 
+def test_a_window_runs_over_by_a_bursts_work_not_by_all_it_launched(
+    program: Path, ledger: Ledger, tmp_path: Path
+) -> None:
+    """On the device timeline, a child queues work ten times faster than the device runs
+    it (a 1 ms kernel every 100 us). Inside its window the gate opens in bursts, each
+    closed until its work has run, so what runs past the window's end is about one burst's
+    work (it aims at 2 ms here), not all the window launched (270 ms of it without bursts)."""
+    ledger.task_schedule("a", window(30))
+    p = compute_child.start(
+        program,
+        ledger.path,
+        "a",
+        seconds=3,
+        GPUSHARE_SIM_TIMELINE="1",
+        GPUSHARE_SIM_STATE_DIR=str(tmp_path),
+        GPUSHARE_SIM_LAUNCH_NS="0",
+        GPUSHARE_SIM_WAVE_NS=str(MS),
+    )
+    time.sleep(2)
+    pacing = ledger.task_pacing("a")
+    compute_child.collect(p)
+    measured = pacing.windows - pacing.unmeasured
+    assert measured >= 10, pacing
+    assert pacing.overrun_ns / measured <= 5 * MS, pacing
+
+
 def test_the_debt_arithmetic() -> None:
     """Overrun becomes debt that shortens the next window; lateness pays it; a debt
     beyond the window skips it; debt is capped."""
