@@ -585,13 +585,21 @@ FREE_WRAPPER(cuMipmappedArrayDestroy, (CUmipmappedArray array), array, GS_K_MIPM
 static inline __attribute__((always_inline)) void launch_gate(void)
 {
 	uint32_t *pause = __atomic_load_n(&gs_hot.pause, __ATOMIC_ACQUIRE);
+	uint64_t *launches = __atomic_load_n(&gs_hot.launches, __ATOMIC_ACQUIRE);
 
-	/* The pause word and the compute gate in one test; both 0 unless a task is held. */
+	/*
+	 * The pause word and the compute gate in one test, both 0 unless a task is held or
+	 * paced; then a burst's launch budget, never reached unless a burst is open.
+	 */
 	if (unlikely((__atomic_load_n(pause, __ATOMIC_RELAXED) |
-		      __atomic_load_n(&gs_compute_gate, __ATOMIC_RELAXED)) != 0))
+		      (__atomic_load_n(&gs_compute_gate, __ATOMIC_RELAXED) & GS_GATE_CLOSED)) !=
+			     0 ||
+		     __atomic_load_n(launches, __ATOMIC_RELAXED) >=
+			     __atomic_load_n(&gs_burst_end, __ATOMIC_RELAXED))) {
 		wait_to_launch(pause);
-	__atomic_fetch_add(__atomic_load_n(&gs_hot.launches, __ATOMIC_ACQUIRE), 1,
-			   __ATOMIC_RELAXED);
+		launches = __atomic_load_n(&gs_hot.launches, __ATOMIC_ACQUIRE);
+	}
+	__atomic_fetch_add(launches, 1, __ATOMIC_RELAXED);
 }
 
 /* Every launch entry: the gate, then the driver. */

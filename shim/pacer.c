@@ -51,6 +51,7 @@
 #define GS_MAX_DEBT_PERIODS 10
 
 uint32_t gs_compute_gate;
+uint64_t gs_burst_end = UINT64_MAX;
 static uint32_t gate_waiters; /* launches in wait_to_launch's futex wait */
 /* The pacer runs: set under start_mu (release), read by launches without it (acquire). */
 static int pacer_up;
@@ -68,10 +69,17 @@ static struct {
 	int running;	    /* a pacer thread runs for this process */
 	int stopping;	    /* under stop_mu: the process exits */
 	int at_exit;	    /* the exit handler is registered */
+	uint32_t wake_bit;  /* the futex bitset bit this process's pacer sleeps with, beside 1 */
 	char board_path[PATH_MAX];
 	struct gs_board *board; /* the pacer thread's: mapped at first need */
 	int board_tried, board_writable;
 } pacer;
+
+/* How long a burst keeps the gate open, and how many launches it may make. */
+struct burst {
+	uint64_t ns;
+	uint64_t launches;
+};
 
 /* The window and gate as the pacer thread last set them: its alone. */
 struct pace {
@@ -85,8 +93,8 @@ struct pace {
 	uint64_t launches_seen; /* at the last look for the board */
 	uint64_t debt;
 	uint64_t max_debt;
-	uint64_t burst_ns;	  /* best-effort beside LS: how long the gate opens at a time */
-	uint64_t window_burst_ns; /* the same inside the task's own window */
+	struct burst be_burst;	   /* best-effort beside LS, outside its window */
+	struct burst window_burst; /* inside the task's own window */
 	/* Of the window under way: launched in a burst of it; a burst unmeasured (no more). */
 	int window_launched, window_unmeasured;
 };
@@ -99,11 +107,45 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * GS_SECOND + (uint64_t)ts.tv_nsec;
 }
 
-static void gate_open(void)
+static uint64_t launches_now(void)
 {
-	__atomic_store_n(&gs_compute_gate, 0, __ATOMIC_SEQ_CST);
+	return __atomic_load_n(pacer.launches, __ATOMIC_RELAXED);
+}
+
+/* The open burst has made all its launches (gs_burst_end). */
+static int burst_spent(void)
+{
+	return launches_now() >= __atomic_load_n(&gs_burst_end, __ATOMIC_SEQ_CST);
+}
+
+/*
+ * The gate's next value: every change makes a new one (closed odd, open even), so a launch
+ * waiting on the value it saw is woken by any change, a close and open in between
+ * included. A CAS: the exit handler opens it too.
+ */
+static void gate_set(uint32_t closed)
+{
+	uint32_t cur = __atomic_load_n(&gs_compute_gate, __ATOMIC_SEQ_CST), next;
+
+	do
+		next = ((cur | GS_GATE_CLOSED) + 1u) | closed;
+	while (!__atomic_compare_exchange_n(&gs_compute_gate, &cur, next, 0, __ATOMIC_SEQ_CST,
+					    __ATOMIC_SEQ_CST));
+}
+
+/* Open until the process's launch counter reaches `end` (UINT64_MAX: for good). */
+static void gate_open_until(uint64_t end)
+{
+	/* Stored before the gate: a launch that sees the gate open sees this end. */
+	__atomic_store_n(&gs_burst_end, end, __ATOMIC_SEQ_CST);
+	gate_set(0);
 	if (__atomic_load_n(&gate_waiters, __ATOMIC_SEQ_CST) != 0)
 		syscall(SYS_futex, &gs_compute_gate, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+static void gate_open(void)
+{
+	gate_open_until(UINT64_MAX);
 }
 
 /* Returns 0 when the process exits: then the gate stays open. */
@@ -114,7 +156,7 @@ static int gate_close(void)
 	pthread_mutex_lock(&stop_mu);
 	closed = !pacer.stopping;
 	if (closed)
-		__atomic_store_n(&gs_compute_gate, 1, __ATOMIC_SEQ_CST);
+		gate_set(GS_GATE_CLOSED);
 	pthread_mutex_unlock(&stop_mu);
 	return closed;
 }
@@ -136,11 +178,6 @@ static uint64_t work_done(void)
 	pthread_mutex_unlock(&stop_mu);
 	quiet_end();
 	return done;
-}
-
-static uint64_t launches_now(void)
-{
-	return __atomic_load_n(pacer.launches, __ATOMIC_RELAXED);
 }
 
 /*
@@ -178,26 +215,34 @@ static uint64_t close_and_measure(struct pace *p, uint64_t now)
 
 /*
  * A best-effort task beside a latency-sensitive one launches in bursts while LS is idle:
- * the gate opens for burst_ns, then closes until what the burst launched has run. The
+ * the gate opens for be_burst.ns, then closes until what the burst launched has run. The
  * device runs work in the order it was queued, so an LS kernel launched during a burst
  * waits at most for that burst's work (a real GPU's time slices between contexts are of
  * the same order), never for all a training step queues at once. The burst adapts so its
  * work takes about half of ls_idle on the device: shorter when it ran longer, longer when
- * it ran much shorter, within [GS_BURST_MIN_NS, poll].
+ * it ran much shorter, within [GS_BURST_MIN_NS, poll]. It is bounded in launches too
+ * (halved and doubled alike, from 1): a pacer woken late (a busy CPU) would otherwise let
+ * a burst launch for as long as it slept.
  */
 #define GS_BURST_MIN_NS 20000ULL
+#define GS_BURST_FIRST_LAUNCHES 8
+#define GS_BURST_MAX_LAUNCHES 65536
 
-static void burst_ended(uint64_t *burst_ns, uint64_t aim, uint64_t most, uint64_t opened,
+static void burst_ended(struct burst *b, uint64_t aim, uint64_t most, uint64_t opened,
 			uint64_t done)
 {
 	uint64_t took = done > opened ? done - opened : 0;
 
 	if (done == 0 || aim == 0)
 		return;
-	if (took > aim && *burst_ns > GS_BURST_MIN_NS)
-		*burst_ns = *burst_ns / 2 > GS_BURST_MIN_NS ? *burst_ns / 2 : GS_BURST_MIN_NS;
-	else if (took < aim / 2 && *burst_ns < most)
-		*burst_ns = *burst_ns * 2 < most ? *burst_ns * 2 : most;
+	if (took > aim) {
+		b->ns = b->ns / 2 > GS_BURST_MIN_NS ? b->ns / 2 : GS_BURST_MIN_NS;
+		b->launches = b->launches > 1 ? b->launches / 2 : 1;
+	} else if (took < aim / 2) {
+		b->ns = b->ns * 2 < most ? b->ns * 2 : most;
+		if (b->launches < GS_BURST_MAX_LAUNCHES)
+			b->launches *= 2;
+	}
 }
 
 /*
@@ -219,13 +264,17 @@ static uint64_t window_burst_aim(const struct gs_schedule *s)
 	return s->length_ns / 4 < aim ? s->length_ns / 4 : aim;
 }
 
-static void open_for(struct pace *p, uint64_t now, int window)
+static void open_for(struct pace *p, uint64_t now, int window, const struct burst *b)
 {
 	if (!p->open) {
-		gate_open();
+		/*
+		 * Read before the gate opens: a launch made at once counts in this burst,
+		 * and the burst's end and its count start from the same value.
+		 */
+		p->launches_at_open = launches_now();
+		gate_open_until(b != NULL ? p->launches_at_open + b->launches : UINT64_MAX);
 		p->open = 1;
 		p->opened_at = now;
-		p->launches_at_open = launches_now();
 	}
 	p->in_window = window;
 }
@@ -289,10 +338,10 @@ static void window_burst_ended(struct pace *p, const struct gs_schedule *s)
 	if (done == 0) {
 		/* Unmeasured (a capture): no more bursts in this window. */
 		p->window_unmeasured = 1;
-		open_for(p, now_ns(), 1);
+		open_for(p, now_ns(), 1, NULL);
 		return;
 	}
-	burst_ended(&p->window_burst_ns, window_burst_aim(s), s->length_ns, opened, done);
+	burst_ended(&p->window_burst, window_burst_aim(s), s->length_ns, opened, done);
 	if (done >= p->close_at) {
 		d.windows = 1;
 		d.unmeasured = (uint64_t)p->window_unmeasured;
@@ -301,7 +350,7 @@ static void window_burst_ended(struct pace *p, const struct gs_schedule *s)
 		p->in_window = 0;
 	} else {
 		d.device_ns = done - opened;
-		open_for(p, now_ns(), 1);
+		open_for(p, now_ns(), 1, &p->window_burst);
 	}
 	gs_ledger_pacing_add(pacer.ledger, (uint32_t)pacer.slot, &d);
 }
@@ -324,10 +373,10 @@ static uint64_t step(struct pace *p, const struct gs_schedule *s, uint32_t seq, 
 	/* A window that ended, or was opened under another schedule, closes and is measured. */
 	if (p->open && p->in_window && (seq != p->seq || now >= p->close_at))
 		close_and_measure(p, now < p->close_at ? now : p->close_at);
-	if (p->burst_ns == 0)
-		p->burst_ns = poll;
-	if (p->window_burst_ns == 0)
-		p->window_burst_ns = poll;
+	if (p->be_burst.ns == 0)
+		p->be_burst = (struct burst){ poll, GS_BURST_FIRST_LAUNCHES };
+	if (p->window_burst.ns == 0)
+		p->window_burst = (struct burst){ poll, GS_BURST_FIRST_LAUNCHES };
 	if (seq != p->seq) {
 		p->seq = seq;
 		p->last_start = 0;
@@ -343,10 +392,10 @@ static uint64_t step(struct pace *p, const struct gs_schedule *s, uint32_t seq, 
 			p->window_launched = 0;
 			p->window_unmeasured = 0;
 			if (p->close_at > now)
-				open_for(p, now, 1);
+				open_for(p, now, 1, &p->window_burst);
 		}
 		if (p->in_window && p->open && !p->window_unmeasured &&
-		    now >= p->opened_at + p->window_burst_ns) {
+		    (now >= p->opened_at + p->window_burst.ns || burst_spent())) {
 			if (launches_now() == p->launches_at_open)
 				p->opened_at = now; /* nothing launched: no burst to end yet */
 			else
@@ -354,7 +403,7 @@ static uint64_t step(struct pace *p, const struct gs_schedule *s, uint32_t seq, 
 			now = now_ns();
 		}
 		if (p->in_window && !p->window_unmeasured)
-			wake = earliest(p->close_at, p->opened_at + p->window_burst_ns);
+			wake = earliest(p->close_at, p->opened_at + p->window_burst.ns);
 		else if (p->in_window)
 			wake = p->close_at;
 		else
@@ -368,25 +417,26 @@ static uint64_t step(struct pace *p, const struct gs_schedule *s, uint32_t seq, 
 			want = !gs_board_ls_active(b, s->gpu_mask, now, s->ls_idle_ns);
 			wake = earliest(wake, now + poll);
 		}
-		if (want && bursts && p->open && now >= p->opened_at + p->burst_ns) {
+		if (want && bursts && p->open &&
+		    (now >= p->opened_at + p->be_burst.ns || burst_spent())) {
 			uint64_t opened = p->opened_at;
 
 			if (launches_now() == p->launches_at_open) {
 				/* Nothing launched: no burst to end yet, none to wake for. */
 				p->opened_at = now;
 			} else {
-				burst_ended(&p->burst_ns, s->ls_idle_ns / 2, poll, opened,
+				burst_ended(&p->be_burst, s->ls_idle_ns / 2, poll, opened,
 					    close_and_measure(p, now));
 				now = now_ns();
 				want = !gs_board_ls_active(b, s->gpu_mask, now, s->ls_idle_ns);
 			}
 		}
 		if (want)
-			open_for(p, now, 0);
+			open_for(p, now, 0, bursts ? &p->be_burst : NULL);
 		else if (p->open)
 			close_and_measure(p, now);
 		if (want && bursts)
-			wake = earliest(wake, p->opened_at + p->burst_ns);
+			wake = earliest(wake, p->opened_at + p->be_burst.ns);
 	}
 	if ((s->flags & GS_COMPUTE_LS_PUBLISH) && b != NULL && pacer.board_writable) {
 		uint64_t n = launches_now();
@@ -405,16 +455,17 @@ static void sleep_until(uint32_t seq, uint64_t when)
 	struct timespec ts = { (time_t)(when / GS_SECOND), (long)(when % GS_SECOND) };
 
 	/* FUTEX_WAIT_BITSET: an absolute CLOCK_MONOTONIC deadline. Shared: nodemgr wakes it. */
-	syscall(SYS_futex, pacer.sched, FUTEX_WAIT_BITSET, seq, &ts, NULL, FUTEX_BITSET_MATCH_ANY);
+	/*
+	 * nodemgr wakes every bit; a launch of this process that spent a burst wakes
+	 * wake_bit only (and the pacer of a process whose bit is the same: it looks again).
+	 */
+	syscall(SYS_futex, pacer.sched, FUTEX_WAIT_BITSET, seq, &ts, NULL, 1u | pacer.wake_bit);
 }
 
 static void *pace(void *arg)
 {
-	/* The gate is open when the pacer starts: as if it had opened it now. */
-	struct pace p = { .open = 1,
-			  .seq = UINT32_MAX,
-			  .opened_at = now_ns(),
-			  .launches_at_open = launches_now() };
+	/* The gate is closed when the pacer starts (pacer_start): its first look opens it. */
+	struct pace p = { .seq = UINT32_MAX };
 	struct gs_schedule s;
 
 	(void)arg;
@@ -470,6 +521,7 @@ static void pacer_start(int slot)
 	pacer.task = task;
 	pacer.slot = slot;
 	pacer.sched = gs_ledger_sched_word(l, task);
+	pacer.wake_bit = 1u << (1 + (uint32_t)getpid() % 31);
 	pacer.pause = gs_ledger_pause_word(l, task);
 	pacer.launches = gs_ledger_launch_counter(l, (uint32_t)slot);
 	/* Registered after the driver was loaded, so it runs before the driver's own teardown. */
@@ -480,9 +532,17 @@ static void pacer_start(int slot)
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	/*
+	 * Closed until the pacer's first look: a process that launches at once (a program
+	 * queues work far faster than the device runs it) would otherwise queue all it can
+	 * before its first window or burst is kept.
+	 */
+	gate_set(GS_GATE_CLOSED);
 	pacer.running = pthread_create(&thread, &attr, pace, NULL) == 0;
 	pthread_attr_destroy(&attr);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (!pacer.running)
+		gate_open();
 	if (pacer.running) {
 		gs_ledger_slot_paced(l, (uint32_t)slot);
 		__atomic_store_n(&pacer_up, 1, __ATOMIC_RELEASE);
@@ -539,10 +599,18 @@ __attribute__((noinline, cold)) void wait_to_launch(uint32_t *pause)
 			continue;
 		}
 		g = __atomic_load_n(&gs_compute_gate, __ATOMIC_SEQ_CST);
-		if (g == 0)
+		/* Read after the gate: the end of the burst that opened it, or a later one. */
+		if (!(g & GS_GATE_CLOSED) &&
+		    __atomic_load_n(__atomic_load_n(&gs_hot.launches, __ATOMIC_ACQUIRE),
+				    __ATOMIC_SEQ_CST) <
+			    __atomic_load_n(&gs_burst_end, __ATOMIC_SEQ_CST))
 			break;
 		if (start == 0)
 			start = now_ns();
+		/* Open, and the burst spent: its pacer ends it now, not at its timer. */
+		if (!(g & GS_GATE_CLOSED) && pacer.sched != NULL)
+			syscall(SYS_futex, pacer.sched, FUTEX_WAKE_BITSET, INT_MAX, NULL, NULL,
+				pacer.wake_bit);
 		__atomic_add_fetch(&gate_waiters, 1, __ATOMIC_SEQ_CST);
 		/* The timeout: a pacer gone (the process exiting) re-read now and then. */
 		if (__atomic_load_n(&gs_compute_gate, __ATOMIC_SEQ_CST) == g)
@@ -567,6 +635,7 @@ static void pacer_after_fork_child(void)
 	pacer.board = NULL; /* not inherited (MADV_DONTFORK) */
 	pacer.board_tried = 0;
 	gs_compute_gate = 0;
+	gs_burst_end = UINT64_MAX;
 	gate_waiters = 0;
 	pthread_mutex_init(&stop_mu, NULL);
 	pthread_mutex_init(&start_mu, NULL);

@@ -12,12 +12,24 @@
 #pragma GCC visibility push(hidden)
 
 /*
- * 0: launches go. Nonzero: they wait in wait_to_launch until the pacer
- * opens it. Process-local, written by the pacer thread only (and a fork
- * child's handler); read relaxed on the launch path, since nothing else is
- * published through it. 0 forever in a process whose task has no schedule.
+ * GS_GATE_CLOSED clear: launches go. Set: they wait in wait_to_launch
+ * until the pacer opens it. Every change gives the word a new value (a
+ * generation above the bit), so a waiter never misses a close and open in
+ * between. Process-local, written by the pacer thread (its exit handler and
+ * a fork child's handler too); read relaxed on the launch path, since
+ * nothing else is published through it. 0 forever in a process whose task
+ * has no schedule.
  */
+#define GS_GATE_CLOSED 1u
 extern uint32_t gs_compute_gate;
+
+/*
+ * While a burst is open: the value of the process's launch counter at
+ * which it has made all its launches (the pacer sets it before it opens the
+ * gate); launches from there wait as at a closed gate until the pacer opens
+ * the next burst. UINT64_MAX, never reached, otherwise.
+ */
+extern uint64_t gs_burst_end;
 
 /*
  * Out of line: a launch that found the pause word (`pause`) or the gate

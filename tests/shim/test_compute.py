@@ -194,6 +194,33 @@ def test_a_window_runs_over_by_a_bursts_work_not_by_all_it_launched(
     assert pacing.overrun_ns / measured <= 5 * MS, pacing
 
 
+def test_a_burst_is_bounded_in_launches_too(program: Path, ledger: Ledger, tmp_path: Path) -> None:
+    """A BE task launching 1 ms kernels back to back while the board is quiet: each burst
+    may launch only as many kernels as its work should take (here one or two), however
+    late its pacer wakes to end it, so it never queues the tens of milliseconds of work
+    that would then stand ahead of an LS task's next kernel."""
+    board = Board.create(tmp_path / "board", 2)
+    ledger.task_schedule("a", window(0, flags=COMPUTE_YIELD_LS))
+    p = compute_child.start(
+        program,
+        ledger.path,
+        "a",
+        seconds=2,
+        gap_us=0,
+        GPUSHARE_BOARD=str(board.path),
+        GPUSHARE_SIM_TIMELINE="1",
+        GPUSHARE_SIM_STATE_DIR=str(tmp_path),
+        GPUSHARE_SIM_LAUNCH_NS="0",
+        GPUSHARE_SIM_WAVE_NS=str(MS),
+    )
+    bins = compute_child.collect(p)
+    board.close()
+    start, _ = bins.span()
+    later = [n for t, n in bins.counts.items() if t >= start + 200 * MS]
+    assert len(later) >= 500, "it launched in most 1 ms bins: bursts went on"
+    assert max(later) <= 4, sorted(later)[-10:]
+
+
 def test_the_debt_arithmetic() -> None:
     """Overrun becomes debt that shortens the next window; lateness pays it; a debt
     beyond the window skips it; debt is capped."""
