@@ -91,6 +91,7 @@ struct pace {
 	uint64_t opened_at;
 	uint64_t launches_at_open;
 	uint64_t launches_seen; /* at the last look for the board */
+	uint64_t spill_ns;	/* overrun a window may have without debt: a burst's aim */
 	uint64_t debt;
 	uint64_t max_debt;
 	struct burst be_burst;	   /* best-effort beside LS, outside its window */
@@ -202,7 +203,8 @@ static uint64_t close_and_measure(struct pace *p, uint64_t now)
 		if (done == 0) {
 			d.unmeasured = (uint64_t)p->in_window;
 		} else if (p->in_window) {
-			d.overrun_ns = gs_pace_close(now, done, p->max_debt, &p->debt);
+			d.overrun_ns = done > now ? done - now : 0;
+			gs_pace_close(now + p->spill_ns, done, p->max_debt, &p->debt);
 		} else {
 			d.overrun_ns = done > now ? done - now : 0;
 		}
@@ -253,9 +255,11 @@ static void burst_ended(struct burst *b, uint64_t aim, uint64_t most, uint64_t o
  * task loses more than that per window. The burst adapts as a best-effort one does, so
  * that its work takes about GS_WINDOW_BURSTS_PER_PERIOD-th of the period (a quarter of
  * the window, if less); each costs the device the moment between its work's end and the
- * next burst's first kernel.
+ * next burst's first kernel. An overrun up to that aim is not debt: every window ends with
+ * about that much, which runs at the start of the next task's window, so each task gets
+ * back what the one before took; charged as debt too, it would be lost twice.
  */
-#define GS_WINDOW_BURSTS_PER_PERIOD 50
+#define GS_WINDOW_BURSTS_PER_PERIOD 25
 
 static uint64_t window_burst_aim(const struct gs_schedule *s)
 {
@@ -345,7 +349,8 @@ static void window_burst_ended(struct pace *p, const struct gs_schedule *s)
 	if (done >= p->close_at) {
 		d.windows = 1;
 		d.unmeasured = (uint64_t)p->window_unmeasured;
-		d.overrun_ns = gs_pace_close(p->close_at, done, p->max_debt, &p->debt);
+		d.overrun_ns = done - p->close_at;
+		gs_pace_close(p->close_at + p->spill_ns, done, p->max_debt, &p->debt);
 		d.device_ns = p->close_at - opened + d.overrun_ns;
 		p->in_window = 0;
 	} else {
@@ -385,6 +390,7 @@ static uint64_t step(struct pace *p, const struct gs_schedule *s, uint32_t seq, 
 			p->debt = p->max_debt;
 	}
 	if (window) {
+		p->spill_ns = window_burst_aim(s);
 		start = gs_pace_window_start(s->period_ns, s->offset_ns, s->length_ns, now);
 		if (!p->in_window && start <= now && start != p->last_start) {
 			p->last_start = start;

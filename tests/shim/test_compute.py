@@ -174,7 +174,7 @@ def test_a_window_runs_over_by_a_bursts_work_not_by_all_it_launched(
     """On the device timeline, a child queues work ten times faster than the device runs
     it (a 1 ms kernel every 100 us). Inside its window the gate opens in bursts, each
     closed until its work has run, so what runs past the window's end is about one burst's
-    work (it aims at 2 ms here), not all the window launched (270 ms of it without bursts)."""
+    work (it aims at 4 ms here), not all the window launched (270 ms of it without bursts)."""
     ledger.task_schedule("a", window(30))
     p = compute_child.start(
         program,
