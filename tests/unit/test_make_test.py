@@ -49,7 +49,9 @@ def make_test(tmp_path: Path, fail: str, *variables: str) -> tuple[int, str, lis
         stamp.touch()
     log = tmp_path / "calls"
     log.touch()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    # Not this run's make settings either: `make pytest PYTEST_ARGS=...` exports them.
+    knobs = ("PYTEST_ARGS", "PYTEST_WORKERS", "COVERAGE")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k not in knobs}
     env.update(STUB_LOG=str(log), STUB_FAIL=fail)
     dirs = [f"VENV={venv}", f"TORCH_VENV={torch}", f"REAL_DRIVER={driver}"]
     p = subprocess.run(
