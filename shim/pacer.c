@@ -19,8 +19,9 @@
  * (overrun) is debt that shortens the next windows (gs_pace_open,
  * gs_pace_close), so device time per period converges to the window's
  * length. Inside the window the gate opens in bursts, each closed until its
- * work has run, so that what runs past the end is a burst's work. No synchronisation while a stream captures (quiet_begin): that
- * window is counted unmeasured.
+ * work has run, so that what runs past the end is a burst's work. No
+ * synchronisation while a stream captures (quiet_begin): that window is
+ * counted unmeasured.
  *
  * Latency classes: a latency-sensitive task's pacer stamps the board entry
  * of each of its GPUs whenever its slot's launch counter moved since its
@@ -32,9 +33,11 @@
  * Memory order: the gate is process-local. The pacer stores it; launches
  * load it relaxed (nothing is published through it) and, to wait, announce
  * themselves in gate_waiters and read it again, both seq_cst, while the
- * pacer's opening stores 0 and then reads gate_waiters, both seq_cst: of
- * the two, one sees the other, so a wake is never lost (and the futex wait
- * itself fails at once if the word is already 0). The pacer's state is
+ * pacer's opening stores the burst's end, then the gate's new value, then
+ * reads gate_waiters, all seq_cst: of the two, one sees the other, so a
+ * wake is never lost (and the futex wait itself fails at once if the word
+ * changed, as every store changes it). A launch that sees the new value
+ * sees the new end. The pacer's state is
  * written before the thread is created, and after that by the thread
  * alone; `stopping` is written under stop_mu, which the pacer holds while
  * it closes the gate or calls the driver, so that after the exit handler
@@ -202,11 +205,10 @@ static uint64_t close_and_measure(struct pace *p, uint64_t now)
 		d.device_ns = now - p->opened_at;
 		if (done == 0) {
 			d.unmeasured = (uint64_t)p->in_window;
-		} else if (p->in_window) {
-			d.overrun_ns = done > now ? done - now : 0;
-			gs_pace_close(now + p->spill_ns, done, p->max_debt, &p->debt);
 		} else {
 			d.overrun_ns = done > now ? done - now : 0;
+			if (p->in_window)
+				gs_pace_close(now + p->spill_ns, done, p->max_debt, &p->debt);
 		}
 		d.device_ns += d.overrun_ns;
 	}
@@ -325,6 +327,20 @@ static uint64_t earliest(uint64_t a, uint64_t b)
 }
 
 /*
+ * Whether the open burst `b` is over at `now` (its time up, or its launches made) with
+ * something launched, so that it ends; one that launched nothing starts its time again.
+ */
+static int burst_due(struct pace *p, const struct burst *b, uint64_t now)
+{
+	if (!p->open || (now < p->opened_at + b->ns && !burst_spent()))
+		return 0;
+	if (launches_now() != p->launches_at_open)
+		return 1;
+	p->opened_at = now; /* nothing launched: no burst to end yet */
+	return 0;
+}
+
+/*
  * A burst inside the window ends now: the gate closes until its work has run. The
  * window goes on, and the gate opens again, unless its end passed meanwhile (the time
  * past it is debt, as at a window's end).
@@ -386,11 +402,11 @@ static uint64_t step(struct pace *p, const struct gs_schedule *s, uint32_t seq, 
 		p->seq = seq;
 		p->last_start = 0;
 		p->max_debt = GS_MAX_DEBT_PERIODS * s->period_ns;
+		p->spill_ns = window ? window_burst_aim(s) : 0;
 		if (p->debt > p->max_debt)
 			p->debt = p->max_debt;
 	}
 	if (window) {
-		p->spill_ns = window_burst_aim(s);
 		start = gs_pace_window_start(s->period_ns, s->offset_ns, s->length_ns, now);
 		if (!p->in_window && start <= now && start != p->last_start) {
 			p->last_start = start;
@@ -400,12 +416,8 @@ static uint64_t step(struct pace *p, const struct gs_schedule *s, uint32_t seq, 
 			if (p->close_at > now)
 				open_for(p, now, 1, &p->window_burst);
 		}
-		if (p->in_window && p->open && !p->window_unmeasured &&
-		    (now >= p->opened_at + p->window_burst.ns || burst_spent())) {
-			if (launches_now() == p->launches_at_open)
-				p->opened_at = now; /* nothing launched: no burst to end yet */
-			else
-				window_burst_ended(p, s);
+		if (p->in_window && !p->window_unmeasured && burst_due(p, &p->window_burst, now)) {
+			window_burst_ended(p, s);
 			now = now_ns();
 		}
 		if (p->in_window && !p->window_unmeasured)
@@ -423,19 +435,13 @@ static uint64_t step(struct pace *p, const struct gs_schedule *s, uint32_t seq, 
 			want = !gs_board_ls_active(b, s->gpu_mask, now, s->ls_idle_ns);
 			wake = earliest(wake, now + poll);
 		}
-		if (want && bursts && p->open &&
-		    (now >= p->opened_at + p->be_burst.ns || burst_spent())) {
+		if (want && bursts && burst_due(p, &p->be_burst, now)) {
 			uint64_t opened = p->opened_at;
 
-			if (launches_now() == p->launches_at_open) {
-				/* Nothing launched: no burst to end yet, none to wake for. */
-				p->opened_at = now;
-			} else {
-				burst_ended(&p->be_burst, s->ls_idle_ns / 2, poll, opened,
-					    close_and_measure(p, now));
-				now = now_ns();
-				want = !gs_board_ls_active(b, s->gpu_mask, now, s->ls_idle_ns);
-			}
+			burst_ended(&p->be_burst, s->ls_idle_ns / 2, poll, opened,
+				    close_and_measure(p, now));
+			now = now_ns();
+			want = !gs_board_ls_active(b, s->gpu_mask, now, s->ls_idle_ns);
 		}
 		if (want)
 			open_for(p, now, 0, bursts ? &p->be_burst : NULL);
@@ -547,11 +553,11 @@ static void pacer_start(int slot)
 	pacer.running = pthread_create(&thread, &attr, pace, NULL) == 0;
 	pthread_attr_destroy(&attr);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (!pacer.running)
-		gate_open();
 	if (pacer.running) {
 		gs_ledger_slot_paced(l, (uint32_t)slot);
 		__atomic_store_n(&pacer_up, 1, __ATOMIC_RELEASE);
+	} else {
+		gate_open();
 	}
 }
 
