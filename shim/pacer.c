@@ -270,8 +270,16 @@ static uint64_t window_burst_aim(const struct gs_schedule *s)
 	return s->length_ns / 4 < aim ? s->length_ns / 4 : aim;
 }
 
+/*
+ * Open the gate for a window or a burst (`b`: bounded in its launches) or, `b` NULL, for
+ * good. Already open, it stays open as it is, but for a bound left from a burst: open for
+ * good (a best-effort task whose LS neighbour ended) lifts it, or the launch that reached
+ * it would wait for a burst's end that no pacer looks for.
+ */
 static void open_for(struct pace *p, uint64_t now, int window, const struct burst *b)
 {
+	if (p->open && b == NULL && __atomic_load_n(&gs_burst_end, __ATOMIC_SEQ_CST) != UINT64_MAX)
+		gate_open();
 	if (!p->open) {
 		/*
 		 * Read before the gate opens: a launch made at once counts in this burst,

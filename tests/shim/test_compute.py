@@ -221,6 +221,37 @@ def test_a_burst_is_bounded_in_launches_too(program: Path, ledger: Ledger, tmp_p
     assert max(later) <= 4, sorted(later)[-10:]
 
 
+def test_a_best_effort_task_launches_freely_once_its_schedule_goes(
+    program: Path, ledger: Ledger, tmp_path: Path
+) -> None:
+    """A BE task launching 1 ms kernels in bursts bounded in launches (the board quiet):
+    when its schedule goes (the LS task ended, and no share is left), its gate opens for
+    good, its launches unbounded. A bound left from its last burst would hold its next
+    launch for ever: the pacer, with no burst to end, would never lift it."""
+    board = Board.create(tmp_path / "board", 2)
+    ledger.task_schedule("a", window(0, flags=COMPUTE_YIELD_LS))
+    p = compute_child.start(
+        program,
+        ledger.path,
+        "a",
+        seconds=2,
+        gap_us=0,
+        GPUSHARE_BOARD=str(board.path),
+        GPUSHARE_SIM_TIMELINE="1",
+        GPUSHARE_SIM_STATE_DIR=str(tmp_path),
+        GPUSHARE_SIM_LAUNCH_NS="0",
+        GPUSHARE_SIM_WAVE_NS=str(MS),
+    )
+    time.sleep(0.8)
+    cleared = time.monotonic_ns()
+    ledger.task_schedule("a", Schedule())
+    bins = compute_child.collect(p)
+    board.close()
+    _, end = bins.span()
+    assert end >= cleared + 900 * MS, "it stopped launching when its schedule went"
+    assert bins.busy_fraction(cleared + 10 * MS, end) >= 0.75
+
+
 def test_the_debt_arithmetic() -> None:
     """Overrun becomes debt that shortens the next window; lateness pays it; a debt
     beyond the window skips it; debt is capped."""
