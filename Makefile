@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= auto
 PYTEST := $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 BENCH_ARGS ?=
 
-.PHONY: all install torch-env real-driver run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-torch bench-qos bench-gpu bench-gpu-timeslice debug \
+.PHONY: all install torch-env real-driver run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-torch bench-qos bench-gpu bench-gpu-qos bench-gpu-timeslice debug \
 	debug-test c-coverage demo clean
 
 all: install
@@ -155,9 +155,16 @@ bench-torch bench-qos: bench-%: install torch-env
 bench-gpu: install
 	$(BIN)/python benchmarks/gpu_bench.py --out build/bench/gpu.json $(BENCH_ARGS)
 
-# Real PyTorch training loops time-sliced on an NVIDIA GPU (exits 2 without one): it needs
-# a Python with PyTorch and gpushare both installed, PYTHON_TORCH (default: the venv's).
+# The Python of the GPU benchmarks below: one with PyTorch and gpushare both installed.
 PYTHON_TORCH ?= $(BIN)/python
+
+# Latency classes and compute shares on an NVIDIA GPU (exits 2 without one): qos's benchmarks
+# with nodemgr on NVML, their jobs in PYTHON_TORCH.
+bench-gpu-qos: install
+	$(PYTHON_TORCH) benchmarks/qos_bench.py --gpu --python $(PYTHON_TORCH) --out build/bench/gpu_qos.json $(BENCH_ARGS)
+
+# Real PyTorch training loops time-sliced on an NVIDIA GPU (exits 2 without one): it needs
+# a Python with PyTorch and gpushare both installed, PYTHON_TORCH.
 bench-gpu-timeslice: install
 	$(PYTHON_TORCH) benchmarks/gpu_timeslice_bench.py --out build/bench/gpu_timeslice.json $(BENCH_ARGS)
 

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # gpushare on a machine with an NVIDIA GPU, in one go and without network: install it from
-# this checkout into the Python that has PyTorch, then run the GPU test tier and both GPU
+# this checkout into the Python that has PyTorch, then run the GPU test tier and the GPU
 # benchmarks, writing their JSON and logs to OUTDIR (docs/benchmarks.md, "On an NVIDIA GPU").
 #
 #   benchmarks/gpu_lease.sh OUTDIR [WHEELS]
 #
 # PYTHON: the Python with PyTorch (default python3). WHEELS: a folder of wheels of what that
 # Python lacks and gpushare needs (cffi, pycparser, pyzmq), installed with --no-index
-# (default: .whl in the checkout; none: nothing installed). Each step runs under a time limit,
-# and all of them within GPU_LEASE_BUDGET seconds (default 420); one that fails or times out
-# is recorded in OUTDIR/steps.txt and the next one still runs (one with under 20 s of the
-# budget left is skipped). Exit status: 0 when every step passed, else 1. About 6 minutes on
+# (default: .whl in the checkout; none: nothing installed). GPU_LEASE_STEPS: which of the
+# steps after the install run, in their order here (default: all of them: tests-gpu
+# bench-gpu-qos bench-gpu-timeslice bench-gpu). Each step runs under a time limit, and all of
+# them within GPU_LEASE_BUDGET seconds (default 600); one that fails or times out is
+# recorded in OUTDIR/steps.txt and the next one still runs (one with under 20 s of the
+# budget left is skipped). Exit status: 0 when every step passed, else 1. About 9 minutes on
 # an H200.
 set -u
 
@@ -25,7 +27,8 @@ WHEELS=${2:-$ROOT/.whl}
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 # a step stopped at its time limit still leaves all it printed
 STEPS=$OUT/steps.txt
-BUDGET=${GPU_LEASE_BUDGET:-420}
+BUDGET=${GPU_LEASE_BUDGET:-600}
+STEPS_WANTED=" ${GPU_LEASE_STEPS:-tests-gpu bench-gpu-qos bench-gpu-timeslice bench-gpu} "
 BEGAN=$(date +%s)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpulease-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
@@ -39,6 +42,10 @@ failed=0
 step() {
 	local name=$1 log=$2 limit=$3 start rc left
 	shift 3
+	case $name in
+	wheels | build | install) ;;
+	*) [[ $STEPS_WANTED == *" $name "* ]] || return 0 ;;
+	esac
 	start=$(date +%s)
 	left=$((BUDGET - (start - BEGAN)))
 	if [ "$left" -lt 20 ]; then
@@ -86,6 +93,10 @@ fi
 step tests-gpu "$OUT/tests-gpu.log" 240 env GPUSHARE_TEST_TORCH_PYTHON="$PY" \
 	"$PY" -m pytest -p no:cacheprovider -m gpu tests/gpu -v -rs
 
+# Latency classes and compute shares (about 4 minutes): --quick, shorter runs.
+step bench-gpu-qos "$OUT/gpu_qos.log" 300 "$PY" benchmarks/qos_bench.py --gpu --quick \
+	--python "$PY" --out "$OUT/gpu_qos.json"
+
 # Two training loops time-sliced (about 1.5 minutes): --quick, 12 iterations a job.
 step bench-gpu-timeslice "$OUT/gpu_timeslice.log" 180 "$PY" benchmarks/gpu_timeslice_bench.py \
 	--quick --out "$OUT/gpu_timeslice.json"
@@ -95,7 +106,7 @@ step bench-gpu-timeslice "$OUT/gpu_timeslice.log" 180 "$PY" benchmarks/gpu_times
 step bench-gpu "$OUT/gpu.log" 330 "$PY" benchmarks/gpu_bench.py --python "$PY" --out "$OUT/gpu.json"
 
 # One line per benchmark: met or missed, and the figure its target is about.
-for doc in "$OUT/gpu_timeslice.json" "$OUT/gpu.json"; do
+for doc in "$OUT/gpu_qos.json" "$OUT/gpu_timeslice.json" "$OUT/gpu.json"; do
 	[ -s "$doc" ] || continue
 	"$PY" - "$doc" <<'EOF' | tee -a "$STEPS"
 import json, sys

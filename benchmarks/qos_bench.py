@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Latency classes and compute shares (docs/compute.md) on the simulated device timeline.
+"""Latency classes and compute shares (docs/compute.md) on the simulated device timeline,
+or on a real NVIDIA GPU.
 
     python benchmarks/qos_bench.py [--quick] [--only NAME]... [--out FILE] [--check]
-                                   [--python PY]
+                                   [--python PY] [--gpu]
 
 Real PyTorch (the torch venv's Python: ``--python``, else ``$GPUSHARE_TORCH_PYTHON``)
 trains small models under ``gpushare-run`` against a ``nodemgr serve`` of this script's
@@ -11,6 +12,13 @@ and copy takes modelled device time on a timeline all processes share, so conten
 between tasks is real and measurable. Each process's device time is read, independently
 of the shim, from the simulated NVML (``gpushareSimProcessBusyNs``), sampled every
 100 ms; a window is one second of wall time.
+
+With ``--gpu`` (``make bench-gpu-qos``) the same runs go to the node's NVIDIA GPU
+(nodemgr on NVML, every job pinned to the GPU with the most free memory), with models
+four times as wide on batches four times as large, so that a step is GPU work of
+milliseconds; each process's device time is then NVML's per-process utilisation
+(``nvmlDeviceGetProcessUtilization``) integrated over its sampling periods. The Python
+with PyTorch (``--python``, default this one) needs gpushare installed for its hooks.
 
 - ``ls_with_be``: a latency-sensitive (LS) job (a step of GPU work, then idle "think"
   time, as an interactive user's) alone, then beside one and three best-effort (BE)
@@ -40,6 +48,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -134,11 +143,76 @@ class DeviceClock:
             return 0
         return int(ns.value)
 
+    def refresh(self) -> None:
+        """Nothing: the simulated NVML is read at each ``busy_ns``."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"source": "gpushareSimProcessBusyNs"}
+
+
+class NvmlClock:
+    """Each process's cumulative device time on one real GPU, from NVML's per-process
+    utilisation: each sample is the percent of one sampling period in which a kernel of
+    the process ran (smUtil). A process that ran nothing in a period may have no sample
+    for it, so a sample is taken to cover the time since the process's previous one up to
+    the shortest such gap seen, the sampling period."""
+
+    def __init__(self, uuid: str) -> None:
+        import pynvml
+
+        self.nvml: Any = pynvml
+        pynvml.nvmlInit()
+        self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        self.last_seen = 0  # the newest sample's timestamp (microseconds)
+        self.previous: dict[int, int] = {}  # per pid: its newest sample's timestamp
+        self.period_us: int | None = None  # the shortest gap between two samples of a pid
+        self.busy: dict[int, float] = {}  # per pid: device time (ns)
+        self.samples = 0
+        self._lock = threading.Lock()
+
+    def refresh(self) -> None:
+        """Take in the samples NVML has taken since the last refresh."""
+        with self._lock:
+            try:
+                found = self.nvml.nvmlDeviceGetProcessUtilization(self.handle, self.last_seen)
+            except self.nvml.NVMLError:  # NOT_FOUND: no sample since; NOT_SUPPORTED
+                return
+            for sample in sorted(found, key=lambda x: int(x.timeStamp)):
+                pid, stamp = int(sample.pid), int(sample.timeStamp)
+                before = self.previous.get(pid)
+                self.last_seen = max(self.last_seen, stamp)
+                if before is not None and stamp <= before:
+                    continue
+                self.previous[pid] = stamp
+                self.samples += 1
+                if before is None:
+                    continue
+                gap = stamp - before
+                self.period_us = gap if self.period_us is None else min(self.period_us, gap)
+                covered = min(gap, self.period_us)
+                self.busy[pid] = (
+                    self.busy.get(pid, 0.0) + min(100, int(sample.smUtil)) * covered * 10
+                )
+
+    def busy_ns(self, pid: int) -> int:
+        with self._lock:
+            return int(self.busy.get(pid, 0.0))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "source": "nvmlDeviceGetProcessUtilization",
+            "samples": self.samples,
+            "sampling_period_ms": None if self.period_us is None else self.period_us / 1e3,
+        }
+
+
+Clock = DeviceClock | NvmlClock
+
 
 class Sampler:
     """Samples the device time of a set of pids every SAMPLE_S on a thread of its own."""
 
-    def __init__(self, clock: DeviceClock) -> None:
+    def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.pids: dict[str, int] = {}
         self.samples: list[tuple[float, dict[str, int]]] = []
@@ -155,6 +229,7 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_S):
+            self.clock.refresh()
             now = time.monotonic()
             self.samples.append((now, {n: self.clock.busy_ns(p) for n, p in self.pids.items()}))
 
@@ -215,33 +290,83 @@ class Job:
             raise BenchError(f"{self.name} exited {self.proc.returncode}: {self.err()}")
 
 
-class Bench:
-    """One nodemgr on one simulated GPU with the device timeline, and its environments."""
+@dataclass(frozen=True)
+class Device:
+    """Where the jobs run: the simulated GPU's timeline, or a real GPU (``uuid``)."""
 
-    def __init__(self, d: Any, python: str, work: Path) -> None:
+    gpus: dict[str, Any]  # nodemgr's [gpus] section
+    quota: int  # each environment's memory quota
+    size: int  # every model's width and batch are multiplied by this
+    env: dict[str, str]  # added to each job's environment
+    uuid: str | None = None  # the real GPU's, for NVML
+
+
+# How long device work takes on the timeline: steps of tens of milliseconds, so the
+# host side of torch (milliseconds a step) is small beside it.
+TIMELINE: dict[str, Any] = {"simulated_time_scale": 100}
+SIMULATED = Device(
+    gpus={"simulated_count": 1, "simulated_timeline": True, **TIMELINE}, quota=QUOTA, size=1, env={}
+)
+GPU_QUOTA = 8 * GiB  # on a real GPU: a CUDA context alone takes over 500 MiB there
+GPU_JOBS = 5  # the most jobs at once (share_tracking's 30_with_4)
+
+
+def real_gpu() -> Device:
+    """The node's NVIDIA GPU with the most free memory; BenchError if it has too little."""
+    gpus = harness.nvml_gpus()
+    gpu = harness.pick_gpu(gpus, need=GPU_JOBS * GPU_QUOTA)
+    if gpu is None:
+        raise BenchError(
+            f"no NVIDIA GPU with {GPU_JOBS * GPU_QUOTA // GiB} GiB free (NVML shows {len(gpus)})"
+        )
+    return Device(
+        gpus={"source": "nvml"}, quota=GPU_QUOTA, size=4, env=harness.pinned(gpu), uuid=gpu.uuid
+    )
+
+
+class Bench:
+    """One nodemgr on one GPU (simulated with the device timeline, or real), and its
+    environments."""
+
+    def __init__(self, d: Any, python: str, work: Path, device: Device) -> None:
         self.d = d
         self.python = python
         self.work = work
+        self.device = device
         self.n = 0
-        self._clock: DeviceClock | None = None
+        self._clock: Clock | None = None
 
-    def clock(self, job: Job) -> DeviceClock:
-        """The simulated NVML of the node, as ``job`` was told of it."""
+    def clock(self, job: Job) -> Clock:
+        """The device time of each process on the GPU: NVML's on a real GPU, else the
+        simulated NVML of the node, as ``job`` was told of it."""
         if self._clock is None:
-            first = job.first()
-            self._clock = DeviceClock(first["sim_gpus"], first["sim_state_dir"])
+            if self.device.uuid is not None:
+                self._clock = NvmlClock(self.device.uuid)
+            else:
+                first = job.first()
+                self._clock = DeviceClock(first["sim_gpus"], first["sim_state_dir"])
         return self._clock
+
+    def clock_description(self) -> dict[str, Any] | None:
+        """Where the device times came from (and, from NVML, how often it sampled)."""
+        return None if self._clock is None else self._clock.describe()
 
     def start(self, env: str, opts: list[str], **spec: Any) -> Job:
         self.n += 1
         out = self.work / f"{env}-{self.n}.jsonl"
         spec = {"width": 1024, "depth": 4, "batch": 512, "think_ms": 0, "seconds": 10.0} | spec
+        spec["width"] *= self.device.size
+        spec["batch"] *= self.device.size
         spec["out"] = str(out)
-        endpoint = self.d.env(env, gpus=1, memory=QUOTA)
+        endpoint = self.d.env(env, gpus=1, memory=self.device.quota)
         argv = [str(BIN / "gpushare-run"), "--endpoint", endpoint, *opts, "--"]
         argv += [self.python, str(SELF), "--worker", json.dumps(spec)]
         proc = harness.start_child(
-            argv, env=base_env(), cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            argv,
+            env=base_env() | self.device.env,
+            cwd="/",
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         return Job(f"{env}#{self.n}", proc, out)
 
@@ -314,7 +439,44 @@ def bench_ls_with_be(b: Bench, quick: bool) -> dict[str, Any]:
     )
 
 
-def _tracking(b: Bench, shares: list[int | None], seconds: float) -> dict[str, Any]:
+def _rate_windows(
+    steps: list[dict[str, Any]], step_ns: float, since: float, until: float
+) -> list[float]:
+    """Percent of each whole window between the two times that ``steps`` kept the device
+    busy, at ``step_ns`` of device time a step (a step counted in proportion to the part
+    of it inside the window): device time inferred from the step rate, as users see it."""
+    out = []
+    t = since
+    while t + WINDOW_S <= until:
+        done = 0.0
+        for s in steps:
+            inside = min(s["te"], t + WINDOW_S) - max(s["ts"], t)
+            if inside > 0:
+                done += inside / max(s["te"] - s["ts"], 1e-9)
+        out.append(100.0 * done * step_ns / (WINDOW_S * 1e9))
+        t += WINDOW_S
+    return out
+
+
+def _alone_step_ns(b: Bench, seconds: float) -> float:
+    """The device time of one step of the tracking job, run alone: its device time over
+    the steps it made in the same span."""
+    job = b.start("alone", [], seconds=seconds)
+    with Sampler(b.clock(job)) as sampler:
+        sampler.pids[job.name] = job.pid()
+        job.wait(seconds + 60)
+    steps = job.steps()[3:]
+    if len(steps) < 5:
+        raise BenchError(f"the tracking job made {len(steps)} steps alone")
+    since, until = steps[0]["ts"], steps[-1]["te"]
+    windows = sampler.shares(job.name, since, until)
+    if not windows:
+        raise BenchError("no device time measured for the tracking job alone")
+    busy = sum(windows) / len(windows) / 100.0
+    return float(busy * (until - since) * 1e9 / len(steps))
+
+
+def _tracking(b: Bench, shares: list[int | None], seconds: float, step_ns: float) -> dict[str, Any]:
     jobs = []
     for i, share in enumerate(shares):
         opts = ["--compute", str(share)] if share is not None else []
@@ -330,15 +492,24 @@ def _tracking(b: Bench, shares: list[int | None], seconds: float) -> dict[str, A
     end = min(j.steps()[-1]["te"] for _, j in jobs)
     out: dict[str, Any] = {"shares": shares, "tasks": []}
     worst = 0.0
+    worst_rate = 0.0
     for share, j in jobs:
         windows = sampler.shares(j.name, start + 1.0, end)
-        entry: dict[str, Any] = {"share": share, "windows_pct": [round(w, 2) for w in windows]}
+        rates = _rate_windows(j.steps(), step_ns, start + 1.0, end)
+        entry: dict[str, Any] = {
+            "share": share,
+            "windows_pct": [round(w, 2) for w in windows],
+            "rate_windows_pct": [round(w, 2) for w in rates],
+        }
         if share is not None and windows:
             errors = [abs(w - share) for w in windows]
             entry["max_error_pts"] = round(max(errors), 2)
             worst = max(worst, max(errors))
+        if share is not None and rates:
+            worst_rate = max(worst_rate, max(abs(w - share) for w in rates))
         out["tasks"].append(entry)
     out["max_error_pts"] = round(worst, 2)
+    out["rate_max_error_pts"] = round(worst_rate, 2)
     return out
 
 
@@ -350,7 +521,11 @@ def bench_share_tracking(b: Bench, quick: bool) -> dict[str, Any]:
         "30_with_4": [30, None, None, None, None],
         "30_70": [30, 70],
     }
-    r: dict[str, Any] = {"cases": {k: _tracking(b, v, seconds) for k, v in cases.items()}}
+    step_ns = _alone_step_ns(b, seconds)
+    r: dict[str, Any] = {
+        "alone_step_device_ms": round(step_ns / 1e6, 3),
+        "cases": {k: _tracking(b, v, seconds, step_ns) for k, v in cases.items()},
+    }
     return harness.judge_all(r, [(f"cases.{k}.max_error_pts", "<=", 5.0) for k in cases])
 
 
@@ -480,32 +655,29 @@ BENCHES = {
     "elastic": bench_elastic,
 }
 
-# How long device work takes on the timeline: steps of tens of milliseconds, so the
-# host side of torch (milliseconds a step) is small beside it.
-TIMELINE: dict[str, Any] = {"simulated_time_scale": 100}
-
 
 @contextlib.contextmanager
-def _node(python: str) -> Iterator[Bench]:
-    """A nodemgr of its own for one benchmark, and the simulated NVML's view of its GPU."""
+def _node(python: str, device: Device) -> Iterator[Bench]:
+    """A nodemgr of its own on ``device`` for one benchmark."""
     from benchmarks.nodemgr_bench import daemon  # needs pyzmq: the bench's Python has it
 
     with (
         daemon(
-            gpus={"simulated_count": 1, "simulated_timeline": True, **TIMELINE},
+            gpus=device.gpus,
             scheduler={"task_threshold": 16, "memory_reserve": "0"},
             node={"heartbeat_interval": 1.0, "heartbeat_timeout": 30.0},
         ) as d,
         tempfile.TemporaryDirectory(prefix="gsq-") as work,
     ):
-        d.env("ls", gpus=1, memory=QUOTA)
+        d.env("ls", gpus=1, memory=device.quota)
         d.admin("quota_set", env="ls", allow_ls=True)
-        yield Bench(d, python, Path(work))
+        yield Bench(d, python, Path(work), device)
 
 
-def _one(python: str, fn: Any, quick: bool) -> dict[str, Any]:
-    with _node(python) as b:
+def _one(python: str, device: Device, fn: Any, quick: bool) -> dict[str, Any]:
+    with _node(python, device) as b:
         result: dict[str, Any] = fn(b, quick)
+        result["device_time"] = b.clock_description()
         return result
 
 
@@ -514,26 +686,42 @@ def main(argv: list[str] | None = None) -> int:
     if args_in[:1] == ["--worker"]:
         return _worker(args_in[1])
     parser = harness.parser(__doc__, BENCHES, quick="shorter runs (a smoke run)")
-    parser.add_argument("--python", help=f"the Python with PyTorch (default: ${PYTHON_ENV})")
+    parser.add_argument(
+        "--python",
+        help=f"the Python with PyTorch (default: ${PYTHON_ENV}; with --gpu, else this one)",
+    )
+    parser.add_argument(
+        "--gpu", action="store_true", help="on the node's NVIDIA GPU, not the simulated one"
+    )
     args = parser.parse_args(args_in)
     from gpushare.client import Unreachable  # not at the top: the worker lacks pyzmq
 
     errors = (BenchError, OSError, Unreachable)
+    where: dict[str, Any] = {"device": "simulated timeline", **TIMELINE}
 
     def run_all(results: dict[str, Any]) -> bool:
         try:
-            python = find_python(args.python)
-        except BenchError as e:
+            if args.gpu:
+                python = args.python or os.environ.get(PYTHON_ENV) or sys.executable
+                device = real_gpu()
+                if harness.installed_origin(python) is None:
+                    raise BenchError(f"{python} does not have gpushare installed (its hooks)")
+                where.clear()
+                where.update(device=device.uuid, gpu_quota=device.quota, size=device.size)
+            else:
+                python = find_python(args.python)
+                device = SIMULATED
+        except (BenchError, OSError, ImportError) as e:
             say(f"cannot run: {e}")
             results.update({n: harness.error_result(e) for n in args.only or BENCHES})
             return True
         broken = False
         for name in args.only or BENCHES:
-            bench = functools.partial(_one, python, BENCHES[name], args.quick)
+            bench = functools.partial(_one, python, device, BENCHES[name], args.quick)
             broken |= harness.run_one(name, bench, errors, results)
         return broken
 
-    return harness.run_and_report(args, run_all, lambda: harness.machine({}))
+    return harness.run_and_report(args, run_all, lambda: harness.machine({}, where))
 
 
 if __name__ == "__main__":

@@ -370,9 +370,9 @@ def gpu_bench_mod() -> Any:
 # --- benchmarks/gpu_lease.sh: every step runs and is recorded, whatever the others did ------
 
 # A stand-in for the GPU machine's Python: pip succeeds (the wheel it builds is an empty file),
-# the GPU tests fail, bench-gpu writes a document whose target was missed, and the
-# time-slicing benchmark cannot run; each call is logged. Anything else (the summary at the
-# end) goes to the real Python.
+# the GPU tests fail, bench-gpu writes a document whose target was missed, bench-gpu-qos one
+# whose target was met, and the time-slicing benchmark cannot run; each call is logged.
+# Anything else (the summary at the end) goes to the real Python.
 FAKE_PYTHON = """#!/usr/bin/env bash
 printf '%s\\n' "GPUSHARE_TEST_TORCH_PYTHON=${{GPUSHARE_TEST_TORCH_PYTHON:-}} $*" >>{calls}
 case "$1 $2 ${{3:-}}" in
@@ -390,6 +390,12 @@ benchmarks/gpu_bench.py)
 	target='{{"metric": "ratio", "op": ">=", "value": 0.995}}'
 	printf '{{"benchmarks": {{"launch_rate": ' >"$out"
 	printf '{{"ratio": 0.9, "met": false, "target": %s}}}}}}' "$target" >>"$out"
+	exit 0 ;;
+benchmarks/qos_bench.py)
+	while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
+	target='{{"metric": "max_settle_s", "op": "<=", "value": 1.0}}'
+	printf '{{"benchmarks": {{"share_settling": ' >"$out"
+	printf '{{"max_settle_s": 0.2, "met": true, "target": %s}}}}}}' "$target" >>"$out"
 	exit 0 ;;
 benchmarks/gpu_timeslice_bench.py) echo "cannot run: no GPU" >&2; exit 2 ;;
 esac
@@ -423,18 +429,24 @@ def test_the_lease_script_runs_every_step_and_records_each(tmp_path: Path) -> No
     r = run_lease(fake, out, wheels)
     assert r.returncode == 1, r.stderr
     steps = (out / "steps.txt").read_text().splitlines()
-    assert [line.split(" seconds=")[0] for line in steps[:6]] == [
+    assert [line.split(" seconds=")[0] for line in steps[:7]] == [
         "wheels rc=0",
         "build rc=0",
         "install rc=0",
         "tests-gpu rc=1",
+        "bench-gpu-qos rc=0",
         "bench-gpu-timeslice rc=2",
         "bench-gpu rc=0",
     ]
-    assert steps[6:] == ["launch_rate: MISSED (ratio = 0.9, target >= 0.995)"]
+    assert steps[7:] == [
+        "share_settling: met (max_settle_s = 0.2, target <= 1.0)",
+        "launch_rate: MISSED (ratio = 0.9, target >= 0.995)",
+    ]
     assert sorted(p.name for p in out.iterdir()) == [
         "gpu.json",
         "gpu.log",
+        "gpu_qos.json",
+        "gpu_qos.log",
         "gpu_timeslice.log",
         "setup.log",
         "steps.txt",
@@ -450,6 +462,31 @@ def test_the_lease_script_runs_every_step_and_records_each(tmp_path: Path) -> No
     )
     assert any(c.endswith(f"--python {fake} --out {out}/gpu.json") for c in made)
     assert any(f"gpu_timeslice_bench.py --quick --out {out}/gpu_timeslice.json" in c for c in made)
+    assert any(
+        f"qos_bench.py --gpu --quick --python {fake} --out {out}/gpu_qos.json" in c for c in made
+    )
+
+
+def test_the_lease_script_runs_only_the_steps_asked_for(tmp_path: Path) -> None:
+    """GPU_LEASE_STEPS names the steps after the install that run; the others are not
+    started, nor recorded."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON.format(calls=calls, python=sys.executable))
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    r = run_lease(fake, out, tmp_path / "none", GPU_LEASE_STEPS="bench-gpu-qos tests-gpu")
+    assert r.returncode == 1, r.stderr
+    steps = (out / "steps.txt").read_text().splitlines()
+    assert [line.split(" seconds=")[0] for line in steps[1:5]] == [
+        "build rc=0",
+        "install rc=0",
+        "tests-gpu rc=1",
+        "bench-gpu-qos rc=0",
+    ]
+    assert steps[5:] == ["share_settling: met (max_settle_s = 0.2, target <= 1.0)"]
+    made = calls.read_text().splitlines()
+    assert not [c for c in made if "gpu_bench.py" in c or "gpu_timeslice_bench.py" in c], made
 
 
 def test_the_lease_script_skips_steps_past_its_budget(tmp_path: Path) -> None:
@@ -467,6 +504,7 @@ def test_the_lease_script_skips_steps_past_its_budget(tmp_path: Path) -> None:
         "build skipped",
         "install skipped",
         "tests-gpu skipped",
+        "bench-gpu-qos skipped",
         "bench-gpu-timeslice skipped",
         "bench-gpu skipped",
     ]
