@@ -103,6 +103,7 @@ def write_config(
     gpus: dict[str, Any] | None = None,
     scheduler: dict[str, Any] | None = None,
     timeslice: dict[str, Any] | None = None,
+    compute: dict[str, Any] | None = None,
 ) -> None:
     """Write the nodemgr config of one benchmark: the one place that knows its keys.
 
@@ -125,6 +126,7 @@ def write_config(
         },
         "scheduler": dict(scheduler or {}),
         "timeslice": dict(timeslice or {}),
+        "compute": dict(compute or {}),
         # One worker process stands in for many clients (up to 1,000 tasks in one
         # environment): the caps on what one process or environment may hold would refuse it.
         "limits": {"tasks_per_env": 10_000, "tasks_per_client": 10_000},
