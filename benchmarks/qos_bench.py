@@ -300,8 +300,8 @@ class Device:
     env: dict[str, str]  # added to each job's environment
     uuid: str | None = None  # the real GPU's, for NVML
     # Judge a job's device time by its step rate (see _rate_windows), not by the clock: on
-    # an H200 (driver 580) NVML gave each sampling period to one process of those that
-    # time-sliced the GPU, so its per-process figures cannot be told apart there.
+    # an H200 (driver 580) NVML's per-process figures of two identical loops time-slicing
+    # the GPU read 22% and 63% (docs/compute.md, "The pacer").
     by_steps: bool = False
 
 

@@ -4,7 +4,8 @@ Real PyTorch training loops (benchmarks/qos_bench.py's worker: an MLP trained fo
 number of seconds, each step's start and end written as a JSON line) under gpushare-run,
 against a nodemgr on the node's GPUs (``gpus.source = "nvml"``), every job pinned to one
 GPU. What a job got is judged from its step rate, which needs nothing but the job's own
-clock; NVML's per-process utilisation is printed beside it as a cross-check. Marked
+clock; NVML's per-process utilisation is printed beside it (it cannot judge a share where
+processes time-slice a GPU: docs/compute.md, "The pacer"). Marked
 ``gpu``: skipped where NVML finds no NVIDIA driver, and where no Python with torch and
 gpushare installed is found (the iteration hooks come from gpushare's start-up hook).
 """
