@@ -23,12 +23,16 @@ with PyTorch (``--python``, default this one) needs gpushare installed for its h
 - ``ls_with_be``: a latency-sensitive (LS) job (a step of GPU work, then idle "think"
   time, as an interactive user's) alone, then beside one and three best-effort (BE)
   training jobs. Targets: LS step rate >= 0.95 of alone, LS p99 step time <= 1.10x
-  alone; BE device time >= 80% of the device time the LS job leaves idle.
+  alone; BE throughput >= 80% of what the BE jobs would make alone in the device time
+  the LS job leaves idle (and their device time against that idle time).
 - ``share_tracking``: a task capped at 30% beside 1, 2 and 4 uncapped co-tenants, and a
-  30/70 pair: each capped task's device share per window after the first second, and
-  the largest tracking error (target: within 5 percentage points).
+  30/70 pair: each capped task's percent of its speed alone (step rate) per window after
+  the first second, and the largest tracking error (target: within 5 percentage points);
+  and its percent of the device's time. A share reserves the device's time: a job that
+  keeps the device busy X% of the time alone gets about X% of the share as device time.
 - ``share_settling``: a live change of a task's share (30 -> 60 and back, with
-  ``nodemgr share``): seconds until its windows are within 5 points of the new share.
+  ``nodemgr share``): seconds until its windows (of its speed alone) are within 5 points
+  of the new share.
 - ``elastic``: an LS job with a step target that a BE job's guaranteed share makes it
   miss: its step time before and after the elastic steps; and how long after the LS
   job ends the BE job has its share back (target: 2 s).
@@ -299,9 +303,9 @@ class Device:
     size: int  # every model's width and batch are multiplied by this
     env: dict[str, str]  # added to each job's environment
     uuid: str | None = None  # the real GPU's, for NVML
-    # Judge a job's device time by its step rate (see _rate_windows), not by the clock: on
-    # an H200 (driver 580) NVML's per-process figures of two identical loops time-slicing
-    # the GPU read 22% and 63% (docs/compute.md, "The pacer").
+    # A job's device time beside others is inferred from its steps (_step_windows), not
+    # read from the clock: on an H200 (driver 580) NVML's per-process figures of two
+    # identical loops time-slicing the GPU read 22% and 63% (docs/compute.md, "The pacer").
     by_steps: bool = False
 
 
@@ -344,7 +348,7 @@ class Bench:
         self.device = device
         self.n = 0
         self._clock: Clock | None = None
-        self._step_ns: dict[str, float] = {}
+        self._alone: dict[str, Alone] = {}
 
     def clock(self, job: Job) -> Clock:
         """The device time of each process on the GPU: NVML's on a real GPU, else the
@@ -357,20 +361,20 @@ class Bench:
                 self._clock = DeviceClock(first["sim_gpus"], first["sim_state_dir"])
         return self._clock
 
-    def step_ns(self, seconds: float, **spec: Any) -> float:
-        """The device time of one step of the job ``spec`` describes, run alone once."""
+    def alone(self, seconds: float, **spec: Any) -> Alone:
+        """The job ``spec`` describes, run alone once (for ``seconds``)."""
         key = json.dumps(spec, sort_keys=True)
-        if key not in self._step_ns:
-            self._step_ns[key] = _alone_step_ns(self, seconds, **spec)
-        return self._step_ns[key]
+        if key not in self._alone:
+            self._alone[key] = _run_alone(self, seconds, **spec)
+        return self._alone[key]
 
-    def windows(
-        self, sampler: Sampler, job: Job, since: float, until: float, step_ns: float | None
+    def device_windows(
+        self, sampler: Sampler, job: Job, alone: Alone, since: float, until: float
     ) -> list[float]:
-        """``job``'s percent of the device in each whole window between the two times, as
-        this device is judged: by the step rate (``step_ns`` a step) or by the clock."""
-        if self.device.by_steps and step_ns is not None:
-            return _rate_windows(job.steps(), step_ns, since, until)
+        """``job``'s percent of the device's time in each whole window between the two
+        times: by the clock, or on a real GPU by its steps (``alone``'s device time each)."""
+        if self.device.by_steps:
+            return _step_windows(job.steps(), alone.step_device_s, since, until)
         return sampler.shares(job.name, since, until)
 
     def clock_description(self) -> dict[str, Any] | None:
@@ -422,8 +426,8 @@ def bench_ls_with_be(b: Bench, quick: bool) -> dict[str, Any]:
     seconds = 6.0 if quick else 15.0
     ls_spec = {"think_ms": 30, "seconds": seconds, "depth": 2}
     runs: dict[str, Any] = {}
-    be_ns = b.step_ns(4.0, **BE_SPEC) if b.device.by_steps else None
-    ls_ns = None
+    be_alone = b.alone(4.0, **BE_SPEC)
+    ls_alone = None
     for n_be in (0, 1, 3):
         be_jobs = [
             b.start(f"be{i}", ["--class", "be"], seconds=seconds + 4, **BE_SPEC)
@@ -438,22 +442,28 @@ def bench_ls_with_be(b: Bench, quick: bool) -> dict[str, Any]:
         run = _step_summary(ls.steps())
         t0 = ls.steps()[3]["ts"]
         t1 = ls.steps()[-1]["te"]
-        if n_be == 0 and b.device.by_steps:
-            # Its device time a step, alone, by the clock: the one process on the device.
-            ls_ns = _mean(sampler.shares(ls.name, t0, t1)) / 100.0
-            ls_ns *= (t1 - t0) * 1e9 / len(ls.steps()[3:])
-        ls_busy = _mean(b.windows(sampler, ls, t0, t1, ls_ns))
-        be_busy = sum(_mean(b.windows(sampler, j, t0, t1, be_ns)) for j in be_jobs)
+        if ls_alone is None:  # the first run: LS alone, its device time by the clock
+            ls_alone = Alone(
+                harness.steps_per_s(ls.steps(), 3), _mean(sampler.shares(ls.name, t0, t1))
+            )
+        ls_busy = _mean(b.device_windows(sampler, ls, ls_alone, t0, t1))
         run["ls_device_pct"] = round(ls_busy, 2)
         if n_be:
             idle = 100.0 - ls_busy
+            be_busy = sum(_mean(b.device_windows(sampler, j, be_alone, t0, t1)) for j in be_jobs)
+            # Its throughput: what the BE jobs made, against what one would make alone in
+            # the time LS leaves idle.
+            be_speed = sum(_steps_between(j.steps(), t0, t1) for j in be_jobs) / (t1 - t0)
             run["be_device_pct"] = round(be_busy, 2)
             run["be_of_ls_idle"] = round(be_busy / idle, 3) if idle > 0 else None
+            run["be_throughput_of_ls_idle"] = (
+                round(be_speed / (be_alone.steps_per_s * idle / 100.0), 3) if idle > 0 else None
+            )
         for j in be_jobs:
             harness.finish(j.proc)
         runs[f"be{n_be}"] = run
     alone = runs["be0"]
-    r: dict[str, Any] = {"judged_by": _judged_by(b), "runs": runs}
+    r: dict[str, Any] = {"be_alone": be_alone.describe(), "runs": runs}
     for n_be in (1, 3):
         run = runs[f"be{n_be}"]
         run["rate_vs_alone"] = round(run["steps_per_s"] / alone["steps_per_s"], 3)
@@ -465,34 +475,64 @@ def bench_ls_with_be(b: Bench, quick: bool) -> dict[str, Any]:
             ("runs.be3.rate_vs_alone", ">=", 0.95),
             ("runs.be1.p99_vs_alone", "<=", 1.10),
             ("runs.be3.p99_vs_alone", "<=", 1.10),
-            ("runs.be1.be_of_ls_idle", ">=", 0.80),
-            ("runs.be3.be_of_ls_idle", ">=", 0.80),
+            ("runs.be1.be_throughput_of_ls_idle", ">=", 0.80),
+            ("runs.be3.be_throughput_of_ls_idle", ">=", 0.80),
         ],
     )
 
 
-def _rate_windows(
-    steps: list[dict[str, Any]], step_ns: float, since: float, until: float
+@dataclass(frozen=True)
+class Alone:
+    """A job run alone: its steps a second, and its percent of the device's time (by the
+    clock: the one process on the device, so NVML's figure is its own on a real GPU too)."""
+
+    steps_per_s: float
+    device_pct: float
+
+    @property
+    def step_device_s(self) -> float:
+        """The device time of one step."""
+        return self.device_pct / 100.0 / self.steps_per_s
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "steps_per_s": round(self.steps_per_s, 3),
+            "device_pct": round(self.device_pct, 2),
+            "step_device_ms": round(1e3 * self.step_device_s, 3),
+        }
+
+
+def _step_windows(
+    steps: list[dict[str, Any]], seconds_a_step: float, since: float, until: float
 ) -> list[float]:
-    """Percent of each whole window between the two times that ``steps`` kept the device
-    busy, at ``step_ns`` of device time a step (a step counted in proportion to the part
-    of it inside the window): device time inferred from the step rate, as users see it."""
+    """Percent of each whole window between the two times that ``steps`` filled at
+    ``seconds_a_step`` each (a step counted in proportion to the part of it inside the
+    window): with a step's device time, the device time inferred from the step rate; with
+    the time a step took alone (1 / its rate), the percent of its speed alone."""
     out = []
     t = since
     while t + WINDOW_S <= until:
-        done = 0.0
-        for s in steps:
-            inside = min(s["te"], t + WINDOW_S) - max(s["ts"], t)
-            if inside > 0:
-                done += inside / max(s["te"] - s["ts"], 1e-9)
-        out.append(100.0 * done * step_ns / (WINDOW_S * 1e9))
+        out.append(100.0 * _steps_between(steps, t, t + WINDOW_S) * seconds_a_step / WINDOW_S)
         t += WINDOW_S
     return out
 
 
-def _alone_step_ns(b: Bench, seconds: float, **spec: Any) -> float:
-    """The device time of one step of a job (``spec``), run alone: its device time (by
-    the clock: the one process on the device) over the steps it made in the same span."""
+def _steps_between(steps: list[dict[str, Any]], since: float, until: float) -> float:
+    """How many of ``steps`` ran between the two times, each in proportion to its part there."""
+    done = 0.0
+    for s in steps:
+        inside = min(s["te"], until) - max(s["ts"], since)
+        if inside > 0:
+            done += inside / max(s["te"] - s["ts"], 1e-9)
+    return done
+
+
+def _speed_windows(job: Job, alone: Alone, since: float, until: float) -> list[float]:
+    """``job``'s percent of its speed alone in each whole window between the two times."""
+    return _step_windows(job.steps(), 1.0 / alone.steps_per_s, since, until)
+
+
+def _run_alone(b: Bench, seconds: float, **spec: Any) -> Alone:
     job = b.start("alone", [], **(spec | {"seconds": seconds}))
     with Sampler(b.clock(job)) as sampler:
         sampler.pids[job.name] = job.pid()
@@ -504,11 +544,10 @@ def _alone_step_ns(b: Bench, seconds: float, **spec: Any) -> float:
     windows = sampler.shares(job.name, since, until)
     if not windows:
         raise BenchError(f"no device time measured for the job {spec} alone")
-    busy = sum(windows) / len(windows) / 100.0
-    return float(busy * (until - since) * 1e9 / len(steps))
+    return Alone(len(steps) / (until - since), _mean(windows))
 
 
-def _tracking(b: Bench, shares: list[int | None], seconds: float, step_ns: float) -> dict[str, Any]:
+def _tracking(b: Bench, shares: list[int | None], seconds: float, alone: Alone) -> dict[str, Any]:
     jobs = []
     for i, share in enumerate(shares):
         opts = ["--compute", str(share)] if share is not None else []
@@ -523,32 +562,28 @@ def _tracking(b: Bench, shares: list[int | None], seconds: float, step_ns: float
     start = max(j.steps()[0]["ts"] for _, j in jobs) + 1.0
     end = min(j.steps()[-1]["te"] for _, j in jobs)
     out: dict[str, Any] = {"shares": shares, "tasks": []}
-    worst = {"judged": 0.0, "clock": 0.0, "rate": 0.0}
+    worst = {"speed": 0.0, "device": 0.0}
     for share, j in jobs:
-        clock = sampler.shares(j.name, start + 1.0, end)
-        rates = _rate_windows(j.steps(), step_ns, start + 1.0, end)
-        judged = rates if b.device.by_steps else clock
+        views = {
+            "speed": _speed_windows(j, alone, start + 1.0, end),
+            "device": b.device_windows(sampler, j, alone, start + 1.0, end),
+        }
         entry: dict[str, Any] = {
             "share": share,
-            "windows_pct": [round(w, 2) for w in judged],
-            "clock_windows_pct": [round(w, 2) for w in clock],
-            "rate_windows_pct": [round(w, 2) for w in rates],
+            "windows_pct": [round(w, 2) for w in views["speed"]],
+            "device_windows_pct": [round(w, 2) for w in views["device"]],
+            "clock_windows_pct": [round(w, 2) for w in sampler.shares(j.name, start + 1.0, end)],
         }
         if share is not None:
-            for name, windows in (("judged", judged), ("clock", clock), ("rate", rates)):
+            for name, windows in views.items():
                 if windows:
                     worst[name] = max(worst[name], max(abs(w - share) for w in windows))
-            if judged:
-                entry["max_error_pts"] = round(max(abs(w - share) for w in judged), 2)
+            if views["speed"]:
+                entry["max_error_pts"] = round(max(abs(w - share) for w in views["speed"]), 2)
         out["tasks"].append(entry)
-    out["max_error_pts"] = round(worst["judged"], 2)
-    out["clock_max_error_pts"] = round(worst["clock"], 2)
-    out["rate_max_error_pts"] = round(worst["rate"], 2)
+    out["max_error_pts"] = round(worst["speed"], 2)
+    out["device_max_error_pts"] = round(worst["device"], 2)
     return out
-
-
-def _judged_by(b: Bench) -> str:
-    return "step_rate" if b.device.by_steps else "device_time"
 
 
 def bench_share_tracking(b: Bench, quick: bool) -> dict[str, Any]:
@@ -559,18 +594,17 @@ def bench_share_tracking(b: Bench, quick: bool) -> dict[str, Any]:
         "30_with_4": [30, None, None, None, None],
         "30_70": [30, 70],
     }
-    step_ns = b.step_ns(seconds)
+    alone = b.alone(seconds)
     r: dict[str, Any] = {
-        "judged_by": _judged_by(b),
-        "alone_step_device_ms": round(step_ns / 1e6, 3),
-        "cases": {k: _tracking(b, v, seconds, step_ns) for k, v in cases.items()},
+        "alone": alone.describe(),
+        "cases": {k: _tracking(b, v, seconds, alone) for k, v in cases.items()},
     }
     return harness.judge_all(r, [(f"cases.{k}.max_error_pts", "<=", 5.0) for k in cases])
 
 
 def bench_share_settling(b: Bench, quick: bool) -> dict[str, Any]:
     seconds = 12.0 if quick else 16.0
-    step_ns = b.step_ns(4.0) if b.device.by_steps else None
+    alone = b.alone(4.0)
     job = b.start("settle", ["--compute", "30"], seconds=seconds)
     other = b.start("other", [], seconds=seconds)
     changes = []
@@ -586,24 +620,26 @@ def bench_share_settling(b: Bench, quick: bool) -> dict[str, Any]:
             changes.append((share, changed))
         job.wait(seconds + 60)
         harness.finish(other.proc)
-    r: dict[str, Any] = {"judged_by": _judged_by(b), "changes": []}
+    r: dict[str, Any] = {"alone": alone.describe(), "changes": []}
     for share, at in changes:
         settled = None
         rows = [(t, s.get(job.name)) for t, s in sampler.samples if t >= at]
         # The first moment from which every following 1 s window is within 5 points.
         for i, (t, _) in enumerate(rows):
-            windows = b.windows(sampler, job, t, min(at + 4.0, rows[-1][0]), step_ns)
+            windows = _speed_windows(job, alone, t, min(at + 4.0, rows[-1][0]))
             if windows and all(abs(w - share) <= 5.0 for w in windows):
                 settled = t - at
                 break
             if i > 40:
                 break
-        after = b.windows(sampler, job, at, at + 4.0, step_ns)
+        after = _speed_windows(job, alone, at, at + 4.0)
+        device = b.device_windows(sampler, job, alone, at, at + 4.0)
         r["changes"].append(
             {
                 "to": share,
                 "settled_s": None if settled is None else round(settled, 2),
                 "windows_after_pct": [round(w, 2) for w in after],
+                "device_windows_after_pct": [round(w, 2) for w in device],
             }
         )
     r["max_settle_s"] = max((c["settled_s"] or 99.0) for c in r["changes"])

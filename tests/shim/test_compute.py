@@ -7,6 +7,7 @@ the gate was open."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -194,14 +195,13 @@ def test_a_window_runs_over_by_a_bursts_work_not_by_all_it_launched(
     assert pacing.overrun_ns / measured <= 5 * MS, pacing
 
 
-def test_a_burst_is_bounded_in_launches_too(program: Path, ledger: Ledger, tmp_path: Path) -> None:
-    """A BE task launching 1 ms kernels back to back while the board is quiet: each burst
-    may launch only as many kernels as its work should take (here one or two), however
-    late its pacer wakes to end it, so it never queues the tens of milliseconds of work
-    that would then stand ahead of an LS task's next kernel."""
-    board = Board.create(tmp_path / "board", 2)
+def start_be_on_the_timeline(
+    program: Path, ledger: Ledger, tmp_path: Path, board: Board
+) -> subprocess.Popen[str]:
+    """Task "a" best-effort beside LS (YIELD_LS, the board quiet): a child that launches
+    1 ms kernels back to back on the simulated device timeline for 2 s."""
     ledger.task_schedule("a", window(0, flags=COMPUTE_YIELD_LS))
-    p = compute_child.start(
+    return compute_child.start(
         program,
         ledger.path,
         "a",
@@ -213,6 +213,15 @@ def test_a_burst_is_bounded_in_launches_too(program: Path, ledger: Ledger, tmp_p
         GPUSHARE_SIM_LAUNCH_NS="0",
         GPUSHARE_SIM_WAVE_NS=str(MS),
     )
+
+
+def test_a_burst_is_bounded_in_launches_too(program: Path, ledger: Ledger, tmp_path: Path) -> None:
+    """A BE task launching 1 ms kernels back to back while the board is quiet: each burst
+    may launch only as many kernels as its work should take (here one or two), however
+    late its pacer wakes to end it, so it never queues the tens of milliseconds of work
+    that would then stand ahead of an LS task's next kernel."""
+    board = Board.create(tmp_path / "board", 2)
+    p = start_be_on_the_timeline(program, ledger, tmp_path, board)
     bins = compute_child.collect(p)
     board.close()
     start, _ = bins.span()
@@ -229,19 +238,7 @@ def test_a_best_effort_task_launches_freely_once_its_schedule_goes(
     good, its launches unbounded. A bound left from its last burst would hold its next
     launch for ever: the pacer, with no burst to end, would never lift it."""
     board = Board.create(tmp_path / "board", 2)
-    ledger.task_schedule("a", window(0, flags=COMPUTE_YIELD_LS))
-    p = compute_child.start(
-        program,
-        ledger.path,
-        "a",
-        seconds=2,
-        gap_us=0,
-        GPUSHARE_BOARD=str(board.path),
-        GPUSHARE_SIM_TIMELINE="1",
-        GPUSHARE_SIM_STATE_DIR=str(tmp_path),
-        GPUSHARE_SIM_LAUNCH_NS="0",
-        GPUSHARE_SIM_WAVE_NS=str(MS),
-    )
+    p = start_be_on_the_timeline(program, ledger, tmp_path, board)
     time.sleep(0.8)
     cleared = time.monotonic_ns()
     ledger.task_schedule("a", Schedule())

@@ -403,6 +403,15 @@ exec {python} "$@"
 """
 
 
+def fake_python(tmp_path: Path) -> tuple[Path, Path]:
+    """FAKE_PYTHON written to ``tmp_path``: the file its calls are logged in, and itself."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON.format(calls=calls, python=sys.executable))
+    fake.chmod(0o755)
+    return calls, fake
+
+
 def run_lease(fake: Path, out: Path, wheels: Path, **env: str) -> subprocess.CompletedProcess[str]:
     """benchmarks/gpu_lease.sh OUT WHEELS with ``fake`` as its Python, no GPUSHARE_ variable
     and ``env`` beside."""
@@ -418,10 +427,7 @@ def run_lease(fake: Path, out: Path, wheels: Path, **env: str) -> subprocess.Com
 
 
 def test_the_lease_script_runs_every_step_and_records_each(tmp_path: Path) -> None:
-    calls = tmp_path / "calls"
-    fake = tmp_path / "python"
-    fake.write_text(FAKE_PYTHON.format(calls=calls, python=sys.executable))
-    fake.chmod(0o755)
+    calls, fake = fake_python(tmp_path)
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     (wheels / "pyzmq-27.3.0-cp312-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"")
@@ -470,10 +476,7 @@ def test_the_lease_script_runs_every_step_and_records_each(tmp_path: Path) -> No
 def test_the_lease_script_runs_only_the_steps_asked_for(tmp_path: Path) -> None:
     """GPU_LEASE_STEPS names the steps after the install that run; the others are not
     started, nor recorded."""
-    calls = tmp_path / "calls"
-    fake = tmp_path / "python"
-    fake.write_text(FAKE_PYTHON.format(calls=calls, python=sys.executable))
-    fake.chmod(0o755)
+    calls, fake = fake_python(tmp_path)
     out = tmp_path / "out"
     r = run_lease(fake, out, tmp_path / "none", GPU_LEASE_STEPS="bench-gpu-qos tests-gpu")
     assert r.returncode == 1, r.stderr
@@ -491,10 +494,7 @@ def test_the_lease_script_runs_only_the_steps_asked_for(tmp_path: Path) -> None:
 
 def test_the_lease_script_skips_steps_past_its_budget(tmp_path: Path) -> None:
     """With no budget left every step is skipped and said so; nothing is run."""
-    calls = tmp_path / "calls"
-    fake = tmp_path / "python"
-    fake.write_text(FAKE_PYTHON.format(calls=calls, python=sys.executable))
-    fake.chmod(0o755)
+    calls, fake = fake_python(tmp_path)
     out = tmp_path / "out"
     r = run_lease(fake, out, tmp_path / "none", GPU_LEASE_BUDGET="10")
     assert r.returncode == 1, r.stderr
