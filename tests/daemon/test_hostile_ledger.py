@@ -311,7 +311,15 @@ def test_a_process_without_the_shim_covered_by_a_fake_slot_is_found(
     hostiles.append(h)
     h.claim(pid=str(f["pid"]))
     h.do(f"l.slot[slot].used[{f['gpu']}] = {128 * MiB}")
-    wait_for(lambda: [g["reason"] for g in findings(d)] == ["slot not its own"], 10)
+    # The claim and the figure are two writes: an audit between them finds the slot with
+    # nothing accounted yet. Wait for one that saw both.
+    wait_for(
+        lambda: (
+            [(g["reason"], g["accounted"]) for g in findings(d)]
+            == [("slot not its own", 128 * MiB)]
+        ),
+        10,
+    )
     [g] = findings(d)
     assert (g["pid"], g["gpu"], g["seen"], g["accounted"], g["env"]) == (
         f["pid"],
