@@ -12,8 +12,8 @@
 # bench-gpu-qos bench-gpu-timeslice bench-gpu). Each step runs under a time limit, and all of
 # them within GPU_LEASE_BUDGET seconds (default 600); one that fails or times out is
 # recorded in OUTDIR/steps.txt and the next one still runs (one with under 20 s of the
-# budget left is skipped). Exit status: 0 when every step passed, else 1. About 9 minutes on
-# an H200.
+# budget left is skipped). Exit status: 0 when every step passed, else 1 (2: a step named
+# in GPU_LEASE_STEPS that does not exist). About 10 minutes on an H200.
 set -u
 
 if [ $# -lt 1 ]; then
@@ -28,7 +28,17 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 # a step stopped at its time limit still leaves all it printed
 STEPS=$OUT/steps.txt
 BUDGET=${GPU_LEASE_BUDGET:-600}
-STEPS_WANTED=" ${GPU_LEASE_STEPS:-tests-gpu bench-gpu-qos bench-gpu-timeslice bench-gpu} "
+ALL_STEPS="tests-gpu bench-gpu-qos bench-gpu-timeslice bench-gpu"
+STEPS_WANTED=" ${GPU_LEASE_STEPS:-$ALL_STEPS} "
+for name in $STEPS_WANTED; do
+	case " $ALL_STEPS " in
+	*" $name "*) ;;
+	*)
+		echo "GPU_LEASE_STEPS: no step $name (the steps: $ALL_STEPS)" >&2
+		exit 2
+		;;
+	esac
+done
 BEGAN=$(date +%s)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpulease-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
@@ -107,8 +117,10 @@ step bench-gpu-timeslice "$OUT/gpu_timeslice.log" 180 "$PY" benchmarks/gpu_times
 step bench-gpu "$OUT/gpu.log" 330 "$PY" benchmarks/gpu_bench.py --python "$PY" --out "$OUT/gpu.json"
 
 # One line per benchmark: met or missed, and the figure its target is about.
-for doc in "$OUT/gpu_qos.json" "$OUT/gpu_timeslice.json" "$OUT/gpu.json"; do
-	[ -s "$doc" ] || continue
+for pair in bench-gpu-qos:gpu_qos bench-gpu-timeslice:gpu_timeslice bench-gpu:gpu; do
+	doc=$OUT/${pair#*:}.json
+	# Only of a step that ran now: OUTDIR may hold an earlier run's documents.
+	[[ $STEPS_WANTED == *" ${pair%%:*} "* ]] && [ -s "$doc" ] || continue
 	"$PY" - "$doc" <<'EOF' | tee -a "$STEPS"
 import json, sys
 sys.path.append(".")

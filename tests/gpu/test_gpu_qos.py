@@ -141,6 +141,7 @@ def test_ls_keeps_its_speed_beside_be_on_a_gpu(
     rate_alone = harness.steps_per_s(alone.steps(), 3)
     rate_beside = harness.steps_per_s(beside.steps(), 3)
     since, until = beside.steps()[3]["ts"], beside.steps()[-1]["te"]
+    assert be.steps()[-1]["te"] >= until, "the BE loop ended before the LS one: not beside"
     be_rate = be.rate(since, until)
     finish(be.proc)
     print(f"LS {rate_alone:.2f} steps/s alone, {rate_beside:.2f} beside BE; BE {be_rate:.2f}")

@@ -413,9 +413,9 @@ def fake_python(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def run_lease(fake: Path, out: Path, wheels: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """benchmarks/gpu_lease.sh OUT WHEELS with ``fake`` as its Python, no GPUSHARE_ variable
-    and ``env`` beside."""
-    mine = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
+    """benchmarks/gpu_lease.sh OUT WHEELS with ``fake`` as its Python, no GPUSHARE_ or
+    GPU_LEASE_ variable but ``env``."""
+    mine = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSHARE_", "GPU_LEASE_"))}
     return subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_lease.sh"), str(out), str(wheels)],
         env={**mine, "PYTHON": str(fake), **env},
@@ -490,6 +490,15 @@ def test_the_lease_script_runs_only_the_steps_asked_for(tmp_path: Path) -> None:
     assert steps[5:] == ["share_settling: met (max_settle_s = 0.2, target <= 1.0)"]
     made = calls.read_text().splitlines()
     assert not [c for c in made if "gpu_bench.py" in c or "gpu_timeslice_bench.py" in c], made
+    # A document an earlier run left for a step not run now is not summarised.
+    (out / "gpu.json").write_text('{"benchmarks": {"launch_rate": {"ratio": 0.9, "met": false}}}')
+    r = run_lease(fake, out, tmp_path / "none", GPU_LEASE_STEPS="bench-gpu-qos")
+    steps = (out / "steps.txt").read_text().splitlines()
+    assert not [line for line in steps if "launch_rate" in line], steps
+    # A step that does not exist is refused before anything runs.
+    r = run_lease(fake, out, tmp_path / "none", GPU_LEASE_STEPS="bench-qpu-qos")
+    assert r.returncode == 2
+    assert "GPU_LEASE_STEPS: no step bench-qpu-qos" in r.stderr
 
 
 def test_the_lease_script_skips_steps_past_its_budget(tmp_path: Path) -> None:
