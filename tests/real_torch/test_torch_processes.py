@@ -245,7 +245,10 @@ def test_dataloader_workers_share_the_task_and_pinned_memory_is_not_charged(
     assert task["processes"] == 1  # the workers never called into CUDA
     go_on(p)
 
-    os.kill(workers[0], signal.SIGKILL)  # mid-epoch: the main process is copying batches
+    # Mid-epoch: the main process is copying batches. Killed before it left the stage
+    # above, the worker would be an error there instead, from torch's SIGCHLD handler.
+    read_stage(p, "epoch")
+    os.kill(workers[0], signal.SIGKILL)
     ended = read_stage(p, "ended")
     error = ended["error"]
     assert error is not None and error["type"] == "builtins.RuntimeError", error

@@ -6,9 +6,11 @@ Stages, each ``@@stage NAME JSON`` and then a line read from stdin, as torch_quo
 - ``running``: the main process holds 256 MiB of "model" on the GPU and has copied a few
   pinned 64 MiB batches to it; ``workers`` are the loader's worker pids, ``pinned`` what the
   caching host allocator holds, ``reserved`` what the device allocator holds;
+- ``epoch`` (no line is read after it): the epoch is under way, its first batch copied.
+  A worker killed from now on is an error of the loop. One killed earlier, while the main
+  process still waits at ``running``, would raise there, from torch's SIGCHLD handler;
 - ``ended``: the epoch, far longer than a test waits, went on until the loop raised
-  (the test kills a worker): ``error`` says what it raised. A worker killed while the
-  main process waits at ``running`` would raise there, from torch's SIGCHLD handler.
+  (the test kills a worker): ``error`` says what it raised.
 
 While the file named by ``HOLD`` exists, a worker that starts on a sample creates
 ``HOLD.PID`` and waits in ``__getitem__`` until the file is gone (a slow sample).
@@ -35,11 +37,12 @@ ITEM = 16 * MIB  # one sample's bytes; a batch is 4 samples, 64 MiB
 STEPS = 1 << 20  # batches in the epoch: far more than a test waits for
 
 
-def stage(name: str, **value: Any) -> None:
+def stage(name: str, wait: bool = True, **value: Any) -> None:
     value["reserved"] = torch.cuda.memory_reserved()
     value["pid"] = os.getpid()
     print(f"@@stage {name} {json.dumps(value)}", flush=True)
-    sys.stdin.readline()
+    if wait:
+        sys.stdin.readline()
 
 
 class Samples(data.Dataset):  # type: ignore[misc]
@@ -85,9 +88,11 @@ def main() -> None:
             break
     error = None
     try:
-        for batch in batches:
+        for step, batch in enumerate(batches):
             on_gpu = batch.to("cuda", non_blocking=True)
             torch.cuda.synchronize()
+            if step == 0:
+                stage("epoch", wait=False)
     except Exception as e:  # the test says which exception it must be
         error = {"type": f"{type(e).__module__}.{type(e).__qualname__}", "message": str(e)}
     stage("ended", error=error)
