@@ -303,10 +303,14 @@ class Device:
     size: int  # every model's width and batch are multiplied by this
     env: dict[str, str]  # added to each job's environment
     uuid: str | None = None  # the real GPU's, for NVML
-    # A job's device time beside others is inferred from its steps (_step_windows), not
-    # read from the clock: on an H200 (driver 580) NVML's per-process figures of two
-    # identical loops time-slicing the GPU read 22% and 63% (docs/compute.md, "The pacer").
-    by_steps: bool = False
+
+    @property
+    def by_steps(self) -> bool:
+        """A job's device time beside others is inferred from its steps (_step_windows),
+        not read from the clock, on a real GPU: on an H200 (driver 580) NVML's per-process
+        figures of two identical loops time-slicing it read 22% and 63% (docs/compute.md,
+        "The pacer")."""
+        return self.uuid is not None
 
 
 # How long device work takes on the timeline: steps of tens of milliseconds, so the
@@ -336,7 +340,6 @@ def real_gpu() -> Device:
         size=4,
         env=harness.pinned(gpu),
         uuid=gpu.uuid,
-        by_steps=True,
     )
 
 
@@ -446,7 +449,7 @@ def bench_ls_with_be(b: Bench, quick: bool) -> dict[str, Any]:
         t0 = ls.steps()[3]["ts"]
         t1 = ls.steps()[-1]["te"]
         if ls_alone is None:  # the first run: LS alone, its device time by the clock
-            ls_alone = Alone(harness.steps_per_s(ls.steps(), 3), _device_pct(sampler, ls, t0, t1))
+            ls_alone = _alone_of(sampler, ls)
         ls_busy = _mean(b.device_windows(sampler, ls, ls_alone, t0, t1))
         run["ls_device_pct"] = round(ls_busy, 2)
         if n_be:
@@ -540,9 +543,14 @@ def _run_alone(b: Bench, seconds: float, **spec: Any) -> Alone:
     with Sampler(b.clock(job)) as sampler:
         sampler.pids[job.name] = job.pid()
         job.wait(seconds + 60)
+    return _alone_of(sampler, job)
+
+
+def _alone_of(sampler: Sampler, job: Job) -> Alone:
+    """What ``job``, which ran alone, made after its first three steps, and its device time."""
     steps = job.steps()[3:]
     if len(steps) < 5:
-        raise BenchError(f"the job {spec} made {len(steps)} steps alone")
+        raise BenchError(f"{job.name} made {len(steps)} steps alone")
     since, until = steps[0]["ts"], steps[-1]["te"]
     return Alone(len(steps) / (until - since), _device_pct(sampler, job, since, until))
 

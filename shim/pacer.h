@@ -33,7 +33,8 @@ extern uint64_t gs_burst_end;
 
 /*
  * Out of line: a launch that found the pause word (`pause`) or the gate
- * set waits here until both are clear.
+ * set, or its burst's launches made (gs_burst_end), waits here until the
+ * pause word is clear and the gate open with launches left.
  */
 __attribute__((cold)) void wait_to_launch(uint32_t *pause);
 

@@ -384,19 +384,19 @@ case "$1 $2 ${{3:-}}" in
 "-m pytest "*) echo "1 failed, 8 passed"; exit 1 ;;
 "-c "*) echo "no torch here"; exit 1 ;;
 esac
+# doc NAME METRIC OP VALUE FIGURE MET ARGS...: a document of one benchmark at ARGS' --out.
+doc() {{
+	local name=$1 metric=$2 op=$3 value=$4 figure=$5 met=$6 out
+	shift 6
+	while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
+	printf '{{"benchmarks": {{"%s": {{"%s": %s, "met": %s, ' \
+		"$name" "$metric" "$figure" "$met" >"$out"
+	printf '"target": {{"metric": "%s", "op": "%s", "value": %s}}}}}}}}' \
+		"$metric" "$op" "$value" >>"$out"
+}}
 case "$1" in
-benchmarks/gpu_bench.py)
-	while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
-	target='{{"metric": "ratio", "op": ">=", "value": 0.995}}'
-	printf '{{"benchmarks": {{"launch_rate": ' >"$out"
-	printf '{{"ratio": 0.9, "met": false, "target": %s}}}}}}' "$target" >>"$out"
-	exit 0 ;;
-benchmarks/qos_bench.py)
-	while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
-	target='{{"metric": "max_settle_s", "op": "<=", "value": 1.0}}'
-	printf '{{"benchmarks": {{"share_settling": ' >"$out"
-	printf '{{"max_settle_s": 0.2, "met": true, "target": %s}}}}}}' "$target" >>"$out"
-	exit 0 ;;
+benchmarks/gpu_bench.py) doc launch_rate ratio ">=" 0.995 0.9 false "$@"; exit 0 ;;
+benchmarks/qos_bench.py) doc share_settling max_settle_s "<=" 1.0 0.2 true "$@"; exit 0 ;;
 benchmarks/gpu_timeslice_bench.py) echo "cannot run: no GPU" >&2; exit 2 ;;
 esac
 exec {python} "$@"
