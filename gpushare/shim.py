@@ -262,3 +262,24 @@ def memory() -> Memory | None:
         int(out.temporary_peak),
         int(out.iterations),
     )
+
+
+@dataclass(frozen=True)
+class Counters:
+    """This process's counters, summed over its GPUs."""
+
+    peak: int  # the most bytes it held at once
+    launches: int  # kernel launches (a graph launch counts one)
+
+
+def counters() -> Counters | None:
+    """This process's peak and launches as the shim counts them; None without a shim (or
+    one older than this call) or with one that enforces no grant."""
+    fn = _entry("gpushare_counters")
+    if fn is None:
+        return None
+    ffi, lib = _namespace()
+    out = ffi.new("struct gpushare_counters *")
+    if int(fn(out, ffi.sizeof("struct gpushare_counters"))) != lib.GPUSHARE_OK:
+        return None
+    return Counters(int(out.peak), int(out.launches))

@@ -122,6 +122,22 @@ struct gpushare_memory {
 /* Fill `out`; GPUSHARE_E_INVAL if `out` is NULL or the shim enforces no ledger. */
 int gpushare_memory(struct gpushare_memory *out);
 
+/*
+ * This process's counters, as its ledger slot holds them. Fields are only ever added at
+ * the end: a caller passes the size of the struct it was built with, and the shim fills
+ * that much of it (a newer caller's fields the shim does not know read 0).
+ */
+struct gpushare_counters {
+	unsigned long long peak;     /* the most bytes it held at once, all GPUs */
+	unsigned long long launches; /* kernel launches (graph launches count one) */
+};
+
+/*
+ * Fill the first `size` bytes of `out`; GPUSHARE_E_INVAL if `out` is NULL, `size` is
+ * not a multiple of 8, or the shim enforces no ledger.
+ */
+int gpushare_counters(struct gpushare_counters *out, unsigned long size);
+
 /* cffi-cdef end */
 
 #ifdef __cplusplus

@@ -128,3 +128,26 @@ GS_EXPORT int gpushare_memory(struct gpushare_memory *out)
 	out->iterations = mem.iterations;
 	return GPUSHARE_OK;
 }
+
+GS_EXPORT int gpushare_counters(struct gpushare_counters *out, unsigned long size)
+{
+	struct gpushare_counters all = { 0 };
+	struct gs_slot_memory mem;
+	int slot;
+
+	if (out == NULL || size % sizeof(unsigned long long) != 0 || mode_acquire() != GS_ENFORCE)
+		return GPUSHARE_E_INVAL;
+	slot = __atomic_load_n(&gs_state.slot, __ATOMIC_ACQUIRE);
+	if (slot >= 0) {
+		gs_ledger_slot_memory(gs_state.ledger, (uint32_t)slot, &mem);
+		all.peak = mem.peak;
+		all.launches = mem.launches;
+	}
+	/* What the caller's struct holds beyond ours: fields of a newer header, unknown here. */
+	if (size > sizeof(all)) {
+		memset((char *)out + sizeof(all), 0, size - sizeof(all));
+		size = sizeof(all);
+	}
+	memcpy(out, &all, size);
+	return GPUSHARE_OK;
+}

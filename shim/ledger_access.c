@@ -103,4 +103,6 @@ void gs_ledger_slot_memory(const struct gs_ledger *l, uint32_t slot, struct gs_s
 		out->temporary_peak += __atomic_load_n(&s->temp_peak[i], __ATOMIC_RELAXED);
 	}
 	out->iterations = __atomic_load_n(&s->iterations, __ATOMIC_RELAXED);
+	out->peak = __atomic_load_n(&s->peak, __ATOMIC_RELAXED);
+	out->launches = __atomic_load_n(&s->launches, __ATOMIC_RELAXED);
 }

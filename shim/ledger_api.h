@@ -237,6 +237,8 @@ struct gs_slot_memory {
 	uint64_t temporary;	 /* what each GPU holds beyond its persistent share */
 	uint64_t temporary_peak; /* the sum of the GPUs' temporary peaks */
 	uint64_t iterations;
+	uint64_t peak;	   /* the slot's most bytes at once, all GPUs */
+	uint64_t launches; /* its kernel launches */
 };
 
 void gs_ledger_slot_memory(const struct gs_ledger *l, uint32_t slot, struct gs_slot_memory *out);

@@ -73,6 +73,9 @@
  *   attach LEDGER TASK   gpushare_attach, found with dlsym(RTLD_DEFAULT):
  *                  "attach ok" | "attach err NAME" (GPUSHARE_E_NAME) | "attach none" (no shim)
  *   mode           gpushare_mode: "mode inert|enforce|broken" | "mode none"
+ *   counters BYTES gpushare_counters into a buffer of 32 bytes set to 0xff, asked to fill
+ *                  BYTES of it: "counters rc W0 W1 W2 W3" (its four 8-byte words, as
+ *                  unsigned numbers) | "counters none"
  *   attachjoin     waits for the attach attachbg started, and prints as attach does
  *
  * The steps before the first one that is none of attach, mode and lookup run
@@ -1102,6 +1105,21 @@ static void mode_step(void)
 	printf("mode %s\n", m >= 0 && m < 3 ? names[m] : "unknown");
 }
 
+static void counters_step(const char *bytes)
+{
+	__typeof__(gpushare_counters) *fn = dlsym(RTLD_DEFAULT, "gpushare_counters");
+	unsigned long long words[4];
+	int rc;
+
+	if (fn == NULL) {
+		printf("counters none\n");
+		return;
+	}
+	memset(words, 0xff, sizeof(words));
+	rc = fn((struct gpushare_counters *)words, strtoul(bytes, NULL, 10));
+	printf("counters %d %llu %llu %llu %llu\n", rc, words[0], words[1], words[2], words[3]);
+}
+
 /* Steps that may come before the first driver call; returns 0 for any other. */
 static int early_step(int argc, char **argv, int *i)
 {
@@ -1288,6 +1306,8 @@ int main(int argc, char **argv)
 			i += 2;
 		} else if (strcmp(op, "mode") == 0) {
 			mode_step();
+		} else if (strcmp(op, "counters") == 0 && i + 1 < argc) {
+			counters_step(argv[++i]);
 		} else if (strcmp(op, "attachjoin") == 0) {
 			pthread_join(attach_thread, NULL);
 			attach_print(attach_bg_rc);

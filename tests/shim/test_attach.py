@@ -255,11 +255,40 @@ def test_a_fork_child_after_attach_enforces_in_a_slot_of_its_own(
     assert ledger.reap() == 2
 
 
+def test_counters_fill_the_size_the_caller_gives(cbin: dict[str, Path], ledger: Ledger) -> None:
+    """gpushare_counters fills as much of the caller's struct as it says it has: a
+    shorter one (an older header's) in part, a longer one (a newer header's) with zeros
+    for the fields this shim does not know."""
+    ones = str((1 << 64) - 1)
+    steps = ["attach", str(ledger.path), TASK, "alloc", "64", "alloc", "32"]
+    steps += ["free", "launch", "2"]
+    for size in ("16", "32", "8", "12", "0"):
+        steps += ["counters", size]
+    r = client(cbin["client"], *steps)
+    peak = str(96 * MiB)
+    assert lines(r.stdout) == [
+        "attach ok",
+        "alloc ok",
+        "alloc ok",
+        "free ok",
+        "launch ok",
+        f"counters 0 {peak} 2 {ones} {ones}",
+        f"counters 0 {peak} 2 0 0",
+        f"counters 0 {peak} {ones} {ones} {ones}",
+        f"counters -1 {ones} {ones} {ones} {ones}",  # not a whole number of fields
+        f"counters 0 {ones} {ones} {ones} {ones}",
+    ]
+    r = client(cbin["client"], "counters", "16")
+    assert lines(r.stdout) == [f"counters -1 {ones} {ones} {ones} {ones}"]  # inert
+    r = client(cbin["client"], "counters", "16", preload=False)
+    assert lines(r.stdout) == ["counters none"]
+
+
 def test_the_cdef_and_the_header_agree(tmp_path: Path) -> None:
     """gpushare._shim_cdef reads the marked part of gpushare.h: what cffi makes of it
     agrees with the compiler. Its prototypes are compiled against the header (a mismatch
-    fails to compile), and every enumerator's value and the layout of struct
-    gpushare_memory are compared."""
+    fails to compile), and every enumerator's value and the layout of every struct are
+    compared."""
     header = (ROOT / "shim" / "gpushare.h").read_text()
     names = re.findall(r"^\s*(GPUSHARE_\w+)\s*=", header, flags=re.M)
     assert "GPUSHARE_E_TOO_LATE" in names
@@ -269,9 +298,17 @@ def test_the_cdef_and_the_header_agree(tmp_path: Path) -> None:
     assert all(declared.match(ln) for ln in prototypes)
     ffi = FFI()
     ffi.cdef(CDEF)
-    fields = [f for f, _ in ffi.typeof("struct gpushare_memory").fields]
-    layout = {f"offset_{f}": f"offsetof(struct gpushare_memory, {f})" for f in fields}
-    layout["size"] = "sizeof(struct gpushare_memory)"
+    structs = re.findall(r"^struct (gpushare_\w+) \{", header, flags=re.M)
+    assert set(structs) == {"gpushare_memory", "gpushare_counters"}
+    layout: dict[str, str] = {}
+    in_cdef: dict[str, int] = {}
+    for name in structs:
+        struct = f"struct {name}"
+        for f, _ in ffi.typeof(struct).fields:
+            layout[f"{name}.{f}"] = f"offsetof({struct}, {f})"
+            in_cdef[f"{name}.{f}"] = ffi.offsetof(struct, f)
+        layout[f"{name}.size"] = f"sizeof({struct})"
+        in_cdef[f"{name}.size"] = ffi.sizeof(struct)
     src = tmp_path / "agree.c"
     src.write_text(
         '#include <stddef.h>\n#include <stdio.h>\n#include "gpushare.h"\n'
@@ -289,11 +326,8 @@ def test_the_cdef_and_the_header_agree(tmp_path: Path) -> None:
         timeout=120,
     ).stdout
     in_header = {n: int(v) for n, v in (ln.split() for ln in lines(out))}
-    in_cdef: dict[str, int] = {}
     for enum in ("enum gpushare_status", "enum gpushare_mode", "enum gpushare_iteration_flags"):
         in_cdef.update(ffi.typeof(enum).relements)
-    in_cdef.update({f"offset_{f}": ffi.offsetof("struct gpushare_memory", f) for f in fields})
-    in_cdef["size"] = ffi.sizeof("struct gpushare_memory")
     assert in_cdef == in_header
 
 

@@ -93,6 +93,10 @@ def memory():
     mib = [v >> 20 for v in (m.used, m.persistent, m.temporary, m.temporary_peak)]
     return "memory " + " ".join(map(str, [*mib, m.iterations]))
 
+def counters():
+    c = shim.counters()
+    return "counters None" if c is None else f"counters {c.peak >> 20} {c.launches}"
+
 def mark(what):
     try:
         shim.mark_persistent(ptrs[what] if what in ptrs else int(what, 0))
@@ -126,6 +130,8 @@ for line in sys.stdin:
         out = mark(args[0])
     elif cmd == "memory":
         out = memory()
+    elif cmd == "counters":
+        out = counters()
     elif cmd == "vmm":
         out = vmm(args[0], int(args[1]))
     elif cmd == "unmap":
@@ -441,6 +447,17 @@ def test_a_fork_child_counts_its_own_boundaries_from_zero(child: Child, ledger: 
     assert child.finish() == ""
 
 
+def test_the_counters_hold_the_peak_and_the_launches(child: Child, ledger: Ledger) -> None:
+    assert child("counters") == "counters 0 0"
+    for cmd in ("alloc a 64", "alloc b 32", "free a", "alloc c 16"):
+        assert child(cmd).endswith(" 0")
+    assert [child("launch") for _ in range(3)] == ["launch 0"] * 3
+    # The most it held at once (a and b), not what it holds now (b and c); its launches.
+    assert child("counters") == "counters 96 3"
+    assert child("memory").startswith("memory 48 ")
+    assert child.finish() == ""
+
+
 @pytest.mark.parametrize("preload", [True, False], ids=["inert", "no-shim"])
 def test_without_a_ledger_the_api_does_nothing(tmp_path: Path, preload: bool) -> None:
     c = Child(None, tmp_path, preload=preload)
@@ -449,6 +466,7 @@ def test_without_a_ledger_the_api_does_nothing(tmp_path: Path, preload: bool) ->
         assert c("iter") == "iter 0"
         assert c("released") == "released"
         assert c("memory") == "memory None"
+        assert c("counters") == "counters None"
         out = c("mark a")
         if preload:
             assert out.startswith("mark ShimError | the shim in this process is inert"), out
