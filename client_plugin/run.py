@@ -8,21 +8,18 @@ its end and exits with the command's exit code.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import click
 
+from client_plugin import predict, status
 from client_plugin import settings as cfg
-from client_plugin import status
 from client_plugin.grant import (
     Grant,
     Heartbeat,
@@ -31,10 +28,10 @@ from client_plugin.grant import (
     cancelled,
     cpu_environment,
     inherited_owner,
-    reclaimed_exit,
     release,
     task_environment,
 )
+from client_plugin.supervise import Supervisor, Terminal, exit_code, say, spawn
 from gpushare import __version__, envvars
 from gpushare.client import ClassNotAllowed, NodeError, NoResources, QuotaZero, Unreachable
 from gpushare.exitcodes import (
@@ -44,6 +41,7 @@ from gpushare.exitcodes import (
     EXIT_NO_RESOURCES,
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
+    EXIT_NOT_PREDICTED,
     EXIT_PREEMPTED,
     EXIT_RECLAIMED_ADMIN,
     EXIT_RECLAIMED_DELETED,
@@ -57,211 +55,11 @@ from gpushare.exitcodes import (
 from gpushare.params import ClassType, CountType, SecondsType, SizeType
 from gpushare.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
 
-_PR_SET_PDEATHSIG = 1
-# Passed on to the command. Held blocked while the command runs and taken with
-# sigtimedwait, so one thread sees them in order and no handler races the loop.
-# One gpushare-run was started with ignored (nohup) stays ignored, for both.
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def _forwarded() -> set[int]:
-    return {s for s in FORWARDED if signal.getsignal(s) != signal.SIG_IGN}
-
-
-def _loop_signals() -> set[int]:
-    return {*_forwarded(), signal.SIGCHLD, signal.SIGTTOU}
-
-
-def _say(message: str) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        print(f"gpushare-run: {message}", file=sys.stderr, flush=True)
-
-
-def exit_code(returncode: int) -> int:
-    """A shell's view of a child's status: 128+N for death by signal N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-class Terminal:
-    """The controlling terminal, when gpushare-run runs in its foreground.
-
-    The command runs in a process group of its own (so that its whole tree can
-    be killed), which the terminal must then treat as the foreground job:
-    Ctrl-C and Ctrl-Z reach the command, and it may read the terminal."""
-
-    def __init__(self) -> None:
-        self.fd = -1
-        try:
-            self.fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-        except OSError:
-            return  # no controlling terminal
-
-    def holds(self, pgid: int) -> bool:
-        """Is process group ``pgid`` the terminal's foreground job?"""
-        if self.fd < 0:
-            return False
-        try:
-            return os.tcgetpgrp(self.fd) == pgid
-        except OSError:
-            return False
-
-    def foreground(self) -> bool:
-        """Is gpushare-run's process group the terminal's foreground job?"""
-        return self.holds(os.getpgrp())
-
-    def give(self, pgid: int) -> None:
-        # SIGTTOU is blocked, so a background caller may hand the terminal over.
-        if self.fd >= 0:
-            with contextlib.suppress(OSError):
-                os.tcsetpgrp(self.fd, pgid)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def _prepare_child(parent: int, mask: Iterable[int], tty_fd: int) -> None:
-    """In the child before exec: a process group of its own (the terminal's foreground
-    when gpushare-run had it), death with gpushare-run, and the parent's signal mask."""
-    os.setpgid(0, 0)
-    if tty_fd >= 0:
-        with contextlib.suppress(OSError):
-            os.tcsetpgrp(tty_fd, os.getpid())
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(EXIT_INTERNAL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-
-
-def _spawn(cmd: list[str], env: Mapping[str, str], term: Terminal) -> subprocess.Popen[bytes]:
-    parent = os.getpid()
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _loop_signals())
-    # The terminal goes to the command only when gpushare-run is a job of its own (an
-    # interactive shell's); in a script's group, Ctrl-C must still reach the script.
-    tty_fd = term.fd if term.foreground() and os.getpgrp() == os.getpid() else -1
-    try:
-        # Default dispositions for the command: gpushare-run's are its own.
-        child = subprocess.Popen(
-            cmd,
-            env=dict(env),
-            preexec_fn=lambda: _prepare_child(parent, mask, tty_fd),
-        )
-    except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        raise
-    # Both sides set the group, so neither the loop nor a signal sees it unset.
-    with contextlib.suppress(OSError):
-        os.setpgid(child.pid, child.pid)
-    if tty_fd >= 0:
-        term.give(child.pid)
-    return child
-
-
-class Supervisor:
-    """Runs the command to its end: signals passed on, grace, heartbeats, job control."""
-
-    def __init__(
-        self, child: subprocess.Popen[bytes], term: Terminal, grace: float, hb: Heartbeat | None
-    ) -> None:
-        self.child = child
-        self.pgid = child.pid
-        self.term = term
-        self.grace = grace
-        self.hb = hb
-        self.kill_at: float | None = None
-        self.next_beat = time.monotonic() + (hb.interval if hb else 0.0)
-        self.had_terminal = self.term.holds(self.pgid)
-        self.signals = _loop_signals()
-        self.forwarded = _forwarded()
-        # nodemgr reclaimed the task: the exit code of its reason (the command is killed),
-        # and the reason.
-        self.reclaimed: int | None = None
-        self.reason: str | None = None
-
-    def _killpg(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pgid, signum)
-
-    def _timeout(self) -> float:
-        now = time.monotonic()
-        ends = [self.next_beat] if self.hb else []
-        if self.kill_at is not None:
-            ends.append(self.kill_at)
-        return max(0.0, min(ends) - now) if ends else 3600.0
-
-    def _stopped(self) -> None:
-        """The command stopped (Ctrl-Z, SIGTTIN): stop too, so the shell sees the job
-        stopped, and carry the command on when the shell continues gpushare-run."""
-        if self.term.holds(self.pgid):
-            self.term.give(os.getpgrp())
-        os.kill(os.getpid(), signal.SIGSTOP)
-        # Continued: by `fg` (the terminal is ours again: pass it on) or by `bg`.
-        if self.term.foreground():
-            self.term.give(self.pgid)
-        self._killpg(signal.SIGCONT)
-
-    def _reap(self) -> int | None:
-        """The command's returncode once it has ended, else None."""
-        while True:
-            try:
-                pid, status = os.waitpid(self.child.pid, os.WNOHANG | os.WUNTRACED)
-            except ChildProcessError:
-                return self.child.returncode if self.child.returncode is not None else -9
-            if pid == 0:
-                return None
-            if os.WIFSTOPPED(status):
-                if self.had_terminal:
-                    self._stopped()
-                # Without a terminal no shell does job control: whoever stopped the
-                # command continues it, and gpushare-run keeps the task alive meanwhile.
-                continue
-            self.child.returncode = os.waitstatus_to_exitcode(status)
-            return self.child.returncode
-
-    def run(self) -> int:
-        while True:
-            info = signal.sigtimedwait(self.signals, self._timeout())
-            if info is not None and info.si_signo in self.forwarded:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.child.pid, info.si_signo)
-                if self.kill_at is None:
-                    self.kill_at = time.monotonic() + self.grace
-            returncode = self._reap()
-            if returncode is not None:
-                break
-            now = time.monotonic()
-            if self.kill_at is not None and now >= self.kill_at:
-                _say(f"the command outlived the {self.grace:g}s grace period: killing it")
-                self._killpg(signal.SIGKILL)
-                self.kill_at = now + 3600.0
-            if self.hb is not None and now >= self.next_beat:
-                self.hb.beat()
-                self.next_beat = time.monotonic() + self.hb.interval
-                if self.hb.reclaimed is not None and self.reclaimed is None:
-                    # Its GPUs are gone: the command cannot go on, and is ended at once.
-                    line, self.reclaimed = reclaimed_exit(self.hb.reclaimed)
-                    self.reason = self.hb.reclaimed.reason
-                    _say(line)
-                    self._killpg(signal.SIGKILL)
-        if returncode == -signal.SIGKILL and self.hb is not None and self.reclaimed is None:
-            # nodemgr kills the command of a task it reclaimed while gpushare-run was
-            # silent (stopped, or starved): a heartbeat says so.
-            self.hb.ask_reclaimed()
-            if self.hb.reclaimed is not None:
-                line, self.reclaimed = reclaimed_exit(self.hb.reclaimed)
-                self.reason = self.hb.reclaimed.reason
-                _say(line)
-        if self.had_terminal and self.term.holds(self.pgid):
-            self.term.give(os.getpgrp())
-        return returncode
-
 
 def fail_before_start(endpoint: str, grant: Grant | None, message: str, code: int) -> int:
-    _say(message)
+    say(message)
     if grant is not None:
-        release(endpoint, grant.task_id, code, _say)
+        release(endpoint, grant.task_id, code, say)
     return code
 
 
@@ -276,7 +74,7 @@ def _start(
     cmd: list[str], env: Mapping[str, str], endpoint: str, grant: Grant | None, term: Terminal
 ) -> subprocess.Popen[bytes] | int:
     try:
-        return _spawn(cmd, env, term)
+        return spawn(cmd, env, term)
     except OSError as e:
         return fail_before_start(endpoint, grant, *_not_started(cmd, e))
 
@@ -298,7 +96,7 @@ def _refused(e: NodeError, s: cfg.Settings) -> int:
 
 
 def _unreachable(e: Unreachable) -> int:
-    _say(
+    say(
         f"cannot reach nodemgr: {e} (is nodemgr running, and is this the "
         f"environment's endpoint? nodemgr quota show ENV prints it)"
     )
@@ -306,7 +104,7 @@ def _unreachable(e: Unreachable) -> int:
 
 
 def _refusal(e: NodeError, code: int, fix: str) -> int:
-    _say(f"request refused ({e.code}): {e.message}" + (f" ({fix})" if fix else ""))
+    say(f"request refused ({e.code}): {e.message}" + (f" ({fix})" if fix else ""))
     return code
 
 
@@ -323,21 +121,21 @@ def run(s: cfg.Settings, cmd: list[str]) -> int:
         except OSError as e:
             return fail_before_start(s.endpoint, None, *_not_started(cmd, e))
     if s.devices == () and s.cpu_fallback:
-        _say("CUDA_VISIBLE_DEVICES allows no GPU: running without one")
+        say("CUDA_VISIBLE_DEVICES allows no GPU: running without one")
         return _supervise(s, cmd, None)[0]
     while True:
         progress = Progress("gpushare-run", s.gpus, interval=s.progress_interval)
         try:
             grant = acquire(s, " ".join(cmd), progress, wrapper=True)
         except KeyboardInterrupt:
-            _say(cancelled(s.endpoint, progress))
+            say(cancelled(s.endpoint, progress))
             return EXIT_CANCELLED
         except Unreachable as e:
             return _unreachable(e)
         except (QuotaZero, NoResources) as e:
             if not s.cpu_fallback:
                 return _refused(e, s)
-            _say(f"running without a GPU ({e.code}): {e.message}")
+            say(f"running without a GPU ({e.code}): {e.message}")
             return _supervise(s, cmd, None)[0]
         except NodeError as e:
             return _refused(e, s)
@@ -345,7 +143,7 @@ def run(s: cfg.Settings, cmd: list[str]) -> int:
         if reason != "preempted" or not s.requeue:
             return code
         # Requeued for a latency-sensitive task (docs/client.md, "Classes"): from the start.
-        _say("waiting for GPUs again to run the command again (--no-requeue exits instead)")
+        say("waiting for GPUs again to run the command again (--no-requeue exits instead)")
 
 
 def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> tuple[int, str | None]:
@@ -370,7 +168,7 @@ def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> tuple[in
             return child, None
         hb = None
         if grant is not None:
-            hb = Heartbeat(s.endpoint, grant.task_id, grant.heartbeat_interval, _say)
+            hb = Heartbeat(s.endpoint, grant.task_id, grant.heartbeat_interval, say)
         supervisor = Supervisor(child, term, s.grace, hb)
         returncode = supervisor.run()
         code = exit_code(returncode) if supervisor.reclaimed is None else supervisor.reclaimed
@@ -388,7 +186,7 @@ def show(endpoint: str, as_json: bool) -> int:
     except Unreachable as e:
         return _unreachable(e)
     except NodeError as e:
-        _say(f"nodemgr refused the status request ({e.code}): {e.message}")
+        say(f"nodemgr refused the status request ({e.code}): {e.message}")
         return EXIT_REFUSED
     return 0
 
@@ -408,10 +206,27 @@ EXIT_HELP = (
     f"{EXIT_RECLAIMED_OTHER} another reason,\n"
     f"{EXIT_PREEMPTED} requeued for a latency-sensitive task with --no-requeue; "
     f"{EXIT_CLASS_REFUSED} --class ls refused\n(the environment may not run "
-    "latency-sensitive tasks)."
+    f"latency-sensitive tasks); {EXIT_NOT_PREDICTED} --predict made no prediction (CMD\n"
+    "failed in the dry run)."
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _check_predict_options(**given: Any) -> None:
+    """--predict runs on a node of its own: the options that ask anything of the node's
+    nodemgr mean nothing there, and are refused rather than ignored."""
+    for name, value in given.items():
+        if value is not None:
+            option = "--" + {"task_class": "class"}.get(name, name).replace("_", "-")
+            if name == "wait":
+                option = "--wait/--no-wait"
+            if name == "requeue":
+                option = "--requeue/--no-requeue"
+            raise click.UsageError(
+                f"{option} asks the node's nodemgr: it has no meaning with "
+                "--predict, which runs on a private simulated node"
+            )
 
 
 def size_option(name: str, help_text: str) -> Callable[[F], F]:
@@ -426,6 +241,7 @@ Examples:
   gpushare-run --no-wait --cpu-fallback -- python evaluate.py
   {envvars.WAIT_TIMEOUT}=600 gpushare-run python train.py
   gpushare-run --persistent 6GiB --temporary 20GiB python train.py
+  gpushare-run --predict --json -- python train.py
 
 \b
 Every option has an environment variable, used when the option is not given:
@@ -549,7 +365,24 @@ A CUDA_VISIBLE_DEVICES already set restricts the GPUs nodemgr may grant.
     help="Run nothing: show who holds the node's GPUs (by environment) and this "
     "environment's place in the queue.",
 )
-@click.option("--json", "as_json", is_flag=True, help="With --status: print it as JSON.")
+@click.option(
+    "--predict",
+    "predict_run",
+    is_flag=True,
+    help="Run CMD as a dry run on a private simulated GPU (no GPU, no grant, no quota) "
+    "until it reports --iterations iteration boundaries or ends, then print the memory it "
+    "will need (docs/prediction.md).",
+)
+@click.option(
+    "--iterations",
+    type=CountType(1, cfg.MAX_PREDICT_ITERATIONS),
+    default=None,
+    metavar="N",
+    help=f"With --predict: the iterations to run [default: {cfg.DEFAULT_PREDICT_ITERATIONS}].",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="With --status or --predict: print it as JSON."
+)
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def main(
     gpus: int | None,
@@ -569,6 +402,8 @@ def main(
     grace: float | None,
     endpoint: str | None,
     show_status: bool,
+    predict_run: bool,
+    iterations: int | None,
     as_json: bool,
     cmd: tuple[str, ...],
 ) -> None:
@@ -578,12 +413,32 @@ def main(
         raise click.UsageError("--status runs no command: give either --status or CMD")
     if not show_status and not cmd:
         raise click.UsageError("Missing argument 'CMD...'.")
-    if as_json and not show_status:
-        raise click.UsageError("--json goes with --status")
+    if as_json and not (show_status or predict_run):
+        raise click.UsageError("--json goes with --status or --predict")
+    if iterations is not None and not predict_run:
+        raise click.UsageError("--iterations goes with --predict")
+    if predict_run:
+        if show_status:
+            raise click.UsageError("--status runs no command: give either --status or --predict")
+        _check_predict_options(
+            memory=memory,
+            persistent=persistent,
+            temporary=temporary,
+            guard=guard,
+            task_class=task_class,
+            requeue=requeue,
+            compute=compute,
+            step_target=step_target,
+            deadline=deadline,
+            steps=steps,
+            wait=wait,
+            wait_timeout=wait_timeout,
+            cpu_fallback=cpu_fallback,
+        )
     try:
         s = cfg.from_environment()
     except cfg.SettingsError as e:
-        _say(str(e))
+        say(str(e))
         sys.exit(EXIT_USAGE)
     s = s.but(
         memory=memory,
@@ -601,8 +456,16 @@ def main(
         cfg.check_shape(s)
         cfg.check_target(s)
     except cfg.SettingsError as e:
-        _say(str(e))
+        say(str(e))
         sys.exit(EXIT_USAGE)
+    if predict_run:
+        s = s.but(gpus=gpus, grace=grace, predict_iterations=iterations)
+        try:
+            code = predict.run(list(cmd), s.gpus, s.predict_iterations, s.grace, as_json)
+        except Exception as e:  # a bug: say it in one line, exit with the documented code
+            say(f"internal error: {type(e).__name__}: {e}")
+            code = EXIT_INTERNAL
+        sys.exit(code)
     s = s.but(
         endpoint=endpoint,
         gpus=gpus,
@@ -614,7 +477,7 @@ def main(
         requeue=requeue,
     )
     if not s.endpoint:
-        _say(
+        say(
             f"no nodemgr endpoint: pass --endpoint or set {envvars.ENDPOINT} "
             "(nodemgr quota show ENV prints it)"
         )
@@ -622,6 +485,6 @@ def main(
     try:
         code = show(s.endpoint, as_json) if show_status else run(s, list(cmd))
     except Exception as e:  # a bug: say it in one line, exit with the documented code
-        _say(f"internal error: {type(e).__name__}: {e}")
+        say(f"internal error: {type(e).__name__}: {e}")
         code = EXIT_INTERNAL
     sys.exit(code)

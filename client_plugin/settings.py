@@ -25,6 +25,7 @@ from gpushare.envvars import (
     GUARD,
     MEMORY,
     PERSISTENT,
+    PREDICT_ITERATIONS,
     PROGRESS_INTERVAL,
     REQUEUE,
     STEP_TARGET,
@@ -41,6 +42,9 @@ from gpushare.sizes import parse_size
 
 DEFAULT_GRACE = 10.0
 DEFAULT_PROGRESS_INTERVAL = 30.0
+# gpushare-run --predict: the iteration boundaries its dry run waits for (docs/prediction.md).
+DEFAULT_PREDICT_ITERATIONS = 3
+MAX_PREDICT_ITERATIONS = 1000
 
 
 class SettingsError(GpushareError, ValueError):
@@ -72,6 +76,7 @@ class Settings:
     step_target: float | None = None
     deadline: float | None = None
     steps: int | None = None
+    predict_iterations: int = DEFAULT_PREDICT_ITERATIONS  # gpushare-run --predict
 
     def but(self, **changes: Any) -> Settings:
         """A copy with the given fields changed (None values leave a field as it is)."""
@@ -172,6 +177,16 @@ def parse_steps(name: str, value: str) -> int:
     return n
 
 
+def parse_predict_iterations(name: str, value: str) -> int:
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise SettingsError(f"{name}={value!r}: expected a number of iterations") from None
+    if not 1 <= n <= MAX_PREDICT_ITERATIONS:
+        raise SettingsError(f"{name}={value!r}: expected 1 to {MAX_PREDICT_ITERATIONS}")
+    return n
+
+
 def check_target(s: Settings) -> None:
     """SettingsError unless a deadline comes with its run's steps, and steps with one."""
     if (s.deadline is None) != (s.steps is None):
@@ -208,6 +223,7 @@ _VARIABLES: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     (STEP_TARGET, "step_target", parse_step_target),
     (DEADLINE, "deadline", parse_seconds),
     (STEPS, "steps", parse_steps),
+    (PREDICT_ITERATIONS, "predict_iterations", parse_predict_iterations),
 )
 
 

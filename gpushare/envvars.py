@@ -54,6 +54,8 @@ COMPUTE = "GPUSHARE_COMPUTE"
 STEP_TARGET = "GPUSHARE_STEP_TARGET"
 DEADLINE = "GPUSHARE_DEADLINE"
 STEPS = "GPUSHARE_STEPS"
+# gpushare-run --predict (docs/prediction.md): the iterations its dry run waits for.
+PREDICT_ITERATIONS = "GPUSHARE_PREDICT_ITERATIONS"
 # The auto-loader's own settings.
 AUTOLOAD = "GPUSHARE_AUTOLOAD"
 FRAMEWORKS = "GPUSHARE_FRAMEWORKS"
@@ -61,6 +63,11 @@ ZERO_QUOTA = "GPUSHARE_ZERO_QUOTA"
 ITERATION_HOOKS = "GPUSHARE_ITERATION_HOOKS"
 # Set by the client for a task's processes.
 LEDGER = "GPUSHARE_LEDGER"
+# Set by gpushare-run --predict for its dry run's processes: the iterations each runs before
+# it releases its cached memory and runs one more (docs/prediction.md).
+DRY_RUN = "GPUSHARE_DRY_RUN"
+# ... and the file each of its processes appends a JSON line to at each boundary.
+DRY_RUN_REPORT = "GPUSHARE_DRY_RUN_REPORT"
 TASK_ID = "GPUSHARE_TASK_ID"
 # The node's board beside the ledger, when there is one (docs/compute.md).
 BOARD = "GPUSHARE_BOARD"
@@ -130,6 +137,12 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
     (STEP_TARGET, "--step-target", "MS", "latency-sensitive: the time one iteration may take"),
     (DEADLINE, "--deadline", "SECONDS", "latency-sensitive: the time the run may take, with steps"),
     (STEPS, "--steps", "N", "latency-sensitive: the iterations of the run, with a deadline"),
+    (
+        PREDICT_ITERATIONS,
+        "--iterations",
+        "N, 1 to 1000",
+        "`--predict`: the iterations the dry run runs as on a shared GPU (3)",
+    ),
     (AUTOLOAD, "", "1/0", "the auto-loader requests a grant when a framework is imported"),
     (FRAMEWORKS, "", "NAME,...", "more top-level modules whose import starts a task"),
     (ZERO_QUOTA, "", "warn/error", "the auto-loader on a zero quota"),
@@ -144,6 +157,11 @@ TASK_VARIABLES: tuple[tuple[str, str], ...] = (
     (BOARD, "the node's board of latency-sensitive activity, beside the ledger (docs/compute.md)"),
     (TIMESLICED, "the granted GPUs that were time-sliced: node indices, comma-separated"),
     (TASK_OWNER, "the pid of the process holding the grant: others ask for none"),
+    (DRY_RUN, "`--predict` only: the iterations each process runs before its release and one more"),
+    (
+        DRY_RUN_REPORT,
+        "`--predict` only: the file each process appends its figures to at a boundary",
+    ),
     (AUTOLOAD_HOLDER, "the auto-loaded task's holder: PID,HEARTBEAT_INTERVAL"),
     (SIM_GPUS, "simulated nodes only: the simulated driver's GPUs"),
     (SIM_STATE_DIR, "simulated nodes only: the directory of the node's shared process table"),

@@ -26,6 +26,9 @@ EXIT_RECLAIMED_OTHER = 94  # reclaimed for a reason this client does not know
 EXIT_PREEMPTED = 95
 # A latency-sensitive request refused: the environment may not run such tasks.
 EXIT_CLASS_REFUSED = 96
+# gpushare-run --predict made no prediction: the command failed in the dry run before it
+# reported the iterations asked for (docs/prediction.md).
+EXIT_NOT_PREDICTED = 97
 RECLAIM_EXIT_CODES = {
     "idle": EXIT_RECLAIMED_IDLE,
     "timeout": EXIT_RECLAIMED_TIMEOUT,

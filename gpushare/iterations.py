@@ -29,6 +29,8 @@ from types import ModuleType
 from typing import Any
 
 from gpushare import shim
+from gpushare.envvars import DRY_RUN as DRY_RUN_ENV
+from gpushare.envvars import DRY_RUN_REPORT as DRY_RUN_REPORT_ENV
 from gpushare.envvars import ENDPOINT as ENDPOINT_ENV
 from gpushare.envvars import TASK_ID as TASK_ENV
 from gpushare.envvars import TIMESLICED as TIMESLICED_ENV
@@ -59,22 +61,103 @@ def register_release(fn: Callable[[], None]) -> None:
         _release.append(fn)
 
 
+def _dry_run_stop(value: str | None) -> int:
+    """GPUSHARE_DRY_RUN: the iterations a dry run's process runs as on a shared GPU
+    before its release (it waits to be stopped at the boundary after); 0 (not a dry run)
+    when unset or not a positive whole number."""
+    try:
+        return max(0, int(value or "0"))
+    except ValueError:
+        return 0
+
+
+# Read once: gpushare-run --predict sets them for its command's processes only.
+_stop_at = _dry_run_stop(os.environ.get(DRY_RUN_ENV))
+_dry_report = os.environ.get(DRY_RUN_REPORT_ENV) or None if _stop_at else None
+_dry_released = False
+
+
 def iteration_boundary() -> int:
     """One training step has ended. Returns the shim's flags (``shim.RELEASE``,
     ``shim.YIELD``; 0 outside a task), after acting on them."""
     flags = int(shim.iteration())
-    if not flags:
-        return 0
+    if _stop_at:
+        # A dry run's GPU is time-sliced, so that its task's shape is learned and shown;
+        # alone there it is never gated, and it makes the release itself, later.
+        flags &= ~shim.RELEASE
+    if flags:
+        _act(flags)
+    if _stop_at:
+        _dry_run_boundary()
+    return flags
+
+
+def _dry_run_boundary() -> None:
+    """A dry run's process (gpushare-run --predict, docs/prediction.md) runs the iterations
+    asked for as on a shared GPU, then releases the framework's cached memory (so that the
+    one more iteration it runs shows what it allocates anew: its temporary memory, as a
+    time-sliced GPU's release shows it), and at the end of that iteration waits until
+    gpushare-run, having read its figures, stops it: nothing it would do next can change
+    what was read."""
+    global _dry_released
+    m = shim.memory()
+    if m is None:
+        return
+    _report_boundary(m)
+    if m.iterations > _stop_at:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        threading.Event().wait()
+    if m.iterations == _stop_at and not _dry_released:
+        _dry_released = True
+        with _lock:
+            _release_cache()
+
+
+def _report_boundary(m: shim.Memory) -> None:
+    """A dry run's figures of this process at this boundary, before anything the boundary
+    does: one JSON line appended to GPUSHARE_DRY_RUN_REPORT (one write, whole)."""
+    if _dry_report is None:
+        return
+    c = shim.counters()
+    line = {
+        "pid": os.getpid(),
+        "iterations": m.iterations,
+        "time": time.monotonic(),
+        "used": m.used,
+        "peak": c.peak if c else None,
+        "launches": c.launches if c else None,
+    }
+    import json
+
+    try:
+        fd = os.open(_dry_report, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        try:
+            os.write(fd, (json.dumps(line) + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as e:
+        _say_once(f"cannot write the dry run's report {_dry_report}: {e}")
+
+
+def _release_cache() -> None:
+    """Release the framework's cached memory, then tell the shim (which settles the
+    process's persistent bytes at what is left)."""
+    for fn in _release:
+        try:
+            fn()
+        except Exception as e:  # a framework in a state we cannot help
+            _say_once(f"releasing cached GPU memory failed: {type(e).__name__}: {e}")
+    shim.released()
+
+
+def _act(flags: int) -> None:
     with _lock:
         now = time.monotonic()
         done = {"flags": float(flags), "release_start": now, "release_end": now, "yield_end": 0.0}
         if flags & shim.RELEASE:
-            for fn in _release:
-                try:
-                    fn()
-                except Exception as e:  # a framework in a state we cannot help
-                    _say_once(f"releasing cached GPU memory failed: {type(e).__name__}: {e}")
-            shim.released()
+            _release_cache()
             done["release_end"] = time.monotonic()
         if flags & shim.YIELD:
             _yield_turn()
@@ -84,7 +167,6 @@ def iteration_boundary() -> int:
             # now, not in the first turn switch.
             _connection()
         last.update(done)
-    return flags
 
 
 @contextlib.contextmanager

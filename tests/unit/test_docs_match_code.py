@@ -135,6 +135,9 @@ def test_exit_code_tables_are_the_defined_codes() -> None:
         exitcodes.EXIT_RECLAIMED_ADMIN,
         exitcodes.EXIT_RECLAIMED_DELETED,
         exitcodes.EXIT_RECLAIMED_OTHER,
+        exitcodes.EXIT_PREEMPTED,
+        exitcodes.EXIT_CLASS_REFUSED,
+        exitcodes.EXIT_NOT_PREDICTED,
     }
     # nodemgr's, in a sentence: "Exit codes: 0 success; 1 ...; 78 ...".
     sentence = re.search(r"Exit codes: 0 success(;.*?)\n\n", text, re.S)

@@ -1,0 +1,494 @@
+"""``gpushare-run --predict``: a dry run of a command on a private simulated node, whose
+figures predict what the command will need of a GPU (docs/prediction.md).
+
+The command runs as it would under a grant, with the shim preloaded and the iteration hooks
+in its framework, but on gpushare's simulated driver and against a nodemgr of the dry run's
+own: a daemon started for it in a temporary directory, on simulated GPUs. The real PyTorch
+allocator, cuBLAS and cuDNN run there and make every allocation a real run would make;
+kernels compute nothing. Its processes (``GPUSHARE_DRY_RUN``, gpushare.iterations) run the
+iterations asked for as on a shared GPU, then release the framework's cache as a
+time-sliced GPU's first release does and run one iteration more, so that the shim learns
+the task's persistent and temporary memory (docs/timeslicing.md), and wait at its end.
+Then the task's figures are read from the private nodemgr, the command is stopped, and
+the node is removed.
+
+The node's GPUs, its grant, its quota and its records are the dry run's alone: the node's
+own nodemgr is not asked, and the user's environment holds nothing while it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from client_plugin.grant import Heartbeat, Progress, acquire, task_environment
+from client_plugin.settings import Settings
+from client_plugin.supervise import Supervisor, Terminal, exit_code, say, spawn
+from gpushare import envvars, paths, sizes
+from gpushare.client import Connection, NodeError, Unreachable, wait_until_serving
+from gpushare.errors import GpushareError
+from gpushare.exitcodes import (
+    EXIT_INTERNAL,
+    EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND,
+    EXIT_NOT_PREDICTED,
+)
+from gpushare.messages import AdminRequest, History, Message, QuotaSet, Tasks
+from gpushare.protocol import MAX_ADMIN_REPLY_BYTES
+
+# How often the task's figures are read while it runs, seconds: the command is stopped
+# within about this long of the boundary that completes the iterations asked for.
+LOOK_INTERVAL = 0.05
+# The dry run's GPU: an H100-like device (the simulated driver's attributes: compute
+# capability 9.0, 132 SMs) with an 80 GiB memory, so that no configuration of a real GPU
+# runs out of memory in the dry run before it shows what it needs.
+SIM_GPU_NAME = "gpushare dry run (H100-like)"
+SIM_GPU_MEMORY = 80 << 30
+# How long the private nodemgr may take to serve, seconds.
+START_TIMEOUT = 30.0
+ENV_NAME = "predict"
+
+
+R = TypeVar("R", bound=Message)
+
+
+class PredictError(GpushareError):
+    """The dry run could not be made (its node did not start, or refused the task)."""
+
+
+def _task_socket(root: Path) -> Path:
+    """The private node's deepest socket, its environment's."""
+    return paths.env_dir(root / "run", ENV_NAME) / paths.TASK_SOCKET
+
+
+def _node_root() -> Path:
+    """A new private directory for the node: in $TMPDIR where its sockets' paths fit in a
+    unix socket address, else in /tmp."""
+    root = Path(tempfile.mkdtemp(prefix="gpushare-predict-"))
+    if len(os.fsencode(_task_socket(root))) <= paths.MAX_SOCKET_PATH:
+        return root
+    root.rmdir()
+    return Path(tempfile.mkdtemp(prefix="gpushare-predict-", dir="/tmp"))
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(str(value))  # a TOML basic string: JSON's escapes are TOML's
+
+
+class PrivateNode:
+    """A nodemgr of the dry run's own on ``gpus`` simulated GPUs, in a temporary directory,
+    with one environment whose quota is the whole of them; stopped and removed on exit."""
+
+    def __init__(self, gpus: int) -> None:
+        self.gpus = gpus
+        self.root = _node_root()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.endpoint = ""
+        self.admin_endpoint = f"ipc://{self.root / 'run' / 'admin.sock'}"
+
+    def __enter__(self) -> PrivateNode:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _config(self) -> str:
+        tables: dict[str, dict[str, Any]] = {
+            "node": {"run_dir": str(self.root / "run"), "state_dir": str(self.root / "state")},
+            "gpus": {
+                "source": "simulated",
+                "simulated_count": self.gpus,
+                "simulated_memory": str(SIM_GPU_MEMORY),
+                "simulated_name": SIM_GPU_NAME,
+                # Nothing to measure: the simulated context takes no memory.
+                "context_memory": "0",
+                "utilization_interval": 0.0,
+            },
+            # Time-sliced, so that nodemgr shows the task's shape as the shim learns it
+            # (the dry run's processes make the release a time-sliced GPU asks for
+            # themselves, after their iterations as on a shared GPU); alone, it is never
+            # gated.
+            "timeslice": {"gpus": list(range(self.gpus))},
+            "audit": {"interval": 0.0},
+        }
+        lines = []
+        for name, table in tables.items():
+            lines.append(f"[{name}]")
+            lines += [f"{k} = {_toml(v)}" for k, v in table.items()]
+        return "\n".join(lines) + "\n"
+
+    def _start(self) -> None:
+        config = self.root / "nodemgr.toml"
+        config.write_text(self._config())
+        # The daemon is the dry run's: none of the caller's gpushare settings, shim or
+        # simulated node reaches it.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("GPUSHARE_") and k not in ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES")
+        }
+        with open(self.root / "nodemgr.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "nodemgr", "serve", "--config", str(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                # `python -m` puts its directory first on sys.path: the node's own, so that
+                # no nodemgr/ in the caller's directory shadows the installed one.
+                cwd=self.root,
+                # Out of the caller's process group (a Ctrl-C is the command's to take),
+                # and gone with the caller.
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        proc = self.proc
+        if not wait_until_serving(self.admin_endpoint, lambda: proc.poll() is None, START_TIMEOUT):
+            raise PredictError(f"the dry run's nodemgr did not start: {self.log_tail()}")
+        reply = self._admin(QuotaSet(env=ENV_NAME, gpus=self.gpus, memory=SIM_GPU_MEMORY))
+        self.endpoint = str(reply.endpoint)
+
+    def _admin(self, request: AdminRequest[R]) -> R:
+        with Connection(self.admin_endpoint, timeout=10.0, max_reply=MAX_ADMIN_REPLY_BYTES) as c:
+            return c.send(request)
+
+    def task(self, task_id: str) -> dict[str, Any] | None:
+        """The task's view (nodemgr's `tasks`), or None once it has ended."""
+        for t in self._admin(Tasks(env=ENV_NAME)).tasks:
+            if t.get("task_id") == task_id:
+                return dict(t)
+        return None
+
+    def ended(self, task_id: str) -> dict[str, Any] | None:
+        """The task's record once it has ended (nodemgr's `history`)."""
+        for r in self._admin(History(env=ENV_NAME)).records:
+            if r.get("task_id") == task_id:
+                return dict(r)
+        return None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = (self.root / "nodemgr.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:]) or "(its log is empty)"
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Look:
+    """What one reading of the task's view said."""
+
+    at: float
+    iterations: int
+    peak: int
+    regions: list[dict[str, Any]]
+
+
+@dataclass
+class Watch:
+    """Reads the task's figures while it runs; says when the iterations asked for are in."""
+
+    node: PrivateNode
+    task_id: str
+    wanted: int
+    last: Look | None = None
+    failed: str | None = None
+
+    def __call__(self) -> bool:
+        try:
+            view = self.node.task(self.task_id)
+        except (Unreachable, NodeError) as e:
+            self.failed = str(e)
+            return True  # no figures can come: stop the command
+        if view is None:
+            return False
+        look = Look(
+            at=time.monotonic(),
+            iterations=int(view.get("iterations") or 0),
+            peak=int(view.get("peak") or 0),
+            regions=[dict(r) for r in view.get("regions") or ()],
+        )
+        self.last = look
+        return look.iterations > self.wanted  # the one after the release is in
+
+
+@dataclass(frozen=True)
+class GpuShape:
+    gpu: int  # the task's n-th GPU
+    persistent: int | None
+    temporary: int | None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    command: str
+    wanted: int
+    iterations: int
+    # None: stopped by the dry run once its iterations were in; else the command's exit code.
+    exit_code: int | None
+    peak: int
+    gpus: list[GpuShape] = field(default_factory=list)
+    kernels_per_step: float | None = None
+    seconds: float = 0.0
+
+    @property
+    def reached(self) -> bool:
+        """Whether it ran the iterations asked for as on a shared GPU (its peak)."""
+        return self.iterations >= self.wanted
+
+    @property
+    def made(self) -> bool:
+        """Whether the figures predict anything: the command reached its iterations, or
+        ended of itself with success."""
+        return self.reached or self.exit_code == 0
+
+    def as_json(self) -> dict[str, Any]:
+        first = self.gpus[0] if self.gpus else GpuShape(0, None, None)
+        return {
+            "command": self.command,
+            "predicted": self.made,
+            "iterations": self.iterations,
+            "iterations_wanted": self.wanted,
+            "exit_code": self.exit_code,
+            "peak": self.peak,
+            "persistent": first.persistent,
+            "temporary": first.temporary,
+            "gpus": [
+                {"gpu": g.gpu, "persistent": g.persistent, "temporary": g.temporary}
+                for g in self.gpus
+            ],
+            "kernels_per_step": self.kernels_per_step,
+            "seconds": round(self.seconds, 3),
+            "gpu_model": {"name": SIM_GPU_NAME, "memory": SIM_GPU_MEMORY},
+        }
+
+    def text(self) -> str:
+        lines = [f"dry run of `{self.command}` on {SIM_GPU_NAME}: {self._how()}"]
+        lines.append(
+            f"  peak: {sizes.format_size(self.peak)} (all its GPUs at once, on a shared GPU)"
+        )
+        for g in self.gpus:
+            if g.persistent is None or g.temporary is None:
+                lines.append(
+                    f"  GPU {g.gpu}: shape unknown (it takes {self.wanted + 1} iterations: "
+                    f"the command reported {self.iterations})"
+                )
+            else:
+                lines.append(
+                    f"  GPU {g.gpu}: persistent {sizes.format_size(g.persistent)}, "
+                    f"temporary {sizes.format_size(g.temporary)} per iteration"
+                )
+        if self.kernels_per_step is not None:
+            lines.append(f"  kernel launches per iteration: {self.kernels_per_step:g}")
+        return "\n".join(lines) + "\n"
+
+    def _how(self) -> str:
+        took = f"in {self.seconds:.1f}s"
+        if self.exit_code is None:
+            return f"stopped after {self.wanted} iterations and one more after a release {took}"
+        how = f"ended with exit code {self.exit_code} after {self.iterations} iterations {took}"
+        if not self.made:
+            how += (
+                f"; no prediction (it failed before its {self.wanted} iterations were in, "
+                "on the simulated driver: see its output)"
+            )
+        return how
+
+
+def _shapes(look: Look | None, iterations: int, wanted: int) -> list[GpuShape]:
+    """Each GPU's learned shape: what it kept after the release at boundary ``wanted``,
+    and the most it held beyond that within an iteration; known once the iteration after
+    the release is in."""
+    if look is None:
+        return []
+    known = iterations > wanted
+    return [
+        GpuShape(
+            gpu=n,
+            persistent=int(r.get("settled") or 0) if known else None,
+            temporary=int(r.get("temporary_peak") or 0) if known else None,
+        )
+        for n, r in enumerate(look.regions)
+    ]
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """One process's figures at one of its boundaries, before the boundary acted (the
+    GPUSHARE_DRY_RUN_REPORT line gpushare.iterations writes)."""
+
+    pid: int
+    iterations: int
+    peak: int
+    launches: int
+
+
+def _read_report(path: Path) -> list[Boundary]:
+    """The report's lines; one that is not whole or not of this form is left out."""
+    out = []
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    for line in text.splitlines():
+        try:
+            d = json.loads(line)
+            out.append(
+                Boundary(int(d["pid"]), int(d["iterations"]), int(d["peak"]), int(d["launches"]))
+            )
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def _shared_peak(boundaries: list[Boundary], wanted: int, final: int) -> int:
+    """The most the task holds at once on a shared GPU: what each process had held at most
+    by boundary ``wanted``, before its release (summed), when every process that reported
+    got there; else, nothing having been released, the task's peak."""
+    by_pid: dict[int, dict[int, Boundary]] = {}
+    for b in boundaries:
+        by_pid.setdefault(b.pid, {})[b.iterations] = b
+    if not by_pid or any(wanted not in bs for bs in by_pid.values()):
+        return final
+    return sum(bs[wanted].peak for bs in by_pid.values())
+
+
+def _kernels_per_step(boundaries: list[Boundary]) -> float | None:
+    """Kernel launches between a process's first boundary and its last, per iteration,
+    summed over its processes; None before any has two."""
+    by_pid: dict[int, list[Boundary]] = {}
+    for b in boundaries:
+        by_pid.setdefault(b.pid, []).append(b)
+    rates = []
+    for bs in by_pid.values():
+        first = min(bs, key=lambda b: b.iterations)
+        last = max(bs, key=lambda b: b.iterations)
+        if last.iterations > first.iterations:
+            rates.append((last.launches - first.launches) / (last.iterations - first.iterations))
+    return sum(rates) if rates else None
+
+
+def dry_run(
+    cmd: list[str],
+    gpus: int,
+    iterations: int,
+    grace: float,
+    as_json: bool = False,
+    base: Mapping[str, str] | None = None,
+) -> Prediction | int:
+    """Run CMD on a private simulated node until it reports ``iterations`` boundaries or
+    ends; its prediction, or the exit code of a dry run that could not start."""
+    started = time.monotonic()
+    command = " ".join(cmd)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    environ = dict(os.environ if base is None else base)
+    # The caller's restriction names real GPUs: the dry run's are its own.
+    environ.pop("CUDA_VISIBLE_DEVICES", None)
+    with PrivateNode(gpus) as node:
+        s = Settings(endpoint=node.endpoint, gpus=gpus, wait=False, grace=grace)
+        grant = acquire(
+            s, command, Progress("gpushare-run", gpus, stream=io.StringIO()), wrapper=True
+        )
+        env = task_environment(grant, environ, os.getpid())
+        env[envvars.DRY_RUN] = str(iterations)
+        report = node.root / "boundaries.jsonl"
+        report.touch(mode=0o600)
+        env[envvars.DRY_RUN_REPORT] = str(report)
+        term = Terminal()
+        try:
+            try:
+                # With --json gpushare-run's standard output is the prediction alone: the
+                # command's goes to standard error.
+                child = spawn(cmd, env, term, sys.stderr.fileno() if as_json else None)
+            except OSError as e:
+                code = EXIT_NOT_FOUND if isinstance(e, FileNotFoundError) else EXIT_NOT_EXECUTABLE
+                say(f"cannot run {cmd[0]}: {e.strerror}")
+                return code
+            hb = Heartbeat(node.endpoint, grant.task_id, grant.heartbeat_interval, say)
+            watch = Watch(node, grant.task_id, iterations)
+            supervisor = Supervisor(child, term, grace, hb, watch, LOOK_INTERVAL)
+            returncode = supervisor.run()
+            hb.done(exit_code(returncode), -returncode if returncode < 0 else None)
+        finally:
+            term.close()
+        if watch.failed is not None:
+            raise PredictError(f"lost the dry run's nodemgr: {watch.failed}")
+        last = watch.last
+        record = None
+        with contextlib.suppress(Unreachable, NodeError):
+            record = node.ended(grant.task_id)
+        final = max(last.peak if last else 0, int(record.get("peak") or 0) if record else 0)
+        boundaries = _read_report(report)
+        done = max([last.iterations if last else 0, *(b.iterations for b in boundaries)])
+        return Prediction(
+            command=command,
+            wanted=iterations,
+            iterations=done,
+            exit_code=None if supervisor.ended else exit_code(returncode),
+            peak=_shared_peak(boundaries, iterations, final),
+            gpus=_shapes(last, done, iterations),
+            kernels_per_step=_kernels_per_step(boundaries),
+            seconds=time.monotonic() - started,
+        )
+
+
+def run(cmd: list[str], gpus: int, iterations: int, grace: float, as_json: bool) -> int:
+    """``gpushare-run --predict``: print the prediction; returns the exit code."""
+    try:
+        result = dry_run(cmd, gpus, iterations, grace, as_json)
+    except (PredictError, Unreachable, NodeError) as e:
+        say(f"the dry run failed: {e}")
+        return EXIT_INTERNAL
+    if isinstance(result, int):
+        return result
+    out = json.dumps(result.as_json()) + "\n" if as_json else result.text()
+    with contextlib.suppress(OSError):
+        sys.stdout.write(out)
+        sys.stdout.flush()
+    return 0 if result.made else EXIT_NOT_PREDICTED

@@ -1,0 +1,165 @@
+"""gpushare-run --predict: the dry run on a private simulated node, run for real (the real
+gpushare-run, a real private nodemgr, the real shim on the simulated driver), with programs
+that call the driver themselves. PyTorch's dry runs: tests/real_torch/test_torch_predict.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.client.conftest import gpushare_run
+from tests.conftest import ROOT, SANITIZER_PRELOAD
+
+MIB = 1 << 20
+LOOP = str(ROOT / "tests" / "fixtures" / "driver_loop.py")
+
+
+@pytest.fixture
+def tmpdir_short() -> Iterator[Path]:
+    """A TMPDIR of the test's own, short enough for the private node's sockets, so that
+    what the dry run leaves there can be seen."""
+    root = Path(tempfile.mkdtemp(prefix="gsp-", dir="/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def predict(*args: str, tmpdir: Path | None = None, **env: str) -> Any:
+    extra = dict(env)
+    if tmpdir is not None:
+        extra["TMPDIR"] = str(tmpdir)
+    if SANITIZER_PRELOAD:
+        extra["LD_PRELOAD"] = " ".join(SANITIZER_PRELOAD)
+    return gpushare_run("--predict", *args, env=extra)
+
+
+def node_processes(root: Path) -> list[int]:
+    """Processes whose command line names a path under ``root`` (a private nodemgr's)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(root).encode() in cmdline:
+            found.append(int(pid))
+    return found
+
+
+def test_a_dry_run_reports_the_shape_and_stops_at_its_iterations(
+    tmp_path: Path, tmpdir_short: Path
+) -> None:
+    steps = tmp_path / "steps"
+    r = predict(
+        "--json",
+        "--iterations",
+        "4",
+        "--",
+        sys.executable,
+        LOOP,
+        "64",
+        "32",
+        "50",
+        "--launches",
+        "7",
+        "--out",
+        str(steps),
+        tmpdir=tmpdir_short,
+        # Not the node's: the dry run asks no nodemgr but its own.
+        GPUSHARE_ENDPOINT="ipc:///nonexistent/task.sock",
+    )
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)  # the prediction alone on standard output
+    assert got["predicted"] is True
+    # Four iterations as on a shared GPU, then one after the release.
+    assert got["iterations"] == 5 and got["exit_code"] is None
+    assert got["peak"] == 96 * MIB
+    assert (got["persistent"], got["temporary"]) == (64 * MIB, 32 * MIB)
+    assert got["gpus"] == [{"gpu": 0, "persistent": 64 * MIB, "temporary": 32 * MIB}]
+    assert got["kernels_per_step"] == 7
+    # It waited at its 5th boundary to be stopped: steps 0-3 were written, no more.
+    assert steps.read_text().split() == ["0", "1", "2", "3"]
+    # Its node is gone: no directory left, no process.
+    assert list(tmpdir_short.iterdir()) == []
+    assert node_processes(tmpdir_short) == []
+
+
+def test_the_command_output_goes_to_stderr_with_json(tmpdir_short: Path) -> None:
+    r = predict("--json", "--", sys.executable, LOOP, "8", "8", "1", tmpdir=tmpdir_short)
+    assert r.returncode == 0, r.stderr
+    assert "done" in r.stderr and "done" not in r.stdout
+    got = json.loads(r.stdout)
+    # It ended of itself after one boundary of the 3: a peak, but no shape (that takes 4).
+    assert got["exit_code"] == 0 and got["iterations"] == 1 and got["predicted"] is True
+    assert got["peak"] == 16 * MIB
+    assert got["persistent"] is None and got["temporary"] is None
+
+
+def test_the_text_report_names_the_figures(tmpdir_short: Path) -> None:
+    r = predict("--", sys.executable, LOOP, "64", "32", "10", tmpdir=tmpdir_short)
+    assert r.returncode == 0, r.stderr
+    assert "stopped after 3 iterations and one more after a release" in r.stdout
+    assert "peak: 96MiB" in r.stdout
+    assert "GPU 0: persistent 64MiB, temporary 32MiB per iteration" in r.stdout
+
+
+def test_a_command_that_fails_in_the_dry_run_predicts_nothing(tmpdir_short: Path) -> None:
+    r = predict("--json", "--", sys.executable, "-c", "raise SystemExit(5)", tmpdir=tmpdir_short)
+    assert r.returncode == 97, r.stderr
+    got = json.loads(r.stdout)
+    assert got["predicted"] is False and got["exit_code"] == 5 and got["iterations"] == 0
+    r = predict("--", sys.executable, "-c", "raise SystemExit(5)", tmpdir=tmpdir_short)
+    assert r.returncode == 97
+    assert "no prediction" in r.stdout
+    assert list(tmpdir_short.iterdir()) == []
+
+
+def test_a_command_that_cannot_run_says_so(tmpdir_short: Path) -> None:
+    r = predict("--", str(tmpdir_short / "missing"), tmpdir=tmpdir_short)
+    assert r.returncode == 127
+    assert "missing" in r.stderr
+    assert list(tmpdir_short.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (["--iterations", "3", "true"], {}, "--iterations goes with --predict"),
+        (["--predict", "--status"], {}, "either --status or --predict"),
+        (["--predict", "--class", "be", "true"], {}, "--class"),
+        (["--predict", "--compute", "30", "true"], {}, "--compute"),
+        (["--predict", "--no-wait", "true"], {}, "--wait/--no-wait"),
+        (["--predict", "--iterations", "0", "true"], {}, "0"),
+        (["--predict", "true"], {"GPUSHARE_PREDICT_ITERATIONS": "x"}, "PREDICT_ITERATIONS"),
+        (["--json", "true"], {}, "--json goes with --status or --predict"),
+    ],
+)
+def test_predict_usage_errors(args: list[str], env: dict[str, str], says: str) -> None:
+    r = gpushare_run(*args, env=env)
+    assert r.returncode == 2
+    assert says in r.stderr
+
+
+def test_iterations_come_from_the_environment(tmpdir_short: Path) -> None:
+    r = predict(
+        "--json",
+        "--",
+        sys.executable,
+        LOOP,
+        "8",
+        "8",
+        "50",
+        tmpdir=tmpdir_short,
+        GPUSHARE_PREDICT_ITERATIONS="2",
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["iterations"] == 3
