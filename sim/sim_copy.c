@@ -32,6 +32,59 @@ bool sim_range_known(uintptr_t p, size_t n)
 	return n <= info.size - (p - info.base) || sim_va_covers(p, n);
 }
 
+/*
+ * What this process's copies moved (gpushareSimCopyCounters, docs/simulator.md): bytes
+ * host to device, device to host, device to device, and the copies to the host (each
+ * one a read of a device result the program waits for or acts on). Counted when a copy
+ * is submitted: a copy recorded into a graph counts once, at its capture. Relaxed
+ * atomics: each is a count of its own, read for a report.
+ */
+enum {
+	SIM_COPIED_H2D,
+	SIM_COPIED_D2H,
+	SIM_COPIED_D2D,
+	SIM_COPIES_D2H,
+	SIM_COPY_COUNTERS
+};
+static uint64_t sim_copied[SIM_COPY_COUNTERS];
+
+/* Device memory: an allocation of a device, or a mapping in a reservation (cuMemMap). */
+static bool sim_is_device(uintptr_t p)
+{
+	struct sim_ptr info;
+
+	if (sim_ptr_find(p, &info))
+		return info.type == CU_MEMORYTYPE_DEVICE;
+	return sim_va_covers(p, 1);
+}
+
+static void sim_count_copy(bool dst_dev, bool src_dev, uint64_t n)
+{
+	if (src_dev && dst_dev)
+		__atomic_fetch_add(&sim_copied[SIM_COPIED_D2D], n, __ATOMIC_RELAXED);
+	else if (dst_dev)
+		__atomic_fetch_add(&sim_copied[SIM_COPIED_H2D], n, __ATOMIC_RELAXED);
+	else if (src_dev) {
+		__atomic_fetch_add(&sim_copied[SIM_COPIED_D2H], n, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&sim_copied[SIM_COPIES_D2H], 1, __ATOMIC_RELAXED);
+	}
+}
+
+/*
+ * The simulator's own: this process's copy counters, in the order of the enum above,
+ * the first `count` of them (at most SIM_COPY_COUNTERS; the rest of `out` is left as
+ * it is). Not in cuda.h: found with dlsym on libcuda's handle.
+ */
+SIM_EXPORT CUresult gpushareSimCopyCounters(unsigned long long *out, unsigned int count);
+SIM_EXPORT CUresult gpushareSimCopyCounters(unsigned long long *out, unsigned int count)
+{
+	if (out == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (unsigned int i = 0; i < count && i < SIM_COPY_COUNTERS; i++)
+		out[i] = __atomic_load_n(&sim_copied[i], __ATOMIC_RELAXED);
+	return CUDA_SUCCESS;
+}
+
 /* Copies. Device sides must lie in device (or page-locked) memory. */
 
 /* SIM_SYNC as the stream: a synchronous copy or memset, on the legacy stream and waited for. */
@@ -46,6 +99,7 @@ static CUresult sim_copy(uintptr_t dst, uintptr_t src, size_t n, bool dst_dev, b
 			 CUstream stream)
 {
 	struct sim_op op = { .kind = SIM_OP_COPY, .dst = dst, .src = src, .width = n, .height = 1 };
+	CUresult rc;
 
 	if (!sim_initialized())
 		return CUDA_ERROR_NOT_INITIALIZED;
@@ -54,7 +108,15 @@ static CUresult sim_copy(uintptr_t dst, uintptr_t src, size_t n, bool dst_dev, b
 	if (!dst || !src || (dst_dev && !sim_range_known(dst, n)) ||
 	    (src_dev && !sim_range_known(src, n)))
 		return CUDA_ERROR_INVALID_VALUE;
-	return sim_stream_op(stream, &op);
+	rc = sim_stream_op(stream, &op);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	/* A unified copy (cuMemcpy, neither side said) is told by its addresses. */
+	if (!dst_dev && !src_dev)
+		sim_count_copy(sim_is_device(dst), sim_is_device(src), n);
+	else
+		sim_count_copy(dst_dev, src_dev, n);
+	return CUDA_SUCCESS;
 }
 
 CUresult sim_impl_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
@@ -155,7 +217,7 @@ static CUresult sim_copy_side(int type, const void *host, CUdeviceptr dev, size_
 static CUresult sim_copy3d(const CUDA_MEMCPY3D *p, CUstream stream)
 {
 	struct sim_op op = { .kind = SIM_OP_COPY };
-	uintptr_t dst, src;
+	uintptr_t dst, src, first_dst = 0, first_src = 0;
 	size_t z, depth;
 	CUresult rc;
 
@@ -181,6 +243,10 @@ static CUresult sim_copy3d(const CUDA_MEMCPY3D *p, CUstream stream)
 					   p->dstHeight, p->WidthInBytes, p->Height, &dst);
 		if (rc != CUDA_SUCCESS)
 			return rc;
+		if (z == 0) {
+			first_dst = dst;
+			first_src = src;
+		}
 		op.dst = dst;
 		op.src = src;
 		op.width = p->WidthInBytes;
@@ -191,6 +257,9 @@ static CUresult sim_copy3d(const CUDA_MEMCPY3D *p, CUstream stream)
 		if (rc != CUDA_SUCCESS)
 			return rc;
 	}
+	/* One copy, one read at most, whatever its depth: the sides of its first slice say. */
+	sim_count_copy(sim_is_device(first_dst), sim_is_device(first_src),
+		       (uint64_t)p->WidthInBytes * p->Height * depth);
 	return CUDA_SUCCESS;
 }
 
