@@ -19,6 +19,7 @@ own nodemgr is not asked, and the user's environment holds nothing while it runs
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -41,6 +42,7 @@ from gpushare import envvars, paths, sizes
 from gpushare.client import Connection, NodeError, Unreachable, wait_until_serving
 from gpushare.errors import GpushareError
 from gpushare.exitcodes import (
+    EXIT_CANCELLED,
     EXIT_INTERNAL,
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
@@ -57,6 +59,9 @@ LOOK_INTERVAL = 0.05
 # runs out of memory in the dry run before it shows what it needs.
 SIM_GPU_NAME = "gpushare dry run (H100-like)"
 SIM_GPU_MEMORY = 80 << 30
+# After the first process of a task has run its iterations, how long the dry run waits for
+# the others before it reads what there is, seconds.
+STRAGGLER_WAIT = 10.0
 # How long the private nodemgr may take to serve, seconds.
 START_TIMEOUT = 30.0
 ENV_NAME = "predict"
@@ -169,7 +174,7 @@ class PrivateNode:
                 # Out of the caller's process group (a Ctrl-C is the command's to take),
                 # and gone with the caller.
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=functools.partial(_die_with_parent, os.getpid()),
             )
         proc = self.proc
         if not wait_until_serving(self.admin_endpoint, lambda: proc.poll() is None, START_TIMEOUT):
@@ -214,33 +219,47 @@ class PrivateNode:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
+    """In the private nodemgr before exec: SIGTERM when gpushare-run dies, even before."""
     import ctypes
 
     ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 @dataclass
 class Look:
-    """What one reading of the task's view said."""
+    """What one reading of the task's view said, and whether, by the report read just
+    before it, every process that reported had run its iteration after the release."""
 
     at: float
     iterations: int
     peak: int
     regions: list[dict[str, Any]]
+    complete: bool
 
 
 @dataclass
 class Watch:
-    """Reads the task's figures while it runs; says when the iterations asked for are in."""
+    """Reads the task's figures while it runs; says when the iterations asked for are in:
+    when every process that reported a boundary has reported the one after its release
+    (and waits there), or STRAGGLER_WAIT after the first did, whatever the others do (a
+    parent that stopped stepping to wait for its children)."""
 
     node: PrivateNode
     task_id: str
     wanted: int
+    report: Path
     last: Look | None = None
     failed: str | None = None
+    first_done: float | None = None
 
     def __call__(self) -> bool:
+        by_pid: dict[int, int] = {}
+        for b in _read_report(self.report):
+            by_pid[b.pid] = max(by_pid.get(b.pid, 0), b.iterations)
+        done = [n > self.wanted for n in by_pid.values()]
         try:
             view = self.node.task(self.task_id)
         except (Unreachable, NodeError) as e:
@@ -248,14 +267,19 @@ class Watch:
             return True  # no figures can come: stop the command
         if view is None:
             return False
-        look = Look(
-            at=time.monotonic(),
+        now = time.monotonic()
+        self.last = Look(
+            at=now,
             iterations=int(view.get("iterations") or 0),
             peak=int(view.get("peak") or 0),
             regions=[dict(r) for r in view.get("regions") or ()],
+            complete=bool(done) and all(done),
         )
-        self.last = look
-        return look.iterations > self.wanted  # the one after the release is in
+        if any(done) and self.first_done is None:
+            self.first_done = now
+        if self.last.complete:
+            return True
+        return self.first_done is not None and now - self.first_done >= STRAGGLER_WAIT
 
 
 @dataclass(frozen=True)
@@ -275,6 +299,7 @@ class Prediction:
     peak: int
     gpus: list[GpuShape] = field(default_factory=list)
     kernels_per_step: float | None = None
+    copies_per_step: dict[str, float] | None = None
     seconds: float = 0.0
 
     @property
@@ -304,6 +329,7 @@ class Prediction:
                 for g in self.gpus
             ],
             "kernels_per_step": self.kernels_per_step,
+            "copies_per_step": self.copies_per_step,
             "seconds": round(self.seconds, 3),
             "gpu_model": {"name": SIM_GPU_NAME, "memory": SIM_GPU_MEMORY},
         }
@@ -326,6 +352,19 @@ class Prediction:
                 )
         if self.kernels_per_step is not None:
             lines.append(f"  kernel launches per iteration: {self.kernels_per_step:g}")
+        c = self.copies_per_step
+        if c is not None:
+            moved = ", ".join(
+                f"{sizes.format_size(round(c[f'{k}_bytes']))} {k.replace('_', ' ')}"
+                for k in COPY_KINDS
+            )
+            lines.append(f"  copies per iteration: {moved}")
+            if c["reads"]:
+                lines.append(
+                    f"  it reads {c['reads']:g} results back from the GPU per iteration: on the "
+                    "simulated driver they hold no computed values, so what it does with them "
+                    "may not be what it does on a GPU (docs/prediction.md)"
+                )
         return "\n".join(lines) + "\n"
 
     def _how(self) -> str:
@@ -341,13 +380,13 @@ class Prediction:
         return how
 
 
-def _shapes(look: Look | None, iterations: int, wanted: int) -> list[GpuShape]:
-    """Each GPU's learned shape: what it kept after the release at boundary ``wanted``,
-    and the most it held beyond that within an iteration; known once the iteration after
-    the release is in."""
+def _shapes(look: Look | None) -> list[GpuShape]:
+    """Each GPU's learned shape: what the task's processes kept after their release, and
+    the most they held beyond that within an iteration; known where, at that reading,
+    every process had run its iteration after the release."""
     if look is None:
         return []
-    known = iterations > wanted
+    known = look.complete
     return [
         GpuShape(
             gpu=n,
@@ -367,6 +406,13 @@ class Boundary:
     iterations: int
     peak: int
     launches: int
+    # The simulated driver's copy counters (COPY_KINDS, then copies to the host); None
+    # where they could not be read.
+    copies: tuple[int, int, int, int] | None = None
+
+
+# What a dry run's copies moved, by direction, as gpushareSimCopyCounters gives them.
+COPY_KINDS = ("host_to_device", "device_to_host", "device_to_device")
 
 
 def _read_report(path: Path) -> list[Boundary]:
@@ -379,8 +425,15 @@ def _read_report(path: Path) -> list[Boundary]:
     for line in text.splitlines():
         try:
             d = json.loads(line)
+            c = d.get("copies")
+            copies = None
+            if isinstance(c, list) and len(c) == 4:
+                h2d, d2h, d2d, reads = (int(v) for v in c)
+                copies = (h2d, d2h, d2d, reads)
             out.append(
-                Boundary(int(d["pid"]), int(d["iterations"]), int(d["peak"]), int(d["launches"]))
+                Boundary(
+                    int(d["pid"]), int(d["iterations"]), int(d["peak"]), int(d["launches"]), copies
+                )
             )
         except (ValueError, KeyError, TypeError):
             continue
@@ -399,19 +452,75 @@ def _shared_peak(boundaries: list[Boundary], wanted: int, final: int) -> int:
     return sum(bs[wanted].peak for bs in by_pid.values())
 
 
-def _kernels_per_step(boundaries: list[Boundary]) -> float | None:
-    """Kernel launches between a process's first boundary and its last, per iteration,
-    summed over its processes; None before any has two."""
+def _spans(boundaries: list[Boundary]) -> list[tuple[Boundary, Boundary]]:
+    """Each process's first and last boundary, where it reported two or more."""
     by_pid: dict[int, list[Boundary]] = {}
     for b in boundaries:
         by_pid.setdefault(b.pid, []).append(b)
-    rates = []
+    spans = []
     for bs in by_pid.values():
         first = min(bs, key=lambda b: b.iterations)
         last = max(bs, key=lambda b: b.iterations)
         if last.iterations > first.iterations:
-            rates.append((last.launches - first.launches) / (last.iterations - first.iterations))
+            spans.append((first, last))
+    return spans
+
+
+def _kernels_per_step(boundaries: list[Boundary]) -> float | None:
+    """Kernel launches between a process's first boundary and its last, per iteration,
+    summed over its processes; None before any has two."""
+    rates = [
+        (last.launches - first.launches) / (last.iterations - first.iterations)
+        for first, last in _spans(boundaries)
+    ]
     return sum(rates) if rates else None
+
+
+def _copies_per_step(boundaries: list[Boundary]) -> dict[str, float] | None:
+    """The bytes each kind of copy moved per iteration, and the copies to the host (reads
+    of device results) per iteration, summed over the processes as for launches; None
+    before any has two boundaries with the counters read."""
+    spans = [(f, t) for f, t in _spans(boundaries) if f.copies is not None and t.copies]
+    if not spans:
+        return None
+    out = dict.fromkeys([*(f"{k}_bytes" for k in COPY_KINDS), "reads"], 0.0)
+    for first, last in spans:
+        assert first.copies is not None and last.copies is not None
+        n = last.iterations - first.iterations
+        for i, key in enumerate(out):
+            out[key] += (last.copies[i] - first.copies[i]) / n
+    return out
+
+
+def _command_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """The caller's environment without what would tie the command to the caller's node
+    or change what the dry run measures: every GPUSHARE_* setting (the iteration hooks
+    switched off, a simulated node's, an endpoint) but the builds to use, and a
+    CUDA_VISIBLE_DEVICES naming real GPUs. The grant adds the dry run's own."""
+    keep = (envvars.SHIM, envvars.SIM_DIR)
+    return {
+        k: v
+        for k, v in base.items()
+        if not (k.startswith("GPUSHARE_") and k not in keep) and k != "CUDA_VISIBLE_DEVICES"
+    }
+
+
+def _end_group(pgid: int, grace: float) -> None:
+    """Whatever of the command's process group is left (a process that outlived the
+    command, one waiting at its last boundary): SIGTERM, then SIGKILL after ``grace``."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def dry_run(
@@ -422,25 +531,25 @@ def dry_run(
     as_json: bool = False,
     base: Mapping[str, str] | None = None,
 ) -> Prediction | int:
-    """Run CMD on a private simulated node until it reports ``iterations`` boundaries or
-    ends; its prediction, or the exit code of a dry run that could not start."""
+    """Run CMD on a private simulated node for ``iterations`` iterations and one more, or
+    to its end; its prediction, or the exit code of a dry run that could not start."""
     started = time.monotonic()
     command = " ".join(cmd)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    environ = dict(os.environ if base is None else base)
-    # The caller's restriction names real GPUs: the dry run's are its own.
-    environ.pop("CUDA_VISIBLE_DEVICES", None)
+    environ = _command_environment(os.environ if base is None else base)
     with PrivateNode(gpus) as node:
         s = Settings(endpoint=node.endpoint, gpus=gpus, wait=False, grace=grace)
-        grant = acquire(
-            s, command, Progress("gpushare-run", gpus, stream=io.StringIO()), wrapper=True
-        )
+        quiet = Progress("gpushare-run", gpus, stream=io.StringIO())
+        grant = acquire(s, command, quiet, wrapper=True)
         env = task_environment(grant, environ, os.getpid())
-        env[envvars.DRY_RUN] = str(iterations)
         report = node.root / "boundaries.jsonl"
         report.touch(mode=0o600)
+        env[envvars.DRY_RUN] = str(iterations)
         env[envvars.DRY_RUN_REPORT] = str(report)
         term = Terminal()
+        # spawn() blocks the signals the supervisor takes: unblocked again once it is done.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        child = None
         try:
             try:
                 # With --json gpushare-run's standard output is the prediction alone: the
@@ -451,12 +560,15 @@ def dry_run(
                 say(f"cannot run {cmd[0]}: {e.strerror}")
                 return code
             hb = Heartbeat(node.endpoint, grant.task_id, grant.heartbeat_interval, say)
-            watch = Watch(node, grant.task_id, iterations)
+            watch = Watch(node, grant.task_id, iterations, report)
             supervisor = Supervisor(child, term, grace, hb, watch, LOOK_INTERVAL)
             returncode = supervisor.run()
             hb.done(exit_code(returncode), -returncode if returncode < 0 else None)
         finally:
+            if child is not None:
+                _end_group(child.pid, grace)
             term.close()
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if watch.failed is not None:
             raise PredictError(f"lost the dry run's nodemgr: {watch.failed}")
         last = watch.last
@@ -472,8 +584,9 @@ def dry_run(
             iterations=done,
             exit_code=None if supervisor.ended else exit_code(returncode),
             peak=_shared_peak(boundaries, iterations, final),
-            gpus=_shapes(last, done, iterations),
+            gpus=_shapes(last),
             kernels_per_step=_kernels_per_step(boundaries),
+            copies_per_step=_copies_per_step(boundaries),
             seconds=time.monotonic() - started,
         )
 
@@ -485,6 +598,9 @@ def run(cmd: list[str], gpus: int, iterations: int, grace: float, as_json: bool)
     except (PredictError, Unreachable, NodeError) as e:
         say(f"the dry run failed: {e}")
         return EXIT_INTERNAL
+    except KeyboardInterrupt:  # before the command ran (its node starting): nothing to show
+        say("interrupted")
+        return EXIT_CANCELLED
     if isinstance(result, int):
         return result
     out = json.dumps(result.as_json()) + "\n" if as_json else result.text()

@@ -434,6 +434,7 @@ def main(
             wait=wait,
             wait_timeout=wait_timeout,
             cpu_fallback=cpu_fallback,
+            endpoint=endpoint,
         )
     try:
         s = cfg.from_environment()

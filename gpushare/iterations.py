@@ -74,7 +74,20 @@ def _dry_run_stop(value: str | None) -> int:
 # Read once: gpushare-run --predict sets them for its command's processes only.
 _stop_at = _dry_run_stop(os.environ.get(DRY_RUN_ENV))
 _dry_report = os.environ.get(DRY_RUN_REPORT_ENV) or None if _stop_at else None
-_dry_released = False
+_dry_released = False  # this process released its cache after its iterations
+# How often a dry run's process that waits to be stopped looks for its report file: once
+# gpushare-run has gone (the file with it), nobody will stop it, and it ends itself.
+_HOLD_LOOK = 0.5
+
+
+def _forked() -> None:
+    """A fork child's slot is its own, its boundaries counted afresh (docs/timeslicing.md):
+    it releases after its own iterations."""
+    global _dry_released
+    _dry_released = False
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def iteration_boundary() -> int:
@@ -101,18 +114,29 @@ def _dry_run_boundary() -> None:
     what was read."""
     global _dry_released
     m = shim.memory()
-    if m is None:
-        return
+    if m is None or m.iterations == 0:
+        return  # no slot, or no boundary counted: nothing of this process to report
     _report_boundary(m)
-    if m.iterations > _stop_at:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        threading.Event().wait()
-    if m.iterations == _stop_at and not _dry_released:
-        _dry_released = True
-        with _lock:
+    with _lock:
+        # At or past it: a count that moved by more than one (threads stepping at once)
+        # still releases, once, and runs its iteration after the release.
+        release = m.iterations >= _stop_at and not _dry_released
+        if release:
+            _dry_released = True
             _release_cache()
+    if not release and m.iterations > _stop_at:
+        _hold()
+
+
+def _hold() -> None:
+    """Wait to be stopped (SIGTERM, then SIGKILL); should the report file go (gpushare-run
+    ended without stopping this process: killed, or the process left its group), end."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    while _dry_report is None or os.path.exists(_dry_report):
+        time.sleep(_HOLD_LOOK)
+    os._exit(0)
 
 
 def _report_boundary(m: shim.Memory) -> None:
@@ -128,6 +152,7 @@ def _report_boundary(m: shim.Memory) -> None:
         "used": m.used,
         "peak": c.peak if c else None,
         "launches": c.launches if c else None,
+        "copies": _sim_copies(),
     }
     import json
 
@@ -139,6 +164,23 @@ def _report_boundary(m: shim.Memory) -> None:
             os.close(fd)
     except OSError as e:
         _say_once(f"cannot write the dry run's report {_dry_report}: {e}")
+
+
+def _sim_copies() -> list[int] | None:
+    """The simulated driver's copy counters of this process (docs/simulator.md): bytes
+    host to device, device to host, device to device, and copies to the host; None where
+    the driver loaded is not the simulator (or none is)."""
+    import ctypes
+
+    try:
+        # RTLD_NOLOAD: the driver the process has loaded, never a new one.
+        fn = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD).gpushareSimCopyCounters
+    except (OSError, AttributeError):
+        return None
+    out = (ctypes.c_ulonglong * 4)()
+    if fn(out, ctypes.c_uint(4)) != 0:
+        return None
+    return [int(v) for v in out]
 
 
 def _release_cache() -> None:

@@ -19,6 +19,8 @@ CLIENT_MODULES = [
     "gpushare.iterations",
     "client_plugin.grant",
     "client_plugin.run",
+    "client_plugin.predict",
+    "client_plugin.supervise",
 ]
 DAEMON_SIDE = [
     "nodemgr.config",

@@ -41,7 +41,8 @@ def predict(*args: str, tmpdir: Path | None = None, **env: str) -> Any:
 
 
 def node_processes(root: Path) -> list[int]:
-    """Processes whose command line names a path under ``root`` (a private nodemgr's)."""
+    """Processes whose command line names ``root`` or a path under it (a private
+    nodemgr's, or a command's own file)."""
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -71,6 +72,10 @@ def test_a_dry_run_reports_the_shape_and_stops_at_its_iterations(
         "50",
         "--launches",
         "7",
+        "--upload",
+        "2",
+        "--reads",
+        "3",
         "--out",
         str(steps),
         tmpdir=tmpdir_short,
@@ -86,11 +91,18 @@ def test_a_dry_run_reports_the_shape_and_stops_at_its_iterations(
     assert (got["persistent"], got["temporary"]) == (64 * MIB, 32 * MIB)
     assert got["gpus"] == [{"gpu": 0, "persistent": 64 * MIB, "temporary": 32 * MIB}]
     assert got["kernels_per_step"] == 7
+    assert got["copies_per_step"] == {
+        "host_to_device_bytes": 2 * MIB,
+        "device_to_host_bytes": 3 * 4096,
+        "device_to_device_bytes": 0,
+        "reads": 3,
+    }
     # It waited at its 5th boundary to be stopped: steps 0-3 were written, no more.
     assert steps.read_text().split() == ["0", "1", "2", "3"]
-    # Its node is gone: no directory left, no process.
+    # Its node is gone: no directory left, no process; nor is the command.
     assert list(tmpdir_short.iterdir()) == []
     assert node_processes(tmpdir_short) == []
+    assert node_processes(steps) == []
 
 
 def test_the_command_output_goes_to_stderr_with_json(tmpdir_short: Path) -> None:
@@ -110,6 +122,12 @@ def test_the_text_report_names_the_figures(tmpdir_short: Path) -> None:
     assert "stopped after 3 iterations and one more after a release" in r.stdout
     assert "peak: 96MiB" in r.stdout
     assert "GPU 0: persistent 64MiB, temporary 32MiB per iteration" in r.stdout
+    # It reads nothing back: nothing to warn of.
+    assert "copies per iteration: 0B host to device, 0B device to host" in r.stdout
+    assert "results back" not in r.stdout
+    r = predict("--", sys.executable, LOOP, "8", "8", "10", "--reads", "2", tmpdir=tmpdir_short)
+    assert r.returncode == 0, r.stderr
+    assert "it reads 2 results back from the GPU per iteration" in r.stdout
 
 
 def test_a_command_that_fails_in_the_dry_run_predicts_nothing(tmpdir_short: Path) -> None:
@@ -138,7 +156,12 @@ def test_a_command_that_cannot_run_says_so(tmpdir_short: Path) -> None:
         (["--predict", "--class", "be", "true"], {}, "--class"),
         (["--predict", "--compute", "30", "true"], {}, "--compute"),
         (["--predict", "--no-wait", "true"], {}, "--wait/--no-wait"),
-        (["--predict", "--iterations", "0", "true"], {}, "0"),
+        (
+            ["--predict", "--iterations", "0", "true"],
+            {},
+            "'0' is not a whole number from 1 to 1000",
+        ),
+        (["--predict", "--endpoint", "ipc:///x/task.sock", "true"], {}, "--endpoint"),
         (["--predict", "true"], {"GPUSHARE_PREDICT_ITERATIONS": "x"}, "PREDICT_ITERATIONS"),
         (["--json", "true"], {}, "--json goes with --status or --predict"),
     ],
@@ -163,3 +186,44 @@ def test_iterations_come_from_the_environment(tmpdir_short: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["iterations"] == 3
+
+
+def test_every_process_of_the_task_runs_its_iterations_and_is_counted(
+    tmp_path: Path, tmpdir_short: Path
+) -> None:
+    """Two processes of one task, of different sizes and speeds: the dry run waits for
+    both to run their iterations and the one after the release, and adds them up."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    script = (
+        f"{sys.executable} {LOOP} 64 32 50 --out {a} & "
+        f"{sys.executable} {LOOP} 16 8 50 --launches 200 --out {b}; wait"
+    )
+    r = predict("--json", "--", "sh", "-c", script, tmpdir=tmpdir_short)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert a.read_text().split() == b.read_text().split() == ["0", "1", "2"]
+    assert got["peak"] == (64 + 32 + 16 + 8) * MIB
+    assert (got["persistent"], got["temporary"]) == (80 * MIB, 40 * MIB)
+    assert got["kernels_per_step"] == 200
+    assert node_processes(a) == node_processes(b) == []
+
+
+def test_a_process_that_ignores_sigterm_is_killed_after_the_grace(
+    tmp_path: Path, tmpdir_short: Path
+) -> None:
+    steps = tmp_path / "steps"
+    r = predict(
+        "--json",
+        "--grace",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        f"{sys.executable} {LOOP} 8 8 50 --ignore-term --out {steps}; echo after >&2",
+        tmpdir=tmpdir_short,
+    )
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["exit_code"] is None and got["persistent"] == 8 * MIB
+    assert steps.read_text().split() == ["0", "1", "2"]
+    assert node_processes(steps) == []

@@ -7,7 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from client_plugin.predict import Boundary, _kernels_per_step, _read_report, _shared_peak
+from client_plugin.predict import (
+    Boundary,
+    _copies_per_step,
+    _kernels_per_step,
+    _read_report,
+    _shared_peak,
+)
 
 MIB = 1 << 20
 
@@ -40,12 +46,24 @@ def test_launches_per_iteration_from_each_process_first_boundary_to_its_last() -
     assert _kernels_per_step([]) is None
 
 
+def test_copies_per_iteration_where_the_counters_were_read() -> None:
+    one = [Boundary(1, 1, 0, 0, (10, 20, 30, 1)), Boundary(1, 3, 0, 0, (30, 60, 30, 5))]
+    two = [Boundary(2, 1, 0, 0, None), Boundary(2, 2, 0, 0, None)]  # a real driver's
+    assert _copies_per_step(one + two) == {
+        "host_to_device_bytes": 10,
+        "device_to_host_bytes": 20,
+        "device_to_device_bytes": 0,
+        "reads": 2,
+    }
+    assert _copies_per_step(two) is None
+
+
 def test_a_line_that_is_not_whole_is_left_out(tmp_path: Path) -> None:
     path = tmp_path / "report"
     good = {"pid": 4, "iterations": 1, "time": 1.0, "used": 0, "peak": 5, "launches": 6}
-    text = json.dumps(good) + "\n"
+    text = json.dumps({**good, "copies": [1, 2, 3, 4]}) + "\n"
     text += json.dumps({**good, "peak": None}) + "\n"  # a shim without counters
     text += '{"pid": 4, "iterat'  # cut short
     path.write_text(text)
-    assert _read_report(path) == [Boundary(4, 1, 5, 6)]
+    assert _read_report(path) == [Boundary(4, 1, 5, 6, (1, 2, 3, 4))]
     assert _read_report(tmp_path / "missing") == []
