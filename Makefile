@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= auto
 PYTEST := $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 BENCH_ARGS ?=
 
-.PHONY: all install torch-env real-driver run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-torch bench-qos bench-gpu bench-gpu-qos bench-gpu-timeslice debug \
+.PHONY: all install torch-env real-driver run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-torch bench-qos bench-predict bench-gpu bench-gpu-qos bench-gpu-timeslice debug \
 	debug-test c-coverage demo clean
 
 all: install
@@ -130,10 +130,11 @@ test:
 # on; BENCH_ARGS=--check makes it a failure, --quick a smoke run. Both scripts
 # run even if the first fails; the worse status is make's. --only NAME belongs
 # to one script: use bench-nodemgr, bench-shim, bench-client, bench-timeslice,
-# bench-torch or bench-qos for it. The torch and qos scripts run the torch venv's PyTorch
-# on the simulated driver (qos on its device timeline); they get that Python in
-# GPUSHARE_TORCH_PYTHON.
-BENCHES := nodemgr shim client timeslice torch qos
+# bench-torch, bench-qos or bench-predict for it. The torch, qos and predict scripts run
+# the torch venv's PyTorch on the simulated driver (qos on its device timeline); they get
+# that Python in GPUSHARE_TORCH_PYTHON.
+BENCHES := nodemgr shim client timeslice torch qos predict
+TORCH_BENCHES := torch qos predict
 BENCH_ENV := GPUSHARE_TORCH_PYTHON=$(CURDIR)/$(TORCH_VENV)/bin/python
 
 bench: install torch-env
@@ -143,10 +144,10 @@ bench: install torch-env
 		if [ $$rc -gt $$status ]; then status=$$rc; fi; \
 	done; exit $$status
 
-$(addprefix bench-,$(filter-out torch qos,$(BENCHES))): bench-%: install
+$(addprefix bench-,$(filter-out $(TORCH_BENCHES),$(BENCHES))): bench-%: install
 	$(BIN)/python benchmarks/$*_bench.py --out build/bench/$*.json $(BENCH_ARGS)
 
-bench-torch bench-qos: bench-%: install torch-env
+$(addprefix bench-,$(TORCH_BENCHES)): bench-%: install torch-env
 	$(BENCH_ENV) $(BIN)/python benchmarks/$*_bench.py --out build/bench/$*.json $(BENCH_ARGS)
 
 # The shim's cost to a PyTorch program on a real NVIDIA GPU (exits 2 without one, or
