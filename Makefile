@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= auto
 PYTEST := $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 BENCH_ARGS ?=
 
-.PHONY: all install torch-env real-driver run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-torch bench-qos bench-predict bench-gpu bench-gpu-qos bench-gpu-timeslice debug \
+.PHONY: all install torch-env real-driver run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-torch bench-qos bench-predict bench-gpu bench-gpu-qos bench-gpu-timeslice bench-gpu-predict debug \
 	debug-test c-coverage demo clean
 
 all: install
@@ -168,6 +168,11 @@ bench-gpu-qos: install
 # a Python with PyTorch and gpushare both installed, PYTHON_TORCH.
 bench-gpu-timeslice: install
 	$(PYTHON_TORCH) benchmarks/gpu_timeslice_bench.py --out build/bench/gpu_timeslice.json $(BENCH_ARGS)
+
+# Prediction on an NVIDIA GPU (exits 2 without one): the dry runs of the zoo on the
+# simulated driver against the same jobs on the GPU, in PYTHON_TORCH.
+bench-gpu-predict: install
+	$(PYTHON_TORCH) benchmarks/predict_bench.py --gpu --python $(PYTHON_TORCH) --out build/bench/gpu_predict.json $(BENCH_ARGS)
 
 # A tour of gpushare on two simulated GPUs (its own nodemgr, two environments,
 # a task that waits and one that meets its quota), in a few seconds. Also a

@@ -9,7 +9,8 @@
 # Python lacks and gpushare needs (cffi, pycparser, pyzmq), installed with --no-index
 # (default: .whl in the checkout; none: nothing installed). GPU_LEASE_STEPS: which of the
 # steps after the install run, in their order here (default: all of them: tests-gpu
-# bench-gpu-qos bench-gpu-timeslice bench-gpu). Each step runs under a time limit, and all of
+# bench-gpu-qos bench-gpu-timeslice bench-gpu-predict bench-gpu). Each step runs under a
+# time limit, and all of
 # them within GPU_LEASE_BUDGET seconds (default 600); one that fails or times out is
 # recorded in OUTDIR/steps.txt and the next one still runs (one with under 20 s of the
 # budget left is skipped). Exit status: 0 when every step passed, else 1 (2: a step named
@@ -28,7 +29,7 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 # a step stopped at its time limit still leaves all it printed
 STEPS=$OUT/steps.txt
 BUDGET=${GPU_LEASE_BUDGET:-600}
-ALL_STEPS="tests-gpu bench-gpu-qos bench-gpu-timeslice bench-gpu"
+ALL_STEPS="tests-gpu bench-gpu-qos bench-gpu-timeslice bench-gpu-predict bench-gpu"
 STEPS_WANTED=" ${GPU_LEASE_STEPS:-$ALL_STEPS} "
 for name in $STEPS_WANTED; do
 	case " $ALL_STEPS " in
@@ -112,12 +113,17 @@ step bench-gpu-qos "$OUT/gpu_qos.log" 300 "$PY" benchmarks/qos_bench.py --gpu --
 step bench-gpu-timeslice "$OUT/gpu_timeslice.log" 180 "$PY" benchmarks/gpu_timeslice_bench.py \
 	--quick --out "$OUT/gpu_timeslice.json"
 
+# Prediction (about 2.5 minutes): --quick, the zoo's 20 configurations, dry runs on the
+# simulated driver against real runs on the GPU.
+step bench-gpu-predict "$OUT/gpu_predict.log" 240 "$PY" benchmarks/predict_bench.py --gpu \
+	--quick --python "$PY" --out "$OUT/gpu_predict.json"
+
 # What the shim costs a PyTorch program: 8 interleaved pairs of runs (about 3.5 minutes).
 # Last: stopped at the end of the budget, it still writes the runs that ended.
 step bench-gpu "$OUT/gpu.log" 330 "$PY" benchmarks/gpu_bench.py --python "$PY" --out "$OUT/gpu.json"
 
 # One line per benchmark: met or missed, and the figure its target is about.
-for pair in bench-gpu-qos:gpu_qos bench-gpu-timeslice:gpu_timeslice bench-gpu:gpu; do
+for pair in bench-gpu-qos:gpu_qos bench-gpu-timeslice:gpu_timeslice bench-gpu-predict:gpu_predict bench-gpu:gpu; do
 	doc=$OUT/${pair#*:}.json
 	# Only of a step that ran now: OUTDIR may hold an earlier run's documents.
 	[[ $STEPS_WANTED == *" ${pair%%:*} "* ]] && [ -s "$doc" ] || continue

@@ -3,7 +3,7 @@
 will need, against what the job then takes when it runs under gpushare.
 
     python benchmarks/predict_bench.py [--quick] [--only NAME]... [--out FILE] [--check]
-                                       [--python PY] [--margin PERCENT]
+                                       [--python PY] [--margin PERCENT] [--gpu]
 
 Real PyTorch (the torch venv's Python: ``--python``, else ``$GPUSHARE_TORCH_PYTHON``)
 trains the model zoo of predict_zoo.py: 20 configurations (MLPs, ResNet-style and
@@ -23,6 +23,13 @@ with Adam: 120 cases (``--quick``: the middle batch size with Adam, 20).
   against), the median error by model family, the dry run's wall time, and that time as a
   multiple of one step of the real run on the simulated driver (whose steps are the
   host's work alone: kernels take no time there).
+
+With ``--gpu`` (``make bench-gpu-predict``) the real runs go to the node's NVIDIA GPU
+(nodemgr on NVML, every job pinned to the GPU with the most free memory), while the dry
+runs stay on the simulated driver, as a user's would: the errors are then the simulator's
+against a GPU (cuBLAS' and cuDNN's choices there), the dry run's wall time is set against
+a real step, and the Python with PyTorch (``--python``, default this one) needs gpushare
+installed.
 
 JSON on stdout and in ``--out``; progress on stderr; exit status as the other scripts (2:
 no torch Python, nodemgr did not start, a run failed).
@@ -48,7 +55,7 @@ if str(SELF.parent.parent) not in sys.path:
 from benchmarks import harness  # noqa: E402
 from benchmarks.harness import BenchError, say  # noqa: E402
 from benchmarks.nodemgr_bench import Daemon, daemon  # noqa: E402
-from benchmarks.torch_bench import _run, base_env, find_python  # noqa: E402
+from benchmarks.torch_bench import PYTHON_ENV, _run, base_env, find_python  # noqa: E402
 
 BIN = Path(sys.executable).parent
 ZOO = SELF.parent / "predict_zoo.py"
@@ -103,9 +110,11 @@ def dry_run(python: str, case: Case) -> dict[str, Any]:
     return doc
 
 
-def real_run(python: str, d: Daemon, endpoint: str, case: Case) -> dict[str, Any]:
+def real_run(
+    python: str, d: Daemon, endpoint: str, case: Case, pin: dict[str, str]
+) -> dict[str, Any]:
     argv = [str(BIN / "gpushare-run"), "--endpoint", endpoint, "--", *case.argv(python, REAL_STEPS)]
-    _, out = _run(argv, base_env(), f"real run {case.key()}")
+    _, out = _run(argv, {**base_env(), **pin}, f"real run {case.key()}")
     times = [float(line.split()[2]) for line in out.splitlines() if line.startswith("step ")]
     if len(times) != REAL_STEPS:
         raise BenchError(f"real run {case.key()}: {len(times)} steps of {REAL_STEPS}")
@@ -121,23 +130,52 @@ def _pct(predicted: int, measured: int) -> float:
     return 100.0 * (predicted - measured) / measured if measured else 0.0
 
 
-def bench_memory(python: str, margin: float, quick: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Target:
+    """Where the real runs go: nodemgr's [gpus] table, the environment's quota, and the
+    variables that pin a job to one GPU."""
+
+    gpus: dict[str, Any]
+    quota: int
+    pin: dict[str, str]
+    where: str
+
+
+SIMULATED = Target(
+    gpus={
+        "simulated_count": 1,
+        "simulated_memory": "80GiB",
+        "context_memory": "0",
+        "utilization_interval": 0.0,
+    },
+    quota=80 * GiB,
+    pin={},
+    where="simulated",
+)
+GPU_QUOTA = 16 * GiB  # on a real GPU: the zoo's largest job takes under 3 GiB
+
+
+def real_gpu() -> Target:
+    """The node's NVIDIA GPU with the most free memory; BenchError without one."""
+    try:
+        gpus = harness.nvml_gpus()
+    except Exception as e:  # pynvml.NVMLError, a missing library: no GPU to run on
+        raise BenchError(f"NVML finds no GPU: {e}") from None
+    gpu = harness.pick_gpu(gpus, need=GPU_QUOTA)
+    if gpu is None:
+        raise BenchError(f"no NVIDIA GPU with {GPU_QUOTA // GiB} GiB free ({len(gpus)} found)")
+    return Target({"source": "nvml"}, GPU_QUOTA, harness.pinned(gpu), gpu.uuid)
+
+
+def bench_memory(python: str, margin: float, target: Target, quick: bool) -> dict[str, Any]:
     todo = cases(python, quick)
     rows = []
-    with daemon(
-        gpus={
-            "simulated_count": 1,
-            "simulated_memory": "80GiB",
-            "context_memory": "0",
-            "utilization_interval": 0.0,
-        },
-        scheduler={"memory_reserve": "0"},
-    ) as d:
-        endpoint = d.env("zoo", gpus=1, memory=80 * GiB)
+    with daemon(gpus=target.gpus, scheduler={"memory_reserve": "0"}) as d:
+        endpoint = d.env("zoo", gpus=1, memory=target.quota)
         for n, case in enumerate(todo, 1):
             started = time.monotonic()
             dry = dry_run(python, case)
-            real = real_run(python, d, endpoint, case)
+            real = real_run(python, d, endpoint, case, target.pin)
             err = _pct(int(dry["peak"]), real["peak"])
             rows.append(
                 {
@@ -205,22 +243,35 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PERCENT",
         help=f"added to a predicted peak before it is judged OOM-safe [{DEFAULT_MARGIN:g}]",
     )
+    parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="run the real runs on the node's NVIDIA GPU (the dry runs stay simulated)",
+    )
     args = parser.parse_args(argv)
     from gpushare.client import Unreachable  # not at the top: see harness's module doc
 
     errors = (BenchError, OSError, Unreachable, json.JSONDecodeError, KeyError)
+    where: dict[str, Any] = {"dry_run_iterations": DRY_ITERATIONS, "real_steps": REAL_STEPS}
 
     def run_all(results: dict[str, Any]) -> bool:
         try:
-            python = find_python(args.python)
-        except BenchError as e:
+            if args.gpu:
+                python = args.python or os.environ.get(PYTHON_ENV) or sys.executable
+                if harness.installed_origin(python) is None:
+                    raise BenchError(f"{python} does not have gpushare installed (its hooks)")
+                target = real_gpu()
+            else:
+                python = find_python(args.python)
+                target = SIMULATED
+        except (BenchError, OSError, ImportError) as e:
             say(f"cannot run: {e}")
             results.update({n: harness.error_result(e) for n in args.only or BENCHES})
             return True
-        bench = functools.partial(bench_memory, python, args.margin, args.quick)
+        where["device"] = target.where
+        bench = functools.partial(bench_memory, python, args.margin, target, args.quick)
         return harness.run_one("memory", bench, errors, results)
 
-    where = {"device": "simulated", "dry_run_iterations": DRY_ITERATIONS, "real_steps": REAL_STEPS}
     return harness.run_and_report(args, run_all, lambda: harness.machine({}, where))
 
 
