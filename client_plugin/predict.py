@@ -243,9 +243,10 @@ class Look:
 @dataclass
 class Watch:
     """Reads the task's figures while it runs; says when the iterations asked for are in:
-    when every process that reported a boundary has reported the one after its release
-    (and waits there), or STRAGGLER_WAIT after the first did, whatever the others do (a
-    parent that stopped stepping to wait for its children)."""
+    when every process of the task that reported a boundary has reported the one after
+    its release (and waits there), and no other process holds GPU memory, or
+    STRAGGLER_WAIT after the first did, whatever the others do (a parent that stopped
+    stepping to wait for its children, a process that never steps)."""
 
     node: PrivateNode
     task_id: str
@@ -268,12 +269,15 @@ class Watch:
         if view is None:
             return False
         now = time.monotonic()
+        # Every process that holds a slot (has called into CUDA) counts, those that have
+        # reported no boundary yet too: ranks start together and step together.
+        live = int(view.get("processes") or 0)
         self.last = Look(
             at=now,
             iterations=int(view.get("iterations") or 0),
             peak=int(view.get("peak") or 0),
             regions=[dict(r) for r in view.get("regions") or ()],
-            complete=bool(done) and all(done),
+            complete=bool(done) and all(done) and len(done) >= live,
         )
         if any(done) and self.first_done is None:
             self.first_done = now

@@ -191,12 +191,13 @@ def test_iterations_come_from_the_environment(tmpdir_short: Path) -> None:
 def test_every_process_of_the_task_runs_its_iterations_and_is_counted(
     tmp_path: Path, tmpdir_short: Path
 ) -> None:
-    """Two processes of one task, of different sizes and speeds: the dry run waits for
-    both to run their iterations and the one after the release, and adds them up."""
-    a, b = tmp_path / "a", tmp_path / "b"
+    """Two processes of one task (ranks that start together), of different sizes and
+    speeds: the dry run waits for both to run their iterations and the one after the
+    release, and adds them up."""
+    a, b, go = tmp_path / "a", tmp_path / "b", tmp_path / "go"
     script = (
-        f"{sys.executable} {LOOP} 64 32 50 --out {a} & "
-        f"{sys.executable} {LOOP} 16 8 50 --launches 200 --out {b}; wait"
+        f"{sys.executable} {LOOP} 64 32 50 --barrier {go} 2 --out {a} & "
+        f"{sys.executable} {LOOP} 16 8 50 --barrier {go} 2 --launches 200 --out {b}; wait"
     )
     r = predict("--json", "--", "sh", "-c", script, tmpdir=tmpdir_short)
     assert r.returncode == 0, r.stderr
