@@ -370,8 +370,9 @@ def gpu_bench_mod() -> Any:
 # --- benchmarks/gpu_lease.sh: every step runs and is recorded, whatever the others did ------
 
 # A stand-in for the GPU machine's Python: pip succeeds (the wheel it builds is an empty file),
-# the GPU tests fail, bench-gpu writes a document whose target was missed, bench-gpu-qos one
-# whose target was met, and the time-slicing benchmark cannot run; each call is logged.
+# the GPU tests fail, bench-gpu writes a document whose target was missed, bench-gpu-qos and
+# bench-gpu-predict one whose target was met, and the time-slicing benchmark cannot run;
+# each call is logged.
 # Anything else (the summary at the end) goes to the real Python.
 FAKE_PYTHON = """#!/usr/bin/env bash
 printf '%s\\n' "GPUSHARE_TEST_TORCH_PYTHON=${{GPUSHARE_TEST_TORCH_PYTHON:-}} $*" >>{calls}
@@ -397,6 +398,7 @@ doc() {{
 case "$1" in
 benchmarks/gpu_bench.py) doc launch_rate ratio ">=" 0.995 0.9 false "$@"; exit 0 ;;
 benchmarks/qos_bench.py) doc share_settling max_settle_s "<=" 1.0 0.2 true "$@"; exit 0 ;;
+benchmarks/predict_bench.py) doc memory worst_error_pct "<=" 10.0 3.5 true "$@"; exit 0 ;;
 benchmarks/gpu_timeslice_bench.py) echo "cannot run: no GPU" >&2; exit 2 ;;
 esac
 exec {python} "$@"
@@ -435,22 +437,26 @@ def test_the_lease_script_runs_every_step_and_records_each(tmp_path: Path) -> No
     r = run_lease(fake, out, wheels)
     assert r.returncode == 1, r.stderr
     steps = (out / "steps.txt").read_text().splitlines()
-    assert [line.split(" seconds=")[0] for line in steps[:7]] == [
+    assert [line.split(" seconds=")[0] for line in steps[:8]] == [
         "wheels rc=0",
         "build rc=0",
         "install rc=0",
         "tests-gpu rc=1",
         "bench-gpu-qos rc=0",
         "bench-gpu-timeslice rc=2",
+        "bench-gpu-predict rc=0",
         "bench-gpu rc=0",
     ]
-    assert steps[7:] == [
+    assert steps[8:] == [
         "share_settling: met (max_settle_s = 0.2, target <= 1.0)",
+        "memory: met (worst_error_pct = 3.5, target <= 10.0)",
         "launch_rate: MISSED (ratio = 0.9, target >= 0.995)",
     ]
     assert sorted(p.name for p in out.iterdir()) == [
         "gpu.json",
         "gpu.log",
+        "gpu_predict.json",
+        "gpu_predict.log",
         "gpu_qos.json",
         "gpu_qos.log",
         "gpu_timeslice.log",
@@ -470,6 +476,10 @@ def test_the_lease_script_runs_every_step_and_records_each(tmp_path: Path) -> No
     assert any(f"gpu_timeslice_bench.py --quick --out {out}/gpu_timeslice.json" in c for c in made)
     assert any(
         f"qos_bench.py --gpu --quick --python {fake} --out {out}/gpu_qos.json" in c for c in made
+    )
+    assert any(
+        f"predict_bench.py --gpu --quick --python {fake} --out {out}/gpu_predict.json" in c
+        for c in made
     )
 
 
@@ -515,6 +525,7 @@ def test_the_lease_script_skips_steps_past_its_budget(tmp_path: Path) -> None:
         "tests-gpu skipped",
         "bench-gpu-qos skipped",
         "bench-gpu-timeslice skipped",
+        "bench-gpu-predict skipped",
         "bench-gpu skipped",
     ]
     made = calls.read_text().splitlines() if calls.exists() else []
