@@ -365,9 +365,10 @@ class Prediction:
             lines.append(f"  copies per iteration: {moved}")
             if c["reads"]:
                 lines.append(
-                    f"  it reads {c['reads']:g} results back from the GPU per iteration: on the "
-                    "simulated driver they hold no computed values, so what it does with them "
-                    "may not be what it does on a GPU (docs/prediction.md)"
+                    f"  it reads {c['reads']:g} result{'' if c['reads'] == 1 else 's'} back "
+                    "from the GPU per iteration; the simulated driver computes no values, so "
+                    "what the job does with what it reads may not be what it does on a GPU "
+                    "(docs/prediction.md)"
                 )
         return "\n".join(lines) + "\n"
 
