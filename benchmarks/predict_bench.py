@@ -55,7 +55,7 @@ if str(SELF.parent.parent) not in sys.path:
 from benchmarks import harness  # noqa: E402
 from benchmarks.harness import BenchError, say  # noqa: E402
 from benchmarks.nodemgr_bench import Daemon, daemon  # noqa: E402
-from benchmarks.torch_bench import PYTHON_ENV, _run, base_env, find_python  # noqa: E402
+from benchmarks.torch_bench import _run, base_env, find_gpu_python, find_python  # noqa: E402
 
 BIN = Path(sys.executable).parent
 ZOO = SELF.parent / "predict_zoo.py"
@@ -257,9 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     def run_all(results: dict[str, Any]) -> bool:
         try:
             if args.gpu:
-                python = args.python or os.environ.get(PYTHON_ENV) or sys.executable
-                if harness.installed_origin(python) is None:
-                    raise BenchError(f"{python} does not have gpushare installed (its hooks)")
+                python = find_gpu_python(args.python)
                 target = real_gpu()
             else:
                 python = find_python(args.python)

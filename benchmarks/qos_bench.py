@@ -61,7 +61,7 @@ if str(SELF.parent.parent) not in sys.path:
     sys.path.append(str(SELF.parent.parent))  # last: see benchmarks/harness.py
 from benchmarks import harness  # noqa: E402
 from benchmarks.harness import BenchError, percentile  # noqa: E402
-from benchmarks.torch_bench import PYTHON_ENV, base_env, find_python  # noqa: E402
+from benchmarks.torch_bench import PYTHON_ENV, base_env, find_gpu_python, find_python  # noqa: E402
 
 BIN = Path(sys.executable).parent
 GiB = 1 << 30
@@ -818,10 +818,8 @@ def main(argv: list[str] | None = None) -> int:
     def run_all(results: dict[str, Any]) -> bool:
         try:
             if args.gpu:
-                python = args.python or os.environ.get(PYTHON_ENV) or sys.executable
+                python = find_gpu_python(args.python)
                 device = real_gpu()
-                if harness.installed_origin(python) is None:
-                    raise BenchError(f"{python} does not have gpushare installed (its hooks)")
                 where.clear()
                 where.update(
                     device=device.uuid, gpu_quota=device.quota, size=device.size, compute=compute

@@ -126,6 +126,19 @@ def find_python(explicit: str | None) -> str:
     return python
 
 
+def find_gpu_python(explicit: str | None) -> str:
+    """The Python the jobs of a GPU benchmark run in: ``--python``, else
+    $GPUSHARE_TORCH_PYTHON, else this one; BenchError when it has no gpushare installed
+    (the jobs need its hooks). A relative path is taken from here, not from where the
+    jobs start."""
+    python = explicit or os.environ.get(PYTHON_ENV) or sys.executable
+    if os.sep in python:
+        python = os.path.abspath(python)
+    if harness.installed_origin(python) is None:
+        raise BenchError(f"{python} does not have gpushare installed (its hooks)")
+    return python
+
+
 def base_env() -> dict[str, str]:
     """This environment without anything of gpushare, CUDA or torch settings."""
     return {
