@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from client_plugin.grant import Heartbeat, Progress, acquire, task_environment
 from client_plugin.settings import Settings
-from client_plugin.supervise import Supervisor, Terminal, exit_code, say, spawn
+from client_plugin.supervise import Supervisor, Terminal, die_with, exit_code, say, spawn
 from gpushare import envvars, paths, sizes
 from gpushare.client import Connection, NodeError, Unreachable, wait_until_serving
 from gpushare.errors import GpushareError
@@ -172,9 +172,9 @@ class PrivateNode:
                 # no nodemgr/ in the caller's directory shadows the installed one.
                 cwd=self.root,
                 # Out of the caller's process group (a Ctrl-C is the command's to take),
-                # and gone with the caller.
+                # and stopped (cleanly) with the caller.
                 start_new_session=True,
-                preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+                preexec_fn=functools.partial(die_with, os.getpid(), signal.SIGTERM),
             )
         proc = self.proc
         if not wait_until_serving(self.admin_endpoint, lambda: proc.poll() is None, START_TIMEOUT):
@@ -219,21 +219,11 @@ class PrivateNode:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _die_with_parent(parent: int) -> None:
-    """In the private nodemgr before exec: SIGTERM when gpushare-run dies, even before."""
-    import ctypes
-
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(1)
-
-
 @dataclass
 class Look:
     """What one reading of the task's view said, and whether, by the report read just
     before it, every process that reported had run its iteration after the release."""
 
-    at: float
     iterations: int
     peak: int
     regions: list[dict[str, Any]]
@@ -257,10 +247,8 @@ class Watch:
     first_done: float | None = None
 
     def __call__(self) -> bool:
-        by_pid: dict[int, int] = {}
-        for b in _read_report(self.report):
-            by_pid[b.pid] = max(by_pid.get(b.pid, 0), b.iterations)
-        done = [n > self.wanted for n in by_pid.values()]
+        processes = _by_pid(_read_report(self.report)).values()
+        done = [bs[-1].iterations > self.wanted for bs in processes]
         try:
             view = self.node.task(self.task_id)
         except (Unreachable, NodeError) as e:
@@ -273,7 +261,6 @@ class Watch:
         # reported no boundary yet too: ranks start together and step together.
         live = int(view.get("processes") or 0)
         self.last = Look(
-            at=now,
             iterations=int(view.get("iterations") or 0),
             peak=int(view.get("peak") or 0),
             regions=[dict(r) for r in view.get("regions") or ()],
@@ -445,30 +432,33 @@ def _read_report(path: Path) -> list[Boundary]:
     return out
 
 
+def _by_pid(boundaries: list[Boundary]) -> dict[int, list[Boundary]]:
+    """The report's lines by process, each process's in the order of its boundaries."""
+    out: dict[int, list[Boundary]] = {}
+    for b in boundaries:
+        out.setdefault(b.pid, []).append(b)
+    for bs in out.values():
+        bs.sort(key=lambda b: b.iterations)
+    return out
+
+
 def _shared_peak(boundaries: list[Boundary], wanted: int, final: int) -> int:
     """The most the task holds at once on a shared GPU: what each process had held at most
     by boundary ``wanted``, before its release (summed), when every process that reported
     got there; else, nothing having been released, the task's peak."""
-    by_pid: dict[int, dict[int, Boundary]] = {}
-    for b in boundaries:
-        by_pid.setdefault(b.pid, {})[b.iterations] = b
-    if not by_pid or any(wanted not in bs for bs in by_pid.values()):
+    at_release = [[b for b in bs if b.iterations == wanted] for bs in _by_pid(boundaries).values()]
+    if not at_release or not all(at_release):
         return final
-    return sum(bs[wanted].peak for bs in by_pid.values())
+    return sum(bs[-1].peak for bs in at_release)
 
 
 def _spans(boundaries: list[Boundary]) -> list[tuple[Boundary, Boundary]]:
     """Each process's first and last boundary, where it reported two or more."""
-    by_pid: dict[int, list[Boundary]] = {}
-    for b in boundaries:
-        by_pid.setdefault(b.pid, []).append(b)
-    spans = []
-    for bs in by_pid.values():
-        first = min(bs, key=lambda b: b.iterations)
-        last = max(bs, key=lambda b: b.iterations)
-        if last.iterations > first.iterations:
-            spans.append((first, last))
-    return spans
+    return [
+        (bs[0], bs[-1])
+        for bs in _by_pid(boundaries).values()
+        if bs[-1].iterations > bs[0].iterations
+    ]
 
 
 def _kernels_per_step(boundaries: list[Boundary]) -> float | None:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from client_plugin import predict, status
 from client_plugin import settings as cfg
@@ -213,16 +214,17 @@ EXIT_HELP = (
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _check_predict_options(**given: Any) -> None:
+# What --predict takes besides CMD: the rest asks the node's nodemgr.
+_PREDICT_PARAMS = frozenset({"predict_run", "iterations", "gpus", "grace", "as_json", "cmd"})
+
+
+def _check_predict_options(ctx: click.Context) -> None:
     """--predict runs on a node of its own: the options that ask anything of the node's
     nodemgr mean nothing there, and are refused rather than ignored."""
-    for name, value in given.items():
-        if value is not None:
-            option = "--" + {"task_class": "class"}.get(name, name).replace("_", "-")
-            if name == "wait":
-                option = "--wait/--no-wait"
-            if name == "requeue":
-                option = "--requeue/--no-requeue"
+    for param in ctx.command.params:
+        given = param.name and ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE
+        if given and param.name not in _PREDICT_PARAMS:
+            option = "/".join([*param.opts, *param.secondary_opts])
             raise click.UsageError(
                 f"{option} asks the node's nodemgr: it has no meaning with "
                 "--predict, which runs on a private simulated node"
@@ -420,22 +422,7 @@ def main(
     if predict_run:
         if show_status:
             raise click.UsageError("--status runs no command: give either --status or --predict")
-        _check_predict_options(
-            memory=memory,
-            persistent=persistent,
-            temporary=temporary,
-            guard=guard,
-            task_class=task_class,
-            requeue=requeue,
-            compute=compute,
-            step_target=step_target,
-            deadline=deadline,
-            steps=steps,
-            wait=wait,
-            wait_timeout=wait_timeout,
-            cpu_fallback=cpu_fallback,
-            endpoint=endpoint,
-        )
+        _check_predict_options(click.get_current_context())
     try:
         s = cfg.from_environment()
     except cfg.SettingsError as e:

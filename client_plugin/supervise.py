@@ -83,6 +83,14 @@ class Terminal:
             self.fd = -1
 
 
+def die_with(parent: int, signum: int) -> None:
+    """In a child before exec: ``signum`` when gpushare-run (pid ``parent``) dies; a child
+    whose parent died before the request took effect ends at once."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(EXIT_INTERNAL)
+
+
 def _prepare_child(parent: int, mask: Iterable[int], tty_fd: int) -> None:
     """In the child before exec: a process group of its own (the terminal's foreground
     when gpushare-run had it), death with gpushare-run, and the parent's signal mask."""
@@ -90,10 +98,7 @@ def _prepare_child(parent: int, mask: Iterable[int], tty_fd: int) -> None:
     if tty_fd >= 0:
         with contextlib.suppress(OSError):
             os.tcsetpgrp(tty_fd, os.getpid())
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(EXIT_INTERNAL)
+    die_with(parent, signal.SIGKILL)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 

@@ -87,7 +87,8 @@ def _forked() -> None:
     _dry_released = False
 
 
-os.register_at_fork(after_in_child=_forked)
+if _stop_at:
+    os.register_at_fork(after_in_child=_forked)
 
 
 def iteration_boundary() -> int:
@@ -148,8 +149,6 @@ def _report_boundary(m: shim.Memory) -> None:
     line = {
         "pid": os.getpid(),
         "iterations": m.iterations,
-        "time": time.monotonic(),
-        "used": m.used,
         "peak": c.peak if c else None,
         "launches": c.launches if c else None,
         "copies": _sim_copies(),
