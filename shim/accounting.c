@@ -7,6 +7,8 @@
  */
 #include "accounting.h"
 
+#include <time.h>
+
 /*
  * Charge `bytes` on ledger GPU `gpu` to `slot`. A refused charge may be
  * refused for what processes of the environment that have ended still hold
@@ -16,10 +18,54 @@
  * none (nodemgr may have, meanwhile). Only when refused: the granted charge
  * costs what it did.
  */
+/*
+ * A charge still refused may be one nodemgr tops up (docs/prediction.md#admission):
+ * a task granted its predicted memory rather than its environment's quota that
+ * needs more is not failed at once. The process asks (gs_ledger_want) and polls
+ * the limit for up to the ledger's wait: a new limit, and the charge is tried
+ * again (asking again if still refused); nodemgr's answer without one, or the
+ * wait's end, and the refusal stands. Polling, not a futex: the limit is a
+ * 64-bit word, and nodemgr answers at its sweeps, tenths of a second apart.
+ */
+static int charge_after_topup(int slot, int gpu, uint64_t bytes, int refused)
+{
+	struct gs_ledger *l = gs_state.ledger;
+	const struct timespec poll = { 0, 2 * 1000 * 1000 };
+	uint64_t limit = gs_ledger_limit(l, (uint32_t)gpu);
+	uint64_t waited_ns = 0, wait_ns;
+	int rc = refused;
+
+	wait_ns = (uint64_t)gs_ledger_topup_wait(l) * 1000000u;
+	if (!gs_ledger_want(l, (uint32_t)gpu, bytes, limit))
+		return rc;
+	while (waited_ns < wait_ns) {
+		uint64_t now_limit;
+		int answered;
+
+		nanosleep(&poll, NULL);
+		waited_ns += (uint64_t)poll.tv_nsec;
+		/* `wanted` before the limit: see gs_ledger_answer. */
+		answered = gs_ledger_wanted(l, (uint32_t)gpu) == 0;
+		now_limit = gs_ledger_limit(l, (uint32_t)gpu);
+		if (now_limit != limit) {
+			limit = now_limit;
+			rc = gs_ledger_charge(l, (uint32_t)slot, (uint32_t)gpu, bytes);
+			if (rc == 0 || !gs_ledger_want(l, (uint32_t)gpu, bytes, limit))
+				return rc;
+		} else if (answered) {
+			return rc;
+		}
+	}
+	return rc;
+}
+
 static __attribute__((noinline, cold)) int charge_after_reap(int slot, int gpu, uint64_t bytes)
 {
+	int rc;
+
 	reap_dead_slots(slot);
-	return gs_ledger_charge(gs_state.ledger, (uint32_t)slot, (uint32_t)gpu, bytes);
+	rc = gs_ledger_charge(gs_state.ledger, (uint32_t)slot, (uint32_t)gpu, bytes);
+	return rc == 0 ? 0 : charge_after_topup(slot, gpu, bytes, rc);
 }
 
 /* Charge `bytes` on `gpu` to `slot`, reaping once if refused: 0, or the ledger's error. */

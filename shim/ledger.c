@@ -111,6 +111,56 @@ void gs_ledger_set_ctx_charge(struct gs_ledger *l, uint32_t gpu, uint64_t bytes)
 		STORE(&l->gpu[gpu].ctx_charge, bytes);
 }
 
+void gs_ledger_set_topup_limit(struct gs_ledger *l, uint32_t gpu, uint64_t bytes)
+{
+	if (gpu < GS_MAX_GPUS)
+		STORE(&l->gpu[gpu].topup_limit, bytes);
+}
+
+void gs_ledger_set_topup_wait(struct gs_ledger *l, uint32_t ms)
+{
+	STORE(&l->topup_wait_ms, ms);
+}
+
+uint64_t gs_ledger_wanted(const struct gs_ledger *l, uint32_t gpu)
+{
+	return gpu < GS_MAX_GPUS ? LOAD(&l->gpu[gpu].wanted) : 0;
+}
+
+void gs_ledger_answer(struct gs_ledger *l, uint32_t gpu)
+{
+	/*
+	 * After the limit (sequentially consistent stores, in this order): a
+	 * waiter that sees `wanted` zeroed and then reads the limit sees the
+	 * new one.
+	 */
+	if (gpu < GS_MAX_GPUS)
+		STORE(&l->gpu[gpu].wanted, 0);
+}
+
+int gs_ledger_want(struct gs_ledger *l, uint32_t gpu, uint64_t bytes, uint64_t limit)
+{
+	uint64_t topup_limit, need, seen;
+
+	if (gpu >= GS_MAX_GPUS || LOAD(&l->topup_wait_ms) == 0)
+		return 0;
+	topup_limit = LOAD(&l->gpu[gpu].topup_limit);
+	need = LOAD(&l->gpu[gpu].charged) + bytes;
+	if (topup_limit <= limit || need < bytes || need > topup_limit)
+		return 0;
+	/* Of several processes' asks, the largest stands until nodemgr answers. */
+	seen = LOAD(&l->gpu[gpu].wanted);
+	while (seen < need && !__atomic_compare_exchange_n(&l->gpu[gpu].wanted, &seen, need, 0,
+							   __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+		;
+	return 1;
+}
+
+uint32_t gs_ledger_topup_wait(const struct gs_ledger *l)
+{
+	return LOAD(&l->topup_wait_ms);
+}
+
 int gs_ledger_task_find(const struct gs_ledger *l, const char *task_id)
 {
 	for (int i = 0; i < GS_MAX_TASKS; i++) {

@@ -19,6 +19,26 @@ uint64_t gs_ledger_limit(const struct gs_ledger *l, uint32_t gpu);
 void gs_ledger_set_ctx_charge(struct gs_ledger *l, uint32_t gpu, uint64_t bytes);
 
 /*
+ * Top-up (ledger_layout.h, gs_gpu_entry.topup_limit). nodemgr: how far it may
+ * raise `gpu`'s limit (0: never); how long a refused charge waits for it
+ * (ms, all GPUs; 0: never); the count a refused charge asked for (0: none
+ * since the last answer); and the answer, given after any new limit.
+ */
+void gs_ledger_set_topup_limit(struct gs_ledger *l, uint32_t gpu, uint64_t bytes);
+void gs_ledger_set_topup_wait(struct gs_ledger *l, uint32_t ms);
+uint64_t gs_ledger_wanted(const struct gs_ledger *l, uint32_t gpu);
+void gs_ledger_answer(struct gs_ledger *l, uint32_t gpu);
+
+/*
+ * A process whose charge of `bytes` on `gpu` the limit `limit` refused: ask
+ * for a top-up (raise `wanted` to what the charge needed). Returns 1 when
+ * nodemgr may answer it (the top-up limit is above the limit and holds the
+ * charge, and waiting is on), 0 when waiting is useless.
+ */
+int gs_ledger_want(struct gs_ledger *l, uint32_t gpu, uint64_t bytes, uint64_t limit);
+uint32_t gs_ledger_topup_wait(const struct gs_ledger *l);
+
+/*
  * nodemgr: give `task_id` a task entry (before its grant is sent); returns
  * the entry index, or -ENOSPC when all GS_MAX_TASKS are in use. Adding a
  * task that has an entry returns that entry.

@@ -68,7 +68,17 @@ struct gs_gpu_entry {
 	 * the limit, which each charge reads anyway.
 	 */
 	uint64_t charged;
-	uint64_t reserved[2];
+	/*
+	 * Top-up (docs/prediction.md#admission): a task granted less than its
+	 * environment's quota may be granted more while it runs. nodemgr may
+	 * raise `limit` up to `topup_limit` (0, or not above the limit: never); a
+	 * process whose charge the limit refuses raises `wanted` to the count it
+	 * needed and waits a while for the limit to move; nodemgr zeroes `wanted`
+	 * once it has answered, after raising the limit if it did. Older ledgers
+	 * had zeros here: no top-up.
+	 */
+	uint64_t topup_limit;
+	uint64_t wanted;
 };
 
 /*
@@ -163,8 +173,8 @@ struct gs_ledger {
 	uint32_t size;
 	uint32_t ngpus;
 	uint32_t nslots;
-	uint32_t flags; /* GS_LEDGER_* bits */
-	uint32_t reserved0;
+	uint32_t flags;		/* GS_LEDGER_* bits */
+	uint32_t topup_wait_ms; /* how long a refused charge waits for a top-up; 0: never */
 	uint64_t reserved[4];
 	/*
 	 * Bit i set: slot i is taken. Written only by whoever holds the slot's

@@ -160,6 +160,8 @@ class Ledger:
         self._limits = [0] * MAX_GPUS
         self._ctx = [0] * MAX_GPUS
         self._ceiling = [0] * MAX_GPUS
+        self._topup = [0] * MAX_GPUS
+        self._topup_wait = 0
         self._file_id: tuple[int, int] | None = None  # file_id(), once read
 
     @classmethod
@@ -318,10 +320,41 @@ class Ledger:
         lib.gs_ledger_set_ctx_charge(self._l, gpu, nbytes)
         self._ctx[gpu] = nbytes
 
+    def set_topup(self, gpu: int, nbytes: int) -> None:
+        """How far nodemgr may raise ``gpu``'s limit when a process asks (0: never);
+        docs/prediction.md#admission."""
+        if not 0 <= gpu < MAX_GPUS:
+            raise LedgerError(f"no GPU {gpu} in a ledger (at most {MAX_GPUS})")
+        lib.gs_ledger_set_topup_limit(self._l, gpu, nbytes)
+        self._topup[gpu] = nbytes
+
+    def set_topup_wait(self, seconds: float) -> None:
+        """How long a process whose charge is refused waits for a top-up (0: never)."""
+        self._topup_wait = max(0, min(int(seconds * 1000), 0xFFFFFFFF))
+        lib.gs_ledger_set_topup_wait(self._l, self._topup_wait)
+
+    def wanted(self, gpu: int) -> int:
+        """The count a refused charge on ``gpu`` asked nodemgr to raise the limit to (0:
+        none since the last answer), at most the GPU's memory: the file is the
+        environment's to write."""
+        if not 0 <= gpu < self.ngpus:
+            return 0
+        return self._bytes(gpu, lib.gs_ledger_wanted(self._l, gpu))
+
+    def answer(self, gpu: int) -> None:
+        """nodemgr has answered the ask on ``gpu`` (after any new limit)."""
+        if 0 <= gpu < MAX_GPUS:
+            lib.gs_ledger_answer(self._l, gpu)
+
     def repair(self) -> list[str]:
         """Write again what only nodemgr writes (the GPU count, each GPU entry's UUID, limit
         and context charge) where the file says otherwise; what was wrong, in words."""
         fixed = []
+        if self._l.topup_wait_ms != self._topup_wait:
+            fixed.append(
+                f"top-up wait {int(self._l.topup_wait_ms)} ms (nodemgr's: {self._topup_wait})"
+            )
+            lib.gs_ledger_set_topup_wait(self._l, self._topup_wait)
         if self._l.ngpus != self.ngpus:
             fixed.append(f"GPU count {int(self._l.ngpus)} (nodemgr's: {self.ngpus})")
             self._l.ngpus = self.ngpus
@@ -333,6 +366,11 @@ class Ledger:
             if e.limit != self._limits[g]:
                 fixed.append(f"limit on GPU {g} {int(e.limit)} (nodemgr's: {self._limits[g]})")
                 lib.gs_ledger_set_limit(self._l, g, self._limits[g])
+            if e.topup_limit != self._topup[g]:
+                fixed.append(
+                    f"top-up limit on GPU {g} {int(e.topup_limit)} (nodemgr's: {self._topup[g]})"
+                )
+                lib.gs_ledger_set_topup_limit(self._l, g, self._topup[g])
             if e.ctx_charge != self._ctx[g]:
                 ctx = int(e.ctx_charge)
                 fixed.append(f"context charge on GPU {g} {ctx} (nodemgr's: {self._ctx[g]})")
