@@ -199,6 +199,7 @@ def _request_once(
         step_target=s.step_target,
         deadline=s.deadline or None,
         steps=s.steps,
+        predicted=s.predicted,
     )
     asked = time.monotonic()
     queued_at: list[float] = []

@@ -523,11 +523,12 @@ def dry_run(
     gpus: int,
     iterations: int,
     grace: float,
-    as_json: bool = False,
+    stdout: int | None = None,
     base: Mapping[str, str] | None = None,
 ) -> Prediction | int:
     """Run CMD on a private simulated node for ``iterations`` iterations and one more, or
-    to its end; its prediction, or the exit code of a dry run that could not start."""
+    to its end; its prediction, or the exit code of a dry run that could not start.
+    ``stdout``: a descriptor for the command's standard output (None: gpushare-run's)."""
     started = time.monotonic()
     command = " ".join(cmd)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -547,9 +548,7 @@ def dry_run(
         child = None
         try:
             try:
-                # With --json gpushare-run's standard output is the prediction alone: the
-                # command's goes to standard error.
-                child = spawn(cmd, env, term, sys.stderr.fileno() if as_json else None)
+                child = spawn(cmd, env, term, stdout)
             except OSError as e:
                 code = EXIT_NOT_FOUND if isinstance(e, FileNotFoundError) else EXIT_NOT_EXECUTABLE
                 say(f"cannot run {cmd[0]}: {e.strerror}")
@@ -589,7 +588,9 @@ def dry_run(
 def run(cmd: list[str], gpus: int, iterations: int, grace: float, as_json: bool) -> int:
     """``gpushare-run --predict``: print the prediction; returns the exit code."""
     try:
-        result = dry_run(cmd, gpus, iterations, grace, as_json)
+        # With --json gpushare-run's standard output is the prediction alone: the
+        # command's goes to standard error.
+        result = dry_run(cmd, gpus, iterations, grace, sys.stderr.fileno() if as_json else None)
     except (PredictError, Unreachable, NodeError) as e:
         say(f"the dry run failed: {e}")
         return EXIT_INTERNAL

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -55,6 +56,7 @@ from gpushare.exitcodes import (
 )
 from gpushare.params import ClassType, CountType, SecondsType, SizeType
 from gpushare.protocol import MAX_GPUS_PER_REQUEST, MAX_WAIT
+from gpushare.sizes import format_size
 
 
 def fail_before_start(endpoint: str, grant: Grant | None, message: str, code: int) -> int:
@@ -124,12 +126,19 @@ def run(s: cfg.Settings, cmd: list[str]) -> int:
     if s.devices == () and s.cpu_fallback:
         say("CUDA_VISIBLE_DEVICES allows no GPU: running without one")
         return _supervise(s, cmd, None)[0]
+    if s.shape == "predicted":
+        shaped = _predicted(s, cmd)
+        if isinstance(shaped, int):
+            return shaped
+        s = shaped
+    endpoint = s.endpoint
+    assert endpoint is not None
     while True:
         progress = Progress("gpushare-run", s.gpus, interval=s.progress_interval)
         try:
             grant = acquire(s, " ".join(cmd), progress, wrapper=True)
         except KeyboardInterrupt:
-            say(cancelled(s.endpoint, progress))
+            say(cancelled(endpoint, progress))
             return EXIT_CANCELLED
         except Unreachable as e:
             return _unreachable(e)
@@ -145,6 +154,40 @@ def run(s: cfg.Settings, cmd: list[str]) -> int:
             return code
         # Requeued for a latency-sensitive task (docs/client.md, "Classes"): from the start.
         say("waiting for GPUs again to run the command again (--no-requeue exits instead)")
+
+
+def _predicted(s: cfg.Settings, cmd: list[str]) -> cfg.Settings | int:
+    """--shape predicted (docs/prediction.md#admission): a dry run of CMD first; the
+    settings with its prediction, as they were when it made none, or the exit code when
+    CMD cannot run at all (or the user interrupted)."""
+    try:
+        # What CMD prints in its dry run is not its run's output: dropped.
+        with tempfile.TemporaryFile() as out:
+            result = predict.dry_run(cmd, s.gpus, s.predict_iterations, s.grace, out.fileno())
+    except KeyboardInterrupt:
+        say("interrupted")
+        return EXIT_CANCELLED
+    except (predict.PredictError, Unreachable, NodeError) as e:
+        say(f"the dry run failed ({e}); asking for the whole quota")
+        return s
+    if isinstance(result, int):
+        return result
+    if not result.made:
+        say(
+            f"the dry run made no prediction (the command ended with exit code "
+            f"{result.exit_code} after {result.iterations} of its {result.wanted} iterations); "
+            "asking for the whole quota"
+        )
+        return s
+    per_gpu = -(-result.peak // s.gpus)
+    say(
+        f"predicted peak {format_size(per_gpu)} per GPU ({result.seconds:.1f} s of dry run); "
+        "asking for it"
+    )
+    first = result.gpus[0] if result.gpus else None
+    if s.persistent is None and first is not None and first.persistent is not None:
+        s = s.but(persistent=first.persistent, temporary=first.temporary)
+    return s.but(predicted=per_gpu)
 
 
 def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> tuple[int, str | None]:
@@ -293,6 +336,15 @@ A CUDA_VISIBLE_DEVICES already set restricts the GPUs nodemgr may grant.
     "[default: the environment's].",
 )
 @click.option(
+    "--shape",
+    type=click.Choice(cfg.SHAPES),
+    default=None,
+    help="What the request says of the command's memory: `quota` asks for the whole "
+    "quota; `predicted` runs a dry run of it first (as --predict) and asks for its "
+    "predicted peak, which nodemgr grants with a margin and tops up when the command needs "
+    "more (docs/prediction.md#admission) [default: quota].",
+)
+@click.option(
     "--requeue/--no-requeue",
     default=None,
     help="When nodemgr requeues the task for a latency-sensitive one, wait for GPUs again "
@@ -393,6 +445,7 @@ def main(
     temporary: int | None,
     guard: int | None,
     task_class: str | None,
+    shape: str | None,
     requeue: bool | None,
     compute: int | None,
     step_target: float | None,
@@ -417,8 +470,8 @@ def main(
         raise click.UsageError("Missing argument 'CMD...'.")
     if as_json and not (show_status or predict_run):
         raise click.UsageError("--json goes with --status or --predict")
-    if iterations is not None and not predict_run:
-        raise click.UsageError("--iterations goes with --predict")
+    if iterations is not None and not predict_run and shape != "predicted":
+        raise click.UsageError("--iterations goes with --predict or --shape predicted")
     if predict_run:
         if show_status:
             raise click.UsageError("--status runs no command: give either --status or --predict")
@@ -463,6 +516,8 @@ def main(
         grace=grace,
         task_class=task_class,
         requeue=requeue,
+        shape=shape,
+        predict_iterations=iterations,
     )
     if not s.endpoint:
         say(

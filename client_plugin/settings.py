@@ -28,6 +28,7 @@ from gpushare.envvars import (
     PREDICT_ITERATIONS,
     PROGRESS_INTERVAL,
     REQUEUE,
+    SHAPE,
     STEP_TARGET,
     STEPS,
     TEMPORARY,
@@ -77,6 +78,10 @@ class Settings:
     deadline: float | None = None
     steps: int | None = None
     predict_iterations: int = DEFAULT_PREDICT_ITERATIONS  # gpushare-run --predict
+    # gpushare-run --shape (docs/prediction.md#admission): "quota", or "predicted" (a dry
+    # run first, and the request carries its peak); and that peak, once known.
+    shape: str = "quota"
+    predicted: int | None = None
 
     def but(self, **changes: Any) -> Settings:
         """A copy with the given fields changed (None values leave a field as it is)."""
@@ -187,6 +192,16 @@ def parse_predict_iterations(name: str, value: str) -> int:
     return n
 
 
+SHAPES = ("quota", "predicted")
+
+
+def parse_shape(name: str, value: str) -> str:
+    v = value.strip().lower()
+    if v not in SHAPES:
+        raise SettingsError(f"{name}={value!r}: use {' or '.join(SHAPES)}")
+    return v
+
+
 def check_target(s: Settings) -> None:
     """SettingsError unless a deadline comes with its run's steps, and steps with one."""
     if (s.deadline is None) != (s.steps is None):
@@ -224,6 +239,7 @@ _VARIABLES: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     (DEADLINE, "deadline", parse_seconds),
     (STEPS, "steps", parse_steps),
     (PREDICT_ITERATIONS, "predict_iterations", parse_predict_iterations),
+    (SHAPE, "shape", parse_shape),
 )
 
 

@@ -56,6 +56,8 @@ DEADLINE = "GPUSHARE_DEADLINE"
 STEPS = "GPUSHARE_STEPS"
 # gpushare-run --predict (docs/prediction.md): the iterations its dry run waits for.
 PREDICT_ITERATIONS = "GPUSHARE_PREDICT_ITERATIONS"
+# gpushare-run --shape (docs/prediction.md#admission): ask by the dry run's prediction.
+SHAPE = "GPUSHARE_SHAPE"
 # The auto-loader's own settings.
 AUTOLOAD = "GPUSHARE_AUTOLOAD"
 FRAMEWORKS = "GPUSHARE_FRAMEWORKS"
@@ -142,6 +144,13 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
         "--iterations",
         "N, 1 to 1000",
         "`--predict`: the iterations the dry run runs as on a shared GPU (3)",
+    ),
+    (
+        SHAPE,
+        "--shape",
+        "quota/predicted",
+        "`predicted`: a dry run first, and the request carries its prediction (nodemgr grants "
+        "the predicted peak plus a margin); `quota`: the whole quota (the default)",
     ),
     (AUTOLOAD, "", "1/0", "the auto-loader requests a grant when a framework is imported"),
     (FRAMEWORKS, "", "NAME,...", "more top-level modules whose import starts a task"),

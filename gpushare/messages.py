@@ -531,6 +531,9 @@ class Request(TaskRequest[GrantReply]):
     step_target: Annotated[float | None, _number(0.001, 3600.0), OMIT_NIL] = None
     deadline: Annotated[float | None, _number(1.0, MAX_WAIT), OMIT_NIL] = None
     steps: Annotated[int | None, _int(1, (1 << 53) - 1), OMIT_NIL] = None
+    # Its predicted peak per GPU, bytes (gpushare-run --shape predicted; docs/prediction.md):
+    # on a shared GPU it is granted that plus prediction.margin, not the whole quota.
+    predicted: Annotated[int | None, BYTES, OMIT_NIL] = None
 
     @property
     def estimate(self) -> tuple[int, int] | None:

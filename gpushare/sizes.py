@@ -28,6 +28,7 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*$", re.ASCII)
 _SECONDS = re.compile(r"^\s*(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*$", re.ASCII)
 MAX_SIZE = (1 << 63) - 1
+MiB = 1 << 20
 SIZE_FORMS = "bytes or a number with a unit: 512MiB, 8GiB, 1.5G, 1TB"
 
 

@@ -323,6 +323,13 @@ KEYS: tuple[Key, ...] = (
         " of use over its share before a latency-sensitive task is held"),
     Key("compute", "elastic_tolerance", "elastic_tolerance", Integer(0, 100), 5,
         "percentage points of its GPU a latency-sensitive task may use above its share"),
+    Key("prediction", "margin", "predict_margin", Number(False), 0.1,
+        "a task sent with its predicted peak (`gpushare-run --shape predicted`) is granted"
+        " that peak times 1 + this on a shared GPU, at most its environment's quota"
+        " ([prediction.md](prediction.md#admission))"),
+    Key("prediction", "topup_wait", "topup_wait", Seconds(0.0, 60.0), 2.0,
+        "seconds a process of such a task whose allocation passes its grant waits for"
+        " nodemgr to top the grant up from the quota; 0: it is refused at once"),
     Key("idle", "timeout", "idle_timeout", Seconds(0.0, 7 * DAY), 0.0,
         "seconds without a kernel launch after which a task is idle ([nodemgr.md]"
         "(nodemgr.md#idle-tasks)); 0 turns the idle policy off; `nodemgr idle` sets it per"
@@ -495,6 +502,10 @@ class Config:
         intervals, so that it hears why at its next heartbeat."""
         return max(self.reclaim_grace, 2 * self.heartbeat_interval)
 
+    # [prediction] (docs/prediction.md#admission): the margin over a predicted peak, and
+    # how long an allocation beyond a predicted grant waits for a top-up.
+    predict_margin: float = _DEFAULTS["predict_margin"]
+    topup_wait: float = _DEFAULTS["topup_wait"]
     # [audit] (docs/operations.md#bypass-audit): seconds between audits (0: off), what is
     # done with a process found bypassing, and the slack allowed beyond its slots.
     audit_interval: float = _DEFAULTS["audit_interval"]

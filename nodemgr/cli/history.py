@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 import click
 
@@ -46,6 +48,17 @@ class SinceType(click.ParamType):  # type: ignore[type-arg]
             )
 
 
+def _predicted(r: Mapping[str, Any]) -> str:
+    """PREDICTED: a task's predicted peak per GPU, with its top-ups (docs/prediction.md)."""
+    predicted = r.get("predicted")
+    if not isinstance(predicted, int):
+        return "-"
+    topups = r.get("topups") or 0
+    return format_size(predicted) + (
+        f" +{topups} top-up{'s' if topups != 1 else ''}" if topups else ""
+    )
+
+
 def _when(t: float | None) -> str:
     return "-" if t is None else datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
@@ -64,15 +77,29 @@ def history(
     """Allocation records, newest first: ENV's, or every environment's.
 
     Each record: the task, its environment and GPUs, the per-GPU memory
-    granted, the peak its processes used, when it started and ended, and
-    why it ended (done, killed, exited, timeout, admin, idle, undelivered, preempted).
+    granted, the peak its processes used, and for a task sent with a
+    prediction (gpushare-run --shape predicted) its predicted peak per GPU and
+    how often its grant was topped up, when it started and ended, and why it
+    ended (done, killed, exited, timeout, admin, idle, undelivered, preempted).
     """
     records = admin_call(config_path, History(env=env, since=since, limit=limit)).records
     if as_json:
         print_json(records)
         return
     print_table(
-        ["TASK", "ENV", "CLASS", "GPU", "MEMORY/GPU", "PEAK", "STARTED", "ENDED", "REASON", "EXIT"],
+        [
+            "TASK",
+            "ENV",
+            "CLASS",
+            "GPU",
+            "MEMORY/GPU",
+            "PEAK",
+            "PREDICTED",
+            "STARTED",
+            "ENDED",
+            "REASON",
+            "EXIT",
+        ],
         [
             [
                 r["task_id"],
@@ -81,6 +108,7 @@ def history(
                 ",".join(map(str, r["gpus"])),
                 format_size(r["memory"]),
                 format_size(r["peak"]),
+                _predicted(r),
                 _when(r["started"]),
                 _when(r["ended"]),
                 r["reason"] or "running",

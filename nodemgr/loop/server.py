@@ -265,6 +265,7 @@ class Server:
             except MetricsError as e:
                 raise StartupError(str(e)) from None
             self.node.slicing.on_switch = self.metrics.switched
+            self.node.on_predicted_end = self.metrics.predicted_ended
             self.connections.on_refused = self.metrics.refused
 
     def _hold_gpus(self, gpus: list[Gpu], directory: Path, fix: str) -> None:
@@ -526,6 +527,8 @@ class Server:
         if reaped:
             self.node.note_usage(reaped)
             log.debug("reaped dead processes' slots in %s", env.name)
+        # After the reap: what dead processes held no longer stands in a top-up's way.
+        self.node.top_up(env)
 
     def _answer_yields(self) -> None:
         """Answer the held `yield` requests whose wait is over (Slicing.answer_yields)."""

@@ -86,6 +86,16 @@ class Task:
     waking_pacers: bool = False
 
     @property
+    def grant(self) -> int | None:
+        """Its per-GPU grant on shared GPUs when it was granted by prediction (its
+        ``memory``, topped up as it ran; docs/prediction.md#admission); None: its
+        environment's quota."""
+        return None if self.request.predicted is None else self.memory
+
+    # Top-ups of its grant by prediction while it ran (docs/prediction.md#admission).
+    topups: int = 0
+
+    @property
     def guard(self) -> int:
         """Bytes kept free after its persistent slices on time-sliced GPUs: its request's,
         or the node's ``timeslice.guard`` as it was when the task was granted."""

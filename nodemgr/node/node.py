@@ -17,13 +17,13 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from gpushare import paths
 from gpushare.messages import Request
 from gpushare.protocol import BE, CLASS_LONG, LS, Err, ProtocolError
-from gpushare.sizes import format_size
+from gpushare.sizes import MiB, format_size
 from nodemgr.config import Config, check_gpus
 from nodemgr.host import envdirs
 from nodemgr.host.board import Board
@@ -120,6 +120,15 @@ class Node:
         self._board_tried = False
         # The elastic rule's state (docs/compute.md, "Elastic share").
         self.elastic = ElasticUnit(self)
+        # Admission by prediction (docs/prediction.md#admission): per (environment,
+        # command), the most per-GPU memory a run measured beyond its prediction, which
+        # the next prediction of that command is raised to; and the top-ups given and
+        # refused since start.
+        self.learned: dict[tuple[str, str | None], int] = store.missed_peaks()
+        self.topups = 0
+        self.topups_refused = 0
+        # Told each ended task's measured peak over its predicted one (the metrics).
+        self.on_predicted_end: Callable[[float], None] | None = None
 
     def add_entry(self, env: Env, task_id: str) -> None:
         """Give a task its entry in its environment's ledger (what pauses and gates it)."""
@@ -171,6 +180,7 @@ class Node:
             ledger.set_ctx_charge(index, self.context_memory[index])
         # Its processes start a pacer, which sleeps until their task has a schedule.
         ledger.set_compute(True)
+        ledger.set_topup_wait(self.config.topup_wait)
         self._link_board(env_dir)
         env = Env(name, gpus, memory, ledger, paths.endpoint(self.config.env_socket(name)))
         env.adopted = adopted
@@ -423,7 +433,9 @@ class Node:
         if lending is not None:
             return self._lent_charge(index, lending)
         return sum(
-            max(e.memory, e.ledger.held(index)) if index in e.held else e.ledger.held(index)
+            max(self.allowance(e, index), e.ledger.held(index))
+            if index in e.held
+            else e.ledger.held(index)
             for e in self.envs.values()
             if index in e.held or index in e.draining
         )
@@ -450,7 +462,7 @@ class Node:
             elif all(self._held_for_ls(t, lending) for t in ids):
                 total += e.ledger.held(index)
             else:
-                total += max(e.memory, e.ledger.held(index))
+                total += max(self.allowance(e, index), e.ledger.held(index))
         return total
 
     def all_held_for_ls(self, env: Env, index: int) -> bool:
@@ -458,13 +470,43 @@ class Node:
         ids = env.held.get(index, set())
         return bool(ids) and all(t in self.held_for_ls for t in ids)
 
+    def allowance(self, env: Env, index: int, grant: int | None = None) -> int:
+        """What ``env`` is charged on GPU ``index`` it holds (with a new task granted
+        ``grant`` there, when given): its per-GPU quota, or, on a shared GPU where each of
+        its tasks was granted by prediction (docs/prediction.md#admission), the sum of
+        their grants, at most the quota."""
+        if self.slicing.timesliced(index):
+            return env.memory
+        grants = [self.tasks[t].grant for t in env.held.get(index, ()) if t in self.tasks]
+        if grant is not None:
+            grants.append(grant)
+        if not grants or None in grants:
+            return env.memory
+        return min(env.memory, sum(g for g in grants if g is not None))
+
     def set_held_limit(self, env: Env, index: int) -> None:
-        """The ledger limit of a GPU the environment holds: its quota, or, while all its
-        tasks there are held for LS tasks, what it holds (it has lent the rest)."""
+        """The ledger limit of a GPU the environment holds: its allowance (its quota, or
+        what its tasks there were granted by prediction, topped up to the quota on
+        request), or, while all its tasks there are held for LS tasks, what it holds (it
+        has lent the rest)."""
         if self.all_held_for_ls(env, index) and not self.slicing.timesliced(index):
             env.ledger.set_limit(index, min(env.memory, env.ledger.held(index)))
-        else:
-            env.ledger.set_limit(index, env.memory)
+            env.ledger.set_topup(index, 0)
+            return
+        allowed = self.allowance(env, index)
+        env.ledger.set_limit(index, allowed)
+        env.ledger.set_topup(index, env.memory if allowed < env.memory else 0)
+
+    def predicted_grant(self, env: Env, request: Request) -> int | None:
+        """What a task of ``request`` is granted per shared GPU: its predicted peak (or
+        the peak an earlier run of the same command measured beyond its prediction, when
+        more) times 1 + prediction.margin, in whole MiB, at most the quota; None: a
+        request without a prediction, granted the quota."""
+        if request.predicted is None:
+            return None
+        need = max(request.predicted, self.learned.get((env.name, request.command), 0))
+        grant = math.ceil(need * (1.0 + self.config.predict_margin) / MiB) * MiB
+        return min(env.memory, grant)
 
     # --- GPU modes (time slicing itself: nodemgr.node.turns) -------------------------
 
@@ -535,11 +577,16 @@ class Node:
         )
 
     def views(
-        self, new: timeslice.Member | None = None, lending: Lending | None = None
+        self,
+        new: timeslice.Member | None = None,
+        lending: Lending | None = None,
+        shared: tuple[Env, int | None] | None = None,
     ) -> list[scheduler.GpuView]:
         """Every GPU as the scheduler sees it; with ``new`` (a request, its task id
         empty), each time-sliced GPU also says what that request would add to its charge;
-        with ``lending``, as a latency-sensitive request sees it (Lending)."""
+        with ``lending``, as a latency-sensitive request sees it (Lending); with
+        ``shared`` (an environment and a predicted grant), each shared GPU says what that
+        grant would add to the environment's charge there."""
         out = []
         quotas = self.slicing.quotas()
         for g in self.gpus:
@@ -547,6 +594,8 @@ class Node:
             extra = None
             if new is not None and self.slicing.timesliced(g.index):
                 extra = timeslice.extra(self.slicing.members(g.index), quotas, new)
+            elif shared is not None and shared[1] is not None:
+                extra = self._added(shared[0], g.index, shared[1])
             # Time-sliced GPUs are charged by their regions: nothing is lent there.
             lent = None if self.slicing.timesliced(g.index) else lending
             out.append(
@@ -561,6 +610,15 @@ class Node:
                 )
             )
         return out
+
+    def _added(self, env: Env, index: int, grant: int) -> int:
+        """What a task granted ``grant`` adds to ``env``'s charge on shared GPU ``index``:
+        its allowance there with the task, less its charge there now."""
+        if index not in env.held:
+            # What it still drains there stays charged beside the new allowance.
+            return min(env.memory, grant)
+        now = max(self.allowance(env, index), env.ledger.held(index))
+        return max(0, max(self.allowance(env, index, grant), env.ledger.held(index)) - now)
 
     def restriction(self, devices: list[str] | None) -> frozenset[int] | None:
         """The GPUs a request's ``devices`` allow (None: any), or ProtocolError."""
@@ -578,17 +636,19 @@ class Node:
         allowed: frozenset[int] | None = None,
         lending: Lending | None = None,
     ) -> scheduler.Choice | scheduler.Refusal:
+        hints = [m for m in (request.memory, request.predicted) if m is not None]
         ask = scheduler.Ask(
             request.gpus,
             env.gpus,
             env.memory,
             {i: len(t) for i, t in env.held.items()},
-            request.memory,
+            max(hints) if hints else None,
             allowed,
             request.estimate,
         )
         new = timeslice.Member("", env.name, self._guard(request), request.estimate)
-        return scheduler.select(ask, self.views(new, lending), self.config.task_threshold)
+        shared = (env, self.predicted_grant(env, request))
+        return scheduler.select(ask, self.views(new, lending, shared), self.config.task_threshold)
 
     def _guard(self, request: Request) -> int:
         """The guard a task of ``request`` gets: its own, else ``timeslice.guard``."""
@@ -633,11 +693,12 @@ class Node:
                 "may not be overtaken again",
             )
         self._check_lent(env, decision)
+        grant = self.predicted_grant(env, request)
         task = Task(
             task_id=secrets.token_hex(8),
             env=env.name,
             gpus=decision.gpus,
-            memory=env.memory,
+            memory=env.memory if grant is None else grant,
             pid=pid,
             pid_start=pid_start,
             command=request.command,
@@ -668,12 +729,12 @@ class Node:
         # Before the grant leaves: the command's processes look their task up
         # when they claim their ledger slots.
         self.add_entry(env, task.task_id)
+        self.add_task(task)
         for index in decision.gpus:
             env.held.setdefault(index, set()).add(task.task_id)
             env.draining.discard(index)
-        for index in decision.new:
-            env.ledger.set_limit(index, env.memory)
-        self.add_task(task)
+            # New to it: its quota or grant; reused: a grant by prediction adds to it.
+            self.set_held_limit(env, index)
         # Before the grant leaves: on a gated GPU its first allocation must wait its turn,
         # and on a GPU with shares its first launch its window.
         self.slicing.retime(started)
@@ -713,6 +774,81 @@ class Node:
                     "to end",
                 )
 
+    def top_up(self, env: Env) -> None:
+        """Answer what ``env``'s processes asked beyond grants by prediction
+        (docs/prediction.md#admission): on each shared GPU where one asked, raise its
+        tasks' grant to what it needed, with the margin when there is room for it, and
+        never past the quota or the GPU's free memory; then answer, granted or not."""
+        for index in sorted(env.held):
+            wanted = env.ledger.wanted(index)
+            if not wanted:
+                continue
+            allowed = self.allowance(env, index)
+            tasks = [
+                self.tasks[t]
+                for t in env.held[index]
+                if t in self.tasks and self.tasks[t].grant is not None
+            ]
+            free = self.capacity(index) - self.charged(index)
+            need = min(env.memory, math.ceil(wanted / MiB) * MiB) - allowed
+            task = None
+            if tasks and not self.slicing.timesliced(index):
+                # The task furthest past its grant asked, most likely. Its grant is per
+                # GPU: what it gains must fit on each of its shared GPUs.
+                task = max(tasks, key=lambda t: env.ledger.task_usage(t.task_id).used - t.memory)
+                free = min(
+                    self.capacity(i) - self.charged(i)
+                    for i in task.gpus
+                    if not self.slicing.timesliced(i)
+                )
+            if (
+                task is not None
+                and wanted > env.ledger.limit(index)
+                and not self.all_held_for_ls(env, index)
+                and 0 < need <= free
+            ):
+                margin = math.ceil(wanted * (1.0 + self.config.predict_margin) / MiB) * MiB
+                add = max(need, min(min(env.memory, margin) - allowed, free))
+                task.memory += add
+                task.topups += 1
+                self.topups += 1
+                self.store.task_topped_up(task.task_id, task.memory, task.topups)
+                for i in task.gpus:
+                    self.set_held_limit(env, i)
+                log.info(
+                    "top-up %s env=%s gpu=%d +%s (asked %s, grant %s)",
+                    task.task_id,
+                    env.name,
+                    index,
+                    format_size(add),
+                    format_size(wanted),
+                    format_size(task.memory),
+                )
+            elif wanted > env.ledger.limit(index):
+                self.topups_refused += 1
+                log.info(
+                    "top-up refused env=%s gpu=%d: asked %s, %s free",
+                    env.name,
+                    index,
+                    format_size(wanted),
+                    format_size(max(0, free)),
+                )
+            # After any new limit: the waiting processes read it once they see the answer.
+            env.ledger.answer(index)
+
+    def _learn(self, task: Task) -> None:
+        """A task granted by prediction that ended: the next prediction of its command in
+        its environment is raised to what it measured when that was more."""
+        predicted = task.request.predicted
+        if predicted is None:
+            return
+        per_gpu = task.peak // max(1, len(task.gpus))
+        if self.on_predicted_end is not None and predicted > 0:
+            self.on_predicted_end(per_gpu / predicted)
+        key = (task.env, task.command)
+        if per_gpu > max(predicted, self.learned.get(key, 0)):
+            self.learned[key] = per_gpu
+
     def task(self, env_name: str, task_id: str) -> Task:
         """The task ``task_id`` of ``env_name``; another environment's task is unknown here."""
         task = self.tasks.get(task_id)
@@ -737,6 +873,7 @@ class Node:
             env.tasks_full = False
         task.peak = max(task.peak, totals.peak)
         task.launches = max(task.launches, totals.launches)
+        self._learn(task)
         env.launches_done += task.launches
         for index in task.gpus:
             holders = env.held.get(index)
@@ -746,7 +883,10 @@ class Node:
             if not holders:
                 del env.held[index]
                 env.ledger.set_limit(index, 0)
+                env.ledger.set_topup(index, 0)
                 env.draining.add(index)
+            else:
+                self.set_held_limit(env, index)
         # Its turns go on at once (a holder that has gone hands on).
         self.slicing.forget(task_id)
         self.held_for_ls.discard(task_id)

@@ -83,6 +83,7 @@ def restore(node: Node, forget_unknown: bool = False) -> list[Task]:
             restored=True,
             peak=rec.peak,
             arrival=node.slicing.arrive(),
+            topups=rec.topups,
         )
         node.add_task(task)
         for index in task.gpus:
@@ -92,7 +93,7 @@ def restore(node: Node, forget_unknown: bool = False) -> list[Task]:
         _restore_entries(node, env)
         for index in range(len(node.gpus)):
             if index in env.held:
-                env.ledger.set_limit(index, env.memory)
+                node.set_held_limit(env, index)
             else:
                 env.ledger.set_limit(index, 0)
                 if env.ledger.used(index):

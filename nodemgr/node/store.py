@@ -38,7 +38,7 @@ def _encoded(request: Request) -> bytes:
 # 2: env_idle, task_wrappers. 3: tasks.request, in place of task_shapes and task_wrappers.
 # 4: env_classes, tasks.class. 5: env_compute (compute caps; a step of its own in _upgrade).
 # An older database is brought up to date at start (_upgrade).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS envs (
@@ -63,7 +63,9 @@ CREATE TABLE IF NOT EXISTS tasks (
     exit_code INTEGER,
     request   BLOB,                   -- the request it was granted for, as the wire encodes
                                       -- it (gpushare.messages.Request), its guard filled in
-    class     TEXT                    -- "ls" or "be"; NULL: a task of a schema before 4
+    class     TEXT,                   -- "ls" or "be"; NULL: a task of a schema before 4
+    predicted INTEGER,                -- its predicted peak per GPU, bytes; NULL: none
+    topups    INTEGER NOT NULL DEFAULT 0  -- times its grant by prediction was topped up
 );
 CREATE TABLE IF NOT EXISTS gpu_modes (
     uuid    TEXT PRIMARY KEY,         -- the GPU's UUID (GPU-...)
@@ -91,6 +93,15 @@ CREATE TABLE IF NOT EXISTS env_compute (
 CREATE INDEX IF NOT EXISTS tasks_running ON tasks (task_id) WHERE ended IS NULL;
 CREATE INDEX IF NOT EXISTS tasks_started ON tasks (started);
 """
+
+
+def _to_6(db: sqlite3.Connection) -> None:
+    """Schema 5 to 6: each task's prediction and top-ups (docs/prediction.md#admission)."""
+    columns = {str(row[1]) for row in db.execute("PRAGMA table_info(tasks)")}
+    if "predicted" not in columns:
+        db.execute("ALTER TABLE tasks ADD COLUMN predicted INTEGER")
+    if "topups" not in columns:
+        db.execute("ALTER TABLE tasks ADD COLUMN topups INTEGER NOT NULL DEFAULT 0")
 
 
 def _to_5(db: sqlite3.Connection) -> None:
@@ -186,6 +197,8 @@ class Record:
     peak: int
     exit_code: int | None
     task_class: str | None = None  # "ls" or "be"; None: recorded before classes
+    predicted: int | None = None  # its predicted peak per GPU; None: granted the quota
+    topups: int = 0  # times its grant by prediction was topped up
 
     def view(self) -> dict[str, object]:
         return {
@@ -201,6 +214,8 @@ class Record:
             "peak": self.peak,
             "exit_code": self.exit_code,
             "task_class": self.task_class,
+            "predicted": self.predicted,
+            "topups": self.topups,
         }
 
 
@@ -208,7 +223,7 @@ def _record(row: tuple[object, ...]) -> Record:
     (task_id, env, gpus, memory, pid, pid_start, command, started, ended, reason, peak, code) = row[
         :12
     ]
-    task_class = row[12]
+    task_class, predicted, topups = row[12:15]
     return Record(
         str(task_id),
         str(env),
@@ -223,12 +238,14 @@ def _record(row: tuple[object, ...]) -> Record:
         int(peak),  # type: ignore[call-overload]
         None if code is None else int(code),  # type: ignore[call-overload]
         None if task_class is None else str(task_class),
+        None if predicted is None else int(predicted),  # type: ignore[call-overload]
+        int(topups or 0),  # type: ignore[call-overload]
     )
 
 
 _COLUMNS = (
     "task_id, env, gpus, memory, pid, pid_start, command, started, ended, reason, peak, "
-    "exit_code, class"
+    "exit_code, class, predicted, topups"
 )
 
 
@@ -314,6 +331,7 @@ class Store:
             db.execute("DROP TABLE IF EXISTS task_shapes")
             db.execute("DROP TABLE IF EXISTS task_wrappers")
             _to_5(db)
+            _to_6(db)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
         self._transaction(op)
@@ -455,7 +473,7 @@ class Store:
         def op(db: sqlite3.Connection) -> None:
             db.execute(
                 f"INSERT INTO tasks ({_COLUMNS}, request) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, 0, NULL, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, 0, NULL, ?, ?, 0, ?)",
                 (
                     r.task_id,
                     r.env,
@@ -466,6 +484,7 @@ class Store:
                     r.command,
                     r.started,
                     r.task_class,
+                    request.predicted,
                     _encoded(request),
                 ),
             )
@@ -510,6 +529,28 @@ class Store:
             )
 
         self._write(op)
+
+    def task_topped_up(self, task_id: str, memory: int, topups: int) -> None:
+        """A task granted by prediction was topped up: its grant now, and how often."""
+
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
+                "UPDATE tasks SET memory = ?, topups = ? WHERE task_id = ?",
+                (memory, topups, task_id),
+            )
+
+        self._write(op)
+
+    def missed_peaks(self) -> dict[tuple[str, str | None], int]:
+        """Per (environment, command), the most per-GPU memory an ended task granted by
+        prediction measured beyond its prediction (Node.learned)."""
+        rows = self.db.execute(
+            "SELECT env, command, MAX(peak / (LENGTH(gpus) - LENGTH(REPLACE(gpus, ',', '')) + 1)) "
+            "AS per_gpu FROM tasks WHERE predicted IS NOT NULL AND ended IS NOT NULL "
+            "AND peak / (LENGTH(gpus) - LENGTH(REPLACE(gpus, ',', '')) + 1) > predicted "
+            "GROUP BY env, command"
+        ).fetchall()
+        return {(str(e), None if c is None else str(c)): int(p) for e, c, p in rows}
 
     def task_attached(self, task_id: str, pid: int | None, pid_start: int | None) -> None:
         """A restored task's client came back, possibly seen under a new pid."""

@@ -21,6 +21,7 @@ from gpushare.messages import ErrorReply, Message
 from gpushare.protocol import BE, CLASSES, TIMESLICED, Err
 from nodemgr.config import Config
 from nodemgr.host.audit import AuditState
+from nodemgr.host.ledger import SlotTotals
 from nodemgr.host.utilization import Utilization
 from nodemgr.node.node import REASONS, Node
 from nodemgr.report import views
@@ -32,11 +33,14 @@ CAPS = ("env", "reader", "client")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 1.0)
 SWITCH_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
 WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400)
+# A task's measured peak over its predicted one (docs/prediction.md#admission).
+PREDICTION_BUCKETS = (0.5, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0)
 # The `endpoint` label of request metrics, and the `outcome` of a wait's.
 ENDPOINTS = ("admin", "task")
 WAIT_OUTCOMES = ("granted", "timeout")
 
 Row = TypeVar("Row")
+_NONE = SlotTotals()
 
 
 class GpuMetrics(views.GpuStatus):
@@ -53,6 +57,16 @@ class EnvMetrics(TypedDict):
     tasks: int
     launches: int
     utilization: float  # the ratio its tasks' processes kept its GPUs busy, summed
+
+
+class TaskPrediction(NamedTuple):
+    """A running task sent with its predicted peak (docs/prediction.md#admission)."""
+
+    task_id: str
+    env: str
+    predicted: int  # bytes per GPU
+    granted: int  # bytes per shared GPU, top-ups included
+    peak: int  # bytes per GPU its processes held at once, so far
 
 
 class TaskCompute(NamedTuple):
@@ -79,6 +93,9 @@ class Snapshot:
     bypass_killed: int = 0
     ledger_rewrites: int = 0
     compute: tuple[TaskCompute, ...] = ()
+    predictions: tuple[TaskPrediction, ...] = ()
+    topups: int = 0
+    topups_refused: int = 0
 
 
 def _region(x: GpuMetrics, key: str) -> int:
@@ -233,6 +250,28 @@ class _StateCollector(Collector):
             device.add_metric([c.task_id, c.env], c.device_seconds)
         yield share
         yield device
+        families = [
+            GaugeMetricFamily(name, doc, labels=["task", "env"])
+            for name, doc in (
+                ("gpushare_task_predicted_bytes", "A running task's predicted peak per GPU"),
+                ("gpushare_task_granted_bytes", "Its grant per shared GPU, top-ups included"),
+                ("gpushare_task_peak_bytes", "Its measured peak per GPU so far"),
+            )
+        ]
+        for p in snap.predictions:
+            for family, value in zip(families, (p.predicted, p.granted, p.peak), strict=True):
+                family.add_metric([p.task_id, p.env], value)
+        yield from families
+        yield CounterMetricFamily(
+            "gpushare_prediction_topups",
+            "Grants by prediction topped up from the quota while their tasks ran",
+            value=snap.topups,
+        )
+        yield CounterMetricFamily(
+            "gpushare_prediction_topups_refused",
+            "Top-ups asked for that the quota or the GPU's free memory could not give",
+            value=snap.topups_refused,
+        )
         yield GaugeMetricFamily(
             "gpushare_queue_length", "Requests waiting for GPUs", value=snap.queue_length
         )
@@ -306,6 +345,11 @@ class Metrics:
             SWITCH_BUCKETS,
             "gpu",
         )
+        self.predictions = self._histogram(
+            "gpushare_prediction_peak_ratio",
+            "Ended tasks sent with a prediction: measured peak per GPU over predicted",
+            PREDICTION_BUCKETS,
+        )
         self.registry.register(_StateCollector(self))
         self._zeros()
 
@@ -378,6 +422,9 @@ class Metrics:
     def waited(self, seconds: float, outcome: str) -> None:
         self.waits.labels(outcome).observe(seconds)
 
+    def predicted_ended(self, ratio: float) -> None:
+        self.predictions.observe(ratio)
+
     def snapshot(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now < self._next:
@@ -404,7 +451,7 @@ class Metrics:
                     "quota_gpus": env.gpus,
                     "quota_memory": env.memory,
                     "gpus": len(env.held),
-                    "granted": env.memory * len(env.held),
+                    "granted": sum(node.allowance(env, i) for i in env.held),
                     "used": sum(t.used for t in live.values()),
                     "tasks": tasks.get(env.name, 0),
                     "launches": env.launches_done + launches.get(env.name, 0),
@@ -439,4 +486,18 @@ class Metrics:
                 for t in node.tasks.values()
                 if t.schedule is not None and t.schedule.length_ns
             ),
+            predictions=tuple(
+                TaskPrediction(
+                    t.task_id,
+                    t.env,
+                    t.request.predicted,
+                    t.memory,
+                    max(t.peak, node.envs[t.env].usage.get(t.task_id, _NONE).peak)
+                    // max(1, len(t.gpus)),
+                )
+                for t in node.tasks.values()
+                if t.request.predicted is not None
+            ),
+            topups=node.topups,
+            topups_refused=node.topups_refused,
         )

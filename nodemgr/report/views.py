@@ -77,6 +77,11 @@ class TaskView(TypedDict):
     memory_limit: int
     memory_used: int
     peak: int
+    # Admission by prediction (docs/prediction.md#admission): its predicted peak per GPU,
+    # its grant per shared GPU now (both nil: granted the quota), its top-ups.
+    predicted: int | None
+    granted: int | None
+    topups: int
     launches: int
     processes: int
     started: float
@@ -263,6 +268,9 @@ def task(
         "memory_limit": node.envs[task.env].memory,
         "memory_used": totals.used,
         "peak": max(task.peak, totals.peak),
+        "predicted": task.request.predicted,
+        "granted": task.grant,
+        "topups": task.topups,
         "launches": totals.launches,
         "processes": totals.processes,
         "started": task.started,

@@ -124,7 +124,7 @@ def test_a_version_2_database_keeps_each_running_tasks_request(tmp_path: Path) -
         store.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert "task_shapes" not in tables and "task_wrappers" not in tables
         assert "env_compute" in tables
@@ -206,6 +206,6 @@ def test_a_version_4_database_gains_the_compute_caps(tmp_path: Path) -> None:
         store.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     finally:
         db.close()

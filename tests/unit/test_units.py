@@ -93,6 +93,7 @@ def test_validate_types_ranges_and_unknowns() -> None:
         "step_target": None,
         "deadline": None,
         "steps": None,
+        "predicted": None,
     }
     cases: list[tuple[dict[str, Any], str]] = [
         ({"type": "request", "gpus": 1, "task_class": "latency-sensitive"}, Err.BAD_REQUEST),
