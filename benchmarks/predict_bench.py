@@ -24,6 +24,13 @@ with Adam: 120 cases (``--quick``: the middle batch size with Adam, 20).
   multiple of one step of the real run on the simulated driver (whose steps are the
   host's work alone: kernels take no time there).
 
+- ``admission``: the same mix of 24 jobs of tests/fixtures/driver_loop.py (12 with
+  ``--quick``), each in an environment of its own (1 GPU x 8 GiB), submitted at once to a
+  nodemgr of 4 simulated 16 GiB GPUs, once with whole-quota grants and once with
+  ``gpushare-run --shape predicted``; a quarter of them grow past their prediction and must
+  be topped up. Target: by prediction at least 1.5x the tasks at once, and no job out of
+  memory (docs/prediction.md#admission).
+
 With ``--gpu`` (``make bench-gpu-predict``) the real runs go to the node's NVIDIA GPU
 (nodemgr on NVML, every job pinned to the GPU with the most free memory), while the dry
 runs stay on the simulated driver, as a user's would: the errors are then the simulator's
@@ -42,6 +49,7 @@ import itertools
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -230,7 +238,128 @@ def bench_memory(python: str, margin: float, target: Target, quick: bool) -> dic
     )
 
 
-BENCHES = ("memory",)
+# --- admission by prediction (docs/prediction.md#admission) ---------------------------------
+
+LOOP = SELF.parent.parent / "tests" / "fixtures" / "driver_loop.py"
+ADMIT_GPUS = 4
+ADMIT_GPU_MEMORY = 16 * GiB
+ADMIT_QUOTA = 8 * GiB  # each task's environment: half a GPU, a common dev-environment quota
+ADMIT_TARGET = 1.5  # concurrent tasks by prediction over whole-quota grants
+
+
+@dataclass(frozen=True)
+class Job:
+    """One task of the admission mix: driver_loop.py's persistent and temporary MiB, and
+    the MiB more each step takes from step 6 on (0: none), beyond what the dry run sees."""
+
+    persistent: int
+    temporary: int
+    grow: int = 0
+
+    def argv(self, steps: int, step_s: float) -> list[str]:
+        argv = [sys.executable, str(LOOP), str(self.persistent), str(self.temporary), str(steps)]
+        argv += ["--step-seconds", str(step_s)]
+        if self.grow:
+            argv += ["--grow-after", str(DRY_ITERATIONS + 3), str(self.grow)]
+        return argv
+
+
+def admission_mix(quick: bool) -> list[Job]:
+    """The mix: persistent 0.5 to 4 GiB, temporary 0.25 to 2 GiB, every fourth job
+    growing by 1 GiB after the dry run's steps. Fixed, so each run admits the same mix."""
+    persistent = (512, 1024, 2048, 3072, 4096, 1536)
+    temporary = (256, 512, 1024, 2048)
+    n = 12 if quick else 24
+    return [
+        Job(persistent[i % len(persistent)], temporary[i % len(temporary)], 1024 * (i % 4 == 3))
+        for i in range(n)
+    ]
+
+
+def _admit(mix: list[Job], shape: str, steps: int, step_s: float) -> dict[str, Any]:
+    """Submit the whole mix at once, each job in an environment of its own, all waiting in
+    the queue; poll nodemgr until every one has ended."""
+    gpus = {
+        "simulated_count": ADMIT_GPUS,
+        "simulated_memory": f"{ADMIT_GPU_MEMORY // GiB}GiB",
+        "context_memory": "0",
+        "utilization_interval": 0.0,
+    }
+    with daemon(gpus=gpus, scheduler={"memory_reserve": "0"}) as d:
+        procs = []
+        started = time.monotonic()
+        for i, job in enumerate(mix):
+            endpoint = d.env(f"job{i}", gpus=1, memory=ADMIT_QUOTA)
+            argv = [str(BIN / "gpushare-run"), "--endpoint", endpoint, "--shape", shape]
+            procs.append(
+                subprocess.Popen(
+                    [*argv, "--", *job.argv(steps, step_s)],
+                    env=base_env(),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        most, samples, first = 0, [], None
+        while any(p.poll() is None for p in procs):
+            running = int(d.admin("status")["tasks"])
+            if running and first is None:
+                first = time.monotonic()
+            if first is not None:
+                samples.append(running)
+            most = max(most, running)
+            if time.monotonic() - started > 600:
+                raise BenchError(f"admission ({shape}): the mix took over 600 s")
+            time.sleep(0.1)
+        makespan = time.monotonic() - started
+        codes = [p.wait() for p in procs]
+        errors = [p.stderr.read() if p.stderr else "" for p in procs]
+        records = d.admin("history", limit=len(mix) * 2)["records"]
+    oom = sum("failed: 2" in e for e in errors)
+    failed = [(c, e[-300:]) for c, e in zip(codes, errors, strict=True) if c != 0]
+    if failed and len(failed) != oom:
+        raise BenchError(f"admission ({shape}): jobs failed otherwise than out of memory: {failed}")
+    predicted = [r for r in records if r.get("predicted") is not None]
+    return {
+        "max_concurrent": most,
+        "mean_concurrent": round(statistics.mean(samples), 2) if samples else 0.0,
+        "makespan_s": round(makespan, 1),
+        "oom": oom,
+        "predicted_tasks": len(predicted),
+        "topups": sum(int(r.get("topups") or 0) for r in records),
+        "granted_over_peak_median": round(
+            statistics.median(r["memory"] / r["peak"] for r in predicted if r["peak"]), 3
+        )
+        if predicted
+        else None,
+    }
+
+
+def bench_admission(quick: bool) -> dict[str, Any]:
+    """The same mix admitted by whole-quota grants and by prediction."""
+    mix = admission_mix(quick)
+    steps, step_s = (20, 0.25) if quick else (40, 0.4)
+    say(f"{len(mix)} jobs, whole quotas", "admission")
+    whole = _admit(mix, "quota", steps, step_s)
+    say(f"{len(mix)} jobs, by prediction", "admission")
+    shaped = _admit(mix, "predicted", steps, step_s)
+    result = {
+        "jobs": len(mix),
+        "node": f"{ADMIT_GPUS} simulated GPUs of {ADMIT_GPU_MEMORY // GiB} GiB",
+        "quota_per_job": ADMIT_QUOTA,
+        "job_seconds": round(steps * step_s, 1),
+        "quota": whole,
+        "predicted": shaped,
+        "concurrency_ratio": round(shaped["max_concurrent"] / max(1, whole["max_concurrent"]), 2),
+        "mean_concurrency_ratio": round(
+            shaped["mean_concurrent"] / max(0.01, whole["mean_concurrent"]), 2
+        ),
+        "oom": whole["oom"] + shaped["oom"],
+    }
+    return harness.judge_all(result, [("concurrency_ratio", ">=", ADMIT_TARGET), ("oom", "<=", 0)])
+
+
+BENCHES = ("memory", "admission")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,6 +384,12 @@ def main(argv: list[str] | None = None) -> int:
     where: dict[str, Any] = {"dry_run_iterations": DRY_ITERATIONS, "real_steps": REAL_STEPS}
 
     def run_all(results: dict[str, Any]) -> bool:
+        failed = False
+        if not args.gpu and (not args.only or "admission" in args.only):
+            bench = functools.partial(bench_admission, args.quick)
+            failed = harness.run_one("admission", bench, errors, results)
+        if args.only and "memory" not in args.only:
+            return failed
         try:
             if args.gpu:
                 python = find_gpu_python(args.python)
@@ -264,11 +399,11 @@ def main(argv: list[str] | None = None) -> int:
                 target = SIMULATED
         except (BenchError, OSError, ImportError) as e:
             say(f"cannot run: {e}")
-            results.update({n: harness.error_result(e) for n in args.only or BENCHES})
+            results["memory"] = harness.error_result(e)
             return True
         where["device"] = target.where
         bench = functools.partial(bench_memory, python, args.margin, target, args.quick)
-        return harness.run_one("memory", bench, errors, results)
+        return harness.run_one("memory", bench, errors, results) or failed
 
     return harness.run_and_report(args, run_all, lambda: harness.machine({}, where))
 

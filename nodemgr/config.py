@@ -327,9 +327,10 @@ KEYS: tuple[Key, ...] = (
         "a task sent with its predicted peak (`gpushare-run --shape predicted`) is granted"
         " that peak times 1 + this on a shared GPU, at most its environment's quota"
         " ([prediction.md](prediction.md#admission))"),
-    Key("prediction", "topup_wait", "topup_wait", Seconds(0.0, 60.0), 2.0,
+    Key("prediction", "topup_wait", "topup_wait", Seconds(0.0, 3600.0), 30.0,
         "seconds a process of such a task whose allocation passes its grant waits for"
-        " nodemgr to top the grant up from the quota; 0: it is refused at once"),
+        " nodemgr to top the grant up from the quota, while the GPU has no room for it;"
+        " 0: it is refused at once"),
     Key("idle", "timeout", "idle_timeout", Seconds(0.0, 7 * DAY), 0.0,
         "seconds without a kernel launch after which a task is idle ([nodemgr.md]"
         "(nodemgr.md#idle-tasks)); 0 turns the idle policy off; `nodemgr idle` sets it per"

@@ -23,20 +23,22 @@
  * a task granted its predicted memory rather than its environment's quota that
  * needs more is not failed at once. The process asks (gs_ledger_want) and polls
  * the limit for up to the ledger's wait: a new limit, and the charge is tried
- * again (asking again if still refused); nodemgr's answer without one, or the
- * wait's end, and the refusal stands. Polling, not a futex: the limit is a
- * 64-bit word, and nodemgr answers at its sweeps, tenths of a second apart.
+ * again (asking again if still refused); nodemgr's answer without one (the
+ * quota cannot hold it), or the wait's end, and the refusal stands. nodemgr
+ * leaves an ask it cannot serve yet unanswered and holds the GPU's memory that
+ * comes free for it. Polling, not a futex: the limit is a 64-bit word, and
+ * nodemgr answers at its sweeps, tenths of a second apart.
  */
 static int charge_after_topup(int slot, int gpu, uint64_t bytes, int refused)
 {
 	struct gs_ledger *l = gs_state.ledger;
 	const struct timespec poll = { 0, 2 * 1000 * 1000 };
 	uint64_t limit = gs_ledger_limit(l, (uint32_t)gpu);
-	uint64_t waited_ns = 0, wait_ns;
+	uint64_t waited_ns = 0, wait_ns, asked = 0;
 	int rc = refused;
 
 	wait_ns = (uint64_t)gs_ledger_topup_wait(l) * 1000000u;
-	if (!gs_ledger_want(l, (uint32_t)gpu, bytes, limit))
+	if (!gs_ledger_want(l, (uint32_t)gpu, bytes, limit, &asked))
 		return rc;
 	while (waited_ns < wait_ns) {
 		uint64_t now_limit;
@@ -50,12 +52,14 @@ static int charge_after_topup(int slot, int gpu, uint64_t bytes, int refused)
 		if (now_limit != limit) {
 			limit = now_limit;
 			rc = gs_ledger_charge(l, (uint32_t)slot, (uint32_t)gpu, bytes);
-			if (rc == 0 || !gs_ledger_want(l, (uint32_t)gpu, bytes, limit))
+			if (rc == 0 || !gs_ledger_want(l, (uint32_t)gpu, bytes, limit, &asked))
 				return rc;
 		} else if (answered) {
 			return rc;
 		}
 	}
+	/* Given up: nodemgr need hold no memory back for it any more. */
+	gs_ledger_unwant(l, (uint32_t)gpu, asked);
 	return rc;
 }
 

@@ -138,7 +138,8 @@ void gs_ledger_answer(struct gs_ledger *l, uint32_t gpu)
 		STORE(&l->gpu[gpu].wanted, 0);
 }
 
-int gs_ledger_want(struct gs_ledger *l, uint32_t gpu, uint64_t bytes, uint64_t limit)
+int gs_ledger_want(struct gs_ledger *l, uint32_t gpu, uint64_t bytes, uint64_t limit,
+		   uint64_t *asked)
 {
 	uint64_t topup_limit, need, seen;
 
@@ -153,7 +154,17 @@ int gs_ledger_want(struct gs_ledger *l, uint32_t gpu, uint64_t bytes, uint64_t l
 	while (seen < need && !__atomic_compare_exchange_n(&l->gpu[gpu].wanted, &seen, need, 0,
 							   __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
 		;
+	*asked = need;
 	return 1;
+}
+
+void gs_ledger_unwant(struct gs_ledger *l, uint32_t gpu, uint64_t asked)
+{
+	uint64_t seen = asked;
+
+	if (gpu < GS_MAX_GPUS)
+		__atomic_compare_exchange_n(&l->gpu[gpu].wanted, &seen, 0, 0, __ATOMIC_SEQ_CST,
+					    __ATOMIC_SEQ_CST);
 }
 
 uint32_t gs_ledger_topup_wait(const struct gs_ledger *l)

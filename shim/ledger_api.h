@@ -31,11 +31,15 @@ void gs_ledger_answer(struct gs_ledger *l, uint32_t gpu);
 
 /*
  * A process whose charge of `bytes` on `gpu` the limit `limit` refused: ask
- * for a top-up (raise `wanted` to what the charge needed). Returns 1 when
- * nodemgr may answer it (the top-up limit is above the limit and holds the
- * charge, and waiting is on), 0 when waiting is useless.
+ * for a top-up (raise `wanted` to what the charge needed, also put in
+ * *asked). Returns 1 when nodemgr may answer it (the top-up limit is above
+ * the limit and holds the charge, and waiting is on), 0 when waiting is
+ * useless. gs_ledger_unwant: the process stopped waiting; its ask goes
+ * unless a larger one replaced it.
  */
-int gs_ledger_want(struct gs_ledger *l, uint32_t gpu, uint64_t bytes, uint64_t limit);
+int gs_ledger_want(struct gs_ledger *l, uint32_t gpu, uint64_t bytes, uint64_t limit,
+		   uint64_t *asked);
+void gs_ledger_unwant(struct gs_ledger *l, uint32_t gpu, uint64_t asked);
 uint32_t gs_ledger_topup_wait(const struct gs_ledger *l);
 
 /*

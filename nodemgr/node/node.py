@@ -127,6 +127,9 @@ class Node:
         self.learned: dict[tuple[str, str | None], int] = store.missed_peaks()
         self.topups = 0
         self.topups_refused = 0
+        # Asks for top-ups waiting for room, in the order they came: (environment, GPU)
+        # -> the bytes they need beyond its grants there (top_up).
+        self.topup_pending: dict[tuple[str, int], int] = {}
         # Told each ended task's measured peak over its predicted one (the metrics).
         self.on_predicted_end: Callable[[float], None] | None = None
 
@@ -603,7 +606,7 @@ class Node:
                     g.index,
                     self.tasks_on(g.index, lending),
                     capacity,
-                    capacity - self.charged(g.index, lent),
+                    capacity - self.charged(g.index, lent) - self._held_back(g.index),
                     g.index not in self.lost,
                     extra,
                     drained=g.index in self.drained,
@@ -776,65 +779,110 @@ class Node:
 
     def top_up(self, env: Env) -> None:
         """Answer what ``env``'s processes asked beyond grants by prediction
-        (docs/prediction.md#admission): on each shared GPU where one asked, raise its
-        tasks' grant to what it needed, with the margin when there is room for it, and
-        never past the quota or the GPU's free memory; then answer, granted or not."""
+        (docs/prediction.md#admission). On each shared GPU where one asks: raise its
+        task's grant to what it needs, with the margin where there is room for it, never
+        past the quota; an ask the GPU's free memory cannot hold yet stays unanswered, its
+        process waiting, and what it needs is held back from new grants there (views)
+        until tasks end and it fits, or the process gives up; one the quota can never
+        hold is answered at once, and its allocation fails."""
         for index in sorted(env.held):
+            key = (env.name, index)
             wanted = env.ledger.wanted(index)
             if not wanted:
+                if self.topup_pending.pop(key, None) is not None:
+                    # Its process stopped waiting (prediction.topup_wait) and failed: what
+                    # was held back for it may serve a waiting request.
+                    self.topups_refused += 1
+                    self.queue_dirty = True
+                    log.info("top-up given up env=%s gpu=%d: no room came free", *key)
                 continue
             allowed = self.allowance(env, index)
+            need = min(env.memory, math.ceil(wanted / MiB) * MiB) - allowed
             tasks = [
                 self.tasks[t]
                 for t in env.held[index]
                 if t in self.tasks and self.tasks[t].grant is not None
             ]
-            free = self.capacity(index) - self.charged(index)
-            need = min(env.memory, math.ceil(wanted / MiB) * MiB) - allowed
-            task = None
-            if tasks and not self.slicing.timesliced(index):
-                # The task furthest past its grant asked, most likely. Its grant is per
-                # GPU: what it gains must fit on each of its shared GPUs.
-                task = max(tasks, key=lambda t: env.ledger.task_usage(t.task_id).used - t.memory)
-                free = min(
-                    self.capacity(i) - self.charged(i)
-                    for i in task.gpus
-                    if not self.slicing.timesliced(i)
-                )
+            if wanted <= env.ledger.limit(index):
+                # A limit raised since it asked serves it already.
+                self.topup_pending.pop(key, None)
+                env.ledger.answer(index)
+                continue
             if (
-                task is not None
-                and wanted > env.ledger.limit(index)
-                and not self.all_held_for_ls(env, index)
-                and 0 < need <= free
+                not tasks
+                or wanted > env.memory
+                or need <= 0
+                or self.slicing.timesliced(index)
+                or self.all_held_for_ls(env, index)
             ):
-                margin = math.ceil(wanted * (1.0 + self.config.predict_margin) / MiB) * MiB
-                add = max(need, min(min(env.memory, margin) - allowed, free))
-                task.memory += add
-                task.topups += 1
-                self.topups += 1
-                self.store.task_topped_up(task.task_id, task.memory, task.topups)
-                for i in task.gpus:
-                    self.set_held_limit(env, i)
-                log.info(
-                    "top-up %s env=%s gpu=%d +%s (asked %s, grant %s)",
-                    task.task_id,
-                    env.name,
-                    index,
-                    format_size(add),
-                    format_size(wanted),
-                    format_size(task.memory),
-                )
-            elif wanted > env.ledger.limit(index):
+                self.topup_pending.pop(key, None)
                 self.topups_refused += 1
                 log.info(
-                    "top-up refused env=%s gpu=%d: asked %s, %s free",
+                    "top-up refused env=%s gpu=%d: asked %s, beyond what it may hold there",
                     env.name,
                     index,
                     format_size(wanted),
-                    format_size(max(0, free)),
                 )
-            # After any new limit: the waiting processes read it once they see the answer.
+                env.ledger.answer(index)
+                continue
+            # The task furthest past its grant asked, most likely. Its grant is per GPU:
+            # what it gains must fit on each of its shared GPUs, beside what asks that
+            # came before it hold back there.
+            task = max(tasks, key=lambda t: env.ledger.task_usage(t.task_id).used - t.memory)
+            free = min(
+                self.capacity(i) - self.charged(i) - self._held_back(i, before=key)
+                for i in task.gpus
+                if not self.slicing.timesliced(i)
+            )
+            if need > free:
+                if key not in self.topup_pending:
+                    log.info(
+                        "top-up waits env=%s gpu=%d: asked %s, %s free",
+                        env.name,
+                        index,
+                        format_size(wanted),
+                        format_size(max(0, free)),
+                    )
+                self.topup_pending[key] = need
+                continue
+            margin = math.ceil(wanted * (1.0 + self.config.predict_margin) / MiB) * MiB
+            add = max(need, min(min(env.memory, margin) - allowed, free))
+            self.topup_pending.pop(key, None)
+            task.memory += add
+            task.topups += 1
+            self.topups += 1
+            self.store.task_topped_up(task.task_id, task.memory, task.topups)
+            for i in task.gpus:
+                self.set_held_limit(env, i)
+            log.info(
+                "top-up %s env=%s gpu=%d +%s (asked %s, grant %s)",
+                task.task_id,
+                env.name,
+                index,
+                format_size(add),
+                format_size(wanted),
+                format_size(task.memory),
+            )
+            # After the new limit: the waiting processes read it once they see the answer.
             env.ledger.answer(index)
+        for key in [k for k in self.topup_pending if k[0] == env.name and k[1] not in env.held]:
+            # Its tasks there ended while it waited (its process gave up, or ended).
+            del self.topup_pending[key]
+            self.topups_refused += 1
+            self.queue_dirty = True
+            log.info("top-up given up env=%s gpu=%d: its tasks there ended", *key)
+
+    def _held_back(self, index: int, before: tuple[str, int] | None = None) -> int:
+        """What asks for top-ups that wait hold back on GPU ``index`` (those that came
+        before ``before``, when given): no new grant may take it."""
+        total = 0
+        for key, need in self.topup_pending.items():
+            if key == before:
+                break
+            env = self.envs.get(key[0])
+            if key[1] == index and env is not None and index in env.held:
+                total += need
+        return total
 
     def _learn(self, task: Task) -> None:
         """A task granted by prediction that ended: the next prediction of its command in

@@ -269,7 +269,7 @@ class _StateCollector(Collector):
         )
         yield CounterMetricFamily(
             "gpushare_prediction_topups_refused",
-            "Top-ups asked for that the quota or the GPU's free memory could not give",
+            "Top-ups asked for in vain: beyond the quota, or no room came free in time",
             value=snap.topups_refused,
         )
         yield GaugeMetricFamily(

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpushare.exitcodes import EXIT_NO_RESOURCES
 from tests.conftest import ROOT, Holder
+from tests.daemon.conftest import free_port, scrape
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -91,28 +92,69 @@ def test_a_task_past_its_prediction_is_topped_up_and_its_next_run_learns(
     assert (second["topups"], second["memory"]) == (0, granted(1280))
 
 
-def test_a_top_up_without_room_is_refused_and_the_allocation_fails(
-    daemon_factory: Any, run_task: Any
-) -> None:
-    daemon = daemon_factory(
+def small_node(daemon_factory: Any, topup_wait: float) -> Any:
+    """One 4 GiB simulated GPU."""
+    return daemon_factory(
         {
             "gpus": {"simulated_count": 1, "simulated_memory": "4GiB"},
-            "prediction": {"topup_wait": 0.5},
+            "prediction": {"topup_wait": topup_wait},
         }
     )
+
+
+def test_a_top_up_waits_for_room_and_holds_it_back_from_new_grants(
+    daemon_factory: Any, run_task: Any, wait_for: Any
+) -> None:
+    daemon = small_node(daemon_factory, 60.0)
     ep = daemon.env("alice", gpus=1, memory=3 * GIB)
+    carol = daemon.env("carol", gpus=1, memory=GIB)
     bob = Holder(daemon.env("bob", gpus=1, memory=2 * GIB))  # charged its whole quota
     try:
-        # 768 MiB predicted (845 granted) beside bob's 2 GiB; it then asks for 2.25 GiB.
+        # 768 MiB predicted (845 granted) beside bob's 2 GiB; it then asks for 2.25 GiB,
+        # which only bob's end can make room for.
+        p = loop(run_task, ep, "512", "256", "8", "--grow-after", "6", "1536")
+        wait_for(lambda: "top-up waits env=alice gpu=0" in daemon.logtext(), 60)
+        # 1.15 GiB is free, but held back for alice's ask: carol's 1 GiB is not granted.
+        q = run_task(carol, "true", opts=["--no-wait"])
+        _, err = q.communicate(timeout=60)
+        assert q.returncode == EXIT_NO_RESOURCES, err
+    finally:
+        bob.close()
+    _, err = p.communicate(timeout=90)
+    assert p.returncode == 0, err
+    r = record(daemon, "alice")
+    assert (r["topups"], r["peak"]) == (1, 2304 * MIB)
+    assert r["memory"] >= 2304 * MIB
+
+
+def test_a_top_up_without_room_in_time_fails_the_allocation(
+    daemon_factory: Any, run_task: Any, wait_for: Any
+) -> None:
+    daemon = small_node(daemon_factory, 0.5)
+    ep = daemon.env("alice", gpus=1, memory=3 * GIB)
+    bob = Holder(daemon.env("bob", gpus=1, memory=2 * GIB))
+    try:
         p = loop(run_task, ep, "512", "256", "8", "--grow-after", "6", "1536")
         _, err = p.communicate(timeout=90)
         assert p.returncode == 3, err
         assert "cuMemAlloc (temporary) failed: 2" in err  # CUDA_ERROR_OUT_OF_MEMORY
         r = record(daemon, "alice")
         assert (r["topups"], r["memory"]) == (0, granted(768))
-        assert "top-up refused env=alice gpu=0" in daemon.logtext()
+        # It waited for room that never came (bob holds on), then gave up.
+        wait_for(lambda: "top-up given up env=alice gpu=0" in daemon.logtext(), 10)
     finally:
         bob.close()
+
+
+def test_an_ask_beyond_the_quota_is_refused_at_once(daemon_factory: Any, run_task: Any) -> None:
+    # An hour's wait: a process that waited at all would outlive the test's timeout.
+    daemon = daemon_factory({"prediction": {"topup_wait": 3600.0}})
+    ep = daemon.env("alice", gpus=1, memory=GIB)
+    p = loop(run_task, ep, "512", "256", "8", "--grow-after", "6", "512")
+    _, err = p.communicate(timeout=90)
+    # The quota can never hold 1.25 GiB: refused without a wait.
+    assert p.returncode == 3, err
+    assert record(daemon, "alice")["topups"] == 0
 
 
 def test_prediction_admits_tasks_the_whole_quota_would_not(
@@ -154,3 +196,64 @@ def test_a_dry_run_that_predicts_nothing_asks_for_the_whole_quota(
     assert "the dry run made no prediction" in err and "asking for the whole quota" in err
     r = record(daemon, "alice")
     assert r["predicted"] is None and r["memory"] == 2 * GIB
+
+
+def test_metrics_show_predicted_granted_and_measured(
+    daemon_factory: Any, run_task: Any, wait_for: Any, tmp_path: Path
+) -> None:
+    port = free_port()
+    daemon = daemon_factory({"metrics": {"port": port}})
+    ep = daemon.env("alice", gpus=1, memory=8 * GIB)
+    gate = tmp_path / "gate"
+    p = loop(run_task, ep, "512", "256", "8", "--gate", str(gate), "--grow-after", "6", "512")
+    (task,) = running(daemon, 1)
+    series = f'{{env="alice",task="{task["task_id"]}"}}'
+
+    def shown() -> bool:
+        return scrape(port).get(f"gpushare_task_predicted_bytes{series}") == 768 * MIB
+
+    wait_for(shown, 10, interval=0.2)
+    m = scrape(port)
+    assert m[f"gpushare_task_granted_bytes{series}"] == granted(768)
+    assert m['gpushare_env_granted_bytes{env="alice"}'] == granted(768)
+    assert m["gpushare_prediction_topups_total"] == 0
+    gate.touch()
+    _, err = p.communicate(timeout=90)
+    assert p.returncode == 0, err
+
+    def counted() -> bool:
+        m = scrape(port)
+        # The histogram counts at once; the top-ups are in the next snapshot (each second).
+        return (
+            m.get("gpushare_prediction_peak_ratio_count") == 1
+            and m.get("gpushare_prediction_topups_total") == 1
+        )
+
+    wait_for(counted, 10, interval=0.2)
+    m = scrape(port)
+    assert m["gpushare_prediction_topups_refused_total"] == 0
+    # Measured 1280 MiB against 768 predicted: a ratio of 1.67, above the 1.5 bucket.
+    assert m['gpushare_prediction_peak_ratio_bucket{le="1.5"}'] == 0
+    assert m['gpushare_prediction_peak_ratio_bucket{le="2.0"}'] == 1
+
+
+def test_a_grant_by_prediction_survives_a_restart(
+    daemon: Any, run_task: Any, tmp_path: Path
+) -> None:
+    ep = daemon.env("alice", gpus=1, memory=8 * GIB)
+    gate = tmp_path / "gate"
+    p = loop(run_task, ep, "512", "256", "8", "--gate", str(gate), "--grow-after", "6", "512")
+    (before,) = running(daemon, 1)
+    daemon.kill()
+    daemon.start()
+    (after,) = daemon.tasks()
+    assert after["task_id"] == before["task_id"]
+    assert (after["predicted"], after["granted"]) == (768 * MIB, granted(768))
+    gpu = daemon.admin("status")["gpus"][after["gpus"][0]]
+    assert gpu["charged"] == granted(768)
+    # The restarted nodemgr tops it up as the first would have.
+    gate.touch()
+    _, err = p.communicate(timeout=90)
+    assert p.returncode == 0, err
+    r = record(daemon, "alice")
+    assert (r["topups"], r["memory"], r["peak"]) == (1, granted(1280), 1280 * MIB)

@@ -209,3 +209,32 @@ def test_a_version_4_database_gains_the_compute_caps(tmp_path: Path) -> None:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     finally:
         db.close()
+
+
+def test_a_version_5_database_gains_predictions_and_top_ups(tmp_path: Path) -> None:
+    """Schema 5 to 6 (its own step): each task's prediction and top-ups; a record written
+    before reads as one without a prediction."""
+    path = tmp_path / "nodemgr.db"
+    Store(path).close()
+    db = sqlite3.connect(path)
+    db.execute("ALTER TABLE tasks DROP COLUMN predicted")
+    db.execute("ALTER TABLE tasks DROP COLUMN topups")
+    db.execute(
+        "INSERT INTO tasks (task_id, env, gpus, memory, started, ended, reason, peak) "
+        "VALUES ('t1', 'alice', '0', 1024, 1.0, 2.0, 'done', 512)"
+    )
+    db.execute("PRAGMA user_version=5")
+    db.commit()
+    db.close()
+    store = Store(path)
+    try:
+        [old] = store.history("alice", None, 10)
+        assert (old.predicted, old.topups, old.peak) == (None, 0, 512)
+        assert store.missed_peaks() == {}
+    finally:
+        store.close()
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    finally:
+        db.close()

@@ -7,6 +7,7 @@ run in mixed precision."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from tests.real_torch.test_torch_sim import torch_env, torch_python  # noqa: F40
 
 ZOO = ROOT / "benchmarks" / "predict_zoo.py"
 GIB = 1 << 30
+MIB = 1 << 20
 STEPS = 6
 
 
@@ -110,3 +112,32 @@ def test_a_job_the_dry_run_cannot_finish_is_reported(tmp_path: Path, torch_pytho
     assert got["peak"] > 0 and got["persistent"] is None
     assert got["copies_per_step"]["reads"] == 1  # loss.item()
     assert "a check of the data failed" in r.stderr
+
+
+def test_a_job_sent_with_its_prediction_runs_within_its_grant(
+    daemon_factory: Any,
+    torch_python: str,  # noqa: F811
+) -> None:
+    """--shape predicted (docs/prediction.md#admission): the dry run first, then the real
+    run granted its predicted peak and the margin instead of the quota, never topped up:
+    the prediction held."""
+    d = daemon_factory(
+        {
+            "gpus": {"simulated_count": 1, "simulated_memory": "16GiB", "context_memory": "0"},
+            "scheduler": {"memory_reserve": "0"},
+        },
+        heartbeat_timeout=30.0,
+    )
+    endpoint = d.env("zoo", 1, 16 * GIB)
+    cmd = zoo(torch_python, "resnet-m", 32, "adam")
+    real = gpushare_run("--endpoint", endpoint, "--shape", "predicted", "--", *cmd)
+    assert real.returncode == 0, real.stderr[-4000:]
+    assert "predicted peak" in real.stderr
+    # The dry run's output is not the run's: its steps are printed once.
+    assert sum(ln.startswith("step ") for ln in real.stdout.splitlines()) == STEPS
+    [record] = d.admin("history", env="zoo")["records"]
+    predicted = record["predicted"]
+    assert predicted is not None and predicted > 0
+    assert record["memory"] == math.ceil(predicted * 1.1 / MIB) * MIB < 16 * GIB
+    assert record["topups"] == 0
+    assert abs(predicted - record["peak"]) <= 0.01 * record["peak"], record
