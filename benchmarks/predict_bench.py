@@ -24,6 +24,11 @@ with Adam: 120 cases (``--quick``: the middle batch size with Adam, 20).
   multiple of one step of the real run on the simulated driver (whose steps are the
   host's work alone: kernels take no time there).
 
+- ``time``: step time on simulated GPUs with the device timeline
+  (docs/prediction.md#step-time): driver_loop.py jobs and, with PyTorch, jobs of the zoo,
+  each run 6 times with ``gpushare-run --shape predicted``; nodemgr's estimate of the step
+  time against the one it measured. Target: median error <= 10% once 5 runs of the
+  configuration are recorded.
 - ``admission``: the same mix of 24 jobs of tests/fixtures/driver_loop.py (12 with
   ``--quick``), each in an environment of its own (1 GPU x 8 GiB), submitted at once to a
   nodemgr of 4 simulated 16 GiB GPUs, once with whole-quota grants and once with
@@ -359,7 +364,89 @@ def bench_admission(quick: bool) -> dict[str, Any]:
     return harness.judge_all(result, [("concurrency_ratio", ">=", ADMIT_TARGET), ("oom", "<=", 0)])
 
 
-BENCHES = ("memory", "admission")
+# --- step time on the device timeline (docs/prediction.md#step-time) -----------------------
+
+TIME_RUNS = 6  # runs of each configuration: the last is estimated from 5 recorded
+TIME_TARGET = 10.0  # percent: median error after 5 recorded runs
+
+
+def time_cases(python: str | None, quick: bool) -> list[tuple[str, list[str]]]:
+    """The configurations: driver_loop.py jobs from device-bound to host-bound, and with
+    PyTorch (``python``) jobs of the zoo."""
+    loops = [
+        ("loop-k200", ["--launches", "200", "--reads", "1"]),
+        ("loop-k800", ["--launches", "800", "--reads", "1"]),
+        ("loop-k400-up8", ["--launches", "400", "--upload", "8", "--reads", "1"]),
+        ("loop-k100-host", ["--launches", "100", "--reads", "1", "--step-seconds", "0.01"]),
+    ]
+    if quick:
+        loops = loops[:2]
+    out = [(n, [sys.executable, str(LOOP), "64", "32", "300", *a]) for n, a in loops]
+    if python is not None:
+        # Steps enough for a run of a second or more: nodemgr measures from its sweeps.
+        zoo_cases = [("mlp-s", 64, 300), ("resnet-s", 16, 60), ("enc-s", 16, 100)]
+        for name, batch, steps in zoo_cases[: 2 if quick else 3]:
+            argv = [python, str(ZOO), name, str(batch), "sgd", str(steps)]
+            out.append((f"{name}/b{batch}", argv))
+    return out
+
+
+def bench_time(python: str | None, quick: bool) -> dict[str, Any]:
+    """Each configuration run TIME_RUNS times with --shape predicted on simulated GPUs
+    with the device timeline: nodemgr's estimate against the measured step time."""
+    gpus = {
+        "simulated_count": 1,
+        "simulated_memory": "80GiB",
+        "context_memory": "0",
+        "simulated_timeline": True,
+    }
+    rows: list[dict[str, Any]] = []
+    with daemon(gpus=gpus, scheduler={"memory_reserve": "0"}) as d:
+        endpoint = d.env("time", gpus=1, memory=80 * GiB)
+        for name, argv in time_cases(python, quick):
+            runs: list[dict[str, Any]] = []
+            for k in range(TIME_RUNS):
+                cmd = [str(BIN / "gpushare-run"), "--endpoint", endpoint, "--shape", "predicted"]
+                _run([*cmd, "--", *argv], base_env(), f"time {name} run {k + 1}")
+                command = " ".join(argv)
+                [r] = [
+                    r
+                    for r in d.admin("history", env="time", limit=1)["records"]
+                    if r["command"] == command
+                ] or [None]
+                if r is None or r["step"] is None or r["predicted_step"] is None:
+                    raise BenchError(f"time {name} run {k + 1}: no step time recorded: {r}")
+                runs.append(
+                    {
+                        "predicted_s": r["predicted_step"],
+                        "measured_s": r["step"],
+                        "error_pct": round(_pct(r["predicted_step"], r["step"]), 2),
+                        "utilization": r["utilization"],
+                        "predicted_utilization": r["predicted_utilization"],
+                    }
+                )
+            say(
+                f"{name}: " + ", ".join(f"{x['error_pct']:+.1f}%" for x in runs),
+                "time",
+            )
+            rows.append({"case": name, "runs": runs})
+
+    def at(k: int) -> float:
+        return round(float(statistics.median(abs(r["runs"][k]["error_pct"]) for r in rows)), 2)
+
+    result = {
+        "cases": len(rows),
+        "runs_per_case": TIME_RUNS,
+        "median_error_pct_first_run": at(0),
+        "median_error_pct_second_run": at(1),
+        "median_error_pct_after_5": at(TIME_RUNS - 1),
+        "worst_error_pct_after_5": round(max(abs(r["runs"][-1]["error_pct"]) for r in rows), 2),
+        "rows": rows,
+    }
+    return harness.judge(result, "median_error_pct_after_5", "<=", TIME_TARGET)
+
+
+BENCHES = ("memory", "admission", "time")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.gpu and (not args.only or "admission" in args.only):
             bench = functools.partial(bench_admission, args.quick)
             failed = harness.run_one("admission", bench, errors, results)
-        if args.only and "memory" not in args.only:
+        if args.only and "memory" not in args.only and "time" not in args.only:
             return failed
         try:
             if args.gpu:
@@ -402,6 +489,11 @@ def main(argv: list[str] | None = None) -> int:
             results["memory"] = harness.error_result(e)
             return True
         where["device"] = target.where
+        if not args.gpu and (not args.only or "time" in args.only):
+            timed = functools.partial(bench_time, python, args.quick)
+            failed = harness.run_one("time", timed, errors, results) or failed
+        if args.only and "memory" not in args.only:
+            return failed
         bench = functools.partial(bench_memory, python, args.margin, target, args.quick)
         return harness.run_one("memory", bench, errors, results) or failed
 

@@ -292,6 +292,18 @@ class Prediction:
     kernels_per_step: float | None = None
     copies_per_step: dict[str, float] | None = None
     seconds: float = 0.0
+    host_step: float | None = None  # the host's seconds per iteration in the dry run
+
+    @property
+    def features(self) -> tuple[float, float, float, float] | None:
+        """What nodemgr's step time estimate takes (docs/prediction.md#step-time): kernel
+        launches, bytes over the host link and within the device, host seconds, per
+        iteration; None where the dry run did not measure them all."""
+        c = self.copies_per_step
+        if self.kernels_per_step is None or c is None or self.host_step is None:
+            return None
+        host = c["host_to_device_bytes"] + c["device_to_host_bytes"]
+        return (self.kernels_per_step, host, c["device_to_device_bytes"], self.host_step)
 
     @property
     def reached(self) -> bool:
@@ -321,6 +333,7 @@ class Prediction:
             ],
             "kernels_per_step": self.kernels_per_step,
             "copies_per_step": self.copies_per_step,
+            "host_seconds_per_step": self.host_step,
             "seconds": round(self.seconds, 3),
             "gpu_model": {"name": SIM_GPU_NAME, "memory": SIM_GPU_MEMORY},
         }
@@ -343,6 +356,11 @@ class Prediction:
                 )
         if self.kernels_per_step is not None:
             lines.append(f"  kernel launches per iteration: {self.kernels_per_step:g}")
+        if self.host_step is not None:
+            lines.append(
+                f"  host time per iteration: {self.host_step * 1000:.1f} ms (on the simulated "
+                "driver: the host's work alone)"
+            )
         c = self.copies_per_step
         if c is not None:
             moved = ", ".join(
@@ -401,6 +419,7 @@ class Boundary:
     # The simulated driver's copy counters (COPY_KINDS, then copies to the host); None
     # where they could not be read.
     copies: tuple[int, int, int, int] | None = None
+    t: float | None = None  # when it reported it (CLOCK_MONOTONIC seconds)
 
 
 # What a dry run's copies moved, by direction, as gpushareSimCopyCounters gives them.
@@ -422,9 +441,15 @@ def _read_report(path: Path) -> list[Boundary]:
             if isinstance(c, list) and len(c) == 4:
                 h2d, d2h, d2d, reads = (int(v) for v in c)
                 copies = (h2d, d2h, d2d, reads)
+            t = d.get("t")
             out.append(
                 Boundary(
-                    int(d["pid"]), int(d["iterations"]), int(d["peak"]), int(d["launches"]), copies
+                    int(d["pid"]),
+                    int(d["iterations"]),
+                    int(d["peak"]),
+                    int(d["launches"]),
+                    copies,
+                    float(t) if isinstance(t, int | float) else None,
                 )
             )
         except (ValueError, KeyError, TypeError):
@@ -485,6 +510,20 @@ def _copies_per_step(boundaries: list[Boundary]) -> dict[str, float] | None:
         for i, key in enumerate(out):
             out[key] += (last.copies[i] - first.copies[i]) / n
     return out
+
+
+def _host_step(boundaries: list[Boundary], wanted: int) -> float | None:
+    """The host's seconds per iteration: each process's time from its first boundary to
+    its ``wanted``th (before the release, which takes time of its own), per iteration; the
+    slowest process's (they step together). None before any has two such boundaries."""
+    rates = []
+    for bs in _by_pid(boundaries).values():
+        span = [b for b in bs if b.iterations <= wanted and b.t is not None]
+        if len(span) >= 2 and span[-1].iterations > span[0].iterations:
+            first, last = span[0], span[-1]
+            assert first.t is not None and last.t is not None
+            rates.append((last.t - first.t) / (last.iterations - first.iterations))
+    return max(rates) if rates else None
 
 
 def _command_environment(base: Mapping[str, str]) -> dict[str, str]:
@@ -582,6 +621,7 @@ def dry_run(
             kernels_per_step=_kernels_per_step(boundaries),
             copies_per_step=_copies_per_step(boundaries),
             seconds=time.monotonic() - started,
+            host_step=_host_step(boundaries, iterations),
         )
 
 

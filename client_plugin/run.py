@@ -187,7 +187,7 @@ def _predicted(s: cfg.Settings, cmd: list[str]) -> cfg.Settings | int:
     first = result.gpus[0] if result.gpus else None
     if s.persistent is None and first is not None and first.persistent is not None:
         s = s.but(persistent=first.persistent, temporary=first.temporary)
-    return s.but(predicted=per_gpu)
+    return s.but(predicted=per_gpu, features=result.features)
 
 
 def _supervise(s: cfg.Settings, cmd: list[str], grant: Grant | None) -> tuple[int, str | None]:

@@ -152,6 +152,7 @@ def _report_boundary(m: shim.Memory) -> None:
         "peak": c.peak if c else None,
         "launches": c.launches if c else None,
         "copies": _sim_copies(),
+        "t": time.monotonic(),
     }
     import json
 

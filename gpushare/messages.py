@@ -534,6 +534,12 @@ class Request(TaskRequest[GrantReply]):
     # Its predicted peak per GPU, bytes (gpushare-run --shape predicted; docs/prediction.md):
     # on a shared GPU it is granted that plus prediction.margin, not the whole quota.
     predicted: Annotated[int | None, BYTES, OMIT_NIL] = None
+    # Its dry run's features per iteration (docs/prediction.md#step-time), for nodemgr's
+    # step time and utilisation estimate: all four or none.
+    kernels_per_step: Annotated[float | None, _number(0.0, 1e12), OMIT_NIL] = None
+    host_bytes_per_step: Annotated[float | None, _number(0.0, 1e18), OMIT_NIL] = None
+    device_bytes_per_step: Annotated[float | None, _number(0.0, 1e18), OMIT_NIL] = None
+    host_step: Annotated[float | None, _number(0.0, 3600.0), OMIT_NIL] = None
 
     @property
     def estimate(self) -> tuple[int, int] | None:

@@ -59,6 +59,16 @@ def _predicted(r: Mapping[str, Any]) -> str:
     )
 
 
+def _step(r: Mapping[str, Any]) -> str:
+    """STEP: its measured seconds per iteration, and nodemgr's estimate before it ran
+    (docs/prediction.md#step-time)."""
+    step, predicted = r.get("step"), r.get("predicted_step")
+    shown = "-" if step is None else f"{step * 1000:.1f}ms"
+    if predicted is not None:
+        shown += f" (est {predicted * 1000:.1f}ms)"
+    return shown
+
+
 def _when(t: float | None) -> str:
     return "-" if t is None else datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
@@ -79,8 +89,9 @@ def history(
     Each record: the task, its environment and GPUs, the per-GPU memory
     granted, the peak its processes used, and for a task sent with a
     prediction (gpushare-run --shape predicted) its predicted peak per GPU and
-    how often its grant was topped up, when it started and ended, and why it
-    ended (done, killed, exited, timeout, admin, idle, undelivered, preempted).
+    how often its grant was topped up, its measured time per iteration (with
+    nodemgr's estimate), when it started and ended, and why it ended (done,
+    killed, exited, timeout, admin, idle, undelivered, preempted).
     """
     records = admin_call(config_path, History(env=env, since=since, limit=limit)).records
     if as_json:
@@ -95,6 +106,7 @@ def history(
             "MEMORY/GPU",
             "PEAK",
             "PREDICTED",
+            "STEP",
             "STARTED",
             "ENDED",
             "REASON",
@@ -109,6 +121,7 @@ def history(
                 format_size(r["memory"]),
                 format_size(r["peak"]),
                 _predicted(r),
+                _step(r),
                 _when(r["started"]),
                 _when(r["ended"]),
                 r["reason"] or "running",

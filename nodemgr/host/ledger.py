@@ -635,6 +635,20 @@ class Ledger:
             )
         return out
 
+    def boundaries(self) -> dict[str, tuple[int, int]]:
+        """Per task, the latest boundary of its live processes: (the most iterations one
+        reported, when that one reported it, CLOCK_MONOTONIC ns; docs/prediction.md#step-time)."""
+        n = int(lib.gs_ledger_summary(self._l, self._info, MAX_SLOTS))
+        out: dict[str, tuple[int, int]] = {}
+        for i in range(n):
+            info = self._info[i]
+            s = self._l.slot[info.slot]
+            seen = (min(int(s.iterations), MAX_COUNT), min(int(s.boundary_ns), MAX_COUNT))
+            tid = ffi.string(info.task_id).decode(errors="replace")
+            if seen[0] and seen > out.get(tid, (0, 0)):
+                out[tid] = seen
+        return out
+
     def reap(self) -> int:
         """Free the slots of processes that have died; return how many."""
         rc = int(lib.gs_ledger_reap(self._l, self._fd, self._info, MAX_SLOTS))

@@ -102,3 +102,4 @@ class Sampler:
         slots, owners = audit.attribution(node, pids)
         self.state.gpus = samples
         self.state.tasks = shares(samples, own, slots, owners)
+        node.note_utilization(self.state.tasks)

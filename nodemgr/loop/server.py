@@ -529,6 +529,7 @@ class Server:
             log.debug("reaped dead processes' slots in %s", env.name)
         # After the reap: what dead processes held no longer stands in a top-up's way.
         self.node.top_up(env)
+        self.node.note_steps(env)
 
     def _answer_yields(self) -> None:
         """Answer the held `yield` requests whose wait is over (Slicing.answer_yields)."""

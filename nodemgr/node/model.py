@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from gpushare.messages import Request
 from gpushare.protocol import BE
 from nodemgr.host.ledger import Ledger, Regions, Schedule, SlotTotals
+from nodemgr.policy.steptime import Estimate
 
 
 @dataclass
@@ -94,6 +95,30 @@ class Task:
 
     # Top-ups of its grant by prediction while it ran (docs/prediction.md#admission).
     topups: int = 0
+    # Step time (docs/prediction.md#step-time): the model of its first GPU and nodemgr's
+    # estimate there (tasks sent with features); its processes' boundaries as sweeps saw
+    # them, the first from its second iteration on and the last (count, CLOCK_MONOTONIC
+    # ns); its utilisation samples (their sum, as ratios of its GPUs, and count).
+    gpu_model: str | None = None
+    estimate: Estimate | None = None
+    first_boundary: tuple[int, int] | None = None
+    last_boundary: tuple[int, int] | None = None
+    util_sum: float = 0.0
+    util_samples: int = 0
+
+    @property
+    def step_time(self) -> float | None:
+        """Its measured seconds per iteration so far: from its second boundary to its
+        last, once two iterations lie between them; None before."""
+        if self.first_boundary is None or self.last_boundary is None:
+            return None
+        (n0, t0), (n1, t1) = self.first_boundary, self.last_boundary
+        return (t1 - t0) / 1e9 / (n1 - n0) if n1 - n0 >= 2 else None
+
+    @property
+    def utilization(self) -> float | None:
+        """The mean of its utilisation samples, a ratio of its GPUs; None: none taken."""
+        return self.util_sum / self.util_samples if self.util_samples else None
 
     @property
     def guard(self) -> int:

@@ -33,7 +33,7 @@ from nodemgr.node.elastic_unit import ElasticUnit
 from nodemgr.node.model import Env, Task
 from nodemgr.node.store import Record, Store
 from nodemgr.node.turns import Slicing
-from nodemgr.policy import compute, idle, scheduler, timeslice
+from nodemgr.policy import compute, idle, scheduler, steptime, timeslice
 from nodemgr.policy.waitqueue import Waiter, WaitQueue, competes
 
 log = logging.getLogger("nodemgr")
@@ -60,6 +60,9 @@ class Lending:
     resumed: frozenset[str] = frozenset()
     planning: bool = False
 
+
+# Recorded runs the step time estimate learns from, the newest (Node.runs).
+RUNS_KEPT = 1000
 
 # What an LS request sees without a plan.
 LEND = Lending()
@@ -132,6 +135,9 @@ class Node:
         self.topup_pending: dict[tuple[str, int], int] = {}
         # Told each ended task's measured peak over its predicted one (the metrics).
         self.on_predicted_end: Callable[[float], None] | None = None
+        # Step time (docs/prediction.md#step-time): the recorded runs of tasks sent with
+        # features, oldest first, what nodemgr.policy.steptime learns from.
+        self.runs: list[steptime.Run] = store.runs(RUNS_KEPT)
 
     def add_entry(self, env: Env, task_id: str) -> None:
         """Give a task its entry in its environment's ledger (what pauses and gates it)."""
@@ -352,6 +358,18 @@ class Node:
         if (request.deadline is None) != (request.steps is None):
             raise ProtocolError(
                 Err.BAD_REQUEST, "a deadline needs the run's number of steps, and steps a deadline"
+            )
+        features = (
+            request.kernels_per_step,
+            request.host_bytes_per_step,
+            request.device_bytes_per_step,
+            request.host_step,
+        )
+        if len({f is None for f in features}) > 1:
+            raise ProtocolError(
+                Err.BAD_REQUEST,
+                "kernels_per_step, host_bytes_per_step, device_bytes_per_step and host_step "
+                "go together: all four or none (docs/protocol.md)",
             )
         if request.task_class == task_class:
             return request
@@ -697,6 +715,8 @@ class Node:
             )
         self._check_lent(env, decision)
         grant = self.predicted_grant(env, request)
+        model = self.gpus[decision.gpus[0]].name
+        estimate = self.estimate(env, request, model)
         task = Task(
             task_id=secrets.token_hex(8),
             env=env.name,
@@ -710,6 +730,8 @@ class Node:
             # Kept with its guard: a restart under another timeslice.guard changes no slice.
             request=replace(request, guard=self._guard(request)),
             arrival=self.slicing.arrive(),
+            gpu_model=model,
+            estimate=estimate,
         )
         self.store.task_started(
             Record(
@@ -726,6 +748,9 @@ class Node:
                 0,
                 None,
                 request.task_class,
+                gpu_model=model,
+                predicted_step=None if estimate is None else estimate.step_s,
+                predicted_util=None if estimate is None else estimate.utilization,
             ),
             task.request,
         )
@@ -776,6 +801,51 @@ class Node:
                     "latency-sensitive task, which uses the room they gave up; wait for it "
                     "to end",
                 )
+
+    def rates(self, model: str) -> steptime.GpuRates:
+        """A GPU model's rates for the analytic estimate: the table's; on simulated GPUs
+        with the device timeline, what the node's config sets of it."""
+        rates = steptime.rates_for(model)
+        c = self.config
+        if not (self.simulated and c.sim_timeline):
+            return rates
+        scale = c.sim_time_scale or 1.0
+        return steptime.GpuRates(
+            (rates.launch_s if c.sim_launch_ns is None else c.sim_launch_ns / 1e9) * scale,
+            (rates.wave_s if c.sim_wave_ns is None else c.sim_wave_ns / 1e9) * scale,
+            (rates.host_bps if c.sim_host_gbps is None else c.sim_host_gbps * 1e9) / scale,
+            (rates.device_bps if c.sim_device_gbps is None else c.sim_device_gbps * 1e9) / scale,
+        )
+
+    def estimate(self, env: Env, request: Request, model: str) -> steptime.Estimate | None:
+        """nodemgr's step time and utilisation estimate for a task of ``request`` on a GPU
+        of ``model``; None for a request without features."""
+        f = features(request)
+        if f is None:
+            return None
+        return steptime.predict(f, env.name, request.command, model, self.rates(model), self.runs)
+
+    def note_steps(self, env: Env, ended: Task | None = None) -> None:
+        """Each running task's latest boundary (Task.step_time), at a sweep; with
+        ``ended``, that task's alone, as it ends."""
+        seen = env.ledger.boundaries()
+        for tid, (n, ns) in seen.items():
+            task = ended if ended is not None and tid == ended.task_id else self.tasks.get(tid)
+            if task is None or task.env != env.name or n < 2:
+                continue
+            if ended is not None and task is not ended:
+                continue
+            if task.first_boundary is None:
+                task.first_boundary = (n, ns)
+            elif n > task.first_boundary[0] and ns >= task.first_boundary[1]:
+                task.last_boundary = (n, ns)
+
+    def note_utilization(self, shares: dict[str, dict[int, int]]) -> None:
+        """A utilisation sample (percent of each GPU, per task): each running task's mean."""
+        for task in self.tasks.values():
+            mine = shares.get(task.task_id, {})
+            task.util_sum += sum(mine.get(g, 0) for g in task.gpus) / 100 / len(task.gpus)
+            task.util_samples += 1
 
     def top_up(self, env: Env) -> None:
         """Answer what ``env``'s processes asked beyond grants by prediction
@@ -884,6 +954,18 @@ class Node:
                 total += need
         return total
 
+    def _record_run(self, task: Task) -> None:
+        """An ended task sent with features whose step time was measured: a run the step
+        time estimate learns from (nodemgr.policy.steptime)."""
+        f = features(task.request)
+        step = task.step_time
+        if f is None or step is None or task.gpu_model is None:
+            return
+        self.runs.append(
+            steptime.Run(task.env, task.command, task.gpu_model, f, step, task.utilization)
+        )
+        del self.runs[:-RUNS_KEPT]
+
     def _learn(self, task: Task) -> None:
         """A task granted by prediction that ended: the next prediction of its command in
         its environment is raised to what it measured when that was more."""
@@ -916,12 +998,15 @@ class Node:
         env = self.envs[task.env]
         # Read while the task's entry is there: it holds the task's exact peak.
         totals = env.ledger.task_usage(task_id)
+        # Its last boundaries, while its processes' slots may still be there.
+        self.note_steps(env, task)
         # Freeing the entry also lets go of any launch a pause still holds.
         if env.ledger.task_remove(task_id):
             env.tasks_full = False
         task.peak = max(task.peak, totals.peak)
         task.launches = max(task.launches, totals.launches)
         self._learn(task)
+        self._record_run(task)
         env.launches_done += task.launches
         for index in task.gpus:
             holders = env.held.get(index)
@@ -939,7 +1024,9 @@ class Node:
         self.slicing.forget(task_id)
         self.held_for_ls.discard(task_id)
         self.apply_compute()
-        self.store.task_ended(task_id, time.time(), reason, task.peak, exit_code)
+        self.store.task_ended(
+            task_id, time.time(), reason, task.peak, exit_code, task.step_time, task.utilization
+        )
         self.queue_dirty = True
         log.info("release %s env=%s reason=%s", task_id, task.env, reason)
         # In the same turn: the BE tasks an LS task held go on once nothing else holds them.
@@ -1253,6 +1340,19 @@ class Eviction:
 
     task: Task
     message: str
+
+
+def features(request: Request) -> steptime.Features | None:
+    """A request's dry-run features (docs/prediction.md#step-time); None without them."""
+    k, hb, db, hs = (
+        request.kernels_per_step,
+        request.host_bytes_per_step,
+        request.device_bytes_per_step,
+        request.host_step,
+    )
+    if k is None or hb is None or db is None or hs is None:
+        return None
+    return steptime.Features(k, hb, db, hs)
 
 
 def _for_whom(w: Waiter) -> str:

@@ -19,6 +19,7 @@ from nodemgr.host.ledger import LedgerError, TaskEntry
 from nodemgr.node.model import Env, Task
 from nodemgr.node.node import Node
 from nodemgr.policy.ratelimit import LogThrottle, log_throttled
+from nodemgr.policy.steptime import Estimate
 
 log = logging.getLogger("nodemgr")
 
@@ -84,6 +85,10 @@ def restore(node: Node, forget_unknown: bool = False) -> list[Task]:
             peak=rec.peak,
             arrival=node.slicing.arrive(),
             topups=rec.topups,
+            gpu_model=rec.gpu_model,
+            estimate=None
+            if rec.predicted_step is None
+            else Estimate(rec.predicted_step, rec.predicted_util or 0.0, "recorded"),
         )
         node.add_task(task)
         for index in task.gpus:

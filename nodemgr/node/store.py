@@ -12,6 +12,7 @@ meanwhile (docs/operations.md, "Faults").
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sqlite3
@@ -24,6 +25,7 @@ from pathlib import Path
 from gpushare import messages, protocol
 from gpushare.messages import Request
 from gpushare.protocol import Err, ProtocolError
+from nodemgr.policy import steptime
 
 log = logging.getLogger("nodemgr")
 
@@ -38,7 +40,7 @@ def _encoded(request: Request) -> bytes:
 # 2: env_idle, task_wrappers. 3: tasks.request, in place of task_shapes and task_wrappers.
 # 4: env_classes, tasks.class. 5: env_compute (compute caps; a step of its own in _upgrade).
 # An older database is brought up to date at start (_upgrade).
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS envs (
@@ -65,7 +67,14 @@ CREATE TABLE IF NOT EXISTS tasks (
                                       -- it (gpushare.messages.Request), its guard filled in
     class     TEXT,                   -- "ls" or "be"; NULL: a task of a schema before 4
     predicted INTEGER,                -- its predicted peak per GPU, bytes; NULL: none
-    topups    INTEGER NOT NULL DEFAULT 0  -- times its grant by prediction was topped up
+    topups    INTEGER NOT NULL DEFAULT 0, -- times its grant by prediction was topped up
+    features  TEXT,                   -- its dry run's features, JSON [kernels, host bytes,
+                                      -- device bytes, host seconds] per iteration; NULL: none
+    gpu_model TEXT,                   -- the model of its first GPU
+    predicted_step REAL,              -- nodemgr's estimate: seconds per iteration
+    predicted_util REAL,              -- and the ratio of its GPU kept busy
+    step      REAL,                   -- measured seconds per iteration; NULL: not measured
+    util      REAL                    -- measured ratio of its GPUs kept busy; NULL: no sample
 );
 CREATE TABLE IF NOT EXISTS gpu_modes (
     uuid    TEXT PRIMARY KEY,         -- the GPU's UUID (GPU-...)
@@ -93,6 +102,25 @@ CREATE TABLE IF NOT EXISTS env_compute (
 CREATE INDEX IF NOT EXISTS tasks_running ON tasks (task_id) WHERE ended IS NULL;
 CREATE INDEX IF NOT EXISTS tasks_started ON tasks (started);
 """
+
+
+_COLUMNS_7 = (
+    ("features", "TEXT"),
+    ("gpu_model", "TEXT"),
+    ("predicted_step", "REAL"),
+    ("predicted_util", "REAL"),
+    ("step", "REAL"),
+    ("util", "REAL"),
+)
+
+
+def _to_7(db: sqlite3.Connection) -> None:
+    """Schema 6 to 7: each task's step time, estimated and measured
+    (docs/prediction.md#step-time)."""
+    columns = {str(row[1]) for row in db.execute("PRAGMA table_info(tasks)")}
+    for name, kind in _COLUMNS_7:
+        if name not in columns:
+            db.execute(f"ALTER TABLE tasks ADD COLUMN {name} {kind}")
 
 
 def _to_6(db: sqlite3.Connection) -> None:
@@ -199,6 +227,11 @@ class Record:
     task_class: str | None = None  # "ls" or "be"; None: recorded before classes
     predicted: int | None = None  # its predicted peak per GPU; None: granted the quota
     topups: int = 0  # times its grant by prediction was topped up
+    gpu_model: str | None = None
+    predicted_step: float | None = None  # seconds per iteration; None: no estimate
+    predicted_util: float | None = None
+    step: float | None = None  # measured seconds per iteration; None: not measured
+    util: float | None = None  # measured ratio of its GPUs kept busy
 
     def view(self) -> dict[str, object]:
         return {
@@ -216,6 +249,11 @@ class Record:
             "task_class": self.task_class,
             "predicted": self.predicted,
             "topups": self.topups,
+            "gpu_model": self.gpu_model,
+            "predicted_step": self.predicted_step,
+            "predicted_utilization": self.predicted_util,
+            "step": self.step,
+            "utilization": self.util,
         }
 
 
@@ -223,7 +261,7 @@ def _record(row: tuple[object, ...]) -> Record:
     (task_id, env, gpus, memory, pid, pid_start, command, started, ended, reason, peak, code) = row[
         :12
     ]
-    task_class, predicted, topups = row[12:15]
+    task_class, predicted, topups, model, p_step, p_util, step, util = row[12:20]
     return Record(
         str(task_id),
         str(env),
@@ -240,12 +278,21 @@ def _record(row: tuple[object, ...]) -> Record:
         None if task_class is None else str(task_class),
         None if predicted is None else int(predicted),  # type: ignore[call-overload]
         int(topups or 0),  # type: ignore[call-overload]
+        None if model is None else str(model),
+        _real(p_step),
+        _real(p_util),
+        _real(step),
+        _real(util),
     )
+
+
+def _real(v: object) -> float | None:
+    return None if v is None else float(v)  # type: ignore[arg-type]
 
 
 _COLUMNS = (
     "task_id, env, gpus, memory, pid, pid_start, command, started, ended, reason, peak, "
-    "exit_code, class, predicted, topups"
+    "exit_code, class, predicted, topups, gpu_model, predicted_step, predicted_util, step, util"
 )
 
 
@@ -332,6 +379,7 @@ class Store:
             db.execute("DROP TABLE IF EXISTS task_wrappers")
             _to_5(db)
             _to_6(db)
+            _to_7(db)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
         self._transaction(op)
@@ -469,11 +517,19 @@ class Store:
     def task_started(self, r: Record, request: Request) -> None:
         """A task began, granted for ``request``: kept with it until it ends, for a restart
         (task_requests)."""
+        f = (
+            request.kernels_per_step,
+            request.host_bytes_per_step,
+            request.device_bytes_per_step,
+            request.host_step,
+        )
+        features = None if None in f else json.dumps(f)
 
         def op(db: sqlite3.Connection) -> None:
             db.execute(
-                f"INSERT INTO tasks ({_COLUMNS}, request) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, 0, NULL, ?, ?, 0, ?)",
+                f"INSERT INTO tasks ({_COLUMNS}, request, features) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, 0, NULL, ?, ?, 0, ?, ?, ?, NULL, "
+                "NULL, ?, ?)",
                 (
                     r.task_id,
                     r.env,
@@ -485,7 +541,11 @@ class Store:
                     r.started,
                     r.task_class,
                     request.predicted,
+                    r.gpu_model,
+                    r.predicted_step,
+                    r.predicted_util,
                     _encoded(request),
+                    features,
                 ),
             )
 
@@ -518,14 +578,21 @@ class Store:
         return out
 
     def task_ended(
-        self, task_id: str, ended: float, reason: str, peak: int, exit_code: int | None
+        self,
+        task_id: str,
+        ended: float,
+        reason: str,
+        peak: int,
+        exit_code: int | None,
+        step: float | None = None,
+        util: float | None = None,
     ) -> None:
         def op(db: sqlite3.Connection) -> None:
             # Its request was kept for a restart only; the record says what history shows.
             db.execute(
                 "UPDATE tasks SET ended = ?, reason = ?, peak = MAX(peak, ?), exit_code = ?, "
-                "request = NULL WHERE task_id = ? AND ended IS NULL",
-                (ended, reason, peak, exit_code, task_id),
+                "step = ?, util = ?, request = NULL WHERE task_id = ? AND ended IS NULL",
+                (ended, reason, peak, exit_code, step, util, task_id),
             )
 
         self._write(op)
@@ -540,6 +607,33 @@ class Store:
             )
 
         self._write(op)
+
+    def runs(self, limit: int) -> list[steptime.Run]:
+        """The newest ``limit`` ended runs with features and a measured step time, oldest
+        first (Node.runs)."""
+        rows = self.db.execute(
+            "SELECT env, command, gpu_model, features, step, util FROM tasks "
+            "WHERE features IS NOT NULL AND step IS NOT NULL AND gpu_model IS NOT NULL "
+            "ORDER BY started DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        out = []
+        for env, command, model, blob, step, util in reversed(rows):
+            try:
+                k, hb, db_, hs = (float(x) for x in json.loads(blob))
+            except (ValueError, TypeError):
+                continue  # a damaged row: left out
+            out.append(
+                steptime.Run(
+                    str(env),
+                    None if command is None else str(command),
+                    str(model),
+                    steptime.Features(k, hb, db_, hs),
+                    float(step),
+                    _real(util),
+                )
+            )
+        return out
 
     def missed_peaks(self) -> dict[tuple[str, str | None], int]:
         """Per (environment, command), the most per-GPU memory an ended task granted by

@@ -94,6 +94,8 @@ class Snapshot:
     ledger_rewrites: int = 0
     compute: tuple[TaskCompute, ...] = ()
     predictions: tuple[TaskPrediction, ...] = ()
+    # Tasks with a step time estimate: (task, env, estimated, measured or None) seconds.
+    steps: tuple[tuple[str, str, float, float | None], ...] = ()
     topups: int = 0
     topups_refused: int = 0
 
@@ -262,6 +264,22 @@ class _StateCollector(Collector):
             for family, value in zip(families, (p.predicted, p.granted, p.peak), strict=True):
                 family.add_metric([p.task_id, p.env], value)
         yield from families
+        estimated = GaugeMetricFamily(
+            "gpushare_task_predicted_step_seconds",
+            "A running task's estimated seconds per iteration (docs/prediction.md#step-time)",
+            labels=["task", "env"],
+        )
+        measured = GaugeMetricFamily(
+            "gpushare_task_step_seconds",
+            "Its measured seconds per iteration so far",
+            labels=["task", "env"],
+        )
+        for task_id, env, est, meas in snap.steps:
+            estimated.add_metric([task_id, env], est)
+            if meas is not None:
+                measured.add_metric([task_id, env], meas)
+        yield estimated
+        yield measured
         yield CounterMetricFamily(
             "gpushare_prediction_topups",
             "Grants by prediction topped up from the quota while their tasks ran",
@@ -500,4 +518,9 @@ class Metrics:
             ),
             topups=node.topups,
             topups_refused=node.topups_refused,
+            steps=tuple(
+                (t.task_id, t.env, t.estimate.step_s, t.step_time)
+                for t in node.tasks.values()
+                if t.estimate is not None
+            ),
         )

@@ -82,6 +82,12 @@ class TaskView(TypedDict):
     predicted: int | None
     granted: int | None
     topups: int
+    # Step time (docs/prediction.md#step-time): its first GPU's model, nodemgr's estimate
+    # (seconds per iteration, ratio of its GPU kept busy; nil: none) and what is measured.
+    gpu_model: str | None
+    predicted_step: float | None
+    predicted_utilization: float | None
+    measured_step: float | None
     launches: int
     processes: int
     started: float
@@ -271,6 +277,10 @@ def task(
         "predicted": task.request.predicted,
         "granted": task.grant,
         "topups": task.topups,
+        "gpu_model": task.gpu_model,
+        "predicted_step": None if task.estimate is None else task.estimate.step_s,
+        "predicted_utilization": None if task.estimate is None else task.estimate.utilization,
+        "measured_step": task.step_time,
         "launches": totals.launches,
         "processes": totals.processes,
         "started": task.started,

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpushare.exitcodes import EXIT_NO_RESOURCES
 from tests.conftest import ROOT, Holder
 from tests.daemon.conftest import free_port, scrape
@@ -257,3 +259,30 @@ def test_a_grant_by_prediction_survives_a_restart(
     assert p.returncode == 0, err
     r = record(daemon, "alice")
     assert (r["topups"], r["memory"], r["peak"]) == (1, granted(1280), 1280 * MIB)
+
+
+def test_step_time_is_estimated_measured_and_learned(daemon_factory: Any, run_task: Any) -> None:
+    """docs/prediction.md#step-time, on simulated GPUs with the device timeline: the first
+    run of a command is estimated from its dry run's features, each run's step time is
+    measured, and the next run of the command is estimated from the last."""
+    daemon = daemon_factory({"gpus": {"simulated_timeline": True}})
+    ep = daemon.env("alice", gpus=1, memory=4 * GIB)
+    # 500 launches of 8 us each and a read back per step: 4 ms of device time a step,
+    # and 20 ms of the host's: steps that several of nodemgr's sweeps see.
+    args = ("64", "32", "30", "--launches", "500", "--reads", "1", "--step-seconds", "0.02")
+    p = loop(run_task, ep, *args)
+    _, err = p.communicate(timeout=90)
+    assert p.returncode == 0, err
+    first = record(daemon, "alice")
+    assert first["gpu_model"] == "gpushare Simulated GPU"
+    assert first["predicted_step"] is not None and first["predicted_step"] >= 0.004
+    assert 0 < first["predicted_utilization"] <= 1
+    assert first["step"] is not None and first["step"] >= 0.004
+    p = loop(run_task, ep, *args)
+    _, err = p.communicate(timeout=90)
+    assert p.returncode == 0, err
+    second = record(daemon, "alice")
+    assert second["task_id"] != first["task_id"]
+    # The median of the one earlier run of the command: its measured step time.
+    assert second["predicted_step"] == pytest.approx(first["step"])
+    assert second["step"] is not None

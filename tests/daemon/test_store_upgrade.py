@@ -124,7 +124,7 @@ def test_a_version_2_database_keeps_each_running_tasks_request(tmp_path: Path) -
         store.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
         tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert "task_shapes" not in tables and "task_wrappers" not in tables
         assert "env_compute" in tables
@@ -206,7 +206,7 @@ def test_a_version_4_database_gains_the_compute_caps(tmp_path: Path) -> None:
         store.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     finally:
         db.close()
 
@@ -235,6 +235,39 @@ def test_a_version_5_database_gains_predictions_and_top_ups(tmp_path: Path) -> N
         store.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+    finally:
+        db.close()
+
+
+def test_a_version_6_database_gains_step_times(tmp_path: Path) -> None:
+    """Schema 6 to 7 (its own step): each task's step time, estimated and measured."""
+    path = tmp_path / "nodemgr.db"
+    Store(path).close()
+    db = sqlite3.connect(path)
+    for column in ("features", "gpu_model", "predicted_step", "predicted_util", "step", "util"):
+        db.execute(f"ALTER TABLE tasks DROP COLUMN {column}")
+    db.execute(
+        "INSERT INTO tasks (task_id, env, gpus, memory, started, ended, reason, peak, predicted) "
+        "VALUES ('t1', 'alice', '0', 1024, 1.0, 2.0, 'done', 512, 256)"
+    )
+    db.execute("PRAGMA user_version=6")
+    db.commit()
+    db.close()
+    store = Store(path)
+    try:
+        [old] = store.history("alice", None, 10)
+        assert (old.predicted, old.gpu_model, old.predicted_step, old.step) == (
+            256,
+            None,
+            None,
+            None,
+        )
+        assert store.runs(10) == []
+    finally:
+        store.close()
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     finally:
         db.close()

@@ -94,6 +94,10 @@ def test_validate_types_ranges_and_unknowns() -> None:
         "deadline": None,
         "steps": None,
         "predicted": None,
+        "kernels_per_step": None,
+        "host_bytes_per_step": None,
+        "device_bytes_per_step": None,
+        "host_step": None,
     }
     cases: list[tuple[dict[str, Any], str]] = [
         ({"type": "request", "gpus": 1, "task_class": "latency-sensitive"}, Err.BAD_REQUEST),
