@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -39,7 +39,7 @@ from client_plugin.grant import Heartbeat, Progress, acquire, task_environment
 from client_plugin.settings import Settings
 from client_plugin.supervise import Supervisor, Terminal, die_with, exit_code, say, spawn
 from gpushare import envvars, paths, sizes
-from gpushare.client import Connection, NodeError, Unreachable, wait_until_serving
+from gpushare.client import FIRST_ANSWER, Connection, NodeError, Unreachable, wait_until_serving
 from gpushare.errors import GpushareError
 from gpushare.exitcodes import (
     EXIT_CANCELLED,
@@ -48,7 +48,7 @@ from gpushare.exitcodes import (
     EXIT_NOT_FOUND,
     EXIT_NOT_PREDICTED,
 )
-from gpushare.messages import AdminRequest, History, Message, QuotaSet, Tasks
+from gpushare.messages import AdminRequest, Estimate, History, Message, QuotaSet, Tasks
 from gpushare.protocol import MAX_ADMIN_REPLY_BYTES
 
 # How often the task's figures are read while it runs, seconds: the command is stopped
@@ -65,6 +65,8 @@ STRAGGLER_WAIT = 10.0
 # How long the private nodemgr may take to serve, seconds.
 START_TIMEOUT = 30.0
 ENV_NAME = "predict"
+# How long the environment's nodemgr has to give its step time estimate.
+ESTIMATE_TIMEOUT = FIRST_ANSWER
 
 
 R = TypeVar("R", bound=Message)
@@ -293,6 +295,10 @@ class Prediction:
     copies_per_step: dict[str, float] | None = None
     seconds: float = 0.0
     host_step: float | None = None  # the host's seconds per iteration in the dry run
+    # The node's nodemgr's estimate per GPU model (its `estimate` reply's `gpus`), or why
+    # there is none; both None: no endpoint to ask.
+    estimates: list[dict[str, Any]] | None = None
+    no_estimate: str | None = None
 
     @property
     def features(self) -> tuple[float, float, float, float] | None:
@@ -334,6 +340,7 @@ class Prediction:
             "kernels_per_step": self.kernels_per_step,
             "copies_per_step": self.copies_per_step,
             "host_seconds_per_step": self.host_step,
+            "step_time": self.estimates,
             "seconds": round(self.seconds, 3),
             "gpu_model": {"name": SIM_GPU_NAME, "memory": SIM_GPU_MEMORY},
         }
@@ -361,6 +368,13 @@ class Prediction:
                 f"  host time per iteration: {self.host_step * 1000:.1f} ms (on the simulated "
                 "driver: the host's work alone)"
             )
+        for e in self.estimates or []:
+            lines.append(
+                f"  on {e['model']}: {e['step'] * 1000:.1f} ms per iteration, "
+                f"GPU busy {100 * e['utilization']:.0f}% ({e['source']} estimate)"
+            )
+        if self.no_estimate is not None:
+            lines.append(f"  no step time estimate: {self.no_estimate}")
         c = self.copies_per_step
         if c is not None:
             moved = ", ".join(
@@ -526,6 +540,30 @@ def _host_step(boundaries: list[Boundary], wanted: int) -> float | None:
     return max(rates) if rates else None
 
 
+def _estimated(result: Prediction, cmd: list[str], endpoint: str | None) -> Prediction:
+    """The prediction with the step time the environment's nodemgr (``endpoint``, the
+    caller's GPUSHARE_ENDPOINT) estimates from it on each of the node's GPU models
+    (docs/prediction.md#step-time); as it was without an endpoint."""
+    f = result.features
+    if endpoint is None:
+        return result
+    if f is None:
+        return replace(result, no_estimate="the dry run measured too few iterations")
+    request = Estimate(
+        command=" ".join(cmd),
+        kernels_per_step=f[0],
+        host_bytes_per_step=f[1],
+        device_bytes_per_step=f[2],
+        host_step=f[3],
+    )
+    try:
+        with Connection(endpoint, timeout=ESTIMATE_TIMEOUT) as conn:
+            gpus = conn.send(request).gpus
+    except (Unreachable, NodeError) as e:
+        return replace(result, no_estimate=f"nodemgr at {endpoint} did not give one: {e}")
+    return replace(result, estimates=[dict(g) for g in gpus])
+
+
 def _command_environment(base: Mapping[str, str]) -> dict[str, str]:
     """The caller's environment without what would tie the command to the caller's node
     or change what the dry run measures: every GPUSHARE_* setting (the iteration hooks
@@ -639,6 +677,7 @@ def run(cmd: list[str], gpus: int, iterations: int, grace: float, as_json: bool)
         return EXIT_CANCELLED
     if isinstance(result, int):
         return result
+    result = _estimated(result, cmd, os.environ.get(envvars.ENDPOINT) or None)
     out = json.dumps(result.as_json()) + "\n" if as_json else result.text()
     with contextlib.suppress(OSError):
         sys.stdout.write(out)

@@ -368,6 +368,15 @@ class TurnReply(Message):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class EstimateReply(Message):
+    """The task endpoint's `estimate`: per GPU model of the node, a task's estimated step
+    time (docs/prediction.md#step-time)."""
+
+    TYPE: ClassVar[str] = "estimate"
+    gpus: MapList
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class QuotaReply(Message):
     """The task endpoint's `quota`: its own environment's."""
 
@@ -577,6 +586,19 @@ class Quota(TaskRequest[QuotaReply]):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Estimate(TaskRequest[EstimateReply]):
+    """A dry run's features: what a task of ``command`` would take per iteration on each
+    GPU model of the node (docs/prediction.md#step-time). Grants nothing."""
+
+    TYPE: ClassVar[str] = "estimate"
+    command: Annotated[str | None, _str(max_len=4096)] = None
+    kernels_per_step: Annotated[float, _number(0.0, 1e12)]
+    host_bytes_per_step: Annotated[float, _number(0.0, 1e18)]
+    device_bytes_per_step: Annotated[float, _number(0.0, 1e18)]
+    host_step: Annotated[float, _number(0.0, 3600.0)]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class View(TaskRequest[ViewReply]):
     TYPE: ClassVar[str] = "view"
 
@@ -708,7 +730,15 @@ class History(AdminRequest[HistoryReply]):
 
 
 # What each endpoint serves, by type.
-_TASK: tuple[type[TaskRequest[Any]], ...] = (Request, Yield, Heartbeat, Done, Quota, View)
+_TASK: tuple[type[TaskRequest[Any]], ...] = (
+    Request,
+    Yield,
+    Heartbeat,
+    Done,
+    Quota,
+    View,
+    Estimate,
+)
 TASK_REQUESTS = {cls.TYPE: cls for cls in _TASK}
 _ADMIN: tuple[type[AdminRequest[Any]], ...] = (
     QuotaSet,

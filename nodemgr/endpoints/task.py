@@ -14,6 +14,8 @@ from gpushare.messages import (
     AckReply,
     Done,
     ErrorReply,
+    Estimate,
+    EstimateReply,
     GrantReply,
     Heartbeat,
     HeldReply,
@@ -33,6 +35,7 @@ from nodemgr.config import Config
 from nodemgr.host.procfs import process_start
 from nodemgr.node.model import Task
 from nodemgr.node.node import Node
+from nodemgr.policy import steptime
 from nodemgr.policy.ratelimit import TokenBuckets
 from nodemgr.report import env_view, views
 
@@ -107,6 +110,26 @@ def _quota(loop: Loop, env: str, req: Quota, to: ReplyTo) -> Message:
     return QuotaReply(env=e.name, gpus=e.gpus, memory=e.memory)
 
 
+def _estimate(loop: Loop, env: str, req: Estimate, to: ReplyTo) -> Message:
+    node = loop.node
+    e = node.env(env)
+    f = steptime.Features(
+        req.kernels_per_step, req.host_bytes_per_step, req.device_bytes_per_step, req.host_step
+    )
+    out = []
+    for model in dict.fromkeys(g.name for g in node.gpus):  # each model once, in GPU order
+        est = steptime.predict(f, e.name, req.command, model, node.rates(model), node.runs)
+        out.append(
+            {
+                "model": model,
+                "step": est.step_s,
+                "utilization": est.utilization,
+                "source": est.source,
+            }
+        )
+    return EstimateReply(gpus=out)
+
+
 def _yield(loop: Loop, env: str, req: Yield, to: ReplyTo) -> Message:
     started = time.perf_counter()
     task = loop.node.task(env, req.task_id)
@@ -168,6 +191,7 @@ HANDLERS: dict[type[TaskRequest[Any]], Handler] = {
     Done: _done,
     Quota: _quota,
     View: _view,
+    Estimate: _estimate,
 }
 
 

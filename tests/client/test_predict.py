@@ -228,3 +228,25 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_grace(
     assert got["exit_code"] is None and got["persistent"] == 8 * MIB
     assert steps.read_text().split() == ["0", "1", "2"]
     assert node_processes(steps) == []
+
+
+def test_the_environments_nodemgr_estimates_the_step_time(daemon: Any, tmpdir_short: Path) -> None:
+    """With the environment's endpoint, the report adds nodemgr's step time estimate per
+    GPU model of its node (docs/prediction.md#step-time); nothing is granted there."""
+    ep = daemon.env("alice", gpus=1, memory=1 << 30)
+    cmd = ("--", sys.executable, LOOP, "64", "32", "10", "--launches", "20")
+    r = predict("--json", *cmd, tmpdir=tmpdir_short, GPUSHARE_ENDPOINT=ep)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["host_seconds_per_step"] > 0
+    [est] = got["step_time"]
+    assert est["model"] == "gpushare Simulated GPU" and est["source"] == "analytic"
+    assert est["step"] >= got["host_seconds_per_step"] and 0 <= est["utilization"] <= 1
+    assert daemon.admin("history", env="alice")["records"] == []
+    text = predict(*cmd, tmpdir=tmpdir_short, GPUSHARE_ENDPOINT=ep)
+    assert text.returncode == 0, text.stderr
+    assert "on gpushare Simulated GPU:" in text.stdout and "analytic estimate" in text.stdout
+    # An endpoint nobody serves: said, and the prediction stands.
+    gone = predict(*cmd, tmpdir=tmpdir_short, GPUSHARE_ENDPOINT="ipc:///nonexistent/task.sock")
+    assert gone.returncode == 0, gone.stderr
+    assert "no step time estimate: nodemgr at ipc:///nonexistent/task.sock" in gone.stdout
