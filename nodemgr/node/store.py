@@ -104,32 +104,33 @@ CREATE INDEX IF NOT EXISTS tasks_started ON tasks (started);
 """
 
 
-_COLUMNS_7 = (
-    ("features", "TEXT"),
-    ("gpu_model", "TEXT"),
-    ("predicted_step", "REAL"),
-    ("predicted_util", "REAL"),
-    ("step", "REAL"),
-    ("util", "REAL"),
-)
+def _add_columns(db: sqlite3.Connection, columns: tuple[tuple[str, str], ...]) -> None:
+    """Add to the tasks table each (name, type) it lacks."""
+    have = {str(row[1]) for row in db.execute("PRAGMA table_info(tasks)")}
+    for name, kind in columns:
+        if name not in have:
+            db.execute(f"ALTER TABLE tasks ADD COLUMN {name} {kind}")
 
 
 def _to_7(db: sqlite3.Connection) -> None:
     """Schema 6 to 7: each task's step time, estimated and measured
     (docs/prediction.md#step-time)."""
-    columns = {str(row[1]) for row in db.execute("PRAGMA table_info(tasks)")}
-    for name, kind in _COLUMNS_7:
-        if name not in columns:
-            db.execute(f"ALTER TABLE tasks ADD COLUMN {name} {kind}")
+    _add_columns(
+        db,
+        (
+            ("features", "TEXT"),
+            ("gpu_model", "TEXT"),
+            ("predicted_step", "REAL"),
+            ("predicted_util", "REAL"),
+            ("step", "REAL"),
+            ("util", "REAL"),
+        ),
+    )
 
 
 def _to_6(db: sqlite3.Connection) -> None:
     """Schema 5 to 6: each task's prediction and top-ups (docs/prediction.md#admission)."""
-    columns = {str(row[1]) for row in db.execute("PRAGMA table_info(tasks)")}
-    if "predicted" not in columns:
-        db.execute("ALTER TABLE tasks ADD COLUMN predicted INTEGER")
-    if "topups" not in columns:
-        db.execute("ALTER TABLE tasks ADD COLUMN topups INTEGER NOT NULL DEFAULT 0")
+    _add_columns(db, (("predicted", "INTEGER"), ("topups", "INTEGER NOT NULL DEFAULT 0")))
 
 
 def _to_5(db: sqlite3.Connection) -> None:

@@ -204,6 +204,11 @@ def _gauges(
         yield family
 
 
+def _per_task(*families: tuple[str, str]) -> list[GaugeMetricFamily]:
+    """Gauges with a series per task: (name, help) each."""
+    return [GaugeMetricFamily(name, doc, labels=["task", "env"]) for name, doc in families]
+
+
 class _StateCollector(Collector):
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -252,27 +257,21 @@ class _StateCollector(Collector):
             device.add_metric([c.task_id, c.env], c.device_seconds)
         yield share
         yield device
-        families = [
-            GaugeMetricFamily(name, doc, labels=["task", "env"])
-            for name, doc in (
-                ("gpushare_task_predicted_bytes", "A running task's predicted peak per GPU"),
-                ("gpushare_task_granted_bytes", "Its grant per shared GPU, top-ups included"),
-                ("gpushare_task_peak_bytes", "Its measured peak per GPU so far"),
-            )
-        ]
+        families = _per_task(
+            ("gpushare_task_predicted_bytes", "A running task's predicted peak per GPU"),
+            ("gpushare_task_granted_bytes", "Its grant per shared GPU, top-ups included"),
+            ("gpushare_task_peak_bytes", "Its measured peak per GPU so far"),
+        )
         for p in snap.predictions:
             for family, value in zip(families, (p.predicted, p.granted, p.peak), strict=True):
                 family.add_metric([p.task_id, p.env], value)
         yield from families
-        estimated = GaugeMetricFamily(
-            "gpushare_task_predicted_step_seconds",
-            "A running task's estimated seconds per iteration (docs/prediction.md#step-time)",
-            labels=["task", "env"],
-        )
-        measured = GaugeMetricFamily(
-            "gpushare_task_step_seconds",
-            "Its measured seconds per iteration so far",
-            labels=["task", "env"],
+        estimated, measured = _per_task(
+            (
+                "gpushare_task_predicted_step_seconds",
+                "A running task's estimated seconds per iteration (docs/prediction.md#step-time)",
+            ),
+            ("gpushare_task_step_seconds", "Its measured seconds per iteration so far"),
         )
         for task_id, env, est, meas in snap.steps:
             estimated.add_metric([task_id, env], est)

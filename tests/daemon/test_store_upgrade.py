@@ -186,16 +186,32 @@ def test_a_restart_on_a_version_2_database_restores_the_tasks_requests(upgraded:
     assert (bare.gpus, plain.gpus, wrapped.gpus) == ((3,), (2,), (0, 1))
 
 
-def test_a_version_4_database_gains_the_compute_caps(tmp_path: Path) -> None:
-    """Schema 4 to 5 (its own step): the env_compute table is made, and caps written after
-    are read back."""
+def _older(tmp_path: Path, version: int, *sql: str) -> Path:
+    """A database as a nodemgr of schema ``version`` left it: today's, taken back by
+    ``sql``."""
     path = tmp_path / "nodemgr.db"
     Store(path).close()
     db = sqlite3.connect(path)
-    db.execute("DROP TABLE env_compute")
-    db.execute("PRAGMA user_version=4")
+    for statement in sql:
+        db.execute(statement)
+    db.execute(f"PRAGMA user_version={version}")
     db.commit()
     db.close()
+    return path
+
+
+def _version(path: Path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return int(db.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        db.close()
+
+
+def test_a_version_4_database_gains_the_compute_caps(tmp_path: Path) -> None:
+    """Schema 4 to 5 (its own step): the env_compute table is made, and caps written after
+    are read back."""
+    path = _older(tmp_path, 4, "DROP TABLE env_compute")
     store = Store(path)
     try:
         store.put_env_compute("alice", 30)
@@ -204,28 +220,20 @@ def test_a_version_4_database_gains_the_compute_caps(tmp_path: Path) -> None:
         assert store.env_compute() == {"alice": 30}
     finally:
         store.close()
-    db = sqlite3.connect(path)
-    try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
-    finally:
-        db.close()
+    assert _version(path) == SCHEMA_VERSION == 7
 
 
 def test_a_version_5_database_gains_predictions_and_top_ups(tmp_path: Path) -> None:
     """Schema 5 to 6 (its own step): each task's prediction and top-ups; a record written
     before reads as one without a prediction."""
-    path = tmp_path / "nodemgr.db"
-    Store(path).close()
-    db = sqlite3.connect(path)
-    db.execute("ALTER TABLE tasks DROP COLUMN predicted")
-    db.execute("ALTER TABLE tasks DROP COLUMN topups")
-    db.execute(
+    path = _older(
+        tmp_path,
+        5,
+        "ALTER TABLE tasks DROP COLUMN predicted",
+        "ALTER TABLE tasks DROP COLUMN topups",
         "INSERT INTO tasks (task_id, env, gpus, memory, started, ended, reason, peak) "
-        "VALUES ('t1', 'alice', '0', 1024, 1.0, 2.0, 'done', 512)"
+        "VALUES ('t1', 'alice', '0', 1024, 1.0, 2.0, 'done', 512)",
     )
-    db.execute("PRAGMA user_version=5")
-    db.commit()
-    db.close()
     store = Store(path)
     try:
         [old] = store.history("alice", None, 10)
@@ -233,27 +241,19 @@ def test_a_version_5_database_gains_predictions_and_top_ups(tmp_path: Path) -> N
         assert store.missed_peaks() == {}
     finally:
         store.close()
-    db = sqlite3.connect(path)
-    try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
-    finally:
-        db.close()
+    assert _version(path) == SCHEMA_VERSION
 
 
 def test_a_version_6_database_gains_step_times(tmp_path: Path) -> None:
     """Schema 6 to 7 (its own step): each task's step time, estimated and measured."""
-    path = tmp_path / "nodemgr.db"
-    Store(path).close()
-    db = sqlite3.connect(path)
-    for column in ("features", "gpu_model", "predicted_step", "predicted_util", "step", "util"):
-        db.execute(f"ALTER TABLE tasks DROP COLUMN {column}")
-    db.execute(
+    columns = ("features", "gpu_model", "predicted_step", "predicted_util", "step", "util")
+    path = _older(
+        tmp_path,
+        6,
+        *(f"ALTER TABLE tasks DROP COLUMN {c}" for c in columns),
         "INSERT INTO tasks (task_id, env, gpus, memory, started, ended, reason, peak, predicted) "
-        "VALUES ('t1', 'alice', '0', 1024, 1.0, 2.0, 'done', 512, 256)"
+        "VALUES ('t1', 'alice', '0', 1024, 1.0, 2.0, 'done', 512, 256)",
     )
-    db.execute("PRAGMA user_version=6")
-    db.commit()
-    db.close()
     store = Store(path)
     try:
         [old] = store.history("alice", None, 10)
@@ -266,8 +266,4 @@ def test_a_version_6_database_gains_step_times(tmp_path: Path) -> None:
         assert store.runs(10) == []
     finally:
         store.close()
-    db = sqlite3.connect(path)
-    try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
-    finally:
-        db.close()
+    assert _version(path) == SCHEMA_VERSION
