@@ -49,14 +49,19 @@ static int charge_after_topup(int slot, int gpu, uint64_t bytes, int refused)
 		/* `wanted` before the limit: see gs_ledger_answer. */
 		answered = gs_ledger_wanted(l, (uint32_t)gpu) == 0;
 		now_limit = gs_ledger_limit(l, (uint32_t)gpu);
-		if (now_limit != limit) {
-			limit = now_limit;
-			rc = gs_ledger_charge(l, (uint32_t)slot, (uint32_t)gpu, bytes);
-			if (rc == 0 || !gs_ledger_want(l, (uint32_t)gpu, bytes, limit, &asked))
-				return rc;
-		} else if (answered) {
+		if (now_limit == limit && !answered)
+			continue;
+		/*
+		 * A new limit, or an answer without one: the charge may fit now
+		 * (what others held went back meanwhile), else ask again. An
+		 * answer without a new limit may be another process's withdrawal
+		 * of a merged ask; a real refusal leaves no top-up to ask for
+		 * (the top-up limit at or below the limit), so the asking stops.
+		 */
+		limit = now_limit;
+		rc = gs_ledger_charge(l, (uint32_t)slot, (uint32_t)gpu, bytes);
+		if (rc == 0 || !gs_ledger_want(l, (uint32_t)gpu, bytes, limit, &asked))
 			return rc;
-		}
 	}
 	/* Given up: nodemgr need hold no memory back for it any more. */
 	gs_ledger_unwant(l, (uint32_t)gpu, asked);

@@ -127,15 +127,16 @@ uint64_t gs_ledger_wanted(const struct gs_ledger *l, uint32_t gpu)
 	return gpu < GS_MAX_GPUS ? LOAD(&l->gpu[gpu].wanted) : 0;
 }
 
-void gs_ledger_answer(struct gs_ledger *l, uint32_t gpu)
+void gs_ledger_answer(struct gs_ledger *l, uint32_t gpu, uint64_t seen)
 {
 	/*
-	 * After the limit (sequentially consistent stores, in this order): a
-	 * waiter that sees `wanted` zeroed and then reads the limit sees the
-	 * new one.
+	 * After the limit (sequentially consistent, in this order): a waiter
+	 * that sees `wanted` zeroed and then reads the limit sees the new one.
+	 * Only the ask nodemgr read is answered: one raised since stands.
 	 */
 	if (gpu < GS_MAX_GPUS)
-		STORE(&l->gpu[gpu].wanted, 0);
+		__atomic_compare_exchange_n(&l->gpu[gpu].wanted, &seen, 0, 0, __ATOMIC_SEQ_CST,
+					    __ATOMIC_SEQ_CST);
 }
 
 int gs_ledger_want(struct gs_ledger *l, uint32_t gpu, uint64_t bytes, uint64_t limit,

@@ -22,12 +22,13 @@ void gs_ledger_set_ctx_charge(struct gs_ledger *l, uint32_t gpu, uint64_t bytes)
  * Top-up (ledger_layout.h, gs_gpu_entry.topup_limit). nodemgr: how far it may
  * raise `gpu`'s limit (0: never); how long a refused charge waits for it
  * (ms, all GPUs; 0: never); the count a refused charge asked for (0: none
- * since the last answer); and the answer, given after any new limit.
+ * since the last answer); and the answer to the ask it read (`seen`), given
+ * after any new limit: a larger ask made since stands.
  */
 void gs_ledger_set_topup_limit(struct gs_ledger *l, uint32_t gpu, uint64_t bytes);
 void gs_ledger_set_topup_wait(struct gs_ledger *l, uint32_t ms);
 uint64_t gs_ledger_wanted(const struct gs_ledger *l, uint32_t gpu);
-void gs_ledger_answer(struct gs_ledger *l, uint32_t gpu);
+void gs_ledger_answer(struct gs_ledger *l, uint32_t gpu, uint64_t seen);
 
 /*
  * A process whose charge of `bytes` on `gpu` the limit `limit` refused: ask

@@ -335,16 +335,18 @@ class Ledger:
 
     def wanted(self, gpu: int) -> int:
         """The count a refused charge on ``gpu`` asked nodemgr to raise the limit to (0:
-        none since the last answer), at most the GPU's memory: the file is the
-        environment's to write."""
+        none since the last answer), as written: the file is the environment's to write,
+        so the caller compares it with what the environment may hold before any use, and
+        answers with it (answer())."""
         if not 0 <= gpu < self.ngpus:
             return 0
-        return self._bytes(gpu, lib.gs_ledger_wanted(self._l, gpu))
+        return int(lib.gs_ledger_wanted(self._l, gpu))
 
-    def answer(self, gpu: int) -> None:
-        """nodemgr has answered the ask on ``gpu`` (after any new limit)."""
+    def answer(self, gpu: int, seen: int) -> None:
+        """nodemgr has answered the ask on ``gpu`` it read as ``seen`` (after any new
+        limit); a larger one made since stands."""
         if 0 <= gpu < MAX_GPUS:
-            lib.gs_ledger_answer(self._l, gpu)
+            lib.gs_ledger_answer(self._l, gpu, seen)
 
     def repair(self) -> list[str]:
         """Write again what only nodemgr writes (the GPU count, each GPU entry's UUID, limit

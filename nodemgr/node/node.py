@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from gpushare import paths
 from gpushare.messages import Request
 from gpushare.protocol import BE, CLASS_LONG, LS, Err, ProtocolError
-from gpushare.sizes import MiB, format_size
+from gpushare.sizes import MAX_SIZE, MiB, format_size
 from nodemgr.config import Config, check_gpus
 from nodemgr.host import envdirs
 from nodemgr.host.board import Board
@@ -60,6 +60,10 @@ class Lending:
     resumed: frozenset[str] = frozenset()
     planning: bool = False
 
+
+# Seconds past prediction.topup_wait after which an ask no process can still wait for is
+# dropped (Node.top_up).
+TOPUP_GRACE = 2.0
 
 # Recorded runs the step time estimate learns from, the newest (Node.runs).
 RUNS_KEPT = 1000
@@ -131,8 +135,10 @@ class Node:
         self.topups = 0
         self.topups_refused = 0
         # Asks for top-ups waiting for room, in the order they came: (environment, GPU)
-        # -> the bytes they need beyond its grants there (top_up).
-        self.topup_pending: dict[tuple[str, int], int] = {}
+        # -> the bytes they need beyond its grants there and when first seen (monotonic);
+        # and the asks refused, said once until the environment asks no more (top_up).
+        self.topup_pending: dict[tuple[str, int], tuple[int, float]] = {}
+        self.topup_said: set[tuple[str, int]] = set()
         # Told each ended task's measured peak over its predicted one (the metrics).
         self.on_predicted_end: Callable[[float], None] | None = None
         # Step time (docs/prediction.md#step-time): the recorded runs of tasks sent with
@@ -521,13 +527,16 @@ class Node:
     def predicted_grant(self, env: Env, request: Request) -> int | None:
         """What a task of ``request`` is granted per shared GPU: its predicted peak (or
         the peak an earlier run of the same command measured beyond its prediction, when
-        more) times 1 + prediction.margin, in whole MiB, at most the quota; None: a
-        request without a prediction, granted the quota."""
+        more; at least 1 MiB) times 1 + prediction.margin, in whole MiB, and one process's
+        context, at most the quota; None: a request without a prediction, granted the
+        quota."""
         if request.predicted is None:
             return None
-        need = max(request.predicted, self.learned.get((env.name, request.command), 0))
+        need = max(request.predicted, self.learned.get((env.name, request.command), 0), MiB)
         grant = math.ceil(need * (1.0 + self.config.predict_margin) / MiB) * MiB
-        return min(env.memory, grant)
+        # The dry run's context takes nothing; here each process is charged its context
+        # (gpus.context_memory): one process's is granted besides.
+        return min(env.memory, grant + max(self.context_memory.values(), default=0))
 
     # --- GPU modes (time slicing itself: nodemgr.node.turns) -------------------------
 
@@ -569,6 +578,12 @@ class Node:
     def set_mode(self, indices: Sequence[int], mode: str) -> None:
         """An admin's mode for these GPUs: kept in the database, applied at once."""
         self.slicing.set_mode(indices, mode)
+        # A GPU's mode decides its holders' limits (allowance): shared, their grants by
+        # prediction; time-sliced, their quotas.
+        for env in self.envs.values():
+            for index in indices:
+                if index in env.held:
+                    self.set_held_limit(env, index)
         self.queue_dirty = True
 
     def read_regions(self) -> None:
@@ -615,7 +630,7 @@ class Node:
             extra = None
             if new is not None and self.slicing.timesliced(g.index):
                 extra = timeslice.extra(self.slicing.members(g.index), quotas, new)
-            elif shared is not None and shared[1] is not None:
+            elif shared is not None and (g.index in shared[0].held or shared[1] is not None):
                 extra = self._added(shared[0], g.index, shared[1])
             # Time-sliced GPUs are charged by their regions: nothing is lent there.
             lent = None if self.slicing.timesliced(g.index) else lending
@@ -632,14 +647,21 @@ class Node:
             )
         return out
 
-    def _added(self, env: Env, index: int, grant: int) -> int:
-        """What a task granted ``grant`` adds to ``env``'s charge on shared GPU ``index``:
-        its allowance there with the task, less its charge there now."""
+    def _added(self, env: Env, index: int, grant: int | None) -> int:
+        """What a task granted ``grant`` (None: the quota) adds to ``env``'s charge on
+        shared GPU ``index``: its allowance there with the task, less its charge there now.
+        A GPU it holds only for tasks granted by prediction is charged less than the quota:
+        a new task there adds to that, whether sent with a prediction or not."""
         if index not in env.held:
             # What it still drains there stays charged beside the new allowance.
-            return min(env.memory, grant)
+            return env.memory if grant is None else min(env.memory, grant)
         now = max(self.allowance(env, index), env.ledger.held(index))
-        return max(0, max(self.allowance(env, index, grant), env.ledger.held(index)) - now)
+        return max(0, max(self._allowance_with(env, index, grant), env.ledger.held(index)) - now)
+
+    def _allowance_with(self, env: Env, index: int, grant: int | None) -> int:
+        """``env``'s allowance on GPU ``index`` with a new task granted ``grant`` there
+        (None: the quota)."""
+        return env.memory if grant is None else self.allowance(env, index, grant)
 
     def restriction(self, devices: list[str] | None) -> frozenset[int] | None:
         """The GPUs a request's ``devices`` allow (None: any), or ProtocolError."""
@@ -713,8 +735,8 @@ class Node:
                 f"{len(overtakes)} earlier requests are waiting and one of them "
                 "may not be overtaken again",
             )
-        self._check_lent(env, decision)
         grant = self.predicted_grant(env, request)
+        self._check_lent(env, decision, grant)
         model = self.gpus[decision.gpus[0]].name
         estimate = self.estimate(env, request, model)
         task = Task(
@@ -785,16 +807,18 @@ class Node:
         )
         return task
 
-    def _check_lent(self, env: Env, decision: scheduler.Choice) -> None:
+    def _check_lent(self, env: Env, decision: scheduler.Choice, grant: int | None) -> None:
         """Refuse (no_resources) a grant on a GPU where all of ``env``'s tasks are held for
-        LS tasks, unless its whole quota fits there again: the new task would charge it."""
+        LS tasks, unless its allowance with the new task (granted ``grant``; None: the
+        quota) fits there again: the new task would charge it."""
         for index in decision.gpus:
             if index in decision.new or not self.all_held_for_ls(env, index):
                 continue
             if self.slicing.timesliced(index):
                 continue
             back = Lending(resumed=frozenset(env.held[index]))
-            if self.charged(index, back) > self.capacity(index):
+            more = self._allowance_with(env, index, grant) - self.allowance(env, index)
+            if self.charged(index, back) + more > self.capacity(index):
                 raise ProtocolError(
                     Err.NO_RESOURCES,
                     f"environment {env.name}'s tasks on GPU {index} are paused for a "
@@ -853,12 +877,17 @@ class Node:
         task's grant to what it needs, with the margin where there is room for it, never
         past the quota; an ask the GPU's free memory cannot hold yet stays unanswered, its
         process waiting, and what it needs is held back from new grants there (views)
-        until tasks end and it fits, or the process gives up; one the quota can never
-        hold is answered at once, and its allocation fails."""
+        until tasks end and it fits, or prediction.topup_wait (and a grace) has passed;
+        one the quota can never hold is answered at once, and its allocation fails."""
+        now = time.monotonic()
+        on_gpu: dict[tuple[str, int], int] | None = None
         for index in sorted(env.held):
             key = (env.name, index)
-            wanted = env.ledger.wanted(index)
-            if not wanted:
+            # As written: the environment's to write, so compared with what it may hold
+            # before any use, and answered as read.
+            asked = env.ledger.wanted(index)
+            if not asked:
+                self.topup_said.discard(key)
                 if self.topup_pending.pop(key, None) is not None:
                     # Its process stopped waiting (prediction.topup_wait) and failed: what
                     # was held back for it may serve a waiting request.
@@ -867,55 +896,61 @@ class Node:
                     log.info("top-up given up env=%s gpu=%d: no room came free", *key)
                 continue
             allowed = self.allowance(env, index)
-            need = min(env.memory, math.ceil(wanted / MiB) * MiB) - allowed
+            need = min(env.memory, math.ceil(asked / MiB) * MiB) - allowed
             tasks = [
                 self.tasks[t]
                 for t in env.held[index]
                 if t in self.tasks and self.tasks[t].grant is not None
             ]
-            if wanted <= env.ledger.limit(index):
+            if asked <= env.ledger.limit(index):
                 # A limit raised since it asked serves it already.
                 self.topup_pending.pop(key, None)
-                env.ledger.answer(index)
+                env.ledger.answer(index, asked)
                 continue
             if (
                 not tasks
-                or wanted > env.memory
+                or asked > env.memory
                 or need <= 0
                 or self.slicing.timesliced(index)
                 or self.all_held_for_ls(env, index)
             ):
-                self.topup_pending.pop(key, None)
-                self.topups_refused += 1
-                log.info(
-                    "top-up refused env=%s gpu=%d: asked %s, beyond what it may hold there",
-                    env.name,
-                    index,
-                    format_size(wanted),
-                )
-                env.ledger.answer(index)
+                self._refuse_topup(env, index, asked, "beyond what it may hold there")
                 continue
-            # The task furthest past its grant asked, most likely. Its grant is per GPU:
-            # what it gains must fit on each of its shared GPUs, beside what asks that
-            # came before it hold back there.
-            task = max(tasks, key=lambda t: env.ledger.task_usage(t.task_id).used - t.memory)
+            if on_gpu is None:
+                on_gpu = {}
+                for _, tid, used in env.ledger.slots():
+                    for i, nbytes in enumerate(used):
+                        on_gpu[tid, i] = on_gpu.get((tid, i), 0) + nbytes
+            # The task furthest past its grant on this GPU asked, most likely. Its grant
+            # is per GPU: what it gains must fit on each of its shared GPUs, beside what
+            # asks that came before it hold back there.
+            held = on_gpu
+            task = max(tasks, key=lambda t: held.get((t.task_id, index), 0) - t.memory)
             free = min(
                 self.capacity(i) - self.charged(i) - self._held_back(i, before=key)
                 for i in task.gpus
                 if not self.slicing.timesliced(i)
             )
             if need > free:
+                first = self.topup_pending.get(key, (need, now))[1]
+                if now - first > self.config.topup_wait + TOPUP_GRACE:
+                    # Its process cannot still be waiting (killed, or an ask the
+                    # environment wrote itself): nothing is held back for it any more.
+                    self.topup_pending.pop(key, None)
+                    self.queue_dirty = True
+                    self._refuse_topup(env, index, asked, "no room came free in time")
+                    continue
                 if key not in self.topup_pending:
                     log.info(
                         "top-up waits env=%s gpu=%d: asked %s, %s free",
                         env.name,
                         index,
-                        format_size(wanted),
+                        format_size(asked),
                         format_size(max(0, free)),
                     )
-                self.topup_pending[key] = need
+                self.topup_pending[key] = (need, first)
                 continue
-            margin = math.ceil(wanted * (1.0 + self.config.predict_margin) / MiB) * MiB
+            margin = math.ceil(asked * (1.0 + self.config.predict_margin) / MiB) * MiB
             add = max(need, min(min(env.memory, margin) - allowed, free))
             self.topup_pending.pop(key, None)
             task.memory += add
@@ -930,11 +965,11 @@ class Node:
                 env.name,
                 index,
                 format_size(add),
-                format_size(wanted),
+                format_size(asked),
                 format_size(task.memory),
             )
             # After the new limit: the waiting processes read it once they see the answer.
-            env.ledger.answer(index)
+            env.ledger.answer(index, asked)
         for key in [k for k in self.topup_pending if k[0] == env.name and k[1] not in env.held]:
             # Its tasks there ended while it waited (its process gave up, or ended).
             del self.topup_pending[key]
@@ -942,11 +977,29 @@ class Node:
             self.queue_dirty = True
             log.info("top-up given up env=%s gpu=%d: its tasks there ended", *key)
 
+    def _refuse_topup(self, env: Env, index: int, asked: int, why: str) -> None:
+        """Answer an ask on GPU ``index`` without a new limit: its allocation fails. Counted
+        and said once until the environment asks no more there (an environment that
+        writes its ask again and again is answered at each sweep, said once)."""
+        key = (env.name, index)
+        self.topup_pending.pop(key, None)
+        if key not in self.topup_said:
+            self.topup_said.add(key)
+            self.topups_refused += 1
+            log.info(
+                "top-up refused env=%s gpu=%d: asked %s, %s",
+                env.name,
+                index,
+                format_size(min(asked, MAX_SIZE)),
+                why,
+            )
+        env.ledger.answer(index, asked)
+
     def _held_back(self, index: int, before: tuple[str, int] | None = None) -> int:
         """What asks for top-ups that wait hold back on GPU ``index`` (those that came
         before ``before``, when given): no new grant may take it."""
         total = 0
-        for key, need in self.topup_pending.items():
+        for key, (need, _) in self.topup_pending.items():
             if key == before:
                 break
             env = self.envs.get(key[0])

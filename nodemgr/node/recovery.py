@@ -98,6 +98,10 @@ def restore(node: Node, forget_unknown: bool = False) -> list[Task]:
         _restore_entries(node, env)
         for index in range(len(node.gpus)):
             if index in env.held:
+                # An earlier nodemgr may have let it hold its quota there (a top-up not yet
+                # in the database, a task the database lost): believed that far until what
+                # it holds fits its allowance.
+                env.ledger.may_hold(index, env.memory)
                 node.set_held_limit(env, index)
             else:
                 env.ledger.set_limit(index, 0)

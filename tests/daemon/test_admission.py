@@ -286,3 +286,39 @@ def test_step_time_is_estimated_measured_and_learned(daemon_factory: Any, run_ta
     # The median of the one earlier run of the command: its measured step time.
     assert second["predicted_step"] == pytest.approx(first["step"])
     assert second["step"] is not None
+
+
+def test_a_task_without_a_prediction_beside_predicted_ones_is_charged_the_quota(
+    daemon_factory: Any, run_task: Any, tmp_path: Path
+) -> None:
+    """An environment holding a GPU for tasks granted by prediction is charged their
+    grants there; a task of it sent without a prediction brings the whole quota, and is
+    granted only where the GPU has room for that."""
+    daemon = daemon_factory({"gpus": {"simulated_count": 1, "simulated_memory": "16GiB"}})
+    ep = daemon.env("alice", gpus=1, memory=8 * GIB)
+    gate = tmp_path / "gate"
+    p = loop(run_task, ep, "512", "256", "3", "--gate", str(gate))
+    running(daemon, 1)
+    bob = Holder(daemon.env("bob", gpus=1, memory=10 * GIB))
+    try:
+        # 845 MiB and bob's 10 GiB fit; alice's 8 GiB quota beside bob's 10 would not.
+        q = run_task(ep, "true", opts=["--no-wait"])
+        _, err = q.communicate(timeout=60)
+        assert q.returncode == EXIT_NO_RESOURCES, err
+        assert daemon.admin("status")["gpus"][0]["charged"] == granted(768) + 10 * GIB
+    finally:
+        bob.close()
+        gate.touch()
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+
+
+def test_the_grant_holds_one_process_context(daemon_factory: Any, run_task: Any) -> None:
+    daemon = daemon_factory({"gpus": {"context_memory": "64MiB"}})
+    ep = daemon.env("alice", gpus=1, memory=4 * GIB)
+    p = loop(run_task, ep, "512", "256", "8")
+    _, err = p.communicate(timeout=90)
+    assert p.returncode == 0, err
+    r = record(daemon, "alice")
+    # The dry run's context takes nothing; the run's is charged 64 MiB, granted besides.
+    assert (r["memory"], r["topups"]) == (granted(768) + 64 * MIB, 0)

@@ -65,7 +65,7 @@ def test_a_charge_past_the_grant_waits_and_goes_through_once_topped_up(
     # It asks for the count it needs: 128 MiB held and 384 MiB more.
     assert asked(ledger) == 512 * MiB
     ledger.set_limit(0, 600 * MiB)
-    ledger.answer(0)
+    ledger.answer(0, 512 * MiB)
     out = finish(p)
     assert out[:4] == ["alloc", "ok", "alloc", "ok"]
     assert ledger.wanted(0) == 0
@@ -76,9 +76,24 @@ def test_an_answer_without_a_new_limit_refuses_at_once(
 ) -> None:
     ledger.set_topup_wait(3600)
     p = start(cbin, ledger, "alloc", "384")
-    asked(ledger)
-    ledger.answer(0)
+    ask = asked(ledger)
+    # A refusal leaves no top-up to ask for: nodemgr sets the top-up limit down first.
+    ledger.set_topup(0, 0)
+    ledger.answer(0, ask)
     assert finish(p)[:3] == ["alloc", "err", "2"]  # CUDA_ERROR_OUT_OF_MEMORY
+
+
+def test_an_answer_to_an_older_ask_leaves_a_newer_one_standing(
+    cbin: dict[str, Path], ledger: Ledger
+) -> None:
+    ledger.set_topup_wait(3600)
+    p = start(cbin, ledger, "alloc", "384")
+    ask = asked(ledger)
+    ledger.answer(0, ask - 1)  # not the ask that stands: nothing answered
+    assert ledger.wanted(0) == ask
+    ledger.set_limit(0, GiB)
+    ledger.answer(0, ask)
+    assert finish(p)[:2] == ["alloc", "ok"]
 
 
 def test_a_wait_that_runs_out_refuses_and_withdraws_the_ask(
