@@ -10,15 +10,6 @@
 #include <time.h>
 
 /*
- * Charge `bytes` on ledger GPU `gpu` to `slot`. A refused charge may be
- * refused for what processes of the environment that have ended still hold
- * (their slots are freed at nodemgr's next sweep; a task running processes
- * one after the other would be refused what the last one left): those are
- * freed here, and the charge is tried once more, even if this process freed
- * none (nodemgr may have, meanwhile). Only when refused: the granted charge
- * costs what it did.
- */
-/*
  * A charge still refused may be one nodemgr tops up (docs/prediction.md#admission):
  * a task granted its predicted memory rather than its environment's quota that
  * needs more is not failed at once. The process asks (gs_ledger_want) and polls
@@ -46,7 +37,7 @@ static int charge_after_topup(int slot, int gpu, uint64_t bytes, int refused)
 
 		nanosleep(&poll, NULL);
 		waited_ns += (uint64_t)poll.tv_nsec;
-		/* `wanted` before the limit: see gs_ledger_answer. */
+		/* `wanted` before the limit: see gs_ledger_clear_ask. */
 		answered = gs_ledger_wanted(l, (uint32_t)gpu) == 0;
 		now_limit = gs_ledger_limit(l, (uint32_t)gpu);
 		if (now_limit == limit && !answered)
@@ -63,11 +54,21 @@ static int charge_after_topup(int slot, int gpu, uint64_t bytes, int refused)
 		if (rc == 0 || !gs_ledger_want(l, (uint32_t)gpu, bytes, limit, &asked))
 			return rc;
 	}
-	/* Given up: nodemgr need hold no memory back for it any more. */
-	gs_ledger_unwant(l, (uint32_t)gpu, asked);
+	/* Given up: withdrawn, so that nodemgr holds no memory back for it. */
+	gs_ledger_clear_ask(l, (uint32_t)gpu, asked);
 	return rc;
 }
 
+/*
+ * Charge `bytes` on ledger GPU `gpu` to `slot`. A refused charge may be
+ * refused for what processes of the environment that have ended still hold
+ * (their slots are freed at nodemgr's next sweep; a task running processes
+ * one after the other would be refused what the last one left): those are
+ * freed here, and the charge is tried once more, even if this process freed
+ * none (nodemgr may have, meanwhile); still refused, it may wait for a
+ * top-up (charge_after_topup). Only when refused: the granted charge costs
+ * what it did.
+ */
 static __attribute__((noinline, cold)) int charge_after_reap(int slot, int gpu, uint64_t bytes)
 {
 	int rc;

@@ -127,12 +127,13 @@ uint64_t gs_ledger_wanted(const struct gs_ledger *l, uint32_t gpu)
 	return gpu < GS_MAX_GPUS ? LOAD(&l->gpu[gpu].wanted) : 0;
 }
 
-void gs_ledger_answer(struct gs_ledger *l, uint32_t gpu, uint64_t seen)
+void gs_ledger_clear_ask(struct gs_ledger *l, uint32_t gpu, uint64_t seen)
 {
 	/*
-	 * After the limit (sequentially consistent, in this order): a waiter
-	 * that sees `wanted` zeroed and then reads the limit sees the new one.
-	 * Only the ask nodemgr read is answered: one raised since stands.
+	 * nodemgr answers after any new limit (sequentially consistent, in this
+	 * order): a waiter that sees `wanted` zeroed and then reads the limit
+	 * sees the new one. Only the ask read is cleared: one raised since,
+	 * another process's, stands.
 	 */
 	if (gpu < GS_MAX_GPUS)
 		__atomic_compare_exchange_n(&l->gpu[gpu].wanted, &seen, 0, 0, __ATOMIC_SEQ_CST,
@@ -157,15 +158,6 @@ int gs_ledger_want(struct gs_ledger *l, uint32_t gpu, uint64_t bytes, uint64_t l
 		;
 	*asked = need;
 	return 1;
-}
-
-void gs_ledger_unwant(struct gs_ledger *l, uint32_t gpu, uint64_t asked)
-{
-	uint64_t seen = asked;
-
-	if (gpu < GS_MAX_GPUS)
-		__atomic_compare_exchange_n(&l->gpu[gpu].wanted, &seen, 0, 0, __ATOMIC_SEQ_CST,
-					    __ATOMIC_SEQ_CST);
 }
 
 uint32_t gs_ledger_topup_wait(const struct gs_ledger *l)

@@ -22,25 +22,24 @@ void gs_ledger_set_ctx_charge(struct gs_ledger *l, uint32_t gpu, uint64_t bytes)
  * Top-up (ledger_layout.h, gs_gpu_entry.topup_limit). nodemgr: how far it may
  * raise `gpu`'s limit (0: never); how long a refused charge waits for it
  * (ms, all GPUs; 0: never); the count a refused charge asked for (0: none
- * since the last answer); and the answer to the ask it read (`seen`), given
- * after any new limit: a larger ask made since stands.
+ * since the last answer). gs_ledger_clear_ask clears the ask read as
+ * `seen` (a larger one made since stands): nodemgr's answer, given after any
+ * new limit, and a waiting process's withdrawal when it stops waiting.
  */
 void gs_ledger_set_topup_limit(struct gs_ledger *l, uint32_t gpu, uint64_t bytes);
 void gs_ledger_set_topup_wait(struct gs_ledger *l, uint32_t ms);
 uint64_t gs_ledger_wanted(const struct gs_ledger *l, uint32_t gpu);
-void gs_ledger_answer(struct gs_ledger *l, uint32_t gpu, uint64_t seen);
+void gs_ledger_clear_ask(struct gs_ledger *l, uint32_t gpu, uint64_t seen);
 
 /*
  * A process whose charge of `bytes` on `gpu` the limit `limit` refused: ask
  * for a top-up (raise `wanted` to what the charge needed, also put in
  * *asked). Returns 1 when nodemgr may answer it (the top-up limit is above
  * the limit and holds the charge, and waiting is on), 0 when waiting is
- * useless. gs_ledger_unwant: the process stopped waiting; its ask goes
- * unless a larger one replaced it.
+ * useless.
  */
 int gs_ledger_want(struct gs_ledger *l, uint32_t gpu, uint64_t bytes, uint64_t limit,
 		   uint64_t *asked);
-void gs_ledger_unwant(struct gs_ledger *l, uint32_t gpu, uint64_t asked);
 uint32_t gs_ledger_topup_wait(const struct gs_ledger *l);
 
 /*

@@ -346,7 +346,7 @@ class Ledger:
         """nodemgr has answered the ask on ``gpu`` it read as ``seen`` (after any new
         limit); a larger one made since stands."""
         if 0 <= gpu < MAX_GPUS:
-            lib.gs_ledger_answer(self._l, gpu, seen)
+            lib.gs_ledger_clear_ask(self._l, gpu, seen)
 
     def repair(self) -> list[str]:
         """Write again what only nodemgr writes (the GPU count, each GPU entry's UUID, limit

@@ -50,6 +50,16 @@ def asked(ledger: Ledger, timeout: float = 30.0) -> int:
     return wanted
 
 
+def waiting(
+    cbin: dict[str, Path], ledger: Ledger, *steps: str
+) -> tuple[subprocess.Popen[str], int]:
+    """The client started with an hour's wait for a top-up (only an answer lets it on
+    before the test's timeout), once it has asked; and what it asked for."""
+    ledger.set_topup_wait(3600)
+    p = start(cbin, ledger, *steps)
+    return p, asked(ledger)
+
+
 def finish(p: subprocess.Popen[str]) -> list[str]:
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err  # a sanitizer's report fails here too
@@ -59,11 +69,9 @@ def finish(p: subprocess.Popen[str]) -> list[str]:
 def test_a_charge_past_the_grant_waits_and_goes_through_once_topped_up(
     cbin: dict[str, Path], ledger: Ledger
 ) -> None:
-    # An hour's wait: only the top-up lets it through before the test's timeout.
-    ledger.set_topup_wait(3600)
-    p = start(cbin, ledger, "alloc", "128", "alloc", "384", "info")
+    p, ask = waiting(cbin, ledger, "alloc", "128", "alloc", "384", "info")
     # It asks for the count it needs: 128 MiB held and 384 MiB more.
-    assert asked(ledger) == 512 * MiB
+    assert ask == 512 * MiB
     ledger.set_limit(0, 600 * MiB)
     ledger.answer(0, 512 * MiB)
     out = finish(p)
@@ -74,9 +82,7 @@ def test_a_charge_past_the_grant_waits_and_goes_through_once_topped_up(
 def test_an_answer_without_a_new_limit_refuses_at_once(
     cbin: dict[str, Path], ledger: Ledger
 ) -> None:
-    ledger.set_topup_wait(3600)
-    p = start(cbin, ledger, "alloc", "384")
-    ask = asked(ledger)
+    p, ask = waiting(cbin, ledger, "alloc", "384")
     # A refusal leaves no top-up to ask for: nodemgr sets the top-up limit down first.
     ledger.set_topup(0, 0)
     ledger.answer(0, ask)
@@ -86,9 +92,7 @@ def test_an_answer_without_a_new_limit_refuses_at_once(
 def test_an_answer_to_an_older_ask_leaves_a_newer_one_standing(
     cbin: dict[str, Path], ledger: Ledger
 ) -> None:
-    ledger.set_topup_wait(3600)
-    p = start(cbin, ledger, "alloc", "384")
-    ask = asked(ledger)
+    p, ask = waiting(cbin, ledger, "alloc", "384")
     ledger.answer(0, ask - 1)  # not the ask that stands: nothing answered
     assert ledger.wanted(0) == ask
     ledger.set_limit(0, GiB)
