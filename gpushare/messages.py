@@ -598,6 +598,20 @@ class Estimate(TaskRequest[EstimateReply]):
     host_step: Annotated[float, _number(0.0, 3600.0)]
 
 
+# A dry run's features per iteration, as `request` and `estimate` carry them
+# (docs/prediction.md#step-time): kernel launches, bytes over the host link, bytes within
+# the device, the host's seconds.
+FEATURE_FIELDS = ("kernels_per_step", "host_bytes_per_step", "device_bytes_per_step", "host_step")
+
+
+def features_of(m: Request | Estimate) -> tuple[float, float, float, float] | None:
+    """The features a message carries, in FEATURE_FIELDS' order; None unless all four."""
+    k, hb, db, hs = (getattr(m, name) for name in FEATURE_FIELDS)
+    if k is None or hb is None or db is None or hs is None:
+        return None
+    return (float(k), float(hb), float(db), float(hs))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class View(TaskRequest[ViewReply]):
     TYPE: ClassVar[str] = "view"

@@ -35,7 +35,6 @@ from nodemgr.config import Config
 from nodemgr.host.procfs import process_start
 from nodemgr.node.model import Task
 from nodemgr.node.node import Node
-from nodemgr.policy import steptime
 from nodemgr.policy.ratelimit import TokenBuckets
 from nodemgr.report import env_view, views
 
@@ -113,12 +112,10 @@ def _quota(loop: Loop, env: str, req: Quota, to: ReplyTo) -> Message:
 def _estimate(loop: Loop, env: str, req: Estimate, to: ReplyTo) -> Message:
     node = loop.node
     e = node.env(env)
-    f = steptime.Features(
-        req.kernels_per_step, req.host_bytes_per_step, req.device_bytes_per_step, req.host_step
-    )
     out = []
     for model in dict.fromkeys(g.name for g in node.gpus):  # each model once, in GPU order
-        est = steptime.predict(f, e.name, req.command, model, node.rates(model), node.runs)
+        est = node.estimate(e, req, model)
+        assert est is not None  # an estimate carries all four features
         out.append(
             {
                 "model": model,

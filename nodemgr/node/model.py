@@ -106,6 +106,16 @@ class Task:
     util_sum: float = 0.0
     util_samples: int = 0
 
+    def note_boundary(self, n: int, ns: int) -> None:
+        """Its processes' latest boundary as a sweep read it: the ``n``th, at ``ns``
+        (CLOCK_MONOTONIC); counted from its second on."""
+        if n < 2:
+            return
+        if self.first_boundary is None:
+            self.first_boundary = (n, ns)
+        elif n > self.first_boundary[0] and ns >= self.first_boundary[1]:
+            self.last_boundary = (n, ns)
+
     @property
     def step_time(self) -> float | None:
         """Its measured seconds per iteration so far: from its second boundary to its

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from gpushare import paths
-from gpushare.messages import Request
+from gpushare.messages import FEATURE_FIELDS, Estimate, Request, features_of
 from gpushare.protocol import BE, CLASS_LONG, LS, Err, ProtocolError
 from gpushare.sizes import MAX_SIZE, MiB, format_size
 from nodemgr.config import Config, check_gpus
@@ -365,17 +365,11 @@ class Node:
             raise ProtocolError(
                 Err.BAD_REQUEST, "a deadline needs the run's number of steps, and steps a deadline"
             )
-        features = (
-            request.kernels_per_step,
-            request.host_bytes_per_step,
-            request.device_bytes_per_step,
-            request.host_step,
-        )
-        if len({f is None for f in features}) > 1:
+        if len({getattr(request, name) is None for name in FEATURE_FIELDS}) > 1:
             raise ProtocolError(
                 Err.BAD_REQUEST,
-                "kernels_per_step, host_bytes_per_step, device_bytes_per_step and host_step "
-                "go together: all four or none (docs/protocol.md)",
+                f"{', '.join(FEATURE_FIELDS[:-1])} and {FEATURE_FIELDS[-1]} go together: "
+                "all four or none (docs/protocol.md)",
             )
         if request.task_class == task_class:
             return request
@@ -841,28 +835,24 @@ class Node:
             (rates.device_bps if c.sim_device_gbps is None else c.sim_device_gbps * 1e9) / scale,
         )
 
-    def estimate(self, env: Env, request: Request, model: str) -> steptime.Estimate | None:
-        """nodemgr's step time and utilisation estimate for a task of ``request`` on a GPU
-        of ``model``; None for a request without features."""
-        f = features(request)
+    def estimate(
+        self, env: Env, message: Request | Estimate, model: str
+    ) -> steptime.Estimate | None:
+        """nodemgr's step time and utilisation estimate for a task of ``message``'s
+        command and features on a GPU of ``model``; None for one without features."""
+        f = features(message)
         if f is None:
             return None
-        return steptime.predict(f, env.name, request.command, model, self.rates(model), self.runs)
+        return steptime.predict(f, env.name, message.command, model, self.rates(model), self.runs)
 
-    def note_steps(self, env: Env, ended: Task | None = None) -> None:
-        """Each running task's latest boundary (Task.step_time), at a sweep; with
-        ``ended``, that task's alone, as it ends."""
-        seen = env.ledger.boundaries()
-        for tid, (n, ns) in seen.items():
-            task = ended if ended is not None and tid == ended.task_id else self.tasks.get(tid)
-            if task is None or task.env != env.name or n < 2:
-                continue
-            if ended is not None and task is not ended:
-                continue
-            if task.first_boundary is None:
-                task.first_boundary = (n, ns)
-            elif n > task.first_boundary[0] and ns >= task.first_boundary[1]:
-                task.last_boundary = (n, ns)
+    def note_steps(self, env: Env) -> None:
+        """Each running task's latest boundary (Task.step_time), at a sweep."""
+        if not env.held:
+            return  # no task runs: no slot to read
+        for tid, seen in env.ledger.boundaries().items():
+            task = self.tasks.get(tid)
+            if task is not None and task.env == env.name:
+                task.note_boundary(*seen)
 
     def note_utilization(self, shares: dict[str, dict[int, int]]) -> None:
         """A utilisation sample (percent of each GPU, per task): each running task's mean."""
@@ -1052,7 +1042,9 @@ class Node:
         # Read while the task's entry is there: it holds the task's exact peak.
         totals = env.ledger.task_usage(task_id)
         # Its last boundaries, while its processes' slots may still be there.
-        self.note_steps(env, task)
+        last = env.ledger.boundaries().get(task_id)
+        if last is not None:
+            task.note_boundary(*last)
         # Freeing the entry also lets go of any launch a pause still holds.
         if env.ledger.task_remove(task_id):
             env.tasks_full = False
@@ -1395,17 +1387,10 @@ class Eviction:
     message: str
 
 
-def features(request: Request) -> steptime.Features | None:
-    """A request's dry-run features (docs/prediction.md#step-time); None without them."""
-    k, hb, db, hs = (
-        request.kernels_per_step,
-        request.host_bytes_per_step,
-        request.device_bytes_per_step,
-        request.host_step,
-    )
-    if k is None or hb is None or db is None or hs is None:
-        return None
-    return steptime.Features(k, hb, db, hs)
+def features(message: Request | Estimate) -> steptime.Features | None:
+    """A message's dry-run features (docs/prediction.md#step-time); None without them."""
+    f = features_of(message)
+    return None if f is None else steptime.Features(*f)
 
 
 def _for_whom(w: Waiter) -> str:

@@ -518,13 +518,8 @@ class Store:
     def task_started(self, r: Record, request: Request) -> None:
         """A task began, granted for ``request``: kept with it until it ends, for a restart
         (task_requests)."""
-        f = (
-            request.kernels_per_step,
-            request.host_bytes_per_step,
-            request.device_bytes_per_step,
-            request.host_step,
-        )
-        features = None if None in f else json.dumps(f)
+        f = messages.features_of(request)
+        features = None if f is None else json.dumps(f)
 
         def op(db: sqlite3.Connection) -> None:
             db.execute(
