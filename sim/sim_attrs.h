@@ -13,9 +13,15 @@
 
 /* The attribute ids the simulation itself looks at (CUdevice_attribute). */
 enum {
+	SIM_ATTR_MAX_GRID_DIM_X = 5,
+	SIM_ATTR_MAX_GRID_DIM_Y = 6,
+	SIM_ATTR_MAX_GRID_DIM_Z = 7,
+	SIM_ATTR_CLOCK_RATE = 13, /* kHz */
 	SIM_ATTR_MULTIPROCESSOR_COUNT = 16,
 	SIM_ATTR_PCI_BUS_ID = 33,
 	SIM_ATTR_PCI_DEVICE_ID = 34,
+	SIM_ATTR_MEMORY_CLOCK_RATE = 36,       /* kHz */
+	SIM_ATTR_GLOBAL_MEMORY_BUS_WIDTH = 37, /* bits */
 	SIM_ATTR_PCI_DOMAIN_ID = 50,
 	SIM_ATTR_CC_MAJOR = 75,
 	SIM_ATTR_CC_MINOR = 76,

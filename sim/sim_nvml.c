@@ -16,6 +16,7 @@
  * whatever a preloaded interposer exports.
  */
 #define _GNU_SOURCE
+#include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -232,6 +233,14 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
 							   int *minor);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumGpuCores(nvmlDevice_t device, unsigned int *numCores);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, int type,
+						  unsigned int *clock);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryBusWidth(nvmlDevice_t device, unsigned int *busWidth);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device,
+							   unsigned int *maxLinkGen);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device,
+						      unsigned int *maxLinkWidth);
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
 							     unsigned int *infoCount,
 							     struct sim_nvml_proc_v1 *infos);
@@ -506,6 +515,127 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, 
 	sim_device_attribute(spec, SIM_ATTR_CC_MAJOR, major);
 	sim_device_attribute(spec, SIM_ATTR_CC_MINOR, minor);
 	return NVML_SUCCESS;
+}
+
+/*
+ * What a step time estimate takes of a GPU (nodemgr's GPU description,
+ * docs/prediction.md#step-time), from the device's attributes, so that a
+ * GPUSHARE_SIM_GPUS override ("cc=8.0,sms=108") describes the same device to
+ * the driver and to NVML.
+ */
+
+/*
+ * FP32 lanes per SM by compute capability, as the vendor's architecture
+ * documents give them: NVML counts a GPU's cores so. Mirrored by
+ * nodemgr/policy/steptime.py (ARCH), which divides the count back into SMs;
+ * tests/sim/test_sim_nvml.py holds the two together.
+ */
+static unsigned int nvml_fp32_lanes(int major, int minor)
+{
+	if (major == 3)
+		return 192;
+	if ((major == 6 && minor == 0) || major == 7 || (major == 8 && minor == 0))
+		return 64;
+	return 128;
+}
+
+/*
+ * An attribute NVML reports as a count or a clock: NOT_SUPPORTED for an
+ * override that is not one (zero or negative).
+ */
+static nvmlReturn_t nvml_positive(const struct sim_spec *spec, int attrib, unsigned int *out)
+{
+	int value = 0;
+
+	sim_device_attribute(spec, attrib, &value);
+	if (value <= 0)
+		return NVML_ERROR_NOT_SUPPORTED;
+	*out = (unsigned int)value;
+	return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumGpuCores(nvmlDevice_t device, unsigned int *numCores)
+{
+	const struct sim_spec *spec;
+	nvmlReturn_t rc = nvml_device_out(device, numCores != NULL, &spec);
+	unsigned long long cores;
+	unsigned int sms = 0;
+	int major = 0, minor = 0;
+
+	if (rc == NVML_SUCCESS)
+		rc = nvml_positive(spec, SIM_ATTR_MULTIPROCESSOR_COUNT, &sms);
+	if (rc != NVML_SUCCESS)
+		return rc;
+	sim_device_attribute(spec, SIM_ATTR_CC_MAJOR, &major);
+	sim_device_attribute(spec, SIM_ATTR_CC_MINOR, &minor);
+	cores = (unsigned long long)sms * nvml_fp32_lanes(major, minor);
+	*numCores = cores > UINT_MAX ? UINT_MAX : (unsigned int)cores;
+	return NVML_SUCCESS;
+}
+
+/* nvmlClockType_t: graphics, SM, memory, video. */
+enum {
+	NVML_CLOCK_GRAPHICS,
+	NVML_CLOCK_SM,
+	NVML_CLOCK_MEM,
+	NVML_CLOCK_VIDEO
+};
+
+/* The attributes' kHz in NVML's MHz; graphics and video clocks run with the SMs'. */
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, int type,
+						  unsigned int *clock)
+{
+	const struct sim_spec *spec;
+	nvmlReturn_t rc = nvml_device_out(device,
+					  clock != NULL && type >= NVML_CLOCK_GRAPHICS &&
+						  type <= NVML_CLOCK_VIDEO,
+					  &spec);
+	unsigned int khz = 0;
+
+	if (rc == NVML_SUCCESS)
+		rc = nvml_positive(spec,
+				   type == NVML_CLOCK_MEM ? SIM_ATTR_MEMORY_CLOCK_RATE
+							  : SIM_ATTR_CLOCK_RATE,
+				   &khz);
+	if (rc == NVML_SUCCESS)
+		*clock = khz / 1000;
+	return rc;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryBusWidth(nvmlDevice_t device, unsigned int *busWidth)
+{
+	const struct sim_spec *spec;
+	nvmlReturn_t rc = nvml_device_out(device, busWidth != NULL, &spec);
+
+	if (rc == NVML_SUCCESS)
+		rc = nvml_positive(spec, SIM_ATTR_GLOBAL_MEMORY_BUS_WIDTH, busWidth);
+	return rc;
+}
+
+/* The simulated GPUs sit on a PCIe 5.0 x16 link, as an H100 PCIe card or an SXM board's. */
+#define NVML_SIM_PCIE_GEN 5
+#define NVML_SIM_PCIE_WIDTH 16
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device,
+							   unsigned int *maxLinkGen)
+{
+	const struct sim_spec *spec;
+	nvmlReturn_t rc = nvml_device_out(device, maxLinkGen != NULL, &spec);
+
+	if (rc == NVML_SUCCESS)
+		*maxLinkGen = NVML_SIM_PCIE_GEN;
+	return rc;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device,
+						      unsigned int *maxLinkWidth)
+{
+	const struct sim_spec *spec;
+	nvmlReturn_t rc = nvml_device_out(device, maxLinkWidth != NULL, &spec);
+
+	if (rc == NVML_SUCCESS)
+		*maxLinkWidth = NVML_SIM_PCIE_WIDTH;
+	return rc;
 }
 
 /* Processes. */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sim_attrs.h"
 #include "sim_driver.h"
 #include "sim_usage.h"
 
@@ -219,6 +220,66 @@ static void sim_kernel_load(void)
 }
 
 /*
+ * What this process's kernel launches asked of its devices (gpushareSimKernelCounters,
+ * docs/simulator.md): launches, blocks, and waves of blocks over the launching device's
+ * SMs (a launch of b blocks on s SMs is ceil(b / s) waves: what the device timeline
+ * times). Counted at submission, as the copy counters are: a launch recorded into a
+ * graph counts once, at its capture. Relaxed atomics: each is a count of its own, read
+ * for a report.
+ */
+enum {
+	SIM_KERNELS_LAUNCHED,
+	SIM_KERNELS_BLOCKS,
+	SIM_KERNELS_WAVES,
+	SIM_KERNEL_COUNTERS
+};
+static uint64_t sim_kernel_counts[SIM_KERNEL_COUNTERS];
+
+static void sim_count_launch(uint64_t blocks)
+{
+	int sms = 0;
+
+	sim_device_attribute(sim_devs[sim_current_dev()].spec,
+			     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, &sms);
+	if (sms < 1)
+		sms = 1;
+	__atomic_fetch_add(&sim_kernel_counts[SIM_KERNELS_LAUNCHED], 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&sim_kernel_counts[SIM_KERNELS_BLOCKS], blocks, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&sim_kernel_counts[SIM_KERNELS_WAVES],
+			   (blocks + (uint64_t)sms - 1) / (uint64_t)sms, __ATOMIC_RELAXED);
+}
+
+/*
+ * Whether a grid is within the current device's limits (its max_grid_dim
+ * attributes), as the driver checks: a grid's blocks then fit in 64 bits.
+ */
+static bool sim_grid_fits(unsigned int gx, unsigned int gy, unsigned int gz)
+{
+	const struct sim_spec *spec = sim_devs[sim_current_dev()].spec;
+	int x = 0, y = 0, z = 0;
+
+	sim_device_attribute(spec, SIM_ATTR_MAX_GRID_DIM_X, &x);
+	sim_device_attribute(spec, SIM_ATTR_MAX_GRID_DIM_Y, &y);
+	sim_device_attribute(spec, SIM_ATTR_MAX_GRID_DIM_Z, &z);
+	return gx <= (unsigned int)x && gy <= (unsigned int)y && gz <= (unsigned int)z;
+}
+
+/*
+ * The simulator's own: this process's kernel counters, in the order of the enum above,
+ * the first `count` of them (at most SIM_KERNEL_COUNTERS; the rest of `out` is left as
+ * it is). Not in cuda.h: found with dlsym on libcuda's handle.
+ */
+SIM_EXPORT CUresult gpushareSimKernelCounters(unsigned long long *out, unsigned int count);
+SIM_EXPORT CUresult gpushareSimKernelCounters(unsigned long long *out, unsigned int count)
+{
+	if (out == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (unsigned int i = 0; i < count && i < SIM_KERNEL_COUNTERS; i++)
+		out[i] = __atomic_load_n(&sim_kernel_counts[i], __ATOMIC_RELAXED);
+	return CUDA_SUCCESS;
+}
+
+/*
  * A kernel launch is recorded into the capture of a capturing stream (a
  * kernel node, timed at each launch of the graph). Otherwise, with the
  * timeline, it is timed on its stream; without, it counts
@@ -240,11 +301,13 @@ static CUresult sim_launch(CUfunction f, unsigned int gx, unsigned int gy, unsig
 	/* Tests pass made-up handles: check it, never look through it. */
 	if (!f)
 		return CUDA_ERROR_INVALID_HANDLE;
-	if (!gx || !gy || !gz || !bx || !by || !bz)
+	if (!gx || !gy || !gz || !bx || !by || !bz || !sim_grid_fits(gx, gy, gz))
 		return CUDA_ERROR_INVALID_VALUE;
 	op.width = (size_t)gx * gy * gz;
-	if (sim_tl_on())
-		return sim_stream_do(stream, &op);
+	if (sim_tl_on()) {
+		rc = sim_stream_do(stream, &op);
+		goto out;
+	}
 	pthread_mutex_lock(&sim_obj_lock);
 	s = sim_stream_locked(stream);
 	if (s && s->capture_status == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
@@ -257,6 +320,9 @@ static CUresult sim_launch(CUfunction f, unsigned int gx, unsigned int gy, unsig
 		pthread_once(&sim_kernel_once, sim_kernel_load);
 		sim_usage_busy(sim_devs[sim_current_dev()].spec_index, sim_kernel_ns);
 	}
+out:
+	if (rc == CUDA_SUCCESS)
+		sim_count_launch(op.width);
 	return rc;
 }
 
