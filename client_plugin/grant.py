@@ -200,10 +200,7 @@ def _request_once(
         deadline=s.deadline or None,
         steps=s.steps,
         predicted=s.predicted,
-        kernels_per_step=s.features[0] if s.features else None,
-        host_bytes_per_step=s.features[1] if s.features else None,
-        device_bytes_per_step=s.features[2] if s.features else None,
-        host_step=s.features[3] if s.features else None,
+        **(s.features or {}),
     )
     asked = time.monotonic()
     queued_at: list[float] = []

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import itertools
 import json
 import os
 import shutil
@@ -48,7 +49,16 @@ from gpushare.exitcodes import (
     EXIT_NOT_FOUND,
     EXIT_NOT_PREDICTED,
 )
-from gpushare.messages import AdminRequest, Estimate, History, Message, QuotaSet, Tasks
+from gpushare.messages import (
+    DRY_RUN_SMS,
+    FEATURE_FIELDS,
+    AdminRequest,
+    Estimate,
+    History,
+    Message,
+    QuotaSet,
+    Tasks,
+)
 from gpushare.protocol import MAX_ADMIN_REPLY_BYTES
 
 # How often the task's figures are read while it runs, seconds: the command is stopped
@@ -65,6 +75,8 @@ STRAGGLER_WAIT = 10.0
 # How long the private nodemgr may take to serve, seconds.
 START_TIMEOUT = 30.0
 ENV_NAME = "predict"
+# The operators the text names, those with the most arithmetic first.
+TOP_OPERATORS = 3
 # How long the environment's nodemgr has to give its step time estimate.
 ESTIMATE_TIMEOUT = FIRST_ANSWER
 
@@ -295,21 +307,41 @@ class Prediction:
     copies_per_step: dict[str, float] | None = None
     seconds: float = 0.0
     host_step: float | None = None  # the host's seconds per iteration in the dry run
+    waves_per_step: float | None = None  # waves of blocks over the dry run GPU's SMs
+    devices: int = 1  # the GPUs it ran on (--gpus)
+    # One iteration's operator profile (_operator_profile); None without one.
+    profile: dict[str, Any] | None = None
     # The node's nodemgr's estimate per GPU model (its `estimate` reply's `gpus`), or why
     # there is none; both None: no endpoint to ask.
     estimates: list[dict[str, Any]] | None = None
     no_estimate: str | None = None
 
     @property
-    def features(self) -> tuple[float, float, float, float] | None:
-        """What nodemgr's step time estimate takes (docs/prediction.md#step-time): kernel
-        launches, bytes over the host link and within the device, host seconds, per
-        iteration; None where the dry run did not measure them all."""
+    def features(self) -> dict[str, float | None] | None:
+        """What nodemgr's step time estimate takes (docs/prediction.md#step-time), by the
+        fields of gpushare.messages.FEATURE_FIELDS: kernel launches, bytes over the host
+        link and within the device, host seconds, waves, arithmetic and the operators'
+        bytes, per iteration and per GPU (the task's, split evenly over its GPUs: each
+        does its share at once); None where the dry run did not measure the first four."""
         c = self.copies_per_step
         if self.kernels_per_step is None or c is None or self.host_step is None:
             return None
-        host = c["host_to_device_bytes"] + c["device_to_host_bytes"]
-        return (self.kernels_per_step, host, c["device_to_device_bytes"], self.host_step)
+        p = self.profile
+
+        def share(v: float | None) -> float | None:
+            return None if v is None else v / self.devices
+
+        values = (
+            share(self.kernels_per_step),
+            share(c["host_to_device_bytes"] + c["device_to_host_bytes"]),
+            share(c["device_to_device_bytes"]),
+            self.host_step,
+            share(self.waves_per_step),
+            share(p["flops"] if p else None),
+            share(p["half_flops"] if p else None),
+            share(p["bytes"] if p else None),
+        )
+        return dict(zip(FEATURE_FIELDS, values, strict=True))
 
     @property
     def reached(self) -> bool:
@@ -324,6 +356,7 @@ class Prediction:
 
     def as_json(self) -> dict[str, Any]:
         first = self.gpus[0] if self.gpus else GpuShape(0, None, None)
+        p = self.profile
         return {
             "command": self.command,
             "predicted": self.made,
@@ -340,6 +373,17 @@ class Prediction:
             "kernels_per_step": self.kernels_per_step,
             "copies_per_step": self.copies_per_step,
             "host_seconds_per_step": self.host_step,
+            "waves_per_step": self.waves_per_step,
+            "flops_per_step": p["flops"] if p else None,
+            "half_flops_per_step": p["half_flops"] if p else None,
+            "op_bytes_per_step": p["bytes"] if p else None,
+            "batch": p["batch"] if p else None,
+            "operators": {
+                name: {"calls": v[0], "flops": v[1], "bytes": v[2], "largest_input": v[3]}
+                for name, v in p["ops"].items()
+            }
+            if p
+            else None,
             "step_time": self.estimates,
             "seconds": round(self.seconds, 3),
             "gpu_model": {"name": SIM_GPU_NAME, "memory": SIM_GPU_MEMORY},
@@ -362,12 +406,33 @@ class Prediction:
                     f"temporary {sizes.format_size(g.temporary)} per iteration"
                 )
         if self.kernels_per_step is not None:
-            lines.append(f"  kernel launches per iteration: {self.kernels_per_step:g}")
+            waves = self.waves_per_step
+            lines.append(
+                f"  kernel launches per iteration: {self.kernels_per_step:g}"
+                + (f" ({waves:g} waves of blocks over {DRY_RUN_SMS} SMs)" if waves else "")
+            )
         if self.host_step is not None:
             lines.append(
                 f"  host time per iteration: {self.host_step * 1000:.1f} ms (on the simulated "
                 "driver: the host's work alone)"
             )
+        p = self.profile
+        if p is not None:
+            lines.append(
+                f"  arithmetic per iteration: {(p['flops'] + p['half_flops']) / 1e9:.3g} "
+                f"GFLOP ({p['half_flops'] / 1e9:.3g} in 16 bits); operators read and write "
+                f"{sizes.format_size(round(p['bytes']))} of device memory"
+                + (f"; batch {p['batch']}" if p["batch"] is not None else "")
+            )
+            top = sorted((kv for kv in p["ops"].items() if kv[1][1]), key=lambda kv: -kv[1][1])
+            if top:
+                lines.append(
+                    "  most arithmetic: "
+                    + ", ".join(
+                        f"{name} {v[1] / 1e9:.3g} GFLOP in {v[0]} calls"
+                        for name, v in top[:TOP_OPERATORS]
+                    )
+                )
         for e in self.estimates or []:
             lines.append(
                 f"  on {e['model']}: {e['step'] * 1000:.1f} ms per iteration, "
@@ -434,6 +499,10 @@ class Boundary:
     # where they could not be read.
     copies: tuple[int, int, int, int] | None = None
     t: float | None = None  # when it reported it (CLOCK_MONOTONIC seconds)
+    # The simulated driver's kernel counters: launches, blocks, waves; None where unread.
+    kernels: tuple[int, int, int] | None = None
+    # The operator profile of the iteration that ended here (gpushare.opprofile), if any.
+    ops: dict[str, Any] | None = None
 
 
 # What a dry run's copies moved, by direction, as gpushareSimCopyCounters gives them.
@@ -456,6 +525,12 @@ def _read_report(path: Path) -> list[Boundary]:
                 h2d, d2h, d2d, reads = (int(v) for v in c)
                 copies = (h2d, d2h, d2d, reads)
             t = d.get("t")
+            k = d.get("kernels")
+            kernels = None
+            if isinstance(k, list) and len(k) == 3:
+                launched, blocks, waves = (int(v) for v in k)
+                kernels = (launched, blocks, waves)
+            ops = d.get("ops")
             out.append(
                 Boundary(
                     int(d["pid"]),
@@ -464,6 +539,8 @@ def _read_report(path: Path) -> list[Boundary]:
                     int(d["launches"]),
                     copies,
                     float(t) if isinstance(t, int | float) else None,
+                    kernels,
+                    _profile(ops) if isinstance(ops, dict) else None,
                 )
             )
         except (ValueError, KeyError, TypeError):
@@ -491,30 +568,92 @@ def _shared_peak(boundaries: list[Boundary], wanted: int, final: int) -> int:
     return sum(bs[-1].peak for bs in at_release)
 
 
-def _spans(boundaries: list[Boundary]) -> list[tuple[Boundary, Boundary]]:
-    """Each process's first and last boundary, where it reported two or more."""
-    return [
-        (bs[0], bs[-1])
-        for bs in _by_pid(boundaries).values()
-        if bs[-1].iterations > bs[0].iterations
-    ]
+def _spans(boundaries: list[Boundary], wanted: int) -> list[tuple[Boundary, Boundary]]:
+    """Each process's first and last boundary up to its ``wanted``th (the iteration after
+    the release runs under the operator profile, which may change what it launches), or
+    to its last where it reported fewer than two by then; where it reported two or more."""
+    out = []
+    for bs in _by_pid(boundaries).values():
+        before = [b for b in bs if b.iterations <= wanted]
+        span = before if len(before) >= 2 else bs
+        if span[-1].iterations > span[0].iterations:
+            out.append((span[0], span[-1]))
+    return out
 
 
-def _kernels_per_step(boundaries: list[Boundary]) -> float | None:
+def _kernels_per_step(boundaries: list[Boundary], wanted: int) -> float | None:
     """Kernel launches between a process's first boundary and its last, per iteration,
     summed over its processes; None before any has two."""
     rates = [
         (last.launches - first.launches) / (last.iterations - first.iterations)
-        for first, last in _spans(boundaries)
+        for first, last in _spans(boundaries, wanted)
     ]
     return sum(rates) if rates else None
 
 
-def _copies_per_step(boundaries: list[Boundary]) -> dict[str, float] | None:
+def _waves_per_step(boundaries: list[Boundary], wanted: int) -> float | None:
+    """Waves of blocks over the dry run's GPU's SMs between a process's first boundary and
+    its last, per iteration, summed over its processes; None before any has two with the
+    kernel counters read."""
+    rates = [
+        (last.kernels[2] - first.kernels[2]) / (last.iterations - first.iterations)
+        for first, last in _spans(boundaries, wanted)
+        if first.kernels is not None and last.kernels is not None
+    ]
+    return sum(rates) if rates else None
+
+
+def _profile(d: dict[str, Any]) -> dict[str, Any] | None:
+    """A report line's operator profile (gpushare.opprofile.Profile.as_json), checked; None
+    where it is not of that form."""
+    try:
+        ops = {
+            str(name): [int(v[0]), float(v[1]), float(v[2]), int(v[3])]
+            for name, v in d["ops"].items()
+        }
+        batch = d.get("batch")
+        return {
+            "flops": float(d["flops"]),
+            "half_flops": float(d["half_flops"]),
+            "bytes": float(d["bytes"]),
+            "batch": None if batch is None else int(batch),
+            "ops": ops,
+        }
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _operator_profile(boundaries: list[Boundary]) -> dict[str, Any] | None:
+    """The task's operator profile of one iteration: each process's (the first its report
+    has), summed, each operator's largest input the largest of any; the batch the first
+    process's. None where no process counted one (no PyTorch)."""
+    profiles = [
+        next(b.ops for b in bs if b.ops)
+        for bs in _by_pid(boundaries).values()
+        if any(b.ops for b in bs)
+    ]
+    if not profiles:
+        return None
+    out: dict[str, Any] = {"flops": 0.0, "half_flops": 0.0, "bytes": 0.0, "batch": None, "ops": {}}
+    for p in profiles:
+        for key in ("flops", "half_flops", "bytes"):
+            out[key] += p[key]
+        if out["batch"] is None:
+            out["batch"] = p["batch"]
+        for name, (calls, flops, moved, largest) in p["ops"].items():
+            have = out["ops"].setdefault(name, [0, 0.0, 0.0, 0])
+            have[0] += calls
+            have[1] += flops
+            have[2] += moved
+            have[3] = max(have[3], largest)
+    return out
+
+
+def _copies_per_step(boundaries: list[Boundary], wanted: int) -> dict[str, float] | None:
     """The bytes each kind of copy moved per iteration, and the copies to the host (reads
     of device results) per iteration, summed over the processes as for launches; None
     before any has two boundaries with the counters read."""
-    spans = [(f, t) for f, t in _spans(boundaries) if f.copies is not None and t.copies]
+    spans = [(f, t) for f, t in _spans(boundaries, wanted) if f.copies is not None and t.copies]
     if not spans:
         return None
     out = dict.fromkeys([*(f"{k}_bytes" for k in COPY_KINDS), "reads"], 0.0)
@@ -527,16 +666,23 @@ def _copies_per_step(boundaries: list[Boundary]) -> dict[str, float] | None:
 
 
 def _host_step(boundaries: list[Boundary], wanted: int) -> float | None:
-    """The host's seconds per iteration: each process's time from its first boundary to
-    its ``wanted``th (before the release, which takes time of its own), per iteration; the
-    slowest process's (they step together). None before any has two such boundaries."""
+    """The host's seconds per iteration: each process's shortest iteration from its first
+    boundary to its ``wanted``th (before the release, which takes time of its own; the
+    first iterations are the longest, warming up: the shortest is the nearest to a long
+    run's), the slowest process's (they step together). None before any has two such
+    boundaries."""
     rates = []
     for bs in _by_pid(boundaries).values():
         span = [b for b in bs if b.iterations <= wanted and b.t is not None]
-        if len(span) >= 2 and span[-1].iterations > span[0].iterations:
-            first, last = span[0], span[-1]
-            assert first.t is not None and last.t is not None
-            rates.append((last.t - first.t) / (last.iterations - first.iterations))
+        steps = [
+            (later.t - earlier.t) / (later.iterations - earlier.iterations)
+            for earlier, later in itertools.pairwise(span)
+            if earlier.t is not None
+            and later.t is not None
+            and later.iterations > earlier.iterations
+        ]
+        if steps:
+            rates.append(min(steps))
     return max(rates) if rates else None
 
 
@@ -549,13 +695,7 @@ def _estimated(result: Prediction, cmd: list[str], endpoint: str | None) -> Pred
         return result
     if f is None:
         return replace(result, no_estimate="the dry run measured too few iterations")
-    request = Estimate(
-        command=" ".join(cmd),
-        kernels_per_step=f[0],
-        host_bytes_per_step=f[1],
-        device_bytes_per_step=f[2],
-        host_step=f[3],
-    )
+    request = Estimate(command=" ".join(cmd), **f)  # type: ignore[arg-type]
     try:
         with Connection(endpoint, timeout=ESTIMATE_TIMEOUT) as conn:
             gpus = conn.send(request).gpus
@@ -656,10 +796,13 @@ def dry_run(
             exit_code=None if supervisor.ended else exit_code(returncode),
             peak=_shared_peak(boundaries, iterations, final),
             gpus=_shapes(last),
-            kernels_per_step=_kernels_per_step(boundaries),
-            copies_per_step=_copies_per_step(boundaries),
+            kernels_per_step=_kernels_per_step(boundaries, iterations),
+            copies_per_step=_copies_per_step(boundaries, iterations),
             seconds=time.monotonic() - started,
             host_step=_host_step(boundaries, iterations),
+            waves_per_step=_waves_per_step(boundaries, iterations),
+            devices=gpus,
+            profile=_operator_profile(boundaries),
         )
 
 

@@ -82,9 +82,9 @@ class Settings:
     # run first, and the request carries its peak); and that peak, once known.
     shape: str = "quota"
     predicted: int | None = None
-    # Its dry run's features per iteration (docs/prediction.md#step-time): kernel launches,
-    # bytes over the host link, bytes within the device, host seconds.
-    features: tuple[float, float, float, float] | None = None
+    # Its dry run's features per iteration (docs/prediction.md#step-time), by the request's
+    # field names (gpushare.messages.FEATURE_FIELDS).
+    features: dict[str, float | None] | None = None
 
     def but(self, **changes: Any) -> Settings:
         """A copy with the given fields changed (None values leave a field as it is)."""

@@ -61,6 +61,13 @@ def register_release(fn: Callable[[], None]) -> None:
         _release.append(fn)
 
 
+# A dry run's operator profilers (gpushare.opprofile), one per framework that has one:
+# each starts counting and returns what stops it and gives the profile (None: it cannot
+# count this process's steps).
+_profilers: list[Callable[[], Callable[[], dict[str, Any] | None] | None]] = []
+_profiling: list[Callable[[], dict[str, Any] | None]] = []  # those counting now
+
+
 def _dry_run_stop(value: str | None) -> int:
     """GPUSHARE_DRY_RUN: the iterations a dry run's process runs as on a shared GPU
     before its release (it waits to be stopped at the boundary after); 0 (not a dry run)
@@ -75,6 +82,8 @@ def _dry_run_stop(value: str | None) -> int:
 _stop_at = _dry_run_stop(os.environ.get(DRY_RUN_ENV))
 _dry_report = os.environ.get(DRY_RUN_REPORT_ENV) or None if _stop_at else None
 _dry_released = False  # this process released its cache after its iterations
+_dry_spent = 0.0  # seconds this process spent on the dry run's own work at its boundaries
+_sim_functions: dict[str, Any] = {}  # the simulated driver's counter functions, once found
 # How often a dry run's process that waits to be stopped looks for its report file: once
 # gpushare-run has gone (the file with it), nobody will stop it, and it ends itself.
 _HOLD_LOOK = 0.5
@@ -94,6 +103,7 @@ if _stop_at:
 def iteration_boundary() -> int:
     """One training step has ended. Returns the shim's flags (``shim.RELEASE``,
     ``shim.YIELD``; 0 outside a task), after acting on them."""
+    entered = time.monotonic()
     flags = int(shim.iteration())
     if _stop_at:
         # A dry run's GPU is time-sliced, so that its task's shape is learned and shown;
@@ -102,22 +112,29 @@ def iteration_boundary() -> int:
     if flags:
         _act(flags)
     if _stop_at:
-        _dry_run_boundary()
+        _dry_run_boundary(entered)
     return flags
 
 
-def _dry_run_boundary() -> None:
+def _dry_run_boundary(entered: float) -> None:
     """A dry run's process (gpushare-run --predict, docs/prediction.md) runs the iterations
     asked for as on a shared GPU, then releases the framework's cached memory (so that the
     one more iteration it runs shows what it allocates anew: its temporary memory, as a
     time-sliced GPU's release shows it), and at the end of that iteration waits until
     gpushare-run, having read its figures, stops it: nothing it would do next can change
     what was read."""
-    global _dry_released
+    global _dry_released, _dry_spent
     m = shim.memory()
     if m is None or m.iterations == 0:
         return  # no slot, or no boundary counted: nothing of this process to report
-    _report_boundary(m)
+    with _lock:
+        # The operator profile of the iteration after the release, which ends here.
+        ops = [p for p in (stop() for stop in _profiling) if p is not None]
+        _profiling.clear()
+        # The host's clock without the dry run's own work at its boundaries (reading and
+        # writing its figures, the release): a run outside a dry run does none of it.
+        clock = entered - _dry_spent
+    _report_boundary(m, ops[0] if ops else None, clock)
     with _lock:
         # At or past it: a count that moved by more than one (threads stepping at once)
         # still releases, once, and runs its iteration after the release.
@@ -125,6 +142,14 @@ def _dry_run_boundary() -> None:
         if release:
             _dry_released = True
             _release_cache()
+            # Counted in the iteration after the release alone: the iterations whose
+            # host time and launches the dry run measures run without it (opprofile).
+            for start in _profilers:
+                with contextlib.suppress(Exception):
+                    stop = start()
+                    if stop is not None:
+                        _profiling.append(stop)
+        _dry_spent += time.monotonic() - entered
     if not release and m.iterations > _stop_at:
         _hold()
 
@@ -140,20 +165,26 @@ def _hold() -> None:
     os._exit(0)
 
 
-def _report_boundary(m: shim.Memory) -> None:
+def _report_boundary(m: shim.Memory, ops: dict[str, Any] | None, clock: float) -> None:
     """A dry run's figures of this process at this boundary, before anything the boundary
-    does: one JSON line appended to GPUSHARE_DRY_RUN_REPORT (one write, whole)."""
+    does: one JSON line appended to GPUSHARE_DRY_RUN_REPORT (one write, whole). ``ops``:
+    the operator profile of the iteration that ends here, if one was counted; ``clock``:
+    when the boundary was reached, in CLOCK_MONOTONIC seconds less the dry run's own work
+    at the boundaries before."""
     if _dry_report is None:
         return
     c = shim.counters()
-    line = {
+    line: dict[str, Any] = {
         "pid": os.getpid(),
         "iterations": m.iterations,
         "peak": c.peak if c else None,
         "launches": c.launches if c else None,
-        "copies": _sim_copies(),
-        "t": time.monotonic(),
+        "copies": _sim_counters("gpushareSimCopyCounters", 4),
+        "kernels": _sim_counters("gpushareSimKernelCounters", 3),
+        "t": clock,
     }
+    if ops is not None:
+        line["ops"] = ops
     import json
 
     try:
@@ -166,19 +197,24 @@ def _report_boundary(m: shim.Memory) -> None:
         _say_once(f"cannot write the dry run's report {_dry_report}: {e}")
 
 
-def _sim_copies() -> list[int] | None:
-    """The simulated driver's copy counters of this process (docs/simulator.md): bytes
-    host to device, device to host, device to device, and copies to the host; None where
-    the driver loaded is not the simulator (or none is)."""
+def _sim_counters(name: str, n: int) -> list[int] | None:
+    """The simulated driver's counters of this process (docs/simulator.md): ``n`` of
+    those its function ``name`` gives (gpushareSimCopyCounters: bytes host to device,
+    device to host, device to device, copies to the host; gpushareSimKernelCounters:
+    launches, blocks, waves); None where the driver loaded is not the simulator (or none
+    is)."""
     import ctypes
 
-    try:
-        # RTLD_NOLOAD: the driver the process has loaded, never a new one.
-        fn = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD).gpushareSimCopyCounters
-    except (OSError, AttributeError):
-        return None
-    out = (ctypes.c_ulonglong * 4)()
-    if fn(out, ctypes.c_uint(4)) != 0:
+    fn = _sim_functions.get(name)
+    if fn is None:
+        try:
+            # RTLD_NOLOAD: the driver the process has loaded, never a new one.
+            fn = getattr(ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD), name)
+        except (OSError, AttributeError):
+            return None
+        _sim_functions[name] = fn
+    out = (ctypes.c_ulonglong * n)()
+    if fn(out, ctypes.c_uint(n)) != 0:
         return None
     return [int(v) for v in out]
 
@@ -332,6 +368,8 @@ def install_torch(torch: ModuleType) -> None:
         return
     optimizer.register_optimizer_step_post_hook(functools.partial(_torch_step, torch))
     register_release(functools.partial(_torch_release, torch))
+    if _stop_at:
+        _profilers.append(functools.partial(_torch_profile, torch))
     graphs = getattr(torch.cuda, "graphs", None)
     # PyTorch's global graph hooks (newer releases): without them a captured step ends
     # no iteration, at its capture or its replays.
@@ -382,6 +420,14 @@ def _graph_replayed(graph: Any) -> None:
     # enqueued: a release synchronises first.
     for _ in range(getattr(graph, "_gpushare_steps", 0)):
         iteration_boundary()
+
+
+def _torch_profile(torch: Any) -> Callable[[], dict[str, Any] | None] | None:
+    from gpushare import opprofile
+
+    if opprofile.compiled(torch):
+        return None
+    return functools.partial(opprofile.stop, opprofile.start(torch))
 
 
 def _torch_release(torch: Any) -> None:

@@ -544,11 +544,16 @@ class Request(TaskRequest[GrantReply]):
     # on a shared GPU it is granted that plus prediction.margin, not the whole quota.
     predicted: Annotated[int | None, BYTES, OMIT_NIL] = None
     # Its dry run's features per iteration (docs/prediction.md#step-time), for nodemgr's
-    # step time and utilisation estimate: all four or none.
+    # step time and utilisation estimate: the first four all or none; the others only
+    # with them, each where the dry run measured it.
     kernels_per_step: Annotated[float | None, _number(0.0, 1e12), OMIT_NIL] = None
     host_bytes_per_step: Annotated[float | None, _number(0.0, 1e18), OMIT_NIL] = None
     device_bytes_per_step: Annotated[float | None, _number(0.0, 1e18), OMIT_NIL] = None
     host_step: Annotated[float | None, _number(0.0, 3600.0), OMIT_NIL] = None
+    waves_per_step: Annotated[float | None, _number(0.0, 1e15), OMIT_NIL] = None
+    flops_per_step: Annotated[float | None, _number(0.0, 1e21), OMIT_NIL] = None
+    half_flops_per_step: Annotated[float | None, _number(0.0, 1e21), OMIT_NIL] = None
+    op_bytes_per_step: Annotated[float | None, _number(0.0, 1e21), OMIT_NIL] = None
 
     @property
     def estimate(self) -> tuple[int, int] | None:
@@ -596,20 +601,42 @@ class Estimate(TaskRequest[EstimateReply]):
     host_bytes_per_step: Annotated[float, _number(0.0, 1e18)]
     device_bytes_per_step: Annotated[float, _number(0.0, 1e18)]
     host_step: Annotated[float, _number(0.0, 3600.0)]
+    waves_per_step: Annotated[float | None, _number(0.0, 1e15), OMIT_NIL] = None
+    flops_per_step: Annotated[float | None, _number(0.0, 1e21), OMIT_NIL] = None
+    half_flops_per_step: Annotated[float | None, _number(0.0, 1e21), OMIT_NIL] = None
+    op_bytes_per_step: Annotated[float | None, _number(0.0, 1e21), OMIT_NIL] = None
 
 
 # A dry run's features per iteration, as `request` and `estimate` carry them
-# (docs/prediction.md#step-time): kernel launches, bytes over the host link, bytes within
-# the device, the host's seconds.
-FEATURE_FIELDS = ("kernels_per_step", "host_bytes_per_step", "device_bytes_per_step", "host_step")
+# (docs/prediction.md#step-time), in nodemgr.policy.steptime.Features' order: kernel
+# launches, bytes over the host link, bytes within the device, the host's seconds (these
+# four always together), then waves of blocks, 32-bit and 16-bit floating-point
+# operations and the operators' bytes (each where the dry run measured it).
+FEATURE_FIELDS = (
+    "kernels_per_step",
+    "host_bytes_per_step",
+    "device_bytes_per_step",
+    "host_step",
+    "waves_per_step",
+    "flops_per_step",
+    "half_flops_per_step",
+    "op_bytes_per_step",
+)
+REQUIRED_FEATURES = FEATURE_FIELDS[:4]
+# The SMs of the dry run's GPU, over which `waves_per_step` counts waves: the simulated
+# driver's default device's (sim/sim_attrs.c; a test holds the two together).
+DRY_RUN_SMS = 132
+
+Features = tuple[float | None, ...]
 
 
-def features_of(m: Request | Estimate) -> tuple[float, float, float, float] | None:
-    """The features a message carries, in FEATURE_FIELDS' order; None unless all four."""
-    k, hb, db, hs = (getattr(m, name) for name in FEATURE_FIELDS)
-    if k is None or hb is None or db is None or hs is None:
+def features_of(m: Request | Estimate) -> Features | None:
+    """The features a message carries, in FEATURE_FIELDS' order (None for one it does not
+    carry); None unless it carries the first four."""
+    values = tuple(getattr(m, name) for name in FEATURE_FIELDS)
+    if any(v is None for v in values[: len(REQUIRED_FEATURES)]):
         return None
-    return (float(k), float(hb), float(db), float(hs))
+    return tuple(None if v is None else float(v) for v in values)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -13,7 +13,7 @@ import ctypes
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,6 +149,34 @@ class GpuBackend(ABC):
                         newest[int(p.pid)] = int(p.timeStamp)
                         procs[int(p.pid)] = min(100, int(p.smUtil))
                 out.append(GpuSample(gpu, memory, procs))
+            return out
+
+    def describe(self) -> dict[int, dict[str, Any]]:
+        """What NVML says of each GPU that a step time estimate takes (nodemgr.policy.
+        steptime.GpuSpec's fields, by GPU index): compute capability, cores, highest SM
+        and memory clocks, memory bus width, PCIe link; a figure NVML does not give (not
+        supported, no permission) is left out."""
+        with self._nvml() as pynvml:
+            queries: dict[str, Callable[[Any], Any]] = {
+                "cc": lambda h: tuple(int(v) for v in pynvml.nvmlDeviceGetCudaComputeCapability(h)),
+                "cores": pynvml.nvmlDeviceGetNumGpuCores,
+                "sm_mhz": lambda h: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+                "memory_mhz": lambda h: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM),
+                "bus_bits": pynvml.nvmlDeviceGetMemoryBusWidth,
+                "pcie_gen": pynvml.nvmlDeviceGetMaxPcieLinkGeneration,
+                "pcie_lanes": pynvml.nvmlDeviceGetMaxPcieLinkWidth,
+            }
+            out: dict[int, dict[str, Any]] = {}
+            for g in self.gpus:
+                h = pynvml.nvmlDeviceGetHandleByUUID(g.uuid)
+                found: dict[str, Any] = {}
+                for key, query in queries.items():
+                    try:
+                        value = query(h)
+                    except (pynvml.NVMLError, AttributeError):  # unsupported; older pynvml
+                        continue
+                    found[key] = value if key == "cc" else int(value)
+                out[g.index] = found
             return out
 
     def free_memory(self, uuid: str) -> int:

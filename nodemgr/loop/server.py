@@ -48,7 +48,7 @@ from nodemgr.endpoints import admin
 from nodemgr.endpoints import task as task_endpoint
 from nodemgr.host import envdirs, gpulock
 from nodemgr.host.audit import Auditor, AuditState
-from nodemgr.host.backend import choose
+from nodemgr.host.backend import BackendError, choose
 from nodemgr.host.ctxprobe import charges
 from nodemgr.host.envdirs import RestoreError
 from nodemgr.host.gpus import Gpu
@@ -156,6 +156,12 @@ class Server:
             if isinstance(e, sqlite3.Error):
                 raise StartupError(str(startup_error(config.database, e))) from None
             raise StartupError(str(e)) from None
+        try:
+            self.node.describe(self.backend.describe())
+        except BackendError as e:
+            log.warning(
+                "NVML does not describe the GPUs (step time estimates take defaults): %s", e
+            )
         self.nofile = _raise_nofile()
         self.node.max_tasks_per_env = task_cap(config.tasks_per_env, self.nofile)
         self.epoll = select.epoll()

@@ -19,9 +19,10 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from gpushare import paths
-from gpushare.messages import FEATURE_FIELDS, Estimate, Request, features_of
+from gpushare.messages import FEATURE_FIELDS, REQUIRED_FEATURES, Estimate, Request, features_of
 from gpushare.protocol import BE, CLASS_LONG, LS, Err, ProtocolError
 from gpushare.sizes import MAX_SIZE, MiB, format_size
 from nodemgr.config import Config, check_gpus
@@ -89,6 +90,8 @@ class Node:
         self.gpus = gpus
         self.simulated = simulated
         self.store = store
+        # What NVML says of each GPU, by index (describe): none until the server asks.
+        self.specs: dict[int, steptime.GpuSpec] = {}
         self.envs: dict[str, Env] = {}
         self.tasks: dict[str, Task] = {}
         # Running tasks by environment and by (environment, client pid as granted), each
@@ -365,11 +368,12 @@ class Node:
             raise ProtocolError(
                 Err.BAD_REQUEST, "a deadline needs the run's number of steps, and steps a deadline"
             )
-        if len({getattr(request, name) is None for name in FEATURE_FIELDS}) > 1:
+        given = {name for name in FEATURE_FIELDS if getattr(request, name) is not None}
+        if given and not given.issuperset(REQUIRED_FEATURES):
             raise ProtocolError(
                 Err.BAD_REQUEST,
-                f"{', '.join(FEATURE_FIELDS[:-1])} and {FEATURE_FIELDS[-1]} go together: "
-                "all four or none (docs/protocol.md)",
+                f"the dry run's features come with {', '.join(REQUIRED_FEATURES[:-1])} and "
+                f"{REQUIRED_FEATURES[-1]}: all four, or no feature (docs/protocol.md)",
             )
         if request.task_class == task_class:
             return request
@@ -820,19 +824,31 @@ class Node:
                     "to end",
                 )
 
+    def describe(self, specs: dict[int, dict[str, Any]]) -> None:
+        """What NVML said of each GPU (nodemgr.host.backend.GpuBackend.describe), for the
+        step time estimate's rates."""
+        self.specs = {i: steptime.GpuSpec(**d) for i, d in specs.items()}
+
     def rates(self, model: str) -> steptime.GpuRates:
-        """A GPU model's rates for the analytic estimate: the table's; on simulated GPUs
-        with the device timeline, what the node's config sets of it."""
-        rates = steptime.rates_for(model)
+        """A GPU model's rates for the analytic estimate: from what NVML said of its first
+        GPU; on simulated GPUs with the device timeline, the timeline's, as the node's
+        config sets them (the SMs stay the GPU's)."""
+        spec = next(
+            (self.specs[g.index] for g in self.gpus if g.name == model and g.index in self.specs),
+            steptime.GpuSpec(),
+        )
+        rates = steptime.rates_of(spec)
         c = self.config
         if not (self.simulated and c.sim_timeline):
             return rates
+        d = steptime.SIM_TIMELINE
         scale = c.sim_time_scale or 1.0
         return steptime.GpuRates(
-            (rates.launch_s if c.sim_launch_ns is None else c.sim_launch_ns / 1e9) * scale,
-            (rates.wave_s if c.sim_wave_ns is None else c.sim_wave_ns / 1e9) * scale,
-            (rates.host_bps if c.sim_host_gbps is None else c.sim_host_gbps * 1e9) / scale,
-            (rates.device_bps if c.sim_device_gbps is None else c.sim_device_gbps * 1e9) / scale,
+            (d.launch_s if c.sim_launch_ns is None else c.sim_launch_ns / 1e9) * scale,
+            (d.wave_s if c.sim_wave_ns is None else c.sim_wave_ns / 1e9) * scale,
+            (d.host_bps if c.sim_host_gbps is None else c.sim_host_gbps * 1e9) / scale,
+            (d.device_bps if c.sim_device_gbps is None else c.sim_device_gbps * 1e9) / scale,
+            sms=rates.sms,
         )
 
     def estimate(
@@ -1390,7 +1406,7 @@ class Eviction:
 def features(message: Request | Estimate) -> steptime.Features | None:
     """A message's dry-run features (docs/prediction.md#step-time); None without them."""
     f = features_of(message)
-    return None if f is None else steptime.Features(*f)
+    return None if f is None else steptime.decoded(f)
 
 
 def _for_whom(w: Waiter) -> str:

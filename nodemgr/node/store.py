@@ -69,7 +69,10 @@ CREATE TABLE IF NOT EXISTS tasks (
     predicted INTEGER,                -- its predicted peak per GPU, bytes; NULL: none
     topups    INTEGER NOT NULL DEFAULT 0, -- times its grant by prediction was topped up
     features  TEXT,                   -- its dry run's features, JSON [kernels, host bytes,
-                                      -- device bytes, host seconds] per iteration; NULL: none
+                                      -- device bytes, host seconds, waves, flops, 16-bit
+                                      -- flops, operator bytes] per iteration and GPU (the
+                                      -- last four null where not measured, or left out in
+                                      -- rows made before them); NULL: none
     gpu_model TEXT,                   -- the model of its first GPU
     predicted_step REAL,              -- nodemgr's estimate: seconds per iteration
     predicted_util REAL,              -- and the ratio of its GPU kept busy
@@ -616,7 +619,8 @@ class Store:
         out = []
         for env, command, model, blob, step, util in reversed(rows):
             try:
-                k, hb, db_, hs = (float(x) for x in json.loads(blob))
+                # Four figures, or eight (with None) since the operator profile.
+                f = steptime.decoded(json.loads(blob))
             except (ValueError, TypeError):
                 continue  # a damaged row: left out
             out.append(
@@ -624,7 +628,7 @@ class Store:
                     str(env),
                     None if command is None else str(command),
                     str(model),
-                    steptime.Features(k, hb, db_, hs),
+                    f,
                     float(step),
                     _real(util),
                 )

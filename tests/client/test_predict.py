@@ -72,6 +72,8 @@ def test_a_dry_run_reports_the_shape_and_stops_at_its_iterations(
         "50",
         "--launches",
         "7",
+        "--blocks",
+        "200",
         "--upload",
         "2",
         "--reads",
@@ -91,6 +93,9 @@ def test_a_dry_run_reports_the_shape_and_stops_at_its_iterations(
     assert (got["persistent"], got["temporary"]) == (64 * MIB, 32 * MIB)
     assert got["gpus"] == [{"gpu": 0, "persistent": 64 * MIB, "temporary": 32 * MIB}]
     assert got["kernels_per_step"] == 7
+    assert got["waves_per_step"] == 7 * 2  # 200 blocks over 132 SMs
+    # No framework, no operator profile.
+    assert got["flops_per_step"] is None and got["operators"] is None and got["batch"] is None
     assert got["copies_per_step"] == {
         "host_to_device_bytes": 2 * MIB,
         "device_to_host_bytes": 3 * 4096,

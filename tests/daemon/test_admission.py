@@ -13,7 +13,10 @@ from typing import Any
 
 import pytest
 
+from gpushare.client import Connection, NodeError
 from gpushare.exitcodes import EXIT_NO_RESOURCES
+from gpushare.messages import Estimate, Request
+from gpushare.protocol import Err
 from tests.conftest import ROOT, Holder
 from tests.daemon.conftest import free_port, scrape
 
@@ -286,6 +289,45 @@ def test_step_time_is_estimated_measured_and_learned(daemon_factory: Any, run_ta
     # The median of the one earlier run of the command: its measured step time.
     assert second["predicted_step"] == pytest.approx(first["step"])
     assert second["step"] is not None
+
+
+# What the simulated NVML says of its default device, an H100 SXM5 (sim/sim_attrs.c): the
+# estimate's peaks, worked out here from the vendor's figures.
+H100_FP32 = 16896 * 2 * 1.98e9  # cores, a multiply-add each, at 1980 MHz
+H100_BF16 = 132 * 4096 * 1.98e9  # SMs, dense tensor core operations a clock
+H100_HBM = 2619e6 * 2 * 5120 / 8  # memory clock, two transfers, 5120-bit bus
+
+
+def test_the_analytic_estimate_takes_what_nvml_says_of_the_gpu(daemon: Any) -> None:
+    """docs/prediction.md#step-time: without history, nodemgr's estimate is the roofline
+    of the dry run's features against the rates NVML's description of the GPU gives:
+    1000 launches of 3 us, and the longest of their waves (5 us each), their arithmetic
+    and their operators' bytes."""
+    ep = daemon.env("alice", gpus=1, memory=GIB)
+    core = {
+        "kernels_per_step": 1000.0,
+        "host_bytes_per_step": 0.0,
+        "device_bytes_per_step": 0.0,
+        "host_step": 0.0,
+    }
+    cases = [
+        ({}, 1000 * 5e-6),
+        ({"waves_per_step": 4000.0}, 4000 * 5e-6),
+        ({"waves_per_step": 1000.0, "flops_per_step": 1e12}, 1e12 / H100_FP32),
+        ({"half_flops_per_step": 1e13}, 1e13 / H100_BF16),
+        ({"flops_per_step": 1e9, "op_bytes_per_step": 1e11}, 1e11 / H100_HBM),
+    ]
+    with Connection(ep, timeout=10.0) as c:
+        for extra, work in cases:
+            [est] = c.send(Estimate(command="train", **core, **extra)).gpus
+            assert est["source"] == "analytic"
+            assert est["step"] == pytest.approx(1000 * 3e-6 + work, rel=1e-3), extra
+            assert est["utilization"] == 1.0
+        # The other features only with the first four.
+        with pytest.raises(NodeError) as e:
+            c.send(Request(gpus=1, command="train", waves_per_step=10.0, wait=0.0))
+        assert e.value.code == Err.BAD_REQUEST and "all four" in e.value.message
+    assert daemon.tasks() == []
 
 
 def test_a_task_without_a_prediction_beside_predicted_ones_is_charged_the_quota(

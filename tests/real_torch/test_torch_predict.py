@@ -141,3 +141,62 @@ def test_a_job_sent_with_its_prediction_runs_within_its_grant(
     assert record["memory"] == math.ceil(predicted * 1.1 / MIB) * MIB < 16 * GIB
     assert record["topups"] == 0
     assert abs(predicted - record["peak"]) <= 0.01 * record["peak"], record
+
+
+def test_the_operator_profile_counts_one_iterations_arithmetic(
+    tmp_path: Path,
+    torch_python: str,  # noqa: F811
+) -> None:
+    """docs/prediction.md#the-operator-profile: the iteration after the release, forward
+    and backward, counted by operator: a two-layer MLP's matrix products are 2·m·n·k
+    each, the first layer's input needing no gradient; a bfloat16 one's are 16-bit, and
+    float32 ones PyTorch lets run as TF32 count twice among them. A job that compiles
+    (torch.compile, in full-graph mode) gets no profile, and its dry run runs as
+    without one."""
+    script = tmp_path / "mlp.py"
+    script.write_text(
+        "import sys, torch\n"
+        "dtype = getattr(torch, sys.argv[1])\n"
+        "torch.set_float32_matmul_precision(sys.argv[2])\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),\n"
+        "                        torch.nn.Linear(1024, 256)).cuda().to(dtype)\n"
+        "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for step in range(6):\n"
+        "    x = torch.randn(64, 512, dtype=dtype).cuda()\n"
+        "    if sys.argv[3] == 'compiled':\n"
+        "        x = torch.compile(lambda a: a * 2, backend='eager', fullgraph=True)(x)\n"
+        "    m(x).float().square().mean().backward()\n"
+        "    o.step(); o.zero_grad()\n"
+    )
+    # Forward: 64x512 by 512x1024 and 64x1024 by 1024x256; backward: both weights'
+    # gradients and the second layer's input's.
+    flops = 2 * 64 * (512 * 1024 * 2 + 1024 * 256 * 3)
+    cases = [
+        ("float32", "highest", flops, 0),
+        ("float32", "high", 0, 2 * flops),
+        ("bfloat16", "highest", 0, flops),
+    ]
+    for dtype, precision, full, half in cases:
+        r = gpushare_run(
+            "--predict", "--json", "--", torch_python, str(script), dtype, precision, "eager"
+        )
+        assert r.returncode == 0, r.stderr[-4000:]
+        got = json.loads(r.stdout)
+        assert (got["flops_per_step"], got["half_flops_per_step"]) == (full, half), dtype
+        assert got["batch"] == 64  # the input copied to the GPU
+        ops = got["operators"]
+        assert ops["addmm"]["calls"] == 2 and ops["addmm"]["largest_input"] == 1024 * 512
+        assert ops["mm"]["calls"] == 3
+        assert sum(o["flops"] for o in ops.values()) == flops
+        # The first layer's forward reads its input, weight and bias and writes its output.
+        size = 2 if dtype == "bfloat16" else 4
+        assert got["op_bytes_per_step"] > (64 * 512 + 512 * 1024 + 1024 + 64 * 1024) * size
+        assert got["waves_per_step"] >= got["kernels_per_step"] > 10
+    r = gpushare_run(
+        "--predict", "--json", "--", torch_python, str(script), "float32", "highest", "compiled"
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    got = json.loads(r.stdout)
+    assert got["predicted"] is True and got["persistent"] > 0
+    assert got["operators"] is None and got["flops_per_step"] is None
+    assert got["waves_per_step"] >= got["kernels_per_step"] > 10

@@ -896,3 +896,76 @@ def test_bad_overrides_are_refused_at_init(overrides: str, message: str) -> None
     assert out == {"init": CUDA_ERROR_INVALID_VALUE, "devices": []}
     assert f'gpushare sim: GPUSHARE_SIM_GPUS: bad entry "{entry}": {message}' in run.stderr
     assert _python(NVML_INIT_SCRIPT, _env(gpus, None)) == NVML_ERROR_UNKNOWN
+
+
+# --- What a step time estimate takes of a GPU (nodemgr's GPU description) -----------------
+
+DESCRIBE_SCRIPT = r"""
+import ctypes, json, pynvml
+pynvml.nvmlInit()
+lib = ctypes.CDLL("libnvidia-ml.so.1")
+out = []
+for i in range(pynvml.nvmlDeviceGetCount()):
+    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+    out.append({
+        "cc": list(pynvml.nvmlDeviceGetCudaComputeCapability(h)),
+        "cores": pynvml.nvmlDeviceGetNumGpuCores(h),
+        "clocks": [pynvml.nvmlDeviceGetMaxClockInfo(h, t) for t in range(4)],
+        "bus": pynvml.nvmlDeviceGetMemoryBusWidth(h),
+        "pcie": [pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h),
+                 pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)],
+        "bad_clock": lib.nvmlDeviceGetMaxClockInfo(h, 4, ctypes.byref(ctypes.c_uint())),
+        "nulls": [lib.nvmlDeviceGetNumGpuCores(h, None),
+                  lib.nvmlDeviceGetMaxClockInfo(h, 1, None),
+                  lib.nvmlDeviceGetMemoryBusWidth(h, None),
+                  lib.nvmlDeviceGetMaxPcieLinkGeneration(h, None),
+                  lib.nvmlDeviceGetMaxPcieLinkWidth(h, None)],
+    })
+print(json.dumps(out))
+"""
+
+
+NOT_SUPPORTED_SCRIPT = r"""
+import ctypes, json, pynvml
+pynvml.nvmlInit()
+lib = ctypes.CDLL("libnvidia-ml.so.1")
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+v = ctypes.c_uint()
+print(json.dumps([lib.nvmlDeviceGetMaxClockInfo(h, 1, ctypes.byref(v)),
+                  lib.nvmlDeviceGetMaxClockInfo(h, 0, ctypes.byref(v)),
+                  lib.nvmlDeviceGetMemoryBusWidth(h, ctypes.byref(v))]))
+"""
+
+
+def test_nvml_describes_each_device_from_its_attributes() -> None:
+    """Cores, clocks and bus come from the same attributes the driver answers, overrides
+    included; the cores are the SMs times the FP32 lanes nodemgr's estimate divides by
+    (nodemgr.policy.steptime.ARCH), for every capability of that table."""
+    from nodemgr.policy import steptime
+
+    ccs = sorted(steptime.ARCH)
+    entries = [f"H|{80 << 30}"] + [
+        f"X|{1 << 30}|cc={major}.{minor},sms={10 + i},clock_rate=1410000,memory_clock_rate=1215000,"
+        "global_memory_bus_width=4096"
+        for i, (major, minor) in enumerate(ccs)
+    ]
+    got = _python(DESCRIBE_SCRIPT, _env(node(*entries), None))
+    h100 = got[0]
+    assert h100["cc"] == [9, 0] and h100["cores"] == 132 * 128
+    assert h100["clocks"] == [1980, 1980, 2619, 1980]  # graphics, SM, memory, video
+    assert h100["bus"] == 5120 and h100["pcie"] == [5, 16]
+    assert h100["bad_clock"] == 2 and h100["nulls"] == [2] * 5  # NVML_ERROR_INVALID_ARGUMENT
+    for i, (cc, d) in enumerate(zip(ccs, got[1:], strict=True)):
+        lanes = steptime.ARCH[cc][0]
+        assert d["cc"] == list(cc) and d["cores"] == (10 + i) * lanes, cc
+        assert d["clocks"][1:3] == [1410, 1215] and d["bus"] == 4096
+        spec = steptime.GpuSpec(cc=cc, cores=d["cores"], sm_mhz=1410)
+        assert steptime.rates_of(spec).sms == 10 + i
+    # Capabilities between the table's rows and beyond it: the same lanes on both sides.
+    between = [(3, 7), (5, 2), (6, 2), (7, 2), (8, 7), (11, 0), (13, 0)]
+    entries = [f"X|{1 << 30}|cc={major}.{minor},sms=10" for major, minor in between]
+    for cc, d in zip(between, _python(DESCRIBE_SCRIPT, _env(node(*entries), None)), strict=True):
+        assert d["cores"] == 10 * steptime.arch(cc)[0], cc
+    # An override that is no count or clock: NVML does not say, rather than wrap around.
+    bad = _env(node(f"X|{1 << 30}|clock_rate=0,global_memory_bus_width=0"), None)
+    assert _python(NOT_SUPPORTED_SCRIPT, bad) == [3, 3, 3]  # NVML_ERROR_NOT_SUPPORTED

@@ -3,12 +3,15 @@ case, and its table's last row against the simulated driver's timeline defaults.
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import replace
 
 import pytest
 
+from gpushare.messages import DRY_RUN_SMS
 from nodemgr.policy import steptime
-from nodemgr.policy.steptime import Features, GpuRates, Run
+from nodemgr.policy.steptime import Features, GpuRates, GpuSpec, Run
 from tests.conftest import ROOT
 
 RATES = GpuRates(launch_s=2e-6, wave_s=3e-6, host_bps=10e9, device_bps=1000e9)
@@ -80,31 +83,116 @@ def test_fitted_is_the_median_ratio_over_the_models_last_runs() -> None:
     assert e.step_s == pytest.approx(3 * steptime.analytic(f, RATES).step_s)
 
 
+# What NVML says of an H100 SXM5 and an A100 SXM4 40 GB (the vendors' specifications).
+H100 = GpuSpec(
+    cc=(9, 0), cores=16896, sm_mhz=1980, memory_mhz=2619, bus_bits=5120, pcie_gen=5, pcie_lanes=16
+)
+A100 = GpuSpec(
+    cc=(8, 0), cores=6912, sm_mhz=1410, memory_mhz=1215, bus_bits=5120, pcie_gen=4, pcie_lanes=16
+)
+
+
+def test_rates_come_from_what_nvml_says_of_the_gpu() -> None:
+    h = steptime.rates_of(H100)
+    assert h.sms == 132
+    assert h.flops_s == pytest.approx(66.9e12, rel=0.01)  # the published FP32 peak
+    assert h.half_flops_s == pytest.approx(1070e12, rel=0.01)  # dense BF16 at 1980 MHz
+    assert h.device_bps == pytest.approx(3.35e12, rel=0.01)
+    assert h.kernel_bps == h.device_bps
+    assert h.host_bps == pytest.approx(3.938e9 * 16 * 0.8)
+    a = steptime.rates_of(A100)
+    assert a.sms == 108
+    assert a.flops_s == pytest.approx(19.5e12, rel=0.01)
+    assert a.half_flops_s == pytest.approx(312e12, rel=0.01)
+    assert a.device_bps == pytest.approx(1.555e12, rel=0.01)
+    assert a.host_bps == pytest.approx(h.host_bps / 2, rel=0.01)
+
+
+def test_what_nvml_does_not_say_takes_the_defaults() -> None:
+    r = steptime.rates_of(GpuSpec())
+    d = steptime.SIM_TIMELINE
+    assert (r.host_bps, r.device_bps, r.sms) == (d.host_bps, d.device_bps, DRY_RUN_SMS)
+    assert r.flops_s == r.half_flops_s == math.inf  # no clock: arithmetic is no bound
+    # Cores without a compute capability say nothing of the SMs.
+    assert steptime.rates_of(GpuSpec(cores=6912, sm_mhz=1410)).sms == DRY_RUN_SMS
+    # A GPU without tensor cores (Pascal): no 16-bit bound.
+    assert steptime.rates_of(GpuSpec(cc=(6, 1), cores=3584, sm_mhz=1500)).half_flops_s == math.inf
+
+
 @pytest.mark.parametrize(
-    ("name", "word"),
+    ("cc", "row"),
     [
-        ("NVIDIA H200", "H200"),
-        ("NVIDIA H100 80GB HBM3", "H100"),
-        ("NVIDIA A100-SXM4-80GB", "A100"),
-        ("NVIDIA L40S", "L40"),
-        ("NVIDIA L4", "L4"),
-        ("gpushare Simulated GPU", ""),
+        ((8, 0), steptime.ARCH[8, 0]),
+        ((8, 7), steptime.ARCH[8, 6]),  # Orin: GA10x's
+        ((5, 2), steptime.ARCH[5, 0]),
+        ((12, 1), steptime.ARCH[12, 0]),
+        ((11, 0), steptime.UNKNOWN_ARCH),  # a major version the table lacks: no guess
+        ((13, 0), steptime.UNKNOWN_ARCH),
     ],
 )
-def test_rates_are_matched_by_model_name(name: str, word: str) -> None:
-    assert steptime.rates_for(name) == dict(steptime.GPU_RATES)[word]
+def test_a_capability_takes_its_row_or_the_nearest_below(
+    cc: tuple[int, int], row: tuple[int, int]
+) -> None:
+    assert steptime.arch(cc) == row
 
 
-def test_the_last_row_is_the_simulators_timeline_defaults() -> None:
+def test_no_tensor_bound_without_the_sms() -> None:
+    """Without NVML's core count, or with fewer cores than one SM's lanes, the SMs are
+    unknown: the dry run's SM count for waves, and no 16-bit bound."""
+    for spec in (GpuSpec(cc=(8, 0), sm_mhz=1410), GpuSpec(cc=(9, 0), cores=100, sm_mhz=1000)):
+        r = steptime.rates_of(spec)
+        assert r.sms == DRY_RUN_SMS and r.half_flops_s == math.inf
+        f = Features(10, 0, 0, 0, waves=10, flops=1e9, half_flops=1e12)
+        assert steptime.analytic(f, r).step_s > 0
+
+
+def test_waves_are_scaled_to_the_gpus_sms() -> None:
+    rates = replace(RATES, sms=66)  # half the dry run GPU's SMs: twice the waves
+    f = Features(100, 0, 0, 0, waves=400)
+    assert steptime.analytic(f, rates).step_s == pytest.approx(100 * 2e-6 + 800 * 3e-6)
+    # Never fewer waves than launches: each launch is a wave at least.
+    many = replace(RATES, sms=10_000)
+    assert steptime.analytic(f, many).step_s == pytest.approx(100 * 2e-6 + 100 * 3e-6)
+
+
+def test_the_kernels_work_is_the_longest_of_its_bounds() -> None:
+    rates = replace(RATES, flops_s=1e12, half_flops_s=4e12, kernel_bps=1e11)
+    launches = 10 * 2e-6
+    waves_only = Features(10, 0, 0, 0, waves=10)
+    assert steptime.analytic(waves_only, rates).step_s == pytest.approx(launches + 10 * 3e-6)
+    compute = Features(10, 0, 0, 0, waves=10, flops=1e9, half_flops=4e9, op_bytes=1e6)
+    assert steptime.analytic(compute, rates).step_s == pytest.approx(launches + 2e-3)
+    memory = Features(10, 0, 0, 0, waves=10, flops=1e6, half_flops=0, op_bytes=1e9)
+    assert steptime.analytic(memory, rates).step_s == pytest.approx(launches + 1e-2)
+
+
+def test_features_decode_from_four_or_eight_figures() -> None:
+    assert steptime.decoded([1, 2, 3, 4]) == Features(1, 2, 3, 4)
+    assert steptime.decoded([1, 2, 3, 4, 5, None, 7, 8]) == Features(1, 2, 3, 4, 5, None, 7, 8)
+    for bad in ([1, 2, 3], [1, 2, 3, None], [1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, "x"]):
+        with pytest.raises((ValueError, TypeError)):
+            steptime.decoded(bad)
+
+
+def test_the_timeline_rates_are_the_simulators_defaults() -> None:
     source = (ROOT / "sim" / "sim_timeline.c").read_text()
     found = {
         m[1]: float(m[2])
         for m in re.finditer(r'\{ "GPUSHARE_SIM_(\w+)", ([0-9.]+),', source, re.ASCII)
     }
-    last = dict(steptime.GPU_RATES)[""]
-    assert last == GpuRates(
-        found["LAUNCH_NS"] / 1e9,
-        found["WAVE_NS"] / 1e9,
-        found["HOST_GBPS"] * 1e9,
-        found["DEVICE_GBPS"] * 1e9,
+    assert (
+        GpuRates(
+            found["LAUNCH_NS"] / 1e9,
+            found["WAVE_NS"] / 1e9,
+            found["HOST_GBPS"] * 1e9,
+            found["DEVICE_GBPS"] * 1e9,
+        )
+        == steptime.SIM_TIMELINE
     )
+
+
+def test_the_dry_runs_sms_are_the_simulated_devices() -> None:
+    source = (ROOT / "sim" / "sim_attrs.c").read_text()
+    m = re.search(r'\[16\] = \{ "multiprocessor_count", (\d+) \}', source)
+    assert m is not None
+    assert int(m[1]) == DRY_RUN_SMS

@@ -98,6 +98,10 @@ def test_validate_types_ranges_and_unknowns() -> None:
         "host_bytes_per_step": None,
         "device_bytes_per_step": None,
         "host_step": None,
+        "waves_per_step": None,
+        "flops_per_step": None,
+        "half_flops_per_step": None,
+        "op_bytes_per_step": None,
     }
     cases: list[tuple[dict[str, Any], str]] = [
         ({"type": "request", "gpus": 1, "task_class": "latency-sensitive"}, Err.BAD_REQUEST),
