@@ -258,6 +258,17 @@ class Fuzzer:
             values = self.valid_values[(kind, name)]
             if values and (required or rng.random() < 0.6):
                 msg[name] = rng.choice(values)
+        if messages.REQUIRED_FEATURES[0] in self.schemas[kind] and not all(
+            self.schemas[kind][name][0] for name in messages.REQUIRED_FEATURES
+        ):
+            # A dry run's features come together (docs/protocol.md): all four and some of
+            # the others, or none, as a client sends them.
+            keep = rng.random() < 0.6
+            for name in messages.FEATURE_FIELDS:
+                if keep and name in messages.REQUIRED_FEATURES:
+                    msg[name] = rng.choice(self.valid_values[(kind, name)])
+                elif not keep:
+                    msg.pop(name, None)
         return msg
 
     def mutate(self, msg: dict[str, Any], how: list[str]) -> None:
