@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
@@ -581,26 +581,28 @@ def _spans(boundaries: list[Boundary], wanted: int) -> list[tuple[Boundary, Boun
     return out
 
 
-def _kernels_per_step(boundaries: list[Boundary], wanted: int) -> float | None:
-    """Kernel launches between a process's first boundary and its last, per iteration,
-    summed over its processes; None before any has two."""
-    rates = [
-        (last.launches - first.launches) / (last.iterations - first.iterations)
-        for first, last in _spans(boundaries, wanted)
-    ]
+def _per_step(
+    boundaries: list[Boundary], wanted: int, count: Callable[[Boundary], int | None]
+) -> float | None:
+    """A counter's growth between a process's first boundary and its last (_spans), per
+    iteration, summed over its processes; None before any has two with the counter read."""
+    rates = []
+    for first, last in _spans(boundaries, wanted):
+        start, end = count(first), count(last)
+        if start is not None and end is not None:
+            rates.append((end - start) / (last.iterations - first.iterations))
     return sum(rates) if rates else None
+
+
+def _kernels_per_step(boundaries: list[Boundary], wanted: int) -> float | None:
+    """Kernel launches per iteration (the shim's counter)."""
+    return _per_step(boundaries, wanted, lambda b: b.launches)
 
 
 def _waves_per_step(boundaries: list[Boundary], wanted: int) -> float | None:
-    """Waves of blocks over the dry run's GPU's SMs between a process's first boundary and
-    its last, per iteration, summed over its processes; None before any has two with the
-    kernel counters read."""
-    rates = [
-        (last.kernels[2] - first.kernels[2]) / (last.iterations - first.iterations)
-        for first, last in _spans(boundaries, wanted)
-        if first.kernels is not None and last.kernels is not None
-    ]
-    return sum(rates) if rates else None
+    """Waves of blocks over the dry run's GPU's SMs per iteration (the simulated driver's
+    counter)."""
+    return _per_step(boundaries, wanted, lambda b: None if b.kernels is None else b.kernels[2])
 
 
 def _profile(d: dict[str, Any]) -> dict[str, Any] | None:

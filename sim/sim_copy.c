@@ -78,10 +78,16 @@ static void sim_count_copy(bool dst_dev, bool src_dev, uint64_t n)
 SIM_EXPORT CUresult gpushareSimCopyCounters(unsigned long long *out, unsigned int count);
 SIM_EXPORT CUresult gpushareSimCopyCounters(unsigned long long *out, unsigned int count)
 {
+	return sim_counters_out(out, count, sim_copied, SIM_COPY_COUNTERS);
+}
+
+CUresult sim_counters_out(unsigned long long *out, unsigned int count, const uint64_t *counters,
+			  unsigned int n)
+{
 	if (out == NULL)
 		return CUDA_ERROR_INVALID_VALUE;
-	for (unsigned int i = 0; i < count && i < SIM_COPY_COUNTERS; i++)
-		out[i] = __atomic_load_n(&sim_copied[i], __ATOMIC_RELAXED);
+	for (unsigned int i = 0; i < count && i < n; i++)
+		out[i] = __atomic_load_n(&counters[i], __ATOMIC_RELAXED);
 	return CUDA_SUCCESS;
 }
 

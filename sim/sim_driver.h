@@ -328,6 +328,15 @@ void sim_ops_free(struct sim_op *ops, size_t n);
 	extern __typeof__(sim_impl_##twin) sim_impl_##variant \
 		__attribute__((alias("sim_impl_" #twin)))
 
+/*
+ * The simulator's counter functions' answer (gpushareSimCopyCounters,
+ * gpushareSimKernelCounters): the first count of a process's n counters
+ * into out (the rest of out left as it is), each read relaxed: a count of
+ * its own, read for a report. CUDA_ERROR_INVALID_VALUE if out is NULL.
+ */
+CUresult sim_counters_out(unsigned long long *out, unsigned int count, const uint64_t *counters,
+			  unsigned int n);
+
 /* Puts node at the head of a list of records linked through their next, under lock. */
 #define SIM_LIST_PUSH(lock, head, node)     \
 	do {                                \

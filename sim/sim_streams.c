@@ -272,11 +272,7 @@ static bool sim_grid_fits(unsigned int gx, unsigned int gy, unsigned int gz)
 SIM_EXPORT CUresult gpushareSimKernelCounters(unsigned long long *out, unsigned int count);
 SIM_EXPORT CUresult gpushareSimKernelCounters(unsigned long long *out, unsigned int count)
 {
-	if (out == NULL)
-		return CUDA_ERROR_INVALID_VALUE;
-	for (unsigned int i = 0; i < count && i < SIM_KERNEL_COUNTERS; i++)
-		out[i] = __atomic_load_n(&sim_kernel_counts[i], __ATOMIC_RELAXED);
-	return CUDA_SUCCESS;
+	return sim_counters_out(out, count, sim_kernel_counts, SIM_KERNEL_COUNTERS);
 }
 
 /*
