@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import zmq
@@ -21,6 +24,35 @@ from gpushare.messages import INTERIM, Ask, HeldReply, QueuedReply, R, Status, r
 FIRST_ANSWER = 5.0
 
 T = TypeVar("T")
+
+# The signals whose Python handlers may raise (SIGINT's KeyboardInterrupt, and the handlers
+# gpushare-run installs).
+_HELD_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+def _pending_check() -> None:
+    """A Python call: the interpreter raises a signal's exception on entering one."""
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold the signals that raise while sockets are made or closed, in the main thread.
+
+    An exception inside pyzmq between libzmq making a socket and the context tracking it
+    (or the connection keeping it) leaves a socket nothing closes, and terminating the
+    context then waits for it for ever. A signal that comes meanwhile stays pending and
+    raises when the block ends, with every socket owned. Other threads are left alone:
+    Python raises signal exceptions only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    try:
+        # One that came while the mask was being set raises here, before any socket.
+        _pending_check()
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 class NodeError(GpushareError):
@@ -102,19 +134,25 @@ class Connection:
         # environment deleted, whose clients' next heartbeat hears why).
         socket = paths.socket_of(endpoint)
         self._connected = socket is not None and os.path.exists(socket)
-        self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.SNDHWM, 64)
+        with _signals_held():
+            self._ctx = zmq.Context()
+            self._sock = self._ctx.socket(zmq.DEALER)
         try:
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.setsockopt(zmq.SNDHWM, 64)
             self._sock.connect(endpoint)
         except zmq.ZMQError as e:
             self.close()
             raise Unreachable(f"bad nodemgr endpoint {endpoint!r}: {e}") from None
+        except BaseException:  # interrupted: nothing would close the socket
+            self.close()
+            raise
 
     def close(self) -> None:
-        self._sock.close(linger=0)
-        self._ctx.term()
+        """Close the connection's sockets, the monitor of a request that was interrupted
+        included, and end its context: it waits for no socket left open."""
+        with _signals_held():
+            self._ctx.destroy(linger=0)
 
     def __enter__(self) -> Connection:
         return self
@@ -217,7 +255,10 @@ class Connection:
             raise Unreachable(f"nodemgr is not accepting messages at {self.endpoint}") from None
         monitor = None
         if resend is not None:
-            monitor = self._sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            with _signals_held():
+                monitor = self._sock.get_monitor_socket(
+                    zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+                )
         try:
             reply = self._wait(
                 kind,
@@ -236,8 +277,9 @@ class Connection:
             raise
         finally:
             if monitor is not None:
-                self._sock.disable_monitor()
-                monitor.close(linger=0)
+                with _signals_held():
+                    self._sock.disable_monitor()
+                    monitor.close(linger=0)
         self._connected = True
         return reply
 

@@ -274,3 +274,42 @@ def test_a_command_stopped_and_continued_without_a_terminal_goes_on(
     os.kill(pid, signal.SIGCONT)
     out, err = p.communicate(timeout=30)
     assert (p.returncode, out) == (0, "done\n"), err
+
+
+# A Ctrl-C that lands while a waiting request sets up its connection monitor: pyzmq has
+# made the monitor's socket when the KeyboardInterrupt comes, and nothing holds it. It is
+# raised here where the monitor's socket connects, the window a real SIGINT hit once.
+_INTERRUPTED_MONITOR = """
+import socket, sys, zmq
+from gpushare.client import Connection, Unreachable
+from gpushare.messages import Request
+
+path = sys.argv[1]
+stale = socket.socket(socket.AF_UNIX)
+stale.bind(path)  # a killed nodemgr's socket: the name stays, nobody listens
+stale.close()
+connect = zmq.Socket.connect
+
+def interrupted(self, addr):
+    connect(self, addr)
+    if addr.startswith("inproc://monitor"):
+        raise KeyboardInterrupt
+
+zmq.Socket.connect = interrupted
+request = Request(gpus=1, wait=60.0)
+try:
+    with Connection("ipc://" + path, timeout=1.0) as conn:
+        conn.send(request, timeout=60.0, first_answer=5.0, resend=lambda: request)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_an_interrupt_while_a_wait_sets_up_its_monitor_ends_the_client(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_MONITOR, str(tmp_path / "task.sock")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (r.returncode, r.stdout) == (0, "interrupted\n"), r.stderr
