@@ -1,5 +1,5 @@
 """The module map in docs/architecture.md ("Packages"), made from the modules' own
-docstrings: each Python module of the three packages, by folder, with the first sentence
+docstrings: each Python module of the four packages, by folder, with the first sentence
 of its docstring. `python docs/module_map.py` prints it; `--write` puts it into the
 document between its marks. tests/unit/test_docs.py checks the document holds what this
 makes, so a module added, moved or described anew shows there in the same change."""
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("gpushare", "nodemgr", "client_plugin")
+PACKAGES = ("gpushare", "nodemgr", "client_plugin", "placement")
 DOC = ROOT / "docs" / "architecture.md"
 BEGIN = "<!-- module map: made by docs/module_map.py; do not edit by hand -->"
 END = "<!-- end of module map -->"

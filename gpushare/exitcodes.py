@@ -5,6 +5,7 @@ from __future__ import annotations
 
 EXIT_ADMIN_REFUSED = 1  # a nodemgr command: nodemgr refused the request
 EXIT_USAGE = 2  # bad usage: an option or a GPUSHARE_* value (click's own code too)
+EXIT_DATA = 65  # EX_DATAERR: an input file that is not what it should be (a trace's CSV)
 EXIT_UNREACHABLE = 69  # EX_UNAVAILABLE: nodemgr unreachable, or its socket refuses this user
 EXIT_NO_RESOURCES = 75  # EX_TEMPFAIL: no GPUs free, now or within the wait
 EXIT_REFUSED = 77  # EX_NOPERM: gpushare-run's request refused (quota, node, environment)

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Cluster placement (docs/placement.md) on the Alibaba GPU v2023 trace, against the
+FGD paper's published figures.
+
+    python benchmarks/cluster_bench.py [--quick] [--only NAME]... [--out FILE] [--check]
+
+The trace and the published table are read from ``$GPUSHARE_TRACES``, by default the
+``shared/traces`` folder beside the repository: ``alibaba-gpu-v2023/`` (the node list and
+the pod lists) and ``fgd-anchor.md`` (the FGD simulator's expected allocation ratios).
+
+- ``anchor``: each baseline (random, dotprod, clustering, packing, bestfit, fgd) on each
+  trace of the table, 10 seeds (42 to 51) of the arrival protocol at tune 1.3; the mean
+  and standard deviation of the allocation ratio at each arrived share of the table,
+  and its difference from the published mean. Target: FGD within 0.5 points of the
+  table at 100% and 130% arrived on every trace. ``--quick``: the default trace, seeds
+  42 and 43, whose means are then no test of the target.
+- ``speed``: one run of each policy on the 8,152-pod default trace, in one process.
+  Target: under 10 s each.
+
+The anchor's runs go to as many processes as there are usable CPUs (``$GPUSHARE_BENCH_JOBS``
+sets another number). JSON on stdout and in ``--out``; progress on stderr; exit status 2
+when the trace is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import harness
+
+TRACES_ENV = "GPUSHARE_TRACES"
+ROOT = Path(__file__).resolve().parent.parent
+SEEDS = tuple(range(42, 52))
+TOLERANCE = 0.5  # points of allocation ratio, FGD against the published table
+SPEED_LIMIT = 10.0  # seconds per policy on the default trace
+# The published table's names of the baselines, and ours.
+PUBLISHED = {
+    "Random": "random",
+    "DotProd": "dotprod",
+    "GpuClustering": "clustering",
+    "GpuPacking": "packing",
+    "BestFit": "bestfit",
+    "FGD": "fgd",
+}
+
+
+def traces_dir() -> Path:
+    """Where the trace and the published table are ($GPUSHARE_TRACES, else the shared
+    folder beside the repository)."""
+    env = os.environ.get(TRACES_ENV)
+    return Path(env) if env else ROOT.parent / "shared" / "traces"
+
+
+def trace_files() -> tuple[Path, Path]:
+    """The node list and the folder of pod lists; BenchError when they are missing."""
+    folder = traces_dir() / "alibaba-gpu-v2023"
+    nodes = folder / "openb_node_list_gpu_node.csv"
+    if not nodes.is_file():
+        raise harness.BenchError(
+            f"no trace at {folder}: set {TRACES_ENV} to the folder holding alibaba-gpu-v2023/"
+        )
+    return nodes, folder
+
+
+def published() -> dict[str, dict[str, dict[int, float]]]:
+    """fgd-anchor.md's table: trace -> our policy name -> arrived % -> allocation %."""
+    path = traces_dir() / "fgd-anchor.md"
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise harness.BenchError(f"cannot read {path}: {e}") from None
+    table: dict[str, dict[str, dict[int, float]]] = {}
+    columns: list[int] = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[:2] == ["trace", "policy"]:
+            columns = [int(re.sub(r"\D", "", c)) for c in cells[2:]]
+        elif columns and len(cells) == 2 + len(columns) and cells[1] in PUBLISHED:
+            row = {a: float(v) for a, v in zip(columns, cells[2:], strict=True)}
+            table.setdefault(cells[0], {})[PUBLISHED[cells[1]]] = row
+    if not table:
+        raise harness.BenchError(f"{path} has no table of trace, policy and arrived %")
+    return table
+
+
+def _run(job: tuple[str, str, str, int]) -> dict[str, Any]:
+    """One replay in a worker process: (node file, pod file, policy, seed)."""
+    from placement.replay import replay
+    from placement.trace import read_nodes, read_pods
+
+    nodes, pods, policy, seed = job
+    return replay(read_nodes(Path(nodes)), read_pods(Path(pods)), policy, seed).wire()
+
+
+def _jobs() -> int:
+    return int(os.environ.get("GPUSHARE_BENCH_JOBS") or len(os.sched_getaffinity(0)))
+
+
+def bench_anchor(quick: bool) -> dict[str, Any]:
+    nodes, folder = trace_files()
+    table = published()
+    traces = ["default"] if quick else list(table)
+    seeds = SEEDS[:2] if quick else SEEDS
+    jobs = [
+        (str(nodes), str(folder / f"openb_pod_list_{t}.csv"), policy, seed)
+        for t in traces
+        for policy in table[t]
+        for seed in seeds
+    ]
+    harness.say(f"anchor: {len(jobs)} runs in {_jobs()} processes")
+    with ProcessPoolExecutor(_jobs()) as pool:
+        runs = list(pool.map(_run, jobs))
+    results: dict[str, Any] = {}
+    worst = 0.0
+    for (_, pods, policy, _), run in zip(jobs, runs, strict=True):
+        trace = Path(pods).stem.removeprefix("openb_pod_list_")
+        results.setdefault(trace, {}).setdefault(policy, []).append(run)
+    out: dict[str, Any] = {}
+    for trace, by_policy in results.items():
+        for policy, policy_runs in by_policy.items():
+            row: dict[str, Any] = {}
+            for a, want in table[trace][policy].items():
+                got = [r["alloc_at"][str(a)] for r in policy_runs]
+                mean = statistics.fmean(got)
+                row[str(a)] = {
+                    "mean": round(mean, 2),
+                    "sd": round(statistics.pstdev(got), 2),
+                    "published": want,
+                    "diff": round(mean - want, 2),
+                }
+                if policy == "fgd" and a in (100, 130):
+                    worst = max(worst, abs(mean - want))
+            row["failed_pods"] = statistics.fmean(r["failed_pods"] for r in policy_runs)
+            row["seconds"] = round(statistics.fmean(r["seconds"] for r in policy_runs), 2)
+            out.setdefault(trace, {})[policy] = row
+    result = {"seeds": list(seeds), "traces": out, "fgd_worst_diff_100_130": round(worst, 2)}
+    return harness.judge(result, "fgd_worst_diff_100_130", "<=", TOLERANCE)
+
+
+def bench_speed(quick: bool) -> dict[str, Any]:
+    from placement.registry import names
+    from placement.replay import replay
+    from placement.trace import read_nodes, read_pods
+
+    nodes_file, folder = trace_files()
+    nodes = read_nodes(nodes_file)
+    pods = read_pods(folder / "openb_pod_list_default.csv")
+    seconds: dict[str, float] = {}
+    for policy in names():
+        started = time.perf_counter()
+        replay(nodes, pods, policy, SEEDS[0])
+        seconds[policy] = round(time.perf_counter() - started, 2)
+    result = {"pods": len(pods), "seconds": seconds, "slowest": max(seconds.values())}
+    return harness.judge(result, "slowest", "<", SPEED_LIMIT)
+
+
+BENCHMARKS = {"anchor": bench_anchor, "speed": bench_speed}
+
+
+def describe() -> dict[str, Any]:
+    import numpy
+
+    return harness.machine({"numpy": numpy.__version__}, {"traces": str(traces_dir())})
+
+
+def main(argv: list[str] | None = None) -> int:
+    import placement.policies  # noqa: F401  (registers the policies)
+
+    return harness.main(__doc__, BENCHMARKS, (harness.BenchError,), describe, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""A cluster's state and the tasks that ask for it: what every policy reads.
+
+Units: CPU in milli-cores, memory in MiB, GPU in milli-GPUs (1000 = one whole GPU). A task
+asks for ``num_gpu`` GPUs of ``gpu_milli`` each: one GPU shared (``num_gpu == 1``,
+``gpu_milli < 1000``), whole GPUs (``gpu_milli == 1000``), or none. Each GPU's free share is
+tracked on its own, in the node's device order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+MILLI = 1000  # milli-GPUs in one GPU
+MAX_GPUS_PER_NODE = 8  # the widest node the state holds; more is refused at load
+
+# Quality-of-service classes (seed 000): latency-sensitive, best-effort; the trace's
+# Burstable and Guaranteed pods are kept under their own names.
+LS = "LS"
+BE = "BE"
+
+Ints = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
+
+
+class PlacementError(ValueError):
+    """A cluster or task that cannot be: the message says which and why."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Node:
+    """One node as it is built: its name, capacity and GPU model (``""``: no GPUs)."""
+
+    name: str
+    cpu: int
+    memory: int
+    gpus: int
+    model: str
+
+    def __post_init__(self) -> None:
+        if self.cpu < 0 or self.memory < 0:
+            raise PlacementError(f"node {self.name}: negative CPU or memory")
+        if not 0 <= self.gpus <= MAX_GPUS_PER_NODE:
+            raise PlacementError(
+                f"node {self.name}: {self.gpus} GPUs (0 to {MAX_GPUS_PER_NODE} are supported)"
+            )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pod:
+    """One task: what it asks for, which GPU models it accepts and its class.
+
+    ``spec``: the accepted GPU models (empty: any). ``created``/``deleted``: seconds in the
+    trace's clock (``deleted`` None: never). ``predicted_seconds``: its predicted run time
+    where a prediction is known (seed 000), else None.
+    """
+
+    name: str
+    cpu: int
+    memory: int
+    num_gpu: int = 0
+    gpu_milli: int = 0
+    spec: frozenset[str] = frozenset()
+    qos: str = LS
+    created: float = 0.0
+    deleted: float | None = None
+    predicted_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.cpu < 0 or self.memory < 0:
+            raise PlacementError(f"pod {self.name}: negative CPU or memory")
+        if not 0 <= self.num_gpu <= MAX_GPUS_PER_NODE:
+            raise PlacementError(f"pod {self.name}: num_gpu {self.num_gpu} out of 0..8")
+        if self.num_gpu == 0 and self.gpu_milli != 0:
+            raise PlacementError(f"pod {self.name}: gpu_milli without a GPU")
+        if self.num_gpu > 0 and not 0 < self.gpu_milli <= MILLI:
+            raise PlacementError(f"pod {self.name}: gpu_milli {self.gpu_milli} out of 1..1000")
+        if self.num_gpu > 1 and self.gpu_milli != MILLI:
+            raise PlacementError(
+                f"pod {self.name}: a share of a GPU ({self.gpu_milli} milli) is for one GPU, "
+                f"not {self.num_gpu}"
+            )
+
+    @property
+    def gpu_request(self) -> int:
+        """Milli-GPUs asked for in all."""
+        return self.num_gpu * self.gpu_milli
+
+    @property
+    def shares_a_gpu(self) -> bool:
+        return self.num_gpu == 1 and self.gpu_milli < MILLI
+
+    @property
+    def shape(self) -> tuple[int, int, int, str]:
+        """What a policy's score depends on: CPU, GPU share, GPU count, accepted models."""
+        return (self.cpu, self.gpu_milli, self.num_gpu, spec_text(self.spec))
+
+    @property
+    def affinity_tag(self) -> int:
+        """GPU clustering's tag: 0 for a shared GPU, k for k whole GPUs, -1 for none."""
+        if self.num_gpu == 0:
+            return -1
+        return 0 if self.shares_a_gpu else self.num_gpu
+
+
+def spec_text(spec: Iterable[str]) -> str:
+    """The accepted models as the trace writes them: sorted, ``|``-separated."""
+    return "|".join(sorted(spec))
+
+
+def parse_spec(text: str) -> frozenset[str]:
+    """``"V100M16|V100M32"`` -> its models; empty parts are dropped, ``""`` is any model."""
+    return frozenset(part.strip() for part in text.split("|") if part.strip())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Placement:
+    """A policy's decision: the node's index and the device indices of its GPUs."""
+
+    node: int
+    gpus: tuple[int, ...]
+
+
+class ClusterState:
+    """The nodes and what is left on each, as arrays a policy reads in one pass.
+
+    ``gpu_left[i, g]``: free milli-GPU of node i's GPU g (0 where node i has fewer GPUs);
+    ``version[i]`` grows each time node i changes, so that a policy may keep what it
+    computed for a node until then. Only :meth:`place` and :meth:`remove` change it.
+    ``rank[i]``: node i's place in the cluster's node order, which breaks ties between
+    equally good nodes (the list's order unless ``order`` gives another: a permutation
+    of the node indices, ``order[i]`` being node i's rank).
+    """
+
+    def __init__(self, nodes: Sequence[Node], order: Sequence[int] | Ints | None = None) -> None:
+        if not nodes:
+            raise PlacementError("a cluster of no nodes")
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise PlacementError(f"node {dup} is listed twice")
+        self.nodes = tuple(nodes)
+        self.models: tuple[str, ...] = tuple(sorted({n.model for n in nodes}))
+        self.model = np.array([self.models.index(n.model) for n in nodes], dtype=np.int64)
+        self.cpu_cap = np.array([n.cpu for n in nodes], dtype=np.int64)
+        self.mem_cap = np.array([n.memory for n in nodes], dtype=np.int64)
+        self.gpus = np.array([n.gpus for n in nodes], dtype=np.int64)
+        self.cpu_left = self.cpu_cap.copy()
+        self.mem_left = self.mem_cap.copy()
+        present = np.arange(MAX_GPUS_PER_NODE)[None, :] < self.gpus[:, None]
+        self.gpu_left: Ints = np.where(present, MILLI, 0).astype(np.int64)
+        # Tasks on each node by GPU clustering's tag: column 0 shared, k: k whole GPUs.
+        self.tags: Ints = np.zeros((len(nodes), MAX_GPUS_PER_NODE + 1), dtype=np.int64)
+        self.version: Ints = np.zeros(len(nodes), dtype=np.int64)
+        self.rank: Ints = np.arange(len(nodes), dtype=np.int64)
+        if order is not None:
+            rank = np.asarray(order, dtype=np.int64)
+            if sorted(rank.tolist()) != list(range(len(nodes))):
+                raise PlacementError("a node order must rank each node once, from 0")
+            self.rank = rank
+        self._access: dict[frozenset[str], Bools] = {}
+
+    @property
+    def size(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def gpu_capacity(self) -> int:
+        """Milli-GPUs in the whole cluster."""
+        return int(self.gpus.sum()) * MILLI
+
+    @property
+    def gpu_allocated(self) -> int:
+        return self.gpu_capacity - int(self.gpu_left.sum())
+
+    def access(self, spec: frozenset[str]) -> Bools:
+        """Nodes whose GPU model the spec accepts (an empty spec accepts any; a node without
+        GPUs is accepted by none but the empty spec)."""
+        mask = self._access.get(spec)
+        if mask is None:
+            if not spec:
+                mask = np.ones(self.size, dtype=np.bool_)
+            else:
+                ok = np.array([m in spec for m in self.models], dtype=np.bool_)
+                mask = ok[self.model]
+            self._access[spec] = mask
+        return mask
+
+    def feasible(self, pod: Pod) -> Bools:
+        """Nodes with room for the pod: CPU, memory, and its GPUs of a model it accepts."""
+        fits = (self.cpu_left >= pod.cpu) & (self.mem_left >= pod.memory)
+        if pod.num_gpu:
+            enough = (self.gpu_left >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
+            fits &= enough & self.access(pod.spec)
+        return fits
+
+    def fits_on(self, node: int, pod: Pod, gpus: Sequence[int]) -> bool:
+        """Whether the pod fits node ``node`` on exactly those device indices."""
+        if self.cpu_left[node] < pod.cpu or self.mem_left[node] < pod.memory:
+            return False
+        if len(gpus) != pod.num_gpu or len(set(gpus)) != len(gpus):
+            return False
+        if pod.num_gpu and not self.access(pod.spec)[node]:
+            return False
+        return all(
+            0 <= g < self.gpus[node] and self.gpu_left[node, g] >= pod.gpu_milli for g in gpus
+        )
+
+    def place(self, pod: Pod, where: Placement) -> None:
+        """Take the pod's resources on the decided node and devices."""
+        i = where.node
+        if not self.fits_on(i, pod, where.gpus):
+            raise PlacementError(
+                f"pod {pod.name} does not fit node {self.nodes[i].name} on GPUs {where.gpus}"
+            )
+        self.cpu_left[i] -= pod.cpu
+        self.mem_left[i] -= pod.memory
+        for g in where.gpus:
+            self.gpu_left[i, g] -= pod.gpu_milli
+        if pod.num_gpu:
+            self.tags[i, pod.affinity_tag] += 1
+        self.version[i] += 1
+
+    def remove(self, pod: Pod, where: Placement) -> None:
+        """Give back what :meth:`place` took (the pod ended, was displaced or migrated)."""
+        i = where.node
+        self.cpu_left[i] += pod.cpu
+        self.mem_left[i] += pod.memory
+        for g in where.gpus:
+            self.gpu_left[i, g] += pod.gpu_milli
+        if pod.num_gpu:
+            self.tags[i, pod.affinity_tag] -= 1
+        over = (
+            self.cpu_left[i] > self.cpu_cap[i]
+            or self.mem_left[i] > self.mem_cap[i]
+            or bool((self.gpu_left[i] > MILLI).any())
+            or bool((self.tags[i] < 0).any())
+        )
+        if over:
+            raise PlacementError(f"pod {pod.name} was not on node {self.nodes[i].name}")
+        self.version[i] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state as plain data (for reports and tests)."""
+        return {
+            n.name: {
+                "cpu_left": int(self.cpu_left[i]),
+                "memory_left": int(self.mem_left[i]),
+                "gpu_left": [int(x) for x in self.gpu_left[i, : n.gpus]],
+            }
+            for i, n in enumerate(self.nodes)
+        }

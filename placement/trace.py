@@ -1,0 +1,116 @@
+"""Reading a cluster and its tasks from CSV: the Alibaba GPU v2023 trace's columns
+(docs/placement.md, "Trace files"). The one module that reads files."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+from placement.cluster import LS, Node, PlacementError, Pod, parse_spec
+
+NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+POD_COLUMNS = ("name", "cpu_milli", "num_gpu", "gpu_milli")
+# Read when present: memory (0 without), accepted GPU models (any), class (LS), and the
+# times of a time-based replay (created at 0, never deleted).
+POD_OPTIONAL = ("memory_mib", "gpu_spec", "qos", "creation_time", "deletion_time")
+
+T = TypeVar("T")
+
+
+class TraceError(PlacementError):
+    """A trace file that cannot be read: the message names the file, line and column."""
+
+
+def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, Mapping[str, str]]]:
+    try:
+        f = path.open(newline="", encoding="utf-8")
+    except OSError as e:
+        raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
+    with f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise TraceError(
+                f"{path}: no column {', '.join(missing)} (the header has: {', '.join(header)})"
+            )
+        for row in reader:
+            yield reader.line_num, row
+
+
+def _field(
+    path: Path, line: int, row: Mapping[str, str], column: str, parse: Callable[[str], T]
+) -> T:
+    text = (row.get(column) or "").strip()
+    try:
+        return parse(text)
+    except ValueError:
+        raise TraceError(f"{path}:{line}: {column} {text!r} is not valid") from None
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return value
+
+
+def read_nodes(path: Path) -> list[Node]:
+    """The nodes of a node list (columns sn, cpu_milli, memory_mib, gpu, model)."""
+    nodes = []
+    for line, row in _rows(path, NODE_COLUMNS):
+        try:
+            nodes.append(
+                Node(
+                    name=_field(path, line, row, "sn", str),
+                    cpu=_field(path, line, row, "cpu_milli", _count),
+                    memory=_field(path, line, row, "memory_mib", _count),
+                    gpus=_field(path, line, row, "gpu", _count),
+                    model=_field(path, line, row, "model", str),
+                )
+            )
+        except TraceError:
+            raise
+        except PlacementError as e:
+            raise TraceError(f"{path}:{line}: {e}") from None
+    if not nodes:
+        raise TraceError(f"{path}: no nodes")
+    return nodes
+
+
+def read_pods(path: Path) -> list[Pod]:
+    """The tasks of a pod list, in file order."""
+    pods = []
+    for line, row in _rows(path, POD_COLUMNS):
+        deleted = (row.get("deletion_time") or "").strip()
+        try:
+            pods.append(
+                Pod(
+                    name=_field(path, line, row, "name", str),
+                    cpu=_field(path, line, row, "cpu_milli", _count),
+                    memory=_field(path, line, row, "memory_mib", lambda t: _count(t or "0")),
+                    num_gpu=_field(path, line, row, "num_gpu", _count),
+                    gpu_milli=_field(path, line, row, "gpu_milli", _count),
+                    spec=parse_spec(row.get("gpu_spec") or ""),
+                    qos=(row.get("qos") or "").strip() or LS,
+                    created=_field(path, line, row, "creation_time", lambda t: _seconds(t or "0")),
+                    deleted=_field(path, line, row, "deletion_time", _seconds) if deleted else None,
+                )
+            )
+        except TraceError:
+            raise
+        except PlacementError as e:
+            raise TraceError(f"{path}:{line}: {e}") from None
+    if not pods:
+        raise TraceError(f"{path}: no pods")
+    return pods
