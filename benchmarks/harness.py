@@ -148,6 +148,8 @@ def turn_switches(
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "<=": operator.le,
     ">=": operator.ge,
+    "<": operator.lt,
+    ">": operator.gt,
     "==": operator.eq,
 }
 
