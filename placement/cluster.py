@@ -9,6 +9,7 @@ tracked on its own, in the node's device order.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -18,10 +19,11 @@ import numpy.typing as npt
 MILLI = 1000  # milli-GPUs in one GPU
 MAX_GPUS_PER_NODE = 8  # the widest node the state holds; more is refused at load
 
-# Quality-of-service classes (seed 000): latency-sensitive, best-effort; the trace's
-# Burstable and Guaranteed pods are kept under their own names.
+# Quality-of-service classes (seed 000): latency-sensitive, best-effort. The trace's
+# Guaranteed pods are latency-sensitive too, its Burstable ones best-effort.
 LS = "LS"
 BE = "BE"
+LATENCY_SENSITIVE = frozenset({LS, "Guaranteed"})
 
 Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
@@ -54,9 +56,11 @@ class Node:
 class Pod:
     """One task: what it asks for, which GPU models it accepts and its class.
 
-    ``spec``: the accepted GPU models (empty: any). ``created``/``deleted``: seconds in the
-    trace's clock (``deleted`` None: never). ``predicted_seconds``: its predicted run time
-    where a prediction is known (seed 000), else None.
+    ``spec``: the accepted GPU models as the trace lists them (empty: any); its order and
+    repeats are kept, as the shape FGD counts typical pods by keeps them.
+    ``created``/``deleted``: seconds in the trace's clock (``deleted`` None: never).
+    ``predicted_seconds``: its predicted run time where a prediction is known (seed 000),
+    else None.
     """
 
     name: str
@@ -64,7 +68,7 @@ class Pod:
     memory: int
     num_gpu: int = 0
     gpu_milli: int = 0
-    spec: frozenset[str] = frozenset()
+    spec: tuple[str, ...] = ()
     qos: str = LS
     created: float = 0.0
     deleted: float | None = None
@@ -91,13 +95,18 @@ class Pod:
         return self.num_gpu * self.gpu_milli
 
     @property
+    def latency_sensitive(self) -> bool:
+        """Of a latency-sensitive class: it may displace best-effort tasks."""
+        return self.qos in LATENCY_SENSITIVE
+
+    @property
     def shares_a_gpu(self) -> bool:
         return self.num_gpu == 1 and self.gpu_milli < MILLI
 
     @property
     def shape(self) -> tuple[int, int, int, str]:
         """What a policy's score depends on: CPU, GPU share, GPU count, accepted models."""
-        return (self.cpu, self.gpu_milli, self.num_gpu, spec_text(self.spec))
+        return (self.cpu, self.gpu_milli, self.num_gpu, "|".join(self.spec))
 
     @property
     def affinity_tag(self) -> int:
@@ -107,30 +116,43 @@ class Pod:
         return 0 if self.shares_a_gpu else self.num_gpu
 
 
-def spec_text(spec: Iterable[str]) -> str:
-    """The accepted models as the trace writes them: sorted, ``|``-separated."""
-    return "|".join(sorted(spec))
-
-
-def parse_spec(text: str) -> frozenset[str]:
-    """``"V100M16|V100M32"`` -> its models; empty parts are dropped, ``""`` is any model."""
-    return frozenset(part.strip() for part in text.split("|") if part.strip())
+def parse_spec(text: str) -> tuple[str, ...]:
+    """``"V100M16|V100M32"`` -> its models, in order; empty parts are dropped, ``""`` is
+    any model."""
+    return tuple(part.strip() for part in text.split("|") if part.strip())
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Placement:
-    """A policy's decision: the node's index and the device indices of its GPUs."""
+    """A policy's decision: the node's index and the device indices of its GPUs; and the
+    placed tasks it displaces: those to ``evict`` (by name: to be queued again) and those
+    to ``move`` (by name, each with its new placement: a migration by checkpoint). They
+    are carried out in this order: the evicted and the moved tasks leave, the task is
+    placed, then the moved tasks land."""
 
     node: int
     gpus: tuple[int, ...]
+    evict: tuple[str, ...] = ()
+    moves: tuple[tuple[str, Placement], ...] = ()
+
+
+# Versions come from one counter for every state, copies included: a version names one
+# content of one node (or one whole state), so what a policy kept for it is never taken
+# for another's.
+_versions = itertools.count(1)
 
 
 class ClusterState:
     """The nodes and what is left on each, as arrays a policy reads in one pass.
 
     ``gpu_left[i, g]``: free milli-GPU of node i's GPU g (0 where node i has fewer GPUs);
-    ``version[i]`` grows each time node i changes, so that a policy may keep what it
-    computed for a node until then. Only :meth:`place` and :meth:`remove` change it.
+    ``version[i]`` changes each time node i changes (to a number no state has used), so
+    that a policy may keep what it computed for a node until then. Only :meth:`place`
+    and :meth:`remove` change it. ``placed``: each placed task by name, with its
+    placement; ``on_node[i]``: the names of the tasks on node i; ``generation``: a
+    number no state has used, renewed at every change (the whole state's version).
+    ``be_cpu``, ``be_mem`` and ``be_gpu`` (per GPU): what best-effort tasks hold on each
+    node, which a latency-sensitive task may take (seed 000).
     ``rank[i]``: node i's place in the cluster's node order, which breaks ties between
     equally good nodes (the list's order unless ``order`` gives another: a permutation
     of the node indices, ``order[i]`` being node i's rank).
@@ -155,7 +177,13 @@ class ClusterState:
         self.gpu_left: Ints = np.where(present, MILLI, 0).astype(np.int64)
         # Tasks on each node by GPU clustering's tag: column 0 shared, k: k whole GPUs.
         self.tags: Ints = np.zeros((len(nodes), MAX_GPUS_PER_NODE + 1), dtype=np.int64)
-        self.version: Ints = np.zeros(len(nodes), dtype=np.int64)
+        self.version: Ints = np.array([next(_versions) for _ in nodes], dtype=np.int64)
+        self.placed: dict[str, tuple[Pod, Placement]] = {}
+        self.be_cpu: Ints = np.zeros(len(nodes), dtype=np.int64)
+        self.be_mem: Ints = np.zeros(len(nodes), dtype=np.int64)
+        self.be_gpu: Ints = np.zeros_like(self.gpu_left)
+        self.on_node: list[frozenset[str]] = [frozenset() for _ in nodes]
+        self.generation = next(_versions)  # renewed at every change, as versions are
         self.rank: Ints = np.arange(len(nodes), dtype=np.int64)
         if order is not None:
             rank = np.asarray(order, dtype=np.int64)
@@ -177,17 +205,18 @@ class ClusterState:
     def gpu_allocated(self) -> int:
         return self.gpu_capacity - int(self.gpu_left.sum())
 
-    def access(self, spec: frozenset[str]) -> Bools:
+    def access(self, spec: Iterable[str]) -> Bools:
         """Nodes whose GPU model the spec accepts (an empty spec accepts any; a node without
         GPUs is accepted by none but the empty spec)."""
-        mask = self._access.get(spec)
+        models = frozenset(spec)
+        mask = self._access.get(models)
         if mask is None:
-            if not spec:
+            if not models:
                 mask = np.ones(self.size, dtype=np.bool_)
             else:
-                ok = np.array([m in spec for m in self.models], dtype=np.bool_)
+                ok = np.array([m in models for m in self.models], dtype=np.bool_)
                 mask = ok[self.model]
-            self._access[spec] = mask
+            self._access[models] = mask
         return mask
 
     def feasible(self, pod: Pod) -> Bools:
@@ -211,8 +240,11 @@ class ClusterState:
         )
 
     def place(self, pod: Pod, where: Placement) -> None:
-        """Take the pod's resources on the decided node and devices."""
+        """Take the pod's resources on the decided node and devices (``where``'s
+        evictions and moves are the caller's to carry out first)."""
         i = where.node
+        if pod.name in self.placed:
+            raise PlacementError(f"pod {pod.name} is placed already")
         if not self.fits_on(i, pod, where.gpus):
             raise PlacementError(
                 f"pod {pod.name} does not fit node {self.nodes[i].name} on GPUs {where.gpus}"
@@ -223,10 +255,19 @@ class ClusterState:
             self.gpu_left[i, g] -= pod.gpu_milli
         if pod.num_gpu:
             self.tags[i, pod.affinity_tag] += 1
-        self.version[i] += 1
+        if not pod.latency_sensitive:
+            self._best_effort(i, pod, where.gpus, 1)
+        self.placed[pod.name] = (pod, Placement(i, where.gpus))
+        self.on_node[i] = self.on_node[i] | {pod.name}  # a new set: copies share them
+        self.version[i] = self.generation = next(_versions)
 
-    def remove(self, pod: Pod, where: Placement) -> None:
-        """Give back what :meth:`place` took (the pod ended, was displaced or migrated)."""
+    def remove(self, name: str) -> tuple[Pod, Placement]:
+        """Give back what :meth:`place` took for the named pod (it ended, was displaced or
+        is migrating); the pod and where it was."""
+        try:
+            pod, where = self.placed.pop(name)
+        except KeyError:
+            raise PlacementError(f"pod {name} is not placed") from None
         i = where.node
         self.cpu_left[i] += pod.cpu
         self.mem_left[i] += pod.memory
@@ -234,15 +275,51 @@ class ClusterState:
             self.gpu_left[i, g] += pod.gpu_milli
         if pod.num_gpu:
             self.tags[i, pod.affinity_tag] -= 1
-        over = (
-            self.cpu_left[i] > self.cpu_cap[i]
-            or self.mem_left[i] > self.mem_cap[i]
-            or bool((self.gpu_left[i] > MILLI).any())
-            or bool((self.tags[i] < 0).any())
-        )
-        if over:
-            raise PlacementError(f"pod {pod.name} was not on node {self.nodes[i].name}")
-        self.version[i] += 1
+        if not pod.latency_sensitive:
+            self._best_effort(i, pod, where.gpus, -1)
+        self.on_node[i] = self.on_node[i] - {name}
+        self.version[i] = self.generation = next(_versions)
+        return pod, where
+
+    def _best_effort(self, node: int, pod: Pod, gpus: Sequence[int], sign: int) -> None:
+        self.be_cpu[node] += sign * pod.cpu
+        self.be_mem[node] += sign * pod.memory
+        for g in gpus:
+            self.be_gpu[node, g] += sign * pod.gpu_milli
+
+    def carry_out(self, pod: Pod, where: Placement) -> list[Pod]:
+        """Carry out a whole decision (in :class:`Placement`'s order); the evicted pods.
+        Nothing is changed when a step cannot be done."""
+        if not where.evict and not where.moves:
+            self.place(pod, where)
+            return []
+        trial = self.copy()
+        evicted = [trial.remove(name)[0] for name in where.evict]
+        moved = [trial.remove(name)[0] for name, _ in where.moves]
+        trial.place(pod, Placement(where.node, where.gpus))
+        for task, (_, target) in zip(moved, where.moves, strict=True):
+            trial.place(task, target)
+        self.__dict__.update(trial.__dict__)
+        return evicted
+
+    def copy(self) -> ClusterState:
+        """A state of its own with the same content (what a policy may try changes on)."""
+        other = object.__new__(ClusterState)
+        other.__dict__.update(self.__dict__)
+        for name in (
+            "cpu_left",
+            "mem_left",
+            "gpu_left",
+            "tags",
+            "version",
+            "be_cpu",
+            "be_mem",
+            "be_gpu",
+        ):
+            setattr(other, name, getattr(self, name).copy())
+        other.placed = dict(self.placed)
+        other.on_node = list(self.on_node)  # each set is replaced, never changed
+        return other
 
     def snapshot(self) -> dict[str, Any]:
         """The state as plain data (for reports and tests)."""

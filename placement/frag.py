@@ -96,7 +96,9 @@ def fragmentation(cpu_left: Ints, gpu_left: Ints, model: Ints, w: Workload) -> F
     fits &= w.milli > 0
     small = np.where(roomy, 0, gpu_left[..., None, :]).sum(axis=-1)
     lost = np.where(fits, small, free[..., None])
-    out: Floats = lost @ w.prob
+    # Summed row by row (not a matrix product, whose blocking depends on the other rows):
+    # a node's F is the same number whatever nodes it is computed with.
+    out: Floats = (lost * w.prob).sum(axis=-1)
     return out
 
 

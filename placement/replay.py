@@ -28,7 +28,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from placement.cluster import MILLI, ClusterState, Node, Placement, Pod
+import placement.policies  # noqa: F401  (registers the policies by name)
+from placement.cluster import BE, LS, MILLI, ClusterState, Node, Pod
 from placement.frag import Workload, fragmentation, typical_pods, workload
 from placement.registry import make
 
@@ -46,12 +47,23 @@ class Result:
     policy: str
     seed: int
     tune: float
+    classes: bool
     pods: int
-    placed: int
-    failed_pods: int
+    placed: int  # holding a place at the end
+    failed_pods: int  # found no place when they arrived
     alloc_at: dict[int, float]
     frag_at: dict[int, float]
     seconds: float
+    # By class (LS: latency-sensitive, BE: the rest): pods that failed, and the share of
+    # the GPUs their placed pods hold at the end (%).
+    failed_by_class: dict[str, int] = dataclasses.field(default_factory=dict)
+    alloc_by_class: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Displaced best-effort pods, of them those left without a place at the end; tasks
+    # migrated and the milli-GPUs they held.
+    evicted: int = 0
+    evicted_unplaced: int = 0
+    migrations: int = 0
+    migrated_milli: int = 0
 
     def wire(self) -> dict[str, object]:
         """The --json form (docs/placement.md, "Output")."""
@@ -59,11 +71,18 @@ class Result:
             "policy": self.policy,
             "seed": self.seed,
             "tune": self.tune,
+            "classes": self.classes,
             "pods": self.pods,
             "placed": self.placed,
             "failed_pods": self.failed_pods,
             "alloc_at": {str(a): v for a, v in self.alloc_at.items()},
             "fragmentation": {str(a): v for a, v in self.frag_at.items()},
+            "failed_by_class": self.failed_by_class,
+            "alloc_by_class": self.alloc_by_class,
+            "evicted": self.evicted,
+            "evicted_unplaced": self.evicted_unplaced,
+            "migrations": self.migrations,
+            "migrated_milli": self.migrated_milli,
             "seconds": round(self.seconds, 3),
         }
 
@@ -75,8 +94,8 @@ def tuned(pods: Sequence[Pod], capacity: int, ratio: float, rng: np.random.Gener
     order = [by_name[i] for i in rng.permutation(len(by_name))]
     total = sum(p.gpu_request for p in order)
     target = ratio * capacity
-    if ratio <= 0 or total == target:
-        return order
+    if ratio <= 0 or total == target or not any(p.gpu_milli for p in by_name):
+        return order  # (a trace of no GPU requests never reaches a GPU target)
     if total < target:
         copy = 0
         while True:
@@ -93,10 +112,10 @@ def tuned(pods: Sequence[Pod], capacity: int, ratio: float, rng: np.random.Gener
 
 
 def _bucket_means(points: dict[int, list[float]], reached: int) -> dict[int, float]:
-    """Each integer arrived % up to ``reached``: the mean of its arrivals' values, or of
-    the arrivals within one point when none rounds to it."""
+    """Each integer arrived % up to one past ``reached``: the mean of its arrivals' values,
+    or of the arrivals within one point when none rounds to it."""
     out = {}
-    for a in range(reached + 1):
+    for a in range(reached + 2):
         values = points.get(a) or [v for b in (a - 1, a, a + 1) for v in points.get(b, [])]
         if values:
             out[a] = round(sum(values) / len(values), 2)
@@ -109,9 +128,13 @@ def replay(
     policy: str,
     seed: int,
     tune: float = DEFAULT_TUNE,
+    classes: bool = True,
 ) -> Result:
-    """Run the arrival protocol of ``pods`` on a cluster of ``nodes`` under ``policy``."""
+    """Run the arrival protocol of ``pods`` on a cluster of ``nodes`` under ``policy``.
+    Without ``classes``, every pod is latency-sensitive: none displaces another."""
     started = time.perf_counter()
+    if not classes:
+        pods = [dataclasses.replace(p, qos=LS) for p in pods]
     rng = np.random.default_rng(seed)
     capacity = sum(n.gpus for n in nodes) * MILLI
     arrivals = tuned(pods, capacity, tune, rng)
@@ -124,41 +147,70 @@ def replay(
     frag = _node_fragmentation(state, target)
     total_frag = float(frag.sum())
     gpus = capacity // MILLI
-    arrived = allocated = placed = 0
+    arrived = 0
+    failed: dict[str, int] = {LS: 0, BE: 0}
+    evicted = evicted_unplaced = migrations = migrated = 0
     alloc_points: dict[int, list[float]] = defaultdict(list)
     frag_points: dict[int, list[float]] = defaultdict(list)
     for pod in arrivals:
         arrived += pod.gpu_request
-        where = decide.decide(state, pod, rng)
-        if where is not None:
-            state.place(pod, where)
-            allocated += pod.gpu_request
-            placed += 1
-            total_frag += _refresh(state, frag, where, target)
+        queue = [pod]
+        while queue:  # the arriving pod, then any it displaced, each once
+            task = queue.pop(0)
+            where = decide.decide(state, task, rng)
+            if where is None:
+                if task is pod:
+                    failed[_class(task)] += 1
+                else:
+                    evicted_unplaced += 1
+                continue
+            touched = {where.node} | {state.placed[n][1].node for n in where.evict}
+            touched |= {state.placed[n][1].node for n, _ in where.moves}
+            touched |= {target.node for _, target in where.moves}
+            migrated += sum(state.placed[n][0].gpu_request for n, _ in where.moves)
+            displaced = state.carry_out(task, where)
+            evicted += len(displaced)
+            migrations += len(where.moves)
+            queue.extend(displaced)
+            for i in touched:
+                total_frag += _refresh(state, frag, i, target)
         bucket = round(arrived / gpus / 10)
-        alloc_points[bucket].append(round(allocated / gpus / 10, 2))
+        alloc_points[bucket].append(round(state.gpu_allocated / gpus / 10, 2))
         frag_points[bucket].append(total_frag / MILLI / gpus * 100)
     reached = round(arrived / gpus / 10)
+    held: dict[str, int] = {LS: 0, BE: 0}
+    for task, _ in state.placed.values():
+        held[_class(task)] += task.gpu_request
     return Result(
         policy=policy,
         seed=seed,
         tune=tune,
+        classes=classes,
         pods=len(arrivals),
-        placed=placed,
-        failed_pods=len(arrivals) - placed,
+        placed=len(state.placed),
+        failed_pods=failed[LS] + failed[BE],
         alloc_at=_bucket_means(alloc_points, reached),
         frag_at=_bucket_means(frag_points, reached),
         seconds=time.perf_counter() - started,
+        failed_by_class=failed,
+        alloc_by_class={c: round(100 * v / capacity, 2) for c, v in held.items()},
+        evicted=evicted,
+        evicted_unplaced=evicted_unplaced,
+        migrations=migrations,
+        migrated_milli=migrated,
     )
+
+
+def _class(pod: Pod) -> str:
+    return LS if pod.latency_sensitive else BE
 
 
 def _node_fragmentation(state: ClusterState, w: Workload) -> np.ndarray:
     return fragmentation(state.cpu_left, state.gpu_left, state.model, w)
 
 
-def _refresh(state: ClusterState, frag: np.ndarray, where: Placement, w: Workload) -> float:
-    """Re-measure the node a pod landed on; the change of the cluster's total."""
-    i = where.node
+def _refresh(state: ClusterState, frag: np.ndarray, i: int, w: Workload) -> float:
+    """Re-measure node i after a change; the change of the cluster's total."""
     now = float(
         fragmentation(
             state.cpu_left[i : i + 1], state.gpu_left[i : i + 1], state.model[i : i + 1], w

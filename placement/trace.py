@@ -65,52 +65,54 @@ def _seconds(text: str) -> float:
     return value
 
 
-def read_nodes(path: Path) -> list[Node]:
-    """The nodes of a node list (columns sn, cpu_milli, memory_mib, gpu, model)."""
-    nodes = []
-    for line, row in _rows(path, NODE_COLUMNS):
+def _records(
+    path: Path, required: tuple[str, ...], what: str, build: Callable[[int, Mapping[str, str]], T]
+) -> list[T]:
+    """One record per row, as ``build(line, row)`` makes it; a record that cannot be is
+    the file's error at that line."""
+    out = []
+    for line, row in _rows(path, required):
         try:
-            nodes.append(
-                Node(
-                    name=_field(path, line, row, "sn", str),
-                    cpu=_field(path, line, row, "cpu_milli", _count),
-                    memory=_field(path, line, row, "memory_mib", _count),
-                    gpus=_field(path, line, row, "gpu", _count),
-                    model=_field(path, line, row, "model", str),
-                )
-            )
+            out.append(build(line, row))
         except TraceError:
             raise
         except PlacementError as e:
             raise TraceError(f"{path}:{line}: {e}") from None
-    if not nodes:
-        raise TraceError(f"{path}: no nodes")
-    return nodes
+    if not out:
+        raise TraceError(f"{path}: no {what}")
+    return out
+
+
+def read_nodes(path: Path) -> list[Node]:
+    """The nodes of a node list (columns sn, cpu_milli, memory_mib, gpu, model)."""
+
+    def node(line: int, row: Mapping[str, str]) -> Node:
+        return Node(
+            name=_field(path, line, row, "sn", str),
+            cpu=_field(path, line, row, "cpu_milli", _count),
+            memory=_field(path, line, row, "memory_mib", _count),
+            gpus=_field(path, line, row, "gpu", _count),
+            model=_field(path, line, row, "model", str),
+        )
+
+    return _records(path, NODE_COLUMNS, "nodes", node)
 
 
 def read_pods(path: Path) -> list[Pod]:
     """The tasks of a pod list, in file order."""
-    pods = []
-    for line, row in _rows(path, POD_COLUMNS):
+
+    def pod(line: int, row: Mapping[str, str]) -> Pod:
         deleted = (row.get("deletion_time") or "").strip()
-        try:
-            pods.append(
-                Pod(
-                    name=_field(path, line, row, "name", str),
-                    cpu=_field(path, line, row, "cpu_milli", _count),
-                    memory=_field(path, line, row, "memory_mib", lambda t: _count(t or "0")),
-                    num_gpu=_field(path, line, row, "num_gpu", _count),
-                    gpu_milli=_field(path, line, row, "gpu_milli", _count),
-                    spec=parse_spec(row.get("gpu_spec") or ""),
-                    qos=(row.get("qos") or "").strip() or LS,
-                    created=_field(path, line, row, "creation_time", lambda t: _seconds(t or "0")),
-                    deleted=_field(path, line, row, "deletion_time", _seconds) if deleted else None,
-                )
-            )
-        except TraceError:
-            raise
-        except PlacementError as e:
-            raise TraceError(f"{path}:{line}: {e}") from None
-    if not pods:
-        raise TraceError(f"{path}: no pods")
-    return pods
+        return Pod(
+            name=_field(path, line, row, "name", str),
+            cpu=_field(path, line, row, "cpu_milli", _count),
+            memory=_field(path, line, row, "memory_mib", lambda t: _count(t or "0")),
+            num_gpu=_field(path, line, row, "num_gpu", _count),
+            gpu_milli=_field(path, line, row, "gpu_milli", _count),
+            spec=parse_spec(row.get("gpu_spec") or ""),
+            qos=(row.get("qos") or "").strip() or LS,
+            created=_field(path, line, row, "creation_time", lambda t: _seconds(t or "0")),
+            deleted=_field(path, line, row, "deletion_time", _seconds) if deleted else None,
+        )
+
+    return _records(path, POD_COLUMNS, "pods", pod)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from placement.cluster import MILLI, ClusterState, Ints, Placement, Pod
+from placement.cluster import MILLI, Bools, ClusterState, Ints, Placement, Pod
 
 # The scales a node's CPU and GPU are divided by in the dot-product and best-fit scores:
 # the largest node of the trace the published baselines were tuned on (128 cores, 8 GPUs).
@@ -29,7 +29,13 @@ class ScoringPolicy:
         """Nothing to learn by default."""
 
     def decide(self, state: ClusterState, pod: Pod, rng: np.random.Generator) -> Placement | None:
-        nodes = np.flatnonzero(state.feasible(pod))
+        return self.choose(state, pod, rng, state.feasible(pod))
+
+    def choose(
+        self, state: ClusterState, pod: Pod, rng: np.random.Generator, allowed: Bools
+    ) -> Placement | None:
+        """The best of the ``allowed`` nodes, which must all have room for the pod."""
+        nodes = np.flatnonzero(allowed)
         if nodes.size == 0:
             return None
         scores = self.score(state, pod, nodes, rng)
@@ -47,9 +53,17 @@ class ScoringPolicy:
     def devices(
         self, state: ClusterState, node: int, pod: Pod, rng: np.random.Generator
     ) -> tuple[int, ...]:
-        """The devices of ``node`` the pod gets: by default the tightest GPU that fits a
-        shared pod, and the lowest-numbered free GPUs for whole ones."""
-        return tightest_devices(state, node, pod)
+        """The devices of ``node`` the pod gets: the lowest-numbered idle GPUs for whole
+        ones; for a shared pod, :meth:`shared_device`'s."""
+        if not pod.shares_a_gpu:
+            return whole_devices(state, node, pod)
+        return (self.shared_device(state, node, pod, rng),)
+
+    def shared_device(
+        self, state: ClusterState, node: int, pod: Pod, rng: np.random.Generator
+    ) -> int:
+        """The GPU of ``node`` a pod that shares one gets: by default the tightest fit."""
+        return tightest_devices(state, node, pod)[0]
 
 
 def whole_devices(state: ClusterState, node: int, pod: Pod) -> tuple[int, ...]:

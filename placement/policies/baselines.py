@@ -12,7 +12,6 @@ from placement.policies.base import (
     GPU_SCALE,
     ScoringPolicy,
     tightest_devices,
-    whole_devices,
 )
 from placement.registry import register
 
@@ -25,13 +24,11 @@ class RandomFit(ScoringPolicy):
         scores[rng.integers(nodes.size)] = 1
         return scores
 
-    def devices(
+    def shared_device(
         self, state: ClusterState, node: int, pod: Pod, rng: np.random.Generator
-    ) -> tuple[int, ...]:
-        if not pod.shares_a_gpu:
-            return whole_devices(state, node, pod)
+    ) -> int:
         fit = np.flatnonzero(state.gpu_left[node, : state.gpus[node]] >= pod.gpu_milli)
-        return (int(fit[rng.integers(fit.size)]),)
+        return int(fit[rng.integers(fit.size)])
 
 
 class DotProduct(ScoringPolicy):

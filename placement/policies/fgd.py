@@ -4,7 +4,8 @@ on it, where the pod grows the cluster's expected fragmentation least.
 A node's score is sigmoid((F before - F after) / 1000) x 100, truncated to an integer: 50
 when the pod leaves its fragmentation as it was, more when it lowers it. A shared pod
 tries each GPU with room and takes the best (the lowest-numbered of equals); whole GPUs
-are the lowest-numbered idle ones. Ties between nodes are broken at random.
+are the lowest-numbered idle ones. Ties between nodes go to the first in the node order
+(:class:`placement.policies.base.ScoringPolicy`).
 
 What it computes for a node is kept until the node changes (its version), per pod shape.
 """
@@ -18,7 +19,7 @@ import numpy as np
 
 from placement.cluster import MAX_GPUS_PER_NODE, ClusterState, Ints, Pod
 from placement.frag import Floats, Workload, fragmentation, typical_pods, workload
-from placement.policies.base import ScoringPolicy, after_taking, whole_devices
+from placement.policies.base import ScoringPolicy, after_taking
 from placement.registry import register
 
 # F differences are divided by this before the sigmoid (milli-GPU: one GPU's worth).
@@ -44,26 +45,31 @@ class _Scores:
 
 class Fgd(ScoringPolicy):
     """FGD against a target workload (typical pods, :func:`placement.frag.typical_pods`);
-    :meth:`setup` (or :meth:`for_cluster`) gives it before it decides."""
+    :meth:`setup` gives it before it decides."""
 
     def __init__(self) -> None:
         self.workload: Workload | None = None
+        self._typical: list[tuple[tuple[int, int, int, str], float]] = []
+        self._models: tuple[str, ...] = ()
         self._frag: Floats = np.zeros(0)
         self._frag_version: Ints = np.zeros(0, dtype=np.int64)
         self._by_shape: dict[tuple[int, int, int, str], _Scores] = {}
 
     def setup(self, state: ClusterState, expected: Sequence[Pod]) -> None:
         """The target workload: the typical pods of ``expected``."""
-        self.for_cluster(workload(typical_pods(expected), state.models))
+        self._typical = typical_pods(expected)
+        self.for_cluster(workload(self._typical, state.models), state.models)
 
-    def for_cluster(self, w: Workload) -> None:
-        """Measure fragmentation against ``w`` from now on (what was kept is dropped)."""
+    def for_cluster(self, w: Workload, models: tuple[str, ...]) -> None:
+        """Measure fragmentation against ``w``, made for a cluster of these GPU models,
+        from now on (what was kept is dropped)."""
         self.workload = w
+        self._models = models
         self._frag_version = np.zeros(0, dtype=np.int64)
         self._by_shape.clear()
 
     def node_fragmentation(self, state: ClusterState, nodes: Ints) -> Floats:
-        """F of the given nodes as they are now."""
+        """F of the given nodes as they are now (of the cluster set up)."""
         w = self._need_workload()
         if self._frag_version.size != state.size:
             self._frag = np.zeros(state.size)
@@ -77,6 +83,9 @@ class Fgd(ScoringPolicy):
         return self._frag[nodes]
 
     def score(self, state: ClusterState, pod: Pod, nodes: Ints, rng: np.random.Generator) -> Ints:
+        if self.workload is not None and state.models != self._models:
+            # Another cluster's GPU models: the workload's model columns are remade.
+            self.for_cluster(workload(self._typical, state.models), state.models)
         kept = self._by_shape.get(pod.shape)
         if kept is None or kept.score.size != state.size:
             kept = _Scores(
@@ -93,14 +102,12 @@ class Fgd(ScoringPolicy):
             kept.version[stale] = state.version[stale]
         return kept.score[nodes]
 
-    def devices(
+    def shared_device(
         self, state: ClusterState, node: int, pod: Pod, rng: np.random.Generator
-    ) -> tuple[int, ...]:
-        if not pod.shares_a_gpu:
-            return whole_devices(state, node, pod)
+    ) -> int:
         kept = self._by_shape[pod.shape]
         assert kept.version[node] == state.version[node]
-        return (int(kept.device[node]),)
+        return int(kept.device[node])
 
     def _score_now(self, state: ClusterState, pod: Pod, nodes: Ints) -> tuple[Ints, Ints]:
         """Scores and devices of ``nodes``, all with room for the pod."""
@@ -124,7 +131,7 @@ class Fgd(ScoringPolicy):
 
     def _need_workload(self) -> Workload:
         if self.workload is None:
-            raise RuntimeError("FGD has no target workload: call for_cluster() first")
+            raise RuntimeError("FGD has no target workload: call setup() first")
         return self.workload
 
 

@@ -45,4 +45,4 @@ def pod(
     spec: Sequence[str] = (),
     qos: str = "LS",
 ) -> Pod:
-    return Pod(name, cpu, memory, gpus, milli if gpus else 0, frozenset(spec), qos)
+    return Pod(name, cpu, memory, gpus, milli if gpus else 0, tuple(spec), qos)

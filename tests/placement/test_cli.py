@@ -49,7 +49,7 @@ def test_simulate_json_is_the_documented_document(tmp_path: Path) -> None:
     doc = json.loads(r.output)
     assert {"policy", "seed", "tune", "alloc_at", "failed_pods", "fragmentation"} <= set(doc)
     assert (doc["policy"], doc["seed"], doc["tune"]) == ("bestfit", 7, 2.0)
-    assert doc["pods"] == doc["placed"] + doc["failed_pods"]
+    assert doc["pods"] == doc["placed"] + doc["failed_pods"] + doc["evicted_unplaced"]
     assert set(doc["alloc_at"]) == set(doc["fragmentation"])
     assert all(0 <= v <= 100 for v in doc["alloc_at"].values())
     again = json.loads(CliRunner().invoke(cli, [*args, "--json"]).output)

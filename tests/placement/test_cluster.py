@@ -27,9 +27,10 @@ def test_a_pod_is_checked_when_made() -> None:
 
 
 def test_specs_are_sets_of_models() -> None:
-    assert parse_spec("") == frozenset()
-    assert parse_spec("V100M16|V100M32||V100M32") == {"V100M16", "V100M32"}
-    assert pod(spec=["T4", "G2"]).shape == (1000, 1000, 1, "G2|T4")
+    assert parse_spec("") == ()
+    # Order and repeats are the trace's: FGD's typical pods are told apart by them.
+    assert parse_spec("V100M16|V100M32||V100M32") == ("V100M16", "V100M32", "V100M32")
+    assert pod(spec=["T4", "G2"]).shape == (1000, 1000, 1, "T4|G2")
 
 
 def test_feasible_needs_cpu_memory_and_gpus_of_an_accepted_model() -> None:
@@ -56,11 +57,14 @@ def test_place_and_remove_are_exact_inverses() -> None:
     assert s.snapshot()["n0"] == {"cpu_left": 4000, "memory_left": 850, "gpu_left": [0, 700]}
     assert s.gpu_allocated == 1300
     assert s.tags[0, 0] == 1 and s.tags[0, 1] == 1
-    assert s.version[0] == 2
-    s.remove(whole, Placement(0, (0,)))
-    s.remove(shared, Placement(0, (1,)))
-    assert s.snapshot() == before
-    assert s.version[0] == 4
+    assert s.on_node[0] == {"a", "b"} and s.placed["a"] == (shared, Placement(0, (1,)))
+    seen = {int(s.version[0])}
+    assert s.remove("b") == (whole, Placement(0, (0,)))
+    seen.add(int(s.version[0]))
+    s.remove("a")
+    seen.add(int(s.version[0]))
+    assert s.snapshot() == before and not s.placed and s.on_node[0] == set()
+    assert len(seen) == 3  # each change a version never used before
 
 
 def test_what_does_not_fit_is_refused_and_changes_nothing() -> None:
@@ -77,8 +81,30 @@ def test_what_does_not_fit_is_refused_and_changes_nothing() -> None:
         with pytest.raises(PlacementError, match="does not fit"):
             s.place(*bad)
     assert s.snapshot() == before
-    with pytest.raises(PlacementError, match="was not on node n0"):
-        s.remove(pod("g", milli=500), Placement(0, (1,)))
+    with pytest.raises(PlacementError, match="pod g is not placed"):
+        s.remove("g")
+    with pytest.raises(PlacementError, match="pod a is placed already"):
+        s.place(pod("a", milli=100), Placement(0, (1,)))
+
+
+def test_a_decision_is_carried_out_whole_or_not_at_all() -> None:
+    s = ClusterState(nodes((8000, 1000, 2, "T4"), (8000, 1000, 2, "T4")))
+    s.place(pod("a", milli=600), Placement(0, (0,)))
+    s.place(pod("b", milli=600), Placement(0, (1,)))
+    big = pod("big", gpus=2)
+    # Evict a, move b to node 1: node 0's two GPUs are then idle for big.
+    evicted = s.carry_out(
+        big, Placement(0, (0, 1), evict=("a",), moves=(("b", Placement(1, (0,))),))
+    )
+    assert [p.name for p in evicted] == ["a"]
+    assert s.on_node == [{"big"}, {"b"}]
+    before = s.snapshot()
+    with pytest.raises(PlacementError):  # the move's target has no room: nothing changes
+        s.carry_out(pod("c"), Placement(1, (1,), moves=(("big", Placement(1, (0, 1))),)))
+    assert s.snapshot() == before and s.on_node == [{"big"}, {"b"}]
+    copy = s.copy()
+    copy.remove("b")
+    assert "b" in s.placed and s.gpu_left[1, 0] == 400
 
 
 def test_a_cluster_needs_distinct_nodes_and_a_whole_order() -> None:

@@ -3,6 +3,7 @@ it keeps between decisions."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -126,7 +127,7 @@ def test_what_fgd_keeps_is_what_it_would_compute_afresh() -> None:
     kept.setup(s, kinds)
     placed: list[tuple[Pod, Placement]] = []
     for step in range(150):
-        p = kinds[int(rng.integers(len(kinds)))]
+        p = dataclasses.replace(kinds[int(rng.integers(len(kinds)))], name=f"t{step}")
         fresh = Fgd()
         fresh.setup(s, kinds)
         want = fresh.decide(s, p, np.random.default_rng(step))
@@ -135,7 +136,34 @@ def test_what_fgd_keeps_is_what_it_would_compute_afresh() -> None:
             s.place(p, want)
             placed.append((p, want))
         if placed and rng.random() < 0.3:  # tasks end too
-            s.remove(*placed.pop(int(rng.integers(len(placed)))))
+            s.remove(placed.pop(int(rng.integers(len(placed))))[0].name)
+
+
+def test_a_node_s_fragmentation_does_not_depend_on_the_nodes_beside_it() -> None:
+    rng = np.random.default_rng(1)
+    left = rng.integers(0, 1001, size=(300, 8))
+    cpu = rng.integers(0, 64001, size=300)
+    model = rng.integers(0, 2, size=300)
+    typical = [
+        pod(f"t{i}", cpu=int(c), milli=int(m))
+        for i, (c, m) in enumerate(
+            zip(rng.integers(0, 30000, 40), rng.integers(1, 1001, 40), strict=True)
+        )
+    ]
+    w = workload(typical_pods(typical, share=1.0), ("G2", "T4"))
+    whole = fragmentation(cpu, left, model, w)
+    for i in (0, 17, 299):
+        alone = fragmentation(cpu[i : i + 1], left[i : i + 1], model[i : i + 1], w)
+        assert alone[0] == whole[i]  # the same bits
+
+
+def test_fgd_follows_a_cluster_of_other_gpu_models() -> None:
+    typical = [pod("t", cpu=100, milli=500, spec=["T4"])]
+    fgd = Fgd()
+    fgd.setup(ClusterState(nodes((8000, 100, 2, "T4"))), typical)
+    other = ClusterState(nodes((8000, 100, 2, "A10"), (8000, 100, 2, "T4")))
+    where = fgd.decide(other, pod("p", cpu=100, milli=500, spec=["T4"]), np.random.default_rng(0))
+    assert where is not None and where.node == 1
 
 
 def test_fgd_refuses_to_decide_without_a_workload() -> None:

@@ -39,6 +39,12 @@ def test_tuning_up_keeps_every_pod_and_appends_draws_until_the_target() -> None:
     assert a != tuned(pods, capacity, 1.3, np.random.default_rng(2))
 
 
+def test_a_trace_without_gpu_requests_is_not_tuned_up() -> None:
+    pods = [pod(f"c{i}", gpus=0) for i in range(5)]
+    order = tuned(pods, 8 * MILLI, 1.3, np.random.default_rng(0))
+    assert sorted(p.name for p in order) == [p.name for p in pods]
+
+
 def test_tuning_down_removes_pods_and_keeps_the_order_of_the_rest() -> None:
     pods = trace_pods(40)
     order = tuned(pods, 8 * MILLI, 1.0, np.random.default_rng(0))
@@ -66,7 +72,7 @@ def test_checkpoints_are_means_of_the_arrivals_that_round_to_them() -> None:
     r = replay(cluster, pods, "bestfit", seed=0, tune=1.0)
     assert r.alloc_at == {a: float(a) for a in range(10, 101, 10)} | {
         a: float(round(a, -1))
-        for a in (9, 11, 19, 21, 29, 31, 39, 41, 49, 51, 59, 61, 69, 71, 79, 81, 89, 91, 99)
+        for a in (9, 11, 19, 21, 29, 31, 39, 41, 49, 51, 59, 61, 69, 71, 79, 81, 89, 91, 99, 101)
     }
     assert 15 not in r.alloc_at
     halves = [pod(f"h{i}", cpu=100, milli=400) for i in range(10)]  # 4% each, 2 per GPU

@@ -1,0 +1,232 @@
+"""Making room for a task that fits nowhere: best-effort work displaced for a
+latency-sensitive task (seed 000), and tasks migrated by checkpoint to defragment (seed
+003). docs/placement.md, "Making room", gives the rules.
+
+:class:`RoomMaker` adds both to a scoring policy, whose :meth:`choose` decides where
+the task and the tasks that move go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+from placement.cluster import MAX_GPUS_PER_NODE, MILLI, ClusterState, Placement, Pod
+from placement.policies.base import ScoringPolicy
+
+# Tasks one placement may migrate; the nodes it looks at (those with the least GPU share
+# in the way) and tries moving tasks from.
+MAX_MOVES = 4
+MAX_LOOKED_AT = 16
+MAX_TRIED_NODES = 8
+# The nodes a displacement looks at (best-effort work is evicted, never moved: no cost
+# but the eviction, so more are weighed).
+MAX_DISPLACE_LOOKED_AT = 128
+
+
+def _covering(sizes: list[tuple[int, str]], need: int) -> list[str] | None:
+    """Names whose sizes sum to at least ``need``, few and small: the smallest one that
+    covers it alone, else the largest first, then any left out that is not needed."""
+    alone = [(size, name) for size, name in sizes if size >= need]
+    if alone:
+        return [min(alone)[1]]
+    chosen, freed = [], 0
+    for size, name in sorted(sizes, reverse=True):
+        if freed >= need:
+            break
+        chosen.append((size, name))
+        freed += size
+    if freed < need:
+        return None
+    for size, name in sorted(chosen):  # the smallest first: is it needed after all?
+        if freed - size >= need:
+            chosen.remove((size, name))
+            freed -= size
+    return [name for _, name in chosen]
+
+
+def clearing(
+    state: ClusterState, node: int, pod: Pod, movable: Callable[[Pod], bool]
+) -> list[str] | None:
+    """Movable tasks on ``node`` whose leaving makes room there for ``pod`` (its GPUs,
+    then CPU and memory), with little GPU share among them; None when no such set exists.
+
+    Per GPU, the fewest milli-GPUs of movable tasks that leave it room for the pod's share
+    (:func:`_covering`); the GPUs that need the least, as many as the pod asks for. Then,
+    for CPU and memory, the other movable tasks with the least GPU share first (CPU-only
+    ones), the largest CPU first."""
+    if pod.num_gpu and not state.access(pod.spec)[node]:
+        return None
+    tasks = [state.placed[name][0] for name in sorted(state.on_node[node])]
+    gone: list[str] = []
+    if pod.num_gpu:
+        on_gpu: dict[int, list[tuple[int, str]]] = {}
+        for task in tasks:
+            if movable(task):
+                for g in state.placed[task.name][1].gpus:
+                    on_gpu.setdefault(g, []).append((task.gpu_milli, task.name))
+        options: list[tuple[int, int, list[str]]] = []
+        for g in range(int(state.gpus[node])):
+            need = pod.gpu_milli - int(state.gpu_left[node, g])
+            names = [] if need <= 0 else _covering(on_gpu.get(g, []), need)
+            if names is not None:
+                milli = sum(state.placed[n][0].gpu_request for n in names)
+                options.append((milli, g, names))
+        if len(options) < pod.num_gpu:
+            return None
+        options.sort(key=lambda o: (o[0], o[1]))
+        for _, _, names in options[: pod.num_gpu]:
+            gone.extend(n for n in names if n not in gone)
+    cpu = int(state.cpu_left[node]) + sum(state.placed[n][0].cpu for n in gone)
+    mem = int(state.mem_left[node]) + sum(state.placed[n][0].memory for n in gone)
+    rest = sorted(
+        (t for t in tasks if t.name not in gone and movable(t)),
+        key=lambda t: (t.gpu_request, -t.cpu, t.name),
+    )
+    for task in rest:
+        if cpu >= pod.cpu and mem >= pod.memory:
+            break
+        gone.append(task.name)
+        cpu += task.cpu
+        mem += task.memory
+    if cpu < pod.cpu or mem < pod.memory:
+        return None
+    return gone
+
+
+def best_effort(task: Pod) -> bool:
+    """Evictable for a latency-sensitive task."""
+    return not task.latency_sensitive
+
+
+class RoomMaker(ScoringPolicy):
+    """Displacement and migration for a scoring policy: :meth:`displace` and
+    :meth:`migrate` (None when they find no room). Migration remembers the task shapes it
+    found no room for in a state, until the state changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._no_room: dict[tuple[tuple[int, int, int, str], int], int] = {}
+
+    def setup(self, state: ClusterState, expected: Sequence[Pod]) -> None:
+        self._no_room.clear()
+        super().setup(state, expected)
+
+    def make_room(
+        self, state: ClusterState, pod: Pod, rng: np.random.Generator
+    ) -> Placement | None:
+        """For a latency-sensitive task: displacement, then migration. A best-effort task
+        waits instead (a migration costs the moved tasks a checkpoint)."""
+        if not pod.latency_sensitive:
+            return None
+        where = self.displace(state, pod, rng)
+        if where is None:
+            key = (pod.shape, pod.memory)
+            if self._no_room.get(key) == state.generation:
+                return None
+            where = self.migrate(state, pod, rng)
+            if where is None:
+                self._no_room[key] = state.generation
+        return where
+
+    def _candidates(self, state: ClusterState, pod: Pod, best_effort: bool) -> Iterable[int]:
+        """Nodes that could hold the pod once their tasks leave (only their best-effort
+        ones, with ``best_effort``), the least GPU share in its way first (a lower bound:
+        on its GPUs with the most room), then in node order; at most MAX_LOOKED_AT (or
+        MAX_DISPLACE_LOOKED_AT)."""
+        cpu, mem, room = state.cpu_cap, state.mem_cap, np.full_like(state.gpu_left, MILLI)
+        if best_effort:
+            cpu, mem = state.cpu_left + state.be_cpu, state.mem_left + state.be_mem
+            room = state.gpu_left + state.be_gpu
+        big = (cpu >= pod.cpu) & (mem >= pod.memory)
+        if pod.num_gpu:
+            enough = (room >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
+            big &= enough & (state.gpus >= pod.num_gpu) & state.access(pod.spec)
+        nodes = np.flatnonzero(big)
+        if nodes.size == 0:
+            return ()
+        in_way = np.zeros(nodes.size, dtype=np.int64)
+        if pod.num_gpu:
+            need = np.maximum(pod.gpu_milli - state.gpu_left[nodes], 0)
+            usable = room[nodes] >= pod.gpu_milli
+            need = np.where(usable, need, MAX_GPUS_PER_NODE * MILLI)
+            in_way = np.sort(need, axis=1)[:, : pod.num_gpu].sum(axis=1)
+        limit = MAX_DISPLACE_LOOKED_AT if best_effort else MAX_LOOKED_AT
+        order = np.lexsort((state.rank[nodes], in_way))[:limit]
+        return (int(i) for i in nodes[order])
+
+    def _cheapest(
+        self, state: ClusterState, pod: Pod, movable: Callable[[Pod], bool], limit: int
+    ) -> list[tuple[int, int, list[str]]]:
+        """(GPU milli moved, node, tasks) of the nodes where moving ``movable`` tasks
+        makes room, the cheapest first, at most ``limit`` tasks each."""
+        found = []
+        best_effort_only = movable is best_effort
+        for node in self._candidates(state, pod, best_effort_only):
+            names = clearing(state, node, pod, movable)
+            if names is None or len(names) > limit:
+                continue
+            cost = sum(state.placed[n][0].gpu_request for n in names)
+            found.append((cost, len(names), int(state.rank[node]), node, names))
+        found.sort()
+        return [(cost, node, names) for cost, _, _, node, names in found]
+
+    def _on(
+        self, state: ClusterState, node: int, pod: Pod, rng: np.random.Generator
+    ) -> Placement | None:
+        """The pod on ``node``, devices as FGD chooses them; None if it does not fit."""
+        allowed = np.zeros(state.size, dtype=np.bool_)
+        allowed[node] = bool(state.feasible(pod)[node])
+        return self.choose(state, pod, rng, allowed)
+
+    def displace(self, state: ClusterState, pod: Pod, rng: np.random.Generator) -> Placement | None:
+        for _, node, names in self._cheapest(state, pod, best_effort, limit=len(state.placed)):
+            trial = state.copy()
+            for name in names:
+                trial.remove(name)
+            where = self._on(trial, node, pod, rng)
+            if where is not None:
+                return Placement(node, where.gpus, evict=tuple(names))
+        return None
+
+    def migrate(self, state: ClusterState, pod: Pod, rng: np.random.Generator) -> Placement | None:
+        def anything(task: Pod) -> bool:
+            return True
+
+        tried = 0
+        somewhere: dict[tuple[tuple[int, int, int, str], int], bool] = {}
+
+        def has_room(task: Pod) -> bool:
+            key = (task.shape, task.memory)
+            if key not in somewhere:
+                somewhere[key] = bool(state.feasible(task).any())
+            return somewhere[key]
+
+        for _, node, names in self._cheapest(state, pod, anything, limit=MAX_MOVES):
+            if tried == MAX_TRIED_NODES:
+                break
+            # A task with no room anywhere now rarely finds some once the pod is in (the
+            # room the others leave is mostly the pod's): most tries end here, before any
+            # copy, losing few chances.
+            if not all(has_room(state.placed[n][0]) for n in names):
+                continue
+            tried += 1
+            trial = state.copy()
+            leaving = [trial.remove(name)[0] for name in names]
+            where = self._on(trial, node, pod, rng)
+            if where is None:
+                continue
+            trial.place(pod, where)
+            moves = []
+            for task in leaving:  # anywhere FGD puts it, the same node's other GPUs too
+                target = self.choose(trial, task, rng, trial.feasible(task))
+                if target is None:
+                    break
+                trial.place(task, target)
+                before = state.placed[task.name][1]
+                if (target.node, target.gpus) != (before.node, before.gpus):
+                    moves.append((task.name, target))  # one that lands back stays
+            else:
+                return Placement(node, where.gpus, moves=tuple(moves))
+        return None

@@ -1,0 +1,258 @@
+"""Replaying a trace in time: pods arrive at their creation times, run for their run
+times and leave, and wait in two queues while nothing has room for them.
+
+docs/placement.md, "The time replay":
+
+- A pod arrives at ``created / speedup`` (``speedup`` squeezes the trace's arrivals
+  together) and runs for its run time: the trace's ``deleted - created`` (a pod that is
+  never deleted runs to the end and is counted apart). With ``tune``, copies of pods
+  drawn as the arrival protocol draws them (:func:`placement.replay.tuned`) arrive with
+  their originals, until the GPU requests reach ``tune`` times the cluster's: the
+  trace's own pods ask for less than the cluster holds, and wait for nothing. A pod that
+  would fit nowhere even in the empty cluster is refused at arrival.
+- Two queues, latency-sensitive first (seed 000), each in arrival order. Whenever pods
+  arrive or leave, the queues are tried in that order; a pod whose shape found no room
+  is not tried again until something changed.
+- A displaced (evicted) best-effort pod keeps the work it did (its state is saved) and
+  goes back to the front of its queue. A migrated pod loses :data:`MIGRATION_SECONDS`
+  of progress (a checkpoint and a restore).
+
+Metrics: each pod's job completion time (finish - arrival) and wait (first start -
+arrival), by class; the makespan (the last finish); the GPU-hours the pods held.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+import placement.policies  # noqa: F401  (registers the policies by name)
+from placement.cluster import BE, LS, MILLI, ClusterState, Node, Pod
+from placement.registry import make
+from placement.replay import tuned
+
+# Progress a migrated pod loses: a checkpoint written and read back.
+MIGRATION_SECONDS = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """A distribution's count, mean, 99th percentile and maximum (seconds)."""
+
+    count: int
+    mean: float
+    p99: float
+    max: float
+
+    @staticmethod
+    def of(values: Sequence[float]) -> Stats:
+        if not values:
+            return Stats(0, 0.0, 0.0, 0.0)
+        ordered = sorted(values)
+        p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+        return Stats(len(ordered), sum(ordered) / len(ordered), p99, ordered[-1])
+
+    def wire(self) -> dict[str, float]:
+        return {
+            "count": self.count,
+            "mean": round(self.mean, 1),
+            "p99": round(self.p99, 1),
+            "max": round(self.max, 1),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class TimelineResult:
+    policy: str
+    seed: int
+    speedup: float
+    tune: float
+    pods: int
+    completed: int
+    refused: int  # fit nowhere, even in the empty cluster
+    unfinished: int  # still queued or running (never deleted) at the end
+    jct: dict[str, Stats]  # by class, of the pods that finished
+    wait: dict[str, Stats]  # by class, of the pods that started
+    makespan: float
+    gpu_hours: float
+    evicted: int
+    migrations: int
+    seconds: float
+
+    def wire(self) -> dict[str, object]:
+        return {
+            "policy": self.policy,
+            "seed": self.seed,
+            "speedup": self.speedup,
+            "tune": self.tune,
+            "pods": self.pods,
+            "completed": self.completed,
+            "refused": self.refused,
+            "unfinished": self.unfinished,
+            "jct": {c: s.wire() for c, s in self.jct.items()},
+            "wait": {c: s.wire() for c, s in self.wait.items()},
+            "makespan": round(self.makespan, 1),
+            "gpu_hours": round(self.gpu_hours, 1),
+            "evicted": self.evicted,
+            "migrations": self.migrations,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclasses.dataclass
+class _Job:
+    pod: Pod
+    arrival: float
+    work: float  # seconds of running still to do (inf: never deleted)
+    first_start: float | None = None
+    started: float = 0.0  # of the current run
+    token: int = 0  # the current run's finish event
+
+
+def run_time(pod: Pod) -> float:
+    """Seconds the pod runs: its lifetime in the trace, at least one; inf if never
+    deleted."""
+    if pod.deleted is None:
+        return math.inf
+    return max(pod.deleted - pod.created, 1.0)
+
+
+def _class(pod: Pod) -> str:
+    return LS if pod.latency_sensitive else BE
+
+
+def replay_in_time(
+    nodes: Sequence[Node],
+    pods: Sequence[Pod],
+    policy: str,
+    seed: int = 42,
+    speedup: float = 1.0,
+    tune: float = 0.0,
+) -> TimelineResult:
+    """Replay ``pods`` in time on ``nodes`` under ``policy`` (``tune`` 0: the trace's pods
+    alone)."""
+    if not speedup > 0:
+        raise ValueError("speedup must be above 0")
+    started = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    expected = pods
+    if tune > 0:
+        pods = tuned(pods, sum(n.gpus for n in nodes) * MILLI, tune, rng)
+    state = ClusterState(nodes, order=rng.permutation(len(nodes)))
+    empty = ClusterState(nodes)
+    decide = make(policy)
+    decide.setup(state, expected)
+    seq = itertools.count()
+    events: list[tuple[float, int, str, str, int]] = []
+    jobs: dict[str, _Job] = {}
+    for pod in sorted(pods, key=lambda p: (p.created, p.name)):
+        t = pod.created / speedup
+        jobs[pod.name] = _Job(pod, t, run_time(pod))
+        heapq.heappush(events, (t, next(seq), "arrive", pod.name, 0))
+    queues: dict[str, deque[str]] = {LS: deque(), BE: deque()}
+    refused = evicted = migrations = 0
+    gpu_seconds = 0.0
+    finish: dict[str, float] = {}
+    fits_empty: dict[tuple[tuple[int, int, int, str], int], bool] = {}
+    now = 0.0
+
+    def stop(name: str) -> None:
+        """End the named pod's current run (it finished, was evicted or moved)."""
+        nonlocal gpu_seconds
+        job = jobs[name]
+        ran = now - job.started
+        gpu_seconds += ran * job.pod.gpu_request / MILLI
+        job.work = max(job.work - ran, 0.0)
+
+    def start(name: str) -> None:
+        job = jobs[name]
+        job.started = now
+        if job.first_start is None:
+            job.first_start = now
+        job.token += 1
+        if math.isfinite(job.work):
+            heapq.heappush(events, (now + job.work, next(seq), "finish", name, job.token))
+
+    def schedule() -> None:
+        nonlocal evicted, migrations
+        no_room: dict[tuple[tuple[int, int, int, str], int], int] = {}
+        for cls in (LS, BE):
+            queue = queues[cls]
+            waiting = len(queue)
+            for _ in range(waiting):
+                name = queue.popleft()
+                pod = jobs[name].pod
+                key = (pod.shape, pod.memory)
+                if no_room.get(key) == state.generation:
+                    queue.append(name)
+                    continue
+                where = decide.decide(state, pod, rng)
+                if where is None:
+                    no_room[key] = state.generation
+                    queue.append(name)
+                    continue
+                displaced = state.carry_out(pod, where)
+                for gone in where.evict:
+                    stop(gone)
+                for moved, _ in where.moves:
+                    stop(moved)
+                    jobs[moved].work += MIGRATION_SECONDS
+                start(name)
+                for moved, _ in where.moves:
+                    start(moved)
+                evicted += len(displaced)
+                migrations += len(where.moves)
+                for task in reversed(displaced):
+                    queues[_class(task)].appendleft(task.name)
+
+    while events:
+        now = events[0][0]
+        while events and events[0][0] == now:
+            _, _, kind, name, token = heapq.heappop(events)
+            job = jobs[name]
+            if kind == "arrive":
+                key = (job.pod.shape, job.pod.memory)
+                if key not in fits_empty:
+                    fits_empty[key] = bool(empty.feasible(job.pod).any())
+                if fits_empty[key]:
+                    queues[_class(job.pod)].append(name)
+                else:
+                    refused += 1
+            elif token == job.token and name in state.placed:  # a finish still current
+                stop(name)
+                state.remove(name)
+                finish[name] = now
+        schedule()
+    for name in state.placed:  # never deleted: count what they held until the end
+        stop(name)
+    jct: dict[str, list[float]] = {LS: [], BE: []}
+    wait: dict[str, list[float]] = {LS: [], BE: []}
+    for name, job in jobs.items():
+        if job.first_start is not None:
+            wait[_class(job.pod)].append(job.first_start - job.arrival)
+        if name in finish:
+            jct[_class(job.pod)].append(finish[name] - job.arrival)
+    return TimelineResult(
+        policy=policy,
+        seed=seed,
+        speedup=speedup,
+        tune=tune,
+        pods=len(pods),
+        completed=len(finish),
+        refused=refused,
+        unfinished=len(pods) - len(finish) - refused,
+        jct={c: Stats.of(v) for c, v in jct.items()},
+        wait={c: Stats.of(v) for c, v in wait.items()},
+        makespan=max(finish.values(), default=0.0),
+        gpu_hours=gpu_seconds / 3600,
+        evicted=evicted,
+        migrations=migrations,
+        seconds=time.perf_counter() - started,
+    )
