@@ -100,6 +100,11 @@ class Pod:
         return self.qos in LATENCY_SENSITIVE
 
     @property
+    def service_class(self) -> str:
+        """LS or BE, the class its queue and its figures go by."""
+        return LS if self.latency_sensitive else BE
+
+    @property
     def shares_a_gpu(self) -> bool:
         return self.num_gpu == 1 and self.gpu_milli < MILLI
 
@@ -120,6 +125,11 @@ def parse_spec(text: str) -> tuple[str, ...]:
     """``"V100M16|V100M32"`` -> its models, in order; empty parts are dropped, ``""`` is
     any model."""
     return tuple(part.strip() for part in text.split("|") if part.strip())
+
+
+def gpu_capacity(nodes: Iterable[Node]) -> int:
+    """Milli-GPUs in a cluster of these nodes."""
+    return sum(n.gpus for n in nodes) * MILLI
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -199,7 +209,7 @@ class ClusterState:
     @property
     def gpu_capacity(self) -> int:
         """Milli-GPUs in the whole cluster."""
-        return int(self.gpus.sum()) * MILLI
+        return gpu_capacity(self.nodes)
 
     @property
     def gpu_allocated(self) -> int:

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 import placement.policies  # noqa: F401  (registers the policies by name)
-from placement.cluster import BE, LS, MILLI, ClusterState, Node, Pod
+from placement.cluster import BE, LS, MILLI, ClusterState, Node, Pod, gpu_capacity
 from placement.frag import Workload, fragmentation, typical_pods, workload
 from placement.registry import make
 
@@ -136,7 +136,7 @@ def replay(
     if not classes:
         pods = [dataclasses.replace(p, qos=LS) for p in pods]
     rng = np.random.default_rng(seed)
-    capacity = sum(n.gpus for n in nodes) * MILLI
+    capacity = gpu_capacity(nodes)
     arrivals = tuned(pods, capacity, tune, rng)
     # The simulator names its nodes in a seeded random order, which breaks ties.
     state = ClusterState(nodes, order=rng.permutation(len(nodes)))
@@ -160,7 +160,7 @@ def replay(
             where = decide.decide(state, task, rng)
             if where is None:
                 if task is pod:
-                    failed[_class(task)] += 1
+                    failed[task.service_class] += 1
                 else:
                     evicted_unplaced += 1
                 continue
@@ -180,7 +180,7 @@ def replay(
     reached = round(arrived / gpus / 10)
     held: dict[str, int] = {LS: 0, BE: 0}
     for task, _ in state.placed.values():
-        held[_class(task)] += task.gpu_request
+        held[task.service_class] += task.gpu_request
     return Result(
         policy=policy,
         seed=seed,
@@ -199,10 +199,6 @@ def replay(
         migrations=migrations,
         migrated_milli=migrated,
     )
-
-
-def _class(pod: Pod) -> str:
-    return LS if pod.latency_sensitive else BE
 
 
 def _node_fragmentation(state: ClusterState, w: Workload) -> np.ndarray:

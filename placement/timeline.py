@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 import placement.policies  # noqa: F401  (registers the policies by name)
-from placement.cluster import BE, LS, MILLI, ClusterState, Node, Pod
+from placement.cluster import BE, LS, MILLI, ClusterState, Node, Pod, gpu_capacity
 from placement.registry import make
 from placement.replay import tuned
 
@@ -124,10 +124,6 @@ def run_time(pod: Pod) -> float:
     return max(pod.deleted - pod.created, 1.0)
 
 
-def _class(pod: Pod) -> str:
-    return LS if pod.latency_sensitive else BE
-
-
 def replay_in_time(
     nodes: Sequence[Node],
     pods: Sequence[Pod],
@@ -144,7 +140,7 @@ def replay_in_time(
     rng = np.random.default_rng(seed)
     expected = pods
     if tune > 0:
-        pods = tuned(pods, sum(n.gpus for n in nodes) * MILLI, tune, rng)
+        pods = tuned(pods, gpu_capacity(nodes), tune, rng)
     state = ClusterState(nodes, order=rng.permutation(len(nodes)))
     empty = ClusterState(nodes)
     decide = make(policy)
@@ -210,7 +206,7 @@ def replay_in_time(
                 evicted += len(displaced)
                 migrations += len(where.moves)
                 for task in reversed(displaced):
-                    queues[_class(task)].appendleft(task.name)
+                    queues[task.service_class].appendleft(task.name)
 
     while events:
         now = events[0][0]
@@ -222,7 +218,7 @@ def replay_in_time(
                 if key not in fits_empty:
                     fits_empty[key] = bool(empty.feasible(job.pod).any())
                 if fits_empty[key]:
-                    queues[_class(job.pod)].append(name)
+                    queues[job.pod.service_class].append(name)
                 else:
                     refused += 1
             elif token == job.token and name in state.placed:  # a finish still current
@@ -236,9 +232,9 @@ def replay_in_time(
     wait: dict[str, list[float]] = {LS: [], BE: []}
     for name, job in jobs.items():
         if job.first_start is not None:
-            wait[_class(job.pod)].append(job.first_start - job.arrival)
+            wait[job.pod.service_class].append(job.first_start - job.arrival)
         if name in finish:
-            jct[_class(job.pod)].append(finish[name] - job.arrival)
+            jct[job.pod.service_class].append(finish[name] - job.arrival)
     return TimelineResult(
         policy=policy,
         seed=seed,

@@ -100,6 +100,11 @@ def best_effort(task: Pod) -> bool:
     return not task.latency_sensitive
 
 
+def _any_task(task: Pod) -> bool:
+    """Movable by migration: any task."""
+    return True
+
+
 class RoomMaker(ScoringPolicy):
     """Displacement and migration for a scoring policy: :meth:`displace` and
     :meth:`migrate` (None when they find no room). Migration remembers the task shapes it
@@ -157,12 +162,13 @@ class RoomMaker(ScoringPolicy):
         return (int(i) for i in nodes[order])
 
     def _cheapest(
-        self, state: ClusterState, pod: Pod, movable: Callable[[Pod], bool], limit: int
+        self, state: ClusterState, pod: Pod, best_effort_only: bool, limit: int
     ) -> list[tuple[int, int, list[str]]]:
-        """(GPU milli moved, node, tasks) of the nodes where moving ``movable`` tasks
-        makes room, the cheapest first, at most ``limit`` tasks each."""
+        """(GPU milli moved, node, tasks) of the nodes where moving tasks (only
+        best-effort ones, with ``best_effort_only``) makes room, the cheapest first, at
+        most ``limit`` tasks each."""
+        movable = best_effort if best_effort_only else _any_task
         found = []
-        best_effort_only = movable is best_effort
         for node in self._candidates(state, pod, best_effort_only):
             names = clearing(state, node, pod, movable)
             if names is None or len(names) > limit:
@@ -181,7 +187,7 @@ class RoomMaker(ScoringPolicy):
         return self.choose(state, pod, rng, allowed)
 
     def displace(self, state: ClusterState, pod: Pod, rng: np.random.Generator) -> Placement | None:
-        for _, node, names in self._cheapest(state, pod, best_effort, limit=len(state.placed)):
+        for _, node, names in self._cheapest(state, pod, True, limit=len(state.placed)):
             trial = state.copy()
             for name in names:
                 trial.remove(name)
@@ -191,9 +197,6 @@ class RoomMaker(ScoringPolicy):
         return None
 
     def migrate(self, state: ClusterState, pod: Pod, rng: np.random.Generator) -> Placement | None:
-        def anything(task: Pod) -> bool:
-            return True
-
         tried = 0
         somewhere: dict[tuple[tuple[int, int, int, str], int], bool] = {}
 
@@ -203,7 +206,7 @@ class RoomMaker(ScoringPolicy):
                 somewhere[key] = bool(state.feasible(task).any())
             return somewhere[key]
 
-        for _, node, names in self._cheapest(state, pod, anything, limit=MAX_MOVES):
+        for _, node, names in self._cheapest(state, pod, False, limit=MAX_MOVES):
             if tried == MAX_TRIED_NODES:
                 break
             # A task with no room anywhere now rarely finds some once the pod is in (the
