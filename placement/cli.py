@@ -94,6 +94,15 @@ _TRACE_OPTIONS = [
 ]
 
 
+_CLASSES = click.option(
+    "--classes/--no-classes",
+    default=True,
+    show_default=True,
+    help="Heed the pods' QoS classes (latency-sensitive ones may displace best-effort "
+    "ones); --no-classes makes every pod latency-sensitive.",
+)
+
+
 @cli.command()
 @_trace_options
 @click.option(
@@ -104,13 +113,7 @@ _TRACE_OPTIONS = [
     help="Arrive until the GPU requests reach this multiple of the cluster's GPUs.",
 )
 @click.option("--seed", default=42, show_default=True, type=int, help="The run's random seed.")
-@click.option(
-    "--classes/--no-classes",
-    default=True,
-    show_default=True,
-    help="Heed the pods' QoS classes (latency-sensitive ones may displace best-effort "
-    "ones); --no-classes makes every pod latency-sensitive.",
-)
+@_CLASSES
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def simulate(
     nodes_path: Path,
@@ -176,6 +179,21 @@ def simulate(
     "GPUs (0: the trace's pods alone).",
 )
 @click.option("--seed", default=42, show_default=True, type=int, help="The run's random seed.")
+@_CLASSES
+@click.option(
+    "--adapt/--no-adapt",
+    default=False,
+    show_default=True,
+    help="Batch-size adaptation: a pod of whole GPUs that starts while nobody else waits "
+    "runs on twice its GPUs, at twice its batch, where a node has them.",
+)
+@click.option(
+    "--migrate/--no-migrate",
+    default=True,
+    show_default=True,
+    help="Let the policy migrate pods by checkpoint to make room (gpushare, seed003); "
+    "--no-migrate: displacement only.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def replay_command(
     nodes_path: Path,
@@ -184,18 +202,29 @@ def replay_command(
     speedup: float,
     tune: float,
     seed: int,
+    classes: bool,
+    adapt: bool,
+    migrate: bool,
     as_json: bool,
 ) -> None:
     """Replay the pod list in time: pods arrive at their creation times (divided by
-    --speedup), wait in two queues (latency-sensitive first) while nothing has room, run
-    for their lifetimes and leave. Prints job completion times and waits by class, the
-    makespan and the GPU-hours."""
+    --speedup), wait in queues (the highest priority first, then latency-sensitive)
+    while nothing has room, run for their lifetimes and leave. Prints job completion
+    times and waits by class, the makespan, the GPU-hours, and the runs adapted."""
     from placement.timeline import replay_in_time
     from placement.trace import read_nodes, read_pods
 
     result = _run(
         lambda: replay_in_time(
-            read_nodes(nodes_path), read_pods(pods_path), policy, seed, speedup, tune
+            read_nodes(nodes_path),
+            read_pods(pods_path),
+            policy,
+            seed,
+            speedup,
+            tune,
+            adapt=adapt,
+            migrate=migrate,
+            classes=classes,
         ),
         as_json,
     )
@@ -215,8 +244,13 @@ def replay_command(
         )
     click.echo(
         f"makespan {result.makespan:,.0f} s, {result.gpu_hours:,.1f} GPU-hours; displaced "
-        f"{result.evicted:,} best-effort pods, migrated {result.migrations:,}"
+        f"{result.evicted:,} pods, migrated {result.migrations:,}"
     )
+    if adapt:
+        click.echo(
+            f"adapted {result.adapted:,} runs to twice their GPUs and batch "
+            f"({result.adapted_gpu_hours:,.1f} GPU-hours)"
+        )
 
 
 def main() -> None:

@@ -61,6 +61,13 @@ class Pod:
     ``created``/``deleted``: seconds in the trace's clock (``deleted`` None: never).
     ``predicted_seconds``: its predicted run time where a prediction is known (seed 000),
     else None.
+    ``priority``: a higher one may preempt tasks of a lower one (seed 003); between equal
+    priorities a latency-sensitive task may displace a best-effort one (seed 000).
+    ``group``: the label the placement constraints of other tasks name (seed 003), e.g.
+    its job; ``together``: on a node that holds a task of each of these groups, where
+    one is placed anywhere (a gang that shares a node); ``apart``: on no node that holds
+    a task of these groups, which in turn keep away from it; ``near``: preferably on a
+    node that holds a task of one of these groups.
     """
 
     name: str
@@ -73,10 +80,19 @@ class Pod:
     created: float = 0.0
     deleted: float | None = None
     predicted_seconds: float | None = None
+    priority: int = 0
+    group: str = ""
+    together: tuple[str, ...] = ()
+    apart: tuple[str, ...] = ()
+    near: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.cpu < 0 or self.memory < 0:
             raise PlacementError(f"pod {self.name}: negative CPU or memory")
+        if self.group and self.group in self.apart and self.group in self.together:
+            raise PlacementError(
+                f"pod {self.name}: group {self.group} both together with and apart from itself"
+            )
         if not 0 <= self.num_gpu <= MAX_GPUS_PER_NODE:
             raise PlacementError(f"pod {self.name}: num_gpu {self.num_gpu} out of 0..8")
         if self.num_gpu == 0 and self.gpu_milli != 0:
@@ -103,6 +119,24 @@ class Pod:
     def service_class(self) -> str:
         """LS or BE, the class its queue and its figures go by."""
         return LS if self.latency_sensitive else BE
+
+    @property
+    def precedence(self) -> tuple[int, bool]:
+        """What it may displace by: a task may displace the tasks of a lower precedence
+        (a lower priority; or the same one and best-effort where it is
+        latency-sensitive)."""
+        return (self.priority, self.latency_sensitive)
+
+    @property
+    def constrained(self) -> bool:
+        """Whether it names other tasks' groups: its room depends on where they are."""
+        return bool(self.together or self.apart or self.near)
+
+    @property
+    def room_key(self) -> tuple[object, ...]:
+        """What decides whether it has room in a state: tasks of the same key fit in the
+        same places (the replays remember which keys found none)."""
+        return (self.shape, self.memory, self.group, self.together, self.apart)
 
     @property
     def shares_a_gpu(self) -> bool:
@@ -193,6 +227,12 @@ class ClusterState:
         self.be_mem: Ints = np.zeros(len(nodes), dtype=np.int64)
         self.be_gpu: Ints = np.zeros_like(self.gpu_left)
         self.on_node: list[frozenset[str]] = [frozenset() for _ in nodes]
+        # Per group, how many of its tasks each node holds, and how many tasks that keep
+        # apart from it (seed 003's constraints). Arrays are replaced, never changed, so
+        # copies share them; a group with none left is dropped.
+        self.group_count: dict[str, Ints] = {}
+        self.repel_count: dict[str, Ints] = {}
+        self.priority_count: dict[int, int] = {}  # placed tasks by priority (seed 003)
         self.generation = next(_versions)  # renewed at every change, as versions are
         self.rank: Ints = np.arange(len(nodes), dtype=np.int64)
         if order is not None:
@@ -230,12 +270,45 @@ class ClusterState:
         return mask
 
     def feasible(self, pod: Pod) -> Bools:
-        """Nodes with room for the pod: CPU, memory, and its GPUs of a model it accepts."""
+        """Nodes with room for the pod: CPU, memory, its GPUs of a model it accepts, and
+        its constraints (:meth:`allowed`)."""
         fits = (self.cpu_left >= pod.cpu) & (self.mem_left >= pod.memory)
         if pod.num_gpu:
             enough = (self.gpu_left >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
             fits &= enough & self.access(pod.spec)
+        allowed = self.allowed(pod)
+        if allowed is not None:
+            fits &= allowed
         return fits
+
+    def allowed(self, pod: Pod) -> Bools | None:
+        """Nodes the pod's constraints allow (None: all of them): with a task of each
+        group it is ``together`` with, where that group has one placed; with none of the
+        groups it keeps ``apart`` from; with no task that keeps apart from its group."""
+        repelled = self.repel_count.get(pod.group) if pod.group else None
+        if not (pod.together or pod.apart or repelled is not None):
+            return None
+        ok = np.ones(self.size, dtype=np.bool_)
+        for group in pod.together:
+            count = self.group_count.get(group)
+            if count is not None:
+                ok &= count > 0
+        for group in pod.apart:
+            count = self.group_count.get(group)
+            if count is not None:
+                ok &= count == 0
+        if repelled is not None:
+            ok &= repelled == 0
+        return ok
+
+    def near(self, pod: Pod) -> Bools | None:
+        """Nodes holding a task of a group the pod prefers to be near (None: it names
+        none, or none of theirs is placed)."""
+        counts = [self.group_count[g] for g in pod.near if g in self.group_count]
+        if not counts:
+            return None
+        mask: Bools = np.logical_or.reduce([c > 0 for c in counts])
+        return mask
 
     def fits_on(self, node: int, pod: Pod, gpus: Sequence[int]) -> bool:
         """Whether the pod fits node ``node`` on exactly those device indices."""
@@ -244,6 +317,9 @@ class ClusterState:
         if len(gpus) != pod.num_gpu or len(set(gpus)) != len(gpus):
             return False
         if pod.num_gpu and not self.access(pod.spec)[node]:
+            return False
+        allowed = self.allowed(pod)
+        if allowed is not None and not allowed[node]:
             return False
         return all(
             0 <= g < self.gpus[node] and self.gpu_left[node, g] >= pod.gpu_milli for g in gpus
@@ -267,6 +343,7 @@ class ClusterState:
             self.tags[i, pod.affinity_tag] += 1
         if not pod.latency_sensitive:
             self._best_effort(i, pod, where.gpus, 1)
+        self._grouped(i, pod, 1)
         self.placed[pod.name] = (pod, Placement(i, where.gpus))
         self.on_node[i] = self.on_node[i] | {pod.name}  # a new set: copies share them
         self.version[i] = self.generation = next(_versions)
@@ -287,6 +364,7 @@ class ClusterState:
             self.tags[i, pod.affinity_tag] -= 1
         if not pod.latency_sensitive:
             self._best_effort(i, pod, where.gpus, -1)
+        self._grouped(i, pod, -1)
         self.on_node[i] = self.on_node[i] - {name}
         self.version[i] = self.generation = next(_versions)
         return pod, where
@@ -296,6 +374,23 @@ class ClusterState:
         self.be_mem[node] += sign * pod.memory
         for g in gpus:
             self.be_gpu[node, g] += sign * pod.gpu_milli
+
+    def _grouped(self, node: int, pod: Pod, sign: int) -> None:
+        left = self.priority_count.get(pod.priority, 0) + sign
+        if left:
+            self.priority_count[pod.priority] = left
+        else:
+            del self.priority_count[pod.priority]
+        tables = [(self.group_count, pod.group)] if pod.group else []
+        tables += [(self.repel_count, group) for group in pod.apart]
+        for table, group in tables:
+            count = table.get(group)
+            count = np.zeros(self.size, dtype=np.int64) if count is None else count.copy()
+            count[node] += sign
+            if count.any():
+                table[group] = count
+            else:
+                del table[group]
 
     def carry_out(self, pod: Pod, where: Placement) -> list[Pod]:
         """Carry out a whole decision (in :class:`Placement`'s order); the evicted pods.
@@ -329,6 +424,9 @@ class ClusterState:
             setattr(other, name, getattr(self, name).copy())
         other.placed = dict(self.placed)
         other.on_node = list(self.on_node)  # each set is replaced, never changed
+        other.group_count = dict(self.group_count)  # as are the counts' arrays
+        other.repel_count = dict(self.repel_count)
+        other.priority_count = dict(self.priority_count)
         return other
 
     def snapshot(self) -> dict[str, Any]:

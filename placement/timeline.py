@@ -10,15 +10,21 @@ docs/placement.md, "The time replay":
   their originals, until the GPU requests reach ``tune`` times the cluster's: the
   trace's own pods ask for less than the cluster holds, and wait for nothing. A pod that
   would fit nowhere even in the empty cluster is refused at arrival.
-- Two queues, latency-sensitive first (seed 000), each in arrival order. Whenever pods
-  arrive or leave, the queues are tried in that order; a pod whose shape found no room
-  is not tried again until something changed.
-- A displaced (evicted) best-effort pod keeps the work it did (its state is saved) and
+- A queue per priority and class: the highest priority first (seed 003), and within
+  one, latency-sensitive first (seed 000), each in arrival order. Whenever pods arrive
+  or leave, the queues are tried in that order; a pod whose shape found no room is not
+  tried again until something changed.
+- A displaced (evicted or preempted) pod keeps the work it did (its state is saved) and
   goes back to the front of its queue. A migrated pod loses :data:`MIGRATION_SECONDS`
-  of progress (a checkpoint and a restore).
+  of progress (a checkpoint and a restore); ``migrate`` False: the policy migrates none.
+- ``adapt`` (seed 003's batch-size adaptation, :mod:`placement.adapt`): a pod of whole
+  GPUs that starts while no other pod waits is placed on
+  :data:`~placement.adapt.ADAPT_FACTOR` times its GPUs where a node has them, and runs
+  that many times its batch, its work :func:`~placement.adapt.rate` times as fast.
 
 Metrics: each pod's job completion time (finish - arrival) and wait (first start -
-arrival), by class; the makespan (the last finish); the GPU-hours the pods held.
+arrival), by class; the makespan (the last finish); the GPU-hours the pods held; the
+runs adapted and the migrations.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ from collections.abc import Sequence
 import numpy as np
 
 import placement.policies  # noqa: F401  (registers the policies by name)
-from placement.cluster import BE, LS, MILLI, ClusterState, Node, Pod, gpu_capacity
+from placement.adapt import ADAPT_FACTOR, rate, widened
+from placement.cluster import BE, LS, MILLI, ClusterState, Node, Placement, Pod, gpu_capacity
+from placement.policies.room import RoomMaker
 from placement.registry import make
 from placement.replay import tuned
 
@@ -84,6 +92,11 @@ class TimelineResult:
     gpu_hours: float
     evicted: int
     migrations: int
+    adapted: int  # runs on ADAPT_FACTOR times the GPUs asked for, at that times the batch
+    adapted_gpu_hours: float  # GPU-hours those runs held
+    adapt: bool
+    migrate: bool
+    classes: bool
     seconds: float
 
     def wire(self) -> dict[str, object]:
@@ -102,6 +115,11 @@ class TimelineResult:
             "gpu_hours": round(self.gpu_hours, 1),
             "evicted": self.evicted,
             "migrations": self.migrations,
+            "adapted": self.adapted,
+            "adapted_gpu_hours": round(self.adapted_gpu_hours, 1),
+            "adapt": self.adapt,
+            "migrate": self.migrate,
+            "classes": self.classes,
             "seconds": round(self.seconds, 3),
         }
 
@@ -110,10 +128,12 @@ class TimelineResult:
 class _Job:
     pod: Pod
     arrival: float
-    work: float  # seconds of running still to do (inf: never deleted)
+    work: float  # seconds of running, at the size asked for, still to do (inf: never deleted)
     first_start: float | None = None
     started: float = 0.0  # of the current run
     token: int = 0  # the current run's finish event
+    rate: float = 1.0  # of the current run: work done per second (above 1: adapted)
+    gpus: float = 0.0  # GPUs the current run holds
 
 
 def run_time(pod: Pod) -> float:
@@ -131,11 +151,18 @@ def replay_in_time(
     seed: int = 42,
     speedup: float = 1.0,
     tune: float = 0.0,
+    adapt: bool = False,
+    migrate: bool = True,
+    classes: bool = True,
 ) -> TimelineResult:
     """Replay ``pods`` in time on ``nodes`` under ``policy`` (``tune`` 0: the trace's pods
-    alone)."""
+    alone); ``adapt``: with batch-size adaptation; ``migrate`` False: without
+    migration; ``classes`` False: every pod latency-sensitive, as in
+    :func:`placement.replay.replay`."""
     if not speedup > 0:
         raise ValueError("speedup must be above 0")
+    if not classes:
+        pods = [dataclasses.replace(p, qos=LS) for p in pods]
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
     expected = pods
@@ -144,6 +171,8 @@ def replay_in_time(
     state = ClusterState(nodes, order=rng.permutation(len(nodes)))
     empty = ClusterState(nodes)
     decide = make(policy)
+    if isinstance(decide, RoomMaker):
+        decide.migrates = migrate
     decide.setup(state, expected)
     seq = itertools.count()
     events: list[tuple[float, int, str, str, int]] = []
@@ -152,42 +181,75 @@ def replay_in_time(
         t = pod.created / speedup
         jobs[pod.name] = _Job(pod, t, run_time(pod))
         heapq.heappush(events, (t, next(seq), "arrive", pod.name, 0))
-    queues: dict[str, deque[str]] = {LS: deque(), BE: deque()}
-    refused = evicted = migrations = 0
-    gpu_seconds = 0.0
+    # A queue per (priority, class), tried highest priority first, LS before BE.
+    queues: dict[tuple[int, bool], deque[str]] = {}
+    refused = evicted = migrations = adapted = 0
+    gpu_seconds = adapted_seconds = 0.0
     finish: dict[str, float] = {}
-    fits_empty: dict[tuple[tuple[int, int, int, str], int], bool] = {}
+    fits_empty: dict[tuple[object, ...], bool] = {}
     now = 0.0
 
     def stop(name: str) -> None:
         """End the named pod's current run (it finished, was evicted or moved)."""
-        nonlocal gpu_seconds
+        nonlocal gpu_seconds, adapted_seconds
         job = jobs[name]
         ran = now - job.started
-        gpu_seconds += ran * job.pod.gpu_request / MILLI
-        job.work = max(job.work - ran, 0.0)
+        gpu_seconds += ran * job.gpus
+        if job.rate != 1.0:
+            adapted_seconds += ran * job.gpus
+        job.work = max(job.work - ran * job.rate, 0.0)
 
     def start(name: str) -> None:
         job = jobs[name]
+        running = state.placed[name][0]
         job.started = now
+        job.gpus = running.gpu_request / MILLI
+        job.rate = rate(job.pod.num_gpu, running.num_gpu) if job.pod.num_gpu else 1.0
         if job.first_start is None:
             job.first_start = now
         job.token += 1
         if math.isfinite(job.work):
-            heapq.heappush(events, (now + job.work, next(seq), "finish", name, job.token))
+            ends = now + job.work / job.rate
+            heapq.heappush(events, (ends, next(seq), "finish", name, job.token))
+
+    def enqueue(pod: Pod, front: bool = False) -> None:
+        queue = queues.setdefault((-pod.priority, not pod.latency_sensitive), deque())
+        if front:
+            queue.appendleft(pod.name)
+        else:
+            queue.append(pod.name)
+
+    def widening(pod: Pod) -> tuple[Pod, Placement] | None:
+        """The pod widened and where, where adaptation is on, nobody else waits and a
+        node has room for it as it is (widening never stops another task)."""
+        if not adapt or any(queues.values()):
+            return None
+        wide = widened(pod, ADAPT_FACTOR)
+        if wide is None or not state.feasible(wide).any():
+            return None
+        where = decide.decide(state, wide, rng)
+        if where is None or where.evict or where.moves:
+            return None
+        return wide, where
 
     def schedule() -> None:
-        nonlocal evicted, migrations
-        no_room: dict[tuple[tuple[int, int, int, str], int], int] = {}
-        for cls in (LS, BE):
+        nonlocal evicted, migrations, adapted
+        no_room: dict[tuple[object, ...], int] = {}
+        for cls in sorted(queues):
             queue = queues[cls]
             waiting = len(queue)
             for _ in range(waiting):
                 name = queue.popleft()
                 pod = jobs[name].pod
-                key = (pod.shape, pod.memory)
+                key = pod.room_key
                 if no_room.get(key) == state.generation:
                     queue.append(name)
+                    continue
+                wide = widening(pod)
+                if wide is not None:
+                    state.carry_out(*wide)
+                    adapted += 1
+                    start(name)
                     continue
                 where = decide.decide(state, pod, rng)
                 if where is None:
@@ -206,7 +268,7 @@ def replay_in_time(
                 evicted += len(displaced)
                 migrations += len(where.moves)
                 for task in reversed(displaced):
-                    queues[task.service_class].appendleft(task.name)
+                    enqueue(jobs[task.name].pod, front=True)
 
     while events:
         now = events[0][0]
@@ -214,11 +276,11 @@ def replay_in_time(
             _, _, kind, name, token = heapq.heappop(events)
             job = jobs[name]
             if kind == "arrive":
-                key = (job.pod.shape, job.pod.memory)
+                key = job.pod.room_key
                 if key not in fits_empty:
                     fits_empty[key] = bool(empty.feasible(job.pod).any())
                 if fits_empty[key]:
-                    queues[job.pod.service_class].append(name)
+                    enqueue(job.pod)
                 else:
                     refused += 1
             elif token == job.token and name in state.placed:  # a finish still current
@@ -250,5 +312,10 @@ def replay_in_time(
         gpu_hours=gpu_seconds / 3600,
         evicted=evicted,
         migrations=migrations,
+        adapted=adapted,
+        adapted_gpu_hours=adapted_seconds / 3600,
+        adapt=adapt,
+        migrate=migrate,
+        classes=classes,
         seconds=time.perf_counter() - started,
     )

@@ -13,9 +13,21 @@ from placement.cluster import LS, Node, PlacementError, Pod, parse_spec
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "num_gpu", "gpu_milli")
-# Read when present: memory (0 without), accepted GPU models (any), class (LS), and the
-# times of a time-based replay (created at 0, never deleted).
-POD_OPTIONAL = ("memory_mib", "gpu_spec", "qos", "creation_time", "deletion_time")
+# Read when present: memory (0 without), accepted GPU models (any), class (LS), the
+# times of a time-based replay (created at 0, never deleted), and seed 003's priority (0)
+# and constraints (none; groups separated by "|", as GPU models are).
+POD_OPTIONAL = (
+    "memory_mib",
+    "gpu_spec",
+    "qos",
+    "creation_time",
+    "deletion_time",
+    "priority",
+    "group",
+    "together",
+    "apart",
+    "near",
+)
 
 T = TypeVar("T")
 
@@ -113,6 +125,11 @@ def read_pods(path: Path) -> list[Pod]:
             qos=(row.get("qos") or "").strip() or LS,
             created=_field(path, line, row, "creation_time", lambda t: _seconds(t or "0")),
             deleted=_field(path, line, row, "deletion_time", _seconds) if deleted else None,
+            priority=_field(path, line, row, "priority", lambda t: int(t or "0")),
+            group=(row.get("group") or "").strip(),
+            together=parse_spec(row.get("together") or ""),
+            apart=parse_spec(row.get("apart") or ""),
+            near=parse_spec(row.get("near") or ""),
         )
 
     return _records(path, POD_COLUMNS, "pods", pod)

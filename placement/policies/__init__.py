@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from placement.policies import baselines, fgd, gpushare, seed000
+from placement.policies import baselines, fgd, gpushare, seed000, seed003
 
-__all__ = ["baselines", "fgd", "gpushare", "seed000"]
+__all__ = ["baselines", "fgd", "gpushare", "seed000", "seed003"]

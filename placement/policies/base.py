@@ -34,7 +34,12 @@ class ScoringPolicy:
     def choose(
         self, state: ClusterState, pod: Pod, rng: np.random.Generator, allowed: Bools
     ) -> Placement | None:
-        """The best of the ``allowed`` nodes, which must all have room for the pod."""
+        """The best of the ``allowed`` nodes, which must all have room for the pod; of
+        those near a group it prefers (seed 003's soft affinity), where there are any."""
+        if pod.near:
+            near = state.near(pod)
+            if near is not None and (allowed & near).any():
+                allowed = allowed & near
         nodes = np.flatnonzero(allowed)
         if nodes.size == 0:
             return None

@@ -1,13 +1,14 @@
 """gpushare's default policy: FGD, then room made for a task that fits nowhere.
 
 1. The node and GPUs as FGD chooses them (:mod:`placement.policies.fgd`).
-2. A latency-sensitive task that fits nowhere displaces best-effort tasks (seed 000): on
-   the node where the fewest milli-GPUs of best-effort work make room for it. They are
-   evicted, to be queued again.
-3. A latency-sensitive task that still fits nowhere gets room by migration (seed 003's
-   defragmentation by checkpoint): up to :data:`MAX_MOVES` tasks of one node move, each
-   where FGD puts it once the task holds the node, so that the task fits there. A
-   best-effort task waits instead.
+2. A task that fits nowhere displaces tasks of a lower precedence: best-effort tasks for
+   a latency-sensitive one (seed 000), lower priorities for a higher one (seed 003): on
+   the node where the least of them make room for it. They are evicted, to be queued
+   again.
+3. A latency-sensitive task (or one of a priority above 0) that still fits nowhere gets
+   room by migration (seed 003's defragmentation by checkpoint): up to
+   :data:`MAX_MOVES` tasks of one node move, each where FGD puts it once the task holds
+   the node, so that the task fits there. Any other task waits instead.
 
 The displacement and migration are :mod:`placement.policies.room`'s; docs/placement.md,
 "gpushare", gives the rules and their costs.
@@ -24,9 +25,8 @@ from placement.registry import register
 
 
 class Gpushare(RoomMaker, Fgd):
-    """FGD (CPU-only tasks where they strand the least GPU); then displacement of
-    best-effort work for latency-sensitive tasks; then migration of up to MAX_MOVES
-    tasks."""
+    """FGD (CPU-only tasks where they strand the least GPU); then displacement of tasks
+    of a lower precedence; then migration of up to MAX_MOVES tasks."""
 
     def score(self, state: ClusterState, pod: Pod, nodes: Ints, rng: np.random.Generator) -> Ints:
         if pod.num_gpu:
@@ -42,6 +42,6 @@ class Gpushare(RoomMaker, Fgd):
         return where if where is not None else self.make_room(state, pod, rng)
 
 
-register("gpushare", "FGD, best-effort work displaced for latency-sensitive, migration")(Gpushare)
+register("gpushare", "FGD; lower precedence displaced, then migration")(Gpushare)
 
 __all__ = ["MAX_MOVES", "Gpushare"]

@@ -1,6 +1,7 @@
-"""Making room for a task that fits nowhere: best-effort work displaced for a
-latency-sensitive task (seed 000), and tasks migrated by checkpoint to defragment (seed
-003). docs/placement.md, "Making room", gives the rules.
+"""Making room for a task that fits nowhere: tasks of a lower precedence displaced for it
+(best-effort work for a latency-sensitive task, seed 000; lower priorities for a higher
+one, seed 003's preemption), and tasks migrated by checkpoint to defragment (seed 003).
+docs/placement.md, "Making room", gives the rules.
 
 :class:`RoomMaker` adds both to a scoring policy, whose :meth:`choose` decides where
 the task and the tasks that move go.
@@ -12,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from placement.cluster import MAX_GPUS_PER_NODE, MILLI, ClusterState, Placement, Pod
+from placement.cluster import MAX_GPUS_PER_NODE, MILLI, ClusterState, Ints, Placement, Pod
 from placement.policies.base import ScoringPolicy
 
 # Tasks one placement may migrate; the nodes it looks at (those with the least GPU share
@@ -95,24 +96,48 @@ def clearing(
     return gone
 
 
-def best_effort(task: Pod) -> bool:
-    """Evictable for a latency-sensitive task."""
-    return not task.latency_sensitive
+def displaceable(pod: Pod) -> Callable[[Pod], bool]:
+    """Which tasks ``pod`` may displace: those of a lower precedence."""
+    return lambda task: task.precedence < pod.precedence
 
 
-def _any_task(task: Pod) -> bool:
-    """Movable by migration: any task."""
-    return True
+def held_below(state: ClusterState, pod: Pod) -> tuple[Ints, Ints, Ints] | None:
+    """The CPU, memory and per-GPU share (as :class:`ClusterState`'s arrays) that the
+    tasks ``pod`` may displace hold on each node; None when it may displace none."""
+    levels = state.priority_count
+    if not levels or pod.precedence <= (min(levels), False):
+        return None
+    if len(levels) == 1 and pod.priority in levels:
+        # One priority, the pod's: what best-effort tasks hold, which the state keeps.
+        return state.be_cpu, state.be_mem, state.be_gpu
+    cpu = np.zeros_like(state.cpu_left)
+    mem = np.zeros_like(state.mem_left)
+    gpu = np.zeros_like(state.gpu_left)
+    for task, where in state.placed.values():
+        if task.precedence < pod.precedence:
+            cpu[where.node] += task.cpu
+            mem[where.node] += task.memory
+            for g in where.gpus:
+                gpu[where.node, g] += task.gpu_milli
+    return cpu, mem, gpu
+
+
+def unbound(task: Pod) -> bool:
+    """Movable by migration: a task that no constraint ties to where it is (it is in no
+    group and names none: moving a gang's task would break the gang)."""
+    return not (task.group or task.constrained)
 
 
 class RoomMaker(ScoringPolicy):
     """Displacement and migration for a scoring policy: :meth:`displace` and
     :meth:`migrate` (None when they find no room). Migration remembers the task shapes it
-    found no room for in a state, until the state changes."""
+    found no room for in a state, until the state changes. ``migrates`` False: no
+    migration (displacement only)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._no_room: dict[tuple[tuple[int, int, int, str], int], int] = {}
+        self.migrates = True
+        self._no_room: dict[tuple[object, ...], int] = {}
 
     def setup(self, state: ClusterState, expected: Sequence[Pod]) -> None:
         self._no_room.clear()
@@ -121,13 +146,12 @@ class RoomMaker(ScoringPolicy):
     def make_room(
         self, state: ClusterState, pod: Pod, rng: np.random.Generator
     ) -> Placement | None:
-        """For a latency-sensitive task: displacement, then migration. A best-effort task
-        waits instead (a migration costs the moved tasks a checkpoint)."""
-        if not pod.latency_sensitive:
-            return None
+        """Displacement of tasks of a lower precedence; then, for a latency-sensitive
+        task or one of a priority above the default, migration. Any other task waits
+        instead (a migration costs the moved tasks a checkpoint)."""
         where = self.displace(state, pod, rng)
-        if where is None:
-            key = (pod.shape, pod.memory)
+        if where is None and self.migrates and (pod.latency_sensitive or pod.priority > 0):
+            key = pod.room_key
             if self._no_room.get(key) == state.generation:
                 return None
             where = self.migrate(state, pod, rng)
@@ -135,15 +159,17 @@ class RoomMaker(ScoringPolicy):
                 self._no_room[key] = state.generation
         return where
 
-    def _candidates(self, state: ClusterState, pod: Pod, best_effort: bool) -> Iterable[int]:
-        """Nodes that could hold the pod once their tasks leave (only their best-effort
-        ones, with ``best_effort``), the least GPU share in its way first (a lower bound:
-        on its GPUs with the most room), then in node order; at most MAX_LOOKED_AT (or
-        MAX_DISPLACE_LOOKED_AT)."""
+    def _candidates(
+        self, state: ClusterState, pod: Pod, held: tuple[Ints, Ints, Ints] | None
+    ) -> Iterable[int]:
+        """Nodes that could hold the pod once their tasks leave (only those holding
+        ``held``, where given: what the tasks it may displace hold), the least GPU share
+        in its way first (a lower bound: on its GPUs with the most room), then in node
+        order; at most MAX_LOOKED_AT (MAX_DISPLACE_LOOKED_AT with ``held``)."""
         cpu, mem, room = state.cpu_cap, state.mem_cap, np.full_like(state.gpu_left, MILLI)
-        if best_effort:
-            cpu, mem = state.cpu_left + state.be_cpu, state.mem_left + state.be_mem
-            room = state.gpu_left + state.be_gpu
+        if held is not None:
+            cpu, mem = state.cpu_left + held[0], state.mem_left + held[1]
+            room = state.gpu_left + held[2]
         big = (cpu >= pod.cpu) & (mem >= pod.memory)
         if pod.num_gpu:
             enough = (room >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
@@ -157,26 +183,34 @@ class RoomMaker(ScoringPolicy):
             usable = room[nodes] >= pod.gpu_milli
             need = np.where(usable, need, MAX_GPUS_PER_NODE * MILLI)
             in_way = np.sort(need, axis=1)[:, : pod.num_gpu].sum(axis=1)
-        limit = MAX_DISPLACE_LOOKED_AT if best_effort else MAX_LOOKED_AT
+        limit = MAX_DISPLACE_LOOKED_AT if held is not None else MAX_LOOKED_AT
         order = np.lexsort((state.rank[nodes], in_way))[:limit]
         return (int(i) for i in nodes[order])
 
     def _cheapest(
-        self, state: ClusterState, pod: Pod, best_effort_only: bool, limit: int
+        self,
+        state: ClusterState,
+        pod: Pod,
+        movable: Callable[[Pod], bool],
+        held: tuple[Ints, Ints, Ints] | None,
+        limit: int,
     ) -> list[tuple[int, int, list[str]]]:
-        """(GPU milli moved, node, tasks) of the nodes where moving tasks (only
-        best-effort ones, with ``best_effort_only``) makes room, the cheapest first, at
-        most ``limit`` tasks each."""
-        movable = best_effort if best_effort_only else _any_task
+        """(GPU milli moved, node, tasks) of the nodes where moving ``movable`` tasks
+        makes room, at most ``limit`` tasks each, the cheapest first; for a displacement
+        (``held`` given), the lowest precedence among the highest stopped first, as
+        Kubernetes' preemption weighs its victims."""
         found = []
-        for node in self._candidates(state, pod, best_effort_only):
+        for node in self._candidates(state, pod, held):
             names = clearing(state, node, pod, movable)
             if names is None or len(names) > limit:
                 continue
-            cost = sum(state.placed[n][0].gpu_request for n in names)
-            found.append((cost, len(names), int(state.rank[node]), node, names))
+            tasks = [state.placed[n][0] for n in names]
+            # Migration kills nothing: only a displacement weighs whom it stops.
+            top = max((t.precedence for t in tasks), default=(0, False)) if held else (0, False)
+            cost = sum(t.gpu_request for t in tasks)
+            found.append((top, cost, len(names), int(state.rank[node]), node, names))
         found.sort()
-        return [(cost, node, names) for cost, _, _, node, names in found]
+        return [(cost, node, names) for _, cost, _, _, node, names in found]
 
     def _on(
         self, state: ClusterState, node: int, pod: Pod, rng: np.random.Generator
@@ -187,7 +221,11 @@ class RoomMaker(ScoringPolicy):
         return self.choose(state, pod, rng, allowed)
 
     def displace(self, state: ClusterState, pod: Pod, rng: np.random.Generator) -> Placement | None:
-        for _, node, names in self._cheapest(state, pod, True, limit=len(state.placed)):
+        held = held_below(state, pod)
+        if held is None:
+            return None
+        found = self._cheapest(state, pod, displaceable(pod), held, limit=len(state.placed))
+        for _, node, names in found:
             trial = state.copy()
             for name in names:
                 trial.remove(name)
@@ -198,15 +236,15 @@ class RoomMaker(ScoringPolicy):
 
     def migrate(self, state: ClusterState, pod: Pod, rng: np.random.Generator) -> Placement | None:
         tried = 0
-        somewhere: dict[tuple[tuple[int, int, int, str], int], bool] = {}
+        somewhere: dict[tuple[object, ...], bool] = {}
 
         def has_room(task: Pod) -> bool:
-            key = (task.shape, task.memory)
+            key = task.room_key
             if key not in somewhere:
                 somewhere[key] = bool(state.feasible(task).any())
             return somewhere[key]
 
-        for _, node, names in self._cheapest(state, pod, False, limit=MAX_MOVES):
+        for _, node, names in self._cheapest(state, pod, unbound, None, limit=MAX_MOVES):
             if tried == MAX_TRIED_NODES:
                 break
             # A task with no room anywhere now rarely finds some once the pod is in (the

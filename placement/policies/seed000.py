@@ -5,8 +5,9 @@
 - On it, a latency-sensitive task goes to the GPU with the most room; a best-effort one
   to the GPU whose tasks have the shortest predicted run time (the sum of their
   predictions: the GPU that frees soonest), the most room among equals.
-- A latency-sensitive task that fits nowhere displaces best-effort tasks
-  (:mod:`placement.policies.room`); the displaced are queued again by the caller. The two
+- A task that fits nowhere displaces tasks of a lower precedence: best-effort tasks, for
+  a latency-sensitive one (:mod:`placement.policies.room`); the displaced are queued
+  again by the caller. The two
   queues (latency-sensitive first) are the replay's (:mod:`placement.timeline`).
 
 Predicted run times are each task's ``predicted_seconds`` where known; a task without one
@@ -54,7 +55,7 @@ class Seed000(RoomMaker):
 
     def decide(self, state: ClusterState, pod: Pod, rng: np.random.Generator) -> Placement | None:
         where = super().decide(state, pod, rng)
-        if where is None and pod.latency_sensitive:
+        if where is None:
             where = self.displace(state, pod, rng)
         return where
 
