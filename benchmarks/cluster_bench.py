@@ -271,7 +271,6 @@ def bench_policies(quick: bool) -> dict[str, Any]:
     )
 
 
-FAILURE_EPISODES = 150
 FAILURE_RANDOMS = 10
 
 
@@ -300,7 +299,7 @@ def bench_failures(quick: bool) -> dict[str, Any]:
     from placement.policies import seed004
 
     seeds = SEEDS[:2] if quick else SEEDS
-    settings = seed004.Training(episodes=30 if quick else FAILURE_EPISODES)
+    settings = seed004.Training(episodes=30) if quick else seed004.Training()
     workload = failures.Workload()
     models = {
         "calibrated": failures.FailureModel(),

@@ -168,7 +168,7 @@ class Placer:
 class Training:
     """REINFORCE's settings (docs/placement.md gives why each)."""
 
-    episodes: int = 200
+    episodes: int = 150
     samples: int = 4  # policy draws per episode, compared on one failure draw
     randoms: int = 10  # the random placements whose best is the reward's reference
     restart_weight: float = 0.1  # the reward's restart term, next to the seed's makespan
