@@ -283,9 +283,6 @@ def test_replay_reads_priorities_and_constraints_and_adapts(tmp_path: Path) -> N
     (tmp_path / "bad.csv").write_text(
         "name,cpu_milli,num_gpu,gpu_milli,priority\nx,1000,1,1000,high\n"
     )
-    bad = CliRunner().invoke(
-        cli,
-        ["replay", "--nodes", str(tmp_path / "n.csv"), "--pods", str(tmp_path / "bad.csv")]
-        + ["--policy", "fgd"],
-    )
+    files = ["--nodes", str(tmp_path / "n.csv"), "--pods", str(tmp_path / "bad.csv")]
+    bad = CliRunner().invoke(cli, ["replay", *files, "--policy", "fgd"])
     assert bad.exit_code == 65 and "bad.csv:2: priority 'high' is not valid" in bad.output
