@@ -20,15 +20,18 @@ the pod lists) and ``fgd-anchor.md`` (the FGD simulator's expected allocation ra
   seeds at tune 1.3, class-blind (every pod latency-sensitive: none displaced) and with
   the trace's classes. Targets: class-blind gpushare at 130% arrived at least FGD's on
   every trace and above it on the default trace; with classes, no latency-sensitive pod
-  failed.
+  failed, and none that a node would have held with every lower-precedence task gone
+  (a failure displacement might have avoided).
 - ``adaptation``: seed 003's batch-size adaptation and migration on the time replay
-  (placement.timeline) of the default trace, gpushare's policy, arrivals 100,000 times
-  closer together and tuned to 1.3 (so that pods contend), 3 seeds (42 to 44): with the
-  trace's classes, each of {adaptation off, on} x {migration on, off}; class-blind (every
-  pod latency-sensitive, where migration is the only way to make room), migration on
-  and off. Per run: JCT and wait by class (mean, p99, max), makespan, GPU-hours, runs
-  adapted, displacements, migrations; means over the seeds. Target: adaptation lowers
-  the mean JCT of both classes. ``--quick``: seed 42, with classes only.
+  (placement.timeline) of the default trace, gpushare's policy, 3 seeds (42 to 44), in
+  two regimes: light (arrivals 1,000 times closer together, the trace as it is: nothing
+  waits), adaptation off and on; contended (100,000 times closer, tuned to 1.3, so that
+  pods contend), with the trace's classes each of {adaptation off, on} x {migration on,
+  off}, and class-blind (every pod latency-sensitive: migration is the only way to make
+  room) migration on and off. Per setting, the means over the seeds of JCT and wait by
+  class (mean, p99, max), makespan, GPU-hours, runs adapted and narrowed back,
+  displacements, migrations. Target: adaptation lowers the mean JCT of both classes in
+  both regimes. ``--quick``: seed 42, without the class-blind runs.
 - ``failures``: seed 004's failure-aware placement (placement.failures,
   placement.policies.seed004), no trace needed. Under two failure models (the
   calibrated one and one with fewer, worse error-prone GPUs), the network is trained
@@ -235,7 +238,7 @@ def bench_policies(quick: bool) -> dict[str, Any]:
         grouped.setdefault((trace, policy, classes), []).append(run)
     out: dict[str, Any] = {}
     margins: list[float] = []
-    ls_failed = 0
+    ls_failed = ls_failed_with_room = 0
     for (trace, policy, classes), group in grouped.items():
         row = {
             "alloc_130": _mean(group, lambda r: r["alloc_at"]["130"]),
@@ -248,6 +251,7 @@ def bench_policies(quick: bool) -> dict[str, Any]:
         if classes:
             row.update(
                 ls_failed=sum(r["failed_by_class"]["LS"] for r in group),
+                ls_failed_with_room=sum(r["failed_with_room_by_class"]["LS"] for r in group),
                 be_alloc=_mean(group, lambda r: r["alloc_by_class"]["BE"]),
                 ls_alloc=_mean(group, lambda r: r["alloc_by_class"]["LS"]),
                 evicted=_mean(group, lambda r: r["evicted"]),
@@ -255,6 +259,7 @@ def bench_policies(quick: bool) -> dict[str, Any]:
             )
             if policy == "gpushare" and _has_classes(folder / f"openb_pod_list_{trace}.csv"):
                 ls_failed += int(row["ls_failed"])
+                ls_failed_with_room += int(row["ls_failed_with_room"])
         name = policy + ("" if classes else " (class-blind)")
         out.setdefault(trace, {})[name] = row
     for rows in out.values():
@@ -268,6 +273,7 @@ def bench_policies(quick: bool) -> dict[str, Any]:
         "worst_margin_over_fgd_130": min(margins),
         "default_margin_over_fgd_130": out["default"]["gpushare_over_fgd_130"],
         "ls_failed_with_classes": ls_failed,
+        "ls_failed_with_room_below": ls_failed_with_room,
     }
     return harness.judge_all(
         result,
@@ -275,6 +281,7 @@ def bench_policies(quick: bool) -> dict[str, Any]:
             ("worst_margin_over_fgd_130", ">=", 0.0),
             ("default_margin_over_fgd_130", ">", 0.0),
             ("ls_failed_with_classes", "==", 0),
+            ("ls_failed_with_room_below", "==", 0),
         ],
     )
 
@@ -388,31 +395,56 @@ def bench_failures(quick: bool) -> dict[str, Any]:
     return harness.judge_all(result, conditions)
 
 
-# Seed 003's time replay: arrivals squeezed this much and the trace tuned to this, so
-# that pods contend for room (the trace alone never makes one wait).
-ADAPT_SPEEDUP = 100_000.0
-ADAPT_TUNE = 1.3
+# Seed 003's time replay, in two regimes: "light", the trace as it is with arrivals 1,000
+# times closer together (nothing waits); "contended", 100,000 times closer and tuned to
+# 1.3 times the cluster's GPUs, so that pods contend for room.
+ADAPT_REGIMES = {"light": (1_000.0, 0.0), "contended": (100_000.0, 1.3)}
 ADAPT_SEEDS = SEEDS[:3]
 
+_TimelineJob = tuple[str, str, int, float, float, bool, bool, bool]
 
-def _timeline(job: tuple[str, str, int, bool, bool, bool]) -> dict[str, Any]:
-    """One time replay in a worker process: (node file, pod file, seed, adapt, migrate,
-    classes), gpushare's policy."""
+
+def _timeline(job: _TimelineJob) -> dict[str, Any]:
+    """One time replay in a worker process: (node file, pod file, seed, speedup, tune,
+    adapt, migrate, classes), gpushare's policy."""
     from placement.timeline import replay_in_time
     from placement.trace import read_nodes, read_pods
 
-    nodes, pods, seed, adapt, migrate, classes = job
+    nodes, pods, seed, speedup, tune, adapt, migrate, classes = job
     return replay_in_time(
         read_nodes(Path(nodes)),
         read_pods(Path(pods)),
         "gpushare",
         seed,
-        ADAPT_SPEEDUP,
-        ADAPT_TUNE,
+        speedup,
+        tune,
         adapt=adapt,
         migrate=migrate,
         classes=classes,
     ).wire()
+
+
+def _timeline_summary(got: list[dict[str, Any]], classes: bool) -> dict[str, Any]:
+    """The means over the seeds of one setting's replays."""
+
+    def mean(*path: str) -> float:
+        values = []
+        for r in got:
+            value: Any = r
+            for key in path:
+                value = value[key]
+            values.append(float(value))
+        return round(statistics.fmean(values), 1)
+
+    out: dict[str, Any] = {}
+    for cls in ("LS", "BE") if classes else ("LS",):
+        for what in ("jct", "wait"):
+            out[f"{cls}_{what}"] = {k: mean(what, cls, k) for k in ("mean", "p99", "max")}
+    for key in ("makespan", "gpu_hours", "adapted", "narrowed", "adapted_gpu_hours"):
+        out[key] = mean(key)
+    for key in ("evicted", "migrations", "seconds"):
+        out[key] = mean(key)
+    return out
 
 
 def bench_adaptation(quick: bool) -> dict[str, Any]:
@@ -420,60 +452,42 @@ def bench_adaptation(quick: bool) -> dict[str, Any]:
     nodes, folder = trace_files()
     pods = folder / "openb_pod_list_default.csv"
     seeds = ADAPT_SEEDS[:1] if quick else ADAPT_SEEDS
-    runs = {
-        "classes": [(a, m, True) for a in (False, True) for m in (True, False)],
-        "class_blind": [] if quick else [(False, True, False), (False, False, False)],
-    }
-    jobs = [
-        (str(nodes), str(pods), seed, a, m, c)
-        for combos in runs.values()
-        for a, m, c in combos
-        for seed in seeds
+    # (regime, group, adapt, migrate, classes)
+    settings: list[tuple[str, str, bool, bool, bool]] = [
+        ("light", "classes", a, True, True) for a in (False, True)
     ]
+    settings += [("contended", "classes", a, m, True) for a in (False, True) for m in (True, False)]
+    if not quick:
+        settings += [("contended", "class_blind", False, m, False) for m in (True, False)]
+    jobs: dict[_TimelineJob, tuple[str, str, bool, bool, bool]] = {}
+    for setting in settings:
+        regime, _, adapt, migrate, classes = setting
+        speedup, tune = ADAPT_REGIMES[regime]
+        for seed in seeds:
+            job = (str(nodes), str(pods), seed, speedup, tune, adapt, migrate, classes)
+            jobs[job] = setting
     with ProcessPoolExecutor(max_workers=min(_jobs(), len(jobs))) as pool:
-        done = dict(zip(jobs, pool.map(_timeline, jobs), strict=True))
-
-    def summary(adapt: bool, migrate: bool, classes: bool) -> dict[str, Any]:
-        got = [done[(str(nodes), str(pods), seed, adapt, migrate, classes)] for seed in seeds]
-
-        def mean(*path: str) -> float:
-            values = []
-            for r in got:
-                value: Any = r
-                for key in path:
-                    value = value[key]
-                values.append(float(value))
-            return round(statistics.fmean(values), 1)
-
-        out: dict[str, Any] = {}
-        for cls in ("LS", "BE") if classes else ("LS",):
-            for what in ("jct", "wait"):
-                out[f"{cls}_{what}"] = {k: mean(what, cls, k) for k in ("mean", "p99", "max")}
-        for key in ("makespan", "gpu_hours", "adapted", "adapted_gpu_hours", "evicted"):
-            out[key] = mean(key)
-        out["migrations"] = mean("migrations")
-        out["seconds"] = mean("seconds")
-        return out
-
+        done = dict(zip(jobs, pool.map(_timeline, list(jobs)), strict=True))
     result: dict[str, Any] = {
         "trace": pods.name,
         "policy": "gpushare",
-        "speedup": ADAPT_SPEEDUP,
-        "tune": ADAPT_TUNE,
+        "regimes": {k: {"speedup": v[0], "tune": v[1]} for k, v in ADAPT_REGIMES.items()},
         "seeds": list(seeds),
     }
-    for group, combos in runs.items():
-        for a, m, c in combos:
-            name = f"{'adapt' if a else 'no_adapt'}_{'migrate' if m else 'no_migrate'}"
-            result.setdefault(group, {})[name] = summary(a, m, c)
-    with_classes = result["classes"]
+    for setting in settings:
+        regime, group, adapt, migrate, classes = setting
+        got = [done[job] for job, s in jobs.items() if s == setting]
+        name = f"{'adapt' if adapt else 'no_adapt'}_{'migrate' if migrate else 'no_migrate'}"
+        result.setdefault(regime, {}).setdefault(group, {})[name] = _timeline_summary(got, classes)
     conditions: list[tuple[str, str, float]] = []
-    for cls in ("LS", "BE"):
-        before = with_classes["no_adapt_migrate"][f"{cls}_jct"]["mean"]
-        after = with_classes["adapt_migrate"][f"{cls}_jct"]["mean"]
-        change = round(100 * (after - before) / before, 1)
-        result[f"adaptation_{cls}_jct_mean_change_pct"] = change
-        conditions.append((f"adaptation_{cls}_jct_mean_change_pct", "<", 0.0))
+    for regime in ADAPT_REGIMES:
+        runs = result[regime]["classes"]
+        for cls in ("LS", "BE"):
+            before = runs["no_adapt_migrate"][f"{cls}_jct"]["mean"]
+            after = runs["adapt_migrate"][f"{cls}_jct"]["mean"]
+            metric = f"adaptation_{regime}_{cls}_jct_mean_change_pct"
+            result[metric] = round(100 * (after - before) / before, 2)
+            conditions.append((metric, "<", 0.0))
     harness.say(
         "adaptation: "
         + json.dumps({k: v for k, v in result.items() if k.startswith("adaptation_")})

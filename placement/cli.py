@@ -249,7 +249,7 @@ def replay_command(
     if adapt:
         click.echo(
             f"adapted {result.adapted:,} runs to twice their GPUs and batch "
-            f"({result.adapted_gpu_hours:,.1f} GPU-hours)"
+            f"({result.adapted_gpu_hours:,.1f} GPU-hours), narrowed back {result.narrowed:,}"
         )
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import placement.policies  # noqa: F401  (registers the policies by name)
 from placement.cluster import BE, LS, MILLI, ClusterState, Node, Pod, gpu_capacity
 from placement.frag import Workload, fragmentation, typical_pods, workload
+from placement.policies.room import room_below
 from placement.registry import make
 
 # The arrived shares (% of GPU capacity) the published table reports.
@@ -57,6 +58,10 @@ class Result:
     # By class (LS: latency-sensitive, BE: the rest): pods that failed, and the share of
     # the GPUs their placed pods hold at the end (%).
     failed_by_class: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Of those, the pods some node would have held were every task of a lower precedence
+    # gone from it (placement.policies.room.room_below): failures displacement might
+    # have avoided. The others found no room even so.
+    failed_with_room_by_class: dict[str, int] = dataclasses.field(default_factory=dict)
     alloc_by_class: dict[str, float] = dataclasses.field(default_factory=dict)
     # Displaced best-effort pods, of them those left without a place at the end; tasks
     # migrated and the milli-GPUs they held.
@@ -78,6 +83,7 @@ class Result:
             "alloc_at": {str(a): v for a, v in self.alloc_at.items()},
             "fragmentation": {str(a): v for a, v in self.frag_at.items()},
             "failed_by_class": self.failed_by_class,
+            "failed_with_room_by_class": self.failed_with_room_by_class,
             "alloc_by_class": self.alloc_by_class,
             "evicted": self.evicted,
             "evicted_unplaced": self.evicted_unplaced,
@@ -149,6 +155,7 @@ def replay(
     gpus = capacity // MILLI
     arrived = 0
     failed: dict[str, int] = {LS: 0, BE: 0}
+    failed_with_room: dict[str, int] = {LS: 0, BE: 0}
     evicted = evicted_unplaced = migrations = migrated = 0
     alloc_points: dict[int, list[float]] = defaultdict(list)
     frag_points: dict[int, list[float]] = defaultdict(list)
@@ -161,6 +168,7 @@ def replay(
             if where is None:
                 if task is pod:
                     failed[task.service_class] += 1
+                    failed_with_room[task.service_class] += room_below(state, task)
                 else:
                     evicted_unplaced += 1
                 continue
@@ -193,6 +201,7 @@ def replay(
         frag_at=_bucket_means(frag_points, reached),
         seconds=time.perf_counter() - started,
         failed_by_class=failed,
+        failed_with_room_by_class=failed_with_room,
         alloc_by_class={c: round(100 * v / capacity, 2) for c, v in held.items()},
         evicted=evicted,
         evicted_unplaced=evicted_unplaced,

@@ -20,7 +20,11 @@ docs/placement.md, "The time replay":
 - ``adapt`` (seed 003's batch-size adaptation, :mod:`placement.adapt`): a pod of whole
   GPUs that starts while no other pod waits is placed on
   :data:`~placement.adapt.ADAPT_FACTOR` times its GPUs where a node has them, and runs
-  that many times its batch, its work :func:`~placement.adapt.rate` times as fast.
+  that many times its batch, its work :func:`~placement.adapt.rate` times as fast. A
+  pod that then finds no room narrows an adapted one back to what it asked for, where
+  that gives it room, before anything is displaced: the adapted pod keeps its first
+  GPUs and loses :data:`MIGRATION_SECONDS` (a checkpoint, restarted at the smaller
+  size).
 
 Metrics: each pod's job completion time (finish - arrival) and wait (first start -
 arrival), by class; the makespan (the last finish); the GPU-hours the pods held; the
@@ -93,6 +97,7 @@ class TimelineResult:
     evicted: int
     migrations: int
     adapted: int  # runs on ADAPT_FACTOR times the GPUs asked for, at that times the batch
+    narrowed: int  # adapted runs narrowed back for a pod that found no room
     adapted_gpu_hours: float  # GPU-hours those runs held
     adapt: bool
     migrate: bool
@@ -116,6 +121,7 @@ class TimelineResult:
             "evicted": self.evicted,
             "migrations": self.migrations,
             "adapted": self.adapted,
+            "narrowed": self.narrowed,
             "adapted_gpu_hours": round(self.adapted_gpu_hours, 1),
             "adapt": self.adapt,
             "migrate": self.migrate,
@@ -183,7 +189,8 @@ def replay_in_time(
         heapq.heappush(events, (t, next(seq), "arrive", pod.name, 0))
     # A queue per (priority, class), tried highest priority first, LS before BE.
     queues: dict[tuple[int, bool], deque[str]] = {}
-    refused = evicted = migrations = adapted = 0
+    refused = evicted = migrations = adapted = narrowed = 0
+    wide: dict[str, None] = {}  # the adapted pods running, in the order they started
     gpu_seconds = adapted_seconds = 0.0
     finish: dict[str, float] = {}
     fits_empty: dict[tuple[object, ...], bool] = {}
@@ -224,13 +231,41 @@ def replay_in_time(
         node has room for it as it is (widening never stops another task)."""
         if not adapt or any(queues.values()):
             return None
-        wide = widened(pod, ADAPT_FACTOR)
-        if wide is None or not state.feasible(wide).any():
+        wider = widened(pod, ADAPT_FACTOR)
+        if wider is None or not state.feasible(wider).any():
             return None
-        where = decide.decide(state, wide, rng)
+        where = decide.decide(state, wider, rng)
         if where is None or where.evict or where.moves:
             return None
-        return wide, where
+        return wider, where
+
+    def narrowing(pod: Pod) -> None:
+        """Narrow the latest adapted pod whose extra GPUs give ``pod`` room on its node
+        (``pod`` fitting nowhere), if any."""
+        nonlocal narrowed
+        if not wide or not pod.num_gpu or state.feasible(pod).any():
+            return
+        allowed = state.allowed(pod)
+        for name in reversed(wide):
+            running, where = state.placed[name]
+            i, asked = where.node, jobs[name].pod
+            if state.cpu_left[i] < pod.cpu or state.mem_left[i] < pod.memory:
+                continue
+            if not state.access(pod.spec)[i] or (allowed is not None and not allowed[i]):
+                continue
+            left = state.gpu_left[i, : state.gpus[i]].copy()
+            for g in where.gpus[asked.num_gpu :]:
+                left[g] += running.gpu_milli
+            if (left >= pod.gpu_milli).sum() < pod.num_gpu:
+                continue
+            stop(name)
+            state.remove(name)
+            state.place(asked, Placement(i, where.gpus[: asked.num_gpu]))
+            jobs[name].work += MIGRATION_SECONDS
+            start(name)
+            del wide[name]
+            narrowed += 1
+            return
 
     def schedule() -> None:
         nonlocal evicted, migrations, adapted
@@ -245,12 +280,14 @@ def replay_in_time(
                 if no_room.get(key) == state.generation:
                     queue.append(name)
                     continue
-                wide = widening(pod)
-                if wide is not None:
-                    state.carry_out(*wide)
+                widened_to = widening(pod)
+                if widened_to is not None:
+                    state.carry_out(*widened_to)
                     adapted += 1
+                    wide[name] = None
                     start(name)
                     continue
+                narrowing(pod)
                 where = decide.decide(state, pod, rng)
                 if where is None:
                     no_room[key] = state.generation
@@ -259,6 +296,7 @@ def replay_in_time(
                 displaced = state.carry_out(pod, where)
                 for gone in where.evict:
                     stop(gone)
+                    wide.pop(gone, None)
                 for moved, _ in where.moves:
                     stop(moved)
                     jobs[moved].work += MIGRATION_SECONDS
@@ -286,6 +324,7 @@ def replay_in_time(
             elif token == job.token and name in state.placed:  # a finish still current
                 stop(name)
                 state.remove(name)
+                wide.pop(name, None)
                 finish[name] = now
         schedule()
     for name in state.placed:  # never deleted: count what they held until the end
@@ -313,6 +352,7 @@ def replay_in_time(
         evicted=evicted,
         migrations=migrations,
         adapted=adapted,
+        narrowed=narrowed,
         adapted_gpu_hours=adapted_seconds / 3600,
         adapt=adapt,
         migrate=migrate,

@@ -122,6 +122,20 @@ def held_below(state: ClusterState, pod: Pod) -> tuple[Ints, Ints, Ints] | None:
     return cpu, mem, gpu
 
 
+def room_below(state: ClusterState, pod: Pod) -> bool:
+    """Whether some node would hold ``pod`` were every task of a lower precedence gone
+    from it (an upper bound on what displacement can do: a task that fits nowhere and
+    has no such node cannot be given room by displacing anyone)."""
+    held = held_below(state, pod)
+    if held is None:
+        return False
+    fits = (state.cpu_left + held[0] >= pod.cpu) & (state.mem_left + held[1] >= pod.memory)
+    if pod.num_gpu:
+        room = state.gpu_left + held[2]
+        fits &= ((room >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu) & state.access(pod.spec)
+    return bool(fits.any())
+
+
 def unbound(task: Pod) -> bool:
     """Movable by migration: a task that no constraint ties to where it is (it is in no
     group and names none: moving a gang's task would break the gang)."""

@@ -9,6 +9,7 @@ import numpy as np
 
 from placement.cluster import ClusterState, Placement, Pod
 from placement.policies.gpushare import MAX_MOVES, Gpushare
+from placement.policies.room import room_below
 from placement.policies.seed000 import Seed000
 from placement.replay import replay
 from tests.placement.conftest import nodes, pod
@@ -159,3 +160,31 @@ def test_replay_counts_displacement_by_class() -> None:
         blind = replay(cluster, pods, "gpushare", seed=seed, tune=1.5, classes=False)
         assert blind.evicted == 0 and not blind.classes
         assert blind.failed_by_class["BE"] == 0 and blind.alloc_by_class["BE"] == 0
+
+
+def test_room_below_bounds_what_displacement_can_do() -> None:
+    state = ClusterState(nodes((8000, 0, 2, "T4"), (8000, 0, 1, "V100")))
+    state.place(pod("be", qos="BE"), Placement(0, (0,)))
+    state.place(pod("ls", qos="LS"), Placement(0, (1,)))
+    state.place(pod("v", qos="BE"), Placement(1, (0,)))
+    assert room_below(state, pod("one", qos="LS"))  # either BE pod's GPU
+    assert not room_below(state, pod("two", gpus=2, qos="LS"))  # "ls" holds the other
+    assert not room_below(state, pod("t4", spec=("T4",), gpus=2, qos="LS"))
+    assert not room_below(state, pod("be2", qos="BE"))  # nobody below a BE pod
+
+
+def test_the_arrival_protocol_counts_failures_displacement_might_have_avoided() -> None:
+    cluster = nodes((8000, 0, 1, "T4"))
+    trace = [pod("a", qos="BE"), pod("b", qos="LS")]
+    first = set()
+    for seed in range(8):
+        blind = replay(cluster, trace, "bestfit", seed, tune=10)  # displaces nobody
+        ls_failed = blind.failed_by_class["LS"]
+        if blind.alloc_by_class["BE"] > 0:  # a BE pod came first and holds the GPU
+            assert blind.failed_with_room_by_class["LS"] == ls_failed > 0
+        else:
+            assert blind.failed_with_room_by_class["LS"] == 0
+        first.add(blind.alloc_by_class["BE"] > 0)
+        room = replay(cluster, trace, "gpushare", seed, tune=10)
+        assert room.failed_with_room_by_class == {"LS": 0, "BE": 0}
+    assert first == {True, False}  # both orders were seen

@@ -18,7 +18,7 @@ from placement.cluster import ClusterState, Ints, Placement, PlacementError, Pod
 from placement.policies.room import held_below
 from placement.policies.seed003 import RESOLUTION, Seed003, scarcity
 from placement.registry import Policy, make, names, register
-from placement.timeline import Stats, replay_in_time
+from placement.timeline import MIGRATION_SECONDS, Stats, replay_in_time
 from tests.placement.conftest import nodes, pod
 
 RNG = np.random.default_rng(0)
@@ -275,7 +275,8 @@ def test_replay_reads_priorities_and_constraints_and_adapts(tmp_path: Path) -> N
     doc = json.loads(r.output)
     # The replicas keep apart (one per node: neither is adapted, having no whole GPUs);
     # the job starts alone at 5 and runs on 4 GPUs: 180 s of work at 1.8 times the speed.
-    assert doc["adapted"] == 1 and doc["adapt"] is True and doc["migrate"] is True
+    assert doc["adapted"] == 1 and doc["narrowed"] == 0
+    assert doc["adapt"] is True and doc["migrate"] is True
     assert doc["jct"]["LS"]["max"] == pytest.approx(1000.0)
     assert doc["jct"]["LS"]["mean"] == pytest.approx((1000 + 1000 + 100) / 3, abs=0.1)
     plain = CliRunner().invoke(cli, [*args, "--policy", "seed003", "--no-migrate"])
@@ -286,3 +287,22 @@ def test_replay_reads_priorities_and_constraints_and_adapts(tmp_path: Path) -> N
     files = ["--nodes", str(tmp_path / "n.csv"), "--pods", str(tmp_path / "bad.csv")]
     bad = CliRunner().invoke(cli, ["replay", *files, "--policy", "fgd"])
     assert bad.exit_code == 65 and "bad.csv:2: priority 'high' is not valid" in bad.output
+
+
+def test_an_adapted_job_is_narrowed_back_for_a_pod_that_finds_no_room() -> None:
+    cluster = nodes((8000, 1000, 4, "T4"))
+    job = dataclasses.replace(pod("train", gpus=2), created=0.0, deleted=180.0)
+    late = dataclasses.replace(pod("late", gpus=1), created=10.0, deleted=20.0)
+    r = replay_in_time(cluster, [job, late], "bestfit", adapt=True)
+    # train runs 0-10 on 4 GPUs (18 s of work at 1.8x), is narrowed back to 2 GPUs at
+    # 10 for a checkpoint's worth, and does the remaining 162 + 60 s at its own size.
+    assert (r.adapted, r.narrowed) == (1, 1)
+    assert r.wait["LS"].max == 0.0  # late starts at 10, beside it
+    speed = ADAPT_FACTOR * SCALING_EFFICIENCY
+    assert r.jct["LS"].max == pytest.approx(10 + (180 - 10 * speed) + MIGRATION_SECONDS)
+    gpu_seconds = 4 * 10 + 2 * (180 - 10 * speed + MIGRATION_SECONDS) + 1 * 10
+    assert r.gpu_hours == pytest.approx(gpu_seconds / 3600)
+    # A pod the narrowing would not make room for (3 GPUs: 2 free at most) waits instead.
+    big = dataclasses.replace(pod("big", gpus=3), created=10.0, deleted=20.0)
+    r = replay_in_time(cluster, [job, big], "bestfit", adapt=True)
+    assert r.narrowed == 0 and r.wait["LS"].max == pytest.approx(180 / speed - 10)
