@@ -89,9 +89,10 @@ class Pod:
     def __post_init__(self) -> None:
         if self.cpu < 0 or self.memory < 0:
             raise PlacementError(f"pod {self.name}: negative CPU or memory")
-        if self.group and self.group in self.apart and self.group in self.together:
+        both = sorted(set(self.together) & set(self.apart))
+        if both:
             raise PlacementError(
-                f"pod {self.name}: group {self.group} both together with and apart from itself"
+                f"pod {self.name}: both together with and apart from group {both[0]}"
             )
         if not 0 <= self.num_gpu <= MAX_GPUS_PER_NODE:
             raise PlacementError(f"pod {self.name}: num_gpu {self.num_gpu} out of 0..8")
@@ -335,6 +336,22 @@ class ClusterState:
             raise PlacementError(
                 f"pod {pod.name} does not fit node {self.nodes[i].name} on GPUs {where.gpus}"
             )
+        self._take(pod, where)
+
+    def narrow(self, name: str, pod: Pod, gpus: Sequence[int]) -> None:
+        """Shrink the named placed task, in place, to ``pod`` (the same task asking for
+        fewer GPUs) on ``gpus``, a subset of its devices. Its constraints were checked
+        when it was placed and are not again: it does not move."""
+        before, where = self.placed[name]
+        if pod.name != name or not set(gpus) <= set(where.gpus) or len(gpus) != pod.num_gpu:
+            raise PlacementError(f"pod {name} cannot narrow to GPUs {tuple(gpus)}")
+        if (pod.cpu, pod.memory, pod.gpu_milli) != (before.cpu, before.memory, before.gpu_milli):
+            raise PlacementError(f"pod {name} narrows its GPU count only")
+        self.remove(name)
+        self._take(pod, Placement(where.node, tuple(gpus)))
+
+    def _take(self, pod: Pod, where: Placement) -> None:
+        i = where.node
         self.cpu_left[i] -= pod.cpu
         self.mem_left[i] -= pod.memory
         for g in where.gpus:

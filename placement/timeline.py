@@ -259,9 +259,8 @@ def replay_in_time(
             if (left >= pod.gpu_milli).sum() < pod.num_gpu:
                 continue
             stop(name)
-            state.remove(name)
-            state.place(asked, Placement(i, where.gpus[: asked.num_gpu]))
-            jobs[name].work += MIGRATION_SECONDS
+            state.narrow(name, asked, where.gpus[: asked.num_gpu])
+            jobs[name].work += MIGRATION_SECONDS  # at rate 1: 60 s of its time
             start(name)
             del wide[name]
             narrowed += 1
@@ -299,7 +298,11 @@ def replay_in_time(
                     wide.pop(gone, None)
                 for moved, _ in where.moves:
                     stop(moved)
-                    jobs[moved].work += MIGRATION_SECONDS
+                    # 60 s of its time, at the rate of the run it restarts (adapted or not).
+                    running = state.placed[moved][0]
+                    jobs[moved].work += MIGRATION_SECONDS * (
+                        rate(jobs[moved].pod.num_gpu, running.num_gpu) if running.num_gpu else 1.0
+                    )
                 start(name)
                 for moved, _ in where.moves:
                     start(moved)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from placement.cluster import MAX_GPUS_PER_NODE, MILLI, ClusterState, Ints, Placement, Pod
+from placement.cluster import MAX_GPUS_PER_NODE, MILLI, Bools, ClusterState, Ints, Placement, Pod
 from placement.policies.base import ScoringPolicy
 
 # Tasks one placement may migrate; the nodes it looks at (those with the least GPU share
@@ -60,16 +60,24 @@ def clearing(
     if pod.num_gpu and not state.access(pod.spec)[node]:
         return None
     tasks = [state.placed[name][0] for name in sorted(state.on_node[node])]
-    gone: list[str] = []
+    # The tasks that keep the pod off the node by a constraint go first, or nothing does.
+    blocking = [task for task in tasks if _blocks(pod, task)]
+    if not all(movable(task) for task in blocking):
+        return None
+    gone: list[str] = [task.name for task in blocking]
+    freed = np.zeros(MAX_GPUS_PER_NODE, dtype=np.int64)
+    for task in blocking:
+        for g in state.placed[task.name][1].gpus:
+            freed[g] += task.gpu_milli
     if pod.num_gpu:
         on_gpu: dict[int, list[tuple[int, str]]] = {}
         for task in tasks:
-            if movable(task):
+            if movable(task) and task.name not in gone:
                 for g in state.placed[task.name][1].gpus:
                     on_gpu.setdefault(g, []).append((task.gpu_milli, task.name))
         options: list[tuple[int, int, list[str]]] = []
         for g in range(int(state.gpus[node])):
-            need = pod.gpu_milli - int(state.gpu_left[node, g])
+            need = pod.gpu_milli - int(state.gpu_left[node, g] + freed[g])
             names = [] if need <= 0 else _covering(on_gpu.get(g, []), need)
             if names is not None:
                 milli = sum(state.placed[n][0].gpu_request for n in names)
@@ -97,24 +105,54 @@ def clearing(
 
 
 def displaceable(pod: Pod) -> Callable[[Pod], bool]:
-    """Which tasks ``pod`` may displace: those of a lower precedence."""
-    return lambda task: task.precedence < pod.precedence
+    """Which tasks ``pod`` may displace: those of a lower precedence, but for those of
+    the groups it must be together with (evicting them would let it go anywhere)."""
+    return lambda task: task.precedence < pod.precedence and task.group not in pod.together
+
+
+def _blocks(pod: Pod, task: Pod) -> bool:
+    """Whether ``task`` keeps ``pod`` off its node: one of them keeps apart from the
+    other's group."""
+    return bool(task.group and task.group in pod.apart) or bool(
+        pod.group and pod.group in task.apart
+    )
+
+
+def lifted(state: ClusterState, pod: Pod, movable: Callable[[Pod], bool]) -> Bools | None:
+    """Nodes whose constraints would allow ``pod`` once the ``movable`` tasks on them were
+    gone (None: it has none): with a task of each group it must be together with, and
+    with no task that blocks it (:func:`_blocks`) that may not go."""
+    repelled = bool(pod.group) and pod.group in state.repel_count
+    if not (pod.together or pod.apart or repelled):
+        return None
+    ok = np.ones(state.size, dtype=np.bool_)
+    for group in pod.together:
+        count = state.group_count.get(group)
+        if count is not None:
+            ok &= count > 0
+    if pod.apart or repelled:
+        for task, where in state.placed.values():
+            if _blocks(pod, task) and not movable(task):
+                ok[where.node] = False
+    return ok
 
 
 def held_below(state: ClusterState, pod: Pod) -> tuple[Ints, Ints, Ints] | None:
     """The CPU, memory and per-GPU share (as :class:`ClusterState`'s arrays) that the
-    tasks ``pod`` may displace hold on each node; None when it may displace none."""
+    tasks ``pod`` may displace (:func:`displaceable`) hold on each node; None when
+    none is of a lower precedence."""
     levels = state.priority_count
     if not levels or pod.precedence <= (min(levels), False):
         return None
-    if len(levels) == 1 and pod.priority in levels:
+    if len(levels) == 1 and pod.priority in levels and not pod.together:
         # One priority, the pod's: what best-effort tasks hold, which the state keeps.
         return state.be_cpu, state.be_mem, state.be_gpu
+    below = displaceable(pod)
     cpu = np.zeros_like(state.cpu_left)
     mem = np.zeros_like(state.mem_left)
     gpu = np.zeros_like(state.gpu_left)
     for task, where in state.placed.values():
-        if task.precedence < pod.precedence:
+        if below(task):
             cpu[where.node] += task.cpu
             mem[where.node] += task.memory
             for g in where.gpus:
@@ -133,6 +171,9 @@ def room_below(state: ClusterState, pod: Pod) -> bool:
     if pod.num_gpu:
         room = state.gpu_left + held[2]
         fits &= ((room >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu) & state.access(pod.spec)
+    allowed = lifted(state, pod, displaceable(pod))
+    if allowed is not None:
+        fits &= allowed
     return bool(fits.any())
 
 
@@ -188,6 +229,9 @@ class RoomMaker(ScoringPolicy):
         if pod.num_gpu:
             enough = (room >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
             big &= enough & (state.gpus >= pod.num_gpu) & state.access(pod.spec)
+        allowed = lifted(state, pod, displaceable(pod) if held is not None else unbound)
+        if allowed is not None:
+            big &= allowed
         nodes = np.flatnonzero(big)
         if nodes.size == 0:
             return ()

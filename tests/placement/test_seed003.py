@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from placement.adapt import ADAPT_FACTOR, SCALING_EFFICIENCY, rate, scaled_batch, widened
 from placement.cli import cli
 from placement.cluster import ClusterState, Ints, Placement, PlacementError, Pod
-from placement.policies.room import held_below
+from placement.policies.room import held_below, room_below
 from placement.policies.seed003 import RESOLUTION, Seed003, scarcity
 from placement.registry import Policy, make, names, register
 from placement.timeline import MIGRATION_SECONDS, Stats, replay_in_time
@@ -306,3 +306,72 @@ def test_an_adapted_job_is_narrowed_back_for_a_pod_that_finds_no_room() -> None:
     big = dataclasses.replace(pod("big", gpus=3), created=10.0, deleted=20.0)
     r = replay_in_time(cluster, [job, big], "bestfit", adapt=True)
     assert r.narrowed == 0 and r.wait["LS"].max == pytest.approx(180 / speed - 10)
+
+
+# -- constraints meet displacement and narrowing ------------------------------------
+
+
+def test_displacement_evicts_what_keeps_a_task_away_but_never_its_gang() -> None:
+    state = ClusterState(nodes((8000, 1000, 2, "T4")))
+    state.place(grouped("h", group="H", qos="BE"), Placement(0, (0,)))
+    keeps_off = grouped("p", apart=("H",))
+    for policy in ("gpushare", "seed000", "seed003"):  # GPU 1 is free: only "h" is in the way
+        where = ready(policy, state).decide(state, keeps_off, RNG)
+        assert where is not None and where.evict == ("h",), policy
+    repelling = ClusterState(nodes((8000, 1000, 2, "T4")))
+    repelling.place(grouped("r", apart=("P",), qos="BE"), Placement(0, (0,)))
+    where = ready("seed003", repelling).decide(repelling, grouped("q", group="P"), RNG)
+    assert where is not None and where.evict == ("r",)
+    # A task must be together with group G, whose only task is best-effort on a full
+    # node: evicting it would let the task go anywhere, so it waits.
+    gang = ClusterState(nodes((8000, 1000, 1, "T4"), (8000, 1000, 1, "T4")))
+    gang.place(dataclasses.replace(pod("g", qos="BE"), group="G"), Placement(0, (0,)))
+    gang.place(pod("x"), Placement(1, (0,)))
+    follower = dataclasses.replace(pod("f"), together=("G",))
+    assert ready("seed003", gang).decide(gang, follower, RNG) is None
+    assert not room_below(gang, follower)
+
+
+def test_room_below_heeds_the_constraints_displacement_cannot_lift() -> None:
+    state = ClusterState(nodes((8000, 1000, 1, "T4")))
+    state.place(dataclasses.replace(pod("h", gpus=0), group="H"), Placement(0, ()))
+    state.place(pod("e", qos="BE"), Placement(0, (0,)))
+    apart = dataclasses.replace(pod("p"), apart=("H",))  # "h" is latency-sensitive: it stays
+    assert ready("seed003", state).decide(state, apart, RNG) is None
+    assert not room_below(state, apart)
+    assert room_below(state, pod("free"))  # without the constraint, "e" would make room
+
+
+def test_narrowing_keeps_a_task_whose_constraint_no_longer_holds() -> None:
+    # j joins G on node a and is widened there; G's task leaves, another lands on node
+    # b; narrowing j for p must not check j's constraint again ("ignored during
+    # execution"): it does not move.
+    cluster = nodes((64000, 1000, 2, "T4"), (64000, 1000, 2, "T4"))
+    pods = [
+        Pod("g1", 1000, 0, apart=("Y",), group="G", created=0, deleted=100),
+        Pod("y", 1000, 0, num_gpu=2, gpu_milli=1000, group="Y", created=0, deleted=10000),
+        Pod("j", 1000, 0, num_gpu=1, gpu_milli=1000, together=("G",), created=1, deleted=5000),
+        Pod("g2", 1000, 0, group="G", near=("Y",), created=200, deleted=10000),
+        Pod("p", 1000, 0, num_gpu=1, gpu_milli=1000, created=300, deleted=400),
+    ]
+    for policy in ("seed003", "gpushare"):
+        r = replay_in_time(cluster, pods, policy, adapt=True)
+        assert (r.adapted, r.narrowed, r.completed) == (1, 1, 5), policy
+        assert r.wait["LS"].max == 0.0
+
+
+def test_narrow_shrinks_a_task_in_place_only() -> None:
+    state = ClusterState(nodes((8000, 1000, 4, "T4")))
+    state.place(pod("w", gpus=4), Placement(0, (0, 1, 2, 3)))
+    with pytest.raises(PlacementError, match="cannot narrow"):
+        state.narrow("w", pod("w", gpus=2), (0, 5))
+    with pytest.raises(PlacementError, match="GPU count only"):
+        state.narrow("w", pod("w", gpus=2, cpu=5), (0, 1))
+    state.narrow("w", pod("w", gpus=2), (0, 1))
+    assert state.gpu_left[0, :4].tolist() == [0, 0, 1000, 1000]
+    assert state.placed["w"][1] == Placement(0, (0, 1))
+
+
+def test_a_task_together_with_and_apart_from_one_group_is_refused() -> None:
+    with pytest.raises(PlacementError, match="both together with and apart from group X"):
+        dataclasses.replace(pod("c"), together=("X",), apart=("X",))
