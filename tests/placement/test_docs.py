@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.cluster_bench import FLEET_GPUS, FLEET_SIZES
+from placement.adapt import ADAPT_FACTOR, SCALING_EFFICIENCY
 from placement.failures import FailureModel, Workload
 from placement.frag import TYPICAL_SHARE
 from placement.policies import room
@@ -52,5 +54,15 @@ def test_seed_004_s_documented_constants_are_the_code_s() -> None:
         f"A pool of {workload.gpus:,} GPUs",
         f"past {workload.fill:.0%} of the pool",
         f"from {workload.min_days:g} to {workload.max_days:g} days",
+    ]:
+        assert said in TEXT, said
+
+
+def test_seed_003_and_the_fleet_s_documented_constants_are_the_code_s() -> None:
+    sizes = ", ".join(f"{g:,}" for g in FLEET_SIZES[:-1]) + f" or {FLEET_SIZES[-1]:,}"
+    for said in [
+        f"{FLEET_GPUS:,} GPUs, jobs of {sizes} GPUs",
+        f"goes {ADAPT_FACTOR} \u00d7 {SCALING_EFFICIENCY:g} times as fast",
+        f"loses {MIGRATION_SECONDS:g} s (a checkpoint, restarted at the smaller size)",
     ]:
         assert said in TEXT, said
