@@ -21,9 +21,9 @@ docs/placement.md, "The time replay":
   GPUs that starts while no other pod waits is placed on
   :data:`~placement.adapt.ADAPT_FACTOR` times its GPUs where a node has them, and runs
   that many times its batch, its work :func:`~placement.adapt.rate` times as fast. A
-  pod that then finds no room narrows an adapted one back to what it asked for, where
-  that gives it room, before anything is displaced: the adapted pod keeps its first
-  GPUs and loses :data:`MIGRATION_SECONDS` (a checkpoint, restarted at the smaller
+  pod that then finds no room narrows adapted ones back to what they asked for, as few
+  of one node's as give it room there, before anything is displaced: each keeps its
+  first GPUs and loses :data:`MIGRATION_SECONDS` (a checkpoint, restarted at the smaller
   size).
 
 Metrics: each pod's job completion time (finish - arrival) and wait (first start -
@@ -240,30 +240,39 @@ def replay_in_time(
         return wider, where
 
     def narrowing(pod: Pod) -> None:
-        """Narrow the latest adapted pod whose extra GPUs give ``pod`` room on its node
-        (``pod`` fitting nowhere), if any."""
+        """Narrow adapted pods of one node back, the latest adapted first, as few as give
+        ``pod`` (which fits nowhere) room there; none where no node's would."""
         nonlocal narrowed
         if not wide or not pod.num_gpu or state.feasible(pod).any():
             return
         allowed = state.allowed(pod)
+        on_node: dict[int, list[str]] = {}
         for name in reversed(wide):
-            running, where = state.placed[name]
-            i, asked = where.node, jobs[name].pod
+            on_node.setdefault(state.placed[name][1].node, []).append(name)
+        for i, names in on_node.items():
             if state.cpu_left[i] < pod.cpu or state.mem_left[i] < pod.memory:
                 continue
             if not state.access(pod.spec)[i] or (allowed is not None and not allowed[i]):
                 continue
             left = state.gpu_left[i, : state.gpus[i]].copy()
-            for g in where.gpus[asked.num_gpu :]:
-                left[g] += running.gpu_milli
-            if (left >= pod.gpu_milli).sum() < pod.num_gpu:
+            chosen: list[str] = []
+            for name in names:
+                running, where = state.placed[name]
+                for g in where.gpus[jobs[name].pod.num_gpu :]:
+                    left[g] += running.gpu_milli
+                chosen.append(name)
+                if (left >= pod.gpu_milli).sum() >= pod.num_gpu:
+                    break
+            else:
                 continue
-            stop(name)
-            state.narrow(name, asked, where.gpus[: asked.num_gpu])
-            jobs[name].work += MIGRATION_SECONDS  # at rate 1: 60 s of its time
-            start(name)
-            del wide[name]
-            narrowed += 1
+            for name in chosen:
+                asked, where = jobs[name].pod, state.placed[name][1]
+                stop(name)
+                state.narrow(name, asked, where.gpus[: asked.num_gpu])
+                jobs[name].work += MIGRATION_SECONDS  # at rate 1: 60 s of its time
+                start(name)
+                del wide[name]
+                narrowed += 1
             return
 
     def schedule() -> None:

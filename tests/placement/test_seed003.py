@@ -375,3 +375,17 @@ def test_narrow_shrinks_a_task_in_place_only() -> None:
 def test_a_task_together_with_and_apart_from_one_group_is_refused() -> None:
     with pytest.raises(PlacementError, match="both together with and apart from group X"):
         dataclasses.replace(pod("c"), together=("X",), apart=("X",))
+
+
+def test_narrowing_takes_as_few_adapted_jobs_of_one_node_as_make_room() -> None:
+    cluster = nodes((8000, 1000, 8, "T4"))
+    a = dataclasses.replace(pod("a", gpus=2), created=0.0, deleted=1000.0)
+    b = dataclasses.replace(pod("b", gpus=2), created=1.0, deleted=1000.0)
+    # a and b each start alone on 4 GPUs: the node is full. c wants 3: narrowing b (the
+    # latest) frees 2, so a is narrowed too; a pod of 2 needs b's alone.
+    c = dataclasses.replace(pod("c", gpus=3), created=5.0, deleted=10.0)
+    r = replay_in_time(cluster, [a, b, c], "bestfit", adapt=True)
+    assert (r.adapted, r.narrowed) == (2, 2) and r.wait["LS"].max == 0.0
+    one = dataclasses.replace(pod("c", gpus=2), created=5.0, deleted=10.0)
+    r = replay_in_time(cluster, [a, b, one], "bestfit", adapt=True)
+    assert (r.adapted, r.narrowed) == (2, 1) and r.wait["LS"].max == 0.0
