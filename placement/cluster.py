@@ -289,17 +289,23 @@ class ClusterState:
         repelled = self.repel_count.get(pod.group) if pod.group else None
         if not (pod.together or pod.apart or repelled is not None):
             return None
-        ok = np.ones(self.size, dtype=np.bool_)
-        for group in pod.together:
-            count = self.group_count.get(group)
-            if count is not None:
-                ok &= count > 0
+        ok = self.with_partners(pod)
         for group in pod.apart:
             count = self.group_count.get(group)
             if count is not None:
                 ok &= count == 0
         if repelled is not None:
             ok &= repelled == 0
+        return ok
+
+    def with_partners(self, pod: Pod) -> Bools:
+        """Nodes holding a task of each group the pod must be ``together`` with, where
+        that group has one placed (all nodes for a pod with none)."""
+        ok = np.ones(self.size, dtype=np.bool_)
+        for group in pod.together:
+            count = self.group_count.get(group)
+            if count is not None:
+                ok &= count > 0
         return ok
 
     def near(self, pod: Pod) -> Bools | None:

@@ -125,11 +125,7 @@ def lifted(state: ClusterState, pod: Pod, movable: Callable[[Pod], bool]) -> Boo
     repelled = bool(pod.group) and pod.group in state.repel_count
     if not (pod.together or pod.apart or repelled):
         return None
-    ok = np.ones(state.size, dtype=np.bool_)
-    for group in pod.together:
-        count = state.group_count.get(group)
-        if count is not None:
-            ok &= count > 0
+    ok = state.with_partners(pod)
     if pod.apart or repelled:
         for task, where in state.placed.values():
             if _blocks(pod, task) and not movable(task):
