@@ -211,7 +211,7 @@ def replay_in_time(
         running = state.placed[name][0]
         job.started = now
         job.gpus = running.gpu_request / MILLI
-        job.rate = rate(job.pod.num_gpu, running.num_gpu) if job.pod.num_gpu else 1.0
+        job.rate = rate(job.pod.num_gpu, running.num_gpu)
         if job.first_start is None:
             job.first_start = now
         job.token += 1
@@ -309,8 +309,8 @@ def replay_in_time(
                     stop(moved)
                     # 60 s of its time, at the rate of the run it restarts (adapted or not).
                     running = state.placed[moved][0]
-                    jobs[moved].work += MIGRATION_SECONDS * (
-                        rate(jobs[moved].pod.num_gpu, running.num_gpu) if running.num_gpu else 1.0
+                    jobs[moved].work += MIGRATION_SECONDS * rate(
+                        jobs[moved].pod.num_gpu, running.num_gpu
                     )
                 start(name)
                 for moved, _ in where.moves:
