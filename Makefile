@@ -4,14 +4,14 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SOURCES := setup.py pyproject.toml gpushare-autoload.pth $(wildcard shim/*) $(wildcard sim/*) \
-	$(wildcard gpushare/*.py nodemgr/*.py nodemgr/*/*.py client_plugin/*.py placement/*.py placement/*/*.py)
+	$(wildcard gpushare/*.py nodemgr/*.py nodemgr/*/*.py client_plugin/*.py placement/*.py placement/*/*.py kube/*.py kube/*/*.py kube/proto/*.proto)
 PYTEST_ARGS ?=
 # Test files run in parallel, a file's tests on one worker (pytest-xdist); 0 runs them serially.
 PYTEST_WORKERS ?= auto
 PYTEST := $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 BENCH_ARGS ?=
 
-.PHONY: all install torch-env real-driver run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-torch bench-qos bench-predict bench-cluster bench-gpu bench-gpu-qos bench-gpu-timeslice bench-gpu-predict debug \
+.PHONY: all install proto torch-env real-driver run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-torch bench-qos bench-predict bench-cluster bench-gpu bench-gpu-qos bench-gpu-timeslice bench-gpu-predict debug \
 	debug-test c-coverage demo clean
 
 all: install
@@ -43,6 +43,12 @@ $(VENV)/.dev: $(VENV)/.installed pyproject.toml
 	touch $@
 
 install: $(VENV)/.dev
+
+# The kubelet's protocol modules (kube/proto/*_pb2*.py), made from the .proto files there
+# by the pinned grpcio-tools and committed; tests/kube checks they are its output.
+PROTOS := kube/proto/deviceplugin.proto kube/proto/podresources.proto
+proto: $(VENV)/.dev
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. $(PROTOS)
 
 # The real-PyTorch tiers (tests/real_torch/test_torch_sim.py, test_torch_timeline.py, and
 # under gpushare test_torch_gpushare.py, test_torch_processes.py, test_torch_timeslice.py,

@@ -1,5 +1,6 @@
 """The module map in docs/architecture.md ("Packages"), made from the modules' own
-docstrings: each Python module of the four packages, by folder, with the first sentence
+docstrings: each Python module of the five packages (but the generated protocol
+modules, kube/proto/*_pb2*.py), by folder, with the first sentence
 of its docstring. `python docs/module_map.py` prints it; `--write` puts it into the
 document between its marks. tests/unit/test_docs.py checks the document holds what this
 makes, so a module added, moved or described anew shows there in the same change."""
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("gpushare", "nodemgr", "client_plugin", "placement")
+PACKAGES = ("gpushare", "nodemgr", "client_plugin", "placement", "kube")
 DOC = ROOT / "docs" / "architecture.md"
 BEGIN = "<!-- module map: made by docs/module_map.py; do not edit by hand -->"
 END = "<!-- end of module map -->"
@@ -32,7 +33,7 @@ def summary(path: Path) -> str:
 
 
 def modules() -> list[Path]:
-    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py") if "_pb2" not in p.name)
 
 
 def table() -> str:

@@ -16,6 +16,9 @@ NODE_RUN_DIR = Path("/run/gpushare")
 ADMIN_SOCKET = "admin.sock"
 VIEW_SOCKET = "view.sock"
 ENVS_DIR = "envs"
+# Where a container sees its environment's directory (docs/containers.md): the mount's
+# target, as the dev-container feature and the Kubernetes device plugin set it.
+CONTAINER_DIR = Path("/run/gpushare")
 TASK_SOCKET = "task.sock"
 LEDGER = "ledger"
 # The node's board (docs/compute.md#latency-classes): in the run directory, and linked into

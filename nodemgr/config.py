@@ -297,6 +297,9 @@ KEYS: tuple[Key, ...] = (
         "where Prometheus metrics are served"),
     Key("metrics", "port", "metrics_port", Integer(0, 65535, " (0: off)"), 0,
         "their port; 0 turns them off"),
+    Key("kube", "oversubscription", "kube_oversubscription", Integer(1, 64), 4,
+        "how many times over the Kubernetes device plugin offers each GPU and its memory"
+        " ([kubernetes.md](kubernetes.md#resources))"),
     Key("timeslice", "gpus", "timeslice_gpus", GpuList(), [],
         "GPUs that start time-sliced ([timeslicing.md](timeslicing.md))"),
     Key("timeslice", "quantum", "quantum", Integer(1), 4,
@@ -467,6 +470,7 @@ class Config:
     max_wait: float = _DEFAULTS["max_wait"]
     metrics_address: str = _DEFAULTS["metrics_address"]
     metrics_port: int = _DEFAULTS["metrics_port"]
+    kube_oversubscription: int = _DEFAULTS["kube_oversubscription"]
     admin_access: Access = field(default_factory=_own_access)
     # [readers]: who may reach view.sock, the admin endpoint's views without its changes.
     reader_access: Access = field(default_factory=_own_access)

@@ -1,0 +1,2 @@
+"""gpushare on Kubernetes (docs/kubernetes.md): the resources a pod asks for, the device
+plugin each node runs beside its nodemgr, and the kubelet's protocol files."""
