@@ -7,6 +7,7 @@ the gate was open."""
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import time
 from collections.abc import Iterator
@@ -246,7 +247,13 @@ def test_a_best_effort_task_launches_freely_once_its_schedule_goes(
     board.close()
     _, end = bins.span()
     assert end >= cleared + 900 * MS, "it stopped launching when its schedule went"
-    assert bins.busy_fraction(cleared + 10 * MS, end) >= 0.75
+    # Unbounded: far more launches in each 1 ms bin than a bounded burst's few (at most 4,
+    # test_a_burst_is_bounded_in_launches_too). Judged per bin it launched in, not by the
+    # share of bins it launched in: a busy machine leaves the child without a CPU for
+    # whole milliseconds, which empties bins whatever its gate does.
+    after = [n for t, n in bins.counts.items() if t >= cleared + 10 * MS]
+    assert len(after) >= 100, "it hardly launched once its schedule went"
+    assert statistics.median(after) >= 20, sorted(after)[:10]
 
 
 def test_the_debt_arithmetic() -> None:
