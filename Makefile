@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= auto
 PYTEST := $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 BENCH_ARGS ?=
 
-.PHONY: all install proto torch-env real-driver run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-torch bench-qos bench-predict bench-cluster bench-gpu bench-gpu-qos bench-gpu-timeslice bench-gpu-predict debug \
+.PHONY: all install proto torch-env real-driver run test lint format pytest bench bench-nodemgr bench-shim bench-client bench-timeslice bench-torch bench-qos bench-predict bench-cluster bench-kube bench-gpu bench-gpu-qos bench-gpu-timeslice bench-gpu-predict debug \
 	debug-test c-coverage demo clean
 
 all: install
@@ -136,11 +136,11 @@ test:
 # on; BENCH_ARGS=--check makes it a failure, --quick a smoke run. Both scripts
 # run even if the first fails; the worse status is make's. --only NAME belongs
 # to one script: use bench-nodemgr, bench-shim, bench-client, bench-timeslice,
-# bench-torch, bench-qos, bench-predict or bench-cluster for it. The cluster script
+# bench-torch, bench-qos, bench-predict, bench-cluster or bench-kube for it. The cluster script
 # reads the Alibaba GPU v2023 trace from $$GPUSHARE_TRACES (docs/placement.md). The torch, qos and predict scripts run
 # the torch venv's PyTorch on the simulated driver (qos on its device timeline); they get
 # that Python in GPUSHARE_TORCH_PYTHON.
-BENCHES := nodemgr shim client timeslice torch qos predict cluster
+BENCHES := nodemgr shim client timeslice torch qos predict cluster kube
 TORCH_BENCHES := torch qos predict
 BENCH_ENV := GPUSHARE_TORCH_PYTHON=$(CURDIR)/$(TORCH_VENV)/bin/python
 

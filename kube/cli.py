@@ -20,7 +20,7 @@ from placement.cli import main as placement_main
 
 cli.help = (cli.help or "") + (
     "\nOn Kubernetes (pip install 'gpushare[kube]'; docs/kubernetes.md): device-plugin, one"
-    " per node beside nodemgr.\n"
+    " per node beside nodemgr; extender, kube-scheduler's.\n"
 )
 
 # What the device plugin's exit codes mean (its --help and docs/kubernetes.md).
@@ -103,6 +103,120 @@ def device_plugin(
         plugin.loop()
     finally:
         plugin.stop()
+
+
+EXTENDER_EXITS = f"""Exit codes: 0 stopped by SIGTERM or SIGINT; {EXIT_UNREACHABLE} the listen
+address cannot be bound; {EXIT_CONFIG} bad options (an unknown policy, no API server to
+reach), or numpy missing (pip install 'gpushare[kube]')."""
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise click.BadParameter(f"{text!r} is not HOST:PORT (or :PORT for every address)")
+    return host.strip("[]"), int(port)
+
+
+@cli.command(
+    "extender",
+    help="Serve kube-scheduler's extender protocol (filter, prioritize, bind) with a"
+    " placement policy over the cluster the API server shows.\n\n" + EXTENDER_EXITS,
+)
+@click.option(
+    "--listen",
+    default=":8888",
+    show_default=True,
+    envvar="GPUSHARE_EXTENDER_LISTEN",
+    help="HOST:PORT to serve on (:PORT: every address).",
+)
+@click.option(
+    "--policy",
+    default="gpushare",
+    show_default=True,
+    envvar="GPUSHARE_EXTENDER_POLICY",
+    help="The placement policy (gpushare-cluster simulate --help lists them).",
+)
+@click.option(
+    "--api-server",
+    default=None,
+    envvar="GPUSHARE_API_SERVER",
+    help="The API server's URL [default: the cluster's own, from the pod's service account];"
+    " 'none': nodes only from the requests, and no bind.",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A bearer token for --api-server.",
+)
+@click.option(
+    "--ca-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The CA certificate that signs --api-server's.",
+)
+@click.option(
+    "--oversubscription",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    envvar="GPUSHARE_OVERSUBSCRIPTION",
+    help="Nodes' kube.oversubscription, where no node label gpushare.io/oversubscription gives it.",
+)
+@click.option(
+    "--refresh",
+    type=click.FloatRange(min=0.1, max=3600),
+    default=5.0,
+    show_default=True,
+    help="Seconds between reads of the nodes and pods from the API server.",
+)
+def extender(
+    listen: str,
+    policy: str,
+    api_server: str | None,
+    token_file: Path | None,
+    ca_file: Path | None,
+    oversubscription: int,
+    refresh: float,
+) -> None:
+    host, port = _listen(listen)
+    try:
+        from kube.extender.apiserver import ApiError, ApiServer
+        from kube.extender.server import Extender, serve
+        from placement.registry import names
+    except ImportError as e:
+        _fail(f"{e.name or e} is missing: pip install 'gpushare[kube]'", EXIT_CONFIG)
+    if policy not in names():
+        _fail(f"no placement policy {policy!r} (known: {', '.join(names())})", EXIT_CONFIG)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    api: ApiServer | None = None
+    try:
+        if api_server is None:
+            api = ApiServer.in_cluster()
+        elif api_server != "none":
+            token = token_file.read_text().strip() if token_file else None
+            api = ApiServer(api_server, token, ca_file)
+    except (ApiError, OSError) as e:
+        _fail(str(e), EXIT_CONFIG)
+    ext = Extender(api, policy, oversubscription, refresh)
+    try:
+        server = serve(ext, host, port)
+    except OSError as e:
+        _fail(f"cannot listen on {listen}: {e}", EXIT_UNREACHABLE)
+    refresher = threading.Thread(target=ext.loop, name="refresh", daemon=True)
+    refresher.start()
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        ext.stopping.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    logging.getLogger("gpushare.extender").info(
+        "serving on %s:%d with policy %s", host or "*", server.server_address[1], policy
+    )
+    server.serve_forever()
+    server.server_close()
 
 
 def _fail(message: str, code: int) -> NoReturn:

@@ -21,7 +21,7 @@ import pytest
 
 from kube.resources import ENV_ANNOTATION, GPU_MEMORY, GPUS, SOCKETS
 from tests.conftest import BIN, Daemon, _wait_for, die_with_test_run
-from tests.kube.fake_kubelet import FakeKubelet
+from tests.fixtures.fake_kubelet import FakeKubelet
 
 GIB = 1 << 30
 FACTOR = 2  # kube.oversubscription in the daemon's config
