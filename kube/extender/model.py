@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
@@ -207,8 +208,12 @@ class Decision:
 
 
 class View:
-    """The cluster as the extender places on it: its nodes, the pods bound to them (in
-    the order they were bound), and a placement policy over them."""
+    """The cluster as the extender places on it: its nodes, the pods bound to them (held
+    in the order given), the pods waiting for a node, and a placement policy over them.
+
+    The policy learns the workload (FGD's typical pods) from the bound and the waiting
+    pods together: what the cluster runs and what it is asked to run next. A waiting
+    pod's tasks are taken as on the cluster's first node of the most common kind."""
 
     def __init__(
         self,
@@ -216,6 +221,7 @@ class View:
         bound: Iterable[Ask] = (),
         policy: str = DEFAULT_POLICY,
         seed: int = 0,
+        waiting: Iterable[Ask] = (),
     ) -> None:
         self.infos = {n.name: n for n in nodes}
         self.index = {n.name: i for i, n in enumerate(nodes)}
@@ -230,8 +236,12 @@ class View:
         self._group_of: Ints = np.zeros(0, dtype=np.int64)
         self.bound: dict[str, list[str]] = {}
         asks = list(bound)
-        # The typical pods the policy measures fragmentation against: the bound pods' own.
         expected = [t for a in asks if a.node in self.infos for t in a.tasks(self.infos[a.node])]
+        kinds = Counter((n.gpu_memory, n.factor, n.gpus > 0) for n in nodes)
+        if kinds:
+            common = kinds.most_common(1)[0][0]
+            typical = next(n for n in nodes if (n.gpu_memory, n.factor, n.gpus > 0) == common)
+            expected += [t for a in waiting for t in a.tasks(typical)]
         self.policy.setup(self.state, expected)
         for a in asks:
             if a.node in self.infos and not self.place(a, a.node):
@@ -332,8 +342,9 @@ class View:
         return "gpushare: constraints"
 
     def score(self, a: Ask, names: Sequence[str]) -> dict[str, int]:
-        """The policy's scores of those of ``names`` where ``a`` fits, 0..MAX_SCORE (its
-        best node MAX_SCORE); the others are left out."""
+        """The policy's scores of those of ``names`` where ``a`` fits, scaled linearly to
+        0..MAX_SCORE and rounded down (the policy's best nodes, and only they,
+        MAX_SCORE); the others are left out."""
         idx = self._indices(names)
         fits, _ = self._fits(a)
         raw = np.full(len(names), -1, dtype=np.int64)
@@ -354,7 +365,9 @@ class View:
         if hi == lo:
             scaled = np.full(len(names), MAX_SCORE, dtype=np.int64)
         else:
-            scaled = np.rint(MAX_SCORE * (raw - lo) / (hi - lo)).astype(np.int64)
+            # Rounded down: MAX_SCORE only where the policy's own score is best, so that
+            # the scheduler's pick among the highest is among the policy's best.
+            scaled = (MAX_SCORE * (raw - lo) // (hi - lo)).astype(np.int64)
         return {
             n: s for n, s, ok in zip(names, scaled.tolist(), scored.tolist(), strict=True) if ok
         }

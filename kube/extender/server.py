@@ -51,6 +51,7 @@ class Extender:
         self.view: View | None = None  # None: no node known yet
         self.infos: dict[str, NodeInfo] = {}
         self.bound: list[Ask] = []  # as the API server last listed them
+        self.waiting: list[Ask] = []  # pods without a node, likewise
         # Pods this extender bound that the API server did not list bound yet.
         self.assumed: dict[str, tuple[Ask, float]] = {}
         self.stopping = threading.Event()
@@ -70,6 +71,7 @@ class Extender:
                 log.warning("%s", e)
         bound = [a for a in asks if a.node]
         with self.lock:
+            self.waiting = [a for a in asks if not a.node]
             listed = {a.key for a in bound}
             now = time.monotonic()
             for key, (_, since) in list(self.assumed.items()):
@@ -86,10 +88,10 @@ class Extender:
         self.view = None
         if infos:
             ordered = sorted(pods.values(), key=lambda a: a.key)
-            view = View(list(infos.values()), ordered, self.policy)
-            # The shapes of the pods the cluster runs, scored once on every node: the
-            # first request of such a shape finds the policy's scores kept.
-            view.warm(ordered)
+            view = View(list(infos.values()), ordered, self.policy, waiting=self.waiting)
+            # The shapes of the pods the cluster runs and of those waiting, scored once
+            # on every node: the first request of such a shape finds the scores kept.
+            view.warm([*ordered, *self.waiting])
             self.view = view
             # The view lives until the next refresh: kept out of the collector's full
             # passes, which would otherwise walk it in the middle of requests.

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,58 +21,12 @@ import pytest
 from kube.resources import ENV_ANNOTATION, GPU_MEMORY, GPUS, SOCKETS
 from tests.conftest import BIN, Daemon, _wait_for, die_with_test_run
 from tests.fixtures.fake_kubelet import FakeKubelet
+from tests.kube.conftest import PluginProcess
 
 GIB = 1 << 30
 FACTOR = 2  # kube.oversubscription in the daemon's config
 HEARTBEAT_TIMEOUT = 2.0
 GPU_SOCK, MEM_SOCK = SOCKETS[GPUS], SOCKETS[GPU_MEMORY]
-
-
-class PluginProcess:
-    """``gpushare-cluster device-plugin`` in a child process."""
-
-    def __init__(self, root: Path, daemon: Daemon, kubelet: FakeKubelet) -> None:
-        self.root, self.daemon, self.kubelet = root, daemon, kubelet
-        self.log_path = root / "plugin.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    str(BIN / "gpushare-cluster"),
-                    "device-plugin",
-                    "--kubelet-dir",
-                    str(self.kubelet.plugins_dir),
-                    "--pod-resources",
-                    str(self.kubelet.pod_resources),
-                    "--config",
-                    str(self.daemon.config),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=die_with_test_run(),
-            )
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(30)
-
-    def stop(self) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
-        return self.proc.returncode
 
 
 @pytest.fixture

@@ -5,71 +5,16 @@ fake API server; answers checked field by field (docs/kubernetes.md)."""
 
 from __future__ import annotations
 
-import json
-import re
-import shutil
-import signal
 import subprocess
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import BIN, _wait_for, die_with_test_run
+from tests.conftest import BIN, _wait_for
 from tests.fixtures.fake_apiserver import FakeApiServer, node, pod
-
-
-class ExtenderProcess:
-    def __init__(self, *args: str) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="gs-x-"))
-        self.log_path = self.root / "extender.log"
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [str(BIN / "gpushare-cluster"), "extender", "--listen", "127.0.0.1:0", *args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=die_with_test_run(),
-            )
-        found: list[int] = []
-
-        def serving() -> bool:
-            m = re.search(r"serving on 127\.0\.0\.1:(\d+)", self.log())
-            if m:
-                found.append(int(m.group(1)))
-            assert self.proc.poll() is None, self.log()
-            return bool(m)
-
-        _wait_for(serving, 60)
-        self.url = f"http://127.0.0.1:{found[0]}"
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def post(self, verb: str, body: Any) -> tuple[int, Any]:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        request = urllib.request.Request(f"{self.url}/{verb}", data=data, method="POST")
-        request.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(request, timeout=30) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
-        shutil.rmtree(self.root, ignore_errors=True)
-        return self.proc.returncode
+from tests.kube.conftest import ExtenderProcess
 
 
 @pytest.fixture
