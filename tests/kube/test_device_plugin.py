@@ -134,10 +134,11 @@ def _unshare_works() -> bool:
 
 @pytest.mark.skipif(not _unshare_works(), reason="needs root and unshare(1) for a mount namespace")
 def test_a_task_run_with_what_allocate_returned_gets_the_quota(
-    cluster: tuple[Daemon, FakeKubelet, PluginProcess],
+    cluster: tuple[Daemon, FakeKubelet, PluginProcess], cbin: dict[str, Path]
 ) -> None:
     """The container runtime's part, done by hand: a private mount namespace with the
-    response's mount, and its variables; gpushare-run inside asks nodemgr for GPUs."""
+    response's mount, and its variables; gpushare-run inside asks nodemgr for GPUs, and
+    a CUDA program (the C driver-API client) is held to the memory quota."""
     daemon, kubelet, _ = cluster
     got, _ = _allocate_both(kubelet, ["gpu0-0", "gpu1-0"], [f"mem0-{k}" for k in range(8)])
     (mount,) = got.mounts
@@ -179,6 +180,22 @@ def test_a_task_run_with_what_allocate_returned_gets_the_quota(
         timeout=60,
     )
     assert over.returncode == 77, over.stderr
+    # The shim enforces the per-GPU memory quota on a CUDA program in the "container".
+    steps = [str(cbin["client"]), "info", "alloc", "3072", "alloc", "2048", "alloc", "1024"]
+    cuda = subprocess.run(
+        [*in_container, str(BIN / "gpushare-run"), "--gpus", "1", "--", *steps],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cuda.returncode == 0, cuda.stderr
+    assert cuda.stdout.split("\n")[:4] == [
+        f"info free={4 * GIB} total={4 * GIB}",  # the quota, not the 16 GiB device
+        "alloc ok",
+        "alloc err 2",  # CUDA_ERROR_OUT_OF_MEMORY: past 4 GiB
+        "alloc ok",
+    ]
 
 
 def test_a_deleted_pods_environment_goes_within_one_heartbeat_timeout(
