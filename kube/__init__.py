@@ -1,2 +1,3 @@
 """gpushare on Kubernetes (docs/kubernetes.md): the resources a pod asks for, the device
-plugin each node runs beside its nodemgr, and the kubelet's protocol files."""
+plugin each node runs beside its nodemgr, the scheduler extender, and the kubelet's
+protocol files."""

@@ -1,20 +1,26 @@
-"""``gpushare-cluster device-plugin``: the Kubernetes commands of the gpushare-cluster
-console script (docs/kubernetes.md), added to the placement commands' group."""
+"""``gpushare-cluster device-plugin`` and ``extender``: the Kubernetes commands of the
+gpushare-cluster console script (docs/kubernetes.md), added to the placement commands'
+group."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from gpushare.exitcodes import EXIT_CONFIG, EXIT_UNREACHABLE
 from kube.resources import KUBELET_DIR, POD_RESOURCES_SOCKET
+
+if TYPE_CHECKING:
+    from kube.apiserver import ApiServer
 from placement.cli import cli
 from placement.cli import main as placement_main
 
@@ -22,6 +28,55 @@ cli.help = (cli.help or "") + (
     "\nOn Kubernetes (pip install 'gpushare[kube]'; docs/kubernetes.md): device-plugin, one"
     " per node beside nodemgr; extender, kube-scheduler's.\n"
 )
+
+_API_OPTIONS = [
+    click.option(
+        "--api-server",
+        default=None,
+        envvar="GPUSHARE_API_SERVER",
+        help="The API server's URL [default: the cluster's own, from the pod's service"
+        " account]; 'none': no API server.",
+    ),
+    click.option(
+        "--token-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="A bearer token for --api-server.",
+    ),
+    click.option(
+        "--ca-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="The CA certificate that signs --api-server's.",
+    ),
+]
+
+
+def _api_options(f: Callable[..., None]) -> Callable[..., None]:
+    for option in reversed(_API_OPTIONS):
+        f = option(f)
+    return f
+
+
+def _api(
+    api_server: str | None, token_file: Path | None, ca_file: Path | None, required: bool
+) -> ApiServer | None:
+    """The API server the options name; the cluster's own when none is named (None
+    outside a cluster unless ``required``, which then ends the command)."""
+    from kube.apiserver import ApiError, ApiServer
+
+    if api_server == "none":
+        return None
+    try:
+        if api_server is None:
+            if not required and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+                return None
+            return ApiServer.in_cluster()
+        token = token_file.read_text().strip() if token_file else None
+        return ApiServer(api_server, token, ca_file)
+    except (ApiError, OSError) as e:
+        _fail(str(e), EXIT_CONFIG)
+
 
 # What the device plugin's exit codes mean (its --help and docs/kubernetes.md).
 DEVICE_PLUGIN_EXITS = f"""Exit codes: 0 stopped by SIGTERM or SIGINT; {EXIT_UNREACHABLE} nodemgr
@@ -60,6 +115,7 @@ cannot listen in."""
     help="nodemgr's config file (its run_dir, state_dir, heartbeat_timeout and"
     " kube.oversubscription).",
 )
+@_api_options
 @click.option(
     "--interval",
     type=click.FloatRange(min=0.05, max=3600),
@@ -67,7 +123,13 @@ cannot listen in."""
     help="Seconds between reconciliations [default: half nodemgr's heartbeat_timeout].",
 )
 def device_plugin(
-    kubelet_dir: Path, pod_resources: Path, config_path: str | None, interval: float | None
+    kubelet_dir: Path,
+    pod_resources: Path,
+    config_path: str | None,
+    api_server: str | None,
+    token_file: Path | None,
+    ca_file: Path | None,
+    interval: float | None,
 ) -> None:
     from nodemgr import config as configmod
 
@@ -82,7 +144,13 @@ def device_plugin(
         cfg = configmod.load(config_path)
     except configmod.ConfigError as e:
         _fail(str(e), EXIT_CONFIG)
-    plugin = Plugin(cfg, kubelet_dir, pod_resources, interval=interval)
+    api = _api(api_server, token_file, ca_file, required=False)
+    if api is None:
+        logging.getLogger("gpushare.device-plugin").info(
+            "no API server: the pods' gpushare.io/class is not read (environments are"
+            " best-effort by nodemgr's default)"
+        )
+    plugin = Plugin(cfg, kubelet_dir, pod_resources, interval=interval, api=api)
     stopped = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -136,25 +204,7 @@ def _listen(text: str) -> tuple[str, int]:
     envvar="GPUSHARE_EXTENDER_POLICY",
     help="The placement policy (gpushare-cluster simulate --help lists them).",
 )
-@click.option(
-    "--api-server",
-    default=None,
-    envvar="GPUSHARE_API_SERVER",
-    help="The API server's URL [default: the cluster's own, from the pod's service account];"
-    " 'none': nodes only from the requests, and no bind.",
-)
-@click.option(
-    "--token-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="A bearer token for --api-server.",
-)
-@click.option(
-    "--ca-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="The CA certificate that signs --api-server's.",
-)
+@_api_options
 @click.option(
     "--oversubscription",
     type=click.IntRange(1, 64),
@@ -181,7 +231,6 @@ def extender(
 ) -> None:
     host, port = _listen(listen)
     try:
-        from kube.extender.apiserver import ApiError, ApiServer
         from kube.extender.server import Extender, serve
         from placement.registry import names
     except ImportError as e:
@@ -189,15 +238,7 @@ def extender(
     if policy not in names():
         _fail(f"no placement policy {policy!r} (known: {', '.join(names())})", EXIT_CONFIG)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    api: ApiServer | None = None
-    try:
-        if api_server is None:
-            api = ApiServer.in_cluster()
-        elif api_server != "none":
-            token = token_file.read_text().strip() if token_file else None
-            api = ApiServer(api_server, token, ca_file)
-    except (ApiError, OSError) as e:
-        _fail(str(e), EXIT_CONFIG)
+    api = _api(api_server, token_file, ca_file, required=True)
     ext = Extender(api, policy, oversubscription, refresh)
     try:
         server = serve(ext, host, port)

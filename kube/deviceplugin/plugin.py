@@ -21,13 +21,15 @@ import grpc
 from gpushare import envvars, paths
 from gpushare.client import Connection, NodeError, Unreachable
 from gpushare.messages import QuotaDelete, QuotaSet, QuotaShow, Status
-from gpushare.protocol import MAX_ADMIN_REPLY_BYTES
+from gpushare.protocol import BE, LS, MAX_ADMIN_REPLY_BYTES
+from kube.apiserver import ApiError, ApiServer
 from kube.deviceplugin.book import Allocation, Book, BookError, Holder, plan
 from kube.proto import deviceplugin_pb2 as dp
 from kube.proto import deviceplugin_pb2_grpc as dp_grpc
 from kube.proto import podresources_pb2 as pr
 from kube.proto import podresources_pb2_grpc as pr_grpc
 from kube.resources import (
+    CLASS_ANNOTATION,
     ENV_ANNOTATION,
     GPU_MEMORY,
     GPUS,
@@ -88,6 +90,11 @@ class NodeManager:
     def delete(self, env: str) -> None:
         self._send(QuotaDelete(env=env, force=True))
 
+    def set_class(self, env: str, cls: str) -> None:
+        """The environment's tasks' class (docs/scheduling.md, "Classes"); a
+        latency-sensitive one is allowed such tasks."""
+        self._send(QuotaSet(env=env, class_default=cls, allow_ls=True if cls == LS else None))
+
 
 class Plugin:
     """Both resources' servers, the book and the reconciliation loop."""
@@ -99,8 +106,12 @@ class Plugin:
         pod_resources: Path = POD_RESOURCES_SOCKET,
         oversubscription: int | None = None,
         interval: float | None = None,
+        api: ApiServer | None = None,
     ) -> None:
         self.config = config
+        # Where the pods' annotations are read (their class); None: not read.
+        self.api = api
+        self.classes: dict[str, str] = {}  # environment -> the class set on it
         self.node = NodeManager(config)
         self.kubelet_dir = kubelet_dir
         self.pod_resources = pod_resources
@@ -243,13 +254,49 @@ class Plugin:
             )
             for env in todo.delete:
                 self.node.delete(env)
+                self.classes.pop(env, None)
                 log.info("environment %s removed: no live container holds it", env)
             for allocation in todo.ensure:
                 self.node.ensure(allocation)
+                self.classes.pop(allocation.env, None)  # a new environment: set it again
                 log.info("environment %s restored for a live container", allocation.env)
             for note in todo.notes:
                 log.warning("%s", note)
             self._save_book()
+            owners = [(h, self.book.owner(i for v in h.ids.values() for i in v)) for h in live]
+        if self.api is not None:
+            for holder, owner in owners:
+                if owner is not None and owner.env not in self.classes:
+                    self.apply_class(holder, owner.env)
+
+    def apply_class(self, holder: Holder, env: str) -> None:
+        """Set ``env``'s class from its pod's annotation (gpushare.io/class, default
+        best-effort); a pod gone or unreadable is tried again next round."""
+        assert self.api is not None
+        try:
+            pod = self.api.pod(holder.namespace, holder.pod)
+        except ApiError as e:
+            log.warning("pod %s/%s: %s", holder.namespace, holder.pod, e)
+            return
+        if pod is None:
+            return
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        cls = str(annotations.get(CLASS_ANNOTATION, BE)).lower()
+        if cls not in (LS, BE):
+            log.warning(
+                "pod %s/%s: annotation %s is %r, not %s or %s; left %s",
+                holder.namespace,
+                holder.pod,
+                CLASS_ANNOTATION,
+                cls,
+                LS,
+                BE,
+                BE,
+            )
+            cls = BE
+        self.node.set_class(env, cls)
+        self.classes[env] = cls
+        log.info("environment %s: class %s, from pod %s", env, cls, holder.name)
 
     # --- serving ------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from kube.extender.apiserver import ApiError, ApiServer
+from kube.apiserver import ApiError, ApiServer
 from kube.extender.model import (
     DEFAULT_POLICY,
     UNKNOWN_NODE,

@@ -29,8 +29,9 @@ from tests.fixtures.fake_kubelet import FakeKubelet
 class PluginProcess:
     """``gpushare-cluster device-plugin`` in a child process."""
 
-    def __init__(self, root: Path, daemon: Daemon, kubelet: FakeKubelet) -> None:
+    def __init__(self, root: Path, daemon: Daemon, kubelet: FakeKubelet, *args: str) -> None:
         self.root, self.daemon, self.kubelet = root, daemon, kubelet
+        self.args = args
         self.log_path = root / "plugin.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
@@ -47,6 +48,7 @@ class PluginProcess:
                     str(self.kubelet.pod_resources),
                     "--config",
                     str(self.daemon.config),
+                    *self.args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

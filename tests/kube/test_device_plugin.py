@@ -20,6 +20,7 @@ import pytest
 
 from kube.resources import ENV_ANNOTATION, GPU_MEMORY, GPUS, SOCKETS
 from tests.conftest import BIN, Daemon, _wait_for, die_with_test_run
+from tests.fixtures.fake_apiserver import FakeApiServer, pod
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.kube.conftest import PluginProcess
 
@@ -321,3 +322,38 @@ def test_a_kubelet_dir_it_cannot_listen_in_exits_78(daemon_factory: Any, tmp_pat
     )
     assert got.exit_code == 78, got.output
     assert "cannot listen" in got.output
+
+
+def test_the_pods_class_annotation_sets_its_environments_class(daemon_factory: Any) -> None:
+    """With an API server, the plugin reads each live pod's gpushare.io/class and sets
+    its environment's class (latency-sensitive ones allowed such tasks)."""
+    daemon: Daemon = daemon_factory(heartbeat_timeout=HEARTBEAT_TIMEOUT)
+    root = Path(tempfile.mkdtemp(prefix="gs-k-", dir="/tmp"))
+    kubelet = FakeKubelet(root / "dp", root / "pr" / "kubelet.sock")
+    api = FakeApiServer()
+    api.pods = [
+        pod("ls", 1, 2, annotations={"gpushare.io/class": "ls"}, node_name="n"),
+        pod("be", 1, 2, node_name="n"),
+    ]
+    plugin = PluginProcess(root, daemon, kubelet, "--api-server", api.url)
+    try:
+        _wait_for(lambda: len(kubelet.registrations()) == 2, 30)
+        a, _ = _allocate_both(kubelet, ["gpu0-0"], ["mem0-0", "mem0-1"])
+        b, _ = _allocate_both(kubelet, ["gpu1-0"], ["mem1-0", "mem1-1"])
+        kubelet.set_pods(
+            [
+                ("team", "ls", "dev", {GPUS: ["gpu0-0"], GPU_MEMORY: ["mem0-0", "mem0-1"]}),
+                ("team", "be", "dev", {GPUS: ["gpu1-0"], GPU_MEMORY: ["mem1-0", "mem1-1"]}),
+            ]
+        )
+        env_ls, env_be = a.annotations[ENV_ANNOTATION], b.annotations[ENV_ANNOTATION]
+        _wait_for(lambda: _envs(daemon)[env_ls]["class_default"] == "ls", 10)
+        assert _envs(daemon)[env_ls]["allow_ls"] is True
+        # Best-effort is nodemgr's default: the log says it was read, not left.
+        _wait_for(lambda: "class be, from pod team/be/dev" in plugin.log(), 10)
+        assert _envs(daemon)[env_be]["class_default"] == "be"
+    finally:
+        plugin.stop()
+        kubelet.stop()
+        api.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -95,6 +95,15 @@ def test_the_node_config_is_a_nodemgr_config(tmp_path: Path) -> None:
         "/var/lib/kubelet/pod-resources",
     } <= mounts
     assert not plugin["securityContext"].get("privileged")
+    # Its account may read pods (their class), and no more.
+    account = spec["serviceAccountName"]
+    (binding,) = [d for d in _documents("node-rbac.yaml") if d["kind"] == "ClusterRoleBinding"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": "gpushare-system"}
+    ]
+    role = _one("node-rbac.yaml", "ClusterRole")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
 
 
 def test_the_example_pod_asks_as_the_extender_reads_it() -> None:

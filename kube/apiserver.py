@@ -1,6 +1,7 @@
-"""The Kubernetes API server, as much of it as the extender reads and writes: the nodes,
-the pods that hold a node, and a pod's binding (docs/kubernetes.md, "The scheduler
-extender"). Plain HTTPS with the service account's token; no client library."""
+"""The Kubernetes API server, as much of it as gpushare reads and writes: the nodes and
+the pods (the extender; a pod's class, the device plugin) and a pod's binding (the
+extender; docs/kubernetes.md). Plain HTTPS with the service account's token; no client
+library."""
 
 from __future__ import annotations
 
