@@ -52,7 +52,7 @@ proto: $(VENV)/.dev
 
 # The real-PyTorch tiers (tests/real_torch/test_torch_sim.py, test_torch_timeline.py, and
 # under gpushare test_torch_gpushare.py, test_torch_processes.py, test_torch_timeslice.py,
-# test_torch_qos.py) run a pinned
+# test_torch_qos.py, test_torch_kube.py) run a pinned
 # PyTorch on the simulated driver from a venv of its own (the main venv's tests import a
 # stand-in `torch`). Made once: pip downloads about 3 GB (torch and its nvidia-* CUDA 13.0
 # libraries) where it has no local copy, and the venv takes 5.4 GB. The stamp names the version, so a

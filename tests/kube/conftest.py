@@ -1,15 +1,6 @@
-"""The Kubernetes tests' set-up and what their files share: the device plugin and the
-extender as processes.
-
-gRPC's fork handlers are off in the test process, which forks children (nodemgr, the
-plugin, tasks) while its own gRPC servers run; a child execs at once, so it needs none,
-and gRPC would log each fork otherwise."""
+"""What the Kubernetes tests share: the device plugin and the extender as processes."""
 
 from __future__ import annotations
-
-import os
-
-os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
 
 import json
 import re

@@ -122,7 +122,7 @@ def test_allocate_that_nodemgr_refuses_fails_with_its_reason(
     assert "nodemgr" in (caught.value.details() or "")
 
 
-def _unshare_works() -> bool:
+def unshare_works() -> bool:
     if os.geteuid() != 0 or not shutil.which("unshare"):
         return False
     probe = subprocess.run(
@@ -133,7 +133,7 @@ def _unshare_works() -> bool:
     return probe.returncode == 0
 
 
-@pytest.mark.skipif(not _unshare_works(), reason="needs root and unshare(1) for a mount namespace")
+@pytest.mark.skipif(not unshare_works(), reason="needs root and unshare(1) for a mount namespace")
 def test_a_task_run_with_what_allocate_returned_gets_the_quota(
     cluster: tuple[Daemon, FakeKubelet, PluginProcess], cbin: dict[str, Path]
 ) -> None:
