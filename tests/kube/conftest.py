@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -112,3 +113,27 @@ class ExtenderProcess:
                 self.proc.wait(30)
         shutil.rmtree(self.root, ignore_errors=True)
         return self.proc.returncode
+
+
+def in_container(mount: Any) -> list[str]:
+    """The argv prefix that runs a command as a container runtime would with the Allocate
+    answer's ``mount``: in a private mount namespace (unshare, as root) with the host's
+    directory bound at the container's path, over an empty /run."""
+    script = (
+        f"mount -t tmpfs tmpfs /run && mkdir -p {mount.container_path}"
+        f" && mount --bind {mount.host_path} {mount.container_path}"
+        f' && exec "$0" "$@"'
+    )
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+
+
+def unshare_works() -> bool:
+    """Whether this process may make a mount namespace (root, with unshare(1))."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "true"],
+        capture_output=True,
+        timeout=30,
+    )
+    return probe.returncode == 0

@@ -22,7 +22,7 @@ from kube.resources import ENV_ANNOTATION, GPU_MEMORY, GPUS, SOCKETS
 from tests.conftest import BIN, Daemon, _wait_for, die_with_test_run
 from tests.fixtures.fake_apiserver import FakeApiServer, pod
 from tests.fixtures.fake_kubelet import FakeKubelet
-from tests.kube.conftest import PluginProcess
+from tests.kube.conftest import PluginProcess, in_container, unshare_works
 
 GIB = 1 << 30
 FACTOR = 2  # kube.oversubscription in the daemon's config
@@ -122,17 +122,6 @@ def test_allocate_that_nodemgr_refuses_fails_with_its_reason(
     assert "nodemgr" in (caught.value.details() or "")
 
 
-def unshare_works() -> bool:
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        return False
-    probe = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "true"],
-        capture_output=True,
-        timeout=30,
-    )
-    return probe.returncode == 0
-
-
 @pytest.mark.skipif(not unshare_works(), reason="needs root and unshare(1) for a mount namespace")
 def test_a_task_run_with_what_allocate_returned_gets_the_quota(
     cluster: tuple[Daemon, FakeKubelet, PluginProcess], cbin: dict[str, Path]
@@ -145,16 +134,11 @@ def test_a_task_run_with_what_allocate_returned_gets_the_quota(
     (mount,) = got.mounts
     env = {**os.environ, **dict(got.envs)}
     env.pop("GPUSHARE_AUTOLOAD")  # the child is no framework; gpushare-run asks
-    script = (
-        f"mount -t tmpfs tmpfs /run && mkdir -p {mount.container_path}"
-        f" && mount --bind {mount.host_path} {mount.container_path}"
-        f' && exec "$0" "$@"'
-    )
-    in_container = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    container = in_container(mount)
     python_c = [sys.executable, "-c"]
     child = "import os, sys; print(os.environ['CUDA_VISIBLE_DEVICES']); sys.stdin.read()"
     run = subprocess.Popen(
-        [*in_container, str(BIN / "gpushare-run"), "--gpus", "2", "--", *python_c, child],
+        [*container, str(BIN / "gpushare-run"), "--gpus", "2", "--", *python_c, child],
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -174,7 +158,7 @@ def test_a_task_run_with_what_allocate_returned_gets_the_quota(
     assert run.returncode == 0
     # Beyond the quota: three GPUs are refused.
     over = subprocess.run(
-        [*in_container, str(BIN / "gpushare-run"), "--gpus", "3", "--no-wait", "--", "true"],
+        [*container, str(BIN / "gpushare-run"), "--gpus", "3", "--no-wait", "--", "true"],
         env=env,
         capture_output=True,
         text=True,
@@ -184,7 +168,7 @@ def test_a_task_run_with_what_allocate_returned_gets_the_quota(
     # The shim enforces the per-GPU memory quota on a CUDA program in the "container".
     steps = [str(cbin["client"]), "info", "alloc", "3072", "alloc", "2048", "alloc", "1024"]
     cuda = subprocess.run(
-        [*in_container, str(BIN / "gpushare-run"), "--gpus", "1", "--", *steps],
+        [*container, str(BIN / "gpushare-run"), "--gpus", "1", "--", *steps],
         env=env,
         capture_output=True,
         text=True,

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kube.extender.model import ask, node_info
+from kube.extender.model import Ask, ask, node_info
 from kube.resources import ENV_ANNOTATION, GPU_MEMORY, GPUS, SOCKETS
 from placement.cluster import ClusterState
 from placement.registry import make
@@ -130,10 +130,15 @@ def _stream(trace_pods: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _wants(a: Ask) -> dict[str, int]:
+    """What a pod asks of a node's allocatable resources (CPU in milli-cores, memory in
+    MiB), as kube-scheduler counts it."""
+    return {"cpu": a.cpu, "memory": a.memory, GPUS: a.gpus, GPU_MEMORY: a.gpu_memory}
+
+
 def _fits(requested: dict[str, float], n: Node, p: dict[str, Any]) -> bool:
     """kube-scheduler's NodeResourcesFit, which runs before any extender."""
-    a = ask(p)
-    want = {"cpu": a.cpu, "memory": a.memory, GPUS: a.gpus, GPU_MEMORY: a.gpu_memory}
+    want = _wants(ask(p))
     have = {"cpu": NODE_CPU * 1000, "memory": NODE_MEMORY * 1024, **n.capacity}
     return all(requested.get(k, 0) + v <= have[k] for k, v in want.items())
 
@@ -186,12 +191,7 @@ def test_pods_of_the_trace_placed_across_three_nodes_agree_with_the_engine(
             live[key] = target
             n = next(n for n in cluster if n.name == target)
             a = ask(p)
-            for k, v in {
-                "cpu": a.cpu,
-                "memory": a.memory,
-                GPUS: a.gpus,
-                GPU_MEMORY: a.gpu_memory,
-            }.items():
+            for k, v in _wants(a).items():
                 requested[target][k] = requested[target].get(k, 0) + v
             # The node's kubelet: IDs by the plugin's preference, then Allocate.
             ids = {}
@@ -241,12 +241,7 @@ def test_pods_of_the_trace_placed_across_three_nodes_agree_with_the_engine(
             state.place(task, where)
             target = cluster[where.node].name
             engine[p["metadata"]["name"]] = target
-            for k, v in {
-                "cpu": a.cpu,
-                "memory": a.memory,
-                GPUS: a.gpus,
-                GPU_MEMORY: a.gpu_memory,
-            }.items():
+            for k, v in _wants(a).items():
                 sim_requested[target][k] = sim_requested[target].get(k, 0) + v
         assert live == engine
         # The allocation ratio, of the nodes' quota memory: the live one from nodemgrs.

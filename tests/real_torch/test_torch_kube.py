@@ -22,8 +22,7 @@ import pytest
 from kube.resources import ENV_ANNOTATION, GPU_MEMORY, GPUS, SOCKETS
 from tests.conftest import BIN, Daemon, _wait_for, die_with_test_run
 from tests.fixtures.fake_kubelet import FakeKubelet
-from tests.kube.conftest import PluginProcess
-from tests.kube.test_device_plugin import unshare_works
+from tests.kube.conftest import PluginProcess, in_container, unshare_works
 from tests.real_torch.test_torch_gpushare import CASE, GIB, QUOTA, go_on, read_stage
 from tests.real_torch.test_torch_sim import torch_python  # noqa: F401 (a fixture)
 
@@ -59,14 +58,16 @@ def test_the_pods_memory_is_torchs_device_in_its_container(
     (mount,) = got.mounts
     env = {**os.environ, **dict(got.envs)}
     env.pop("GPUSHARE_AUTOLOAD")  # gpushare-run asks; the auto-loader is tested elsewhere
-    script = (
-        f"mount -t tmpfs tmpfs /run && mkdir -p {mount.container_path}"
-        f" && mount --bind {mount.host_path} {mount.container_path}"
-        f' && exec "$0" "$@"'
-    )
-    in_container = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
     p = subprocess.Popen(
-        [*in_container, str(BIN / "gpushare-run"), "--gpus", "1", "--", torch_python, str(CASE)],
+        [
+            *in_container(mount),
+            str(BIN / "gpushare-run"),
+            "--gpus",
+            "1",
+            "--",
+            torch_python,
+            str(CASE),
+        ],
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
