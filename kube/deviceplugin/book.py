@@ -97,17 +97,20 @@ class Book:
                 return a
         return None
 
-    def allocate(self, resource: str, ids: Sequence[str], now: float) -> Allocation:
-        """Record ``resource``'s ``ids`` for one container; the allocation they join."""
+    def allocate(
+        self, resource: str, ids: Sequence[str], now: float
+    ) -> tuple[Allocation, list[str]]:
+        """Record ``resource``'s ``ids`` for one container: the allocation they join, and
+        the environments of the allocations that held any of them before, which are over
+        (kubelet gives a device to a new container only once the one that held it is
+        gone; the environment must go with it, even where the new one takes its name)."""
         if resource not in RESOURCES:
             raise ValueError(f"not a gpushare resource: {resource}")
         ids = tuple(sorted(ids))
-        known = self.owner(ids)
-        if known is not None and known.ids.get(resource) == ids:
-            return known  # kubelet asking again for the same devices
-        if known is not None:
-            # IDs kubelet gives anew were another container's: that one is gone.
-            self.allocations.pop(known.env)
+        ended = []
+        while (known := self.owner(ids)) is not None:
+            del self.allocations[known.env]
+            ended.append(known.env)
         open_ = [
             a
             for a in self.allocations.values()
@@ -116,10 +119,10 @@ class Book:
         if open_:
             joined = max(open_, key=lambda a: (a.made, a.env))
             joined.ids[resource] = ids
-            return joined
+            return joined, ended
         made = Allocation(env_name(ids), {resource: ids}, now)
         self.allocations[made.env] = made
-        return made
+        return made, ended
 
     def wire(self) -> dict[str, Any]:
         """The book as its file holds it (JSON)."""

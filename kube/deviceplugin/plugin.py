@@ -185,7 +185,11 @@ class Plugin:
         """One container's devices of ``resource``: its environment made (or its quota
         completed) in nodemgr; what the container needs to reach it."""
         with self.lock:
-            allocation = self.book.allocate(resource, ids, time.time())
+            allocation, ended = self.book.allocate(resource, ids, time.time())
+            for env in ended:
+                self.node.delete(env)
+                self.classes.pop(env, None)
+                log.info("environment %s removed: its devices went to a new container", env)
             self.node.ensure(allocation)
             self._save_book()
         return self.container_response(allocation.env)

@@ -15,45 +15,44 @@ GIB = 1 << 30
 
 def test_a_container_s_two_halves_make_one_environment_in_either_order() -> None:
     book = Book()
-    a = book.allocate(GPUS, ["gpu1-0", "gpu0-0"], now=100.0)
-    assert a.env == env_name(["gpu0-0", "gpu1-0"]) and a.quota() == (0, 0)
-    b = book.allocate(GPU_MEMORY, [f"mem0-{k}" for k in range(10)], now=100.01)
+    a, ended = book.allocate(GPUS, ["gpu1-0", "gpu0-0"], now=100.0)
+    assert a.env == env_name(["gpu0-0", "gpu1-0"]) and a.quota() == (0, 0) and ended == []
+    b, _ = book.allocate(GPU_MEMORY, [f"mem0-{k}" for k in range(10)], now=100.01)
     assert b is a and a.quota() == (2, 5 * GIB)
     # Memory first, then GPUs: the memory half names it.
-    c = book.allocate(GPU_MEMORY, ["mem1-0"], now=101.0)
-    d = book.allocate(GPUS, ["gpu1-1"], now=101.0)
+    c, _ = book.allocate(GPU_MEMORY, ["mem1-0"], now=101.0)
+    d, _ = book.allocate(GPUS, ["gpu1-1"], now=101.0)
     assert d is c and c.env == env_name(["mem1-0"]) and c.quota() == (1, GIB)
     assert len(book.allocations) == 2
 
 
 def test_a_half_after_the_pairing_window_begins_a_new_allocation() -> None:
     book = Book()
-    first = book.allocate(GPUS, ["gpu0-0"], now=0.0)
-    late = book.allocate(GPU_MEMORY, ["mem0-0"], now=PAIR_WINDOW + 0.01)
+    first, _ = book.allocate(GPUS, ["gpu0-0"], now=0.0)
+    late, _ = book.allocate(GPU_MEMORY, ["mem0-0"], now=PAIR_WINDOW + 0.01)
     assert late is not first and first.quota() == (0, 0) and late.quota() == (0, 0)
 
 
 def test_a_half_joins_the_newest_open_allocation() -> None:
     book = Book()
-    older = book.allocate(GPUS, ["gpu0-0"], now=0.0)
-    newer = book.allocate(GPUS, ["gpu1-0"], now=1.0)
-    got = book.allocate(GPU_MEMORY, ["mem0-0"], now=1.1)
+    older, _ = book.allocate(GPUS, ["gpu0-0"], now=0.0)
+    newer, _ = book.allocate(GPUS, ["gpu1-0"], now=1.0)
+    got, _ = book.allocate(GPU_MEMORY, ["mem0-0"], now=1.1)
     assert got is newer and older.quota() == (0, 0)
 
 
-def test_the_same_ids_again_are_the_same_allocation() -> None:
+def test_ids_given_to_a_new_container_end_the_one_that_held_them() -> None:
     book = Book()
-    a = book.allocate(GPUS, ["gpu0-0"], now=0.0)
+    a, _ = book.allocate(GPUS, ["gpu0-0", "gpu0-1"], now=0.0)
     book.allocate(GPU_MEMORY, ["mem0-0"], now=0.0)
-    assert book.allocate(GPUS, ["gpu0-0"], now=50.0) is a
-
-
-def test_ids_given_anew_end_the_allocation_that_held_them() -> None:
-    book = Book()
-    a = book.allocate(GPUS, ["gpu0-0", "gpu0-1"], now=0.0)
-    book.allocate(GPU_MEMORY, ["mem0-0"], now=0.0)
-    b = book.allocate(GPUS, ["gpu0-1"], now=60.0)
-    assert a.env not in book.allocations and b.env in book.allocations
+    b, ended = book.allocate(GPUS, ["gpu0-1"], now=60.0)
+    assert ended == [a.env] and a.env not in book.allocations and b.env in book.allocations
+    # The very same IDs again: a new container too, whose environment takes the name of
+    # the one that ends (the plugin removes that one first).
+    c, _ = book.allocate(GPU_MEMORY, ["mem0-5"], now=60.1)
+    assert c is b
+    d, ended = book.allocate(GPUS, ["gpu0-1"], now=120.0)
+    assert ended == [b.env] and d.env == b.env and d is not b and d.quota() == (0, 0)
 
 
 def test_not_a_gpushare_resource_is_refused() -> None:
@@ -142,9 +141,9 @@ def test_plan_notes_a_container_with_one_of_the_two_resources() -> None:
 def test_plan_follows_the_live_list_where_a_pairing_went_wrong() -> None:
     book = Book()
     # Pod x asked only GPUs; pod y's memory half then joined x's allocation.
-    x = book.allocate(GPUS, ["gpu0-0"], now=0.0)
+    x, _ = book.allocate(GPUS, ["gpu0-0"], now=0.0)
     book.allocate(GPU_MEMORY, ["mem0-0"], now=0.1)
-    y = book.allocate(GPUS, ["gpu1-0"], now=10.0)
+    y, _ = book.allocate(GPUS, ["gpu1-0"], now=10.0)
     live = [_holder("x", ["gpu0-0"], []), _holder("y", ["gpu1-0"], ["mem0-0"])]
     got = plan(book, live, {x.env, y.env}, 100.0, 5.0)
     assert any("2 environments" in n for n in got.notes)

@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from kube.resources import ENV_ANNOTATION, GPU_MEMORY, GPUS, SOCKETS
-from tests.conftest import BIN, Daemon, _wait_for, die_with_test_run
+from tests.conftest import BIN, Daemon, Holder, _wait_for, die_with_test_run
 from tests.fixtures.fake_apiserver import FakeApiServer, pod
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.kube.conftest import PluginProcess, in_container, unshare_works
@@ -341,3 +341,28 @@ def test_the_pods_class_annotation_sets_its_environments_class(daemon_factory: A
         kubelet.stop()
         api.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_devices_given_to_a_new_container_end_the_old_ones_environment(
+    cluster: tuple[Daemon, FakeKubelet, PluginProcess],
+) -> None:
+    """Kubelet hands a device to a new container once the one that held it is gone: the
+    old container's environment goes, even where the new one takes its name."""
+    daemon, kubelet, plugin = cluster
+    old, _ = _allocate_both(kubelet, ["gpu0-0"], ["mem0-0", "mem0-1"])
+    env = old.annotations[ENV_ANNOTATION]
+    endpoint = f"ipc://{daemon.run_dir / 'envs' / env / 'task.sock'}"
+    holder = Holder(endpoint)  # a task of the old container, still holding its GPU
+    try:
+        assert len(daemon.tasks()) == 1
+        new, _ = _allocate_both(kubelet, ["gpu0-0"], [f"mem1-{k}" for k in range(6)])
+        assert new.annotations[ENV_ANNOTATION] == env  # named after the same IDs
+        assert daemon.tasks() == []  # the old environment went, its task with it
+        assert (_envs(daemon)[env]["gpus"], _envs(daemon)[env]["memory"]) == (1, 6 * GIB)
+        assert "removed: its devices went to a new container" in plugin.log()
+        holder.proc.communicate(timeout=15)
+        assert holder.proc.returncode != 0  # it was told its task is no more
+    finally:
+        if holder.proc.poll() is None:
+            holder.proc.kill()
+            holder.proc.communicate(timeout=15)
