@@ -155,7 +155,8 @@ class Plugin:
         gpus = self.node.gpus()
         new: dict[str, list[tuple[str, str]]] = {r: [] for r in RESOURCES}
         for g in gpus:
-            health = UNHEALTHY if g.get("lost") else HEALTHY
+            # Lost, or drained by the operator (nodemgr drain): no new pods on its share.
+            health = UNHEALTHY if g.get("lost") or g.get("drained") else HEALTHY
             index = int(g["index"])
             new[GPUS] += [(i, health) for i in device_ids(GPUS, index, self.factor)]
             units = int(g["memory"]) // MEMORY_UNIT * self.factor

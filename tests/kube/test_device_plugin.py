@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
+from kube.proto import deviceplugin_pb2 as dp
 from kube.resources import ENV_ANNOTATION, GPU_MEMORY, GPUS, SOCKETS
 from tests.conftest import BIN, Daemon, Holder, _wait_for, die_with_test_run
 from tests.fixtures.fake_apiserver import FakeApiServer, pod
@@ -75,6 +76,28 @@ def test_registers_both_resources_and_lists_oversubscribed_devices(
     mem = kubelet.list_devices(MEM_SOCK)
     assert len(mem) == 2 * 16 * FACTOR  # 16 GiB each, in GiB, FACTOR times over
     assert len({i for i, _ in mem}) == len(mem)
+
+
+def test_a_drained_gpu_is_offered_unhealthy_until_undrained(
+    cluster: tuple[Daemon, FakeKubelet, PluginProcess],
+) -> None:
+    daemon, kubelet, _ = cluster
+    channel, stub = kubelet.plugin(GPU_SOCK)
+    with channel:
+        stream = stub.ListAndWatch(dp.Empty(), timeout=30)
+        assert {d.health for d in next(stream).devices} == {"Healthy"}
+        daemon.admin("drain", gpu=1, drained=True)
+        # The next answer on the same stream: GPU 1's slots unhealthy, GPU 0's not.
+        sent = {d.ID: d.health for d in next(stream).devices}
+        assert sent == {
+            "gpu0-0": "Healthy",
+            "gpu0-1": "Healthy",
+            "gpu1-0": "Unhealthy",
+            "gpu1-1": "Unhealthy",
+        }
+        daemon.admin("drain", gpu=1, drained=False)
+        assert {d.health for d in next(stream).devices} == {"Healthy"}
+        stream.cancel()
 
 
 def test_preferred_allocation_spreads_over_gpus(
