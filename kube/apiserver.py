@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -16,6 +17,9 @@ from typing import Any
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TIMEOUT = 10.0
+# Seconds a token read from a file is used before the file is read again: kubelet
+# rewrites a pod's service account token well before it expires.
+TOKEN_REREAD = 60.0
 
 
 class ApiError(Exception):
@@ -23,13 +27,24 @@ class ApiError(Exception):
 
 
 class ApiServer:
-    """``url`` (``https://HOST:PORT``), with a bearer ``token`` and the ``ca`` file that
-    signs its certificate where given."""
+    """``url`` (``https://HOST:PORT``), with a bearer ``token``, or one read from
+    ``token_file`` (again every TOKEN_REREAD seconds), and the ``ca`` file that signs
+    its certificate where given."""
 
-    def __init__(self, url: str, token: str | None = None, ca: Path | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        ca: Path | None = None,
+        token_file: Path | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.token = token
+        self.token_file = token_file
+        self._token_read = -TOKEN_REREAD
         self.context = ssl.create_default_context(cafile=str(ca)) if ca else None
+        if token_file is not None:
+            self._bearer()  # a file that cannot be read is said now
 
     @classmethod
     def in_cluster(cls) -> ApiServer:
@@ -38,11 +53,22 @@ class ApiServer:
         port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         if not host:
             raise ApiError("not in a cluster (no KUBERNETES_SERVICE_HOST): give --api-server URL")
-        try:
-            token = (SERVICE_ACCOUNT / "token").read_text().strip()
-        except OSError as e:
-            raise ApiError(f"no service account token: {e}") from None
-        return cls(f"https://{host}:{port}", token, SERVICE_ACCOUNT / "ca.crt")
+        return cls(
+            f"https://{host}:{port}",
+            ca=SERVICE_ACCOUNT / "ca.crt",
+            token_file=SERVICE_ACCOUNT / "token",
+        )
+
+    def _bearer(self) -> str | None:
+        if self.token_file is not None:
+            now = time.monotonic()
+            if now - self._token_read >= TOKEN_REREAD:
+                try:
+                    self.token = self.token_file.read_text().strip()
+                except OSError as e:
+                    raise ApiError(f"no token at {self.token_file}: {e}") from None
+                self._token_read = now
+        return self.token
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -50,8 +76,9 @@ class ApiServer:
         request.add_header("Accept", "application/json")
         if data is not None:
             request.add_header("Content-Type", "application/json")
-        if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
+        token = self._bearer()
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
         try:
             with urllib.request.urlopen(request, timeout=TIMEOUT, context=self.context) as r:
                 return json.loads(r.read() or b"null")

@@ -41,7 +41,7 @@ _API_OPTIONS = [
         "--token-file",
         type=click.Path(dir_okay=False, path_type=Path),
         default=None,
-        help="A bearer token for --api-server.",
+        help="A file holding a bearer token for --api-server (read again every minute).",
     ),
     click.option(
         "--ca-file",
@@ -72,8 +72,7 @@ def _api(
             if not required and not os.environ.get("KUBERNETES_SERVICE_HOST"):
                 return None
             return ApiServer.in_cluster()
-        token = token_file.read_text().strip() if token_file else None
-        return ApiServer(api_server, token, ca_file)
+        return ApiServer(api_server, ca=ca_file, token_file=token_file)
     except (ApiError, OSError) as e:
         _fail(str(e), EXIT_CONFIG)
 
@@ -117,6 +116,14 @@ cannot listen in."""
 )
 @_api_options
 @click.option(
+    "--host-dev",
+    type=click.Path(file_okay=False, path_type=Path),
+    default="/dev",
+    show_default=True,
+    help="The host's /dev as this process sees it (in a pod: a hostPath mount), where the"
+    " NVIDIA device nodes given to containers are looked for.",
+)
+@click.option(
     "--interval",
     type=click.FloatRange(min=0.05, max=3600),
     default=None,
@@ -129,6 +136,7 @@ def device_plugin(
     api_server: str | None,
     token_file: Path | None,
     ca_file: Path | None,
+    host_dev: Path,
     interval: float | None,
 ) -> None:
     from nodemgr import config as configmod
@@ -150,7 +158,7 @@ def device_plugin(
             "no API server: the pods' gpushare.io/class is not read (environments are"
             " best-effort by nodemgr's default)"
         )
-    plugin = Plugin(cfg, kubelet_dir, pod_resources, interval=interval, api=api)
+    plugin = Plugin(cfg, kubelet_dir, pod_resources, interval=interval, api=api, host_dev=host_dev)
     stopped = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:

@@ -87,6 +87,10 @@ class Plan:
 class Book:
     """Allocations by environment."""
 
+    def copy(self) -> Book:
+        """A book of copies of these allocations (what a change is tried on)."""
+        return Book(Allocation(a.env, dict(a.ids), a.made) for a in self.allocations.values())
+
     def __init__(self, allocations: Iterable[Allocation] = ()) -> None:
         self.allocations: dict[str, Allocation] = {a.env: a for a in allocations}
 
@@ -100,17 +104,28 @@ class Book:
     def allocate(
         self, resource: str, ids: Sequence[str], now: float
     ) -> tuple[Allocation, list[str]]:
-        """Record ``resource``'s ``ids`` for one container: the allocation they join, and
-        the environments of the allocations that held any of them before, which are over
-        (kubelet gives a device to a new container only once the one that held it is
-        gone; the environment must go with it, even where the new one takes its name)."""
+        """Record ``resource``'s ``ids`` for one container: the allocation they make or
+        join, and those dropped from the book (left for :func:`plan` to remove).
+
+        Kubelet gives a container devices another allocation holds when that one's
+        container is gone, or, within one pod, when app containers reuse an init
+        container's. Either way the new container carries on that allocation's
+        environment (the one holding most of the IDs): it takes these IDs, and its other
+        half is to come, as for a new allocation. Other allocations holding some of the
+        IDs are dropped."""
         if resource not in RESOURCES:
             raise ValueError(f"not a gpushare resource: {resource}")
         ids = tuple(sorted(ids))
-        ended = []
-        while (known := self.owner(ids)) is not None:
-            del self.allocations[known.env]
-            ended.append(known.env)
+        wanted = set(ids)
+        owners = [a for a in self.allocations.values() if a.all_ids() & wanted]
+        if owners:
+            kept = max(owners, key=lambda a: (len(a.all_ids() & wanted), a.made, a.env))
+            dropped = [a.env for a in owners if a is not kept]
+            for env in dropped:
+                del self.allocations[env]
+            kept.ids = {resource: ids}
+            kept.made = now
+            return kept, dropped
         open_ = [
             a
             for a in self.allocations.values()
@@ -119,10 +134,10 @@ class Book:
         if open_:
             joined = max(open_, key=lambda a: (a.made, a.env))
             joined.ids[resource] = ids
-            return joined, ended
+            return joined, []
         made = Allocation(env_name(ids), {resource: ids}, now)
         self.allocations[made.env] = made
-        return made, ended
+        return made, []
 
     def wire(self) -> dict[str, Any]:
         """The book as its file holds it (JSON)."""
@@ -163,6 +178,7 @@ def plan(book: Book, live: Sequence[Holder], envs: Iterable[str], now: float, gr
     notes: list[str] = []
     held: set[str] = set()
     adopted: list[Allocation] = []
+    changed: list[Allocation] = []
     for holder in live:
         mine = {r: tuple(sorted(v)) for r, v in holder.ids.items() if r in RESOURCES and v}
         if not mine:
@@ -181,8 +197,14 @@ def plan(book: Book, live: Sequence[Holder], envs: Iterable[str], now: float, gr
             adopted.append(taken)
             owners = {env}
         elif len(owners) == 1:
-            # The live list is the truth: the allocation holds what the container holds.
-            book.allocations[next(iter(owners))].ids.update(mine)
+            # The live list is the truth for an allocation it has had time to show (kubelet
+            # lists a container after allocating it): it holds what the container holds.
+            owner = book.allocations[next(iter(owners))]
+            if now - owner.made > grace:
+                before = owner.quota()
+                owner.ids.update(mine)
+                if owner.quota() != before:
+                    changed.append(owner)
         if len(mine) < len(RESOURCES):
             missing = next(r for r in RESOURCES if r not in mine)
             notes.append(f"{holder.name}: asks for no {missing}, so its quota is zero")
@@ -193,6 +215,7 @@ def plan(book: Book, live: Sequence[Holder], envs: Iterable[str], now: float, gr
     stray = sorted(e for e in existing if e.startswith(ENV_PREFIX) and e not in book.allocations)
     ensure = [a for a in book.allocations.values() if a.env in held and a.env not in existing]
     ensure += [a for a in adopted if a.env in existing]  # its quota may be stale
+    ensure += [a for a in changed if a.env in existing]
     return Plan(
         delete=tuple(sorted(set(gone) & existing | set(stray))),
         ensure=tuple(sorted({a.env: a for a in ensure}.values(), key=lambda a: a.env)),

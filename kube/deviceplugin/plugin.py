@@ -107,8 +107,10 @@ class Plugin:
         oversubscription: int | None = None,
         interval: float | None = None,
         api: ApiServer | None = None,
+        host_dev: Path = Path("/dev"),
     ) -> None:
         self.config = config
+        self.host_dev = host_dev
         # Where the pods' annotations are read (their class); None: not read.
         self.api = api
         self.classes: dict[str, str] = {}  # environment -> the class set on it
@@ -127,6 +129,7 @@ class Plugin:
         self.generation = 0
         self.servers: dict[str, grpc.Server] = {}
         self.inodes: dict[str, int] = {}
+        self.registered: set[str] = set()
         self.book = self._load_book()
 
     # --- the book on disk -------------------------------------------------------------
@@ -186,13 +189,14 @@ class Plugin:
         """One container's devices of ``resource``: its environment made (or its quota
         completed) in nodemgr; what the container needs to reach it."""
         with self.lock:
-            allocation, ended = self.book.allocate(resource, ids, time.time())
-            for env in ended:
-                self.node.delete(env)
-                self.classes.pop(env, None)
-                log.info("environment %s removed: its devices went to a new container", env)
+            # Tried on a copy: the book changes only once nodemgr has the environment.
+            trial = self.book.copy()
+            allocation, dropped = trial.allocate(resource, ids, time.time())
             self.node.ensure(allocation)
+            self.book = trial
             self._save_book()
+        for env in dropped:
+            log.info("environment %s dropped: a new container took some of its devices", env)
         return self.container_response(allocation.env)
 
     def container_response(self, env: str) -> Any:
@@ -223,14 +227,14 @@ class Plugin:
         )
 
     def nvidia_devices(self) -> list[str]:
-        """The NVIDIA device nodes this host has (none on simulated GPUs)."""
-        dev = Path("/dev")
+        """The NVIDIA device nodes the host has (none on simulated GPUs), by their host
+        paths, as found in ``host_dev``: the host's /dev as this process sees it."""
         gpus = sorted(
-            (p for p in dev.glob("nvidia[0-9]*") if p.name[6:].isdigit()),
-            key=lambda p: int(p.name[6:]),
+            (p.name for p in self.host_dev.glob("nvidia[0-9]*") if p.name[6:].isdigit()),
+            key=lambda name: int(name[6:]),
         )
-        control = [Path(p) for p in NVIDIA_CONTROL]
-        return [str(p) for p in [*control, *gpus] if p.exists()]
+        names = [Path(p).name for p in NVIDIA_CONTROL] + gpus
+        return [f"/dev/{n}" for n in names if (self.host_dev / n).exists()]
 
     # --- reconciliation -----------------------------------------------------------------
 
@@ -252,8 +256,9 @@ class Plugin:
 
     def reconcile(self) -> None:
         """Bring nodemgr's environments in line with the live containers once."""
-        live = self.live()
         with self.lock:
+            # Read under the lock: no Allocate between the list and the plan acting on it.
+            live = self.live()
             todo = plan(
                 self.book, live, self.node.envs(), time.time(), self.config.heartbeat_timeout
             )
@@ -352,6 +357,7 @@ class Plugin:
         for resource in RESOURCES:
             self.serve(resource)
             self.register(resource)
+            self.registered.add(resource)
 
     def restarted(self) -> list[str]:
         """Resources whose socket is gone or replaced: kubelet empties its directory
@@ -371,9 +377,16 @@ class Plugin:
         devices, reconcile. What fails is logged and tried again next round."""
         for resource in self.restarted():
             log.info("%s's socket is gone (kubelet restarted?): serving again", resource)
-            self.servers.pop(resource).stop(0)
+            self.registered.discard(resource)
+            old = self.servers.pop(resource, None)
+            if old is not None:
+                old.stop(0)
             self.serve(resource)
-            self.register(resource)
+        for resource in RESOURCES:
+            # Until kubelet takes it: a kubelet still starting refuses, and is asked again.
+            if resource not in self.registered:
+                self.register(resource)
+                self.registered.add(resource)
         self.refresh_devices()
         self.reconcile()
 
@@ -384,6 +397,8 @@ class Plugin:
                 self.step()
             except (Unreachable, NodeError, PluginError, grpc.RpcError, OSError) as e:
                 log.warning("this round failed, trying again: %s", _why(e))
+            except Exception:  # a fault of the plugin's own: logged whole, and served on
+                log.exception("this round failed, trying again")
 
     def stop(self) -> None:
         self.stopping.set()
@@ -436,6 +451,8 @@ class Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"nodemgr: {e}")
             except NodeError as e:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"nodemgr: {e.message}")
+            except ValueError as e:  # a quota no nodemgr request can carry (over 64 GPUs)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"gpushare: {e}")
         return dp.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request: Any, context: grpc.ServicerContext) -> Any:

@@ -23,7 +23,18 @@ import numpy as np
 
 import placement.policies  # noqa: F401  (registers the policies by name)
 from kube.resources import CLASS_ANNOTATION, GPU_MEMORY, GPUS, MODEL_ANNOTATION
-from placement.cluster import BE, LS, MILLI, Bools, ClusterState, Ints, Node, Placement, Pod
+from placement.cluster import (
+    BE,
+    LS,
+    MILLI,
+    Bools,
+    ClusterState,
+    Ints,
+    Node,
+    Placement,
+    PlacementError,
+    Pod,
+)
 from placement.policies.base import ScoringPolicy
 from placement.registry import make
 
@@ -130,21 +141,32 @@ class Ask:
     models: tuple[str, ...]
     node: str  # spec.nodeName, "" while unbound
 
+    @property
+    def ident(self) -> str:
+        """What tells this pod from any other, a pod of the same name made again after
+        it included: its UID (its key where it has none)."""
+        return self.uid or self.key
+
     def tasks(self, info: NodeInfo) -> list[Pod]:
+        try:
+            return self._tasks(info)
+        except PlacementError as e:  # e.g. more GPUs than any node holds
+            raise ModelError(f"pod {self.key}: {e}") from None
+
+    def _tasks(self, info: NodeInfo) -> list[Pod]:
         """The engine's tasks for this pod on a node like ``info``: one, or for several
         GPUs of less than a whole quota GPU each, one per GPU (the first carrying the
         CPU and memory)."""
         if not self.gpus:
-            return [self._task(self.key, 0, 0, self.cpu, self.memory)]
+            return [self._task(self.ident, 0, 0, self.cpu, self.memory)]
         per_gpu = Fraction(self.gpu_memory, self.gpus)
         capacity = info.gpu_memory * info.factor
         milli = MILLI if not capacity else min(MILLI, max(1, math.ceil(per_gpu / capacity * MILLI)))
         if milli == MILLI or self.gpus == 1:
-            return [self._task(self.key, self.gpus, milli, self.cpu, self.memory)]
-        first = self._task(f"{self.key}#0", 1, milli, self.cpu, self.memory)
-        return [first] + [
-            self._task(f"{self.key}#{k}", 1, milli, 0, 0) for k in range(1, self.gpus)
-        ]
+            return [self._task(self.ident, self.gpus, milli, self.cpu, self.memory)]
+        first = self._task(f"{self.ident}#0", 1, milli, self.cpu, self.memory)
+        rest = [self._task(f"{self.ident}#{k}", 1, milli, 0, 0) for k in range(1, self.gpus)]
+        return [first, *rest]
 
     def _task(self, name: str, gpus: int, milli: int, cpu: int, memory: int) -> Pod:
         return Pod(name, cpu, memory, num_gpu=gpus, gpu_milli=milli, spec=self.models, qos=self.qos)
@@ -213,7 +235,7 @@ class View:
 
     The policy learns the workload (FGD's typical pods) from the bound and the waiting
     pods together: what the cluster runs and what it is asked to run next. A waiting
-    pod's tasks are taken as on the cluster's first node of the most common kind."""
+    pod's tasks are taken as on the cluster's first GPU node of the most common kind."""
 
     def __init__(
         self,
@@ -235,23 +257,37 @@ class View:
         self._by_group: list[Ints] | None = None
         self._group_of: Ints = np.zeros(0, dtype=np.int64)
         self.bound: dict[str, list[str]] = {}
-        asks = list(bound)
-        expected = [t for a in asks if a.node in self.infos for t in a.tasks(self.infos[a.node])]
-        kinds = Counter((n.gpu_memory, n.factor, n.gpus > 0) for n in nodes)
+        asks = [a for a in bound if a.node in self.infos]
+        expected: list[Pod] = []
+        for a in asks:
+            try:
+                expected += a.tasks(self.infos[a.node])
+            except ModelError:
+                continue  # held nowhere below either
+        gpu_nodes = [n for n in nodes if n.gpus] or list(nodes)
+        kinds = Counter((n.gpu_memory, n.factor) for n in gpu_nodes)
         if kinds:
             common = kinds.most_common(1)[0][0]
-            typical = next(n for n in nodes if (n.gpu_memory, n.factor, n.gpus > 0) == common)
-            expected += [t for a in waiting for t in a.tasks(typical)]
+            typical = next(n for n in gpu_nodes if (n.gpu_memory, n.factor) == common)
+            for a in waiting:
+                try:
+                    expected += a.tasks(typical)
+                except ModelError:
+                    continue
         self.policy.setup(self.state, expected)
         for a in asks:
-            if a.node in self.infos and not self.place(a, a.node):
+            try:
+                held = self.place(a, a.node)
+            except ModelError:
+                held = False
+            if not held:
                 self.unplaced.append(a.key)
 
     def place(self, a: Ask, node: str) -> bool:
         """Hold ``a``'s tasks on ``node``, devices as the policy chooses them there; False
         (nothing held) when they do not fit."""
-        if a.key in self.bound:
-            return self.bound_node(a.key) == node
+        if a.ident in self.bound:
+            return self.bound_node(a.ident) == node
         i = self.index[node]
         trial = self.state.copy()
         made: list[tuple[Pod, Placement]] = []
@@ -265,17 +301,18 @@ class View:
             made.append((task, where))
         for task, where in made:
             self.state.place(task, where)
-        self.bound[a.key] = [t.name for t, _ in made]
+        self.bound[a.ident] = [t.name for t, _ in made]
         return True
 
-    def bound_node(self, key: str) -> str | None:
-        names = self.bound.get(key)
+    def bound_node(self, ident: str) -> str | None:
+        """Where the pod of this :attr:`Ask.ident` is held; None: nowhere."""
+        names = self.bound.get(ident)
         if not names:
             return None
         return self.state.nodes[self.state.placed[names[0]][1].node].name
 
-    def release(self, key: str) -> None:
-        for name in self.bound.pop(key, []):
+    def release(self, ident: str) -> None:
+        for name in self.bound.pop(ident, []):
             self.state.remove(name)
 
     def _groups(self) -> list[Ints]:
@@ -381,7 +418,10 @@ class View:
             shape = (a.gpus, a.gpu_memory, a.cpu, a.memory, a.models, a.qos)
             if shape not in seen:
                 seen.add(shape)
-                self.score(a, names)
+                try:
+                    self.score(a, names)
+                except ModelError:
+                    continue
 
     def decide(self, a: Ask, names: Sequence[str]) -> Decision:
         """Filter and score ``names`` for ``a`` (:meth:`filter`, then :meth:`score`)."""

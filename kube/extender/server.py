@@ -59,10 +59,17 @@ class Extender:
     # --- the view ----------------------------------------------------------------------
 
     def refresh(self) -> None:
-        """The view anew from the API server: its nodes and the pods bound to them."""
+        """The view anew from the API server: its nodes and the pods bound to them. It
+        is built without the lock (requests go on with the old one meanwhile) and
+        swapped in; a bind made during the build is held in the new view too."""
         if self.api is None:
             return
-        nodes = [node_info(n, self.factor) for n in self.api.nodes()]
+        nodes = []
+        for n in self.api.nodes():
+            try:
+                nodes.append(node_info(n, self.factor))
+            except ModelError as e:
+                log.warning("%s: left out of the view", e)
         asks = []
         for p in self.api.pods():
             try:
@@ -70,33 +77,46 @@ class Extender:
             except ModelError as e:
                 log.warning("%s", e)
         bound = [a for a in asks if a.node]
+        waiting = [a for a in asks if not a.node]
         with self.lock:
-            self.waiting = [a for a in asks if not a.node]
-            listed = {a.key for a in bound}
+            listed = {a.ident for a in bound}
             now = time.monotonic()
-            for key, (_, since) in list(self.assumed.items()):
-                if key in listed or now - since > 10 * self.refresh_every:
-                    del self.assumed[key]
-            self.bound = bound
-            self._rebuild({n.name: n for n in nodes})
+            for ident, (_, since) in list(self.assumed.items()):
+                if ident in listed or now - since > 10 * self.refresh_every:
+                    del self.assumed[ident]
+            self.bound, self.waiting = bound, waiting
+            assumed = dict(self.assumed)
+        self._swap({n.name: n for n in nodes}, bound, assumed, waiting)
 
-    def _rebuild(self, infos: dict[str, NodeInfo]) -> None:
-        """The view of ``infos`` with the bound pods and those this extender bound since."""
-        pods = {a.key: a for a in self.bound}
-        pods.update((key, a) for key, (a, _) in self.assumed.items())
-        self.infos = infos
-        self.view = None
+    def _swap(
+        self,
+        infos: dict[str, NodeInfo],
+        bound: list[Ask],
+        assumed: dict[str, tuple[Ask, float]],
+        waiting: list[Ask],
+    ) -> None:
+        """Build the view of ``infos`` with the bound pods and those this extender bound
+        (``assumed``), outside the lock; swap it in, with any bind made meanwhile."""
+        view = None
         if infos:
-            ordered = sorted(pods.values(), key=lambda a: a.key)
-            view = View(list(infos.values()), ordered, self.policy, waiting=self.waiting)
+            pods = {a.ident: a for a in bound}
+            pods.update((ident, a) for ident, (a, _) in assumed.items())
+            ordered = sorted(pods.values(), key=lambda a: (a.key, a.ident))
+            view = View(list(infos.values()), ordered, self.policy, waiting=waiting)
             # The shapes of the pods the cluster runs and of those waiting, scored once
             # on every node: the first request of such a shape finds the scores kept.
-            view.warm([*ordered, *self.waiting])
-            self.view = view
-            # The view lives until the next refresh: kept out of the collector's full
-            # passes, which would otherwise walk it in the middle of requests.
-            gc.collect()
-            gc.freeze()
+            view.warm([*ordered, *waiting])
+        with self.lock:
+            if view is not None:
+                for ident, (a, _) in self.assumed.items():
+                    if ident not in assumed:  # bound while the view was built
+                        view.place(a, a.node)
+            self.view, self.infos = view, infos
+        # The view lives until the next refresh: kept out of the collector's full passes,
+        # which would otherwise walk it in the middle of requests; the old one, let go.
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
 
     def _nodes_from(self, args: Mapping[str, Any]) -> list[str]:
         """The candidate node names; full Node objects (nodeCacheCapable false) update
@@ -105,8 +125,11 @@ class Extender:
         if items:
             infos = [node_info(n, self.factor) for n in items]
             with self.lock:
-                if any(self.infos.get(i.name) != i for i in infos):
-                    self._rebuild({**self.infos, **{i.name: i for i in infos}})
+                stale = any(self.infos.get(i.name) != i for i in infos)
+                merged = {**self.infos, **{i.name: i for i in infos}}
+                bound, assumed, waiting = self.bound, dict(self.assumed), self.waiting
+            if stale:
+                self._swap(merged, bound, assumed, waiting)
             return [i.name for i in infos]
         return [str(n) for n in args.get("NodeNames") or []]
 
@@ -164,13 +187,13 @@ class Extender:
                     return {"Error": f"gpushare: node {node} not known to the extender"}
                 if not view.place(pod, node):
                     return {"Error": f"gpushare: pod {key} no longer fits node {node}"}
-                self.assumed[key] = (dataclasses.replace(pod, node=node), time.monotonic())
+                self.assumed[pod.ident] = (dataclasses.replace(pod, node=node), time.monotonic())
             try:
                 self.api.bind(namespace, name, uid, node)
             except ApiError:
                 with self.lock:
-                    view.release(key)
-                    self.assumed.pop(key, None)
+                    view.release(pod.ident)
+                    self.assumed.pop(pod.ident, None)
                 raise
         except (ApiError, ModelError) as e:
             return {"Error": f"gpushare: {e}"}
@@ -183,6 +206,8 @@ class Extender:
                 self.refresh()
             except (ApiError, ModelError) as e:
                 log.warning("refresh failed, keeping the view: %s", e)
+            except Exception:  # a fault of its own: logged whole; the next one may do
+                log.exception("refresh failed, keeping the view")
             self.stopping.wait(self.refresh_every)
 
 
@@ -233,6 +258,9 @@ def handler(extender: Extender) -> type[BaseHTTPRequestHandler]:
                 self._reply(200, route(args))
             except ModelError as e:
                 self._reply(400, {"Error": str(e)})
+            except Exception as e:  # a fault of the extender's own: answered, and logged
+                log.exception("%s failed", self.path)
+                self._reply(500, {"Error": f"gpushare: internal error: {e}"})
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug(format, *args)

@@ -41,18 +41,36 @@ def test_a_half_joins_the_newest_open_allocation() -> None:
     assert got is newer and older.quota() == (0, 0)
 
 
-def test_ids_given_to_a_new_container_end_the_one_that_held_them() -> None:
+def test_ids_given_to_a_new_container_carry_on_the_environment_that_held_them() -> None:
     book = Book()
     a, _ = book.allocate(GPUS, ["gpu0-0", "gpu0-1"], now=0.0)
     book.allocate(GPU_MEMORY, ["mem0-0"], now=0.0)
-    b, ended = book.allocate(GPUS, ["gpu0-1"], now=60.0)
-    assert ended == [a.env] and a.env not in book.allocations and b.env in book.allocations
-    # The very same IDs again: a new container too, whose environment takes the name of
-    # the one that ends (the plugin removes that one first).
-    c, _ = book.allocate(GPU_MEMORY, ["mem0-5"], now=60.1)
-    assert c is b
-    d, ended = book.allocate(GPUS, ["gpu0-1"], now=120.0)
-    assert ended == [b.env] and d.env == b.env and d is not b and d.quota() == (0, 0)
+    # A new container given one of its IDs (its holder gone, or an init container's
+    # devices reused): the same environment, a new allocation's state, half to come.
+    b, dropped = book.allocate(GPUS, ["gpu0-1"], now=60.0)
+    assert b is a and dropped == [] and b.ids == {GPUS: ("gpu0-1",)} and b.made == 60.0
+    assert b.quota() == (0, 0)
+    c, _ = book.allocate(GPU_MEMORY, ["mem0-5", "mem0-6"], now=60.1)
+    assert c is a and c.quota() == (1, 2 * GIB) and list(book.allocations) == [a.env]
+
+
+def test_ids_spanning_several_allocations_keep_the_one_holding_most() -> None:
+    book = Book()
+    x, _ = book.allocate(GPUS, ["gpu0-0"], now=0.0)
+    book.allocate(GPU_MEMORY, ["mem0-0"], now=0.0)
+    y, _ = book.allocate(GPUS, ["gpu1-0", "gpu1-1"], now=10.0)
+    book.allocate(GPU_MEMORY, ["mem1-0"], now=10.0)
+    got, dropped = book.allocate(GPUS, ["gpu0-0", "gpu1-0", "gpu1-1"], now=100.0)
+    assert got is y and dropped == [x.env] and set(book.allocations) == {y.env}
+
+
+def test_a_trial_on_a_copy_leaves_the_book_as_it_was() -> None:
+    book = Book()
+    book.allocate(GPUS, ["gpu0-0"], now=0.0)
+    trial = book.copy()
+    trial.allocate(GPU_MEMORY, ["mem0-0"], now=0.1)
+    (kept,) = book.allocations.values()
+    assert kept.ids == {GPUS: ("gpu0-0",)} and kept.quota() == (0, 0)
 
 
 def test_not_a_gpushare_resource_is_refused() -> None:
@@ -136,6 +154,20 @@ def test_plan_notes_a_container_with_one_of_the_two_resources() -> None:
     got = plan(book, [_holder("a", ["gpu0-0"], [])], {env_name(["gpu0-0"])}, 100.0, 5.0)
     assert got.delete == ()
     assert got.notes == ("ns/a/c: asks for no gpushare.io/gpu-memory, so its quota is zero",)
+
+
+def test_plan_sets_the_quota_again_where_the_live_list_changes_it() -> None:
+    book = Book()
+    book.allocate(GPUS, ["gpu0-0"], now=0.0)
+    env = env_name(["gpu0-0"])
+    # Its memory half never came by Allocate (a lost half); the live list shows it.
+    got = plan(book, [_holder("a", ["gpu0-0"], ["mem0-0", "mem0-1"])], {env}, 100.0, 5.0)
+    assert [a.env for a in got.ensure] == [env] and got.ensure[0].quota() == (1, 2 * GIB)
+    # A fresh allocation is not yet the live list's to change.
+    fresh = Book()
+    fresh.allocate(GPUS, ["gpu0-0"], now=99.0)
+    got = plan(fresh, [_holder("a", ["gpu0-0"], ["mem0-0"])], {env}, 100.0, 5.0)
+    assert got.ensure == () and fresh.allocations[env].quota() == (0, 0)
 
 
 def test_plan_follows_the_live_list_where_a_pairing_went_wrong() -> None:

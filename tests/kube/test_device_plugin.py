@@ -20,7 +20,7 @@ import pytest
 
 from kube.proto import deviceplugin_pb2 as dp
 from kube.resources import ENV_ANNOTATION, GPU_MEMORY, GPUS, SOCKETS
-from tests.conftest import BIN, Daemon, Holder, _wait_for, die_with_test_run
+from tests.conftest import BIN, Daemon, _wait_for, die_with_test_run
 from tests.fixtures.fake_apiserver import FakeApiServer, pod
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.kube.conftest import PluginProcess, in_container, unshare_works
@@ -366,26 +366,50 @@ def test_the_pods_class_annotation_sets_its_environments_class(daemon_factory: A
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_devices_given_to_a_new_container_end_the_old_ones_environment(
+def test_devices_given_to_a_new_container_carry_on_their_environment(
     cluster: tuple[Daemon, FakeKubelet, PluginProcess],
 ) -> None:
-    """Kubelet hands a device to a new container once the one that held it is gone: the
-    old container's environment goes, even where the new one takes its name."""
-    daemon, kubelet, plugin = cluster
+    """Kubelet hands a device to a new container once the one that held it is gone (or to
+    app containers after an init container of the same pod): the new container gets that
+    environment, with its own quota, and no second one appears."""
+    daemon, kubelet, _ = cluster
     old, _ = _allocate_both(kubelet, ["gpu0-0"], ["mem0-0", "mem0-1"])
     env = old.annotations[ENV_ANNOTATION]
-    endpoint = f"ipc://{daemon.run_dir / 'envs' / env / 'task.sock'}"
-    holder = Holder(endpoint)  # a task of the old container, still holding its GPU
-    try:
-        assert len(daemon.tasks()) == 1
-        new, _ = _allocate_both(kubelet, ["gpu0-0"], [f"mem1-{k}" for k in range(6)])
-        assert new.annotations[ENV_ANNOTATION] == env  # named after the same IDs
-        assert daemon.tasks() == []  # the old environment went, its task with it
-        assert (_envs(daemon)[env]["gpus"], _envs(daemon)[env]["memory"]) == (1, 6 * GIB)
-        assert "removed: its devices went to a new container" in plugin.log()
-        holder.proc.communicate(timeout=15)
-        assert holder.proc.returncode != 0  # it was told its task is no more
-    finally:
-        if holder.proc.poll() is None:
-            holder.proc.kill()
-            holder.proc.communicate(timeout=15)
+    new, second = _allocate_both(kubelet, ["gpu0-0"], [f"mem1-{k}" for k in range(6)])
+    assert new.annotations[ENV_ANNOTATION] == second.annotations[ENV_ANNOTATION] == env
+    assert [e for e in _envs(daemon) if e.startswith("k8s-")] == [env]
+    assert (_envs(daemon)[env]["gpus"], _envs(daemon)[env]["memory"]) == (1, 6 * GIB)
+
+
+def test_an_allocate_nodemgr_refuses_leaves_no_half_behind(
+    cluster: tuple[Daemon, FakeKubelet, PluginProcess],
+) -> None:
+    """A refused Allocate changes nothing: the next container's halves pair with each
+    other, not with the refused one's."""
+    daemon, kubelet, _ = cluster
+    kubelet.allocate(GPU_SOCK, ["gpu0-0"])
+    with pytest.raises(grpc.RpcError):
+        kubelet.allocate(MEM_SOCK, [f"mem0-{k}" for k in range(20)])  # over a 16 GiB GPU
+    a, b = _allocate_both(kubelet, ["gpu1-0"], ["mem1-0", "mem1-1"])
+    assert a.annotations[ENV_ANNOTATION] == b.annotations[ENV_ANNOTATION]
+    env = a.annotations[ENV_ANNOTATION]
+    assert (_envs(daemon)[env]["gpus"], _envs(daemon)[env]["memory"]) == (1, 2 * GIB)
+
+
+def test_registers_again_once_a_restarted_kubelet_takes_registrations(
+    cluster: tuple[Daemon, FakeKubelet, PluginProcess],
+) -> None:
+    """A kubelet that restarts empties its directory and may refuse registrations for a
+    while: the plugin serves again at once and registers as soon as kubelet takes it."""
+    _, kubelet, plugin = cluster
+    kubelet.refuse = "kubelet is starting"
+    for name in (GPU_SOCK, MEM_SOCK):
+        (kubelet.plugins_dir / name).unlink()
+    _wait_for(lambda: (kubelet.plugins_dir / GPU_SOCK).exists(), 30)
+    _wait_for(lambda: "kubelet is starting" in plugin.log(), 30)
+    refused = len(kubelet.registrations())
+    kubelet.refuse = ""
+    _wait_for(
+        lambda: {r for _, _, r in kubelet.registrations()[refused:]} == {GPUS, GPU_MEMORY}, 30
+    )
+    assert len(kubelet.list_devices(GPU_SOCK)) == 2 * FACTOR

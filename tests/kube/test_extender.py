@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -182,3 +183,33 @@ def test_options_that_cannot_work_exit_78_and_a_taken_port_69(
     got = run("--api-server", "none", "--listen", ext.url.removeprefix("http://"))
     assert got.returncode == 69 and "cannot listen" in got.stderr
     assert run("--listen", "nonsense").returncode == 2
+
+
+def test_a_node_that_cannot_be_read_is_left_out_not_the_view(
+    start: Callable[..., ExtenderProcess], api: FakeApiServer
+) -> None:
+    bad = node("bad", gpus=1, gib=80, labels={"gpushare.io/oversubscription": "lots"})
+    api.nodes = [bad, node("good", gpus=1, gib=80)]
+    api.pods = [pod("huge", 9, 720)]  # waiting, and more GPUs than any node holds
+    ext = start("--api-server", api.url, "--refresh", "0.2")
+    p = pod("nb", 1, 40)
+
+    def passed() -> Any:
+        return ext.post("filter", _args(p, names=["bad", "good"]))[1]
+
+    _wait_for(lambda: passed()["NodeNames"] == ["good"], 10)
+    assert passed()["FailedNodes"] == {"bad": "gpushare: node not known to the extender"}
+    assert "left out of the view" in ext.log()
+
+
+def test_the_token_file_is_read_again(tmp_path: Path) -> None:
+    from kube.apiserver import TOKEN_REREAD, ApiServer
+
+    f = tmp_path / "token"
+    f.write_text("first\n")
+    server = ApiServer("https://127.0.0.1:1", token_file=f)
+    assert server._bearer() == "first"
+    f.write_text("second\n")
+    assert server._bearer() == "first"  # within TOKEN_REREAD
+    server._token_read -= TOKEN_REREAD
+    assert server._bearer() == "second"

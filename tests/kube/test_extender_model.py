@@ -3,6 +3,7 @@ extender sees a node")."""
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 import pytest
@@ -94,17 +95,49 @@ def test_decide_places_several_shares_only_where_all_fit() -> None:
     assert got.scores == {"b": MAX_SCORE}
     assert view.place(ask(pod("p", 2, 100)), "b")
     assert view.decide(ask(pod("q", 1, 50)), ["b"]).passed == ()
-    view.release("team/p")
+    view.release("uid-p")
     assert view.decide(ask(pod("q", 1, 50)), ["b"]).passed == ("b",)
 
 
 def test_bound_pods_are_held_where_they_are() -> None:
     infos = [node_info(node("a", gpus=1, gib=80, factor=1), 1)]
     view = View(infos, [ask(pod("x", 1, 60, node_name="a"))], policy="gpushare")
-    assert view.bound_node("team/x") == "a"
+    assert view.bound_node("uid-x") == "a"
     assert view.decide(ask(pod("y", 1, 30)), ["a"]).passed == ()
     # One that no longer fits where the API server says it is: counted, not held.
     crowded = View(
         infos, [ask(pod("x", 1, 60, node_name="a")), ask(pod("z", 1, 60, node_name="a"))]
     )
     assert crowded.unplaced == ["team/z"]
+
+
+def test_a_pod_no_node_could_hold_is_an_error_not_a_crash() -> None:
+    infos = [node_info(node("a", gpus=1, gib=80, factor=1), 1)]
+    huge = ask(pod("huge", 9, 9 * 80))  # 9 whole GPUs: more than any node holds
+    with pytest.raises(ModelError, match="team/huge"):
+        huge.tasks(infos[0])
+    # Waiting or bound, it leaves the rest of the view whole.
+    bound = dataclasses.replace(huge, node="a")
+    view = View(infos, [bound, ask(pod("x", 1, 40, node_name="a"))], waiting=[huge])
+    assert view.unplaced == ["team/huge"] and view.bound_node("uid-x") == "a"
+
+
+def test_a_pod_made_again_under_its_name_is_another_pod() -> None:
+    infos = [
+        node_info(node("a", gpus=1, gib=80, factor=1), 1),
+        node_info(node("b", gpus=1, gib=80, factor=1), 1),
+    ]
+    view = View(infos, [ask(pod("nb", 1, 40, node_name="a"))])
+    again = pod("nb", 1, 40)
+    again["metadata"]["uid"] = "uid-nb-2"
+    assert view.place(ask(again), "b")  # not refused as the old pod held elsewhere
+    assert view.bound_node("uid-nb") == "a" and view.bound_node("uid-nb-2") == "b"
+
+
+def test_waiting_pods_are_shaped_on_the_common_gpu_node() -> None:
+    # Three CPU-only nodes and one GPU node: the waiting pod's share is the GPU node's.
+    infos = [node_info(node(f"c{k}", gpus=0, gib=0), 4) for k in range(3)]
+    infos.append(node_info(node("g", gpus=2, gib=80, factor=4), 4))
+    view = View(infos, waiting=[ask(pod("w", 1, 80))], policy="fgd")
+    assert view.policy.workload is not None  # type: ignore[attr-defined]
+    assert view.policy.workload.shapes == ((2000, 250, 1, ""),)  # type: ignore[attr-defined]

@@ -75,6 +75,7 @@ def test_the_scheduler_config_names_what_the_extender_serves() -> None:
     assert cfg["profiles"][0]["schedulerName"] == "gpushare-scheduler"
     pod = _one("example-pod.yaml", "Pod")
     assert pod["spec"]["schedulerName"] == "gpushare-scheduler"
+    assert pod["spec"]["runtimeClassName"] == "nvidia"
 
 
 def test_the_node_config_is_a_nodemgr_config(tmp_path: Path) -> None:
@@ -95,6 +96,12 @@ def test_the_node_config_is_a_nodemgr_config(tmp_path: Path) -> None:
         "/var/lib/kubelet/pod-resources",
     } <= mounts
     assert not plugin["securityContext"].get("privileged")
+    # It finds the host's NVIDIA device nodes through a read-only view of the host's /dev.
+    host_dev = plugin["command"][plugin["command"].index("--host-dev") + 1]
+    (dev,) = [m for m in plugin["volumeMounts"] if m["mountPath"] == host_dev]
+    assert dev["readOnly"] is True
+    (volume,) = [v for v in spec["volumes"] if v["name"] == dev["name"]]
+    assert volume["hostPath"]["path"] == "/dev"
     # Its account may read pods (their class), and no more.
     account = spec["serviceAccountName"]
     (binding,) = [d for d in _documents("node-rbac.yaml") if d["kind"] == "ClusterRoleBinding"]
