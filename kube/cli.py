@@ -7,12 +7,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import click
 
@@ -21,7 +20,7 @@ from kube.resources import KUBELET_DIR, POD_RESOURCES_SOCKET
 
 if TYPE_CHECKING:
     from kube.apiserver import ApiServer
-from placement.cli import cli
+from placement.cli import _fail, cli
 from placement.cli import main as placement_main
 
 cli.help = (cli.help or "") + (
@@ -75,6 +74,11 @@ def _api(
         return ApiServer(api_server, ca=ca_file, token_file=token_file)
     except (ApiError, OSError) as e:
         _fail(str(e), EXIT_CONFIG)
+
+
+def _log_to_stderr() -> None:
+    """The daemons' log lines: time, logger, level, message."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
 # What the device plugin's exit codes mean (its --help and docs/kubernetes.md).
@@ -147,7 +151,7 @@ def device_plugin(
         _fail(f"{e.name or e} is missing: pip install 'gpushare[kube]'", EXIT_CONFIG)
     from gpushare.client import NodeError, Unreachable
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _log_to_stderr()
     try:
         cfg = configmod.load(config_path)
     except configmod.ConfigError as e:
@@ -159,10 +163,8 @@ def device_plugin(
             " best-effort by nodemgr's default)"
         )
     plugin = Plugin(cfg, kubelet_dir, pod_resources, interval=interval, api=api, host_dev=host_dev)
-    stopped = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        stopped.set()
         plugin.stopping.set()
 
     signal.signal(signal.SIGTERM, stop)
@@ -245,7 +247,7 @@ def extender(
         _fail(f"{e.name or e} is missing: pip install 'gpushare[kube]'", EXIT_CONFIG)
     if policy not in names():
         _fail(f"no placement policy {policy!r} (known: {', '.join(names())})", EXIT_CONFIG)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _log_to_stderr()
     api = _api(api_server, token_file, ca_file, required=True)
     ext = Extender(api, policy, oversubscription, refresh)
     try:
@@ -266,11 +268,6 @@ def extender(
     )
     server.serve_forever()
     server.server_close()
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"gpushare-cluster: {message}", err=True)
-    sys.exit(code)
 
 
 def main() -> None:

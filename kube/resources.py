@@ -12,8 +12,11 @@ nodemgr grants GPUs only while a task runs.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
+
+from gpushare.protocol import BE, CLASSES
 
 DOMAIN = "gpushare.io"
 GPUS = f"{DOMAIN}/gpus"
@@ -32,10 +35,14 @@ SOCKETS = {GPUS: "gpushare-gpus.sock", GPU_MEMORY: "gpushare-gpu-memory.sock"}
 ENV_PREFIX = "k8s-"
 # On each Allocate answer: the environment the container's devices make.
 ENV_ANNOTATION = f"{DOMAIN}/env"
-# Optional, on the pod: its tasks' class (seed 000) and the GPU models it accepts (seed
-# 003), read by the scheduler extender.
+# Optional, on the pod: its tasks' class (seed 000: the device plugin sets it on the
+# environment, the extender places by it) and the GPU models it accepts (seed 003).
 CLASS_ANNOTATION = f"{DOMAIN}/class"
 MODEL_ANNOTATION = f"{DOMAIN}/gpu-model"
+# On the node: its GPU model (what a pod's MODEL_ANNOTATION names), and its
+# oversubscription where it is not the extender's --oversubscription.
+MODEL_LABEL = MODEL_ANNOTATION
+OVERSUBSCRIPTION_LABEL = f"{DOMAIN}/oversubscription"
 
 _PREFIX = {GPUS: "gpu", GPU_MEMORY: "mem"}
 
@@ -53,6 +60,15 @@ def gpu_of(device_id: str) -> int | None:
         if sep and head.startswith(prefix) and head[len(prefix) :].isdigit() and tail.isdigit():
             return int(head[len(prefix) :])
     return None
+
+
+def pod_class(annotations: Mapping[str, Any]) -> str:
+    """The class a pod's CLASS_ANNOTATION names, as nodemgr's wire does (``ls`` or
+    ``be``; best-effort where it names none); ValueError for any other value."""
+    cls = str(annotations.get(CLASS_ANNOTATION, BE)).lower()
+    if cls not in CLASSES:
+        raise ValueError(f"annotation {CLASS_ANNOTATION} is {cls!r}, not {' or '.join(CLASSES)}")
+    return cls
 
 
 def env_name(ids: Iterable[str]) -> str:

@@ -29,7 +29,6 @@ from kube.proto import deviceplugin_pb2_grpc as dp_grpc
 from kube.proto import podresources_pb2 as pr
 from kube.proto import podresources_pb2_grpc as pr_grpc
 from kube.resources import (
-    CLASS_ANNOTATION,
     ENV_ANNOTATION,
     GPU_MEMORY,
     GPUS,
@@ -40,6 +39,7 @@ from kube.resources import (
     SOCKETS,
     device_ids,
     gpu_of,
+    pod_class,
 )
 from nodemgr.config import Config
 
@@ -104,7 +104,6 @@ class Plugin:
         config: Config,
         kubelet_dir: Path = KUBELET_DIR,
         pod_resources: Path = POD_RESOURCES_SOCKET,
-        oversubscription: int | None = None,
         interval: float | None = None,
         api: ApiServer | None = None,
         host_dev: Path = Path("/dev"),
@@ -117,7 +116,7 @@ class Plugin:
         self.node = NodeManager(config)
         self.kubelet_dir = kubelet_dir
         self.pod_resources = pod_resources
-        self.factor = oversubscription or config.kube_oversubscription
+        self.factor = config.kube_oversubscription
         # Reconciling twice per heartbeat timeout: a deleted pod's environment goes
         # within one (docs/kubernetes.md).
         self.interval = interval if interval is not None else config.heartbeat_timeout / 2
@@ -291,18 +290,10 @@ class Plugin:
         if pod is None:
             return
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        cls = str(annotations.get(CLASS_ANNOTATION, BE)).lower()
-        if cls not in (LS, BE):
-            log.warning(
-                "pod %s/%s: annotation %s is %r, not %s or %s; left %s",
-                holder.namespace,
-                holder.pod,
-                CLASS_ANNOTATION,
-                cls,
-                LS,
-                BE,
-                BE,
-            )
+        try:
+            cls = pod_class(annotations)
+        except ValueError as e:
+            log.warning("pod %s/%s: %s; left %s", holder.namespace, holder.pod, e, BE)
             cls = BE
         self.node.set_class(env, cls)
         self.classes[env] = cls

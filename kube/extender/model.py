@@ -22,10 +22,19 @@ from typing import Any
 import numpy as np
 
 import placement.policies  # noqa: F401  (registers the policies by name)
-from kube.resources import CLASS_ANNOTATION, GPU_MEMORY, GPUS, MODEL_ANNOTATION
+from gpushare.protocol import LS as LS_WIRE
+from kube.resources import (
+    GPU_MEMORY,
+    GPUS,
+    MODEL_ANNOTATION,
+    MODEL_LABEL,
+    OVERSUBSCRIPTION_LABEL,
+    pod_class,
+)
 from placement.cluster import (
     BE,
     LS,
+    MAX_GPUS_PER_NODE,
     MILLI,
     Bools,
     ClusterState,
@@ -40,10 +49,6 @@ from placement.registry import make
 
 # kube-scheduler's extender scores run from 0 to this (MaxExtenderPriority).
 MAX_SCORE = 10
-# The node label naming its GPU model (what gpushare.io/gpu-model annotations match), and
-# one that gives its oversubscription where it is not the extender's.
-MODEL_LABEL = "gpushare.io/gpu-model"
-OVERSUBSCRIPTION_LABEL = "gpushare.io/oversubscription"
 DEFAULT_POLICY = "gpushare"
 UNKNOWN_NODE = "gpushare: node not known to the extender"
 MIB = 1 << 20
@@ -114,7 +119,7 @@ def node_info(obj: Mapping[str, Any], default_factor: int) -> NodeInfo:
             raise ModelError(f"{where}: label {OVERSUBSCRIPTION_LABEL} below 1")
     slots = int(quantity(alloc.get(GPUS, 0), f"{where} {GPUS}"))
     units = int(quantity(alloc.get(GPU_MEMORY, 0), f"{where} {GPU_MEMORY}"))
-    gpus = min(slots // factor, 8)
+    gpus = min(slots // factor, MAX_GPUS_PER_NODE)
     return NodeInfo(
         name=name,
         cpu=int(quantity(alloc.get("cpu", 0), f"{where} cpu") * 1000),
@@ -172,19 +177,21 @@ class Ask:
         return Pod(name, cpu, memory, num_gpu=gpus, gpu_milli=milli, spec=self.models, qos=self.qos)
 
 
+def _asked(container: Mapping[str, Any], key: str, where: str) -> Fraction:
+    """A container's request of ``key`` (its limit where it has no request; 0: none)."""
+    res = container.get("resources") or {}
+    value = (res.get("requests") or {}).get(key, (res.get("limits") or {}).get(key))
+    if value is None:
+        return Fraction(0)
+    return quantity(value, f"{where} container {container.get('name')} {key}")
+
+
 def _containers_sum(spec: Mapping[str, Any], key: str, where: str) -> Fraction:
-    total = Fraction(0)
-    for c in spec.get("containers") or []:
-        res = c.get("resources") or {}
-        value = (res.get("requests") or {}).get(key, (res.get("limits") or {}).get(key))
-        if value is not None:
-            total += quantity(value, f"{where} container {c.get('name')} {key}")
-    for c in spec.get("initContainers") or []:
-        res = c.get("resources") or {}
-        value = (res.get("requests") or {}).get(key, (res.get("limits") or {}).get(key))
-        if value is not None:
-            total = max(total, quantity(value, f"{where} init container {c.get('name')} {key}"))
-    return total
+    """The pod's request of ``key`` as the scheduler counts it: its containers' summed,
+    or an init container's where that is more."""
+    total = sum((_asked(c, key, where) for c in spec.get("containers") or []), Fraction(0))
+    inits = (_asked(c, key, where) for c in spec.get("initContainers") or [])
+    return max(total, *inits) if spec.get("initContainers") else total
 
 
 def ask(obj: Mapping[str, Any]) -> Ask:
@@ -194,9 +201,10 @@ def ask(obj: Mapping[str, Any]) -> Ask:
     spec = obj.get("spec") or {}
     where = f"pod {key}"
     annotations = meta.get("annotations") or {}
-    cls = str(annotations.get(CLASS_ANNOTATION, "be")).lower()
-    if cls not in ("ls", "be"):
-        raise ModelError(f"{where}: annotation {CLASS_ANNOTATION} is {cls!r}, not ls or be")
+    try:
+        cls = pod_class(annotations)
+    except ValueError as e:
+        raise ModelError(f"{where}: {e}") from None
     models = tuple(
         m.strip() for m in str(annotations.get(MODEL_ANNOTATION, "")).split(",") if m.strip()
     )
@@ -214,19 +222,10 @@ def ask(obj: Mapping[str, Any]) -> Ask:
         memory=math.ceil(_containers_sum(spec, "memory", where) / MIB),
         gpus=gpus,
         gpu_memory=memory,
-        qos=LS if cls == "ls" else BE,
+        qos=LS if cls == LS_WIRE else BE,
         models=models,
         node=str(spec.get("nodeName") or ""),
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class Decision:
-    """The nodes that pass the filter, those that fail with why, and the scores."""
-
-    passed: tuple[str, ...]
-    failed: Mapping[str, str]
-    scores: Mapping[str, int]
 
 
 class View:
@@ -383,17 +382,17 @@ class View:
         0..MAX_SCORE and rounded down (the policy's best nodes, and only they,
         MAX_SCORE); the others are left out."""
         idx = self._indices(names)
-        fits, _ = self._fits(a)
+        fits, first = self._fits(a)
         raw = np.full(len(names), -1, dtype=np.int64)
         scored = np.zeros(len(names), dtype=np.bool_)
         groups = self._groups()
         known = np.flatnonzero(idx >= 0)
         known = known[fits[idx[known]]]
         by_group = self._group_of[idx[known]]
-        for g, members in enumerate(groups):
+        for g in range(len(groups)):
             mine = known[by_group == g]
             if mine.size:
-                task = a.tasks(self.infos[self.state.nodes[int(members[0])].name])[0]
+                task, _ = first[g]
                 raw[mine] = self.policy.score(self.state, task, idx[mine], self.rng)
                 scored[mine] = True
         if not scored.any():
@@ -422,8 +421,3 @@ class View:
                     self.score(a, names)
                 except ModelError:
                     continue
-
-    def decide(self, a: Ask, names: Sequence[str]) -> Decision:
-        """Filter and score ``names`` for ``a`` (:meth:`filter`, then :meth:`score`)."""
-        passed, failed = self.filter(a, names)
-        return Decision(tuple(passed), failed, self.score(a, passed))

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from kube.extender.model import MAX_SCORE, ModelError, View, ask, node_info, quantity
+from kube.extender.model import MAX_SCORE, Ask, ModelError, View, ask, node_info, quantity
 from placement.cluster import BE, LS
 from tests.fixtures.fake_apiserver import node, pod
 
@@ -83,27 +83,32 @@ def test_tasks_are_shares_of_a_quota_gpu() -> None:
     assert (second.num_gpu, second.gpu_milli, second.cpu, second.memory) == (1, 100, 0, 0)
 
 
-def test_decide_places_several_shares_only_where_all_fit() -> None:
+def _passed(view: View, a: Ask, names: list[str]) -> list[str]:
+    return view.filter(a, names)[0]
+
+
+def test_several_shares_are_placed_only_where_all_fit() -> None:
     infos = [
         node_info(node("a", gpus=1, gib=80, factor=1), 1),
         node_info(node("b", gpus=2, gib=80, factor=1), 1),
     ]
     view = View(infos, policy="bestfit")
-    got = view.decide(ask(pod("p", 2, 100)), ["a", "b"])  # two shares of 50 GiB (625 milli)
-    assert got.passed == ("b",)
-    assert got.failed == {"a": "gpushare: no room for 2 GPU quota share(s) of 625 milli"}
-    assert got.scores == {"b": MAX_SCORE}
-    assert view.place(ask(pod("p", 2, 100)), "b")
-    assert view.decide(ask(pod("q", 1, 50)), ["b"]).passed == ()
+    two = ask(pod("p", 2, 100))  # two shares of 50 GiB (625 milli)
+    passed, failed = view.filter(two, ["a", "b"])
+    assert passed == ["b"]
+    assert failed == {"a": "gpushare: no room for 2 GPU quota share(s) of 625 milli"}
+    assert view.score(two, passed) == {"b": MAX_SCORE}
+    assert view.place(two, "b")
+    assert _passed(view, ask(pod("q", 1, 50)), ["b"]) == []
     view.release("uid-p")
-    assert view.decide(ask(pod("q", 1, 50)), ["b"]).passed == ("b",)
+    assert _passed(view, ask(pod("q", 1, 50)), ["b"]) == ["b"]
 
 
 def test_bound_pods_are_held_where_they_are() -> None:
     infos = [node_info(node("a", gpus=1, gib=80, factor=1), 1)]
     view = View(infos, [ask(pod("x", 1, 60, node_name="a"))], policy="gpushare")
     assert view.bound_node("uid-x") == "a"
-    assert view.decide(ask(pod("y", 1, 30)), ["a"]).passed == ()
+    assert _passed(view, ask(pod("y", 1, 30)), ["a"]) == []
     # One that no longer fits where the API server says it is: counted, not held.
     crowded = View(
         infos, [ask(pod("x", 1, 60, node_name="a")), ask(pod("z", 1, 60, node_name="a"))]
